@@ -1,0 +1,1079 @@
+// The caching allocator. The policy is described in caching_allocator.h; the
+// functions below keep PyTorch's names (get_free_block, alloc_block,
+// release_available_cached_blocks, free_block, ...) in CamelCase so that a
+// reader can hold this file next to CUDACachingAllocator.cpp.
+#include "allocator/caching_allocator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <compare>
+#include <deque>
+#include <map>
+#include <utility>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/expandable_segment.h"
+
+namespace memscope {
+
+std::string_view TraceActionName(TraceAction action) {
+  switch (action) {
+    case TraceAction::kAlloc: return "alloc";
+    case TraceAction::kFreeRequested: return "free_requested";
+    case TraceAction::kFreeCompleted: return "free_completed";
+    case TraceAction::kSegmentAlloc: return "segment_alloc";
+    case TraceAction::kSegmentFree: return "segment_free";
+    case TraceAction::kSegmentMap: return "segment_map";
+    case TraceAction::kSegmentUnmap: return "segment_unmap";
+    case TraceAction::kOom: return "oom";
+    case TraceAction::kEmptyCache: return "empty_cache";
+  }
+  return "unknown";
+}
+
+std::string_view BlockStateName(BlockState state) {
+  switch (state) {
+    case BlockState::kActiveAllocated: return "active_allocated";
+    case BlockState::kActivePendingFree: return "active_pending_free";
+    case BlockState::kInactive: return "inactive";
+  }
+  return "unknown";
+}
+
+namespace {
+
+struct BlockPool;
+
+struct Block {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;
+  StreamId stream = 0;
+  BlockPool* pool = nullptr;
+  Block* prev = nullptr;  // neighbours in the same segment, address order
+  Block* next = nullptr;
+  ExpandableSegment* expandable = nullptr;
+  std::vector<StreamId> stream_uses;  // other streams that used it (distinct)
+  std::int64_t gc_count_base = 0;     // pool's free-block lookups when cached
+  int event_count = 0;                // outstanding stream events
+  bool allocated = false;
+  bool mapped = true;  // false only for unmapped ranges of expandable segments
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+// Free blocks are ordered by (stream, size, address): lower_bound finds the
+// best fit on a stream. Keys are stored by value so that the search walks
+// contiguous btree nodes instead of chasing Block pointers.
+struct SizeKey {
+  StreamId stream;
+  std::size_t size;
+  DevicePtr ptr;
+  auto operator<=>(const SizeKey&) const = default;
+};
+struct AddressKey {
+  StreamId stream;
+  DevicePtr ptr;
+  auto operator<=>(const AddressKey&) const = default;
+};
+
+struct BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  absl::btree_map<SizeKey, Block*> blocks;        // free, mapped blocks
+  absl::btree_map<AddressKey, Block*> unmapped;   // unmapped expandable ranges
+  const bool is_small;
+  std::int64_t get_free_blocks_call_count = 0;    // ages blocks for GC
+
+  // Invariant: a block's key is taken from its fields, so a block must be
+  // erased before its size or address changes and inserted again after.
+  void Insert(Block* b) {
+    b->gc_count_base = get_free_blocks_call_count;
+    blocks.emplace(SizeKey{b->stream, b->size, b->ptr}, b);
+  }
+  void Erase(Block* b) { blocks.erase(SizeKey{b->stream, b->size, b->ptr}); }
+  void InsertUnmapped(Block* b) { unmapped.emplace(AddressKey{b->stream, b->ptr}, b); }
+  void EraseUnmapped(Block* b) { unmapped.erase(AddressKey{b->stream, b->ptr}); }
+};
+
+// Recycles Block objects so that splitting a block does not call the heap.
+class BlockArena {
+ public:
+  Block* New() {
+    if (free_.empty()) {
+      chunks_.push_back(std::make_unique<Block[]>(kChunk));
+      for (std::size_t i = 0; i < kChunk; ++i) free_.push_back(&chunks_.back()[kChunk - 1 - i]);
+    }
+    Block* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  void Delete(Block* b) {
+    *b = Block{};
+    free_.push_back(b);
+  }
+
+ private:
+  static constexpr std::size_t kChunk = 256;
+  std::vector<std::unique_ptr<Block[]>> chunks_;
+  std::vector<Block*> free_;
+};
+
+void Splice(Block* b, Block* before, Block* after) {
+  if (before != nullptr) before->next = b;
+  b->prev = before;
+  if (after != nullptr) after->prev = b;
+  b->next = after;
+}
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr std::size_t kOneExaByte = 1152921504606846976ULL;
+
+}  // namespace
+
+struct CachingAllocator::Impl {
+  Impl(Device& d, const AllocatorConfig& c) : device(d), config(c) {
+    stats.max_split_size = static_cast<std::int64_t>(config.max_split_size);
+  }
+  ~Impl();
+
+  struct AllocParams {
+    StreamId stream;
+    std::size_t size;  // rounded
+    BlockPool* pool;
+    std::size_t alloc_size;
+    Block* block = nullptr;
+    absl::Status err;
+    // A device error other than out-of-memory ends the request at once.
+    bool fatal() const { return !err.ok() && !absl::IsResourceExhausted(err); }
+  };
+
+  Device& device;
+  const AllocatorConfig& config;
+  DeviceStats stats;
+  BlockPool large_blocks{false};
+  BlockPool small_blocks{true};
+  absl::flat_hash_map<DevicePtr, Block*> allocated_blocks;
+  absl::flat_hash_set<Block*> pending_free;  // freed, waiting on stream events
+  std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events;
+  absl::flat_hash_map<DevicePtr, std::size_t> segments;  // cudaMalloc'd: base -> size
+  std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments;
+  std::size_t total_allocated_memory = 0;  // device memory held
+  std::size_t allowed_memory_maximum = 0;
+  bool set_fraction = false;
+  AllocatorObserver* observer = nullptr;
+  std::optional<OutOfMemoryInfo> last_oom;
+  BlockArena arena;
+
+  bool large_split_limit(std::size_t size) const { return size >= config.max_split_size; }
+
+  void Trace(TraceAction action, const BlockPool& pool, DevicePtr addr, std::size_t size, std::size_t requested,
+             StreamId stream) {
+    if (observer == nullptr) return;
+    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, NowNs()});
+  }
+
+  static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
+    a[static_cast<int>(StatType::kAll)].Increase(amount);
+    a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Increase(amount);
+  }
+  static void Decrease(StatArray& a, const BlockPool& pool, std::int64_t amount) {
+    a[static_cast<int>(StatType::kAll)].Decrease(amount);
+    a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Decrease(amount);
+  }
+
+  absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream);
+  absl::Status Free(DevicePtr ptr);
+  Block* AllocFoundBlock(AllocParams& p, std::size_t orig_size, bool split_remainder);
+  bool ShouldSplit(const Block* block, std::size_t size) const;
+  bool GetFreeBlock(AllocParams& p);
+  void GarbageCollectCachedBlocks();
+  bool AllocBlock(AllocParams& p, bool is_retry);
+  bool ReleaseAvailableCachedBlocks(const AllocParams& p);
+  void ReleaseCachedBlocks();
+  void ReleaseBlocks(BlockPool& pool);
+  void ReleaseBlock(Block* block);
+  void ReleaseExpandableSegment(Block* block);
+  void FreeBlock(Block* block);
+  std::size_t TryMergeBlocks(Block* dst, Block* src, BlockPool& pool);
+  void InsertEvents(Block* block);
+  void ProcessEvents();
+  void SynchronizeAndFreeEvents();
+  Block* FindExpandableBlock(StreamId stream, BlockPool& pool, std::size_t size);
+  bool MapBlock(Block* to_map, std::size_t size);
+  Block* TryAllocateExpandableBlock(StreamId stream, BlockPool& pool, std::size_t size);
+  void UnmapBlock(Block* block);
+  absl::Status OutOfMemory(const AllocParams& p, std::size_t orig_size);
+  std::vector<const Block*> AllBlocks() const;
+  std::vector<SegmentInfo> Snapshot() const;
+  absl::Status CheckInvariants() const;
+};
+
+CachingAllocator::Impl::~Impl() {
+  for (auto& [stream, queue] : events) {
+    for (auto& [event, block] : queue) device.ReleaseEvent(event);
+  }
+  for (const auto& [ptr, size] : segments) (void)device.Free(ptr);
+  expandable_segments.clear();  // unmaps pages and releases reservations
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, StreamId stream) {
+  ProcessEvents();
+  const std::size_t size = config.RoundSize(orig_size);
+  BlockPool& pool = size <= kSmallSize ? small_blocks : large_blocks;
+  AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, absl::OkStatus()};
+
+  bool found = GetFreeBlock(p);
+  if (!found) {
+    if (set_fraction && config.garbage_collection_threshold > 0.0) GarbageCollectCachedBlocks();
+    found = AllocBlock(p, /*is_retry=*/false);
+    if (!found && p.fatal()) return p.err;
+    if (!found && ReleaseAvailableCachedBlocks(p)) {
+      found = AllocBlock(p, false);
+      if (!found && p.fatal()) return p.err;
+    }
+    if (!found) {
+      ReleaseCachedBlocks();
+      found = AllocBlock(p, /*is_retry=*/true);
+      if (!found && p.fatal()) return p.err;
+    }
+  }
+  if (!found) return OutOfMemory(p, orig_size);
+
+  Block* block = AllocFoundBlock(p, orig_size, ShouldSplit(p.block, size));
+  return block->ptr;
+}
+
+Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_size, bool split_remainder) {
+  const std::size_t size = p.size;
+  BlockPool& pool = *p.pool;
+  Block* block = p.block;
+  const bool already_split = block->is_split();
+  if (split_remainder) {
+    Block* remaining = block;
+    block = arena.New();
+    block->ptr = remaining->ptr;
+    block->size = size;
+    block->stream = p.stream;
+    block->pool = &pool;
+    block->expandable = remaining->expandable;
+    block->prev = remaining->prev;
+    if (block->prev != nullptr) block->prev->next = block;
+    block->next = remaining;
+    remaining->prev = block;
+    remaining->ptr += size;
+    remaining->size -= size;
+    pool.Insert(remaining);
+    if (already_split && block->expandable == nullptr) {
+      // An inactive split shrinks by `size`.
+      Decrease(stats.inactive_split_bytes, pool, static_cast<std::int64_t>(size));
+    } else if (block->expandable == nullptr) {
+      // A new inactive split is carved out of a whole block.
+      Increase(stats.inactive_split_bytes, pool, static_cast<std::int64_t>(remaining->size));
+      Increase(stats.inactive_split, pool, 1);
+    }
+  } else if (already_split && block->expandable == nullptr) {
+    // An inactive split becomes active.
+    Decrease(stats.inactive_split_bytes, pool, static_cast<std::int64_t>(block->size));
+    Decrease(stats.inactive_split, pool, 1);
+  }
+
+  block->allocated = true;
+  block->requested_size = orig_size;
+  allocated_blocks.emplace(block->ptr, block);
+  Trace(TraceAction::kAlloc, pool, block->ptr, block->size, orig_size, block->stream);
+
+  Increase(stats.allocation, pool, 1);
+  Increase(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  Increase(stats.active, pool, 1);
+  Increase(stats.active_bytes, pool, static_cast<std::int64_t>(block->size));
+  Increase(stats.requested_bytes, pool, static_cast<std::int64_t>(block->requested_size));
+  if (large_split_limit(block->size)) stats.oversize_allocations.Increase(1);
+  return block;
+}
+
+bool CachingAllocator::Impl::ShouldSplit(const Block* block, std::size_t size) const {
+  const std::size_t remaining = block->size - size;
+  if (block->pool->is_small || config.expandable_segments) return remaining >= kMinBlockSize;
+  return size < config.max_split_size && remaining > kSmallSize;
+}
+
+bool CachingAllocator::Impl::GetFreeBlock(AllocParams& p) {
+  BlockPool& pool = *p.pool;
+  if (set_fraction && config.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;
+  auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0});
+  if (it == pool.blocks.end() || it->first.stream != p.stream) return false;
+
+  if (it->second->expandable != nullptr) {
+    if (config.expandable_segments) {
+      // A free block at the end of an expandable segment can grow into the
+      // unmapped range after it: best fit compares what blocks can become.
+      auto expandable_size = [](const Block* b) {
+        return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
+      };
+      auto next = std::next(it);
+      while (it->second->expandable != nullptr && next != pool.blocks.end() && next->first.stream == p.stream &&
+             expandable_size(next->second) < expandable_size(it->second)) {
+        it = next++;
+      }
+    } else {
+      // Expandable segments were turned off after some were made: skip them.
+      do {
+        ++it;
+      } while (it != pool.blocks.end() && it->second->expandable != nullptr && it->first.stream == p.stream);
+      if (it == pool.blocks.end() || it->first.stream != p.stream) return false;
+    }
+  }
+
+  const std::size_t block_size = it->second->size;
+  // Do not return an oversize block for a request below max_split_size...
+  if (p.size < config.max_split_size && block_size >= config.max_split_size) return false;
+  // ...and round an oversize request up only within max_non_split_rounding.
+  if (p.size >= config.max_split_size && block_size >= p.size + config.max_non_split_rounding_size) return false;
+  p.block = it->second;
+  pool.blocks.erase(it);
+  return true;
+}
+
+void CachingAllocator::Impl::GarbageCollectCachedBlocks() {
+  // Free unsplit cached large blocks that have waited for at least the
+  // average number of free-block lookups, oldest first, until reserved memory
+  // is back under the threshold (computed from the allowed maximum).
+  const auto gc_threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
+                                                     static_cast<double>(allowed_memory_maximum));
+  if (total_allocated_memory <= gc_threshold) return;
+  const std::size_t target_size = total_allocated_memory - gc_threshold;
+  std::size_t gc_reclaimed = 0;
+  auto age = [&](const Block* b) { return large_blocks.get_free_blocks_call_count - b->gc_count_base; };
+  auto freeable = [](const Block* b) { return !b->is_split() && b->expandable == nullptr; };
+
+  std::int64_t total_age = 0;
+  int freeable_block_count = 0;
+  for (const auto& [key, b] : large_blocks.blocks) {
+    if (freeable(b)) {
+      total_age += age(b);
+      ++freeable_block_count;
+    }
+  }
+  if (freeable_block_count == 0) return;
+
+  bool block_freed = true;
+  while (gc_reclaimed < target_size && block_freed && freeable_block_count > 0) {
+    const double age_threshold = static_cast<double>(total_age) / freeable_block_count;
+    block_freed = false;
+    std::vector<Block*> victims;
+    for (const auto& [key, b] : large_blocks.blocks) {
+      if (freeable(b) && static_cast<double>(age(b)) >= age_threshold) victims.push_back(b);
+    }
+    for (Block* b : victims) {
+      block_freed = true;
+      gc_reclaimed += b->size;
+      total_age -= age(b);
+      --freeable_block_count;
+      ReleaseBlock(b);
+    }
+  }
+}
+
+bool CachingAllocator::Impl::AllocBlock(AllocParams& p, bool is_retry) {
+  const std::size_t size = p.alloc_size;
+  if (is_retry) ++stats.num_alloc_retries;
+
+  if (set_fraction && total_allocated_memory + size > allowed_memory_maximum) {
+    p.err = absl::ResourceExhaustedError("over the per-process memory fraction");
+    return false;
+  }
+  if (config.expandable_segments) {
+    p.block = TryAllocateExpandableBlock(p.stream, *p.pool, p.size);
+    p.err = p.block != nullptr ? absl::OkStatus() : absl::ResourceExhaustedError("cannot map pages");
+    return p.block != nullptr;
+  }
+  absl::StatusOr<DevicePtr> ptr = device.Malloc(size);
+  if (!ptr.ok()) {
+    p.err = ptr.status();
+    return false;
+  }
+  p.err = absl::OkStatus();
+  total_allocated_memory += size;
+  Block* block = arena.New();
+  block->ptr = *ptr;
+  block->size = size;
+  block->stream = p.stream;
+  block->pool = p.pool;
+  p.block = block;
+  segments.emplace(*ptr, size);
+  Increase(stats.segment, *p.pool, 1);
+  Increase(stats.reserved_bytes, *p.pool, static_cast<std::int64_t>(size));
+  if (large_split_limit(size)) stats.oversize_segments.Increase(1);
+  ++stats.num_device_alloc;
+  Trace(TraceAction::kSegmentAlloc, *p.pool, *ptr, size, 0, p.stream);
+  return true;
+}
+
+bool CachingAllocator::Impl::ReleaseAvailableCachedBlocks(const AllocParams& p) {
+  // Free one cached oversize block big enough for the request, or else
+  // oversize blocks from the largest down until enough is freed.
+  if (config.max_split_size_unlimited()) return false;
+  BlockPool& pool = *p.pool;
+  const std::size_t key_size = std::max(p.size, config.max_split_size);
+  auto releasable = [](const Block* b) { return !b->is_split() && b->expandable == nullptr; };
+  auto it = pool.blocks.lower_bound(SizeKey{p.stream, key_size, 0});
+  if (it == pool.blocks.end() || it->first.stream != p.stream) {
+    if (it == pool.blocks.begin()) return false;
+    std::size_t total_released = 0;
+    std::vector<Block*> victims;  // collected first: erasing invalidates btree iterators
+    --it;
+    while (total_released < key_size && it->second->size >= config.max_split_size &&
+           it->first.stream == p.stream && releasable(it->second)) {
+      total_released += it->second->size;
+      victims.push_back(it->second);
+      if (it == pool.blocks.begin()) break;
+      --it;
+    }
+    for (Block* b : victims) ReleaseBlock(b);
+    return total_released >= key_size;
+  }
+  if (!releasable(it->second)) return false;
+  ReleaseBlock(it->second);
+  return true;
+}
+
+void CachingAllocator::Impl::ReleaseCachedBlocks() {
+  SynchronizeAndFreeEvents();
+  ReleaseBlocks(large_blocks);
+  ReleaseBlocks(small_blocks);
+}
+
+void CachingAllocator::Impl::ReleaseBlocks(BlockPool& pool) {
+  std::vector<Block*> to_release;
+  std::vector<Block*> to_unmap;
+  for (const auto& [key, b] : pool.blocks) {
+    if (b->expandable != nullptr) {
+      to_unmap.push_back(b);
+    } else if (!b->is_split()) {
+      to_release.push_back(b);
+    }
+  }
+  for (Block* b : to_release) ReleaseBlock(b);
+  for (Block* b : to_unmap) {
+    UnmapBlock(b);
+    if (b->prev == nullptr && b->next == nullptr) ReleaseExpandableSegment(b);
+  }
+}
+
+void CachingAllocator::Impl::ReleaseBlock(Block* block) {
+  BlockPool& pool = *block->pool;
+  ++stats.num_device_free;
+  Trace(TraceAction::kSegmentFree, pool, block->ptr, block->size, 0, block->stream);
+  (void)device.Free(block->ptr);
+  segments.erase(block->ptr);
+  total_allocated_memory -= block->size;
+  Decrease(stats.segment, pool, 1);
+  Decrease(stats.reserved_bytes, pool, static_cast<std::int64_t>(block->size));
+  if (large_split_limit(block->size)) stats.oversize_segments.Decrease(1);
+  pool.Erase(block);
+  arena.Delete(block);
+}
+
+void CachingAllocator::Impl::ReleaseExpandableSegment(Block* block) {
+  block->pool->EraseUnmapped(block);
+  auto it = std::find_if(expandable_segments.begin(), expandable_segments.end(),
+                         [&](const auto& es) { return es.get() == block->expandable; });
+  if (it != expandable_segments.end()) expandable_segments.erase(it);
+  arena.Delete(block);
+}
+
+absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
+  auto it = allocated_blocks.find(ptr);
+  if (it == allocated_blocks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid device pointer: 0x", absl::Hex(ptr)));
+  }
+  Block* block = it->second;
+  allocated_blocks.erase(it);
+  block->allocated = false;
+  BlockPool& pool = *block->pool;
+  Decrease(stats.allocation, pool, 1);
+  Decrease(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
+  Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
+  if (large_split_limit(block->size)) stats.oversize_allocations.Decrease(1);
+  if (!block->stream_uses.empty()) {
+    InsertEvents(block);
+  } else {
+    FreeBlock(block);
+  }
+  return absl::OkStatus();
+}
+
+void CachingAllocator::Impl::FreeBlock(Block* block) {
+  BlockPool& pool = *block->pool;
+  Trace(TraceAction::kFreeCompleted, pool, block->ptr, block->size, block->requested_size, block->stream);
+  const std::size_t original_block_size = block->size;
+  const std::size_t requested_size = block->requested_size;
+  std::int64_t net_inactive_blocks = 0;
+  std::int64_t net_inactive_bytes = 0;
+  Block* const merge_candidates[2] = {block->prev, block->next};
+  for (Block* candidate : merge_candidates) {
+    const std::size_t subsumed = TryMergeBlocks(block, candidate, pool);
+    if (subsumed > 0) {
+      net_inactive_blocks -= 1;
+      net_inactive_bytes -= static_cast<std::int64_t>(subsumed);
+    }
+  }
+  pending_free.erase(block);
+  pool.Insert(block);
+  if (block->is_split()) {
+    net_inactive_blocks += 1;
+    net_inactive_bytes += static_cast<std::int64_t>(block->size);
+  }
+  // Wholly free pages of expandable segments can always be released, so
+  // PyTorch leaves them out of inactive_split; so do we.
+  if (block->expandable == nullptr) {
+    if (net_inactive_blocks > 0) Increase(stats.inactive_split, pool, net_inactive_blocks);
+    if (net_inactive_blocks < 0) Decrease(stats.inactive_split, pool, -net_inactive_blocks);
+    if (net_inactive_bytes > 0) Increase(stats.inactive_split_bytes, pool, net_inactive_bytes);
+    if (net_inactive_bytes < 0) Decrease(stats.inactive_split_bytes, pool, -net_inactive_bytes);
+  }
+  Decrease(stats.active, pool, 1);
+  Decrease(stats.active_bytes, pool, static_cast<std::int64_t>(original_block_size));
+  Decrease(stats.requested_bytes, pool, static_cast<std::int64_t>(requested_size));
+}
+
+std::size_t CachingAllocator::Impl::TryMergeBlocks(Block* dst, Block* src, BlockPool& pool) {
+  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
+      dst->mapped != src->mapped) {
+    return 0;
+  }
+  if (src->mapped) {
+    pool.Erase(src);
+  } else {
+    pool.EraseUnmapped(src);
+  }
+  if (dst->prev == src) {  // [src dst]
+    dst->ptr = src->ptr;
+    dst->prev = src->prev;
+    if (dst->prev != nullptr) dst->prev->next = dst;
+  } else {  // [dst src]
+    dst->next = src->next;
+    if (dst->next != nullptr) dst->next->prev = dst;
+  }
+  const std::size_t subsumed = src->size;
+  dst->size += subsumed;
+  arena.Delete(src);
+  return subsumed;
+}
+
+void CachingAllocator::Impl::InsertEvents(Block* block) {
+  for (StreamId stream : block->stream_uses) {
+    events[stream].emplace_back(device.RecordEvent(stream), block);
+    ++block->event_count;
+  }
+  block->stream_uses.clear();
+  pending_free.insert(block);
+}
+
+void CachingAllocator::Impl::ProcessEvents() {
+  if (events.empty()) return;
+  for (auto it = events.begin(); it != events.end();) {
+    auto& queue = it->second;
+    while (!queue.empty()) {
+      auto [event, block] = queue.front();
+      if (!device.QueryEvent(event)) break;
+      device.ReleaseEvent(event);
+      queue.pop_front();
+      if (--block->event_count == 0) FreeBlock(block);
+    }
+    it = queue.empty() ? events.erase(it) : std::next(it);
+  }
+}
+
+void CachingAllocator::Impl::SynchronizeAndFreeEvents() {
+  ++stats.num_sync_all_streams;
+  for (auto& [stream, queue] : events) {
+    for (auto& [event, block] : queue) {
+      device.SynchronizeEvent(event);
+      device.ReleaseEvent(event);
+      if (--block->event_count == 0) FreeBlock(block);
+    }
+  }
+  events.clear();
+}
+
+Block* CachingAllocator::Impl::FindExpandableBlock(StreamId stream, BlockPool& pool, std::size_t size) {
+  // The lowest address in any segment of this stream where `size` bytes of
+  // free and unmapped blocks follow each other.
+  auto allocatable = [](const Block* b) {
+    return b != nullptr && !b->allocated && b->event_count == 0 && b->stream_uses.empty();
+  };
+  auto has_available_address_space = [&](const Block* b) {
+    std::size_t bytes = 0;
+    while (bytes < size && allocatable(b)) {
+      bytes += b->size;
+      b = b->next;
+    }
+    return bytes >= size;
+  };
+  for (auto it = pool.unmapped.lower_bound(AddressKey{stream, 0});
+       it != pool.unmapped.end() && it->first.stream == stream; ++it) {
+    Block* c = it->second;
+    if (allocatable(c->prev)) c = c->prev;
+    if (has_available_address_space(c)) return c;
+  }
+  absl::StatusOr<std::unique_ptr<ExpandableSegment>> es =
+      ExpandableSegment::Create(device, stream, pool.is_small ? kSmallBuffer : kLargeBuffer);
+  if (!es.ok()) return nullptr;
+  Block* candidate = arena.New();
+  candidate->ptr = (*es)->ptr();
+  candidate->size = (*es)->size();
+  candidate->stream = stream;
+  candidate->pool = &pool;
+  candidate->mapped = false;
+  candidate->expandable = es->get();
+  expandable_segments.push_back(std::move(*es));
+  pool.InsertUnmapped(candidate);
+  return candidate;
+}
+
+bool CachingAllocator::Impl::MapBlock(Block* to_map, std::size_t size) {
+  const SegmentRange mapped = to_map->expandable->Map(SegmentRange{to_map->ptr, size});
+  if (mapped.size == 0) return false;
+  BlockPool& pool = *to_map->pool;
+  pool.EraseUnmapped(to_map);
+  to_map->mapped = true;
+  if (mapped.size < to_map->size) {
+    Block* remaining = arena.New();
+    remaining->ptr = to_map->ptr + mapped.size;
+    remaining->size = to_map->size - mapped.size;
+    remaining->stream = to_map->stream;
+    remaining->pool = &pool;
+    remaining->mapped = false;
+    remaining->expandable = to_map->expandable;
+    Splice(remaining, to_map, to_map->next);
+    pool.InsertUnmapped(remaining);
+    to_map->size = mapped.size;
+  }
+  TryMergeBlocks(to_map, to_map->prev, pool);
+  TryMergeBlocks(to_map, to_map->next, pool);
+  pool.Insert(to_map);
+
+  total_allocated_memory += mapped.size;
+  Increase(stats.reserved_bytes, pool, static_cast<std::int64_t>(mapped.size));
+  ++stats.num_device_alloc;
+  Trace(TraceAction::kSegmentMap, pool, mapped.ptr, mapped.size, 0, to_map->stream);
+  return true;
+}
+
+Block* CachingAllocator::Impl::TryAllocateExpandableBlock(StreamId stream, BlockPool& pool, std::size_t size) {
+  Block* candidate = FindExpandableBlock(stream, pool, size);
+  if (candidate == nullptr) return nullptr;
+  // candidate is now: unmapped -> null, unmapped -> free -> *, or free -> unmapped -> *
+  if (!candidate->mapped && !MapBlock(candidate, std::min(candidate->size, size))) return nullptr;
+  while (candidate->size < size) {
+    // free -> unmapped -> *: map some of the unmapped range; it merges with candidate.
+    Block* next = candidate->next;
+    if (!MapBlock(next, std::min(size - candidate->size, next->size))) return nullptr;
+    candidate = next;
+  }
+  pool.Erase(candidate);
+  return candidate;
+}
+
+void CachingAllocator::Impl::UnmapBlock(Block* block) {
+  const SegmentRange unmapped = block->expandable->Unmap(SegmentRange{block->ptr, block->size});
+  if (unmapped.size == 0) return;
+  BlockPool& pool = *block->pool;
+  pool.Erase(block);
+  const std::size_t before_size = unmapped.ptr - block->ptr;
+  if (before_size > 0) {
+    Block* before_free = arena.New();
+    before_free->ptr = block->ptr;
+    before_free->size = before_size;
+    before_free->stream = block->stream;
+    before_free->pool = &pool;
+    before_free->expandable = block->expandable;
+    Splice(before_free, block->prev, block);
+    pool.Insert(before_free);
+  }
+  const std::size_t after_size = block->size - (before_size + unmapped.size);
+  if (after_size > 0) {
+    Block* after_free = arena.New();
+    after_free->ptr = unmapped.ptr + unmapped.size;
+    after_free->size = after_size;
+    after_free->stream = block->stream;
+    after_free->pool = &pool;
+    after_free->expandable = block->expandable;
+    Splice(after_free, block, block->next);
+    pool.Insert(after_free);
+  }
+  block->ptr = unmapped.ptr;
+  block->size = unmapped.size;
+  block->mapped = false;
+  TryMergeBlocks(block, block->prev, pool);
+  TryMergeBlocks(block, block->next, pool);
+  pool.InsertUnmapped(block);
+
+  total_allocated_memory -= unmapped.size;
+  Decrease(stats.reserved_bytes, pool, static_cast<std::int64_t>(unmapped.size));
+  ++stats.num_device_free;
+  Trace(TraceAction::kSegmentUnmap, pool, unmapped.ptr, unmapped.size, 0, block->stream);
+}
+
+absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size_t orig_size) {
+  const DeviceMemoryInfo mem = device.MemoryInfo();
+  Trace(TraceAction::kOom, *p.pool, mem.free_bytes, p.size, orig_size, p.stream);
+  ++stats.num_ooms;
+
+  OutOfMemoryInfo info;
+  info.requested = orig_size;
+  info.rounded = p.size;
+  info.alloc_size = p.alloc_size;
+  info.stream = p.stream;
+  info.small_pool = p.pool->is_small;
+  info.device_free = mem.free_bytes;
+  info.device_total = mem.total_bytes;
+  info.allocated = static_cast<std::size_t>(stats.allocated_bytes[0].current);
+  info.reserved = static_cast<std::size_t>(stats.reserved_bytes[0].current);
+  info.inactive_split = static_cast<std::size_t>(stats.inactive_split_bytes[0].current);
+  std::size_t free_blocks = 0;
+  for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
+    for (const auto& [key, b] : pool->blocks) {
+      info.cached_free += b->size;
+      info.largest_free_block = std::max(info.largest_free_block, b->size);
+      ++free_blocks;
+    }
+  }
+  const std::string allowed_info =
+      set_fraction ? absl::StrCat(FormatSize(allowed_memory_maximum), " allowed; ") : std::string();
+  info.message = absl::StrCat(
+      "CUDA out of memory. Tried to allocate ", FormatSize(p.alloc_size), ". GPU ", device.index(),
+      " has a total capacity of ", FormatSize(mem.total_bytes), " of which ", FormatSize(mem.free_bytes),
+      " is free. ", allowed_info, "Of the allocated memory ", FormatSize(info.allocated),
+      " is allocated by PyTorch, and ", FormatSize(info.reserved - info.allocated),
+      " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
+  info.diagnosis = absl::StrCat(
+      "memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (", p.pool->is_small ? "small" : "large",
+      " pool, stream ", p.stream, "); the cache holds ", FormatSize(info.cached_free), " free in ", free_blocks,
+      " blocks, the largest ", FormatSize(info.largest_free_block), ", and ", FormatSize(info.inactive_split),
+      " of it is non-releasable (inactive split).");
+  if (info.cached_free >= p.size) {
+    absl::StrAppend(&info.diagnosis, " Fragmentation, not capacity: enough bytes are free but no free block fits.");
+  } else if (set_fraction && mem.free_bytes >= p.alloc_size) {
+    absl::StrAppend(&info.diagnosis, " The per-process memory fraction, not the device, is the limit.");
+  }
+  last_oom = info;
+  return absl::ResourceExhaustedError(absl::StrCat(info.message, "\n", info.diagnosis));
+}
+
+std::vector<const Block*> CachingAllocator::Impl::AllBlocks() const {
+  std::vector<const Block*> all;
+  for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
+    for (const auto& [key, b] : pool->blocks) all.push_back(b);
+  }
+  for (const auto& [ptr, b] : allocated_blocks) all.push_back(b);
+  for (const Block* b : pending_free) all.push_back(b);
+  return all;
+}
+
+std::vector<SegmentInfo> CachingAllocator::Impl::Snapshot() const {
+  std::vector<SegmentInfo> result;
+  for (const Block* head : AllBlocks()) {
+    // Expandable segments report one segment per contiguous mapped range.
+    if (head->prev != nullptr && head->prev->mapped) continue;
+    SegmentInfo& seg = result.emplace_back();
+    seg.device = device.index();
+    seg.address = head->ptr;
+    seg.stream = head->stream;
+    seg.is_large = !head->pool->is_small;
+    seg.is_expandable = head->expandable != nullptr;
+    for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
+      BlockInfo& info = seg.blocks.emplace_back();
+      info.address = b->ptr;
+      info.size = b->size;
+      info.requested_size = b->requested_size;
+      const bool active = b->allocated || b->event_count > 0 || !b->stream_uses.empty();
+      info.state = b->allocated ? BlockState::kActiveAllocated
+                   : active     ? BlockState::kActivePendingFree
+                                : BlockState::kInactive;
+      seg.total_size += b->size;
+      if (b->allocated) seg.allocated_size += b->size;
+      if (active) {
+        seg.active_size += b->size;
+        seg.requested_size += b->requested_size;
+      }
+    }
+  }
+  std::sort(result.begin(), result.end(),
+            [](const SegmentInfo& a, const SegmentInfo& b) { return a.address < b.address; });
+  return result;
+}
+
+absl::Status CachingAllocator::Impl::CheckInvariants() const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
+  DeviceStats recount;
+  std::size_t reserved = 0;
+  // Walk every segment from its first block.
+  absl::flat_hash_set<const Block*> seen;
+  std::vector<const Block*> heads;
+  for (const Block* b : AllBlocks()) {
+    const Block* h = b;
+    while (h->prev != nullptr) h = h->prev;
+    if (seen.insert(h).second) heads.push_back(h);
+  }
+  absl::flat_hash_set<const ExpandableSegment*> expandables_seen;
+  for (const Block* head : heads) {
+    const int pool_index = head->pool->is_small ? 1 : 2;
+    std::size_t total = 0;
+    std::size_t mapped = 0;
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      if (b->next != nullptr && (b->next->prev != b || b->next->ptr != b->ptr + b->size)) {
+        return fail("blocks do not tile: block at 0x", absl::Hex(b->ptr), " size ", b->size, " is followed by 0x",
+                    absl::Hex(b->next->ptr));
+      }
+      if (b->pool != head->pool || b->stream != head->stream || b->expandable != head->expandable) {
+        return fail("block at 0x", absl::Hex(b->ptr), " disagrees with its segment");
+      }
+      total += b->size;
+      if (b->mapped) mapped += b->size;
+      const bool active = b->allocated || b->event_count > 0 || !b->stream_uses.empty();
+      if (b->mapped && !active) {
+        auto it = b->pool->blocks.find(SizeKey{b->stream, b->size, b->ptr});
+        if (it == b->pool->blocks.end() || it->second != b) {
+          return fail("free block at 0x", absl::Hex(b->ptr), " is missing from its pool");
+        }
+        if (b->next != nullptr && b->next->mapped && !b->next->allocated && b->next->event_count == 0 &&
+            b->next->stream_uses.empty()) {
+          return fail("free neighbours not merged at 0x", absl::Hex(b->ptr));
+        }
+        if (b->is_split() && b->expandable == nullptr) {
+          for (int t : {0, pool_index}) {
+            recount.inactive_split[t].current += 1;
+            recount.inactive_split_bytes[t].current += static_cast<std::int64_t>(b->size);
+          }
+        }
+      }
+      if (!b->mapped && b->pool->unmapped.find(AddressKey{b->stream, b->ptr}) == b->pool->unmapped.end()) {
+        return fail("unmapped range at 0x", absl::Hex(b->ptr), " is missing from its pool");
+      }
+      for (int t : {0, pool_index}) {
+        if (b->allocated) {
+          recount.allocation[t].current += 1;
+          recount.allocated_bytes[t].current += static_cast<std::int64_t>(b->size);
+        }
+        if (active) {
+          recount.active[t].current += 1;
+          recount.active_bytes[t].current += static_cast<std::int64_t>(b->size);
+          recount.requested_bytes[t].current += static_cast<std::int64_t>(b->requested_size);
+        }
+      }
+      if (b->allocated && b->size >= config.max_split_size) recount.oversize_allocations.current += 1;
+    }
+    if (head->expandable != nullptr) {
+      expandables_seen.insert(head->expandable);
+      if (total != head->expandable->size()) return fail("expandable segment blocks do not cover its reservation");
+      if (mapped != head->expandable->mapped_bytes()) return fail("expandable segment: mapped blocks != mapped pages");
+      for (int t : {0, pool_index}) recount.reserved_bytes[t].current += static_cast<std::int64_t>(mapped);
+      reserved += mapped;
+    } else {
+      auto it = segments.find(head->ptr);
+      if (it == segments.end() || it->second != total) {
+        return fail("segment at 0x", absl::Hex(head->ptr), ": blocks cover ", total, " bytes, segment has ",
+                    it == segments.end() ? 0 : it->second);
+      }
+      for (int t : {0, pool_index}) {
+        recount.segment[t].current += 1;
+        recount.reserved_bytes[t].current += static_cast<std::int64_t>(total);
+      }
+      if (total >= config.max_split_size) recount.oversize_segments.current += 1;
+      reserved += total;
+    }
+  }
+  // Expandable segments with nothing mapped have only an unmapped block, which
+  // AllBlocks() does not list: count them from the pools.
+  for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
+    for (const auto& [key, b] : pool->unmapped) {
+      if (b->prev == nullptr && b->next == nullptr && b->size != b->expandable->size()) {
+        return fail("lone unmapped range does not cover its reservation");
+      }
+    }
+  }
+  // Every cudaMalloc'd segment must have been reached from some block.
+  if (segments.size() + expandables_seen.size() != heads.size()) return fail("a segment has no blocks");
+  std::size_t pool_entries = 0;
+  for (const BlockPool* pool : {&small_blocks, &large_blocks}) pool_entries += pool->blocks.size();
+  std::size_t free_blocks = 0;
+  for (const Block* head : heads) {
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      if (b->mapped && !b->allocated && b->event_count == 0 && b->stream_uses.empty()) ++free_blocks;
+    }
+  }
+  if (pool_entries != free_blocks) return fail("pools hold ", pool_entries, " blocks but ", free_blocks, " are free");
+  if (reserved != total_allocated_memory) return fail("reserved recount ", reserved, " != ", total_allocated_memory);
+
+  auto check_array = [&](const char* name, const StatArray& actual, const StatArray& expected) -> absl::Status {
+    for (std::size_t t = 0; t < kNumStatTypes; ++t) {
+      if (actual[t].current != expected[t].current) {
+        return fail("stat ", name, "[", t, "].current is ", actual[t].current, ", recount ", expected[t].current);
+      }
+      if (actual[t].current < 0 || actual[t].peak < actual[t].current) {
+        return fail("stat ", name, "[", t, "] peak below current");
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (auto [name, a, e] : {std::tuple{"allocation", &stats.allocation, &recount.allocation},
+                            std::tuple{"segment", &stats.segment, &recount.segment},
+                            std::tuple{"active", &stats.active, &recount.active},
+                            std::tuple{"inactive_split", &stats.inactive_split, &recount.inactive_split},
+                            std::tuple{"allocated_bytes", &stats.allocated_bytes, &recount.allocated_bytes},
+                            std::tuple{"reserved_bytes", &stats.reserved_bytes, &recount.reserved_bytes},
+                            std::tuple{"active_bytes", &stats.active_bytes, &recount.active_bytes},
+                            std::tuple{"inactive_split_bytes", &stats.inactive_split_bytes,
+                                       &recount.inactive_split_bytes},
+                            std::tuple{"requested_bytes", &stats.requested_bytes, &recount.requested_bytes}}) {
+    if (absl::Status s = check_array(name, *a, *e); !s.ok()) return s;
+  }
+  if (stats.oversize_allocations.current != recount.oversize_allocations.current) {
+    return fail("oversize_allocations ", stats.oversize_allocations.current, " != ",
+                recount.oversize_allocations.current);
+  }
+  if (stats.oversize_segments.current != recount.oversize_segments.current) {
+    return fail("oversize_segments ", stats.oversize_segments.current, " != ", recount.oversize_segments.current);
+  }
+  return absl::OkStatus();
+}
+
+// --- public interface: take the lock, forward ---------------------------------
+
+CachingAllocator::CachingAllocator(Device& device, AllocatorConfig config)
+    : device_(device), config_(std::move(config)), impl_(std::make_unique<Impl>(device_, config_)) {}
+
+CachingAllocator::~CachingAllocator() = default;
+
+absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId stream) {
+  if (size == 0) return DevicePtr{0};
+  if (size >= kOneExaByte) {
+    return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->Malloc(size, stream);
+}
+
+absl::Status CachingAllocator::Free(DevicePtr ptr) {
+  if (ptr == 0) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->Free(ptr);
+}
+
+absl::Status CachingAllocator::RecordStream(DevicePtr ptr, StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = impl_->allocated_blocks.find(ptr);
+  if (it == impl_->allocated_blocks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("record_stream: invalid device pointer: 0x", absl::Hex(ptr)));
+  }
+  Block* block = it->second;
+  if (stream == block->stream) return absl::OkStatus();  // uses on the allocation stream need no event
+  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
+    block->stream_uses.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+void CachingAllocator::EmptyCache() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->Trace(TraceAction::kEmptyCache, impl_->large_blocks, 0, 0, 0, 0);
+  impl_->ReleaseCachedBlocks();
+}
+
+absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid memory fraction ", fraction, ": must be in [0, 1]"));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->allowed_memory_maximum =
+      static_cast<std::size_t>(fraction * static_cast<double>(device_.MemoryInfo().total_bytes));
+  impl_->set_fraction = true;
+  return absl::OkStatus();
+}
+
+DeviceStats CachingAllocator::GetStats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->stats;
+}
+
+std::size_t CachingAllocator::memory_allocated() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<std::size_t>(impl_->stats.allocated_bytes[0].current);
+}
+std::size_t CachingAllocator::max_memory_allocated() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<std::size_t>(impl_->stats.allocated_bytes[0].peak);
+}
+std::size_t CachingAllocator::memory_reserved() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<std::size_t>(impl_->stats.reserved_bytes[0].current);
+}
+std::size_t CachingAllocator::max_memory_reserved() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<std::size_t>(impl_->stats.reserved_bytes[0].peak);
+}
+
+void CachingAllocator::ResetPeakStats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceStats& s = impl_->stats;
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (Stat& stat : *a) stat.ResetPeak();
+  }
+  s.oversize_allocations.ResetPeak();
+  s.oversize_segments.ResetPeak();
+}
+
+void CachingAllocator::ResetAccumulatedStats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DeviceStats& s = impl_->stats;
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+    for (Stat& stat : *a) stat.ResetAccumulated();
+  }
+  s.oversize_allocations.ResetAccumulated();
+  s.oversize_segments.ResetAccumulated();
+  s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
+}
+
+std::string CachingAllocator::MemorySummary(bool abbreviated) const {
+  return memscope::MemorySummary(GetStats(), device_.index(), abbreviated);
+}
+
+std::vector<SegmentInfo> CachingAllocator::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->Snapshot();
+}
+
+std::optional<OutOfMemoryInfo> CachingAllocator::last_oom() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->last_oom;
+}
+
+std::size_t CachingAllocator::BlockSize(DevicePtr ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = impl_->allocated_blocks.find(ptr);
+  return it == impl_->allocated_blocks.end() ? 0 : it->second->size;
+}
+
+void CachingAllocator::SetObserver(AllocatorObserver* observer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  impl_->observer = observer;
+}
+
+absl::Status CachingAllocator::CheckInvariants() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return impl_->CheckInvariants();
+}
+
+}  // namespace memscope

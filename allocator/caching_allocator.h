@@ -1,0 +1,152 @@
+// A caching device allocator that makes the decisions PyTorch's CUDA caching
+// allocator (c10/cuda/CUDACachingAllocator.cpp, 2.x) makes, on any Device.
+//
+// The policy, in plain words:
+//
+// - Every request is rounded (512 B steps, or roundup_power2_divisions).
+//   Rounded requests <= 1 MiB are served from the small pool, larger ones
+//   from the large pool. Free blocks are cached per pool and per stream: a
+//   block freed on stream S is reused only by requests on stream S.
+// - A request takes the best-fit cached block: the smallest free block of its
+//   stream that is large enough (ties by address). Only that one candidate is
+//   tested against the oversize rules (max_split_size): a request below
+//   max_split_size never takes a block >= max_split_size, and a request at or
+//   above it takes a cached block only if the block is smaller than request +
+//   max_non_split_rounding_size.
+// - The chosen block is split when what remains is worth keeping: >= 512 B
+//   in the small pool (and with expandable segments), > 1 MiB in the large
+//   pool and only for requests below max_split_size. A free block inside a
+//   segment that still has other blocks is an "inactive split": it cannot be
+//   returned to the device and is the classic fragmentation signal.
+// - With no cached block, the allocator asks the device for a new segment
+//   (2 MiB small, 20 MiB for large requests < 10 MiB, else the request
+//   rounded to 2 MiB). If that fails it (1) with garbage_collection_threshold
+//   and a memory fraction, first frees old unsplit cached blocks; (2) with
+//   max_split_size set, frees cached oversize blocks and retries; (3) frees
+//   every cached whole segment (as empty_cache) and retries once more, counted
+//   in num_alloc_retries; (4) reports out-of-memory. Like PyTorch, the pools
+//   are not searched again after step 3 (a known quirk, kept on purpose).
+// - Freed blocks merge with free neighbours of the same segment. A block
+//   used on other streams (RecordStream) stays "active" until events
+//   recorded on those streams at free time have completed.
+// - expandable_segments:True replaces per-request segments by one growing
+//   virtual range per (pool, stream): pages (2 MiB small, 20 MiB large) are
+//   mapped at the lowest address that fits and unmapped when wholly free on
+//   empty_cache or before an OOM.
+//
+// Thread safety: one mutex per allocator (PyTorch has one per device); every
+// public method takes it. An attached observer is called under it.
+#ifndef MEMSCOPE_ALLOCATOR_CACHING_ALLOCATOR_H_
+#define MEMSCOPE_ALLOCATOR_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+#include "allocator/device.h"
+#include "allocator/observer.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+
+namespace memscope {
+
+// What the allocator knew when it ran out of memory.
+struct OutOfMemoryInfo {
+  std::size_t requested = 0;       // bytes asked for
+  std::size_t rounded = 0;         // round_size(requested)
+  std::size_t alloc_size = 0;      // segment size asked of the device
+  StreamId stream = 0;
+  bool small_pool = false;
+  std::size_t device_free = 0;     // cudaMemGetInfo at the time
+  std::size_t device_total = 0;
+  std::size_t allocated = 0;       // allocated_bytes.all.current
+  std::size_t reserved = 0;        // reserved_bytes.all.current
+  std::size_t inactive_split = 0;  // inactive_split_bytes.all.current
+  std::size_t cached_free = 0;     // bytes in free cached blocks (all pools and streams)
+  std::size_t largest_free_block = 0;  // largest of those
+  std::string message;             // PyTorch's wording
+  std::string diagnosis;           // memscope's one-line explanation
+};
+
+class CachingAllocator {
+ public:
+  // The allocator borrows `device`, which must outlive it.
+  explicit CachingAllocator(Device& device, AllocatorConfig config = {});
+  // Returns every segment to the device.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Allocates `size` bytes usable on `stream`. Returns the address (0 for
+  // size 0, like PyTorch), ResourceExhausted with PyTorch's OOM message plus a
+  // memscope diagnosis line when the device is full, or the device's own
+  // error for any other device failure.
+  absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream = 0);
+
+  // Frees an address returned by Malloc (0 is ignored). InvalidArgument for
+  // an address that is not allocated.
+  absl::Status Free(DevicePtr ptr);
+
+  // Marks an allocation as used on `stream` (Tensor.record_stream): when it
+  // is freed, it is not reused until the work queued on `stream` completes.
+  absl::Status RecordStream(DevicePtr ptr, StreamId stream);
+
+  // Returns every cached segment that is wholly free to the device, after
+  // waiting for pending stream events (torch.cuda.empty_cache()).
+  void EmptyCache();
+
+  // Caps this process at `fraction` of the device's total memory
+  // (torch.cuda.set_per_process_memory_fraction). Fraction in [0, 1].
+  absl::Status SetMemoryFraction(double fraction);
+
+  // torch.cuda.memory_stats() as a struct, and its usual shortcuts.
+  DeviceStats GetStats() const;
+  std::size_t memory_allocated() const;
+  std::size_t max_memory_allocated() const;
+  std::size_t memory_reserved() const;
+  std::size_t max_memory_reserved() const;
+  void ResetPeakStats();
+  void ResetAccumulatedStats();
+
+  // torch.cuda.memory_summary() for this allocator's device.
+  std::string MemorySummary(bool abbreviated = false) const;
+
+  // Segments and their blocks in address order (memory._snapshot()).
+  std::vector<SegmentInfo> Snapshot() const;
+
+  // The last out-of-memory, if any happened.
+  std::optional<OutOfMemoryInfo> last_oom() const;
+
+  // Size of the block behind an allocated address; 0 if not allocated.
+  std::size_t BlockSize(DevicePtr ptr) const;
+
+  // Attaches (or, with nullptr, detaches) the observer of every action.
+  void SetObserver(AllocatorObserver* observer);
+
+  const AllocatorConfig& config() const { return config_; }
+  Device& device() const { return device_; }
+
+  // Checks the allocator's internal invariants (blocks tile their segments,
+  // pools hold exactly the free blocks, every stat equals a recount). Returns
+  // the first violation. For tests; O(number of blocks).
+  absl::Status CheckInvariants() const;
+
+  struct Impl;
+
+ private:
+  Device& device_;
+  const AllocatorConfig config_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_ALLOCATOR_CACHING_ALLOCATOR_H_

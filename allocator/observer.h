@@ -1,0 +1,53 @@
+// What the allocator reports as it works: the profiler plugs in here.
+//
+// Every action of PyTorch's memory trace (alloc, free_requested,
+// free_completed, segment_alloc, segment_free, segment_map, segment_unmap,
+// oom), plus empty_cache, is passed to an attached AllocatorObserver while the
+// allocator lock is held, in the order the allocator does them. With no
+// observer attached the cost is one pointer test per action.
+#ifndef MEMSCOPE_ALLOCATOR_OBSERVER_H_
+#define MEMSCOPE_ALLOCATOR_OBSERVER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "allocator/device.h"
+
+namespace memscope {
+
+enum class TraceAction : std::uint8_t {
+  kAlloc,          // a block handed out: addr, size = block size, requested_size
+  kFreeRequested,  // the caller freed it (may still wait on stream events)
+  kFreeCompleted,  // the block is back in the cache
+  kSegmentAlloc,   // cudaMalloc: addr, size = segment size
+  kSegmentFree,    // cudaFree
+  kSegmentMap,     // expandable segment pages mapped: addr, size
+  kSegmentUnmap,   // expandable segment pages unmapped
+  kOom,            // out of memory: addr = device free bytes, size = rounded request
+  kEmptyCache,     // empty_cache() called (before the segments it frees)
+};
+
+// PyTorch's snapshot name for an action ("alloc", "segment_map", ...).
+std::string_view TraceActionName(TraceAction action);
+
+struct TraceEvent {
+  TraceAction action;
+  bool small_pool = false;        // the block's or segment's pool
+  DevicePtr addr = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  // alloc / free: the size the caller asked for
+  StreamId stream = 0;
+  std::int64_t time_ns = 0;        // steady clock
+};
+
+class AllocatorObserver {
+ public:
+  virtual ~AllocatorObserver() = default;
+  // Called with the allocator lock held: must not call back into the allocator.
+  virtual void OnEvent(const TraceEvent& event) = 0;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_ALLOCATOR_OBSERVER_H_

@@ -1,0 +1,241 @@
+#include "allocator/sim_device.h"
+
+#include <sys/mman.h>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/sizes.h"
+
+namespace memscope {
+namespace {
+
+// Simulated addresses start where CUDA's often do, far from 0 so that a
+// stray 0 or small integer is never a valid address.
+constexpr DevicePtr kAddressBase = 0x7f0000000000ULL;
+
+void* MapHost(std::size_t size) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace
+
+SimDevice::SimDevice(SimDeviceOptions options) : options_(options), next_address_(kAddressBase) {}
+
+SimDevice::~SimDevice() {
+  for (auto& [base, region] : regions_) {
+    if (region.host != nullptr) munmap(region.host, region.size);
+  }
+}
+
+bool SimDevice::ConsumeAllocationCall() {
+  ++allocation_calls_;
+  if (fail_at_call_ != 0 && allocation_calls_ == fail_at_call_) {
+    fail_at_call_ = 0;
+    return false;
+  }
+  return true;
+}
+
+DevicePtr SimDevice::BumpAddress(std::size_t size, std::size_t alignment) {
+  next_address_ = (next_address_ + alignment - 1) / alignment * alignment;
+  const DevicePtr p = next_address_;
+  next_address_ += (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  return p;
+}
+
+absl::StatusOr<DevicePtr> SimDevice::Malloc(std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!ConsumeAllocationCall()) return absl::ResourceExhaustedError("injected device allocation failure");
+  if (size > options_.capacity - used_) {
+    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
+  }
+  Region region{size, nullptr, false};
+  if (options_.host_backed && size > 0) {
+    region.host = MapHost(size);
+    if (region.host == nullptr) return absl::ResourceExhaustedError("host backing: mmap failed");
+  }
+  const DevicePtr p = BumpAddress(size, kMinBlockSize);
+  regions_.emplace(p, region);
+  used_ += size;
+  return p;
+}
+
+absl::Status SimDevice::Free(DevicePtr ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = regions_.find(ptr);
+  if (it == regions_.end() || it->second.reservation) {
+    return absl::InvalidArgumentError(absl::StrCat("cudaFree: 0x", absl::Hex(ptr), " was not allocated"));
+  }
+  if (it->second.host != nullptr) munmap(it->second.host, it->second.size);
+  used_ -= it->second.size;
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+DeviceMemoryInfo SimDevice::MemoryInfo() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {options_.capacity - used_, options_.capacity};
+}
+
+absl::StatusOr<DevicePtr> SimDevice::ReserveAddress(std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Region region{size, nullptr, true};
+  if (options_.host_backed && size > 0) {
+    // Address space only: pages become usable when mapped (PROT_NONE until then).
+    region.host = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (region.host == MAP_FAILED) return absl::ResourceExhaustedError("host backing: mmap failed");
+  }
+  const DevicePtr p = BumpAddress(size, kSmallBuffer);
+  regions_.emplace(p, region);
+  return p;
+}
+
+absl::Status SimDevice::ReleaseAddress(DevicePtr ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = regions_.find(ptr);
+  if (it == regions_.end() || !it->second.reservation || it->second.size != size) {
+    return absl::InvalidArgumentError(absl::StrCat("cuMemAddressFree: 0x", absl::Hex(ptr), " is not a reservation"));
+  }
+  for (auto p = pages_.begin(); p != pages_.end();) {
+    if (p->first >= ptr && p->first < ptr + size) {
+      used_ -= p->second;
+      pages_.erase(p++);
+    } else {
+      ++p;
+    }
+  }
+  if (it->second.host != nullptr) munmap(it->second.host, it->second.size);
+  regions_.erase(it);
+  return absl::OkStatus();
+}
+
+const SimDevice::Region* SimDevice::FindRegion(DevicePtr ptr, DevicePtr* base) const {
+  auto it = regions_.upper_bound(ptr);
+  if (it == regions_.begin()) return nullptr;
+  --it;
+  if (ptr >= it->first + it->second.size) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
+absl::Status SimDevice::MapPage(DevicePtr ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DevicePtr base = 0;
+  const Region* region = FindRegion(ptr, &base);
+  if (region == nullptr || !region->reservation || ptr + size > base + region->size) {
+    return absl::InvalidArgumentError(absl::StrCat("cuMemMap: 0x", absl::Hex(ptr), " is outside any reservation"));
+  }
+  if (pages_.contains(ptr)) return absl::FailedPreconditionError("cuMemMap: page already mapped");
+  if (!ConsumeAllocationCall()) return absl::ResourceExhaustedError("injected device allocation failure");
+  if (size > options_.capacity - used_) {
+    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
+  }
+  if (region->host != nullptr) {
+    void* host = static_cast<char*>(region->host) + (ptr - base);
+    if (mprotect(host, size, PROT_READ | PROT_WRITE) != 0) {
+      return absl::ResourceExhaustedError("host backing: mprotect failed");
+    }
+  }
+  pages_.emplace(ptr, size);
+  used_ += size;
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::UnmapPage(DevicePtr ptr, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pages_.find(ptr);
+  if (it == pages_.end() || it->second != size) {
+    return absl::InvalidArgumentError(absl::StrCat("cuMemUnmap: 0x", absl::Hex(ptr), " is not a mapped page"));
+  }
+  DevicePtr base = 0;
+  const Region* region = FindRegion(ptr, &base);
+  if (region != nullptr && region->host != nullptr) {
+    void* host = static_cast<char*>(region->host) + (ptr - base);
+    madvise(host, size, MADV_DONTNEED);
+    mprotect(host, size, PROT_NONE);
+  }
+  used_ -= size;
+  pages_.erase(it);
+  return absl::OkStatus();
+}
+
+EventId SimDevice::RecordEvent(StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const EventId id = next_event_++;
+  events_.emplace(id, Event{stream, ++recorded_[stream]});
+  return id;
+}
+
+bool SimDevice::QueryEvent(EventId event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) return true;
+  return it->second.sequence <= completed_[it->second.stream];
+}
+
+void SimDevice::SynchronizeEvent(EventId event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = events_.find(event);
+  if (it == events_.end()) return;
+  std::uint64_t& done = completed_[it->second.stream];
+  if (done < it->second.sequence) done = it->second.sequence;
+}
+
+void SimDevice::ReleaseEvent(EventId event) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.erase(event);
+}
+
+void SimDevice::FailNthAllocation(std::uint64_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fail_at_call_ = n == 0 ? 0 : allocation_calls_ + n;
+}
+
+void SimDevice::CompleteStream(StreamId stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  completed_[stream] = recorded_[stream];
+}
+
+void SimDevice::CompleteAll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [stream, n] : recorded_) completed_[stream] = n;
+}
+
+void* SimDevice::HostPointer(DevicePtr ptr) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  DevicePtr base = 0;
+  const Region* region = FindRegion(ptr, &base);
+  if (region == nullptr || region->host == nullptr) return nullptr;
+  return static_cast<char*>(region->host) + (ptr - base);
+}
+
+std::size_t SimDevice::used_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return used_;
+}
+
+std::uint64_t SimDevice::allocation_calls() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocation_calls_;
+}
+
+std::size_t SimDevice::live_allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t n = pages_.size();
+  for (const auto& [base, region] : regions_) n += region.reservation ? 0 : 1;
+  return n;
+}
+
+std::size_t SimDevice::live_reservations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t n = 0;
+  for (const auto& [base, region] : regions_) n += region.reservation ? 1 : 0;
+  return n;
+}
+
+std::size_t SimDevice::pending_events() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
+}  // namespace memscope

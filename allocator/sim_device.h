@@ -1,0 +1,104 @@
+// A simulated GPU: capacity, its own address space, 512-byte alignment,
+// cudaMalloc-like failure when full, virtual reservations with mapped pages,
+// per-stream events that complete when told to, and fault injection.
+//
+//   SimDevice gpu({.capacity = 16 * kGiB});
+//   CachingAllocator allocator(gpu);
+//   gpu.FailNthAllocation(3);   // the 3rd device allocation from now fails
+//   gpu.CompleteAll();          // all queued stream work is done
+//
+// With host_backed, every device byte has a host byte behind it
+// (HostPointer), so CPU kernels can run on "device" memory.
+#ifndef MEMSCOPE_ALLOCATOR_SIM_DEVICE_H_
+#define MEMSCOPE_ALLOCATOR_SIM_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "absl/container/flat_hash_map.h"
+#include "allocator/device.h"
+
+namespace memscope {
+
+inline constexpr std::size_t kGiB = 1024ULL * 1024 * 1024;
+
+struct SimDeviceOptions {
+  std::size_t capacity = 80 * kGiB;
+  int index = 0;
+  bool host_backed = false;
+};
+
+class SimDevice final : public Device {
+ public:
+  explicit SimDevice(SimDeviceOptions options = {});
+  ~SimDevice() override;
+  SimDevice(const SimDevice&) = delete;
+  SimDevice& operator=(const SimDevice&) = delete;
+
+  int index() const override { return options_.index; }
+  absl::StatusOr<DevicePtr> Malloc(std::size_t size) override;
+  absl::Status Free(DevicePtr ptr) override;
+  DeviceMemoryInfo MemoryInfo() const override;
+  absl::StatusOr<DevicePtr> ReserveAddress(std::size_t size) override;
+  absl::Status ReleaseAddress(DevicePtr ptr, std::size_t size) override;
+  absl::Status MapPage(DevicePtr ptr, std::size_t size) override;
+  absl::Status UnmapPage(DevicePtr ptr, std::size_t size) override;
+  EventId RecordEvent(StreamId stream) override;
+  bool QueryEvent(EventId event) override;
+  void SynchronizeEvent(EventId event) override;
+  void ReleaseEvent(EventId event) override;
+
+  // Makes the `n`-th device allocation from now (Malloc or MapPage, 1-based)
+  // fail with ResourceExhausted, as if the device were full. 0 disables.
+  void FailNthAllocation(std::uint64_t n);
+  // Marks all work queued so far on `stream` (or on every stream) complete.
+  void CompleteStream(StreamId stream);
+  void CompleteAll();
+
+  // Host memory behind a device address (host-backed devices only; else
+  // nullptr). Valid for addresses inside a live allocation or mapped page.
+  void* HostPointer(DevicePtr ptr) const;
+
+  std::size_t capacity() const { return options_.capacity; }
+  // Bytes currently allocated or mapped.
+  std::size_t used_bytes() const;
+  // Device allocation calls so far (Malloc + MapPage, failed ones included).
+  std::uint64_t allocation_calls() const;
+  // Live Malloc allocations + mapped pages, and live reservations.
+  std::size_t live_allocations() const;
+  std::size_t live_reservations() const;
+  std::size_t pending_events() const;
+
+ private:
+  struct Region {
+    std::size_t size = 0;
+    void* host = nullptr;  // mmap'd when host-backed
+    bool reservation = false;
+  };
+  struct Event {
+    StreamId stream;
+    std::uint64_t sequence;
+  };
+  bool ConsumeAllocationCall();  // false when fault injection says fail
+  DevicePtr BumpAddress(std::size_t size, std::size_t alignment);
+  const Region* FindRegion(DevicePtr ptr, DevicePtr* base) const;
+
+  const SimDeviceOptions options_;
+  mutable std::mutex mutex_;
+  DevicePtr next_address_;
+  std::size_t used_ = 0;
+  std::uint64_t allocation_calls_ = 0;
+  std::uint64_t fail_at_call_ = 0;
+  std::map<DevicePtr, Region> regions_;              // Malloc'd ranges and reservations
+  absl::flat_hash_map<DevicePtr, std::size_t> pages_;  // mapped pages: address -> size
+  absl::flat_hash_map<StreamId, std::uint64_t> recorded_;   // events recorded per stream
+  absl::flat_hash_map<StreamId, std::uint64_t> completed_;  // ... and completed
+  absl::flat_hash_map<EventId, Event> events_;
+  EventId next_event_ = 1;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_ALLOCATOR_SIM_DEVICE_H_

@@ -1,0 +1,19 @@
+// The memscope subcommands. Each Register* adds its subcommand to the app;
+// the subcommand's callback sets the process exit status.
+#ifndef MEMSCOPE_CLI_COMMANDS_H_
+#define MEMSCOPE_CLI_COMMANDS_H_
+
+#include "CLI/CLI.hpp"
+
+namespace memscope::cli {
+
+// Exit statuses shared by every command.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;     // a check failed (later: memscope check)
+inline constexpr int kExitBadInput = 2;   // unusable input: flags, files, settings
+
+void RegisterReplay(CLI::App& app, int& exit_status);
+
+}  // namespace memscope::cli
+
+#endif  // MEMSCOPE_CLI_COMMANDS_H_

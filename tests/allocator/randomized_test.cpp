@@ -1,0 +1,107 @@
+// 100k+ random operations per setting on several streams, with the
+// allocator's invariants checked after every one: blocks tile their
+// segments, pools hold exactly the free blocks, and every stat equals a
+// brute-force recount. The device is small, so OOMs and retries happen.
+#include <catch2/catch.hpp>
+#include <random>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace memscope;
+using namespace memscope::testing;
+
+namespace {
+
+struct Live {
+  DevicePtr ptr;
+  std::size_t size;
+};
+
+void RunRandomized(const std::string& conf, std::uint64_t seed, int operations, std::size_t capacity,
+                   double fraction) {
+  INFO("alloc_conf " << conf << ", seed " << seed);
+  SimDevice gpu({.capacity = capacity});
+  CachingAllocator a(gpu, Conf(conf));
+  if (fraction > 0) REQUIRE(a.SetMemoryFraction(fraction).ok());
+  std::mt19937_64 rng(seed);
+  std::vector<Live> live;
+  std::size_t live_requested = 0;
+  std::size_t peak_live = 0;
+  int ooms = 0;
+  auto pick_size = [&]() -> std::size_t {
+    switch (rng() % 4) {
+      case 0: return 1 + rng() % 4096;                      // tiny
+      case 1: return 4096 + rng() % (1024 * 1024);          // small pool
+      case 2: return MiB + rng() % (9 * MiB);               // large, below 10 MiB
+      default: return 10 * MiB + rng() % (40 * MiB);        // large
+    }
+  };
+  for (int i = 0; i < operations; ++i) {
+    const unsigned op = rng() % 100;
+    if (op < 48 || live.empty()) {
+      const std::size_t size = pick_size();
+      const StreamId stream = rng() % 3;
+      auto p = a.Malloc(size, stream);
+      if (p.ok()) {
+        live.push_back({*p, size});
+        live_requested += size;
+        peak_live = std::max(peak_live, live_requested);
+        if (rng() % 10 == 0) REQUIRE(a.RecordStream(*p, 3 + rng() % 2).ok());
+      } else {
+        REQUIRE(absl::IsResourceExhausted(p.status()));
+        ++ooms;
+      }
+    } else if (op < 96) {
+      const std::size_t k = rng() % live.size();
+      MustFree(a, live[k].ptr);
+      live_requested -= live[k].size;
+      live[k] = live.back();
+      live.pop_back();
+    } else if (op < 98) {
+      gpu.CompleteStream(3 + rng() % 2);
+    } else if (op < 99) {
+      gpu.CompleteAll();
+    } else {
+      a.EmptyCache();
+    }
+    const absl::Status s = a.CheckInvariants();
+    if (!s.ok()) {
+      INFO("after operation " << i << ": " << s.ToString());
+      REQUIRE(s.ok());
+    }
+    // What the allocator holds is exactly what the device has handed out.
+    REQUIRE(a.memory_reserved() == gpu.used_bytes());
+    REQUIRE(static_cast<std::size_t>(a.GetStats().requested_bytes[kAll].current) >= live_requested);
+  }
+  for (const Live& l : live) MustFree(a, l.ptr);
+  gpu.CompleteAll();
+  a.EmptyCache();
+  RequireInvariants(a);
+  CHECK(a.memory_allocated() == 0);
+  CHECK(a.memory_reserved() == 0);
+  CHECK(gpu.used_bytes() == 0);
+  CHECK(a.GetStats().num_ooms == ooms);
+  CHECK(a.max_memory_allocated() >= peak_live);
+}
+
+}  // namespace
+
+TEST_CASE("randomized: default settings", "[randomized]") { RunRandomized("", 1, 100000, 512 * MiB, 0); }
+
+TEST_CASE("randomized: max_split_size_mb", "[randomized]") {
+  RunRandomized("max_split_size_mb:24", 2, 100000, 512 * MiB, 0);
+}
+
+TEST_CASE("randomized: expandable segments", "[randomized]") {
+  RunRandomized("expandable_segments:True", 3, 100000, 512 * MiB, 0);
+}
+
+TEST_CASE("randomized: roundup_power2_divisions and max_non_split_rounding", "[randomized]") {
+  RunRandomized("roundup_power2_divisions:[1:2,8:4,>:8],max_split_size_mb:32,max_non_split_rounding_mb:40", 4,
+                100000, 512 * MiB, 0);
+}
+
+TEST_CASE("randomized: garbage collection under a memory fraction", "[randomized]") {
+  RunRandomized("garbage_collection_threshold:0.6", 5, 100000, 1024 * MiB, 0.5);
+}
