@@ -30,6 +30,8 @@ std::string_view TraceActionName(TraceAction action) {
     case TraceAction::kSegmentUnmap: return "segment_unmap";
     case TraceAction::kOom: return "oom";
     case TraceAction::kEmptyCache: return "empty_cache";
+    case TraceAction::kAllocRetry: return "alloc_retry";
+    case TraceAction::kSyncAllStreams: return "sync_all_streams";
   }
   return "unknown";
 }
@@ -383,7 +385,10 @@ void CachingAllocator::Impl::GarbageCollectCachedBlocks() {
 
 bool CachingAllocator::Impl::AllocBlock(AllocParams& p, bool is_retry) {
   const std::size_t size = p.alloc_size;
-  if (is_retry) ++stats.num_alloc_retries;
+  if (is_retry) {
+    ++stats.num_alloc_retries;
+    Trace(TraceAction::kAllocRetry, *p.pool, 0, p.alloc_size, p.size, p.stream);
+  }
 
   if (set_fraction && total_allocated_memory + size > allowed_memory_maximum) {
     p.err = absl::ResourceExhaustedError("over the per-process memory fraction");
@@ -594,6 +599,7 @@ void CachingAllocator::Impl::ProcessEvents() {
 
 void CachingAllocator::Impl::SynchronizeAndFreeEvents() {
   ++stats.num_sync_all_streams;
+  Trace(TraceAction::kSyncAllStreams, large_blocks, 0, 0, 0, 0);
   for (auto& [stream, queue] : events) {
     for (auto& [event, block] : queue) {
       device.SynchronizeEvent(event);

@@ -2,7 +2,7 @@
 //
 // Every action of PyTorch's memory trace (alloc, free_requested,
 // free_completed, segment_alloc, segment_free, segment_map, segment_unmap,
-// oom), plus empty_cache, is passed to an attached AllocatorObserver while the
+// oom), plus empty_cache, alloc_retry and sync_all_streams, is passed to an attached AllocatorObserver while the
 // allocator lock is held, in the order the allocator does them. With no
 // observer attached the cost is one pointer test per action.
 #ifndef MEMSCOPE_ALLOCATOR_OBSERVER_H_
@@ -26,6 +26,8 @@ enum class TraceAction : std::uint8_t {
   kSegmentUnmap,   // expandable segment pages unmapped
   kOom,            // out of memory: addr = device free bytes, size = rounded request
   kEmptyCache,     // empty_cache() called (before the segments it frees)
+  kAllocRetry,     // device allocation retried after freeing the whole cache (num_alloc_retries)
+  kSyncAllStreams, // all pending stream events waited for (num_sync_all_streams)
 };
 
 // PyTorch's snapshot name for an action ("alloc", "segment_map", ...).

@@ -437,19 +437,21 @@ TEST_CASE("the observer sees every action in order with address, sizes and strea
   std::vector<std::string> names;
   for (const auto& e : rec.events) names.emplace_back(TraceActionName(e.action));
   CHECK(names == std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed",
-                                          "empty_cache", "segment_free", "oom"});
+                                          "empty_cache", "sync_all_streams", "segment_free", "sync_all_streams",
+                                          "alloc_retry", "oom"});
   CHECK(rec.events[0].size == 2 * MiB);
   CHECK(rec.events[0].small_pool);
   CHECK(rec.events[1].addr == p);
   CHECK(rec.events[1].size == 1024);
   CHECK(rec.events[1].requested_size == 1000);
   CHECK(rec.events[1].stream == 3);
-  CHECK(rec.events[6].addr == 30 * MiB);  // device free bytes at the OOM
-  CHECK(rec.events[6].size == 40 * MiB);
+  CHECK(rec.events[8].size == 40 * MiB);  // the retried device allocation
+  CHECK(rec.events[9].addr == 30 * MiB);  // device free bytes at the OOM
+  CHECK(rec.events[9].size == 40 * MiB);
   for (std::size_t i = 1; i < rec.events.size(); ++i) CHECK(rec.events[i].time_ns >= rec.events[i - 1].time_ns);
   a.SetObserver(nullptr);
   MustMalloc(a, 1);
-  CHECK(rec.events.size() == 7);
+  CHECK(rec.events.size() == 10);
 }
 
 TEST_CASE("destroying the allocator returns every segment to the device") {
