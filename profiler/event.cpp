@@ -1,0 +1,48 @@
+#include "profiler/event.h"
+
+namespace memscope {
+namespace {
+constexpr std::string_view kCategoryNames[kNumCategories] = {
+    "PARAMETER", "OPTIMIZER_STATE", "INPUT", "ACTIVATION", "GRADIENT",
+    "AUTOGRAD_DETAIL", "TEMPORARY", "DDP_BUCKET", "COMM_TEMP", "OTHER"};
+constexpr std::string_view kPhaseNames[kNumPhases] = {"model", "ddp", "zero_grad", "forward",
+                                                      "loss", "backward", "step", "user"};
+}  // namespace
+
+std::string_view CategoryName(Category c) {
+  const auto i = static_cast<std::size_t>(c);
+  return i < kNumCategories ? kCategoryNames[i] : "OTHER";
+}
+
+std::optional<Category> ParseCategory(std::string_view name) {
+  for (int i = 0; i < kNumCategories; ++i) {
+    if (kCategoryNames[i] == name) return static_cast<Category>(i);
+  }
+  return std::nullopt;
+}
+
+std::string_view PhaseName(Phase p) {
+  const auto i = static_cast<std::size_t>(p);
+  return i < kNumPhases ? kPhaseNames[i] : "user";
+}
+
+std::optional<Phase> ParsePhase(std::string_view name) {
+  for (int i = 0; i < kNumPhases; ++i) {
+    if (kPhaseNames[i] == name) return static_cast<Phase>(i);
+  }
+  return std::nullopt;
+}
+
+bool IsAllocatorAction(EventType t) { return static_cast<int>(t) <= static_cast<int>(EventType::kSyncAllStreams); }
+
+std::string_view EventTypeName(EventType t) {
+  if (IsAllocatorAction(t)) return TraceActionName(static_cast<TraceAction>(t));
+  switch (t) {
+    case EventType::kPhaseBegin: return "phase_begin";
+    case EventType::kPhaseEnd: return "phase_end";
+    case EventType::kMark: return "mark";
+    default: return "unknown";
+  }
+}
+
+}  // namespace memscope

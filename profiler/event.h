@@ -1,0 +1,106 @@
+// What memscope records: allocator actions and phase marks, one fixed-size
+// 48-byte Event each. The same struct is the record of the timeline file
+// (timeline.h), so recording is a copy into a buffer.
+#ifndef MEMSCOPE_PROFILER_EVENT_H_
+#define MEMSCOPE_PROFILER_EVENT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "allocator/observer.h"
+
+namespace memscope {
+
+// Memory categories of the PyTorch profiler, plus DDP's own.
+enum class Category : std::uint8_t {
+  kParameter,
+  kOptimizerState,
+  kInput,
+  kActivation,
+  kGradient,
+  kAutogradDetail,
+  kTemporary,
+  kDdpBucket,
+  kCommTemp,
+  kOther,  // untagged allocations
+};
+inline constexpr int kNumCategories = 10;
+std::string_view CategoryName(Category c);  // "PARAMETER", "DDP_BUCKET", ...
+std::optional<Category> ParseCategory(std::string_view name);
+
+// Phases of a training step, and the two before the first step.
+enum class Phase : std::uint8_t { kModel, kDdp, kZeroGrad, kForward, kLoss, kBackward, kStep, kUser };
+inline constexpr int kNumPhases = 8;
+std::string_view PhaseName(Phase p);  // "model", "ddp", "zero_grad", "forward", "loss", "backward", "step", "user"
+std::optional<Phase> ParsePhase(std::string_view name);
+
+enum class EventType : std::uint8_t {
+  // Allocator actions: the values of TraceAction.
+  kAlloc = 0,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kSegmentMap,
+  kSegmentUnmap,
+  kOom,
+  kEmptyCache,
+  kAllocRetry,
+  kSyncAllStreams,
+  // Marks set by the caller.
+  kPhaseBegin = 32,
+  kPhaseEnd = 33,
+  kMark = 34,
+};
+static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(TraceAction::kSyncAllStreams));
+std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
+bool IsAllocatorAction(EventType t);
+
+// One event. Field use by type:
+//   alloc / free_*: addr, size (block), requested_size, stream, category, name = owner
+//   segment_*:      addr, size (segment or mapped range), stream
+//   oom:            addr = device free bytes, size = rounded request, requested_size
+//   alloc_retry:    size = segment size asked again
+//   phase_*:        phase, addr = step (kNoStep before the first step), name = label (user phases)
+//   mark:           name = the mark's text
+struct Event {
+  EventType type = EventType::kMark;
+  std::uint8_t small_pool = 0;  // 1 when the block or segment is in the small pool
+  Category category = Category::kOther;
+  Phase phase = Phase::kUser;
+  std::uint32_t name = 0;       // string id (0 = none)
+  std::int64_t time_ns = 0;     // since the start of the recording
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t requested_size = 0;
+  std::uint64_t stream = 0;
+
+  std::int64_t step() const { return static_cast<std::int64_t>(addr); }
+};
+static_assert(sizeof(Event) == 48);
+static_assert(std::is_trivially_copyable_v<Event>);
+
+inline constexpr std::int64_t kNoStep = -1;
+
+// A recording of one rank: what the timeline file holds.
+struct Timeline {
+  int rank = 0;
+  int world_size = 1;
+  int device_index = 0;
+  std::uint64_t device_capacity = 0;
+  std::int64_t wall_start_us = 0;  // Unix time of the start, microseconds
+  std::string alloc_conf;
+  std::vector<std::string> strings{""};  // id -> text; id 0 is ""
+  std::vector<Event> events;
+  std::uint64_t torn_bytes = 0;  // bytes of an incomplete last record, ignored
+
+  const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_PROFILER_EVENT_H_

@@ -1,0 +1,70 @@
+#include "profiler/recorder.h"
+
+namespace memscope {
+namespace {
+
+struct Tag {
+  Category category = Category::kOther;
+  std::string_view owner;
+};
+thread_local Tag current_tag;
+
+std::int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+ScopedTag::ScopedTag(Category category, std::string_view owner)
+    : saved_category_(current_tag.category), saved_owner_(current_tag.owner) {
+  current_tag = {category, owner};
+}
+
+ScopedTag::~ScopedTag() { current_tag = {saved_category_, saved_owner_}; }
+
+Category ScopedTag::current_category() { return current_tag.category; }
+std::string_view ScopedTag::current_owner() { return current_tag.owner; }
+
+Recorder::Recorder(EventSink& sink) : sink_(sink), start_ns_(SteadyNs()) {}
+
+std::int64_t Recorder::Now() const { return SteadyNs() - start_ns_; }
+
+void Recorder::OnEvent(const TraceEvent& e) {
+  Event out;
+  out.type = static_cast<EventType>(e.action);
+  out.small_pool = e.small_pool ? 1 : 0;
+  out.time_ns = e.time_ns - start_ns_;
+  out.addr = e.addr;
+  out.size = e.size;
+  out.requested_size = e.requested_size;
+  out.stream = e.stream;
+  if (e.action == TraceAction::kAlloc) {
+    out.category = current_tag.category;
+    out.name = sink_.Intern(current_tag.owner);
+  }
+  sink_.Append(out);
+}
+
+void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label) {
+  Event e;
+  e.type = type;
+  e.phase = phase;
+  e.addr = static_cast<std::uint64_t>(step);
+  e.name = sink_.Intern(label);
+  e.time_ns = Now();
+  sink_.Append(e);
+}
+
+void Recorder::PhaseBegin(Phase phase, std::int64_t step, std::string_view label) {
+  AppendMark(EventType::kPhaseBegin, phase, step, label);
+}
+
+void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label) {
+  AppendMark(EventType::kPhaseEnd, phase, step, label);
+  (void)sink_.Flush();
+}
+
+void Recorder::Mark(std::string_view text) { AppendMark(EventType::kMark, Phase::kUser, kNoStep, text); }
+
+}  // namespace memscope

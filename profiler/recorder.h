@@ -1,0 +1,70 @@
+// Records what an allocator does, plus what only the caller knows: the
+// memory category and owner of each allocation (a cheap scoped tag) and the
+// phases of training.
+//
+//   Timeline timeline;                       // or a TimelineWriter for a file
+//   MemorySink sink(timeline);
+//   Recorder recorder(sink);
+//   allocator.SetObserver(&recorder);
+//   recorder.PhaseBegin(Phase::kForward, step);
+//   {
+//     ScopedTag tag(Category::kActivation, "encoder.rnn");
+//     allocator.Malloc(...);                 // recorded as ACTIVATION of encoder.rnn
+//   }
+//   recorder.PhaseEnd(Phase::kForward, step);  // also flushes the sink
+#ifndef MEMSCOPE_PROFILER_RECORDER_H_
+#define MEMSCOPE_PROFILER_RECORDER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string_view>
+
+#include "allocator/observer.h"
+#include "profiler/event.h"
+#include "profiler/timeline.h"
+
+namespace memscope {
+
+// Sets the category and owner of allocations made on this thread while it
+// lives (nesting restores the outer tag). `owner` must outlive the tag.
+class ScopedTag {
+ public:
+  ScopedTag(Category category, std::string_view owner);
+  ~ScopedTag();
+  ScopedTag(const ScopedTag&) = delete;
+  ScopedTag& operator=(const ScopedTag&) = delete;
+
+  static Category current_category();
+  static std::string_view current_owner();
+
+ private:
+  Category saved_category_;
+  std::string_view saved_owner_;
+};
+
+class Recorder final : public AllocatorObserver {
+ public:
+  // Times are measured from now. The sink must outlive the recorder.
+  explicit Recorder(EventSink& sink);
+
+  void OnEvent(const TraceEvent& event) override;
+
+  // Phase marks; a phase end flushes the sink (a crash keeps every phase that ended).
+  void PhaseBegin(Phase phase, std::int64_t step = kNoStep, std::string_view label = {});
+  void PhaseEnd(Phase phase, std::int64_t step = kNoStep, std::string_view label = {});
+  // A free-form mark ("checkpoint saved").
+  void Mark(std::string_view text);
+
+  EventSink& sink() { return sink_; }
+
+ private:
+  std::int64_t Now() const;
+  void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label);
+
+  EventSink& sink_;
+  std::int64_t start_ns_;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_PROFILER_RECORDER_H_
