@@ -8,9 +8,10 @@
 namespace memscope {
 
 absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
-                                    std::size_t device_memory) {
+                                    std::size_t device_memory, Recorder* recorder) {
   SimDevice device({.capacity = device_memory, .index = 0, .host_backed = false});
   CachingAllocator allocator(device, config);
+  if (recorder != nullptr) allocator.SetObserver(recorder);
   std::vector<DevicePtr> ptrs(trace.ids.size(), 0);
   std::vector<std::size_t> sizes(trace.ids.size(), 0);
 
@@ -24,6 +25,7 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
     auto where = [&] { return absl::StrCat(trace.source, ":", r.line, ": "); };
     switch (r.op) {
       case RequestOp::kAlloc: {
+        ScopedTag tag(r.category, trace.strings[r.text]);
         absl::StatusOr<DevicePtr> p = allocator.Malloc(r.size, r.stream);
         if (!p.ok()) {
           if (!absl::IsResourceExhausted(p.status()) || !allocator.last_oom().has_value()) {
@@ -60,12 +62,22 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
       case RequestOp::kSync:
         device.CompleteAll();
         break;
+      case RequestOp::kPhaseBegin:
+        if (recorder != nullptr) recorder->PhaseBegin(r.phase, r.step, trace.strings[r.text]);
+        break;
+      case RequestOp::kPhaseEnd:
+        if (recorder != nullptr) recorder->PhaseEnd(r.phase, r.step, trace.strings[r.text]);
+        break;
+      case RequestOp::kMark:
+        if (recorder != nullptr) recorder->Mark(trace.strings[r.text]);
+        break;
     }
     if (result.oom.has_value()) break;
     result.requests_done = i + 1;
   }
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
+  allocator.SetObserver(nullptr);
   return result;
 }
 

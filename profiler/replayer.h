@@ -11,6 +11,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/stats.h"
+#include "profiler/recorder.h"
 #include "profiler/request_trace.h"
 
 namespace memscope {
@@ -36,8 +37,11 @@ struct ReplayResult {
 // Replays `trace` with `config` on a SimDevice of `device_memory` bytes. An
 // out-of-memory stops the replay and is part of the result (not an error);
 // errors are only for requests the allocator rejects (e.g. a bad free).
+// With `recorder`, every allocator action, phase mark, mark and category/
+// owner tag of the trace is recorded (the recorder becomes the allocator's
+// observer for the replay).
 absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
-                                    std::size_t device_memory);
+                                    std::size_t device_memory, Recorder* recorder = nullptr);
 
 }  // namespace memscope
 

@@ -40,6 +40,17 @@ class Reader {
       live_.emplace(*id, r.slot);
       r.size = *size;
       r.stream = *stream;
+      if (auto c = j.find("category"); c != j.end()) {
+        std::optional<Category> category = c->is_string() ? ParseCategory(c->get<std::string>()) : std::nullopt;
+        if (!category) {
+          return Error("\"category\" must be one of PARAMETER, OPTIMIZER_STATE, INPUT, ACTIVATION, GRADIENT, "
+                       "AUTOGRAD_DETAIL, TEMPORARY, DDP_BUCKET, COMM_TEMP, OTHER");
+        }
+        r.category = *category;
+      }
+      absl::StatusOr<std::uint32_t> owner = Text(j, "owner", false);
+      if (!owner.ok()) return owner.status();
+      r.text = *owner;
     } else if (action == "free" || action == "record_stream") {
       r.op = action == "free" ? RequestOp::kFree : RequestOp::kRecordStream;
       absl::StatusOr<std::string> id = Id(j);
@@ -58,9 +69,31 @@ class Reader {
       r.op = RequestOp::kEmptyCache;
     } else if (action == "sync") {
       r.op = RequestOp::kSync;
+    } else if (action == "phase_begin" || action == "phase_end") {
+      r.op = action == "phase_begin" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd;
+      auto p = j.find("phase");
+      std::optional<Phase> phase = p != j.end() && p->is_string() ? ParsePhase(p->get<std::string>()) : std::nullopt;
+      if (!phase) {
+        return Error("\"phase\" must be one of model, ddp, zero_grad, forward, loss, backward, step, user");
+      }
+      r.phase = *phase;
+      if (j.contains("step")) {
+        absl::StatusOr<std::uint64_t> step = Unsigned(j, "step", true);
+        if (!step.ok()) return step.status();
+        r.step = static_cast<std::int64_t>(*step);
+      }
+      absl::StatusOr<std::uint32_t> label = Text(j, "label", r.phase == Phase::kUser);
+      if (!label.ok()) return label.status();
+      r.text = *label;
+    } else if (action == "mark") {
+      r.op = RequestOp::kMark;
+      absl::StatusOr<std::uint32_t> mark = Text(j, "text", true);
+      if (!mark.ok()) return mark.status();
+      r.text = *mark;
     } else {
       return Error(absl::StrCat("unknown action \"", action,
-                                "\" (expected alloc, free, record_stream, empty_cache or sync)"));
+                                "\" (expected alloc, free, record_stream, empty_cache, sync, phase_begin, "
+                                "phase_end or mark)"));
     }
     trace_.requests.push_back(r);
     return absl::OkStatus();
@@ -89,6 +122,20 @@ class Reader {
     if (it->is_number_integer() && it->get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(it->get<std::int64_t>());
     return Error(absl::StrCat("\"", key, "\" must be a non-negative integer"));
   }
+  // An optional (or required) string field, interned in trace.strings.
+  absl::StatusOr<std::uint32_t> Text(const json& j, const char* key, bool required) {
+    auto it = j.find(key);
+    if (it == j.end()) {
+      if (required) return Error(absl::StrCat("missing \"", key, "\""));
+      return 0;
+    }
+    if (!it->is_string()) return Error(absl::StrCat("\"", key, "\" must be a string"));
+    const std::string text = it->get<std::string>();
+    if (text.empty()) return 0;
+    auto [pos, inserted] = texts_.emplace(text, static_cast<std::uint32_t>(trace_.strings.size()));
+    if (inserted) trace_.strings.push_back(text);
+    return pos->second;
+  }
   std::uint32_t Slot(const std::string& id) {
     auto [it, inserted] = slots_.emplace(id, static_cast<std::uint32_t>(trace_.ids.size()));
     if (inserted) trace_.ids.push_back(id);
@@ -99,6 +146,7 @@ class Reader {
   std::uint64_t line_ = 0;
   absl::flat_hash_map<std::string, std::uint32_t> slots_;  // id -> slot (ids keep their slot when reused)
   absl::flat_hash_map<std::string, std::uint32_t> live_;   // allocated ids
+  absl::flat_hash_map<std::string, std::uint32_t> texts_;  // strings -> index
 };
 
 }  // namespace
@@ -128,37 +176,56 @@ RequestTrace DemoTrace() {
     t.ids.push_back(id);
     return static_cast<std::uint32_t>(t.ids.size() - 1);
   };
+  Category category = Category::kOther;
   auto alloc = [&](std::uint32_t s, std::size_t size) {
-    t.requests.push_back({RequestOp::kAlloc, s, size, 0, ++line});
+    Request r{RequestOp::kAlloc, s, size, 0, ++line};
+    r.category = category;
+    t.requests.push_back(r);
   };
   auto free = [&](std::uint32_t s) { t.requests.push_back({RequestOp::kFree, s, 0, 0, ++line}); };
+  auto phase = [&](RequestOp op, Phase p, std::int64_t step) {
+    Request r{op, 0, 0, 0, ++line};
+    r.phase = p;
+    r.step = step;
+    t.requests.push_back(r);
+  };
 
   constexpr std::size_t kMiB = 1024 * 1024;
   constexpr int kLayers = 12;
   // Parameters: 12 layers of a 24 MiB weight and a 16 KiB bias.
+  phase(RequestOp::kPhaseBegin, Phase::kModel, kNoStep);
+  category = Category::kParameter;
   for (int l = 0; l < kLayers; ++l) {
     alloc(slot(absl::StrCat("layer", l, ".weight")), 24 * kMiB);
     alloc(slot(absl::StrCat("layer", l, ".bias")), 16 * 1024);
   }
+  phase(RequestOp::kPhaseEnd, Phase::kModel, kNoStep);
   // Steps with a batch that grows by one sample each step: the activations
   // of step k are a little larger than those cached by step k-1.
   for (int step = 0; step < 8; ++step) {
     const std::size_t batch = 32 + static_cast<std::size_t>(step);
     std::vector<std::uint32_t> acts;
+    phase(RequestOp::kPhaseBegin, Phase::kForward, step);
     for (int l = 0; l < kLayers; ++l) {
       const std::uint32_t a = slot(absl::StrCat("step", step, ".act", l));
+      category = Category::kActivation;
       alloc(a, batch * (kMiB + 300 * 1024));  // saved activation, ~1.3 MiB per sample
       acts.push_back(a);
       const std::uint32_t tmp = slot(absl::StrCat("step", step, ".tmp", l));
+      category = Category::kTemporary;
       alloc(tmp, batch * 96 * 1024);  // workspace, freed at once
       free(tmp);
     }
+    phase(RequestOp::kPhaseEnd, Phase::kForward, step);
+    phase(RequestOp::kPhaseBegin, Phase::kBackward, step);
+    category = Category::kAutogradDetail;
     for (int l = kLayers - 1; l >= 0; --l) {
       const std::uint32_t g = slot(absl::StrCat("step", step, ".grad_act", l));
       alloc(g, batch * (kMiB + 300 * 1024));
       free(acts[static_cast<std::size_t>(l)]);
       free(g);
     }
+    phase(RequestOp::kPhaseEnd, Phase::kBackward, step);
   }
   return t;
 }

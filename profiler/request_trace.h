@@ -10,8 +10,14 @@
 //   {"action":"record_stream","id":"a","stream":1}
 //   {"action":"empty_cache"}
 //   {"action":"sync"}                                      all pending stream work completes
+//   {"action":"phase_begin","phase":"forward","step":0}    phase marks (step optional: model, ddp)
+//   {"action":"phase_end","phase":"forward","step":0}
+//   {"action":"mark","text":"checkpoint saved"}            a free-form mark
 // ids are strings or integers, unique among live allocations; an id may be
-// reused after its free.
+// reused after its free. An alloc may carry "category" (PARAMETER, ACTIVATION,
+// ... as in the PyTorch profiler, plus DDP_BUCKET, COMM_TEMP; default OTHER)
+// and "owner" (e.g. "encoder.rnn"). Phases are model, ddp, zero_grad,
+// forward, loss, backward, step, or "user" with a "label".
 #ifndef MEMSCOPE_PROFILER_REQUEST_TRACE_H_
 #define MEMSCOPE_PROFILER_REQUEST_TRACE_H_
 
@@ -23,10 +29,11 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/device.h"
+#include "profiler/event.h"
 
 namespace memscope {
 
-enum class RequestOp : std::uint8_t { kAlloc, kFree, kRecordStream, kEmptyCache, kSync };
+enum class RequestOp : std::uint8_t { kAlloc, kFree, kRecordStream, kEmptyCache, kSync, kPhaseBegin, kPhaseEnd, kMark };
 
 struct Request {
   RequestOp op;
@@ -34,11 +41,16 @@ struct Request {
   std::size_t size = 0;     // alloc
   StreamId stream = 0;      // alloc, record_stream
   std::uint64_t line = 0;   // 1-based line in the source, for messages
+  Category category = Category::kOther;  // alloc
+  Phase phase = Phase::kUser;            // phase marks
+  std::int64_t step = kNoStep;           // phase marks
+  std::uint32_t text = 0;   // index into strings: alloc owner, user phase label, mark text
 };
 
 struct RequestTrace {
   std::vector<Request> requests;
   std::vector<std::string> ids;  // slot -> the id as written
+  std::vector<std::string> strings{""};  // owners, labels, mark texts; 0 is ""
   std::string source;            // file name, or "<embedded>"
 };
 

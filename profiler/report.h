@@ -1,0 +1,47 @@
+// What memscope writes about a recording: report.json (versioned schema,
+// memscope.report/1) and the text tables a person reads first.
+//
+// report.json:
+//   {"schema": "memscope.report/1", "generator": "memscope 0.1.0", "world_size": N,
+//    "ranks": [{
+//      "rank", "device_index", "device_capacity", "alloc_conf", "events", "torn_bytes",
+//      "phases": [{"step" (null before the first step), "phase", "allocated_bytes",
+//                  "max_allocated_bytes", "reserved_bytes", "max_reserved_bytes",
+//                  "peak_allocated_bytes_in_phase", "by_category": {CATEGORY: bytes}}],
+//      "peak": {"allocated": PEAK, "reserved": PEAK},
+//         PEAK = {"bytes", "time_us", "phase", "by_category": {...}, "top_owners": [{"owner", "bytes"}]}
+//      "fragmentation": {"end": FRAG, "peak": FRAG, "oom": FRAG or null},
+//         FRAG = {"reserved_bytes", "allocated_bytes", "reserved_minus_allocated_bytes",
+//                 "inactive_split_bytes", "free_in_segments_bytes", "largest_free_block_bytes",
+//                 "fragmentation", "segments", "free_blocks"}
+//      "oom": null or {"time_us", "phase", "requested_bytes", "rounded_bytes", "device_free_bytes",
+//                      "caused_by_fragmentation", "verdict"},
+//      "memory_stats": {every torch.cuda.memory_stats() key, flattened},
+//      "lower_bound_bytes", "peak_reserved_bytes", "overhead_bytes"}]}
+#ifndef MEMSCOPE_PROFILER_REPORT_H_
+#define MEMSCOPE_PROFILER_REPORT_H_
+
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "profiler/analysis.h"
+#include "profiler/event.h"
+
+namespace memscope {
+
+inline constexpr const char* kReportSchema = "memscope.report/1";
+inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";
+
+nlohmann::json FragmentationJson(const FragmentationInfo& f);
+// `reports[i]` analyses `timelines[i]`.
+nlohmann::json ReportJson(const std::vector<const Timeline*>& timelines, const std::vector<RankReport>& reports);
+
+// The text of `memscope summary` for one rank: header, phase table, peaks,
+// lower bound, fragmentation and memory_summary() at `moment`.
+std::string SummaryText(const Timeline& timeline, const RankReport& report, const TraceModel& at_moment,
+                        const std::string& moment_text);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_PROFILER_REPORT_H_
