@@ -15,6 +15,9 @@
 // This is a benchmark, not a test: it prints figures and never judges them.
 // It exits non-zero only if an allocation fails or the command line is wrong.
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -30,6 +33,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
+#include "profiler/analysis.h"
+#include "profiler/chrome_trace.h"
+#include "profiler/recorder.h"
+#include "profiler/report.h"
+#include "profiler/snapshot_export.h"
+#include "profiler/timeline.h"
 #include "allocator/config.h"
 #include "allocator/sim_device.h"
 #include "allocator/sizes.h"
@@ -646,10 +655,102 @@ int RunSystem(const Options& o, const Trace& t) {
 
 // ---------------------------------------------------------------------------
 
+
+// ---------------------------------------------------------------------------
+// record: the cost of recording (Recorder + timeline file) on the replay, and
+// the time to export the recorded events to every format.
+
+int RunRecord(const Options& o, const Trace& t) {
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/memscope-bench-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) Die("mkdtemp failed");
+  const fs::path dir(tmpl);
+  const std::string timeline_path = (dir / "rank-0.timeline").string();
+  auto conf = memscope::AllocatorConfig::Parse(o.alloc_conf);
+  if (!conf.ok()) Die(std::string(conf.status().message()));
+  std::vector<double> plain, recorded;
+  for (int run = 0; run < o.runs; ++run) {
+    for (const bool record : {false, true}) {
+      memscope::SimDevice device({.capacity = 80ULL << 30});
+      memscope::CachingAllocator a(device, *conf);
+      std::vector<memscope::DevicePtr> slots(t.slots, 0);
+      std::unique_ptr<memscope::TimelineWriter> writer;
+      std::unique_ptr<memscope::Recorder> recorder;
+      if (record) {
+        memscope::Timeline header;
+        header.device_capacity = 80ULL << 30;
+        header.alloc_conf = o.alloc_conf;
+        auto w = memscope::TimelineWriter::Create(timeline_path, header);
+        if (!w.ok()) Die(std::string(w.status().message()));
+        writer = std::move(*w);
+        recorder = std::make_unique<memscope::Recorder>(*writer);
+        a.SetObserver(recorder.get());
+      }
+      double seconds = ReplayCaching(t, a, slots);
+      if (record) {
+        const double t0 = NowSeconds();
+        if (!writer->Flush().ok()) Die("timeline flush failed");
+        seconds += NowSeconds() - t0;
+        a.SetObserver(nullptr);
+      }
+      (record ? recorded : plain).push_back(seconds * 1e9 / static_cast<double>(t.pairs));
+    }
+  }
+  const double overhead = Median(recorded) / Median(plain) - 1.0;
+  std::printf("record: replay %.1f ns/pair without the recorder, %.1f with it (median of %d): %+.1f%%\n",
+              Median(plain), Median(recorded), o.runs, overhead * 100.0);
+
+  const double read0 = NowSeconds();
+  auto timeline = memscope::ReadTimelineFile(timeline_path);
+  if (!timeline.ok()) Die(std::string(timeline.status().message()));
+  const double read_s = NowSeconds() - read0;
+  const std::size_t events = timeline->events.size();
+  auto timed = [&](const char* name, const fs::path& path, auto write) {
+    const double t0 = NowSeconds();
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    absl::Status s = write(out);
+    out.close();
+    if (!s.ok()) Die(std::string(name) + ": " + std::string(s.message()));
+    const double secs = NowSeconds() - t0;
+    std::printf("export %-22s %7.2f s  %8.1f MB\n", name, secs, static_cast<double>(fs::file_size(path)) / 1e6);
+    return secs;
+  };
+  std::printf("timeline: %zu events, %.1f MB, read in %.2f s\n", events,
+              static_cast<double>(fs::file_size(timeline_path)) / 1e6, read_s);
+  const double report_s = timed("report.json (analysis)", dir / "report.json", [&](std::ostream& out) {
+    auto r = memscope::AnalyzeRank(*timeline);
+    if (!r.ok()) return r.status();
+    out << memscope::ReportJson({&*timeline}, {*r}).dump(1);
+    return absl::OkStatus();
+  });
+  const double trace_s = timed("trace.json (Chrome)", dir / "trace.json", [&](std::ostream& out) {
+    return memscope::WriteChromeTrace({&*timeline}, memscope::ChromeTraceOptions{}, out);
+  });
+  auto end_model = memscope::ModelAt(*timeline, memscope::Moment{});
+  if (!end_model.ok()) Die(std::string(end_model.status().message()));
+  const double pickle_s = timed("snapshot .pickle", dir / "snapshot.pickle", [&](std::ostream& out) {
+    return memscope::WriteSnapshot(*timeline, end_model->first, end_model->second, memscope::SnapshotFormat::kPickle,
+                                   out);
+  });
+  const double json_s = timed("snapshot .json", dir / "snapshot.json", [&](std::ostream& out) {
+    return memscope::WriteSnapshot(*timeline, end_model->first, end_model->second, memscope::SnapshotFormat::kJson,
+                                   out);
+  });
+  if (o.json) {
+    std::printf("{\"name\": \"record\", \"events\": %zu, \"replay_ns_per_pair\": %.2f, \"recorded_ns_per_pair\": %.2f, "
+                "\"overhead\": %.4f, \"read_s\": %.3f, \"report_s\": %.3f, \"trace_s\": %.3f, \"pickle_s\": %.3f, "
+                "\"snapshot_json_s\": %.3f}\n",
+                events, Median(plain), Median(recorded), overhead, read_s, report_s, trace_s, pickle_s, json_s);
+  }
+  fs::remove_all(dir);
+  return 0;
+}
+
 void Usage() {
   std::fprintf(stderr,
                "usage: alloc_bench caching [--alloc-conf STR] [--cached-iters N] [options]\n"
                "       alloc_bench system [--footprint-steps N (40; 0 = all)] [options]\n"
+               "       alloc_bench record [--alloc-conf STR] [options]   (recording overhead, export times)\n"
                "options: --runs N (5)  --label NAME  --json  --pairs N (minimum trace pairs, 1000000)\n");
 }
 
@@ -673,7 +774,7 @@ int main(int argc, char** argv) {
     Usage();
     return 0;
   }
-  if (o.mode != "caching" && o.mode != "system") {
+  if (o.mode != "caching" && o.mode != "system" && o.mode != "record") {
     Usage();
     return 2;
   }
@@ -711,5 +812,6 @@ int main(int argc, char** argv) {
               trace.steps, Bytes(trace.peak_live).c_str(), static_cast<unsigned long long>(trace.peak_live),
               Bytes(trace.bytes_allocated).c_str(), trace.slots, NowSeconds() - t0);
   std::fflush(stdout);
+  if (o.mode == "record") return RunRecord(o, trace);
   return o.mode == "caching" ? RunCaching(o, trace) : RunSystem(o, trace);
 }

@@ -13,6 +13,8 @@ inline constexpr int kExitFailed = 1;     // a check failed (later: memscope che
 inline constexpr int kExitBadInput = 2;   // unusable input: flags, files, settings
 
 void RegisterReplay(CLI::App& app, int& exit_status);
+// summary, trace, snapshot, frag, dump: commands that read a recording.
+void RegisterProfileCommands(CLI::App& app, int& exit_status);
 
 }  // namespace memscope::cli
 

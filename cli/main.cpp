@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("memscope 0.1.0"));
   int exit_status = memscope::cli::kExitOk;
   memscope::cli::RegisterReplay(app, exit_status);
+  memscope::cli::RegisterProfileCommands(app, exit_status);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

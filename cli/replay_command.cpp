@@ -1,5 +1,6 @@
 // memscope replay: run a request trace through the caching allocator under
 // one or more allocator settings.
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -11,7 +12,13 @@
 #include "allocator/sizes.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
+#include <filesystem>
+#include <fstream>
+
 #include "profiler/replayer.h"
+#include "profiler/report.h"
+#include "profiler/run.h"
+#include "profiler/timeline.h"
 #include "profiler/request_trace.h"
 
 namespace memscope::cli {
@@ -21,6 +28,7 @@ struct ReplayArgs {
   std::string file;
   std::vector<std::string> alloc_confs;
   std::string device_memory;
+  std::string out;
   bool json = false;
 };
 
@@ -81,6 +89,11 @@ int Run(const ReplayArgs& args) {
     configs.push_back(*config);
   }
 
+  if (!args.out.empty() && configs.size() > 1) {
+    if (texts.size() > 1) return Fail("--out records one setting: give at most one --alloc-conf");
+    configs.resize(1);
+  }
+
   RequestTrace trace;
   if (demo) {
     trace = DemoTrace();
@@ -91,10 +104,46 @@ int Run(const ReplayArgs& args) {
   }
 
   std::vector<ReplayResult> results;
-  for (const AllocatorConfig& config : configs) {
-    absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory);
+  if (!args.out.empty()) {
+    // Record the replay into a run directory, then analyse it.
+    std::error_code ec;
+    std::filesystem::create_directories(args.out, ec);
+    if (ec) return Fail(absl::StrCat("--out: cannot create '", args.out, "': ", ec.message()));
+    Timeline header;
+    header.device_capacity = device_memory;
+    header.alloc_conf = configs[0].text;
+    header.wall_start_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(TimelinePath(args.out, 0), header);
+    if (!writer.ok()) return Fail(std::string(writer.status().message()));
+    Recorder recorder(**writer);
+    absl::StatusOr<ReplayResult> r = Replay(trace, configs[0], device_memory, &recorder);
     if (!r.ok()) return Fail(std::string(r.status().message()));
+    if (absl::Status s = (*writer)->Flush(); !s.ok()) return Fail(std::string(s.message()));
+    writer->reset();
+    nlohmann::json run = {{"schema", "memscope.run/1"},
+                          {"generator", kMemscopeVersion},
+                          {"command", "replay"},
+                          {"source", trace.source},
+                          {"world_size", 1},
+                          {"alloc_conf", configs[0].text},
+                          {"device_memory", device_memory},
+                          {"ranks", {{{"rank", 0},
+                                      {"status", r->oom ? "oom" : "ok"},
+                                      {"exit_code", 0},
+                                      {"timeline", "rank-0.timeline"}}}}};
+    std::ofstream(std::filesystem::path(args.out) / "run.json") << run.dump(1) << "\n";
+    absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(args.out);
+    if (!recorded.ok()) return Fail(std::string(recorded.status().message()));
+    if (absl::Status s = WriteRunOutputs(args.out, *recorded); !s.ok()) return Fail(std::string(s.message()));
     results.push_back(std::move(*r));
+  } else {
+    for (const AllocatorConfig& config : configs) {
+      absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory);
+      if (!r.ok()) return Fail(std::string(r.status().message()));
+      results.push_back(std::move(*r));
+    }
   }
 
   if (args.json) {
@@ -139,6 +188,10 @@ int Run(const ReplayArgs& args) {
   }
   std::cout << absl::StrFormat("%-40s %14s %14s %8s %s\n", "lower bound (peak live bytes)",
                                FormatSize(results.front().peak_live_bytes), "", "", "");
+  if (!args.out.empty()) {
+    std::cout << "\nrecorded in " << args.out
+              << "/: run.json rank-0.timeline report.json summary.txt trace.json snapshot-rank-0.pickle\n";
+  }
   return kExitOk;
 }
 
@@ -157,6 +210,9 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
       ->allow_extra_args(false);
   cmd->add_option("--device-memory", args->device_memory,
                   "simulated GPU memory, e.g. 80GiB, 16GB, 512MiB (default 80GiB; 1GiB for the demo)");
+  cmd->add_option("--out", args->out,
+                  "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
+                  "snapshot at the peak); one setting only");
   cmd->add_flag("--json", args->json, "print the results as JSON");
   cmd->callback([args, &exit_status] { exit_status = Run(*args); });
 }

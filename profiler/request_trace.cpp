@@ -177,9 +177,17 @@ RequestTrace DemoTrace() {
     return static_cast<std::uint32_t>(t.ids.size() - 1);
   };
   Category category = Category::kOther;
+  std::uint32_t owner = 0;
+  std::vector<std::uint32_t> layer_owner;  // layer -> index of "layer<l>" in t.strings
+  auto set_owner = [&](int layer) {
+    t.strings.push_back(absl::StrCat("layer", layer));
+    layer_owner.push_back(static_cast<std::uint32_t>(t.strings.size() - 1));
+    owner = layer_owner.back();
+  };
   auto alloc = [&](std::uint32_t s, std::size_t size) {
     Request r{RequestOp::kAlloc, s, size, 0, ++line};
     r.category = category;
+    r.text = owner;
     t.requests.push_back(r);
   };
   auto free = [&](std::uint32_t s) { t.requests.push_back({RequestOp::kFree, s, 0, 0, ++line}); };
@@ -196,6 +204,7 @@ RequestTrace DemoTrace() {
   phase(RequestOp::kPhaseBegin, Phase::kModel, kNoStep);
   category = Category::kParameter;
   for (int l = 0; l < kLayers; ++l) {
+    set_owner(l);
     alloc(slot(absl::StrCat("layer", l, ".weight")), 24 * kMiB);
     alloc(slot(absl::StrCat("layer", l, ".bias")), 16 * 1024);
   }
@@ -209,6 +218,7 @@ RequestTrace DemoTrace() {
     for (int l = 0; l < kLayers; ++l) {
       const std::uint32_t a = slot(absl::StrCat("step", step, ".act", l));
       category = Category::kActivation;
+      owner = layer_owner[static_cast<std::size_t>(l)];
       alloc(a, batch * (kMiB + 300 * 1024));  // saved activation, ~1.3 MiB per sample
       acts.push_back(a);
       const std::uint32_t tmp = slot(absl::StrCat("step", step, ".tmp", l));
@@ -220,6 +230,7 @@ RequestTrace DemoTrace() {
     phase(RequestOp::kPhaseBegin, Phase::kBackward, step);
     category = Category::kAutogradDetail;
     for (int l = kLayers - 1; l >= 0; --l) {
+      owner = layer_owner[static_cast<std::size_t>(l)];
       const std::uint32_t g = slot(absl::StrCat("step", step, ".grad_act", l));
       alloc(g, batch * (kMiB + 300 * 1024));
       free(acts[static_cast<std::size_t>(l)]);

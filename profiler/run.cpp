@@ -1,0 +1,102 @@
+#include "profiler/run.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "profiler/analysis.h"
+#include "profiler/chrome_trace.h"
+#include "profiler/report.h"
+#include "profiler/snapshot_export.h"
+#include "profiler/timeline.h"
+
+namespace memscope {
+namespace fs = std::filesystem;
+
+std::string TimelinePath(const std::string& dir, int rank) {
+  return (fs::path(dir) / absl::StrCat("rank-", rank, ".timeline")).string();
+}
+
+absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
+  std::vector<Timeline> timelines;
+  if (!fs::is_directory(status)) {
+    absl::StatusOr<Timeline> t = ReadTimelineFile(path);
+    if (!t.ok()) return t.status();
+    timelines.push_back(std::move(*t));
+    return timelines;
+  }
+  std::vector<std::pair<int, std::string>> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    int rank = 0;
+    if (name.rfind("rank-", 0) == 0 && name.size() > 14 && name.substr(name.size() - 9) == ".timeline" &&
+        absl::SimpleAtoi(name.substr(5, name.size() - 14), &rank)) {
+      files.emplace_back(rank, entry.path().string());
+    }
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list '", path, "': ", ec.message()));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("'", path, "' has no rank-R.timeline files: not a memscope run directory"));
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [rank, file] : files) {
+    absl::StatusOr<Timeline> t = ReadTimelineFile(file);
+    if (!t.ok()) return t.status();
+    timelines.push_back(std::move(*t));
+  }
+  return timelines;
+}
+
+namespace {
+
+absl::Status WriteFile(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines) {
+  std::vector<const Timeline*> ptrs;
+  std::vector<RankReport> reports;
+  std::string summary;
+  for (const Timeline& t : timelines) {
+    ptrs.push_back(&t);
+    absl::StatusOr<RankReport> r = AnalyzeRank(t);
+    if (!r.ok()) return r.status();
+    absl::StatusOr<std::pair<TraceModel, std::size_t>> end = ModelAt(t, Moment{});
+    if (!end.ok()) return end.status();
+    absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, *r, end->first, "end"));
+    reports.push_back(std::move(*r));
+  }
+  if (absl::Status s = WriteFile(fs::path(dir) / "report.json", ReportJson(ptrs, reports).dump(1) + "\n"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteFile(fs::path(dir) / "summary.txt", summary); !s.ok()) return s;
+  {
+    std::ofstream out(fs::path(dir) / "trace.json", std::ios::binary | std::ios::trunc);
+    if (absl::Status s = WriteChromeTrace(ptrs, ChromeTraceOptions{}, out); !s.ok()) return s;
+    if (!out) return absl::InternalError(absl::StrCat("cannot write '", dir, "/trace.json'"));
+  }
+  for (const Timeline& t : timelines) {
+    Moment peak;
+    peak.kind = Moment::Kind::kPeak;
+    absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, peak);
+    if (!at.ok()) return at.status();
+    const fs::path path = fs::path(dir) / absl::StrCat("snapshot-rank-", t.rank, ".pickle");
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (absl::Status s = WriteSnapshot(t, at->first, at->second, SnapshotFormat::kPickle, out); !s.ok()) return s;
+    if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memscope

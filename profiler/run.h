@@ -1,0 +1,30 @@
+// A run directory (DESIGN.md): RUN/run.json, RUN/rank-R.timeline,
+// RUN/report.json, RUN/summary.txt, RUN/trace.json,
+// RUN/snapshot-rank-R.pickle. Commands take a run directory or a single
+// timeline file.
+#ifndef MEMSCOPE_PROFILER_RUN_H_
+#define MEMSCOPE_PROFILER_RUN_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "profiler/event.h"
+
+namespace memscope {
+
+// Reads every rank-R.timeline of a run directory (ordered by rank), or one
+// timeline file. Errors name the path and what is wrong.
+absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path);
+
+// Writes report.json, summary.txt, trace.json and snapshot-rank-R.pickle (at
+// each rank's peak) into `dir` for these timelines.
+absl::Status WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines);
+
+// The path of rank R's timeline in a run directory.
+std::string TimelinePath(const std::string& dir, int rank);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_PROFILER_RUN_H_
