@@ -5,7 +5,6 @@
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
-#include <chrono>
 #include <compare>
 #include <deque>
 #include <map>
@@ -16,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/expandable_segment.h"
+#include "allocator/fast_clock.h"
 
 namespace memscope {
 
@@ -130,11 +130,6 @@ void Splice(Block* b, Block* before, Block* after) {
   b->next = after;
 }
 
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 constexpr std::size_t kOneExaByte = 1152921504606846976ULL;
 
 }  // namespace
@@ -175,10 +170,16 @@ struct CachingAllocator::Impl {
 
   bool large_split_limit(std::size_t size) const { return size >= config.max_split_size; }
 
+  // The time of the public call in progress, read once on its first event:
+  // the events of one call (free_requested + free_completed, segment_alloc +
+  // alloc) share it, and the clock is read once per call, not per event.
+  std::int64_t call_time = 0;
+
   void Trace(TraceAction action, const BlockPool& pool, DevicePtr addr, std::size_t size, std::size_t requested,
              StreamId stream) {
     if (observer == nullptr) return;
-    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, NowNs()});
+    if (call_time == 0) call_time = FastNowNs();
+    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
   }
 
   static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
@@ -967,12 +968,14 @@ absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId st
     return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  impl_->call_time = 0;
   return impl_->Malloc(size, stream);
 }
 
 absl::Status CachingAllocator::Free(DevicePtr ptr) {
   if (ptr == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(mutex_);
+  impl_->call_time = 0;
   return impl_->Free(ptr);
 }
 
@@ -992,6 +995,7 @@ absl::Status CachingAllocator::RecordStream(DevicePtr ptr, StreamId stream) {
 
 void CachingAllocator::EmptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  impl_->call_time = 0;
   impl_->Trace(TraceAction::kEmptyCache, impl_->large_blocks, 0, 0, 0, 0);
   impl_->ReleaseCachedBlocks();
 }

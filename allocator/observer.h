@@ -40,7 +40,7 @@ struct TraceEvent {
   std::size_t size = 0;
   std::size_t requested_size = 0;  // alloc / free: the size the caller asked for
   StreamId stream = 0;
-  std::int64_t time_ns = 0;        // steady clock
+  std::int64_t time_ns = 0;        // steady clock (FastNowNs)
 };
 
 class AllocatorObserver {

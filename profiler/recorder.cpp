@@ -1,5 +1,7 @@
 #include "profiler/recorder.h"
 
+#include "allocator/fast_clock.h"
+
 namespace memscope {
 namespace {
 
@@ -9,10 +11,7 @@ struct Tag {
 };
 thread_local Tag current_tag;
 
-std::int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so marks and events agree
 
 }  // namespace
 

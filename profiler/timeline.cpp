@@ -186,7 +186,13 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
     if (static_cast<int>(e.category) >= kNumCategories) e.category = Category::kOther;
     if (static_cast<int>(e.phase) >= kNumPhases) e.phase = Phase::kUser;
     e.name = resolve(e.name);
+    const bool folded = e.type == EventType::kFreeRequested && (e.small_pool & TimelineWriter::kCompletedAtOnce) != 0;
+    e.small_pool &= 1;
     t.events.push_back(e);
+    if (folded) {
+      e.type = EventType::kFreeCompleted;
+      t.events.push_back(e);
+    }
   }
   return t;
 }

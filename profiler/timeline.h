@@ -78,9 +78,19 @@ class TimelineWriter final : public EventSink {
 
   std::uint32_t Intern(std::string_view text) override;
   void Append(const Event& event) override {
+    if (event.type == EventType::kFreeCompleted && !buffer_.empty()) {
+      Event& last = buffer_.back();
+      if (last.type == EventType::kFreeRequested && last.addr == event.addr && last.time_ns == event.time_ns &&
+          last.size == event.size && last.requested_size == event.requested_size && last.stream == event.stream &&
+          (last.small_pool & kCompletedAtOnce) == 0) {
+        last.small_pool |= kCompletedAtOnce;
+        return;
+      }
+    }
     buffer_.push_back(event);
     if (buffer_.size() == kBufferRecords) (void)Flush();
   }
+  static constexpr std::uint8_t kCompletedAtOnce = 2;
   absl::Status Flush() override;
   const std::string& path() const { return path_; }
 

@@ -144,3 +144,37 @@ TEST_CASE("bad timeline files are one-line errors naming the file") {
   CHECK(ParseTimeline(bad_type, "x").status().message() == "x: record 0 has unknown type 99 (corrupt file)");
   CHECK(absl::IsNotFound(ReadTimelineFile("/nonexistent/rank-0.timeline").status()));
 }
+
+TEST_CASE("a free that completes at once is one record in the file and two events when read") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/rank-0.timeline";
+  Timeline header;
+  header.device_capacity = 80ULL << 30;
+  {
+    auto writer = TimelineWriter::Create(path, header);
+    REQUIRE(writer.ok());
+    SimDevice gpu;
+    CachingAllocator a(gpu);
+    Recorder rec(**writer);
+    a.SetObserver(&rec);
+    const DevicePtr p = MustMalloc(a, 4096);
+    REQUIRE(a.RecordStream(p, 7).ok());
+    MustFree(a, p);  // waits for stream 7: free_completed comes later, not folded
+    MustFree(a, MustMalloc(a, 8192));  // completes at once: folded
+    gpu.CompleteAll();
+    MustMalloc(a, 512);  // processes the event: p's free_completed
+    a.SetObserver(nullptr);
+  }
+  // header + config + 6 records (segment_alloc, alloc, free_requested, alloc, folded free, free_completed, alloc)
+  CHECK(std::filesystem::file_size(path) == 64 + 48 * (1 + 7));
+  auto t = ReadTimelineFile(path);
+  REQUIRE(t.ok());
+  std::vector<std::string> names;
+  for (const Event& e : t->events) names.emplace_back(EventTypeName(e.type));
+  CHECK(names == std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "alloc", "free_requested",
+                                          "free_completed", "free_completed", "alloc"});
+  CHECK(t->events[5].addr == t->events[4].addr);
+  CHECK(t->events[5].small_pool == 1);
+  CHECK(t->events[4].small_pool == 1);
+  std::filesystem::remove_all(dir);
+}
