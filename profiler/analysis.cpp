@@ -19,12 +19,7 @@ struct OpenPhase {
 
 std::string OpenPhaseName(const Timeline& t, const std::vector<OpenPhase>& open) {
   if (open.empty()) return "";
-  const OpenPhase& p = open.back();
-  PhaseRow row;
-  row.phase = p.phase;
-  row.step = p.step;
-  row.label = t.str(p.label);
-  return PhaseRowName(row);
+  return PhaseMarkName(open.back().phase, open.back().step, t.str(open.back().label));
 }
 
 absl::Status ApplyAt(TraceModel& model, const Timeline& t, std::size_t i) {
@@ -63,10 +58,7 @@ AllocatorConfig TimelineConfig(const Timeline& timeline) {
   return c.ok() ? *c : AllocatorConfig{};
 }
 
-std::string PhaseRowName(const PhaseRow& row) {
-  const std::string name = row.phase == Phase::kUser && !row.label.empty() ? row.label : std::string(PhaseName(row.phase));
-  return row.step == kNoStep ? name : absl::StrCat(name, ":", row.step);
-}
+std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label); }
 
 absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
   RankReport r;
@@ -74,8 +66,6 @@ absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
   r.events = t.events.size();
   TraceModel model(TimelineConfig(t));
   std::vector<OpenPhase> open;
-  std::uint64_t max_allocated = 0;
-  std::uint64_t max_reserved = 0;
   std::optional<std::size_t> peak_alloc_index;
   std::optional<std::size_t> peak_reserved_index;
   for (std::size_t i = 0; i < t.events.size(); ++i) {
@@ -84,24 +74,18 @@ absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
     const std::uint64_t allocated = model.allocated();
     const std::uint64_t reserved = model.reserved();
     for (OpenPhase& p : open) p.peak = std::max(p.peak, allocated);
-    if (allocated > max_allocated || !peak_alloc_index) {
-      max_allocated = allocated;
-      peak_alloc_index = i;
-      r.peak_allocated.bytes = allocated;
-      r.peak_allocated.event_index = i;
-      r.peak_allocated.time_ns = e.time_ns;
-      r.peak_allocated.phase = OpenPhaseName(t, open);
-      r.peak_allocated.by_category = model.allocated_by_category();
-    }
-    if (reserved > max_reserved || !peak_reserved_index) {
-      max_reserved = reserved;
-      peak_reserved_index = i;
-      r.peak_reserved.bytes = reserved;
-      r.peak_reserved.event_index = i;
-      r.peak_reserved.time_ns = e.time_ns;
-      r.peak_reserved.phase = OpenPhaseName(t, open);
-      r.peak_reserved.by_category = model.allocated_by_category();
-    }
+    // The first event at which a new maximum is reached is the peak.
+    auto track = [&](std::uint64_t value, std::optional<std::size_t>& index, PeakInfo& peak) {
+      if (index && value <= peak.bytes) return;
+      index = i;
+      peak.bytes = value;
+      peak.event_index = i;
+      peak.time_ns = e.time_ns;
+      peak.phase = OpenPhaseName(t, open);
+      peak.by_category = model.allocated_by_category();
+    };
+    track(allocated, peak_alloc_index, r.peak_allocated);
+    track(reserved, peak_reserved_index, r.peak_reserved);
     if (e.type == EventType::kPhaseBegin) {
       open.push_back({e.phase, e.step(), e.name, allocated});
     } else if (e.type == EventType::kPhaseEnd) {

@@ -13,23 +13,6 @@
 namespace memscope {
 namespace {
 
-// The events after which the counters are sampled: those that move allocated,
-// reserved or active bytes.
-bool IsSampleEvent(EventType t) {
-  switch (t) {
-    case EventType::kAlloc:
-    case EventType::kFreeRequested:
-    case EventType::kFreeCompleted:
-    case EventType::kSegmentAlloc:
-    case EventType::kSegmentFree:
-    case EventType::kSegmentMap:
-    case EventType::kSegmentUnmap:
-      return true;
-    default:
-      return false;
-  }
-}
-
 absl::Status EventError(const Timeline& tl, std::size_t index, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("rank ", tl.rank, ": event ", index, ": ", s.message()));
 }
@@ -180,7 +163,7 @@ absl::Status Plan(const Timeline& tl, std::size_t max_samples, RankPlan& plan) {
   plan.timeline = &tl;
   std::int64_t t0 = 0, t1 = 0;
   for (const Event& e : tl.events) {
-    if (!IsSampleEvent(e.type)) continue;
+    if (!ChangesMemory(e.type)) continue;
     if (plan.samples == 0) {
       t0 = t1 = e.time_ns;
     } else {
@@ -201,7 +184,7 @@ absl::Status Plan(const Timeline& tl, std::size_t max_samples, RankPlan& plan) {
   for (std::size_t i = 0; i < tl.events.size(); ++i) {
     const Event& e = tl.events[i];
     if (absl::Status s = model.Apply(e); !s.ok()) return EventError(tl, i, s);
-    if (!plan.thinned || !IsSampleEvent(e.type)) continue;
+    if (!plan.thinned || !ChangesMemory(e.type)) continue;
     std::size_t b = 0;
     if (span > 0) {
       const double x = (static_cast<double>(e.time_ns) - start) / span * static_cast<double>(num_buckets);
@@ -260,18 +243,7 @@ absl::Status Plan(const Timeline& tl, std::size_t max_samples, RankPlan& plan) {
 // Pass 3: the events of one rank.
 
 std::string SliceName(const Timeline& tl, Phase phase, std::int64_t step, std::uint32_t label) {
-  std::string name;
-  if (phase == Phase::kUser) {
-    const std::string& text = tl.str(label);
-    name = text.empty() ? "user" : text;
-  } else {
-    name = std::string(PhaseName(phase));
-  }
-  if (step >= 0) {
-    name += ':';
-    AppendNumber(name, step);
-  }
-  return name;
+  return PhaseMarkName(phase, step, tl.str(label));
 }
 
 struct OpenPhase {
@@ -388,7 +360,7 @@ absl::Status WriteRank(const RankPlan& plan, EventWriter& w) {
       default:
         break;
     }
-    if (!IsSampleEvent(e.type)) continue;
+    if (!ChangesMemory(e.type)) continue;
     const std::uint64_t this_sample = ordinal++;
     if (plan.thinned) {
       if (next_keep == plan.keep.size() || plan.keep[next_keep] != this_sample) continue;

@@ -33,6 +33,32 @@ std::optional<Phase> ParsePhase(std::string_view name) {
   return std::nullopt;
 }
 
+bool ChangesMemory(EventType t) {
+  switch (t) {
+    case EventType::kAlloc:
+    case EventType::kFreeRequested:
+    case EventType::kFreeCompleted:
+    case EventType::kSegmentAlloc:
+    case EventType::kSegmentFree:
+    case EventType::kSegmentMap:
+    case EventType::kSegmentUnmap:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label) {
+  std::string name(phase == Phase::kUser && !label.empty() ? label : PhaseName(phase));
+  if (step >= 0) {
+    // Two appends, not ":" + to_string(): GCC 12's -Wrestrict misfires on
+    // the latter at -O2 (GCC bug 105651).
+    name += ':';
+    name += std::to_string(step);
+  }
+  return name;
+}
+
 bool IsAllocatorAction(EventType t) { return static_cast<int>(t) <= static_cast<int>(EventType::kSyncAllStreams); }
 
 std::string_view EventTypeName(EventType t) {

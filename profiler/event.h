@@ -59,6 +59,14 @@ enum class EventType : std::uint8_t {
 static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(TraceAction::kSyncAllStreams));
 std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
 bool IsAllocatorAction(EventType t);
+// Whether an event changes allocated, reserved or active bytes (alloc,
+// free_*, segment_*).
+bool ChangesMemory(EventType t);
+
+// The name of a phase mark everywhere memscope shows one (tables, --at,
+// Chrome trace slices, snapshot annotations): "forward:3", "model" when there
+// is no step, a user phase by its label ("user" without one).
+std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label);
 
 // One event. Field use by type:
 //   alloc / free_*: addr, size (block), requested_size, stream, category, name = owner

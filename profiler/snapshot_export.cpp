@@ -106,38 +106,11 @@ class JsonWriter {
 std::int64_t TimeUs(const Timeline& timeline, const Event& e) { return timeline.wall_start_us + e.time_ns / 1000; }
 
 // Whether an event is one of the actions of PyTorch's device traces.
-bool IsPytorchTraceAction(EventType t) {
-  switch (t) {
-    case EventType::kAlloc:
-    case EventType::kFreeRequested:
-    case EventType::kFreeCompleted:
-    case EventType::kSegmentAlloc:
-    case EventType::kSegmentFree:
-    case EventType::kSegmentMap:
-    case EventType::kSegmentUnmap:
-    case EventType::kOom:
-      return true;
-    default:
-      return false;
-  }
-}
+bool IsPytorchTraceAction(EventType t) { return ChangesMemory(t) || t == EventType::kOom; }
 
 // "forward:3", "model" (before the first step), a user phase by its label.
 std::string AnnotationName(const Timeline& timeline, const Event& e) {
-  std::string name;
-  const std::string& label = timeline.str(e.name);
-  if (e.phase == Phase::kUser && !label.empty()) {
-    name = label;
-  } else {
-    name = std::string(PhaseName(e.phase));
-  }
-  if (e.step() >= 0) {
-    // Two appends, not ":" + to_string(): GCC 12's -Wrestrict misfires on
-    // the latter at -O2 (GCC bug 105651).
-    name += ':';
-    name += std::to_string(e.step());
-  }
-  return name;
+  return PhaseMarkName(e.phase, e.step(), timeline.str(e.name));
 }
 
 template <typename W>
