@@ -31,6 +31,11 @@ int Fail(const std::string& command, absl::string_view message) {
 // Loads RUN and keeps the ranks asked for (all when rank < 0).
 absl::StatusOr<std::vector<Timeline>> LoadRanks(const std::string& path, int rank) {
   absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
+  if (run.ok()) {
+    for (const Timeline& t : *run) {
+      for (const std::string& note : t.notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+    }
+  }
   if (!run.ok() || rank < 0) return run;
   for (Timeline& t : *run) {
     if (t.rank == rank) {
@@ -53,7 +58,8 @@ struct ReadArgs {
 };
 
 void AddRunArgs(CLI::App* cmd, ReadArgs& a, bool with_at) {
-  cmd->add_option("run", a.path, "run directory or rank-R.timeline file")->required();
+  cmd->add_option("run", a.path, "run directory, rank-R.timeline file, or PyTorch memory snapshot (.pickle)")
+      ->required();
   cmd->add_option("--rank", a.rank, "only this rank (default: every rank)");
   if (with_at) {
     cmd->add_option("--at", a.at, "moment: end, peak, oom, or PHASE:STEP (the end of that phase, e.g. backward:1)");

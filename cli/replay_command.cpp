@@ -2,6 +2,7 @@
 // one or more allocator settings.
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,7 +16,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "profiler/analysis.h"
 #include "profiler/replayer.h"
+#include "profiler/snapshot_import.h"
 #include "profiler/report.h"
 #include "profiler/run.h"
 #include "profiler/timeline.h"
@@ -30,6 +33,8 @@ struct ReplayArgs {
   std::string device_memory;
   std::string out;
   bool json = false;
+  bool verify = false;
+  bool no_search = false;
 };
 
 int Fail(const std::string& message) {
@@ -59,6 +64,46 @@ nlohmann::json OomJson(const ReplayOom& oom) {
           {"diagnosis", oom.info.diagnosis}};
 }
 
+// What one setting did with the trace.
+struct SettingResult {
+  ReplayResult replay;
+  double fragmentation_at_peak = 0;
+  // The smallest simulated GPU that runs the trace without OOM (0: none up
+  // to --device-memory), found by bisection on whole MiB.
+  std::uint64_t min_device_memory = 0;
+};
+
+absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const AllocatorConfig& config,
+                                         std::uint64_t device_memory, bool search_min_memory) {
+  SettingResult out;
+  Timeline t;
+  t.device_capacity = device_memory;
+  t.alloc_conf = config.text;
+  MemorySink sink(t);
+  Recorder recorder(sink);
+  absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory, &recorder);
+  if (!r.ok()) return r.status();
+  out.replay = std::move(*r);
+  absl::StatusOr<RankReport> report = AnalyzeRank(t);
+  if (!report.ok()) return report.status();
+  out.fragmentation_at_peak = report->fragmentation_at_peak.fragmentation;
+  if (search_min_memory && !out.replay.oom) {
+    // A GPU as large as the peak reserved always works (no device allocation
+    // fails); one smaller than the peak live bytes never does.
+    constexpr std::uint64_t kStep = kMiB;
+    std::uint64_t hi = (static_cast<std::uint64_t>(out.replay.stats.reserved_bytes[0].peak) + kStep - 1) / kStep;
+    std::uint64_t lo = out.replay.peak_live_bytes / kStep;  // in MiB; fails (or is 0)
+    while (hi - lo > 1) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      absl::StatusOr<ReplayResult> probe = Replay(trace, config, mid * kStep);
+      if (!probe.ok()) return probe.status();
+      (probe->oom ? lo : hi) = mid;
+    }
+    out.min_device_memory = hi * kStep;
+  }
+  return out;
+}
+
 int Run(const ReplayArgs& args) {
   std::uint64_t device_memory = 0;
   const bool demo = args.file.empty();
@@ -72,15 +117,56 @@ int Run(const ReplayArgs& args) {
     device_memory = demo ? 1ULL << 30 : 80ULL << 30;
   }
 
+  // The input: the embedded demo, a JSON-lines trace, RMM's CSV, or a PyTorch snapshot.
+  RequestTrace trace;
+  std::optional<ImportedTrace> snapshot;
+  if (demo) {
+    trace = DemoTrace();
+  } else {
+    absl::StatusOr<InputKind> kind = DetectInput(args.file);
+    if (!kind.ok()) return Fail(std::string(kind.status().message()));
+    if (*kind == InputKind::kDirectory || *kind == InputKind::kTimeline) {
+      return Fail(absl::StrCat("'", args.file, "' is a memscope recording, not a request trace: read it with "
+                               "memscope summary, frag, trace or snapshot"));
+    }
+    if (*kind == InputKind::kPickle) {
+      absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(args.file);
+      if (!imported.ok()) return Fail(std::string(imported.status().message()));
+      snapshot = std::move(imported->front());
+      if (imported->size() > 1) {
+        snapshot->notes.push_back(absl::StrCat("the snapshot has traces for ", imported->size(),
+                                               " devices; replaying device ", snapshot->device));
+      }
+      trace = snapshot->requests;
+      for (const std::string& note : snapshot->notes) std::fprintf(stderr, "memscope replay: note: %s\n", note.c_str());
+    } else if (*kind == InputKind::kRmmCsv) {
+      std::ifstream in(args.file);
+      absl::StatusOr<RequestTrace> read = ReadRmmCsv(in, args.file);
+      if (!read.ok()) return Fail(std::string(read.status().message()));
+      trace = std::move(*read);
+    } else {  // JSON lines; an unknown or empty file gets the JSON-lines reader's own error
+      absl::StatusOr<RequestTrace> read = ReadJsonlTraceFile(args.file);
+      if (!read.ok()) return Fail(std::string(read.status().message()));
+      trace = std::move(*read);
+    }
+  }
+
   std::vector<AllocatorConfig> configs;
   std::vector<std::string> texts = args.alloc_confs;
   if (texts.empty()) {
-    absl::StatusOr<AllocatorConfig> env = AllocatorConfig::FromEnvironment();
-    if (!env.ok()) return Fail(std::string(env.status().message()));
-    configs.push_back(*env);
-    if (demo && env->text.empty()) {
-      // The demo's point: the same requests, with and without expandable segments.
-      configs.push_back(*AllocatorConfig::Parse("expandable_segments:True"));
+    if (snapshot) {
+      // A PyTorch snapshot is replayed under its own settings unless told otherwise.
+      absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
+      if (!own.ok()) return Fail(std::string(own.status().message()));
+      configs.push_back(*own);
+    } else {
+      absl::StatusOr<AllocatorConfig> env = AllocatorConfig::FromEnvironment();
+      if (!env.ok()) return Fail(std::string(env.status().message()));
+      configs.push_back(*env);
+      if (demo && env->text.empty()) {
+        // The demo's point: the same requests, with and without expandable segments.
+        configs.push_back(*AllocatorConfig::Parse("expandable_segments:True"));
+      }
     }
   }
   for (const std::string& text : texts) {
@@ -94,16 +180,33 @@ int Run(const ReplayArgs& args) {
     configs.resize(1);
   }
 
-  RequestTrace trace;
-  if (demo) {
-    trace = DemoTrace();
-  } else {
-    absl::StatusOr<RequestTrace> read = ReadJsonlTraceFile(args.file);
-    if (!read.ok()) return Fail(std::string(read.status().message()));
-    trace = std::move(*read);
+  if (args.verify) {
+    // Faithfulness: under the trace's own settings, memscope's allocator must
+    // ask the device for the same segment sizes, in the same order.
+    if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment_alloc sizes)");
+    absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
+    if (!own.ok()) return Fail(std::string(own.status().message()));
+    absl::StatusOr<Timeline> t = RecordReplay(trace, *own, device_memory, snapshot->device);
+    if (!t.ok()) return Fail(std::string(t.status().message()));
+    std::vector<std::uint64_t> mine;
+    for (const Event& e : t->events) {
+      if (e.type == EventType::kSegmentAlloc) mine.push_back(e.size);
+    }
+    const std::vector<std::uint64_t>& theirs = snapshot->segment_alloc_sizes;
+    for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+      if (i >= mine.size() || i >= theirs.size() || mine[i] != theirs[i]) {
+        std::cout << "verify: segment_alloc #" << i + 1 << " differs: PyTorch "
+                  << (i < theirs.size() ? absl::StrCat(theirs[i], " B") : std::string("none")) << ", memscope "
+                  << (i < mine.size() ? absl::StrCat(mine[i], " B") : std::string("none")) << " (of " << theirs.size()
+                  << " in the trace, " << mine.size() << " in the replay)\n";
+        return kExitFailed;
+      }
+    }
+    std::cout << "verify: all " << theirs.size() << " segment_alloc sizes match, in order\n";
+    return kExitOk;
   }
 
-  std::vector<ReplayResult> results;
+  std::vector<SettingResult> results;
   if (!args.out.empty()) {
     // Record the replay into a run directory, then analyse it.
     std::error_code ec;
@@ -137,10 +240,15 @@ int Run(const ReplayArgs& args) {
     absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(args.out);
     if (!recorded.ok()) return Fail(std::string(recorded.status().message()));
     if (absl::Status s = WriteRunOutputs(args.out, *recorded); !s.ok()) return Fail(std::string(s.message()));
-    results.push_back(std::move(*r));
+    absl::StatusOr<RankReport> report = AnalyzeRank(recorded->front());
+    if (!report.ok()) return Fail(std::string(report.status().message()));
+    SettingResult one;
+    one.replay = std::move(*r);
+    one.fragmentation_at_peak = report->fragmentation_at_peak.fragmentation;
+    results.push_back(std::move(one));
   } else {
     for (const AllocatorConfig& config : configs) {
-      absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory);
+      absl::StatusOr<SettingResult> r = RunSetting(trace, config, device_memory, !args.no_search);
       if (!r.ok()) return Fail(std::string(r.status().message()));
       results.push_back(std::move(*r));
     }
@@ -148,7 +256,8 @@ int Run(const ReplayArgs& args) {
 
   if (args.json) {
     nlohmann::json runs = nlohmann::json::array();
-    for (const ReplayResult& r : results) {
+    for (const SettingResult& sr : results) {
+      const ReplayResult& r = sr.replay;
       nlohmann::json stats = nlohmann::json::object();
       for (const auto& [key, value] : FlattenStats(r.stats)) stats[key] = value;
       runs.push_back({{"alloc_conf", r.alloc_conf},
@@ -156,6 +265,9 @@ int Run(const ReplayArgs& args) {
                       {"requests", r.requests_total},
                       {"requests_done", r.requests_done},
                       {"peak_live_bytes", r.peak_live_bytes},
+                      {"fragmentation_at_peak", sr.fragmentation_at_peak},
+                      {"min_device_memory", sr.min_device_memory == 0 ? nlohmann::json(nullptr)
+                                                                      : nlohmann::json(sr.min_device_memory)},
                       {"oom", r.oom ? OomJson(*r.oom) : nlohmann::json(nullptr)},
                       {"memory_stats", stats}});
     }
@@ -163,7 +275,8 @@ int Run(const ReplayArgs& args) {
     return kExitOk;
   }
 
-  for (const ReplayResult& r : results) {
+  for (const SettingResult& sr : results) {
+    const ReplayResult& r = sr.replay;
     std::cout << "== " << trace.source << ": " << r.requests_total << " requests, alloc_conf " << Quoted(r.alloc_conf)
               << ", simulated GPU of " << FormatSize(r.device_memory) << "\n";
     if (r.oom) {
@@ -174,20 +287,25 @@ int Run(const ReplayArgs& args) {
     }
     std::cout << r.memory_summary << "\n";
   }
-  // One line per setting, side by side.
-  std::cout << absl::StrFormat("%-40s %14s %14s %8s %s\n", "alloc_conf", "peak alloc", "peak reserved", "retries",
-                               "result");
-  for (const ReplayResult& r : results) {
+  // One row per setting, side by side, under the lower bound.
+  const char* kRow = "%-36s %12s %13s %9s %9s %7s %12s  %s\n";
+  std::cout << absl::StrFormat(kRow, "alloc_conf", "peak alloc", "peak reserved", "res/alloc", "frag@peak", "retries",
+                               "min memory", "result");
+  std::cout << absl::StrFormat(kRow, "lower bound (peak live bytes)",
+                               FormatSize(results.front().replay.peak_live_bytes), "", "", "", "", "", "");
+  for (const SettingResult& sr : results) {
+    const ReplayResult& r = sr.replay;
+    const auto peak_alloc = static_cast<std::uint64_t>(r.stats.allocated_bytes[0].peak);
+    const auto peak_reserved = static_cast<std::uint64_t>(r.stats.reserved_bytes[0].peak);
     const std::string outcome =
         r.oom ? absl::StrCat("OOM at request ", r.oom->request_index + 1, " of ", r.requests_total)
               : std::string("ok");
-    std::cout << absl::StrFormat("%-40s %14s %14s %8d %s\n", Quoted(r.alloc_conf),
-                                 FormatSize(static_cast<std::uint64_t>(r.stats.allocated_bytes[0].peak)),
-                                 FormatSize(static_cast<std::uint64_t>(r.stats.reserved_bytes[0].peak)),
-                                 r.stats.num_alloc_retries, outcome);
+    std::cout << absl::StrFormat(
+        kRow, Quoted(r.alloc_conf), FormatSize(peak_alloc), FormatSize(peak_reserved),
+        peak_alloc == 0 ? std::string("-") : absl::StrFormat("%.3f", static_cast<double>(peak_reserved) / peak_alloc),
+        absl::StrFormat("%.3f", sr.fragmentation_at_peak), absl::StrCat(r.stats.num_alloc_retries),
+        sr.min_device_memory == 0 ? std::string("-") : FormatSize(sr.min_device_memory), outcome);
   }
-  std::cout << absl::StrFormat("%-40s %14s %14s %8s %s\n", "lower bound (peak live bytes)",
-                               FormatSize(results.front().peak_live_bytes), "", "", "");
   if (!args.out.empty()) {
     std::cout << "\nrecorded in " << args.out
               << "/: run.json rank-0.timeline report.json summary.txt trace.json snapshot-rank-0.pickle\n";
@@ -201,9 +319,12 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
   auto args = std::make_shared<ReplayArgs>();
   CLI::App* cmd = app.add_subcommand(
       "replay",
-      "Replay a JSON-lines request trace through the PyTorch-faithful caching allocator and print "
-      "memory_summary() for each setting. Without FILE, replays an embedded demo trace.");
-  cmd->add_option("file", args->file, "JSON-lines request trace (see README: Request trace format)");
+      "Replay a request trace (JSON lines, a PyTorch memory snapshot pickle, or RMM's CSV log) through the "
+      "PyTorch-faithful caching allocator under one or more settings: memory_summary() and a what-if table. "
+      "Without FILE, replays an embedded demo trace.");
+  cmd->add_option("file", args->file,
+                  "request trace: JSON lines (README: Request trace format), a torch.cuda.memory._snapshot() pickle, "
+                  "or an RMM logging_resource_adaptor CSV");
   cmd->add_option("--alloc-conf", args->alloc_confs,
                   "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; repeat to compare settings "
                   "(default: $PYTORCH_CUDA_ALLOC_CONF or $PYTORCH_ALLOC_CONF)")
@@ -214,6 +335,10 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
                   "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
                   "snapshot at the peak); one setting only");
   cmd->add_flag("--json", args->json, "print the results as JSON");
+  cmd->add_flag("--verify", args->verify,
+                "PyTorch snapshot input: replay under its own settings and check that the segment sizes asked of "
+                "the device match the trace's segment_alloc entries, in order (exit 1 at the first difference)");
+  cmd->add_flag("--no-search", args->no_search, "skip the search for the smallest device memory that works");
   cmd->callback([args, &exit_status] { exit_status = Run(*args); });
 }
 

@@ -105,6 +105,7 @@ struct Timeline {
   std::vector<std::string> strings{""};  // id -> text; id 0 is ""
   std::vector<Event> events;
   std::uint64_t torn_bytes = 0;  // bytes of an incomplete last record, ignored
+  std::vector<std::string> notes;  // what the reader wants the user to know (not stored in files)
 
   const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
 };

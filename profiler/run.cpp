@@ -8,7 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "profiler/analysis.h"
 #include "profiler/chrome_trace.h"
+#include "allocator/sizes.h"
+#include "profiler/recorder.h"
+#include "profiler/replayer.h"
 #include "profiler/report.h"
+#include "profiler/snapshot_import.h"
 #include "profiler/snapshot_export.h"
 #include "profiler/timeline.h"
 
@@ -19,12 +23,49 @@ std::string TimelinePath(const std::string& dir, int rank) {
   return (fs::path(dir) / absl::StrCat("rank-", rank, ".timeline")).string();
 }
 
-absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path) {
+absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
+                                      std::uint64_t device_memory, int rank) {
+  Timeline t;
+  t.rank = rank;
+  t.device_index = rank;
+  t.device_capacity = device_memory;
+  t.alloc_conf = config.text;
+  MemorySink sink(t);
+  Recorder recorder(sink);
+  absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory, &recorder);
+  if (!r.ok()) return r.status();
+  return t;
+}
+
+absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
   std::vector<Timeline> timelines;
   if (!fs::is_directory(status)) {
+    absl::StatusOr<InputKind> kind = DetectInput(path);
+    if (!kind.ok()) return kind.status();
+    if (*kind == InputKind::kPickle) {
+      absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(path);
+      if (!imported.ok()) return imported.status();
+      for (const ImportedTrace& trace : *imported) {
+        absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);
+        if (!config.ok()) return config.status();
+        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, device_memory, trace.device);
+        if (!t.ok()) return t.status();
+        t->notes = trace.notes;
+        t->notes.insert(t->notes.begin(),
+                        absl::StrCat("device ", trace.device, " of ", path, ": its trace was replayed under its own "
+                                     "allocator settings (", trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
+                                     ") on a simulated GPU of ", FormatSize(device_memory)));
+        timelines.push_back(std::move(*t));
+      }
+      return timelines;
+    }
+    if (*kind == InputKind::kJsonl || *kind == InputKind::kRmmCsv) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a request trace, not a recording: record it with "
+                                                     "memscope replay ", path, " --out RUN"));
+    }
     absl::StatusOr<Timeline> t = ReadTimelineFile(path);
     if (!t.ok()) return t.status();
     timelines.push_back(std::move(*t));

@@ -10,13 +10,22 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "allocator/config.h"
 #include "profiler/event.h"
+#include "profiler/request_trace.h"
 
 namespace memscope {
 
-// Reads every rank-R.timeline of a run directory (ordered by rank), or one
-// timeline file. Errors name the path and what is wrong.
-absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path);
+// Reads every rank-R.timeline of a run directory (ordered by rank), one
+// timeline file, or a PyTorch snapshot pickle (each device's trace replayed
+// under the snapshot's own allocator settings on a simulated GPU of
+// `device_memory` bytes; one Timeline per device, rank = device). Errors name
+// the path and what is wrong.
+absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory = 80ULL << 30);
+
+// Replays a request trace under `config`, recording it into a Timeline.
+absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
+                                      std::uint64_t device_memory, int rank);
 
 // Writes report.json, summary.txt, trace.json and snapshot-rank-R.pickle (at
 // each rank's peak) into `dir` for these timelines.

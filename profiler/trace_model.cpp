@@ -9,6 +9,10 @@ namespace {
 
 std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
 
+// 1 TiB: larger than any GPU, small enough that millions of events cannot
+// overflow a 64-bit running total.
+constexpr std::uint64_t kMaxEventSize = std::uint64_t{1} << 40;
+
 }  // namespace
 
 TraceModel::TraceModel(const AllocatorConfig& config) : max_split_size_(config.max_split_size) {
@@ -64,6 +68,13 @@ void TraceModel::UpdateInactive(Segment& seg, std::uint64_t seg_addr) {
 }
 
 absl::Status TraceModel::Apply(const Event& e) {
+  // Events come from files: sizes beyond any device, or address ranges that
+  // wrap around, would overflow the stats arithmetic. Refuse them.
+  if (IsAllocatorAction(e.type) && e.type != EventType::kOom &&
+      (e.size > kMaxEventSize || e.requested_size > kMaxEventSize || e.addr > UINT64_MAX - e.size)) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(EventTypeName(e.type)), " of ", e.size, " B at ", Hex(e.addr),
+                                                   " is not a plausible device allocation"));
+  }
   const bool small = e.small_pool != 0;
   const auto size = static_cast<std::int64_t>(e.size);
   switch (e.type) {

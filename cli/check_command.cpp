@@ -1,0 +1,151 @@
+// memscope check RUN|REPORT [--max METRIC=SIZE]... [--baseline REPORT --tolerance PCT] [--junit FILE] [--json]:
+// memory budgets and baseline regressions for CI. Exit 0 when every check
+// holds, 1 when one fails, 2 for unusable input.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cli/commands.h"
+#include "nlohmann/json.hpp"
+#include "profiler/analysis.h"
+#include "profiler/check.h"
+#include "profiler/report.h"
+#include "profiler/run.h"
+
+namespace memscope::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+int Fail(absl::string_view message) {
+  std::fprintf(stderr, "memscope check: %.*s\n", static_cast<int>(message.size()), message.data());
+  return kExitBadInput;
+}
+
+struct CheckArgs {
+  std::string path;
+  std::vector<std::string> max;
+  std::string baseline;
+  std::string tolerance;
+  std::string junit;
+  bool json = false;
+};
+
+// report.json of a run directory or timeline file (analysed afresh), or of a
+// report.json file (recognised by its content).
+absl::StatusOr<nlohmann::json> LoadReportJson(const std::string& path) {
+  if (absl::EndsWith(path, ".pickle")) {
+    return absl::UnimplementedError(
+        absl::StrCat("'", path, "': PyTorch snapshots are not supported by check yet (give a run directory, a "
+                                "timeline or a report.json)"));
+  }
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
+  if (fs::is_regular_file(status)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+    char first = 0;
+    while (in.get(first) && absl::ascii_isspace(static_cast<unsigned char>(first))) {
+    }
+    if (in && first == '{') {
+      in.seekg(0);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
+      if (absl::Status s = ValidateReport(j); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", s.message()));
+      }
+      return j;
+    }
+  }
+  absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
+  if (!run.ok()) return run.status();
+  std::vector<const Timeline*> ptrs;
+  std::vector<RankReport> reports;
+  for (const Timeline& t : *run) {
+    absl::StatusOr<RankReport> r = AnalyzeRank(t);
+    if (!r.ok()) return r.status();
+    ptrs.push_back(&t);
+    reports.push_back(std::move(*r));
+  }
+  return ReportJson(ptrs, reports);
+}
+
+int Check(const CheckArgs& a) {
+  std::vector<Budget> budgets;
+  for (const std::string& text : a.max) {
+    absl::StatusOr<Budget> b = ParseBudget(text);
+    if (!b.ok()) return Fail(b.status().message());
+    budgets.push_back(*b);
+  }
+  double tolerance = 0;
+  if (!a.tolerance.empty()) {
+    if (a.baseline.empty()) return Fail("--tolerance needs --baseline REPORT");
+    absl::string_view t = absl::StripAsciiWhitespace(a.tolerance);
+    if (absl::EndsWith(t, "%")) t.remove_suffix(1);
+    if (!absl::SimpleAtod(t, &tolerance) || !std::isfinite(tolerance) || tolerance < 0) {
+      return Fail(absl::StrCat("invalid --tolerance '", a.tolerance, "': expected a percentage >= 0, e.g. 10"));
+    }
+  }
+  if (budgets.empty() && a.baseline.empty()) return Fail("nothing to check: give --max METRIC=SIZE or --baseline REPORT");
+
+  absl::StatusOr<nlohmann::json> report = LoadReportJson(a.path);
+  if (!report.ok()) return Fail(report.status().message());
+  std::unique_ptr<nlohmann::json> baseline;
+  if (!a.baseline.empty()) {
+    absl::StatusOr<nlohmann::json> b = LoadReportJson(a.baseline);
+    if (!b.ok()) return Fail(absl::StrCat("baseline: ", b.status().message()));
+    baseline = std::make_unique<nlohmann::json>(std::move(*b));
+  }
+  absl::StatusOr<CheckResult> result = RunChecks(*report, budgets, baseline.get(), tolerance);
+  if (!result.ok()) return Fail(result.status().message());
+
+  if (a.json) {
+    std::cout << CheckJson(*result).dump(1) << "\n";
+  } else {
+    std::cout << CheckText(*result);
+  }
+  std::cout.flush();
+  if (!a.junit.empty()) {
+    std::ofstream out(a.junit, std::ios::binary | std::ios::trunc);
+    if (out) out << JUnitXml(*result);
+    out.close();
+    if (!out) return Fail(absl::StrCat("cannot write '", a.junit, "'"));
+  }
+  return result->failed > 0 ? kExitFailed : kExitOk;
+}
+
+}  // namespace
+
+void RegisterCheck(CLI::App& app, int& exit_status) {
+  auto args = std::make_shared<CheckArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "check",
+      "Check memory budgets and regressions against a baseline (for CI): exit 0 when every check holds, 1 when "
+      "one fails, 2 for unusable input.");
+  cmd->add_option("run", args->path, "run directory, rank-R.timeline file or report.json")->required();
+  cmd->add_option("--max", args->max,
+                  "budget METRIC=SIZE (every rank) or rankR.METRIC=SIZE; METRIC: peak_allocated, peak_reserved, "
+                  "peak_active; SIZE e.g. 2GiB, 512MB; repeatable")
+      ->allow_extra_args(false);
+  cmd->add_option("--baseline", args->baseline,
+                  "report.json (or run directory) to compare with: fail when a rank's peak grew by more than "
+                  "--tolerance");
+  cmd->add_option("--tolerance", args->tolerance, "allowed growth over the baseline in percent (default 0)");
+  cmd->add_option("--junit", args->junit, "also write the checks as JUnit XML to this file");
+  cmd->add_flag("--json", args->json, "print the checks as JSON");
+  cmd->callback([args, &exit_status] { exit_status = Check(*args); });
+}
+
+}  // namespace memscope::cli
