@@ -721,7 +721,7 @@ absl::Status Reader::SetItems(std::size_t target, std::vector<Entry>& kv) {
       pairs[*existing].second = std::move(val.value);
     } else {
       if (!st.key_index.empty()) st.key_index.emplace(key_text, pairs.size());
-      pairs.emplace_back(std::move(key.value), std::move(val.value));
+      pairs.push_back(PyItem{std::move(key.value), std::move(val.value)});
     }
   }
   kv.clear();

@@ -84,6 +84,8 @@
 
 namespace memscope {
 
+struct PyItem;
+
 // A Python value made of data only.
 struct PyValue {
   enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict };
@@ -96,7 +98,7 @@ struct PyValue {
   double f = 0;
   std::string s;                                   // kString (UTF-8) and kBytes
   std::vector<PyValue> items;                      // kList, kTuple
-  std::vector<std::pair<PyValue, PyValue>> dict;   // kDict, insertion order
+  std::vector<PyItem> dict;                        // kDict, insertion order
 
   // Helpers: the value under string key `key` of a dict, or nullptr.
   const PyValue* Get(std::string_view key) const;
@@ -105,6 +107,13 @@ struct PyValue {
   std::optional<std::int64_t> AsInt() const;
   std::optional<std::uint64_t> AsUInt() const;
   const std::string* AsString() const;  // kString only
+};
+
+// One key/value pair of a dict. (A named struct, not std::pair: a vector of an
+// incomplete type is fine, a std::pair of one is not, and clang says so.)
+struct PyItem {
+  PyValue first;
+  PyValue second;
 };
 
 // Path of a container from the root: dict keys as their string, list/tuple
