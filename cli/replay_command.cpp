@@ -271,7 +271,9 @@ int Run(const ReplayArgs& args) {
                       {"oom", r.oom ? OomJson(*r.oom) : nlohmann::json(nullptr)},
                       {"memory_stats", stats}});
     }
-    std::cout << nlohmann::json{{"source", trace.source}, {"runs", runs}}.dump(2) << "\n";
+    std::cout << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}
+                     .dump(2)
+              << "\n";
     return kExitOk;
   }
 
@@ -291,8 +293,8 @@ int Run(const ReplayArgs& args) {
   const char* kRow = "%-36s %12s %13s %9s %9s %7s %12s  %s\n";
   std::cout << absl::StrFormat(kRow, "alloc_conf", "peak alloc", "peak reserved", "res/alloc", "frag@peak", "retries",
                                "min memory", "result");
-  std::cout << absl::StrFormat(kRow, "lower bound (peak live bytes)",
-                               FormatSize(results.front().replay.peak_live_bytes), "", "", "", "", "", "");
+  std::cout << absl::StrFormat(kRow, "lower bound (peak live bytes)", FormatSize(PeakLiveBytes(trace)), "", "", "",
+                               "", "", "");
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
     const auto peak_alloc = static_cast<std::uint64_t>(r.stats.allocated_bytes[0].peak);

@@ -1,5 +1,6 @@
 #include "profiler/request_trace.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "absl/container/flat_hash_map.h"
@@ -166,6 +167,23 @@ absl::StatusOr<RequestTrace> ReadJsonlTraceFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace '", path, "'"));
   return ReadJsonlTrace(in, path);
+}
+
+std::uint64_t PeakLiveBytes(const RequestTrace& trace) {
+  std::vector<std::uint64_t> size(trace.ids.size(), 0);
+  std::uint64_t live = 0;
+  std::uint64_t peak = 0;
+  for (const Request& r : trace.requests) {
+    if (r.op == RequestOp::kAlloc) {
+      size[r.slot] = r.size;
+      live += r.size;
+      peak = std::max(peak, live);
+    } else if (r.op == RequestOp::kFree) {
+      live -= size[r.slot];
+      size[r.slot] = 0;
+    }
+  }
+  return peak;
 }
 
 RequestTrace DemoTrace() {

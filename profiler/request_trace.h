@@ -59,6 +59,11 @@ struct RequestTrace {
 absl::StatusOr<RequestTrace> ReadJsonlTrace(std::istream& in, const std::string& source);
 absl::StatusOr<RequestTrace> ReadJsonlTraceFile(const std::string& path);
 
+// The peak of live requested bytes over the whole trace: the lower bound no
+// allocator setting can beat (independent of any setting, so also of where a
+// replay under one of them ran out of memory).
+std::uint64_t PeakLiveBytes(const RequestTrace& trace);
+
 // A built-in training-like trace (embedded, no file needed): a model whose
 // batch grows a little every step, so each step's activations no longer fit
 // the blocks the previous step cached - the pattern PyTorch's notes give for

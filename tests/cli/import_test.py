@@ -115,6 +115,7 @@ try:
                          "--alloc-conf", "expandable_segments:True", "--alloc-conf", "max_split_size_mb:20")
     check("what-if", code == 0, err)
     if code == 0:
+        check("lower bound of the trace", json.loads(out)["lower_bound_bytes"] == 64 * MiB, out[:200])
         runs = json.loads(out)["runs"]
         check("defaults OOM", runs[0]["oom"] is not None and runs[0]["oom"]["id"] == "b", runs[0]["oom"])
         check("expandable fits", runs[1]["oom"] is None, runs[1]["oom"])
