@@ -41,14 +41,9 @@ struct CheckArgs {
   bool json = false;
 };
 
-// report.json of a run directory or timeline file (analysed afresh), or of a
-// report.json file (recognised by its content).
+// report.json of a run directory, timeline file or PyTorch snapshot
+// (analysed afresh), or of a report.json file (recognised by its content).
 absl::StatusOr<nlohmann::json> LoadReportJson(const std::string& path) {
-  if (absl::EndsWith(path, ".pickle")) {
-    return absl::UnimplementedError(
-        absl::StrCat("'", path, "': PyTorch snapshots are not supported by check yet (give a run directory, a "
-                                "timeline or a report.json)"));
-  }
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
   if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));

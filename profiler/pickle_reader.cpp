@@ -689,7 +689,13 @@ absl::Status Reader::SetItems(std::size_t target, std::vector<Entry>& kv) {
     Entry& key = kv[k];
     Entry& val = kv[k + 1];
     key_text.clear();
-    if (!KeyText(key.value, key_text)) {
+    // The key's text is needed to check a container key's hashability and to
+    // index large dicts; small dicts with scalar keys (every dict of a
+    // snapshot's trace entries) compare keys directly.
+    const bool scalar_key =
+        key.value.kind != Kind::kList && key.value.kind != Kind::kDict && key.value.kind != Kind::kTuple;
+    const bool need_text = !scalar_key || d.value.dict.size() >= 32 || !st.key_index.empty();
+    if (need_text && !KeyText(key.value, key_text)) {
       return Error(absl::StrCat("unhashable dict key (", KindName(key.value.kind), ")"));
     }
     MS_RETURN_IF_ERROR(Absorb(d.pending_copies, key, st.token));

@@ -109,6 +109,13 @@ try:
     except (ET.ParseError, OSError, AttributeError, IndexError) as e:
         check("junit parses", False, repr(e))
 
+    # A PyTorch snapshot is checked through its replay: the run's snapshot at the peak has the same peak.
+    pickle_path = os.path.join(run_dir, "snapshot-rank-0.pickle")
+    code, out, err = run("check", pickle_path, "--max", "peak_allocated=200MiB")
+    check("snapshot passes", code == 0 and "ok   peak_allocated rank 0: 120.00 MiB <= 200.00 MiB" in out, (code, out, err))
+    code, out, err = run("check", pickle_path, "--max", "peak_allocated=100MiB")
+    check("snapshot fails", code == 1 and "FAIL peak_allocated rank 0: 120.00 MiB" in out, (code, out, err))
+
     # Unusable input: exit 2 with one line on stderr.
     bad_schema = os.path.join(tmp, "run.json")
     shutil.copy(os.path.join(run_dir, "run.json"), bad_schema)
@@ -122,7 +129,6 @@ try:
         ([run_dir, "--baseline", os.path.join(tmp, "nope.json")], "does not exist"),
         ([run_dir, "--baseline", edited, "--tolerance", "ten"], "invalid --tolerance 'ten'"),
         ([bad_schema, "--max", "peak_allocated=1GiB"], "schema 'memscope.run/1'"),
-        ([pickle_path, "--max", "peak_allocated=1GiB"], "PyTorch snapshots are not supported by check yet"),
     ]:
         code, out, err = run("check", *args)
         check(f"bad input exit {args}", code == 2, (code, out, err))
