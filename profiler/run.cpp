@@ -47,6 +47,14 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
     if (!kind.ok()) return kind.status();
     if (*kind == InputKind::kPickle) {
       absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(path);
+      if (absl::IsFailedPrecondition(imported.status())) {
+        // No trace (1.13, or history not recorded): the state at the snapshot.
+        absl::StatusOr<std::vector<Timeline>> state = ReadPytorchSnapshotState(path);
+        if (state.ok()) {
+          for (Timeline& t : *state) t.device_capacity = device_memory;
+        }
+        return state;
+      }
       if (!imported.ok()) return imported.status();
       for (const ImportedTrace& trace : *imported) {
         absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);

@@ -151,7 +151,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   absl::StatusOr<PyValue> root = ReadPickle(in, path, options);
   if (!root.ok()) return root.status();
   if (root->kind == PyValue::Kind::kList) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         path, ": a PyTorch 1.13 snapshot (a list of segments) has no trace of requests to replay; record one with "
               "torch.cuda.memory._record_memory_history() on PyTorch 2.x"));
   }
@@ -233,11 +233,89 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     result.push_back(std::move(t));
   }
   if (result.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         path, ": the snapshot has no trace entries (record with torch.cuda.memory._record_memory_history() before "
               "taking it)"));
   }
   return result;
+}
+
+absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  PickleReadOptions options;  // the trace, if any, is not needed: stream and drop it
+  options.stream_list = [](const PicklePath& p) { return p.size() == 2 && p[0] == "device_traces"; };
+  options.on_item = [](const PicklePath&, PyValue&&) { return absl::OkStatus(); };
+  absl::StatusOr<PyValue> root = ReadPickle(in, path, options);
+  if (!root.ok()) return root.status();
+  const PyValue* segments = root->kind == PyValue::Kind::kList ? &*root : root->Get("segments");
+  if (segments == nullptr || segments->kind != PyValue::Kind::kList) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a PyTorch memory snapshot (no segments)"));
+  }
+  auto uint = [](const PyValue& v, const char* key) -> std::uint64_t {
+    const PyValue* x = v.Get(key);
+    return x != nullptr && x->AsUInt() ? *x->AsUInt() : 0;
+  };
+  // Segments in address order, per device.
+  std::map<int, std::vector<const PyValue*>> by_device;
+  for (const PyValue& seg : segments->items) {
+    if (seg.kind != PyValue::Kind::kDict) continue;
+    by_device[static_cast<int>(uint(seg, "device"))].push_back(&seg);
+  }
+  std::string settings;
+  if (root->kind == PyValue::Kind::kDict) settings = SettingsText(root->Get("allocator_settings"));
+  std::vector<Timeline> timelines;
+  for (auto& [device, segs] : by_device) {
+    std::sort(segs.begin(), segs.end(), [&](const PyValue* a, const PyValue* b) {
+      return uint(*a, "address") < uint(*b, "address");
+    });
+    Timeline t;
+    t.rank = device;
+    t.device_index = device;
+    t.alloc_conf = settings;
+    for (const PyValue* seg : segs) {
+      const std::string* type = seg->Get("segment_type") ? seg->Get("segment_type")->AsString() : nullptr;
+      const bool expandable = seg->Get("is_expandable") && seg->Get("is_expandable")->kind == PyValue::Kind::kBool &&
+                              seg->Get("is_expandable")->b;
+      Event e;
+      e.type = expandable ? EventType::kSegmentMap : EventType::kSegmentAlloc;
+      e.small_pool = type != nullptr && *type == "small" ? 1 : 0;
+      e.addr = uint(*seg, "address");
+      e.size = uint(*seg, "total_size");
+      e.stream = uint(*seg, "stream");
+      t.events.push_back(e);
+      const PyValue* blocks = seg->Get("blocks");
+      std::uint64_t cursor = e.addr;
+      for (const PyValue& block : blocks != nullptr ? blocks->items : std::vector<PyValue>{}) {
+        const std::uint64_t size = uint(block, "size");
+        const std::uint64_t addr = block.Get("address") ? uint(block, "address") : cursor;
+        cursor = addr + size;
+        const std::string* state = block.Get("state") ? block.Get("state")->AsString() : nullptr;
+        if (state == nullptr || *state == "inactive") continue;
+        std::uint64_t requested = uint(block, "requested_size");
+        if (const PyValue* history = block.Get("history"); requested == 0 && history && !history->items.empty()) {
+          requested = uint(history->items.back(), "real_size");  // 1.13
+        }
+        Event a;
+        a.type = EventType::kAlloc;
+        a.small_pool = e.small_pool;
+        a.addr = addr;
+        a.size = size;
+        a.requested_size = requested != 0 ? requested : size;
+        a.stream = e.stream;
+        t.events.push_back(a);
+        if (*state == "active_pending_free") {
+          a.type = EventType::kFreeRequested;
+          t.events.push_back(a);
+        }
+      }
+    }
+    t.notes.push_back(absl::StrCat(path, " has no trace of device ", device, ": showing the state of its ", segs.size(),
+                                   " segments at the snapshot (exact blocks, no history)"));
+    timelines.push_back(std::move(t));
+  }
+  if (timelines.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": the snapshot has no segments"));
+  return timelines;
 }
 
 absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& source) {

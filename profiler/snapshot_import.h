@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "profiler/event.h"
 #include "profiler/request_trace.h"
 
 namespace memscope {
@@ -32,9 +33,17 @@ struct ImportedTrace {
 };
 
 // Reads a PyTorch snapshot pickle (2.x dict or 1.13 list format). One
-// ImportedTrace per device that has trace entries. The 1.13 format has no
-// trace: an error says so.
+// ImportedTrace per device that has trace entries. A snapshot without trace
+// entries (the 1.13 format, or history not recorded) is FailedPrecondition:
+// read its state with ReadPytorchSnapshotState instead.
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path);
+
+// The state of a snapshot's segments and blocks (exact block sizes, no
+// history), one Timeline per device: segment_alloc (or segment_map for
+// expandable segments) and alloc events in address order. Accepts the 2.x and
+// 1.13 formats (1.13 blocks have no address: they follow each other from the
+// segment's start, and the request size comes from their history).
+absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string& path);
 
 // Reads RMM's logging_resource_adaptor CSV (Thread,Time,Action,Pointer,Size,Stream).
 absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& source);

@@ -82,6 +82,33 @@ try:
                   "1 blocks alive at the snapshot" in err and "1 frees of earlier blocks were ignored" in err, err)
             check(f"p{proto} peak", r0["peak"]["allocated"]["bytes"] == 12 * MiB, r0["peak"]["allocated"])
             check(f"p{proto} phase", [p["phase"] for p in r0["phases"]] == ["forward"], r0["phases"])
+    # Snapshots without a trace show their state: the 1.13 list format (blocks
+    # without addresses, request sizes in their history) and a 2.x one recorded
+    # without history.
+    legacy = [{"device": 0, "address": base, "total_size": 20 * MiB, "allocated_size": 6 * MiB,
+               "active_size": 6 * MiB, "stream": 0, "segment_type": "large",
+               "blocks": [{"size": 6 * MiB, "state": "active_allocated",
+                           "history": [{"addr": base, "real_size": 6 * MiB - 100, "frames": []}]},
+                          {"size": 14 * MiB, "state": "inactive", "history": []}]},
+              {"device": 0, "address": base + 64 * MiB, "total_size": 2 * MiB, "allocated_size": 512,
+               "active_size": 1024, "stream": 0, "segment_type": "small",
+               "blocks": [{"size": 512, "state": "active_allocated", "history": []},
+                          {"size": 512, "state": "active_pending_free", "history": []},
+                          {"size": 2 * MiB - 1024, "state": "inactive", "history": []}]}]
+    no_history = dict(doc, device_traces=[[]])
+    for name, obj in [("legacy", legacy), ("no-history", no_history)]:
+        path = os.path.join(tmp, f"{name}.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(obj, f, protocol=2)
+        code, out, err = run("frag", path, "--json")
+        check(f"{name} frag", code == 0 and "no history" in err, (code, err))
+        if code == 0:
+            fr = json.loads(out)["ranks"][0]["fragmentation"]
+            expect = (22 * MiB, 6 * MiB + 512) if name == "legacy" else (20 * MiB, 6 * MiB)
+            check(f"{name} state", (fr["reserved_bytes"], fr["allocated_bytes"]) == expect, fr)
+    code, out, err = run("replay", os.path.join(tmp, "legacy.pickle"))
+    check("legacy replay refused", code == 2 and "1.13" in err, err)
+
     # Objects are refused, naming the opcode.
     import collections
     evil = os.path.join(tmp, "evil.pickle")
