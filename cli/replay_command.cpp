@@ -76,15 +76,9 @@ struct SettingResult {
 absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const AllocatorConfig& config,
                                          std::uint64_t device_memory, bool search_min_memory) {
   SettingResult out;
-  Timeline t;
-  t.device_capacity = device_memory;
-  t.alloc_conf = config.text;
-  MemorySink sink(t);
-  Recorder recorder(sink);
-  absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory, &recorder);
-  if (!r.ok()) return r.status();
-  out.replay = std::move(*r);
-  absl::StatusOr<RankReport> report = AnalyzeRank(t);
+  absl::StatusOr<Timeline> t = RecordReplay(trace, config, device_memory, /*rank=*/0, &out.replay);
+  if (!t.ok()) return t.status();
+  absl::StatusOr<RankReport> report = AnalyzeRank(*t);
   if (!report.ok()) return report.status();
   out.fragmentation_at_peak = report->fragmentation_at_peak.fragmentation;
   if (search_min_memory && !out.replay.oom) {

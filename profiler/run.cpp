@@ -24,7 +24,7 @@ std::string TimelinePath(const std::string& dir, int rank) {
 }
 
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
-                                      std::uint64_t device_memory, int rank) {
+                                      std::uint64_t device_memory, int rank, ReplayResult* result) {
   Timeline t;
   t.rank = rank;
   t.device_index = rank;
@@ -34,6 +34,7 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
   Recorder recorder(sink);
   absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory, &recorder);
   if (!r.ok()) return r.status();
+  if (result != nullptr) *result = std::move(*r);
   return t;
 }
 

@@ -12,6 +12,7 @@
 #include "nlohmann/json.hpp"
 #include "allocator/config.h"
 #include "profiler/event.h"
+#include "profiler/replayer.h"
 #include "profiler/request_trace.h"
 
 namespace memscope {
@@ -23,9 +24,10 @@ namespace memscope {
 // the path and what is wrong.
 absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory = 80ULL << 30);
 
-// Replays a request trace under `config`, recording it into a Timeline.
+// Replays a request trace under `config`, recording it into a Timeline; the
+// replay's own result goes to `result` when given.
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
-                                      std::uint64_t device_memory, int rank);
+                                      std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
 
 // Writes report.json, summary.txt, trace.json and snapshot-rank-R.pickle (at
 // each rank's peak) into `dir` for these timelines.

@@ -9,22 +9,9 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 
-MEMSCOPE, DATA = sys.argv[1], sys.argv[2]
-MiB = 1 << 20
-failures = []
+from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-def run(*args):
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
-    p = subprocess.run([MEMSCOPE, *args], capture_output=True, text=True, env=env, timeout=300)
-    return p.returncode, p.stdout, p.stderr
-
-
-def check(name, cond, detail=""):
-    if not cond:
-        failures.append(f"{name}: {detail}")
 
 
 tmp = tempfile.mkdtemp(prefix="memscope-check-")
@@ -136,7 +123,4 @@ try:
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
-if failures:
-    print("\n".join(failures))
-    sys.exit(1)
-print("check_test: ok")
+finish("check_test")

@@ -10,22 +10,9 @@ import subprocess
 import sys
 import tempfile
 
-MEMSCOPE, DATA = sys.argv[1], sys.argv[2]
-MiB = 1 << 20
-failures = []
+from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-def run(*args):
-    env = dict(os.environ)
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
-    p = subprocess.run([MEMSCOPE, *args], capture_output=True, text=True, env=env, timeout=300)
-    return p.returncode, p.stdout, p.stderr
-
-
-def check(name, cond, detail=""):
-    if not cond:
-        failures.append(f"{name}: {detail}")
 
 
 tmp = tempfile.mkdtemp(prefix="memscope-cli-")
@@ -140,7 +127,4 @@ try:
 finally:
     shutil.rmtree(tmp)
 
-if failures:
-    print("\n".join(failures))
-    sys.exit(1)
-print("cli profile commands: all checks passed")
+finish("cli profile commands")

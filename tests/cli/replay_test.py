@@ -5,27 +5,10 @@ import os
 import subprocess
 import sys
 
-MEMSCOPE, DATA = sys.argv[1], sys.argv[2]
-failures = []
+from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-def run(*args, env=None):
-    e = dict(os.environ)
-    e.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    e.pop("PYTORCH_ALLOC_CONF", None)
-    if env:
-        e.update(env)
-    p = subprocess.run([MEMSCOPE, *args], capture_output=True, text=True, env=e, timeout=120)
-    return p.returncode, p.stdout, p.stderr
 
-
-def check(name, cond, detail=""):
-    if not cond:
-        failures.append(f"{name}: {detail}")
-
-
-def data(name):
-    return os.path.join(DATA, name)
 
 
 # One 1 MiB tensor: PyTorch's memory_summary text, character for character.
@@ -125,7 +108,4 @@ check("demo peaks", demo[0]["peak_live_bytes"] == demo[1]["peak_live_bytes"] > 0
 check("demo reserved", demo[1]["memory_stats"]["reserved_bytes.all.peak"] <
       demo[0]["memory_stats"]["reserved_bytes.all.peak"], "")
 
-if failures:
-    print("\n".join(failures))
-    sys.exit(1)
-print("cli replay: all checks passed")
+finish("cli replay")
