@@ -60,7 +60,11 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
         allocator.EmptyCache();
         break;
       case RequestOp::kSync:
-        device.CompleteAll();
+        if (r.stream == kAllStreams) {
+          device.CompleteAll();
+        } else {
+          device.CompleteStream(r.stream);
+        }
         break;
       case RequestOp::kPhaseBegin:
         if (recorder != nullptr) recorder->PhaseBegin(r.phase, r.step, trace.strings[r.text]);

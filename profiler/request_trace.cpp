@@ -70,6 +70,12 @@ class Reader {
       r.op = RequestOp::kEmptyCache;
     } else if (action == "sync") {
       r.op = RequestOp::kSync;
+      r.stream = kAllStreams;
+      if (j.contains("stream")) {
+        absl::StatusOr<std::uint64_t> stream = Unsigned(j, "stream", true);
+        if (!stream.ok()) return stream.status();
+        r.stream = *stream;
+      }
     } else if (action == "phase_begin" || action == "phase_end") {
       r.op = action == "phase_begin" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd;
       auto p = j.find("phase");

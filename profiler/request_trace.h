@@ -10,6 +10,7 @@
 //   {"action":"record_stream","id":"a","stream":1}
 //   {"action":"empty_cache"}
 //   {"action":"sync"}                                      all pending stream work completes
+//   {"action":"sync","stream":1}                           the work queued on stream 1 completes
 //   {"action":"phase_begin","phase":"forward","step":0}    phase marks (step optional: model, ddp)
 //   {"action":"phase_end","phase":"forward","step":0}
 //   {"action":"mark","text":"checkpoint saved"}            a free-form mark
@@ -35,11 +36,14 @@ namespace memscope {
 
 enum class RequestOp : std::uint8_t { kAlloc, kFree, kRecordStream, kEmptyCache, kSync, kPhaseBegin, kPhaseEnd, kMark };
 
+// Request::stream of a sync that completes every stream.
+inline constexpr StreamId kAllStreams = ~StreamId{0};
+
 struct Request {
   RequestOp op;
   std::uint32_t slot = 0;   // dense index of the id (alloc/free/record_stream)
   std::size_t size = 0;     // alloc
-  StreamId stream = 0;      // alloc, record_stream
+  StreamId stream = 0;      // alloc, record_stream, sync (kAllStreams: every stream)
   std::uint64_t line = 0;   // 1-based line in the source, for messages
   Category category = Category::kOther;  // alloc
   Phase phase = Phase::kUser;            // phase marks

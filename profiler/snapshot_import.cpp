@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "absl/container/flat_hash_map.h"
@@ -31,6 +32,34 @@ struct DeviceBuilder {
   std::uint64_t ooms = 0;
   std::uint64_t skipped = 0;
   double last_time = 0;
+  // A free_requested whose completion is not known yet: if the next entry is
+  // its free_completed, the block was freed at once (a plain free); otherwise
+  // it waited on stream events (record_stream) until its free_completed.
+  struct Held {
+    std::uint64_t addr;
+    std::uint32_t slot;
+    double time_us;
+  };
+  std::optional<Held> held;
+  absl::flat_hash_map<std::uint64_t, StreamId> waiting;  // address -> its synthetic stream
+  std::uint64_t delayed_frees = 0;
+
+  // Each delayed free waits on a stream of its own, so that its
+  // free_completed can complete exactly that block.
+  static StreamId WaitStream(std::uint32_t slot) { return (StreamId{1} << 62) + slot; }
+
+  // Decides the held free: plain if `completed_at_once`, else pending.
+  void Release(bool completed_at_once) {
+    if (!held) return;
+    if (!completed_at_once) {
+      const StreamId s = WaitStream(held->slot);
+      Push(Request{RequestOp::kRecordStream, held->slot, 0, s, 0}, held->time_us);
+      waiting[held->addr] = s;
+      ++delayed_frees;
+    }
+    Push(Request{RequestOp::kFree, held->slot, 0, 0, 0}, held->time_us);
+    held.reset();
+  }
 
   std::uint32_t Slot(std::uint64_t addr) {
     out.requests.ids.push_back(absl::StrCat("0x", absl::Hex(addr)));
@@ -57,6 +86,11 @@ struct DeviceBuilder {
       if (t->AsInt()) time_us = static_cast<double>(*t->AsInt());
     }
     last_time = time_us;
+    if (held) {
+      const bool completes_held = *action == "free_completed" && addr == held->addr;
+      Release(completes_held);
+      if (completes_held) return;
+    }
     if (*action == "alloc") {
       if (auto it = live.find(addr); it != live.end()) {  // a free the trace lost
         Request f{RequestOp::kFree, it->second, 0, 0, 0};
@@ -73,13 +107,18 @@ struct DeviceBuilder {
         ++unknown_frees;
         return;
       }
-      Push(Request{RequestOp::kFree, it->second, 0, 0, 0}, time_us);
+      held = Held{addr, it->second, time_us};
       live.erase(it);
+    } else if (*action == "free_completed") {
+      if (auto w = waiting.find(addr); w != waiting.end()) {
+        Push(Request{RequestOp::kSync, 0, 0, w->second, 0}, time_us);
+        waiting.erase(w);
+      }
     } else if (*action == "segment_alloc") {
       out.segment_alloc_sizes.push_back(size);
     } else if (*action == "oom") {
       ++ooms;
-    } else if (*action != "free_completed" && *action != "segment_free" && *action != "segment_map" &&
+    } else if (*action != "segment_free" && *action != "segment_map" &&
                *action != "segment_unmap" && *action != "snapshot") {
       ++skipped;
     }
@@ -184,6 +223,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
 
   std::vector<ImportedTrace> result;
   for (auto& [device, b] : devices) {
+    b.Release(/*completed_at_once=*/false);  // the trace ended before its free completed
     ImportedTrace& t = b.out;
     t.alloc_conf = settings;
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
@@ -230,6 +270,10 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.requests.requests = std::move(merged);
     if (b.ooms > 0) t.notes.push_back(absl::StrCat("the trace of device ", device, " records ", b.ooms, " OOM(s)"));
     if (b.skipped > 0) t.notes.push_back(absl::StrCat(b.skipped, " trace entries of unknown kinds were skipped"));
+    if (b.delayed_frees > 0) {
+      t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device, " completed later than requested "
+                                     "(blocks used on other streams): they wait on stream events in the replay too"));
+    }
     result.push_back(std::move(t));
   }
   if (result.empty()) {

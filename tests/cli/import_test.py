@@ -69,6 +69,33 @@ try:
                   "1 blocks alive at the snapshot" in err and "1 frees of earlier blocks were ignored" in err, err)
             check(f"p{proto} peak", r0["peak"]["allocated"]["bytes"] == 12 * MiB, r0["peak"]["allocated"])
             check(f"p{proto} phase", [p["phase"] for p in r0["phases"]] == ["forward"], r0["phases"])
+    # A free that completes later (the block was used on another stream) keeps
+    # its block until its free_completed: b needs a segment of its own, as in
+    # PyTorch, and c then reuses a's block. --verify checks the segment sizes.
+    a, b2 = base, base + 12 * MiB
+    delayed = [entry("segment_alloc", a, 12 * MiB, 1), entry("alloc", a, 12 * MiB, 1),
+               entry("free_requested", a, 12 * MiB, 2),
+               entry("segment_alloc", b2, 12 * MiB, 3), entry("alloc", b2, 12 * MiB, 3),
+               entry("free_completed", a, 12 * MiB, 4),
+               entry("alloc", a, 12 * MiB, 5)]
+    delayed_doc = dict(doc, segments=[], device_traces=[delayed], external_annotations=[])
+    path = os.path.join(tmp, "delayed.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(delayed_doc, f, protocol=4)
+    code, out, err = run("replay", path, "--verify")
+    check("delayed free verify", code == 0 and "all 2 segment_alloc sizes match" in out and
+          "1 frees of device 0 completed later than requested" in err, (code, out, err))
+    # The same free completed at once: b reuses a's block, one segment in all
+    # (treating it as delayed would give b a segment of its own).
+    prompt = [entry("segment_alloc", a, 12 * MiB, 1), entry("alloc", a, 12 * MiB, 1),
+              entry("free_requested", a, 12 * MiB, 2), entry("free_completed", a, 12 * MiB, 2),
+              entry("alloc", a, 12 * MiB, 3)]
+    with open(path, "wb") as f:
+        pickle.dump(dict(delayed_doc, device_traces=[prompt]), f, protocol=4)
+    code, out, err = run("replay", path, "--verify")
+    check("prompt free verify", code == 0 and "all 1 segment_alloc sizes match" in out and
+          "completed later" not in err, (code, out, err))
+
     # Snapshots without a trace show their state: the 1.13 list format (blocks
     # without addresses, request sizes in their history) and a 2.x one recorded
     # without history.
