@@ -27,10 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-int Fail(absl::string_view message) {
-  std::fprintf(stderr, "memscope check: %.*s\n", static_cast<int>(message.size()), message.data());
-  return kExitBadInput;
-}
+int Fail(absl::string_view message) { return cli::Fail("check", message); }
 
 struct CheckArgs {
   std::string path;
@@ -66,6 +63,7 @@ absl::StatusOr<nlohmann::json> LoadReportJson(const std::string& path) {
   }
   absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
   if (!run.ok()) return run.status();
+  PrintNotes(*run);
   std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
   for (const Timeline& t : *run) {

@@ -3,7 +3,11 @@
 #ifndef MEMSCOPE_CLI_COMMANDS_H_
 #define MEMSCOPE_CLI_COMMANDS_H_
 
+#include <vector>
+
 #include "CLI/CLI.hpp"
+#include "absl/strings/string_view.h"
+#include "profiler/event.h"
 
 namespace memscope::cli {
 
@@ -11,6 +15,14 @@ namespace memscope::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;     // a check failed (memscope check, replay --verify)
 inline constexpr int kExitBadInput = 2;   // unusable input: flags, files, settings
+
+// Prints "memscope COMMAND: MESSAGE" (one line) on stderr and returns
+// kExitBadInput: the way every command reports unusable input.
+int Fail(absl::string_view command, absl::string_view message);
+
+// Prints what the readers of these recordings want the user to know
+// (Timeline::notes: a snapshot replayed, a truncated trace, ...) on stderr.
+void PrintNotes(const std::vector<Timeline>& timelines);
 
 void RegisterReplay(CLI::App& app, int& exit_status);
 // summary, trace, snapshot, frag, dump: commands that read a recording.

@@ -6,6 +6,22 @@
 #include "CLI/CLI.hpp"
 #include "cli/commands.h"
 
+namespace memscope::cli {
+
+int Fail(absl::string_view command, absl::string_view message) {
+  std::fprintf(stderr, "memscope %.*s: %.*s\n", static_cast<int>(command.size()), command.data(),
+               static_cast<int>(message.size()), message.data());
+  return kExitBadInput;
+}
+
+void PrintNotes(const std::vector<Timeline>& timelines) {
+  for (const Timeline& t : timelines) {
+    for (const std::string& note : t.notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+  }
+}
+
+}  // namespace memscope::cli
+
 int main(int argc, char** argv) {
   CLI::App app{"memscope: GPU memory profiler and fragmentation analyzer (PyTorch caching allocator, DDP)"};
   app.require_subcommand(1);

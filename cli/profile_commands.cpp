@@ -23,19 +23,10 @@
 namespace memscope::cli {
 namespace {
 
-int Fail(const std::string& command, absl::string_view message) {
-  std::fprintf(stderr, "memscope %s: %.*s\n", command.c_str(), static_cast<int>(message.size()), message.data());
-  return kExitBadInput;
-}
-
 // Loads RUN and keeps the ranks asked for (all when rank < 0).
 absl::StatusOr<std::vector<Timeline>> LoadRanks(const std::string& path, int rank) {
   absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
-  if (run.ok()) {
-    for (const Timeline& t : *run) {
-      for (const std::string& note : t.notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
-    }
-  }
+  if (run.ok()) PrintNotes(*run);
   if (!run.ok() || rank < 0) return run;
   for (Timeline& t : *run) {
     if (t.rank == rank) {
@@ -78,7 +69,7 @@ int Summary(const ReadArgs& a) {
   for (const Timeline& t : *run) {
     absl::StatusOr<RankReport> r = AnalyzeRank(t);
     if (!r.ok()) return Fail("summary", r.status().message());
-    absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment);
+    absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment, &*r);
     if (!at.ok()) return Fail("summary", at.status().message());
     absl::StrAppend(&text, text.empty() ? "" : "\n", SummaryText(t, *r, at->first, moment->text));
     nlohmann::json stats = nlohmann::json::object();

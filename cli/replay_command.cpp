@@ -37,10 +37,7 @@ struct ReplayArgs {
   bool no_search = false;
 };
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "memscope replay: %s\n", message.c_str());
-  return kExitBadInput;
-}
+int Fail(absl::string_view message) { return cli::Fail("replay", message); }
 
 std::string Quoted(const std::string& s) { return s.empty() ? "(defaults)" : absl::StrCat("\"", s, "\""); }
 
@@ -132,7 +129,7 @@ int Run(const ReplayArgs& args) {
                                                " devices; replaying device ", snapshot->device));
       }
       trace = snapshot->requests;
-      for (const std::string& note : snapshot->notes) std::fprintf(stderr, "memscope replay: note: %s\n", note.c_str());
+      for (const std::string& note : snapshot->notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
     } else if (*kind == InputKind::kRmmCsv) {
       std::ifstream in(args.file);
       absl::StatusOr<RequestTrace> read = ReadRmmCsv(in, args.file);
@@ -233,12 +230,11 @@ int Run(const ReplayArgs& args) {
     std::ofstream(std::filesystem::path(args.out) / "run.json") << run.dump(1) << "\n";
     absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(args.out);
     if (!recorded.ok()) return Fail(std::string(recorded.status().message()));
-    if (absl::Status s = WriteRunOutputs(args.out, *recorded); !s.ok()) return Fail(std::string(s.message()));
-    absl::StatusOr<RankReport> report = AnalyzeRank(recorded->front());
-    if (!report.ok()) return Fail(std::string(report.status().message()));
+    absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(args.out, *recorded);
+    if (!reports.ok()) return Fail(std::string(reports.status().message()));
     SettingResult one;
     one.replay = std::move(*r);
-    one.fragmentation_at_peak = report->fragmentation_at_peak.fragmentation;
+    one.fragmentation_at_peak = reports->front().fragmentation_at_peak.fragmentation;
     results.push_back(std::move(one));
   } else {
     for (const AllocatorConfig& config : configs) {

@@ -181,12 +181,17 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text) {
   return m;
 }
 
-absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, const Moment& moment) {
+absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, const Moment& moment,
+                                                           const RankReport* report) {
   std::size_t end = t.events.size();
   if (moment.kind == Moment::Kind::kPeak) {
-    absl::StatusOr<RankReport> r = AnalyzeRank(t);
-    if (!r.ok()) return r.status();
-    end = t.events.empty() ? 0 : r->peak_allocated.event_index + 1;
+    std::optional<RankReport> analysed;
+    if (report == nullptr) {
+      absl::StatusOr<RankReport> r = AnalyzeRank(t);
+      if (!r.ok()) return r.status();
+      report = &analysed.emplace(std::move(*r));
+    }
+    end = t.events.empty() ? 0 : report->peak_allocated.event_index + 1;
   } else if (moment.kind != Moment::Kind::kEnd) {
     std::optional<std::size_t> found;
     for (std::size_t i = 0; i < t.events.size() && !found; ++i) {

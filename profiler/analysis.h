@@ -97,7 +97,10 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text);
 
 // The model after the events up to `moment`, and how many events that is.
 // NotFound when the recording has no such moment (no OOM, no such phase).
-absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment);
+// `report` (the timeline's AnalyzeRank, if the caller has it) saves
+// analysing again to find the peak.
+absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment,
+                                                           const RankReport* report = nullptr);
 
 // The phase table as text, in the layout of seed 002 (sizes in MiB, "281M").
 std::string PhaseTableText(const RankReport& report);

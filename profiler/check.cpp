@@ -86,23 +86,18 @@ const json* PeakOf(const json& rank, CheckMetric metric) {
   return Find(rank, {"peak", metric == CheckMetric::kPeakReserved ? "reserved" : "allocated"});
 }
 
-// "ACTIVATION 40.00 MiB (33%), TEMPORARY ...": the three largest categories.
+// "ACTIVATION 40.00 MiB (33%), TEMPORARY ...": the three largest categories
+// of a report's by_category object.
 std::string TopCategories(const json& by_category, std::uint64_t total) {
-  std::vector<std::pair<std::uint64_t, std::string>> parts;
+  std::array<std::int64_t, kNumCategories> bytes{};
   if (by_category.is_object()) {
     for (auto it = by_category.begin(); it != by_category.end(); ++it) {
+      const std::optional<Category> c = ParseCategory(it.key());
       const std::optional<std::uint64_t> b = Bytes(&it.value());
-      if (b && *b > 0) parts.emplace_back(*b, it.key());
+      if (c && b) bytes[static_cast<int>(*c)] = static_cast<std::int64_t>(*b);
     }
   }
-  std::stable_sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-  if (parts.size() > 3) parts.resize(3);
-  std::string out;
-  for (const auto& [bytes, name] : parts) {
-    absl::StrAppend(&out, out.empty() ? "" : ", ", name, " ", FormatSize(bytes));
-    if (total > 0) absl::StrAppendFormat(&out, " (%d%%)", static_cast<int>(100.0 * static_cast<double>(bytes) / static_cast<double>(total)));
-  }
-  return out;
+  return CategoryBreakdown(bytes, total, 3);
 }
 
 struct RankRef {

@@ -40,7 +40,12 @@ void Recorder::OnEvent(const TraceEvent& e) {
   out.stream = e.stream;
   if (e.action == TraceAction::kAlloc) {
     out.category = current_tag.category;
-    out.name = sink_.Intern(current_tag.owner);
+    // Consecutive allocations mostly share an owner: skip the string table.
+    if (current_tag.owner != last_owner_) {
+      last_owner_.assign(current_tag.owner.data(), current_tag.owner.size());
+      last_owner_id_ = sink_.Intern(current_tag.owner);
+    }
+    out.name = last_owner_id_;
   }
   sink_.Append(out);
 }

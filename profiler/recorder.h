@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "allocator/observer.h"
@@ -63,6 +64,8 @@ class Recorder final : public AllocatorObserver {
 
   EventSink& sink_;
   std::int64_t start_ns_;
+  std::string last_owner_;          // the owner of the previous allocation...
+  std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
 };
 
 }  // namespace memscope

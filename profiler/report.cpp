@@ -28,24 +28,24 @@ nlohmann::json PeakJson(const Timeline& t, const PeakInfo& p) {
           {"top_owners", owners}};
 }
 
-// "ACTIVATION 812.00 MiB (86%), PARAMETER 288.00 MiB (30%)": the categories
-// holding memory, largest first.
-std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by_category, std::uint64_t total) {
+}  // namespace
+
+std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by_category, std::uint64_t total,
+                              std::size_t max_parts) {
   std::vector<std::pair<std::int64_t, int>> parts;
   for (int c = 0; c < kNumCategories; ++c) {
     if (by_category[c] > 0) parts.emplace_back(by_category[c], c);
   }
   std::sort(parts.rbegin(), parts.rend());
+  if (parts.size() > max_parts) parts.resize(max_parts);
   std::string out;
   for (const auto& [bytes, c] : parts) {
     absl::StrAppend(&out, out.empty() ? "" : ", ", std::string(CategoryName(static_cast<Category>(c))), " ",
                     FormatSize(static_cast<std::uint64_t>(bytes)));
     if (total > 0) absl::StrAppendFormat(&out, " (%d%%)", static_cast<int>(100 * bytes / static_cast<std::int64_t>(total)));
   }
-  return out.empty() ? "nothing allocated" : out;
+  return out;
 }
-
-}  // namespace
 
 nlohmann::json FragmentationJson(const FragmentationInfo& f) {
   return {{"reserved_bytes", f.reserved},
@@ -124,7 +124,9 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
   }
   absl::StrAppend(&out, "\npeak allocated ", FormatSize(r.peak_allocated.bytes),
                   r.peak_allocated.phase.empty() ? "" : absl::StrCat(" in ", r.peak_allocated.phase), ": ",
-                  CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes), "\n");
+                  r.peak_allocated.bytes == 0 ? std::string("nothing allocated")
+                                              : CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes),
+                  "\n");
   if (!r.peak_allocated.top_owners.empty()) {
     absl::StrAppend(&out, "  largest owners:");
     for (const auto& [owner, bytes] : r.peak_allocated.top_owners) {

@@ -34,6 +34,12 @@ inline constexpr const char* kReportSchema = "memscope.report/1";
 inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";
 
 nlohmann::json FragmentationJson(const FragmentationInfo& f);
+
+// "ACTIVATION 812.00 MiB (86%), PARAMETER 288.00 MiB (30%)": the categories
+// holding memory, largest first, at most `max_parts` of them, with their share
+// of `total`. "" when nothing is allocated.
+std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by_category, std::uint64_t total,
+                              std::size_t max_parts = kNumCategories);
 // `reports[i]` analyses `timelines[i]`.
 nlohmann::json ReportJson(const std::vector<const Timeline*>& timelines, const std::vector<RankReport>& reports);
 

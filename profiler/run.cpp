@@ -114,7 +114,7 @@ absl::Status WriteFile(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-absl::Status WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines) {
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines) {
   std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
   std::string summary;
@@ -136,17 +136,18 @@ absl::Status WriteRunOutputs(const std::string& dir, const std::vector<Timeline>
     if (absl::Status s = WriteChromeTrace(ptrs, ChromeTraceOptions{}, out); !s.ok()) return s;
     if (!out) return absl::InternalError(absl::StrCat("cannot write '", dir, "/trace.json'"));
   }
-  for (const Timeline& t : timelines) {
+  for (std::size_t i = 0; i < timelines.size(); ++i) {
+    const Timeline& t = timelines[i];
     Moment peak;
     peak.kind = Moment::Kind::kPeak;
-    absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, peak);
+    absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, peak, &reports[i]);
     if (!at.ok()) return at.status();
     const fs::path path = fs::path(dir) / absl::StrCat("snapshot-rank-", t.rank, ".pickle");
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     if (absl::Status s = WriteSnapshot(t, at->first, at->second, SnapshotFormat::kPickle, out); !s.ok()) return s;
     if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
   }
-  return absl::OkStatus();
+  return reports;
 }
 
 }  // namespace memscope

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "allocator/config.h"
+#include "profiler/analysis.h"
 #include "profiler/event.h"
 #include "profiler/replayer.h"
 #include "profiler/request_trace.h"
@@ -30,8 +31,8 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
                                       std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
 
 // Writes report.json, summary.txt, trace.json and snapshot-rank-R.pickle (at
-// each rank's peak) into `dir` for these timelines.
-absl::Status WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines);
+// each rank's peak) into `dir` for these timelines. Returns the analyses.
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines);
 
 // The path of rank R's timeline in a run directory.
 std::string TimelinePath(const std::string& dir, int rank);

@@ -40,31 +40,30 @@ absl::btree_map<std::uint64_t, TraceModel::Segment>::iterator TraceModel::FindSe
   return it;
 }
 
-void TraceModel::UpdateInactive(Segment& seg, std::uint64_t seg_addr) {
-  std::int64_t count = 0;
-  std::int64_t bytes = 0;
-  if (!seg.expandable) {
-    const std::uint64_t end = seg_addr + seg.size;
-    auto it = blocks_.lower_bound(seg_addr);
-    if (it != blocks_.end() && it->first < end) {  // a segment with no block is one unsplit free block
-      std::uint64_t cursor = seg_addr;
-      for (; it != blocks_.end() && it->first < end; ++it) {
-        if (it->first > cursor) {
-          ++count;
-          bytes += static_cast<std::int64_t>(it->first - cursor);
-        }
-        cursor = it->first + it->second.size;
-      }
-      if (cursor < end) {
-        ++count;
-        bytes += static_cast<std::int64_t>(end - cursor);
-      }
-    }
+// Inactive splits are the free gaps of segments that hold at least one block
+// (each gap is one merged free block). A block [addr, addr+size) placed in, or
+// taken out of, the free gap [lo, hi) around it changes only that gap: the
+// whole gap (counted only if the segment holds other blocks) against the
+// pieces left beside the block. Returns pieces - whole; the caller has the
+// block out of blocks_ while this runs. O(log blocks), not O(blocks in the
+// segment): small-pool segments hold up to 4096 blocks.
+std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(std::uint64_t seg_addr, const Segment& seg,
+                                                                std::uint64_t addr, std::uint64_t size) const {
+  if (seg.expandable) return {0, 0};  // PyTorch leaves expandable segments out of inactive_split
+  const std::uint64_t seg_end = seg_addr + seg.size;
+  auto next = blocks_.lower_bound(addr);
+  const std::uint64_t hi = next != blocks_.end() && next->first < seg_end ? next->first : seg_end;
+  std::uint64_t lo = seg_addr;
+  if (next != blocks_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first >= seg_addr) lo = prev->first + prev->second.size;
   }
-  Change(stats_.inactive_split, seg.small, count - seg.inactive_count);
-  Change(stats_.inactive_split_bytes, seg.small, bytes - seg.inactive_bytes);
-  seg.inactive_count = count;
-  seg.inactive_bytes = bytes;
+  const bool others = lo != seg_addr || hi != seg_end;
+  const std::int64_t whole_count = others ? 1 : 0;
+  const std::int64_t whole_bytes = others ? static_cast<std::int64_t>(hi - lo) : 0;
+  const std::int64_t piece_count = (addr > lo ? 1 : 0) + (hi > addr + size ? 1 : 0);
+  const std::int64_t piece_bytes = static_cast<std::int64_t>((addr - lo) + (hi - (addr + size)));
+  return {piece_count - whole_count, piece_bytes - whole_bytes};
 }
 
 absl::Status TraceModel::Apply(const Event& e) {
@@ -96,7 +95,10 @@ absl::Status TraceModel::Apply(const Event& e) {
                                                          Hex(prev->first)));
         }
       }
+      const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size);
       blocks_.emplace(e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false});
+      Change(stats_.inactive_split, small, split_delta);
+      Change(stats_.inactive_split_bytes, small, split_bytes_delta);
       Change(stats_.allocation, small, 1);
       Change(stats_.allocated_bytes, small, size);
       Change(stats_.active, small, 1);
@@ -107,7 +109,6 @@ absl::Status TraceModel::Apply(const Event& e) {
       by_owner_[e.name] += size;
       live_requested_ += e.requested_size;
       peak_live_requested_ = std::max(peak_live_requested_, live_requested_);
-      UpdateInactive(seg->second, seg->first);
       return absl::OkStatus();
     }
     case EventType::kFreeRequested: {
@@ -136,7 +137,11 @@ absl::Status TraceModel::Apply(const Event& e) {
       Change(stats_.active, small, -1);
       Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));
       Change(stats_.requested_bytes, small, -static_cast<std::int64_t>(b.requested));
-      if (seg != segments_.end()) UpdateInactive(seg->second, seg->first);
+      if (seg != segments_.end()) {
+        const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, b.size);
+        Change(stats_.inactive_split, small, -split_delta);
+        Change(stats_.inactive_split_bytes, small, -split_bytes_delta);
+      }
       return absl::OkStatus();
     }
     case EventType::kSegmentAlloc: {
@@ -145,7 +150,7 @@ absl::Status TraceModel::Apply(const Event& e) {
           (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second.size > e.addr)) {
         return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", Hex(e.addr), " overlaps a segment"));
       }
-      segments_.emplace(e.addr, Segment{e.size, e.stream, small, false, 0, 0});
+      segments_.emplace(e.addr, Segment{e.size, e.stream, small, false});
       Change(stats_.segment, small, 1);
       Change(stats_.reserved_bytes, small, size);
       if (e.size >= max_split_size_) stats_.oversize_segments.Increase(1);
@@ -194,7 +199,7 @@ absl::Status TraceModel::Apply(const Event& e) {
         length += next->second.size;
         segments_.erase(next);
       }
-      segments_[start] = Segment{length, e.stream, small, true, 0, 0};
+      segments_[start] = Segment{length, e.stream, small, true};
       Change(stats_.reserved_bytes, small, size);
       ++stats_.num_device_alloc;
       return absl::OkStatus();
@@ -211,10 +216,10 @@ absl::Status TraceModel::Apply(const Event& e) {
       const std::uint64_t start = seg->first;
       const Segment s = seg->second;
       segments_.erase(seg);
-      if (e.addr > start) segments_[start] = Segment{e.addr - start, s.stream, s.small, true, 0, 0};
+      if (e.addr > start) segments_[start] = Segment{e.addr - start, s.stream, s.small, true};
       const std::uint64_t end = start + s.size;
       if (e.addr + e.size < end) {
-        segments_[e.addr + e.size] = Segment{end - (e.addr + e.size), s.stream, s.small, true, 0, 0};
+        segments_[e.addr + e.size] = Segment{end - (e.addr + e.size), s.stream, s.small, true};
       }
       Change(stats_.reserved_bytes, small, -size);
       ++stats_.num_device_free;

@@ -20,6 +20,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -62,8 +63,6 @@ class TraceModel {
     std::uint64_t stream = 0;
     bool small = false;
     bool expandable = false;  // a mapped range of an expandable segment
-    std::int64_t inactive_count = 0;  // this segment's share of inactive_split
-    std::int64_t inactive_bytes = 0;
   };
 
   explicit TraceModel(const AllocatorConfig& config = {});
@@ -96,9 +95,10 @@ class TraceModel {
  private:
   // Applies `delta` to a stat array for the pool of `small`.
   void Change(StatArray& a, bool small, std::int64_t delta);
-  // Recomputes a segment's inactive split count and bytes and moves the
-  // stats by the difference, as the allocator does with its net changes.
-  void UpdateInactive(Segment& seg, std::uint64_t seg_addr);
+  // How placing a block in its free gap changes inactive_split (count, bytes);
+  // removing it changes them by the opposite. The block must not be in blocks_.
+  std::pair<std::int64_t, std::int64_t> InactiveDelta(std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr,
+                                                      std::uint64_t size) const;
   // The segment containing [addr, addr + size), or end().
   absl::btree_map<std::uint64_t, Segment>::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
 

@@ -12,8 +12,6 @@ import xml.etree.ElementTree as ET
 from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-
-
 tmp = tempfile.mkdtemp(prefix="memscope-check-")
 try:
     run_dir = os.path.join(tmp, "run")

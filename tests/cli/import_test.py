@@ -12,8 +12,6 @@ import tempfile
 from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-
-
 def entry(action, addr, size, t, stream=0):
     return {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t, "frames": []}
 

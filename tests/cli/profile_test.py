@@ -13,8 +13,6 @@ import tempfile
 from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-
-
 tmp = tempfile.mkdtemp(prefix="memscope-cli-")
 try:
     out_dir = os.path.join(tmp, "run")

@@ -8,9 +8,6 @@ import sys
 from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 
 
-
-
-
 # One 1 MiB tensor: PyTorch's memory_summary text, character for character.
 code, out, err = run("replay", data("one_mib.jsonl"))
 golden = open(data("one_mib.summary.txt")).read()

@@ -68,21 +68,11 @@ Expected Replay(const Timeline& tl) {
   TraceModel model;
   for (const Event& e : tl.events) {
     REQUIRE(model.Apply(e).ok());
-    switch (e.type) {
-      case EventType::kAlloc:
-      case EventType::kFreeRequested:
-      case EventType::kFreeCompleted:
-      case EventType::kSegmentAlloc:
-      case EventType::kSegmentFree:
-      case EventType::kSegmentMap:
-      case EventType::kSegmentUnmap:
-        x.allocated.push_back(model.allocated());
-        x.reserved.push_back(model.reserved());
-        x.active.push_back(static_cast<std::uint64_t>(model.stats().active_bytes[0].current));
-        x.by_category.push_back(model.allocated_by_category());
-        break;
-      default:
-        break;
+    if (ChangesMemory(e.type)) {  // the events the exporter samples after
+      x.allocated.push_back(model.allocated());
+      x.reserved.push_back(model.reserved());
+      x.active.push_back(static_cast<std::uint64_t>(model.stats().active_bytes[0].current));
+      x.by_category.push_back(model.allocated_by_category());
     }
   }
   x.peak_allocated = model.stats().allocated_bytes[0].peak;
