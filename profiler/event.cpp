@@ -2,24 +2,9 @@
 
 namespace memscope {
 namespace {
-constexpr std::string_view kCategoryNames[kNumCategories] = {
-    "PARAMETER", "OPTIMIZER_STATE", "INPUT", "ACTIVATION", "GRADIENT",
-    "AUTOGRAD_DETAIL", "TEMPORARY", "DDP_BUCKET", "COMM_TEMP", "OTHER"};
 constexpr std::string_view kPhaseNames[kNumPhases] = {"model", "ddp", "zero_grad", "forward",
                                                       "loss", "backward", "step", "user"};
 }  // namespace
-
-std::string_view CategoryName(Category c) {
-  const auto i = static_cast<std::size_t>(c);
-  return i < kNumCategories ? kCategoryNames[i] : "OTHER";
-}
-
-std::optional<Category> ParseCategory(std::string_view name) {
-  for (int i = 0; i < kNumCategories; ++i) {
-    if (kCategoryNames[i] == name) return static_cast<Category>(i);
-  }
-  return std::nullopt;
-}
 
 std::string_view PhaseName(Phase p) {
   const auto i = static_cast<std::size_t>(p);

@@ -11,26 +11,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "allocator/alloc_tag.h"
 #include "allocator/observer.h"
 
 namespace memscope {
 
-// Memory categories of the PyTorch profiler, plus DDP's own.
-enum class Category : std::uint8_t {
-  kParameter,
-  kOptimizerState,
-  kInput,
-  kActivation,
-  kGradient,
-  kAutogradDetail,
-  kTemporary,
-  kDdpBucket,
-  kCommTemp,
-  kOther,  // untagged allocations
-};
-inline constexpr int kNumCategories = 10;
-std::string_view CategoryName(Category c);  // "PARAMETER", "DDP_BUCKET", ...
-std::optional<Category> ParseCategory(std::string_view name);
 
 // Phases of a training step, and the two before the first step.
 enum class Phase : std::uint8_t { kModel, kDdp, kZeroGrad, kForward, kLoss, kBackward, kStep, kUser };

@@ -5,25 +5,10 @@
 namespace memscope {
 namespace {
 
-struct Tag {
-  Category category = Category::kOther;
-  std::string_view owner;
-};
-thread_local Tag current_tag;
 
 std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so marks and events agree
 
 }  // namespace
-
-ScopedTag::ScopedTag(Category category, std::string_view owner)
-    : saved_category_(current_tag.category), saved_owner_(current_tag.owner) {
-  current_tag = {category, owner};
-}
-
-ScopedTag::~ScopedTag() { current_tag = {saved_category_, saved_owner_}; }
-
-Category ScopedTag::current_category() { return current_tag.category; }
-std::string_view ScopedTag::current_owner() { return current_tag.owner; }
 
 Recorder::Recorder(EventSink& sink) : sink_(sink), start_ns_(SteadyNs()) {}
 
@@ -39,11 +24,12 @@ void Recorder::OnEvent(const TraceEvent& e) {
   out.requested_size = e.requested_size;
   out.stream = e.stream;
   if (e.action == TraceAction::kAlloc) {
-    out.category = current_tag.category;
+    out.category = ScopedTag::current_category();
     // Consecutive allocations mostly share an owner: skip the string table.
-    if (current_tag.owner != last_owner_) {
-      last_owner_.assign(current_tag.owner.data(), current_tag.owner.size());
-      last_owner_id_ = sink_.Intern(current_tag.owner);
+    const std::string_view owner = ScopedTag::current_owner();
+    if (owner != last_owner_) {
+      last_owner_.assign(owner.data(), owner.size());
+      last_owner_id_ = sink_.Intern(owner);
     }
     out.name = last_owner_id_;
   }

@@ -20,28 +20,12 @@
 #include <string>
 #include <string_view>
 
+#include "allocator/alloc_tag.h"
 #include "allocator/observer.h"
 #include "profiler/event.h"
 #include "profiler/timeline.h"
 
 namespace memscope {
-
-// Sets the category and owner of allocations made on this thread while it
-// lives (nesting restores the outer tag). `owner` must outlive the tag.
-class ScopedTag {
- public:
-  ScopedTag(Category category, std::string_view owner);
-  ~ScopedTag();
-  ScopedTag(const ScopedTag&) = delete;
-  ScopedTag& operator=(const ScopedTag&) = delete;
-
-  static Category current_category();
-  static std::string_view current_owner();
-
- private:
-  Category saved_category_;
-  std::string_view saved_owner_;
-};
 
 class Recorder final : public AllocatorObserver {
  public:
