@@ -1,0 +1,236 @@
+#include "tensor/autograd.h"
+
+#include <limits>
+#include <queue>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "tensor/ops.h"
+
+namespace memscope {
+namespace {
+
+thread_local std::uint64_t sequence_counter = 0;
+constexpr std::uint64_t kAccumulateGradSequenceNr = std::numeric_limits<std::uint64_t>::max();
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string_view name, BackwardFn fn) : Node(name, sequence_counter++), fn_(std::move(fn)) {}
+  TensorList Apply(TensorList& grads) override {
+    if (!fn_) throw TensorError(absl::StrCat(std::string(name()), ": backward through the graph a second time"));
+    return fn_(*this, grads);
+  }
+  void ReleaseSaved() override { fn_ = nullptr; }
+
+ private:
+  BackwardFn fn_;
+};
+
+// torch/csrc/autograd/functions/accumulate_grad.h
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& variable)
+      : Node("AccumulateGrad", kAccumulateGradSequenceNr), variable_(variable), owner_(variable->name) {}
+  bool is_accumulate_grad() const override { return true; }
+  std::string_view param_name() const { return owner_; }
+
+  TensorList Apply(TensorList& grads) override {
+    Tensor new_grad = std::move(grads[0]);
+    grads[0] = Tensor();
+    std::shared_ptr<TensorImpl> var = variable_.lock();
+    if (!var || !new_grad.defined()) return {};
+    ScopedTag tag(Category::kGradient, owner_);
+    if (!var->grad) {
+      // Steal the buffer when this is its only reference and its layout is
+      // the parameter's (obeys_layout_contract); else clone.
+      const bool stealable = new_grad.use_count() == 1 && new_grad.is_contiguous() &&
+                             new_grad.dtype() == var->dtype && new_grad.sizes() == var->sizes &&
+                             new_grad.storage()->nbytes() >= new_grad.nbytes();
+      var->grad = stealable ? new_grad.impl_ptr() : ops::Clone(new_grad.dtype() == var->dtype
+                                                                   ? new_grad
+                                                                   : ops::To(new_grad, var->dtype)).impl_ptr();
+    } else {
+      Tensor g(var->grad);
+      ops::AddInPlace(g, new_grad);
+    }
+    return {};
+  }
+
+ private:
+  std::weak_ptr<TensorImpl> variable_;
+  std::string_view owner_;
+};
+
+}  // namespace
+
+Node::Node(std::string_view name, std::uint64_t sequence_nr)
+    : name_(name), sequence_nr_(sequence_nr), owner_(ScopedTag::current_owner()) {}
+
+GradTag::GradTag(const Node& node, std::size_t input)
+    : tag_([&] {
+        if (input < node.next_edges.size() && node.next_edges[input].fn &&
+            node.next_edges[input].fn->is_accumulate_grad()) {
+          return Category::kGradient;
+        }
+        return Category::kAutogradDetail;
+      }(),
+           [&]() -> std::string_view {
+             if (input < node.next_edges.size() && node.next_edges[input].fn &&
+                 node.next_edges[input].fn->is_accumulate_grad()) {
+               return static_cast<const AccumulateGrad&>(*node.next_edges[input].fn).param_name();
+             }
+             return node.owner();
+           }()) {}
+
+std::uint64_t NextSequenceNr() { return sequence_counter; }
+
+bool NeedsGrad(std::initializer_list<const Tensor*> inputs) {
+  if (!GradMode::enabled()) return false;
+  for (const Tensor* t : inputs) {
+    if (t != nullptr && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+Edge GradientEdge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  TensorImpl* impl = t.impl();
+  if (impl->grad_fn) return {impl->grad_fn, impl->output_nr};
+  if (!impl->grad_accumulator) impl->grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
+  return {impl->grad_accumulator, 0};
+}
+
+std::shared_ptr<Node> RecordOp(std::string_view name, const std::vector<const Tensor*>& inputs,
+                               const std::vector<Tensor*>& outputs, BackwardFn fn) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  node->next_edges.reserve(inputs.size());
+  node->input_dtypes.reserve(inputs.size());
+  for (const Tensor* t : inputs) {
+    node->next_edges.push_back(t ? GradientEdge(*t) : Edge{});
+    node->input_dtypes.push_back(t && t->defined() ? t->dtype() : DType::kFloat32);
+  }
+  node->num_outputs = static_cast<std::uint32_t>(outputs.size());
+  std::uint32_t nr = 0;
+  for (Tensor* out : outputs) {
+    if (out != nullptr && out->defined()) {
+      TensorImpl* impl = out->impl();
+      impl->requires_grad = true;
+      impl->grad_fn = node;
+      impl->output_nr = nr;
+    }
+    ++nr;
+  }
+  return node;
+}
+
+std::shared_ptr<Node> RecordOp(std::string_view name, std::initializer_list<const Tensor*> inputs,
+                               std::initializer_list<Tensor*> outputs, BackwardFn fn) {
+  return RecordOp(name, std::vector<const Tensor*>(inputs), std::vector<Tensor*>(outputs), std::move(fn));
+}
+
+void Backward(const TensorList& roots, TensorList root_grads) {
+  NoGradGuard no_grad;
+  root_grads.resize(roots.size());
+  // Dependencies: how many edges point at each node reachable from the roots.
+  absl::flat_hash_map<Node*, int> dependencies;
+  absl::flat_hash_map<Node*, TensorList> buffers;
+  std::vector<Node*> stack;
+  for (const Tensor& r : roots) {
+    const Edge e = GradientEdge(r);
+    if (!e.fn) throw TensorError("backward: a root does not require grad and has no grad_fn");
+    if (dependencies.emplace(e.fn.get(), 0).second) stack.push_back(e.fn.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.fn) continue;
+      auto [it, inserted] = dependencies.emplace(e.fn.get(), 0);
+      ++it->second;
+      if (inserted) stack.push_back(e.fn.get());
+    }
+  }
+
+  struct Ready {
+    std::uint64_t sequence_nr;
+    std::uint64_t order;
+    Node* node;
+    bool operator<(const Ready& o) const {
+      if (sequence_nr != o.sequence_nr) return sequence_nr < o.sequence_nr;
+      return order > o.order;  // FIFO among equals
+    }
+  };
+  std::priority_queue<Ready> ready;
+  std::uint64_t order = 0;
+  // Keeps every node of the graph alive while it runs (the roots hold them).
+  std::vector<std::shared_ptr<Node>> root_nodes;
+
+  auto add_to_buffer = [&](const Edge& e, Tensor grad) {
+    TensorList& buf = buffers[e.fn.get()];
+    if (buf.size() < e.fn->num_outputs) buf.resize(e.fn->num_outputs);
+    Tensor& slot = buf[e.input_nr];
+    if (!slot.defined()) {
+      slot = std::move(grad);
+    } else {
+      ScopedTag tag(Category::kAutogradDetail, e.fn->owner());
+      if (slot.use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous()) {
+        ops::AddInPlace(slot, grad);
+      } else {
+        slot = ops::Add(slot, grad);
+      }
+    }
+  };
+
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    const Edge e = GradientEdge(roots[i]);
+    root_nodes.push_back(e.fn);
+    Tensor g = root_grads[i];
+    if (!g.defined()) {
+      if (roots[i].numel() != 1) throw TensorError("grad can be implicitly created only for scalar outputs");
+      ScopedTag tag(Category::kAutogradDetail, e.fn->owner());
+      g = ops::OnesLike(roots[i]);
+    }
+    add_to_buffer(e, std::move(g));
+  }
+  for (const auto& n : root_nodes) {
+    if (dependencies[n.get()] == 0) {
+      dependencies[n.get()] = -1;  // queued
+      ready.push({n->sequence_nr(), order++, n.get()});
+    }
+  }
+
+  while (!ready.empty()) {
+    Node* node = ready.top().node;
+    ready.pop();
+    TensorList outputs;
+    {
+      TensorList inputs;
+      auto it = buffers.find(node);
+      if (it != buffers.end()) {
+        inputs = std::move(it->second);
+        buffers.erase(it);
+      }
+      inputs.resize(node->num_outputs);
+      outputs = node->Apply(inputs);
+    }  // the incoming gradients are freed here
+    node->ReleaseSaved();
+    for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.fn) continue;
+      if (i < outputs.size() && outputs[i].defined()) {
+        if (i < node->input_dtypes.size() && outputs[i].dtype() != node->input_dtypes[i]) {
+          GradTag tag(*node, i);
+          outputs[i] = ops::To(outputs[i], node->input_dtypes[i]);
+        }
+        add_to_buffer(e, std::move(outputs[i]));
+      }
+      int& deps = dependencies[e.fn.get()];
+      if (--deps == 0) {
+        deps = -1;
+        ready.push({e.fn->sequence_nr(), order++, e.fn.get()});
+      }
+    }
+  }
+}
+
+}  // namespace memscope
