@@ -29,6 +29,8 @@ void RegisterReplay(CLI::App& app, int& exit_status);
 void RegisterProfileCommands(CLI::App& app, int& exit_status);
 // check: the CI gate on peak memory.
 void RegisterCheck(CLI::App& app, int& exit_status);
+// run and models: the reference training loop and its zoo.
+void RegisterRun(CLI::App& app, int& exit_status);
 
 }  // namespace memscope::cli
 

@@ -37,9 +37,11 @@ class AccumulateGrad final : public Node {
   TensorList Apply(TensorList& grads) override {
     Tensor new_grad = std::move(grads[0]);
     grads[0] = Tensor();
-    std::shared_ptr<TensorImpl> var = variable_.lock();
-    if (!var || !new_grad.defined()) return {};
-    ScopedTag tag(Category::kGradient, owner_);
+    const std::shared_ptr<TensorImpl>& var = variable_;
+    if (!new_grad.defined()) return {};
+    // A leaf that is not a parameter (checkpoint's recompute input) holds an
+    // activation's gradient.
+    ScopedTag tag(owner_.empty() ? Category::kAutogradDetail : Category::kGradient, owner_);
     if (!var->grad) {
       // Steal the buffer when this is its only reference and its layout is
       // the parameter's (obeys_layout_contract); else clone.
@@ -57,7 +59,7 @@ class AccumulateGrad final : public Node {
   }
 
  private:
-  std::weak_ptr<TensorImpl> variable_;
+  std::shared_ptr<TensorImpl> variable_;  // as PyTorch: the graph keeps its leaves alive
   std::string_view owner_;
 };
 
@@ -66,21 +68,34 @@ class AccumulateGrad final : public Node {
 Node::Node(std::string_view name, std::uint64_t sequence_nr)
     : name_(name), sequence_nr_(sequence_nr), owner_(ScopedTag::current_owner()) {}
 
+namespace {
+// The node a gradient finally lands in: pure view nodes (which pass the
+// gradient on as a view) are looked through, so a weight's gradient that
+// reaches AccumulateGrad through TransposeBackward0 is the parameter's.
+const Node* GradientTarget(const Node* n) {
+  while (n != nullptr && !n->is_accumulate_grad() && n->next_edges.size() == 1) {
+    const std::string_view name = n->name();
+    if (name != "TransposeBackward0" && name != "ViewBackward0" && name != "PermuteBackward0" &&
+        name != "UnsqueezeBackward0" && name != "SqueezeBackward1") {
+      break;
+    }
+    n = n->next_edges[0].fn.get();
+  }
+  return n;
+}
+
+const AccumulateGrad* ParameterTarget(const Node& node, std::size_t input) {
+  if (input >= node.next_edges.size()) return nullptr;
+  const Node* target = GradientTarget(node.next_edges[input].fn.get());
+  if (target == nullptr || !target->is_accumulate_grad()) return nullptr;
+  const auto* acc = static_cast<const AccumulateGrad*>(target);
+  return acc->param_name().empty() ? nullptr : acc;
+}
+}  // namespace
+
 GradTag::GradTag(const Node& node, std::size_t input)
-    : tag_([&] {
-        if (input < node.next_edges.size() && node.next_edges[input].fn &&
-            node.next_edges[input].fn->is_accumulate_grad()) {
-          return Category::kGradient;
-        }
-        return Category::kAutogradDetail;
-      }(),
-           [&]() -> std::string_view {
-             if (input < node.next_edges.size() && node.next_edges[input].fn &&
-                 node.next_edges[input].fn->is_accumulate_grad()) {
-               return static_cast<const AccumulateGrad&>(*node.next_edges[input].fn).param_name();
-             }
-             return node.owner();
-           }()) {}
+    : tag_(ParameterTarget(node, input) ? Category::kGradient : Category::kAutogradDetail,
+           ParameterTarget(node, input) ? ParameterTarget(node, input)->param_name() : node.owner()) {}
 
 std::uint64_t NextSequenceNr() { return sequence_counter; }
 
@@ -96,8 +111,12 @@ Edge GradientEdge(const Tensor& t) {
   if (!t.defined() || !t.requires_grad()) return {};
   TensorImpl* impl = t.impl();
   if (impl->grad_fn) return {impl->grad_fn, impl->output_nr};
-  if (!impl->grad_accumulator) impl->grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
-  return {impl->grad_accumulator, 0};
+  std::shared_ptr<Node> acc = impl->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    impl->grad_accumulator = acc;
+  }
+  return {acc, 0};
 }
 
 std::shared_ptr<Node> RecordOp(std::string_view name, const std::vector<const Tensor*>& inputs,
@@ -231,6 +250,38 @@ void Backward(const TensorList& roots, TensorList root_grads) {
       }
     }
   }
+}
+
+Tensor Checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
+  const std::uint64_t seed = input.ctx().seed();
+  const std::optional<DType> autocast = AutocastGuard::current();
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = fn(input);
+  }
+  if (NeedsGrad({&input})) {
+    RecordOp("CheckpointFunctionBackward", {&input}, {&out},
+             [fn, saved = input.Detach(), seed, autocast](Node& n, TensorList& g) {
+               DeviceContext& ctx = saved.ctx();
+               const std::uint64_t now = ctx.seed();
+               ctx.set_seed(seed);
+               Tensor x = saved.Detach();
+               x.set_requires_grad(true);
+               Tensor y;
+               {
+                 EnableGradGuard grad;
+                 ScopedTag tag(Category::kActivation, n.owner());
+                 std::optional<AutocastGuard> cast;
+                 if (autocast) cast.emplace(*autocast);
+                 y = fn(x);
+               }
+               ctx.set_seed(now);
+               Backward({y}, {g[0]});
+               return TensorList{x.grad()};
+             });
+  }
+  return out;
 }
 
 }  // namespace memscope

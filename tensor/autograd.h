@@ -106,6 +106,12 @@ Edge GradientEdge(const Tensor& t);
 // gradient gets ones (a scalar's default). Throws TensorError.
 void Backward(const TensorList& roots, TensorList root_grads = {});
 
+// torch.utils.checkpoint.checkpoint(fn, input) (use_reentrant=True, the
+// default): runs fn without recording history and saves only `input`; in
+// backward, reruns fn with grad enabled (same dropout seeds and autocast state)
+// and backpropagates through the recomputed part at once.
+Tensor Checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
+
 // Autograd-visible sequence counter (the next node's number).
 std::uint64_t NextSequenceNr();
 

@@ -804,7 +804,9 @@ Tensor SumDims(const Tensor& x, const std::vector<int>& dims_in, bool keepdim) {
     kept.push_back(reduce[i] ? 1 : x.sizes()[i]);
     if (!reduce[i] || keepdim) out_sizes.push_back(reduce[i] ? 1 : x.sizes()[i]);
   }
-  Tensor out = Tensor::Zeros(x.ctx(), out_sizes, x.dtype());
+  // sum is on autocast's fp32 list: a float32 result, no input copy.
+  const bool to_float = AutocastGuard::current().has_value() && IsFloating(x.dtype());
+  Tensor out = Tensor::Zeros(x.ctx(), out_sizes, to_float ? DType::kFloat32 : x.dtype());
   if (x.ctx().computes()) {
     RequireCpuKernel("sum", {&x});
     const float* px = x.data();

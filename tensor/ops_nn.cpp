@@ -74,7 +74,9 @@ Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
   if (NeedsGrad({&a, &b})) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
     Tensor saved_b = a.requires_grad() ? b.Detach() : Tensor();
-    RecordOp("MmBackward0", {&a, &b}, {&out}, [saved_a, saved_b](Node& n, TensorList& g) {
+    // mat2's sizes and strides are kept even when mat2 is not saved
+    // (derivatives.yaml: mm_mat2_backward(grad, self, mat2.sym_sizes(), mat2.sym_strides(), ...)).
+    RecordOp("MmBackward0", {&a, &b}, {&out}, [saved_a, saved_b, b_sizes = b.sizes(), b_strides = b.strides()](Node& n, TensorList& g) {
       TensorList r(2);
       if (saved_b.defined()) {
         GradTag tag(n, 0);
@@ -82,8 +84,7 @@ Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
       }
       if (saved_a.defined()) {
         GradTag tag(n, 1);
-        r[1] = MmMat2Backward(g[0], saved_a, saved_b.defined() ? saved_b.sizes() : Shape{saved_a.sizes()[1], g[0].sizes()[1]},
-                              saved_b.defined() ? saved_b.strides() : Shape{g[0].sizes()[1], 1});
+        r[1] = MmMat2Backward(g[0], saved_a, b_sizes, b_strides);
       }
       return r;
     });
@@ -378,10 +379,12 @@ void SoftmaxKernel(const Tensor& x, Tensor& out, bool log) {
   }
 }
 
-Tensor SoftmaxImpl(const Tensor& x_in, int dim, bool log) {
-  const Tensor x = AutocastFp32(x_in);
+Tensor SoftmaxImpl(const Tensor& x, int dim, bool log) {
   if (WrapDim(dim, x.dim()) != x.dim() - 1) throw TensorError("softmax: only the last dimension is supported");
-  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), x.dtype());
+  // Under autocast, _softmax(x, dim, half_to_float=True): a float32 result
+  // straight from the fp16 input, no copy of the input.
+  const bool to_float = AutocastGuard::current().has_value() && IsFloating(x.dtype());
+  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), to_float ? DType::kFloat32 : x.dtype());
   if (x.ctx().computes()) SoftmaxKernel(x, out, log);
   if (NeedsGrad({&x})) {
     RecordOp(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out}, [result = out.Detach(), log](Node& n, TensorList& g) {

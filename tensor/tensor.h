@@ -65,6 +65,7 @@ class DeviceContext {
   // Host memory behind a device address (kCpu only).
   void* HostPointer(DevicePtr ptr) const;
   std::uint64_t next_seed() { return seed_++; }  // dropout masks, init
+  std::uint64_t seed() const { return seed_; }
   void set_seed(std::uint64_t seed) { seed_ = seed; }
 
  private:
@@ -116,7 +117,7 @@ struct TensorImpl {
   std::shared_ptr<Node> grad_fn;
   std::uint32_t output_nr = 0;
   std::shared_ptr<TensorImpl> grad;              // .grad of a leaf
-  std::shared_ptr<Node> grad_accumulator;        // AccumulateGrad of a leaf
+  std::weak_ptr<Node> grad_accumulator;          // AccumulateGrad of a leaf (it owns the leaf)
   std::string name;                              // parameter name ("" otherwise)
 };
 

@@ -1,0 +1,692 @@
+#include "train/models.h"
+
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/alloc_tag.h"
+
+namespace memscope {
+namespace {
+
+using ops::Reduction;
+
+// A module that only groups children (nn.Sequential, nn.ModuleList).
+class Group : public Module {
+ public:
+  using Module::Module;
+};
+
+Tensor InputTensor(DeviceContext& ctx, const Shape& shape, DType dtype) {
+  ScopedTag tag(Category::kInput, "batch");
+  return Tensor::Empty(ctx, shape, dtype);
+}
+
+// ------------------------------------------------------------------ mlp
+
+class Mlp final : public Model {
+ public:
+  Mlp(std::int64_t in, std::int64_t width, std::int64_t depth, std::int64_t classes, std::int64_t batch, bool checkpoint)
+      : Model(""), in_(in), classes_(classes), checkpoint_(checkpoint) {
+    batch_size_ = batch;
+    std::int64_t prev = in;
+    for (std::int64_t i = 0; i < depth; ++i) {
+      hidden_.push_back(&Add<Linear>("layers." + std::to_string(i), prev, width));
+      prev = width;
+    }
+    head_ = &Add<Linear>("head", prev, classes);
+  }
+  std::string_view name() const override { return "mlp"; }
+
+  Batch MakeBatch(DeviceContext& ctx, std::int64_t step) override {
+    Batch b{InputTensor(ctx, {batch_size_, in_}, DType::kFloat32), InputTensor(ctx, {batch_size_}, DType::kInt64)};
+    if (ctx.computes()) {
+      // Four fixed batches; labels from a fixed random linear teacher.
+      std::mt19937_64 rng(1000 + static_cast<std::uint64_t>(step % 4));
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (std::int64_t i = 0; i < b.input.numel(); ++i) b.input.data()[i] = u(rng);
+      std::mt19937_64 teacher_rng(7);
+      std::vector<float> teacher(static_cast<std::size_t>(classes_ * in_));
+      for (float& w : teacher) w = u(teacher_rng);
+      for (std::int64_t r = 0; r < batch_size_; ++r) {
+        std::int64_t best = 0;
+        float best_v = -1e30f;
+        for (std::int64_t c = 0; c < classes_; ++c) {
+          float v = 0;
+          for (std::int64_t j = 0; j < in_; ++j) v += teacher[static_cast<std::size_t>(c * in_ + j)] * b.input.data()[r * in_ + j];
+          if (v > best_v) {
+            best_v = v;
+            best = c;
+          }
+        }
+        b.target.data_i64()[r] = best;
+      }
+    }
+    return b;
+  }
+
+  Tensor Forward(const Batch& batch) override {
+    Tensor x = batch.input;
+    for (Linear* layer : hidden_) {
+      auto block = [layer](const Tensor& in) { return ops::Relu(layer->Forward(in)); };
+      x = checkpoint_ ? Checkpoint(block, x) : block(x);
+    }
+    return head_->Forward(x);
+  }
+
+  Tensor Loss(const Tensor& output, const Batch& batch) override {
+    ScopedTag tag(Category::kActivation, "loss");
+    return ops::CrossEntropy(output, batch.target);
+  }
+
+ private:
+  std::int64_t in_, classes_;
+  bool checkpoint_;
+  std::vector<Linear*> hidden_;
+  Linear* head_;
+};
+
+// ------------------------------------------------------------------ cifar-net
+
+// The Net of the PyTorch CIFAR-10 tutorial (seed 001).
+class CifarNet final : public Model {
+ public:
+  explicit CifarNet(std::int64_t batch)
+      : Model(""),
+        conv1_(Add<Conv2dLayer>("conv1", 3, 6, 5)),
+        conv2_(Add<Conv2dLayer>("conv2", 6, 16, 5)),
+        fc1_(Add<Linear>("fc1", 16 * 5 * 5, 120)),
+        fc2_(Add<Linear>("fc2", 120, 84)),
+        fc3_(Add<Linear>("fc3", 84, 10)) {
+    batch_size_ = batch;
+  }
+  std::string_view name() const override { return "cifar-net"; }
+
+  Batch MakeBatch(DeviceContext& ctx, std::int64_t step) override {
+    Batch b{InputTensor(ctx, {batch_size_, 3, 32, 32}, DType::kFloat32), InputTensor(ctx, {batch_size_}, DType::kInt64)};
+    if (ctx.computes()) {
+      // Two fixed batches of random images with fixed labels.
+      std::mt19937_64 rng(2000 + static_cast<std::uint64_t>(step % 2));
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (std::int64_t i = 0; i < b.input.numel(); ++i) b.input.data()[i] = u(rng);
+      for (std::int64_t i = 0; i < batch_size_; ++i) b.target.data_i64()[i] = (i + (step % 2) * batch_size_) % 10;
+    }
+    return b;
+  }
+
+  Tensor Forward(const Batch& batch) override {
+    Tensor x = ops::MaxPool2d(ops::Relu(conv1_.Forward(batch.input)), 2, 2);
+    x = ops::MaxPool2d(ops::Relu(conv2_.Forward(x)), 2, 2);
+    x = ops::Flatten(x, 1);
+    x = ops::Relu(fc1_.Forward(x));
+    x = ops::Relu(fc2_.Forward(x));
+    return fc3_.Forward(x);
+  }
+
+  Tensor Loss(const Tensor& output, const Batch& batch) override {
+    ScopedTag tag(Category::kActivation, "loss");
+    return ops::CrossEntropy(output, batch.target);
+  }
+
+ private:
+  Conv2dLayer& conv1_;
+  Conv2dLayer& conv2_;
+  Linear& fc1_;
+  Linear& fc2_;
+  Linear& fc3_;
+};
+
+// ------------------------------------------------------------------ resnet
+
+// torchvision's Bottleneck (ResNet v1.5: the stride on the 3x3 conv).
+class Bottleneck final : public Module {
+ public:
+  Bottleneck(std::string path, std::int64_t in, std::int64_t width, int stride, bool downsample)
+      : Module(std::move(path)),
+        conv1_(Add<Conv2dLayer>("conv1", in, width, 1, 1, 0, false)),
+        bn1_(Add<BatchNorm2dLayer>("bn1", width)),
+        conv2_(Add<Conv2dLayer>("conv2", width, width, 3, stride, 1, false)),
+        bn2_(Add<BatchNorm2dLayer>("bn2", width)),
+        conv3_(Add<Conv2dLayer>("conv3", width, width * 4, 1, 1, 0, false)),
+        bn3_(Add<BatchNorm2dLayer>("bn3", width * 4)) {
+    if (downsample) {
+      Group& ds = Add<Group>("downsample");
+      ds_conv_ = &ds.Add<Conv2dLayer>("0", in, width * 4, 1, stride, 0, false);
+      ds_bn_ = &ds.Add<BatchNorm2dLayer>("1", width * 4);
+    }
+  }
+  Tensor Forward(const Tensor& x) {
+    ScopedTag tag(Category::kActivation, path());
+    Tensor identity = x;
+    Tensor out = conv1_.Forward(x);
+    out = bn1_.Forward(out);
+    ops::ReluInPlace(out);
+    out = conv2_.Forward(out);
+    out = bn2_.Forward(out);
+    ops::ReluInPlace(out);
+    out = conv3_.Forward(out);
+    out = bn3_.Forward(out);
+    if (ds_conv_) identity = ds_bn_->Forward(ds_conv_->Forward(x));
+    ops::AddInPlaceTracked(out, identity);
+    ops::ReluInPlace(out);
+    return out;
+  }
+
+ private:
+  Conv2dLayer& conv1_;
+  BatchNorm2dLayer& bn1_;
+  Conv2dLayer& conv2_;
+  BatchNorm2dLayer& bn2_;
+  Conv2dLayer& conv3_;
+  BatchNorm2dLayer& bn3_;
+  Conv2dLayer* ds_conv_ = nullptr;
+  BatchNorm2dLayer* ds_bn_ = nullptr;
+};
+
+class ResNet final : public Model {
+ public:
+  ResNet(std::string model_name, const std::vector<int>& blocks, std::int64_t batch, bool checkpoint)
+      : Model(""),
+        name_(std::move(model_name)),
+        checkpoint_(checkpoint),
+        conv1_(Add<Conv2dLayer>("conv1", 3, 64, 7, 2, 3, false)),
+        bn1_(Add<BatchNorm2dLayer>("bn1", 64)) {
+    batch_size_ = batch;
+    std::int64_t in = 64;
+    for (int l = 0; l < 4; ++l) {
+      Group& layer = Add<Group>("layer" + std::to_string(l + 1));
+      const std::int64_t width = 64LL << l;
+      std::vector<Bottleneck*> stage;
+      for (int b = 0; b < blocks[static_cast<std::size_t>(l)]; ++b) {
+        const int stride = (b == 0 && l > 0) ? 2 : 1;
+        stage.push_back(&layer.Add<Bottleneck>(std::to_string(b), in, width, stride, b == 0));
+        in = width * 4;
+      }
+      layers_.push_back(stage);
+    }
+    fc_ = &Add<Linear>("fc", 2048, 1000);
+  }
+  std::string_view name() const override { return name_; }
+
+  Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
+    return {InputTensor(ctx, {batch_size_, 3, 224, 224}, DType::kFloat32), InputTensor(ctx, {batch_size_}, DType::kInt64)};
+  }
+
+  Tensor Forward(const Batch& batch) override {
+    Tensor x = conv1_.Forward(batch.input);
+    x = bn1_.Forward(x);
+    ops::ReluInPlace(x);
+    {
+      ScopedTag tag(Category::kActivation, "maxpool");
+      x = ops::MaxPool2d(x, 3, 2, 1);
+    }
+    for (auto& stage : layers_) {
+      auto run = [&stage](const Tensor& in) {
+        Tensor y = in;
+        for (Bottleneck* b : stage) y = b->Forward(y);
+        return y;
+      };
+      x = checkpoint_ ? Checkpoint(run, x) : run(x);
+    }
+    {
+      ScopedTag tag(Category::kActivation, "avgpool");
+      x = ops::Flatten(ops::AdaptiveAvgPool2d(x, 1, 1), 1);
+    }
+    return fc_->Forward(x);
+  }
+
+  Tensor Loss(const Tensor& output, const Batch& batch) override {
+    ScopedTag tag(Category::kActivation, "loss");
+    return ops::CrossEntropy(output, batch.target);
+  }
+
+ private:
+  std::string name_;
+  bool checkpoint_;
+  Conv2dLayer& conv1_;
+  BatchNorm2dLayer& bn1_;
+  std::vector<std::vector<Bottleneck*>> layers_;
+  Linear* fc_ = nullptr;
+};
+
+// ------------------------------------------------------------------ seq2seq-attn
+
+// The model and arguments of seed 002 (attention-based seq2seq, hidden 1000,
+// input 500, attention 1000, vocab 30000, batch 80, length 50), line for line.
+constexpr std::int64_t kPadId = 0;
+
+// pack_padded_sequence(x, lens, batch_first=True) with every length equal:
+// the packed data is a new (T*B, I) tensor; its backward allocates the
+// padded (T, B, I) gradient.
+Tensor PackPadded(const Tensor& x) {
+  const std::int64_t b = x.sizes()[0], t = x.sizes()[1], i = x.sizes()[2];
+  Tensor data = Tensor::Empty(x.ctx(), {t * b, i}, x.dtype());
+  if (NeedsGrad({&x})) {
+    RecordOp("PackPaddedSequenceBackward0", {&x}, {&data}, [b, t, i](Node& n, TensorList& g) {
+      GradTag tag(n, 0);
+      Tensor padded = Tensor::Zeros(g[0].ctx(), {t, b, i}, g[0].dtype());
+      return TensorList{ops::Transpose(padded, 0, 1)};
+    });
+  }
+  return data;
+}
+
+// pad_packed_sequence(x, batch_first=True, total_length=T): a new (T, B, F)
+// tensor returned transposed to (B, T, F); its backward is one slice of the
+// gradient's size.
+Tensor PadPacked(const Tensor& data, std::int64_t batch, std::int64_t total_length) {
+  const std::int64_t f = data.sizes()[1];
+  Tensor out = Tensor::Empty(data.ctx(), {total_length, batch, f}, data.dtype());
+  if (NeedsGrad({&data})) {
+    RecordOp("PadPackedSequenceBackward0", {&data}, {&out}, [sizes = data.sizes()](Node& n, TensorList& g) {
+      GradTag tag(n, 0);
+      return TensorList{Tensor::Empty(g[0].ctx(), sizes, g[0].dtype())};
+    });
+  }
+  return ops::Transpose(out, 0, 1);
+}
+
+class Encoder final : public Module {
+ public:
+  explicit Encoder(std::string path)
+      : Module(std::move(path)),
+        rnn_(Add<CudnnRnnLayer>("rnn", false, 500, 1000, 1, true)),
+        embedding_(Add<EmbeddingLayer>("embedding", 30000, 500, kPadId)) {}
+  struct State {
+    Tensor feature, hidden, mask;
+  };
+  State Forward(const Tensor& input) {
+    ScopedTag tag(Category::kActivation, path());
+    const std::int64_t batch = input.sizes()[0], total_length = input.sizes()[1];
+    State s;
+    s.mask = ops::Eq(input, kPadId);
+    Tensor lens;
+    {
+      // lens = input.size(1) - mask.sum(1); lens.tolist() reads it on the host.
+      Tensor sum = Tensor::Empty(input.ctx(), {batch}, DType::kInt64);
+      lens = Tensor::Empty(input.ctx(), {batch}, DType::kInt64);
+    }
+    Tensor x = embedding_.Forward(input);
+    x = PackPadded(x);
+    ops::RnnResult r = rnn_.Forward(x, batch);
+    x = PadPacked(r.output, batch, total_length);
+    s.feature = x;
+    s.hidden = ops::Select(r.hy, 0, 1);  // hx[1]: the last state of the backward RNN
+    return s;
+  }
+
+ private:
+  CudnnRnnLayer& rnn_;
+  EmbeddingLayer& embedding_;
+};
+
+class Attention final : public Module {
+ public:
+  Attention(std::string path, std::int64_t query_size, std::int64_t attention_size)
+      : Module(std::move(path)),
+        map_query_(Add<Linear>("map_query", query_size, attention_size)),
+        v_(Add<Linear>("v", attention_size, 1)) {}
+  std::pair<Tensor, Tensor> Forward(const Tensor& query, const Tensor& keys, const Tensor& values, const Tensor& mask) {
+    ScopedTag tag(Category::kActivation, path());
+    Tensor x = ops::Add(keys, ops::Unsqueeze(map_query_.Forward(query), 1));
+    x = ops::Squeeze(v_.Forward(ops::Tanh(x)), -1);
+    {
+      Tensor data = x.Detach();  // x.data.masked_fill_(mask, -inf)
+      ops::MaskedFillInPlace(data, mask, -INFINITY);
+    }
+    x = ops::Softmax(x, -1);
+    Tensor output = ops::Squeeze(ops::Bmm(ops::Unsqueeze(x, 1), values), 1);
+    return {output, x};
+  }
+
+ private:
+  Linear& map_query_;
+  Linear& v_;
+};
+
+class Decoder final : public Module {
+ public:
+  explicit Decoder(std::string path)
+      : Module(std::move(path)),
+        embedding_(Add<EmbeddingLayer>("embedding", 30000, 500, kPadId)),
+        cell0_(Add<GRUCellLayer>("cell0", 500, 1000)),
+        attention_(Add<Attention>("attention", 1000, 1000)),
+        cell1_(Add<GRUCellLayer>("cell1", 2000, 1000)) {
+    Group& generator = Add<Group>("generator");
+    readout_ = &generator.Add<Group>("0").Add<Linear>("0", 500 + 1000 + 2000, 500);
+    logit_ = &generator.Add<Linear>("1", 500, 30000);
+  }
+  Tensor Forward(const Tensor& inputs, const Tensor& keys, const Tensor& values, const Tensor& mask, Tensor h) {
+    ScopedTag tag(Category::kActivation, path());
+    Tensor x = embedding_.Forward(inputs);
+    TensorList hs, ctxs;
+    for (const Tensor& xi_full : ops::Split(x, 1, 1)) {
+      Tensor x_i = ops::Squeeze(xi_full, 1);
+      h = cell0_.Forward(x_i, h);
+      Tensor ctx = attention_.Forward(h, keys, values, mask).first;
+      h = cell1_.Forward(ctx, h);
+      hs.push_back(h);
+      ctxs.push_back(ctx);
+    }
+    Tensor hs_t = ops::Stack(hs, 1);
+    hs.clear();
+    Tensor ctxs_t = ops::Stack(ctxs, 1);
+    ctxs.clear();
+    Tensor readout = ops::Tanh(readout_->Forward(ops::Cat({x, hs_t, ctxs_t}, -1)));
+    return logit_->Forward(readout);
+  }
+
+ private:
+  EmbeddingLayer& embedding_;
+  GRUCellLayer& cell0_;
+  Attention& attention_;
+  GRUCellLayer& cell1_;
+  Linear* readout_ = nullptr;
+  Linear* logit_ = nullptr;
+};
+
+class Seq2SeqAttn final : public Model {
+ public:
+  Seq2SeqAttn(std::int64_t batch, std::int64_t length) : Model(""), length_(length) {
+    batch_size_ = batch;
+    encoder_ = &Add<Encoder>("encoder");
+    decoder_ = &Add<Decoder>("decoder");
+    Group& bridge = Add<Group>("bridge");
+    map_k_ = &bridge.Add<Group>("map_k").Add<Linear>("0", 2000, 1000);
+    dec_init_ = &bridge.Add<Group>("dec_init").Add<Linear>("0", 1000, 1000);
+  }
+  std::string_view name() const override { return "seq2seq-attn"; }
+
+  Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
+    // torch.ones(B, T).long().cuda() * 2, for x and for y
+    Batch b;
+    for (Tensor* t : {&b.input, &b.target}) {
+      Tensor ones = InputTensor(ctx, {batch_size_, length_}, DType::kInt64);
+      *t = InputTensor(ctx, {batch_size_, length_}, DType::kInt64);
+    }
+    return b;
+  }
+
+  Tensor Forward(const Batch& batch) override {
+    Tensor key, value, mask, hidden;
+    {
+      Encoder::State enc = encoder_->Forward(batch.input);
+      ScopedTag tag(Category::kActivation, "bridge");
+      key = ops::Tanh(map_k_->Forward(enc.feature));
+      hidden = ops::Tanh(dec_init_->Forward(enc.hidden));
+      value = enc.feature;
+      mask = enc.mask;
+    }  // del enc_state
+    Tensor input_y;
+    {
+      ScopedTag tag(Category::kActivation, "");
+      // F.pad(input_y, [1, 0], value=eos_id)[:, :-1]
+      input_y = ops::Narrow(ops::PadLastDim(batch.target, 1, 0, 1), 1, 0, length_);
+    }
+    return decoder_->Forward(input_y, key, value, mask, hidden);
+  }
+
+  Tensor Loss(const Tensor& output, const Batch& batch) override {
+    ScopedTag tag(Category::kActivation, "loss");
+    // CrossEntropyLoss(ignore_index=pad_id, reduction='sum') on logit.view(-1, V), then / batch_size
+    Tensor logit = ops::View(output, {-1, output.sizes().back()});
+    Tensor loss = ops::CrossEntropy(logit, ops::View(batch.target, {-1}), Reduction::kSum, kPadId);
+    return ops::DivScalar(loss, static_cast<float>(batch_size_));
+  }
+
+ private:
+  std::int64_t length_;
+  Encoder* encoder_ = nullptr;
+  Decoder* decoder_ = nullptr;
+  Linear* map_k_ = nullptr;
+  Linear* dec_init_ = nullptr;
+};
+
+// ------------------------------------------------------------------ bilstm
+
+// Seed 000's kind of model: a 2-layer bidirectional LSTM tagger whose
+// parameters come to 1140.8 MiB (the seed's "1140.xx").
+class BiLstm final : public Model {
+ public:
+  BiLstm(std::int64_t batch, std::int64_t length)
+      : Model(""),
+        length_(length),
+        embedding_(Add<EmbeddingLayer>("embedding", kVocab, 1024)),
+        lstm_(Add<CudnnRnnLayer>("lstm", true, 1024, 2048, 2, true)),
+        classifier_(Add<Linear>("classifier", 4096, kVocab)) {
+    batch_size_ = batch;
+  }
+  static constexpr std::int64_t kVocab = 28900;
+  std::string_view name() const override { return "bilstm"; }
+
+  Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
+    return {InputTensor(ctx, {length_, batch_size_}, DType::kInt64), InputTensor(ctx, {length_, batch_size_}, DType::kInt64)};
+  }
+
+  Tensor Forward(const Batch& batch) override {
+    Tensor x = embedding_.Forward(batch.input);  // (T, B, E)
+    ops::RnnResult r = lstm_.Forward(ops::View(x, {-1, x.sizes()[2]}), batch_size_);
+    return classifier_.Forward(r.output);  // (T*B, V)
+  }
+
+  Tensor Loss(const Tensor& output, const Batch& batch) override {
+    ScopedTag tag(Category::kActivation, "loss");
+    return ops::CrossEntropy(output, ops::View(batch.target, {-1}));
+  }
+
+ private:
+  std::int64_t length_;
+  EmbeddingLayer& embedding_;
+  CudnnRnnLayer& lstm_;
+  Linear& classifier_;
+};
+
+// ------------------------------------------------------------------ gpt2
+
+struct Gpt2Config {
+  std::int64_t layers, dim, heads;
+};
+
+// HF GPT2Attention's modules: c_attn, c_proj and the causal-mask buffer
+// (bool, 1x1x1024x1024, persistent=False).
+class Gpt2Attention final : public Module {
+ public:
+  Gpt2Attention(std::string path, std::int64_t dim)
+      : Module(std::move(path)),
+        bias_(Buffer("bias", {1, 1, 1024, 1024}, DType::kBool, 1)),
+        c_attn_(Add<Conv1D>("c_attn", dim, 3 * dim)),
+        c_proj_(Add<Conv1D>("c_proj", dim, dim)) {}
+  Tensor& bias_;
+  Conv1D& c_attn_;
+  Conv1D& c_proj_;
+};
+
+// Hugging Face GPT2Block: eager attention as in transformers 4.3x-4.4x, or
+// F.scaled_dot_product_attention's flash kernel.
+class Gpt2Block final : public Module {
+ public:
+  Gpt2Block(std::string path, const Gpt2Config& c, AttentionKind attention)
+      : Module(std::move(path)),
+        c_(c),
+        attention_kind_(attention),
+        ln_1_(Add<LayerNormLayer>("ln_1", c.dim)),
+        attn_(Add<Gpt2Attention>("attn", c.dim)),
+        ln_2_(Add<LayerNormLayer>("ln_2", c.dim)) {
+    Group& mlp = Add<Group>("mlp");
+    c_fc_ = &mlp.Add<Conv1D>("c_fc", c.dim, 4 * c.dim);
+    mlp_proj_ = &mlp.Add<Conv1D>("c_proj", 4 * c.dim, c.dim);
+  }
+
+  Tensor Forward(const Tensor& hidden_in) {
+    ScopedTag tag(Category::kActivation, path());
+    const std::int64_t b = hidden_in.sizes()[0], t = hidden_in.sizes()[1];
+    const std::int64_t d = c_.dim, h = c_.heads, hd = d / h;
+    Tensor hidden = hidden_in;
+    Tensor residual = hidden;
+    Tensor attn_output;
+    {
+      Tensor x = ln_1_.Forward(hidden);
+      TensorList qkv = ops::Split(attn_.c_attn_.Forward(x), d, 2);
+      x = Tensor();
+      auto split_heads = [&](const Tensor& y) { return ops::Permute(ops::View(y, {b, t, h, hd}), {0, 2, 1, 3}); };
+      Tensor q = split_heads(qkv[0]), k = split_heads(qkv[1]), v = split_heads(qkv[2]);
+      qkv.clear();
+      Tensor context;
+      if (attention_kind_ == AttentionKind::kFlash) {
+        context = ops::FlashAttention(q, k, v);
+      } else {
+        Tensor w = ops::Matmul(q, ops::Transpose(k, -1, -2));
+        w = ops::Div(w, Tensor::Full(w.ctx(), {}, std::sqrt(static_cast<double>(hd)), w.dtype()));
+        Tensor causal = ops::Narrow(ops::Narrow(attn_.bias_, 2, 0, t), 3, 0, t);
+        Tensor mask_value = Tensor::Full(w.ctx(), {}, -3.4e38, w.dtype());
+        w = ops::Where(causal, w, mask_value);
+        w = ops::Softmax(w, -1);
+        w = ops::Dropout(w, 0.1f);
+        context = ops::Matmul(w, v);
+      }
+      q = k = v = Tensor();
+      // _merge_heads: permute(0, 2, 1, 3).contiguous().view(B, T, D)
+      attn_output = ops::View(ops::Contiguous(ops::Permute(context, {0, 2, 1, 3})), {b, t, d});
+      context = Tensor();
+      attn_output = attn_.c_proj_.Forward(attn_output);
+      attn_output = ops::Dropout(attn_output, 0.1f);
+    }
+    hidden = ops::Add(attn_output, residual);
+    attn_output = Tensor();
+    residual = hidden;
+    Tensor ff = ln_2_.Forward(hidden);
+    hidden = Tensor();
+    ff = c_fc_->Forward(ff);
+    ff = ops::GeluNew(ff);
+    ff = mlp_proj_->Forward(ff);
+    ff = ops::Dropout(ff, 0.1f);
+    return ops::Add(residual, ff);
+  }
+
+ private:
+  Gpt2Config c_;
+  AttentionKind attention_kind_;
+  LayerNormLayer& ln_1_;
+  Gpt2Attention& attn_;
+  LayerNormLayer& ln_2_;
+  Conv1D* c_fc_ = nullptr;
+  Conv1D* mlp_proj_ = nullptr;
+};
+
+class Gpt2 final : public Model {
+ public:
+  Gpt2(std::string model_name, const Gpt2Config& c, std::int64_t batch, std::int64_t seq, AttentionKind attention,
+       bool checkpoint)
+      : Model(""), name_(std::move(model_name)), seq_(seq), checkpoint_(checkpoint) {
+    batch_size_ = batch;
+    Group& transformer = Add<Group>("transformer");
+    wte_ = &transformer.Add<EmbeddingLayer>("wte", kVocab, c.dim);
+    wpe_ = &transformer.Add<EmbeddingLayer>("wpe", 1024, c.dim);
+    Group& h = transformer.Add<Group>("h");
+    for (std::int64_t i = 0; i < c.layers; ++i) blocks_.push_back(&h.Add<Gpt2Block>(std::to_string(i), c, attention));
+    ln_f_ = &transformer.Add<LayerNormLayer>("ln_f", c.dim);
+    // lm_head is tied to wte: no parameter of its own.
+  }
+  static constexpr std::int64_t kVocab = 50257;
+  std::string_view name() const override { return name_; }
+
+  Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
+    Tensor ids = InputTensor(ctx, {batch_size_, seq_}, DType::kInt64);
+    return {ids, ids};  // labels=input_ids
+  }
+
+  Tensor Forward(const Batch& batch) override {
+    Tensor hidden;
+    {
+      ScopedTag tag(Category::kActivation, "transformer");
+      Tensor position_ids = Tensor::Empty(batch.input.ctx(), {1, seq_}, DType::kInt64);  // torch.arange
+      hidden = ops::Add(wte_->Forward(batch.input), wpe_->Forward(position_ids));
+      hidden = ops::Dropout(hidden, 0.1f);
+    }
+    for (Gpt2Block* block : blocks_) {
+      auto run = [block](const Tensor& x) { return block->Forward(x); };
+      hidden = checkpoint_ ? Checkpoint(run, hidden) : run(hidden);
+    }
+    hidden = ln_f_->Forward(hidden);
+    ScopedTag tag(Category::kActivation, "lm_head");
+    return ops::Linear(hidden, wte_->weight(), Tensor());
+  }
+
+  Tensor Loss(const Tensor& logits, const Batch& batch) override {
+    ScopedTag tag(Category::kActivation, "loss");
+    // ForCausalLMLoss: labels padded with -100 and shifted (a small copy),
+    // logits.float() (a copy only under autocast), cross_entropy(mean, ignore -100).
+    Tensor shift_labels = ops::Contiguous(ops::Narrow(ops::PadLastDim(batch.target, 0, 1, -100), 1, 1, seq_));
+    Tensor flat = ops::To(ops::View(logits, {-1, kVocab}), DType::kFloat32);
+    return ops::CrossEntropy(flat, ops::View(shift_labels, {-1}));
+  }
+
+ private:
+  std::string name_;
+  std::int64_t seq_;
+  bool checkpoint_;
+  EmbeddingLayer* wte_ = nullptr;
+  EmbeddingLayer* wpe_ = nullptr;
+  std::vector<Gpt2Block*> blocks_;
+  LayerNormLayer* ln_f_ = nullptr;
+};
+
+}  // namespace
+
+std::vector<ModelInfo> ListModels() {
+  return {
+      {"mlp", "multi-layer perceptron: 256 inputs, --depth 3 hidden layers of --width 512, 10 classes; batch 64", true, true},
+      {"cifar-net", "the CIFAR-10 tutorial Net (seed 001): 2 conv + 3 linear layers; batch 4 of 3x32x32", true, false},
+      {"resnet50", "torchvision ResNet-50; batch 32 of 3x224x224", false, true},
+      {"resnet101", "torchvision ResNet-101; batch 32 of 3x224x224", false, true},
+      {"seq2seq-attn", "seed 002's GRU encoder-decoder with attention, vocab 30000; batch 80, length 50", false, false},
+      {"bilstm", "seed 000's kind: embedding + 2-layer bidirectional LSTM (1140.8 MiB of parameters); batch 32, length 128",
+       false, false},
+      {"gpt2", "Hugging Face GPT-2 (124M), tied lm_head; batch 8, sequence 1024", false, true},
+      {"gpt2-medium", "GPT-2 medium (355M); batch 4, sequence 1024", false, true},
+      {"gpt2-large", "GPT-2 large (774M); batch 2, sequence 1024", false, true},
+      {"gpt2-xl", "GPT-2 XL (1.56B); batch 1, sequence 1024", false, true},
+  };
+}
+
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& o) {
+  auto or_default = [](std::int64_t v, std::int64_t d) { return v > 0 ? v : d; };
+  const std::vector<ModelInfo> zoo = ListModels();
+  const ModelInfo* info = nullptr;
+  for (const ModelInfo& m : zoo) {
+    if (m.name == name) info = &m;
+  }
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown model '", std::string(name), "' (memscope models lists them)"));
+  }
+  if (o.checkpoint_activations && !info->checkpointing) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint-activations is not offered for ", std::string(name),
+                                                   " (mlp, resnet50/101 and gpt2* have it)"));
+  }
+  if ((o.width > 0 || o.depth > 0) && name != "mlp") {
+    return absl::InvalidArgumentError("--width and --depth apply to mlp only");
+  }
+  if (o.seq_len > 1024 && name.substr(0, 4) == "gpt2") {
+    return absl::InvalidArgumentError("--seq-len: GPT-2 has 1024 positions");
+  }
+  if (name == "mlp") {
+    return std::make_unique<Mlp>(256, or_default(o.width, 512), or_default(o.depth, 3), 10, or_default(o.batch_size, 64),
+                                 o.checkpoint_activations);
+  }
+  if (name == "cifar-net") return std::make_unique<CifarNet>(or_default(o.batch_size, 4));
+  if (name == "resnet50") {
+    return std::make_unique<ResNet>("resnet50", std::vector<int>{3, 4, 6, 3}, or_default(o.batch_size, 32), o.checkpoint_activations);
+  }
+  if (name == "resnet101") {
+    return std::make_unique<ResNet>("resnet101", std::vector<int>{3, 4, 23, 3}, or_default(o.batch_size, 32), o.checkpoint_activations);
+  }
+  if (name == "seq2seq-attn") return std::make_unique<Seq2SeqAttn>(or_default(o.batch_size, 80), or_default(o.seq_len, 50));
+  if (name == "bilstm") return std::make_unique<BiLstm>(or_default(o.batch_size, 32), or_default(o.seq_len, 128));
+  const Gpt2Config small{12, 768, 12}, medium{24, 1024, 16}, large{36, 1280, 20}, xl{48, 1600, 25};
+  const Gpt2Config& c = name == "gpt2" ? small : name == "gpt2-medium" ? medium : name == "gpt2-large" ? large : xl;
+  const std::int64_t batch = name == "gpt2" ? 8 : name == "gpt2-medium" ? 4 : name == "gpt2-large" ? 2 : 1;
+  return std::make_unique<Gpt2>(std::string(name), c, or_default(o.batch_size, batch), or_default(o.seq_len, 1024),
+                                o.attention, o.checkpoint_activations);
+}
+
+}  // namespace memscope

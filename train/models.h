@@ -1,0 +1,64 @@
+// The model zoo of the reference training loop. Each model mirrors the
+// Python code people run (torchvision, Hugging Face, the PyTorch tutorials,
+// the seeds' own code) op for op, including which tensors Python variables
+// keep alive, because that is what decides memory.
+#ifndef MEMSCOPE_TRAIN_MODELS_H_
+#define MEMSCOPE_TRAIN_MODELS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "train/module.h"
+
+namespace memscope {
+
+enum class AttentionKind { kMath, kFlash };
+
+struct ModelOptions {
+  std::int64_t batch_size = 0;  // 0: the model's default
+  std::int64_t seq_len = 0;     // 0: the model's default (text models)
+  std::int64_t width = 0;       // mlp
+  std::int64_t depth = 0;       // mlp
+  AttentionKind attention = AttentionKind::kMath;  // gpt2*
+  bool checkpoint_activations = false;
+};
+
+// One training batch: inputs and targets, on the device (INPUT).
+struct Batch {
+  Tensor input;
+  Tensor target;
+};
+
+class Model : public Module {
+ public:
+  using Module::Module;
+  virtual std::string_view name() const = 0;
+  // A new batch for `step` (fixed synthetic data in --exec cpu).
+  virtual Batch MakeBatch(DeviceContext& ctx, std::int64_t step) = 0;
+  virtual Tensor Forward(const Batch& batch) = 0;
+  virtual Tensor Loss(const Tensor& output, const Batch& batch) = 0;
+  std::int64_t batch_size() const { return batch_size_; }
+
+ protected:
+  std::int64_t batch_size_ = 1;
+};
+
+struct ModelInfo {
+  std::string name;
+  std::string description;  // what it is and its default input
+  bool cpu = false;         // has CPU kernels for every op (--exec cpu)
+  bool checkpointing = false;
+};
+std::vector<ModelInfo> ListModels();
+
+// Builds a model (no device memory yet: call Materialize). Errors name the
+// unknown model or the invalid option.
+absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& options);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_TRAIN_MODELS_H_

@@ -1,0 +1,57 @@
+// The reference training loop (single rank), phase by phase as people write
+// it in Python:
+//
+//   model = Model().cuda()                       # phase "model"
+//   for step, batch in enumerate(data):          # the batch is made first
+//       optimizer.zero_grad()                    # phase "zero_grad"
+//       for micro in range(grad_accum):
+//           with autocast(): out = model(batch)  # phase "forward"
+//           loss = criterion(out) / grad_accum   # phase "loss"
+//           scaler.scale(loss).backward()        # phase "backward"
+//       scaler.step(optimizer)                   # phase "step"
+//
+// `out` and `loss` stay referenced until the next iteration reassigns them,
+// as Python variables do: that is why allocated memory after backward is
+// parameters + gradients + the output (seed 002).
+#ifndef MEMSCOPE_TRAIN_TRAINER_H_
+#define MEMSCOPE_TRAIN_TRAINER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "profiler/recorder.h"
+#include "tensor/tensor.h"
+#include "train/models.h"
+#include "train/optimizer.h"
+
+namespace memscope {
+
+struct TrainOptions {
+  std::string model = "gpt2";
+  ModelOptions model_options;
+  std::int64_t steps = 3;
+  OptimizerOptions optimizer;
+  bool zero_grad_set_to_none = true;  // --zero-grad none|zeros
+  std::optional<DType> amp;           // --amp fp16|bf16
+  std::int64_t grad_accum = 1;
+};
+
+struct TrainResult {
+  std::int64_t parameters = 0;
+  std::int64_t steps_done = 0;
+  std::vector<float> losses;  // per step (--exec cpu), the last micro-batch's
+  bool oom = false;
+  std::string error;          // the OOM (or other tensor error) message
+};
+
+// Runs the loop on `ctx`, marking phases on `recorder` (may be null).
+// Invalid options are an error; an OOM or tensor error during training ends
+// the run and is reported in the result.
+absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ctx, Recorder* recorder);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_TRAIN_TRAINER_H_
