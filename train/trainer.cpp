@@ -62,15 +62,14 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
         if (options.amp) autocast.emplace(*options.amp);
         {
           PhaseScope phase(recorder, Phase::kForward, step);
+          ScopedTag tag(Category::kActivation, "");  // what a module does not tag itself
           output = model.Forward(batch);
         }
         {
           PhaseScope phase(recorder, Phase::kLoss, step);
+          ScopedTag tag(Category::kActivation, "loss");
           loss = model.Loss(output, batch);
-          if (options.grad_accum > 1) {
-            ScopedTag tag(Category::kActivation, "loss");
-            loss = ops::DivScalar(loss, static_cast<float>(options.grad_accum));
-          }
+          if (options.grad_accum > 1) loss = ops::DivScalar(loss, static_cast<float>(options.grad_accum));
         }
         autocast.reset();  // leaving `with autocast():` frees the cast cache
         {
