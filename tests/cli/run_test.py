@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""End-to-end tests of memscope run and memscope models: the run directory,
+the phase table, the OOM exit status (3) and one-line errors (exit 2)."""
+import json
+import os
+import shutil
+import tempfile
+
+from clitest import check, finish, run  # noqa: E402
+
+tmp = tempfile.mkdtemp(prefix="memscope-run-")
+try:
+    code, out, err = run("models")
+    check("models exit", code == 0, err)
+    check("gpt2 count", any(l.split()[:2] == ["gpt2", "124,439,808"] for l in out.splitlines()), out)
+    check("resnet50 count", any(l.split()[:2] == ["resnet50", "25,557,032"] for l in out.splitlines()), out)
+
+    d = os.path.join(tmp, "s2s")
+    code, out, err = run("run", "--model", "seq2seq-attn", "--steps", "2", "--zero-grad", "zeros", "--out", d)
+    check("run exit", code == 0, (code, err))
+    for f in ["run.json", "rank-0.timeline", "report.json", "summary.txt", "trace.json", "snapshot-rank-0.pickle"]:
+        check(f"run wrote {f}", os.path.exists(os.path.join(d, f)), os.listdir(d))
+    rows = [l.split() for l in out.splitlines() if l[:1] in "01" and len(l.split()) == 7]
+    check("phase rows", [r[:2] for r in rows][:5] == [["0", "zero_grad"], ["0", "forward"], ["0", "loss"],
+                                                      ["0", "backward"], ["0", "step"]], out)
+    loss = {(r[0], r[1]): int(r[2][:-1]) for r in rows}
+    check("loss adds the seed's 458M", loss[("0", "loss")] - loss[("0", "forward")] == 458, loss)
+    run_json = json.load(open(os.path.join(d, "run.json")))
+    check("run.json", run_json["model"] == "seq2seq-attn" and run_json["parameters"] == 73308501
+          and run_json["ranks"][0]["status"] == "ok", run_json)
+    report = json.load(open(os.path.join(d, "report.json")))
+    check("report phases", len(report["ranks"][0]["phases"]) == 11, len(report["ranks"][0]["phases"]))
+    code, out, err = run("summary", d)
+    check("summary reads the run", code == 0 and "backward" in out, err)
+
+    # An OOM: recorded, reported with its diagnosis, exit 3.
+    d = os.path.join(tmp, "oom")
+    code, out, err = run("run", "--model", "gpt2", "--steps", "1", "--device-memory", "2GiB", "--out", d)
+    check("oom exit 3", code == 3, (code, out, err))
+    check("oom message", "CUDA out of memory" in err, err)
+    check("oom in report", json.load(open(os.path.join(d, "report.json")))["ranks"][0]["oom"] is not None)
+    check("oom status", json.load(open(os.path.join(d, "run.json")))["ranks"][0]["status"] == "oom")
+
+    # Bad input: one line naming the problem, exit 2, nothing written.
+    for args, msg in [(["--model", "nope"], "unknown model 'nope'"),
+                      (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+                      (["--exec", "cpu", "--model", "gpt2"], "needs --exec meta"),
+                      (["--amp", "fp8"], "--amp 'fp8'"),
+                      (["--world-size", "2"], "not available yet"),
+                      (["--device-memory", "lots"], "--device-memory")]:
+        bad = os.path.join(tmp, "bad")
+        code, out, err = run("run", *args, "--out", bad)
+        check(f"bad {args} exit 2", code == 2, (code, err))
+        check(f"bad {args} one line", len(err.strip().splitlines()) == 1 and msg in err, err)
+finally:
+    shutil.rmtree(tmp)
+finish("memscope run")
