@@ -131,7 +131,7 @@ TEST_CASE("Adam state is 2x parameter bytes and momentum SGD 1x, created at the 
   }
 }
 
-TEST_CASE("zero_grad(set_to_none=True) frees the gradients; zeros keeps them") {
+TEST_CASE("zero_grad(set_to_none=True) frees the gradients and zeros keeps them") {
   for (const bool to_none : {true, false}) {
     TrainOptions o;
     o.model = "mlp";
@@ -144,7 +144,7 @@ TEST_CASE("zero_grad(set_to_none=True) frees the gradients; zeros keeps them") {
   }
 }
 
-TEST_CASE("--exec cpu: mlp and cifar-net losses decrease over 20 steps") {
+TEST_CASE("in cpu execution mlp and cifar-net losses decrease over 20 steps") {
   for (const std::string model : {"mlp", "cifar-net"}) {
     TrainOptions o;
     o.model = model;
@@ -163,7 +163,7 @@ TEST_CASE("--exec cpu: mlp and cifar-net losses decrease over 20 steps") {
   }
 }
 
-TEST_CASE("--checkpoint-activations lowers the forward peak") {
+TEST_CASE("checkpointing activations lowers the forward peak") {
   TrainOptions o;
   o.model = "gpt2";
   o.steps = 1;
@@ -176,7 +176,7 @@ TEST_CASE("--checkpoint-activations lowers the forward peak") {
   CHECK(Row(ckpt, Phase::kBackward, 0).peak_allocated_in_phase > Row(ckpt, Phase::kForward, 0).peak_allocated_in_phase);
 }
 
-TEST_CASE("--amp halves the activation bytes of autocast ops") {
+TEST_CASE("amp halves the activation bytes of autocast ops") {
   // mlp: every hidden activation comes from linear (autocast to fp16) and relu on its output.
   TrainOptions o;
   o.model = "mlp";
@@ -201,7 +201,7 @@ TEST_CASE("--amp halves the activation bytes of autocast ops") {
   CHECK(fp16 - params_fp16 - input_fp16 == Approx(fp32 / 2).margin(4096));
 }
 
-TEST_CASE("--grad-accum keeps one set of gradients") {
+TEST_CASE("gradient accumulation keeps one set of gradients") {
   TrainOptions o;
   o.model = "mlp";
   o.steps = 1;
