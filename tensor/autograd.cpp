@@ -26,6 +26,8 @@ class FunctionNode final : public Node {
   BackwardFn fn_;
 };
 
+}  // namespace
+
 // torch/csrc/autograd/functions/accumulate_grad.h
 class AccumulateGrad final : public Node {
  public:
@@ -63,8 +65,6 @@ class AccumulateGrad final : public Node {
   std::string_view owner_;
 };
 
-}  // namespace
-
 Node::Node(std::string_view name, std::uint64_t sequence_nr)
     : name_(name), sequence_nr_(sequence_nr), owner_(ScopedTag::current_owner()) {}
 
@@ -93,9 +93,15 @@ const AccumulateGrad* ParameterTarget(const Node& node, std::size_t input) {
 }
 }  // namespace
 
-GradTag::GradTag(const Node& node, std::size_t input)
-    : tag_(ParameterTarget(node, input) ? Category::kGradient : Category::kAutogradDetail,
-           ParameterTarget(node, input) ? ParameterTarget(node, input)->param_name() : node.owner()) {}
+namespace {
+ScopedTag TagForGradient(const Node& node, std::size_t input) {
+  const AccumulateGrad* parameter = ParameterTarget(node, input);
+  return parameter ? ScopedTag(Category::kGradient, parameter->param_name())
+                   : ScopedTag(Category::kAutogradDetail, node.owner());
+}
+}  // namespace
+
+GradTag::GradTag(const Node& node, std::size_t input) : tag_(TagForGradient(node, input)) {}
 
 std::uint64_t NextSequenceNr() { return sequence_counter; }
 

@@ -70,8 +70,6 @@ std::int64_t Module::NumParameterTensors() const {
   return n;
 }
 
-std::int64_t Module::ParameterBytes() const { return NumParameters() * 4; }
-
 namespace {
 Module::Init Uniform(double fan_in) { return {static_cast<float>(1.0 / std::sqrt(fan_in)), 0}; }
 }  // namespace

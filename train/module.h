@@ -34,7 +34,6 @@ class Module {
   std::vector<Tensor*> Parameters();
   std::int64_t NumParameters() const;
   std::int64_t NumParameterTensors() const;
-  std::int64_t ParameterBytes() const;
   template <class M, class... Args>
   M& Add(const std::string& name, Args&&... args) {  // registers a child module
     auto m = std::make_unique<M>(Child(name), std::forward<Args>(args)...);

@@ -18,34 +18,12 @@
 #include "profiler/timeline.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tests/tensor/tensor_test_util.h"
 
 using namespace memscope;
+using namespace memscope::testing;
 
 namespace {
-
-constexpr std::size_t kMiB = 1024 * 1024;
-
-// A host-backed device whose kernels compute (ExecMode::kCpu).
-struct CpuGpu {
-  SimDevice gpu{SimDeviceOptions{.capacity = 64 * kMiB, .host_backed = true}};
-  CachingAllocator alloc{gpu};
-  DeviceContext ctx{alloc, ExecMode::kCpu, &gpu};
-};
-
-// A device that only allocates (ExecMode::kMeta).
-struct MetaGpu {
-  SimDevice gpu{SimDeviceOptions{.capacity = kGiB}};
-  CachingAllocator alloc{gpu};
-  DeviceContext ctx{alloc, ExecMode::kMeta};
-};
-
-// A float32 tensor holding `values` (kCpu).
-Tensor FromValues(DeviceContext& ctx, const Shape& sizes, const std::vector<float>& values) {
-  Tensor t = Tensor::Empty(ctx, sizes);
-  REQUIRE(static_cast<std::size_t>(t.numel()) == values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) t.data()[i] = values[i];
-  return t;
-}
 
 // An nn.Parameter: a leaf that requires grad, with a name for the profiler.
 Tensor Param(DeviceContext& ctx, const Shape& sizes, const std::string& name) {

@@ -15,31 +15,12 @@
 #include "allocator/sim_device.h"
 #include "tensor/autograd.h"
 #include "tensor/tensor.h"
+#include "tests/tensor/tensor_test_util.h"
 
 using namespace memscope;
+using namespace memscope::testing;
 
 namespace {
-
-constexpr std::size_t kMiB = 1024 * 1024;
-
-struct CpuGpu {
-  SimDevice gpu{SimDeviceOptions{.capacity = 64 * kMiB, .host_backed = true}};
-  CachingAllocator alloc{gpu};
-  DeviceContext ctx{alloc, ExecMode::kCpu, &gpu};
-};
-
-struct MetaGpu {
-  SimDevice gpu{SimDeviceOptions{.capacity = kGiB}};
-  CachingAllocator alloc{gpu};
-  DeviceContext ctx{alloc, ExecMode::kMeta};
-};
-
-Tensor FromValues(DeviceContext& ctx, const Shape& sizes, const std::vector<float>& values) {
-  Tensor t = Tensor::Empty(ctx, sizes);
-  REQUIRE(static_cast<std::size_t>(t.numel()) == values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) t.data()[i] = values[i];
-  return t;
-}
 
 Tensor Indices(DeviceContext& ctx, const Shape& sizes, const std::vector<std::int64_t>& values) {
   Tensor t = Tensor::Empty(ctx, sizes, DType::kInt64);
