@@ -795,7 +795,7 @@ RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const Tensor
                  r[1 + i] = dw.AsStrided(weight_views[i].sizes(), ContiguousStrides(weight_views[i].sizes()), off);
                  off += weight_views[i].numel();
                }
-               (void)wb;
+               (void)wb;  // the captures above are the saved tensors: alive until this node runs
                (void)out;
                (void)reserve;
                return r;
@@ -809,9 +809,11 @@ RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const Tensor
 Tensor FlashAttention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
   RequireMeta(q_in, "flash_attention");
   const Tensor q = AutocastLower(q_in), k = AutocastLower(k_in), v = AutocastLower(v_in);
-  // The kernel works on (B, T, H, D) memory: a transposed view is fine, but
-  // it needs the last dimension contiguous.
-  Tensor out = Tensor::Empty(q.ctx(), q.sizes(), q.dtype());
+  // The kernel works in (B, T, H, D) memory and returns its output as the
+  // (B, H, T, D) transposed view, so merging heads afterwards copies nothing.
+  const Shape& s = q.sizes();
+  Tensor out = Tensor::Empty(q.ctx(), {s[0], s[2], s[1], s[3]}, q.dtype());
+  out = out.AsStrided(s, {s[2] * s[1] * s[3], s[3], s[1] * s[3], 1}, 0);
   Shape lse_sizes(q.sizes().begin(), q.sizes().end() - 1);
   Tensor logsumexp = Tensor::Empty(q.ctx(), lse_sizes, DType::kFloat32);
   if (NeedsGrad({&q, &k, &v})) {

@@ -861,3 +861,15 @@ TEST_CASE("under autocast the float16 gradient of a cast weight is cast back to 
   loss = Tensor();
   CHECK(d.alloc.memory_allocated() == 2 * 131072 + 16384);  // w, w.grad, x
 }
+
+TEST_CASE("flash attention returns a (B, H, T, D) view of (B, T, H, D) memory, so merging heads copies nothing") {
+  MetaGpu d;
+  Tensor q = Tensor::Empty(d.ctx, {2, 4, 16, 8}, DType::kFloat16);
+  const std::size_t before = d.alloc.memory_allocated();
+  Tensor out = ops::FlashAttention(q, q, q);
+  CHECK(out.sizes() == Shape{2, 4, 16, 8});
+  CHECK(!out.is_contiguous());
+  CHECK(ops::Permute(out, {0, 2, 1, 3}).is_contiguous());
+  // out: 2x4x16x8 fp16 = 2048 B; the logsumexp goes at once when no backward needs it
+  CHECK(d.alloc.memory_allocated() - before == 2048);
+}
