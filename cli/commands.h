@@ -29,6 +29,8 @@ void RegisterReplay(CLI::App& app, int& exit_status);
 void RegisterProfileCommands(CLI::App& app, int& exit_status);
 // check: the CI gate on peak memory.
 void RegisterCheck(CLI::App& app, int& exit_status);
+// report: the self-contained HTML report (one run, or two compared).
+void RegisterReport(CLI::App& app, int& exit_status);
 
 }  // namespace memscope::cli
 

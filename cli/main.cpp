@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   memscope::cli::RegisterReplay(app, exit_status);
   memscope::cli::RegisterProfileCommands(app, exit_status);
   memscope::cli::RegisterCheck(app, exit_status);
+  memscope::cli::RegisterReport(app, exit_status);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

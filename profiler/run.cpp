@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "profiler/analysis.h"
 #include "profiler/chrome_trace.h"
+#include "profiler/html_report.h"
 #include "allocator/sizes.h"
 #include "profiler/recorder.h"
 #include "profiler/replayer.h"
@@ -147,6 +148,13 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
     if (absl::Status s = WriteSnapshot(t, at->first, at->second, SnapshotFormat::kPickle, out); !s.ok()) return s;
     if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
   }
+  HtmlReportRun html_run;
+  html_run.label = dir;
+  html_run.timelines = ptrs;
+  for (const RankReport& r : reports) html_run.reports.push_back(&r);
+  absl::StatusOr<std::string> html = HtmlReport({html_run});
+  if (!html.ok()) return html.status();
+  if (absl::Status s = WriteFile(fs::path(dir) / "report.html", *html); !s.ok()) return s;
   return reports;
 }
 
