@@ -23,12 +23,18 @@
 
   // ---------------------------------------------------------------- text
 
+  // "%.2f" as C prints it: exact halves round to even (toFixed rounds them up).
+  function fixed2(x) {
+    const y = x * 100, f = Math.floor(y);
+    if (y - f === 0.5) return ((f % 2 === 0 ? f : f + 1) / 100).toFixed(2);
+    return x.toFixed(2);
+  }
   // The same text as memscope's FormatSize (allocator/sizes.cpp).
   function fmtSize(b) {
     if (b <= 1024) return b + ' bytes';
-    if (b <= 1048576) return (b / 1024).toFixed(2) + ' KiB';
-    if (b <= 1073741824) return (b / 1048576).toFixed(2) + ' MiB';
-    return (b / 1073741824).toFixed(2) + ' GiB';
+    if (b <= 1048576) return fixed2(b / 1024) + ' KiB';
+    if (b <= 1073741824) return fixed2(b / 1048576) + ' MiB';
+    return fixed2(b / 1073741824) + ' GiB';
   }
   // The phase table's unit, as `memscope summary` prints it: whole MiB, "281M".
   function mib(b) { return Math.floor(b / MiB) + 'M'; }
