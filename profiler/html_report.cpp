@@ -342,7 +342,10 @@ absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& t, const RankRepor
   nlohmann::json steps = nlohmann::json::array();
   for (const auto& [step, begin] : step_begin) steps.push_back({{"step", step}, {"t", begin}});
 
+  // report.json's numbers; the phase rows without their by_category (the
+  // page does not show it, and it is most of the size of a long run's table).
   nlohmann::json j = ReportJson({&t}, {r})["ranks"][0];
+  for (nlohmann::json& row : j["phases"]) row.erase("by_category");
   return nlohmann::json{
       {"rank", t.rank},
       {"report", std::move(j)},

@@ -8,8 +8,9 @@
 // The data (a <script type="application/json" id="memscope-data"> element,
 // schema memscope.viewer/1) holds, per run and rank:
 //   "report": that rank's object of report.json (memscope.report/1): the
-//             phase table, peaks, fragmentation, OOM, memory_stats: the same
-//             numbers `memscope summary --json` prints;
+//             phase table (its rows without "by_category"), peaks,
+//             fragmentation, OOM, memory_stats: the same numbers
+//             `memscope summary --json` prints;
 //   "t0", "t1": the first and last event times (ns since the start of the
 //             recording); "peak_allocated_t", "peak_reserved_t", "oom_t";
 //   "samples": {"t": [...], "allocated": [...], "reserved": [...],

@@ -38,6 +38,8 @@
   }
   // The phase table's unit, as `memscope summary` prints it: whole MiB, "281M".
   function mib(b) { return Math.floor(b / MiB) + 'M'; }
+  // A change in the table's unit; below 1 MiB in FormatSize's, so no "-0M".
+  function mibDelta(b) { return b >= MiB ? mib(b) : fmtSize(b); }
   function signed(d, f) { return d > 0 ? '+' + f(d) : d < 0 ? '-' + f(-d) : '0'; }
   function kindName(k) { return k < CATS.length ? CATS[k] : KIND_NAMES[k - CATS.length]; }
   function kindColor(k) { return k < CATS.length ? CAT_COLORS[CATS[k]] : KIND_COLORS[k - CATS.length]; }
@@ -91,13 +93,17 @@
   }
   function hideTip() { tooltip.hidden = true; }
 
-  // A canvas sized to its box, in device pixels.
+  // A canvas sized to its box, in device pixels. Resizing only when the size
+  // changed keeps redraws (hover, zoom) from invalidating the page's layout.
   function fitCanvas(canvas, cssHeight) {
     const dpr = window.devicePixelRatio || 1;
     const w = Math.max(200, canvas.clientWidth || canvas.parentElement.clientWidth || 600);
-    canvas.style.height = cssHeight + 'px';
-    canvas.width = Math.round(w * dpr);
-    canvas.height = Math.round(cssHeight * dpr);
+    const pw = Math.round(w * dpr), ph = Math.round(cssHeight * dpr);
+    if (canvas.width !== pw || canvas.height !== ph) {
+      canvas.style.height = cssHeight + 'px';
+      canvas.width = pw;
+      canvas.height = ph;
+    }
     const ctx = canvas.getContext('2d');
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     return { ctx, w, h: cssHeight };
@@ -356,6 +362,12 @@
           : n + ' samples');
     }
 
+    let frame = 0;
+    function scheduleDraw() {
+      if (frame) return;
+      frame = requestAnimationFrame(() => { frame = 0; draw(); });
+    }
+
     function clampView() {
       const full = t1 - t0;
       let len = Math.min(full, Math.max(view.b - view.a, Math.max(1, full / 1e6)));
@@ -433,7 +445,7 @@
         hoverX = px;
         showTip(hoverHtml(tAt(px, r.width)), e.clientX, e.clientY);
       }
-      draw();
+      scheduleDraw();
     });
     canvas.addEventListener('mouseleave', () => { hoverX = null; hideTip(); draw(); });
     canvas.addEventListener('wheel', (e) => {
@@ -476,7 +488,7 @@
       el('td', { text: mib(p.reserved_bytes) }),
       el('td', { text: mib(p.max_reserved_bytes) }),
       el('td', { text: mib(p.peak_allocated_bytes_in_phase) }),
-      el('td', { class: 'delta ' + (d > 0 ? 'up' : d < 0 ? 'down' : ''), text: signed(d, mib) }));
+      el('td', { class: 'delta ' + (d > 0 ? 'up' : d < 0 ? 'down' : ''), text: signed(d, mibDelta) }));
       body.append(tr);
       return tr;
     });
@@ -680,9 +692,9 @@
           el('td', { class: 'name', text: p.step === null ? '-' : String(p.step) }),
           el('td', { class: 'name', text: p.phase }),
           el('td', { text: mib(p.allocated_bytes) }), el('td', { text: mib(q.allocated_bytes) }),
-          el('td', { class: 'delta', text: signed(d, mib) }),
+          el('td', { class: 'delta', text: signed(d, mibDelta) }),
           el('td', { text: mib(p.max_reserved_bytes) }), el('td', { text: mib(q.max_reserved_bytes) }),
-          el('td', { class: 'delta', text: signed(dr, mib) })));
+          el('td', { class: 'delta', text: signed(dr, mibDelta) })));
       }
       if (shown) {
         root.append(el('div', { class: 'table-wrap', style: 'margin-top:8px' }, el('table', { class: 'phase-diff' },
