@@ -232,6 +232,25 @@ try:
     at_canvas(d, canvas, (xa + xb) / 2, 10).perform()
     d.save_screenshot(os.path.join(OUT, "report-one-run.png"))
 
+    # ---- an OOM: marked on the timeline, said above it, its segment map on request
+    oom_run = os.path.join(tmp, "oom")
+    check("record oom", run("replay", data("fragmentation.jsonl"), "--device-memory", "30MiB",
+                            "--out", oom_run)[0] == 0, "")
+    open_page(d, os.path.join(oom_run, "report.html"), "oom")
+    rank = d.find_element(By.ID, "run0-rank0")
+    note = rank.find_element(By.CSS_SELECTOR, ".oom-note").text
+    check("oom note", "OOM: requested 12.00 MiB" in note and "fragmentation, not capacity" in note, note)
+    check("oom marked", pixels(d, rank.find_element(By.CSS_SELECTOR, "canvas.timeline-canvas"))
+          .get("200,16,46", 0) > 50, "")
+    panel = rank.find_element(By.CSS_SELECTOR, ".segpanel")
+    option = next(o for o in panel.find_elements(By.TAG_NAME, "option") if o.text == "OOM")
+    option.click()
+    moment, segments, frag = segmap_state(d, panel)
+    f_oom = json_of("frag", oom_run, "--at", "oom", "--json")["ranks"][0]
+    check("oom segment map", moment == "oom" and segments == len(f_oom["segments"]) == 1, (moment, segments))
+    check_frag("oom", frag, f_oom["fragmentation"])
+    check("oom: no phase table", "no phase marks" in rank.text, "")
+
     # ---- two runs side by side, with the differences
     cmp_page = os.path.join(tmp, "compare.html")
     check("report compare", run("report", run_a, run_b, "-o", cmp_page)[0] == 0, "")
