@@ -92,3 +92,24 @@ TEST_CASE("html report: one page, data inlined, nothing fetched, '<' escaped") {
   CHECK(d["schema"] == "memscope.viewer/1");
   CHECK(d["runs"][0]["ranks"][0]["owners"][1] == "</script><script src=\"https://example.com/x.js\">");
 }
+
+TEST_CASE("html report: every rank of a run, and two runs") {
+  Timeline r0 = Checkerboard();
+  Timeline r1 = Checkerboard();
+  r1.rank = 1;
+  r1.world_size = r0.world_size = 2;
+  absl::StatusOr<std::string> html = HtmlReport({{"a", {&r0, &r1}, {}}, {"b", {&r0}, {}}});
+  REQUIRE(html.ok());
+  const std::size_t start = html->find("id=\"memscope-data\">") + 19;
+  const json d = json::parse(html->substr(start, html->find("</script>", start) - start));
+  REQUIRE(d["runs"].size() == 2);
+  CHECK(d["runs"][0]["world_size"] == 2);
+  CHECK(d["runs"][0]["ranks"].size() == 2);
+  CHECK(d["runs"][0]["ranks"][1]["rank"] == 1);
+  CHECK(d["runs"][1]["ranks"].size() == 1);
+  // Phase rows and bands line up one to one.
+  const json& rk = d["runs"][0]["ranks"][1];
+  REQUIRE(rk["bands"].size() == rk["report"]["phases"].size());
+  CHECK(rk["bands"][0]["name"] == "forward:0");
+  CHECK(rk["moments"][rk["bands"][0]["moment"].get<int>()]["key"] == "forward:0");
+}
