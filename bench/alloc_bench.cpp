@@ -35,6 +35,7 @@
 #include "allocator/caching_allocator.h"
 #include "profiler/analysis.h"
 #include "profiler/chrome_trace.h"
+#include "profiler/html_report.h"
 #include "profiler/recorder.h"
 #include "profiler/report.h"
 #include "profiler/snapshot_export.h"
@@ -726,6 +727,12 @@ int RunRecord(const Options& o, const Trace& t) {
   const double trace_s = timed("trace.json (Chrome)", dir / "trace.json", [&](std::ostream& out) {
     return memscope::WriteChromeTrace({&*timeline}, memscope::ChromeTraceOptions{}, out);
   });
+  const double html_s = timed("report.html (viewer)", dir / "report.html", [&](std::ostream& out) {
+    auto html = memscope::HtmlReport({{"bench", {&*timeline}, {}}});
+    if (!html.ok()) return html.status();
+    out << *html;
+    return absl::OkStatus();
+  });
   auto end_model = memscope::ModelAt(*timeline, memscope::Moment{});
   if (!end_model.ok()) Die(std::string(end_model.status().message()));
   const double pickle_s = timed("snapshot .pickle", dir / "snapshot.pickle", [&](std::ostream& out) {
@@ -739,8 +746,8 @@ int RunRecord(const Options& o, const Trace& t) {
   if (o.json) {
     std::printf("{\"name\": \"record\", \"events\": %zu, \"replay_ns_per_pair\": %.2f, \"recorded_ns_per_pair\": %.2f, "
                 "\"overhead\": %.4f, \"read_s\": %.3f, \"report_s\": %.3f, \"trace_s\": %.3f, \"pickle_s\": %.3f, "
-                "\"snapshot_json_s\": %.3f}\n",
-                events, Median(plain), Median(recorded), overhead, read_s, report_s, trace_s, pickle_s, json_s);
+                "\"snapshot_json_s\": %.3f, \"html_s\": %.3f}\n",
+                events, Median(plain), Median(recorded), overhead, read_s, report_s, trace_s, pickle_s, json_s, html_s);
   }
   fs::remove_all(dir);
   return 0;

@@ -31,6 +31,8 @@ void RegisterProfileCommands(CLI::App& app, int& exit_status);
 void RegisterCheck(CLI::App& app, int& exit_status);
 // run and models: the reference training loop and its zoo.
 void RegisterRun(CLI::App& app, int& exit_status);
+// report: the self-contained HTML report (one run, or two compared).
+void RegisterReport(CLI::App& app, int& exit_status);
 
 }  // namespace memscope::cli
 

@@ -299,8 +299,7 @@ int Run(const ReplayArgs& args) {
         sr.min_device_memory == 0 ? std::string("-") : FormatSize(sr.min_device_memory), outcome);
   }
   if (!args.out.empty()) {
-    std::cout << "\nrecorded in " << args.out
-              << "/: run.json rank-0.timeline report.json summary.txt trace.json snapshot-rank-0.pickle\n";
+    std::cout << "\nrecorded in " << args.out << "/ (" << RunOutputListing(1) << ")\n";
   }
   return kExitOk;
 }

@@ -184,8 +184,7 @@ int Run(const RunArgs& a) {
     }
     std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes) << " in " << r.peak_allocated.phase << ": "
               << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n"
-              << "recorded in " << a.out << "/ (run.json, rank-0.timeline, report.json, summary.txt, trace.json, "
-              << "snapshot-rank-0.pickle)\n";
+              << "recorded in " << a.out << "/ (" << RunOutputListing(1) << ")\n";
   }
   if (result->oom) {
     std::cerr << "memscope run: out of memory in step " << result->steps_done << ":\n" << result->error << "\n";

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "profiler/analysis.h"
 #include "profiler/chrome_trace.h"
+#include "profiler/html_report.h"
 #include "allocator/sizes.h"
 #include "profiler/recorder.h"
 #include "profiler/replayer.h"
@@ -21,6 +22,15 @@ namespace fs = std::filesystem;
 
 std::string TimelinePath(const std::string& dir, int rank) {
   return (fs::path(dir) / absl::StrCat("rank-", rank, ".timeline")).string();
+}
+
+std::string RunOutputListing(int world_size) {
+  auto per_rank = [&](const char* prefix, const char* suffix) {
+    if (world_size == 1) return absl::StrCat(prefix, "0", suffix);
+    return absl::StrCat(prefix, "{0..", world_size - 1, "}", suffix);
+  };
+  return absl::StrCat("run.json, ", per_rank("rank-", ".timeline"), ", report.json, report.html, summary.txt, trace.json, ",
+                      per_rank("snapshot-rank-", ".pickle"));
 }
 
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
@@ -147,6 +157,13 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
     if (absl::Status s = WriteSnapshot(t, at->first, at->second, SnapshotFormat::kPickle, out); !s.ok()) return s;
     if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
   }
+  HtmlReportRun html_run;
+  html_run.label = dir;
+  html_run.timelines = ptrs;
+  for (const RankReport& r : reports) html_run.reports.push_back(&r);
+  absl::StatusOr<std::string> html = HtmlReport({html_run});
+  if (!html.ok()) return html.status();
+  if (absl::Status s = WriteFile(fs::path(dir) / "report.html", *html); !s.ok()) return s;
   return reports;
 }
 

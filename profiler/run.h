@@ -1,6 +1,6 @@
 // A run directory (DESIGN.md): RUN/run.json, RUN/rank-R.timeline,
 // RUN/report.json, RUN/summary.txt, RUN/trace.json,
-// RUN/snapshot-rank-R.pickle. Commands take a run directory or a single
+// RUN/snapshot-rank-R.pickle, RUN/report.html. Commands take a run directory or a single
 // timeline file.
 #ifndef MEMSCOPE_PROFILER_RUN_H_
 #define MEMSCOPE_PROFILER_RUN_H_
@@ -30,9 +30,13 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
                                       std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
 
-// Writes report.json, summary.txt, trace.json and snapshot-rank-R.pickle (at
-// each rank's peak) into `dir` for these timelines. Returns the analyses.
+// Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
+// each rank's peak) and report.html into `dir` for these timelines. Returns the analyses.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines);
+
+// What a run directory holds, for the "recorded in DIR/ (...)" line:
+// "run.json, rank-0.timeline, report.json, ..." (rank-0..N-1 files for N ranks).
+std::string RunOutputListing(int world_size);
 
 // The path of rank R's timeline in a run directory.
 std::string TimelinePath(const std::string& dir, int rank);

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-MEMSCOPE, DATA = sys.argv[1], sys.argv[2]
+MEMSCOPE, DATA = os.path.abspath(sys.argv[1]), sys.argv[2]
 MiB = 1 << 20
 failures = []
 

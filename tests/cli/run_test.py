@@ -18,8 +18,13 @@ try:
     d = os.path.join(tmp, "s2s")
     code, out, err = run("run", "--model", "seq2seq-attn", "--steps", "2", "--zero-grad", "zeros", "--out", d)
     check("run exit", code == 0, (code, err))
-    for f in ["run.json", "rank-0.timeline", "report.json", "summary.txt", "trace.json", "snapshot-rank-0.pickle"]:
+    for f in ["run.json", "rank-0.timeline", "report.json", "report.html", "summary.txt", "trace.json",
+              "snapshot-rank-0.pickle"]:
         check(f"run wrote {f}", os.path.exists(os.path.join(d, f)), os.listdir(d))
+    check("recorded-in line lists every file", f"recorded in {d}/ (run.json, rank-0.timeline, report.json, report.html, "
+          "summary.txt, trace.json, snapshot-rank-0.pickle)" in out, out)
+    html = open(os.path.join(d, "report.html")).read()
+    check("run's report.html names the training phases", '"forward"' in html and '"backward"' in html, html[:200])
     rows = [l.split() for l in out.splitlines() if l[:1] in "01" and len(l.split()) == 7]
     check("phase rows", [r[:2] for r in rows][:5] == [["0", "zero_grad"], ["0", "forward"], ["0", "loss"],
                                                       ["0", "backward"], ["0", "step"]], out)

@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""The HTML report in a real browser: Debian's headless Chromium driven by
+Selenium (Debian packages chromium, chromium-driver, python3-selenium; scripts/test
+installs them). Opens generated reports from file:// (no server), checks that
+the timeline, the phase table and the segment map render with the numbers
+`memscope summary --json` and `memscope frag --json` give, hovers, zooms,
+clicks phases, and saves screenshots into OUTPUT_DIR.
+
+    browser_test.py MEMSCOPE DATA_DIR OUTPUT_DIR
+
+A missing browser is a failure, never a skip."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from clitest import MiB, check, data, finish, run  # noqa: E402
+import traces
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+OUT = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else os.getcwd()
+HOW = "install them with: apt-get install -y chromium chromium-driver python3-selenium (scripts/test does)"
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError as e:
+    print(f"FAIL: the browser test needs Python's selenium ({e}); {HOW}")
+    sys.exit(1)
+for path in (CHROMIUM, CHROMEDRIVER):
+    if not os.access(path, os.X_OK):
+        print(f"FAIL: the browser test needs {path}; {HOW}")
+        sys.exit(1)
+
+
+def format_size(b):
+    """memscope's FormatSize (allocator/sizes.cpp)."""
+    if b <= 1024:
+        return f"{b} bytes"
+    if b <= 1048576:
+        return "%.2f KiB" % (b / 1024)
+    if b <= 1073741824:
+        return "%.2f MiB" % (b / 1048576)
+    return "%.2f GiB" % (b / 1073741824)
+
+
+def mib(b):
+    return f"{b // MiB}M"
+
+
+def json_of(*args):
+    code, out, err = run(*args)
+    check(f"{args} exit", code == 0, err)
+    return json.loads(out)
+
+
+def start_browser(profile):
+    o = webdriver.ChromeOptions()
+    o.binary_location = CHROMIUM
+    # The flags that keep Chromium off the (closed) network, as root, headless.
+    for a in ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-quic", "--disable-extensions", f"--user-data-dir={profile}", "--window-size=1400,1250",
+              "--force-device-scale-factor=1"]:
+        o.add_argument(a)
+    o.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=o)
+
+
+def open_page(d, path, name):
+    t0 = time.time()
+    d.get("file://" + path)
+    WebDriverWait(d, 30).until(lambda x: x.execute_script("return document.body.dataset.ready === 'true'"))
+    seconds = time.time() - t0
+    errors = [l for l in d.get_log("browser") if l["level"] == "SEVERE"]
+    check(f"{name}: no errors in the console", not errors, errors)
+    # Nothing fetched: no resource was requested by the page.
+    check(f"{name}: no resource requests", d.execute_script(
+        "return performance.getEntriesByType('resource').length") == 0, "")
+    return seconds
+
+
+def pixels(d, canvas):
+    """Count of pixels of each colour on a canvas (alpha > 0), as 'r,g,b' keys."""
+    return d.execute_script("""
+      const c = arguments[0], ctx = c.getContext('2d');
+      const img = ctx.getImageData(0, 0, c.width, c.height).data, n = {};
+      for (let i = 0; i < img.length; i += 4) {
+        if (img[i + 3] < 250) continue;
+        const k = img[i] + ',' + img[i + 1] + ',' + img[i + 2];
+        n[k] = (n[k] || 0) + 1;
+      }
+      return n;""", canvas)
+
+
+def plot_x(d, canvas, t):
+    """The canvas x (CSS px) of time t in the timeline's current view (margins of report.js)."""
+    a = float(canvas.get_attribute("data-view-start"))
+    b = float(canvas.get_attribute("data-view-end"))
+    w = d.execute_script("return arguments[0].getBoundingClientRect().width", canvas)
+    return 70 + (t - a) / (b - a) * (w - 70 - 14), w
+
+
+def at_canvas(d, canvas, x, y):
+    """ActionChains to (x, y) of a canvas (Selenium's offsets are from the centre)."""
+    r = d.execute_script("const r = arguments[0].getBoundingClientRect(); return [r.width, r.height]", canvas)
+    return ActionChains(d).move_to_element_with_offset(canvas, int(round(x - r[0] / 2)), int(round(y - r[1] / 2)))
+
+
+def segmap_state(d, panel):
+    frag = {e.get_attribute("data-key"): e.text for e in panel.find_elements(By.CSS_SELECTOR, "dl.frag dd")}
+    return panel.get_attribute("data-moment"), int(panel.get_attribute("data-segments")), frag
+
+
+def expected_frag(f):
+    return {"reserved_bytes": format_size(f["reserved_bytes"]), "allocated_bytes": format_size(f["allocated_bytes"]),
+            "largest_free_block_bytes": format_size(f["largest_free_block_bytes"]),
+            "free_in_segments_bytes": format_size(f["free_in_segments_bytes"]),
+            "inactive_split_bytes": format_size(f["inactive_split_bytes"]),
+            "fragmentation": "%.3f" % f["fragmentation"], "segments": str(f["segments"]),
+            "free_blocks": str(f["free_blocks"])}
+
+
+def check_frag(name, shown, f):
+    want = expected_frag(f)
+    got = {k: shown.get(k) for k in want}
+    check(f"{name}: fragmentation numbers", got == want, (got, want))
+
+
+tmp = tempfile.mkdtemp(prefix="memscope-browser-")
+os.makedirs(OUT, exist_ok=True)
+d = None
+try:
+    run_a = os.path.join(tmp, "run-a")
+    run_b = os.path.join(tmp, "run-b")
+    check("record a", run("replay", data("phases.jsonl"), "--out", run_a)[0] == 0, "")
+    check("record b", run("replay", data("phases.jsonl"), "--alloc-conf", "expandable_segments:True",
+                          "--out", run_b)[0] == 0, "")
+    summary = json_of("summary", run_a, "--json")["ranks"][0]
+    d = start_browser(os.path.join(tmp, "profile"))
+
+    # ---- one run: report.html of the run directory
+    page = os.path.join(run_a, "report.html")
+    open_page(d, page, "one run")
+    rank = d.find_element(By.ID, "run0-rank0")
+    facts = rank.find_element(By.CSS_SELECTOR, ".facts").text
+    check("facts", "peak allocated 120.00 MiB in forward:0" in facts and "peak reserved 120.00 MiB" in facts, facts)
+
+    # Timeline: drawn, with the categories' colours and the reserved line.
+    canvas = rank.find_element(By.CSS_SELECTOR, "canvas.timeline-canvas")
+    px = pixels(d, canvas)
+    for name, rgb in [("PARAMETER", "78,121,167"), ("ACTIVATION", "89,161,79"), ("TEMPORARY", "237,201,72"),
+                      ("GRADIENT", "225,87,89"), ("reserved", "29,36,48")]:
+        check(f"timeline draws {name}", px.get(rgb, 0) > 50, px.get(rgb, 0))
+    legend = rank.find_element(By.CSS_SELECTOR, ".timeline .legend").text.split()
+    check("timeline legend", legend == ["reserved", "PARAMETER", "ACTIVATION", "GRADIENT", "TEMPORARY"], legend)
+    page_data = d.execute_script("return JSON.parse(document.getElementById('memscope-data').textContent)")
+    rk = page_data["runs"][0]["ranks"][0]
+    check("timeline samples", int(canvas.get_attribute("data-drawn-samples")) == len(rk["samples"]["t"]),
+          canvas.get_attribute("data-drawn-samples"))
+
+    # Hover just after the peak: the tooltip names the phase and the bytes per category.
+    x, w = plot_x(d, canvas, rk["peak_allocated_t"])
+    at_canvas(d, canvas, x + 3, 150).perform()
+    tip = d.find_element(By.ID, "tooltip")
+    text = tip.text
+    check("hover tooltip", tip.is_displayed() and "forward:0" in text and "allocated 120.00 MiB" in text and
+          "TEMPORARY 50.00 MiB" in text and "ACTIVATION 40.00 MiB" in text and "PARAMETER 30.00 MiB" in text, text)
+
+    # Phase table: seed 002's layout with the numbers of `memscope summary --json`.
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in rank.find_elements(By.CSS_SELECTOR, "table.phases tbody tr")]
+    want = [["-" if p["step"] is None else str(p["step"]), p["phase"], mib(p["allocated_bytes"]),
+             mib(p["max_allocated_bytes"]), mib(p["reserved_bytes"]), mib(p["max_reserved_bytes"]),
+             mib(p["peak_allocated_bytes_in_phase"])] for p in summary["phases"]]
+    check("phase table", [r[:7] for r in rows] == want, (rows, want))
+    check("phase table values", want[1] == ["0", "forward", "70M", "120M", "120M", "120M", "120M"], want)
+    check("phase deltas", [r[7] for r in rows] == ["+30M", "+40M", "-10M"], [r[7] for r in rows])
+
+    # Segment map: at the peak by default, as `memscope frag --at peak` has it.
+    panel = rank.find_element(By.CSS_SELECTOR, ".segpanel")
+    seg_canvas = panel.find_element(By.CSS_SELECTOR, "canvas.segmap-canvas")
+    moment, segments, frag = segmap_state(d, panel)
+    f_peak = json_of("frag", run_a, "--at", "peak", "--json")["ranks"][0]
+    check("segment map at peak", moment == "peak" and segments == len(f_peak["segments"]) == 3,
+          (moment, segments))
+    check_frag("peak", frag, f_peak["fragmentation"])
+    check("segment map drawn", pixels(d, seg_canvas).get("78,121,167", 0) > 50, "")
+    before = canvas.screenshot_as_png
+
+    # Click a phase in the table: the segment map moves to that phase's end.
+    for phase in ["model", "backward:0"]:
+        tr = rank.find_element(By.CSS_SELECTOR, f'table.phases tr[data-phase="{phase}"]')
+        tr.click()
+        moment, segments, frag = segmap_state(d, panel)
+        f_at = json_of("frag", run_a, "--at", phase, "--json")["ranks"][0]
+        check(f"click {phase}: moment", moment == phase, moment)
+        check(f"click {phase}: segments", segments == len(f_at["segments"]), (segments, len(f_at["segments"])))
+        check_frag(f"click {phase}", frag, f_at["fragmentation"])
+        check(f"click {phase}: segment count", segments == {"model": 1, "backward:0": 3}[phase], segments)
+        check(f"click {phase}: row selected", "selected" in tr.get_attribute("class"), tr.get_attribute("class"))
+    check("timeline redrawn for the moment", canvas.screenshot_as_png != before, "")
+    # The inactive split of backward:0 (20 MiB free beside g in tmp's segment) is drawn in its colour.
+    check("inactive split drawn", pixels(d, seg_canvas).get("247,198,198", 0) > 20, "")
+
+    # Click a phase band in the timeline: forward:0.
+    band = next(b for b in rk["bands"] if b["name"] == "forward:0")
+    xa, _ = plot_x(d, canvas, band["begin"])
+    xb, _ = plot_x(d, canvas, band["end"])
+    at_canvas(d, canvas, (xa + xb) / 2, 10).click().perform()
+    moment, segments, frag = segmap_state(d, panel)
+    f_fwd = json_of("frag", run_a, "--at", "forward:0", "--json")["ranks"][0]
+    check("click band forward:0", moment == "forward:0" and segments == len(f_fwd["segments"]), (moment, segments))
+    check_frag("band forward:0", frag, f_fwd["fragmentation"])
+    # Zoom with the wheel, then double-click resets.
+    full = float(canvas.get_attribute("data-view-end")) - float(canvas.get_attribute("data-view-start"))
+    ActionChains(d).scroll_from_origin(ScrollOrigin.from_element(canvas), 0, -300).perform()
+    zoomed = float(canvas.get_attribute("data-view-end")) - float(canvas.get_attribute("data-view-start"))
+    check("wheel zooms in", 0 < zoomed < full * 0.9, (zoomed, full))
+    at_canvas(d, canvas, w / 2, 150).double_click().perform()
+    reset = float(canvas.get_attribute("data-view-end")) - float(canvas.get_attribute("data-view-start"))
+    check("double-click resets", abs(reset - full) < 1e-6 * full, (reset, full))
+
+    # Back to the peak with the moment selector.
+    panel.find_element(By.CSS_SELECTOR, "select option[value='1']").click()
+    check("select peak", segmap_state(d, panel)[0] == "peak", segmap_state(d, panel)[0])
+    at_canvas(d, canvas, (xa + xb) / 2, 10).perform()
+    d.save_screenshot(os.path.join(OUT, "report-one-run.png"))
+
+    # ---- an OOM: marked on the timeline, said above it, its segment map on request
+    oom_run = os.path.join(tmp, "oom")
+    check("record oom", run("replay", data("fragmentation.jsonl"), "--device-memory", "30MiB",
+                            "--out", oom_run)[0] == 0, "")
+    open_page(d, os.path.join(oom_run, "report.html"), "oom")
+    rank = d.find_element(By.ID, "run0-rank0")
+    note = rank.find_element(By.CSS_SELECTOR, ".oom-note").text
+    check("oom note", "OOM: requested 12.00 MiB" in note and "fragmentation, not capacity" in note, note)
+    check("oom marked", pixels(d, rank.find_element(By.CSS_SELECTOR, "canvas.timeline-canvas"))
+          .get("200,16,46", 0) > 50, "")
+    panel = rank.find_element(By.CSS_SELECTOR, ".segpanel")
+    option = next(o for o in panel.find_elements(By.TAG_NAME, "option") if o.text == "OOM")
+    option.click()
+    moment, segments, frag = segmap_state(d, panel)
+    f_oom = json_of("frag", oom_run, "--at", "oom", "--json")["ranks"][0]
+    check("oom segment map", moment == "oom" and segments == len(f_oom["segments"]) == 1, (moment, segments))
+    check_frag("oom", frag, f_oom["fragmentation"])
+    check("oom: no phase table", "no phase marks" in rank.text, "")
+
+    # ---- two runs side by side, with the differences
+    cmp_page = os.path.join(tmp, "compare.html")
+    check("report compare", run("report", run_a, run_b, "-o", cmp_page)[0] == 0, "")
+    open_page(d, cmp_page, "compare")
+    summary_b = json_of("summary", run_b, "--json")["ranks"][0]
+    diff = {tr.get_attribute("data-metric"): [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in d.find_elements(By.CSS_SELECTOR, "#diff tr[data-metric]")}
+    for metric, key in [("peak allocated", "allocated"), ("peak reserved", "reserved")]:
+        a, b = summary["peak"][key]["bytes"], summary_b["peak"][key]["bytes"]
+        check(f"diff {metric}", diff.get(metric, [])[1:3] == [format_size(a), format_size(b)], (diff.get(metric), a, b))
+    check("diff lower bound", diff.get("lower bound (peak live requested)", [])[1:3] ==
+          [format_size(summary["lower_bound_bytes"]), format_size(summary_b["lower_bound_bytes"])], diff)
+    r0 = d.find_element(By.ID, "run0").rect
+    r1 = d.find_element(By.ID, "run1").rect
+    check("side by side", r1["x"] >= r0["x"] + r0["width"] - 1 and abs(r1["y"] - r0["y"]) < 2, (r0, r1))
+    for ri in (0, 1):
+        c = d.find_element(By.CSS_SELECTOR, f"#run{ri}-rank0 canvas.timeline-canvas")
+        check(f"compare timeline {ri} drawn", pixels(d, c).get("78,121,167", 0) > 50, "")
+    d.save_screenshot(os.path.join(OUT, "report-compare.png"))
+
+    # ---- a long run: thinned timeline, a subset of segment maps
+    long_trace = os.path.join(tmp, "long.jsonl")
+    traces.training_trace(long_trace, steps=120, layers=16, temporaries=4)
+    long_run = os.path.join(tmp, "long")
+    check("record long", run("replay", long_trace, "--out", long_run, "--no-search")[0] == 0, "")
+    seconds = open_page(d, os.path.join(long_run, "report.html"), "long run")
+    check("long run renders in seconds", seconds < 10, seconds)
+    report = json.load(open(os.path.join(long_run, "report.json")))["ranks"][0]
+    rank = d.find_element(By.ID, "run0-rank0")
+    rows = rank.find_elements(By.CSS_SELECTOR, "table.phases tbody tr")
+    check("long phase rows", len(rows) == len(report["phases"]), (len(rows), len(report["phases"])))
+    allocated = [p["allocated_bytes"] for p in report["phases"]]
+    deltas = [a - (allocated[i - 1] if i else 0) for i, a in enumerate(allocated)]
+    top = sorted([(abs(x), i) for i, x in enumerate(deltas) if x], key=lambda p: (-p[0], p[1]))[:3]
+    jumps = [int(tr.get_attribute("data-row")) for tr in rank.find_elements(By.CSS_SELECTOR, "table.phases tr.jump")]
+    check("largest jumps highlighted", jumps == sorted(i for _, i in top), (jumps, top))
+    # A phase whose map was not kept: the nearest kept moment, said in a note.
+    page_data = d.execute_script("return JSON.parse(document.getElementById('memscope-data').textContent)")
+    lr = page_data["runs"][0]["ranks"][0]
+    missing = next(i for i, b in enumerate(lr["bands"]) if b["moment"] < 0)
+    tr = rows[missing]
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", tr)
+    tr.click()
+    panel = rank.find_element(By.CSS_SELECTOR, ".segpanel")
+    check("unkept phase: note", "no segment map was kept" in panel.find_element(By.CSS_SELECTOR, ".note").text, "")
+    canvas = rank.find_element(By.CSS_SELECTOR, "canvas.timeline-canvas")
+    check("long: thinned samples drawn", int(canvas.get_attribute("data-drawn-samples")) == len(lr["samples"]["t"])
+          <= 8000 and lr["thinned"], canvas.get_attribute("data-drawn-samples"))
+    t0 = time.time()
+    for _ in range(10):
+        ActionChains(d).scroll_from_origin(ScrollOrigin.from_element(canvas), 0, -200).perform()
+    zoom_s = time.time() - t0
+    check("long: zoom responsive", zoom_s < 5, zoom_s)
+    d.execute_script("window.scrollTo(0, 0)")
+    d.save_screenshot(os.path.join(OUT, "report-long-run.png"))
+    print(f"long run: page ready in {seconds:.2f} s, 10 zoom steps in {zoom_s:.2f} s; "
+          f"screenshots in {OUT}")
+finally:
+    if d is not None:
+        d.quit()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+finish("browser report")

@@ -1,0 +1,55 @@
+"""Request traces generated for tests (JSON lines, see README "Request trace format")."""
+import json
+import random
+
+MiB = 1 << 20
+
+
+def training_trace(path, steps, layers, temporaries=4, seed=1):
+    """A training-like trace with phase marks and categories: parameters, then
+    per step forward (activations kept, temporaries freed), backward (gradients
+    kept, activations freed), step (optimizer state from step 0 on), zero_grad.
+    Returns the number of alloc requests."""
+    rng = random.Random(seed)
+    lines = []
+    n = 0
+
+    def alloc(i, size, category, owner):
+        nonlocal n
+        n += 1
+        lines.append({"action": "alloc", "id": i, "size": size, "category": category, "owner": owner})
+
+    def free(i):
+        lines.append({"action": "free", "id": i})
+
+    lines.append({"action": "phase_begin", "phase": "model"})
+    for l in range(layers):
+        alloc(f"w{l}", (1 + l % 4) * MiB, "PARAMETER", f"layer{l}")
+    lines.append({"action": "phase_end", "phase": "model"})
+    for s in range(steps):
+        batch = 24 + rng.randrange(9)
+        lines.append({"action": "phase_begin", "phase": "forward", "step": s})
+        for l in range(layers):
+            alloc(f"a{l}", batch * (64 << 10) + rng.randrange(4) * 512, "ACTIVATION", f"layer{l}")
+            for k in range(temporaries):
+                alloc(f"t{k}", rng.randrange(1, 64) * 4096, "TEMPORARY", f"layer{l}.tmp")
+            for k in range(temporaries):
+                free(f"t{k}")
+        lines.append({"action": "phase_end", "phase": "forward", "step": s})
+        lines.append({"action": "phase_begin", "phase": "backward", "step": s})
+        for l in reversed(range(layers)):
+            if s == 0:
+                alloc(f"g{l}", (1 + l % 4) * MiB, "GRADIENT", f"layer{l}")
+            free(f"a{l}")
+        lines.append({"action": "phase_end", "phase": "backward", "step": s})
+        lines.append({"action": "phase_begin", "phase": "step", "step": s})
+        for l in range(layers):
+            if s == 0:
+                alloc(f"m{l}", (1 + l % 4) * MiB, "OPTIMIZER_STATE", f"layer{l}")
+            alloc(f"u{l}", 4096, "TEMPORARY", "adam")
+            free(f"u{l}")
+        lines.append({"action": "phase_end", "phase": "step", "step": s})
+    with open(path, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    return n
