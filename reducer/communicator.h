@@ -1,0 +1,66 @@
+// The collectives DDP needs, behind one interface: Gloo over TCP for CPU ranks
+// (GlooCommunicator), NCCL on GPUs (NcclCommunicator, built with CUDA), and a
+// single-rank LocalCommunicator.
+//
+// Every collective is checked: before its payload moves, the ranks exchange a
+// small descriptor (sequence number, collective, dtype, count, root) and a
+// mismatch throws CommError naming the ranks and what each called, as PyTorch
+// does with TORCH_DISTRIBUTED_DEBUG=DETAIL (seed 001's skipped barrier).
+// A rank that does not arrive within the timeout, or whose connection drops,
+// is a CommError naming it: never a silent hang.
+//
+// `data == nullptr` (meta execution: shapes, no bytes) runs the check only, so
+// ranks stay in lockstep and mismatches are still found without moving bytes.
+#ifndef MEMSCOPE_REDUCER_COMMUNICATOR_H_
+#define MEMSCOPE_REDUCER_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace memscope::reducer {
+
+// A failed collective: timeout, lost peer, mismatch. what() is one line.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;  // "gloo", "nccl", "local"
+
+  // In-place SUM over all ranks of `count` elements of `dtype` (float32,
+  // float16, bfloat16, int32, int64).
+  virtual void AllreduceSum(void* data, std::size_t count, DType dtype) = 0;
+  // `count` elements from `root` to every rank, in place.
+  virtual void Broadcast(void* data, std::size_t count, DType dtype, int root) = 0;
+  // Each rank's `count` elements of `in` into out[rank * count ...].
+  virtual void Allgather(const void* in, void* out, std::size_t count, DType dtype) = 0;
+  virtual void Barrier() = 0;
+};
+
+// World size 1: every collective is a no-op (allgather copies in to out).
+std::unique_ptr<Communicator> CreateLocalCommunicator();
+
+struct GlooOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string store_dir;    // FileStore rendezvous directory (created if missing)
+  std::string hostname = "127.0.0.1";  // interface the TCP transport binds to
+  std::chrono::milliseconds timeout{60000};
+};
+
+// Rendezvous through the FileStore, full mesh over TCP. Throws CommError.
+std::unique_ptr<Communicator> CreateGlooCommunicator(const GlooOptions& options);
+
+}  // namespace memscope::reducer
+
+#endif  // MEMSCOPE_REDUCER_COMMUNICATOR_H_
