@@ -153,7 +153,37 @@ std::shared_ptr<Node> RecordOp(std::string_view name, std::initializer_list<cons
   return RecordOp(name, std::vector<const Tensor*>(inputs), std::vector<Tensor*>(outputs), std::move(fn));
 }
 
+namespace {
+// The final callbacks of the outermost running Backward (null outside one).
+thread_local std::vector<std::function<void()>>* final_callbacks = nullptr;
+void RunGraph(const TensorList& roots, TensorList root_grads);
+}  // namespace
+
+void QueueBackwardCallback(std::function<void()> callback) {
+  if (final_callbacks == nullptr) throw TensorError("queue_callback: no backward pass is running");
+  final_callbacks->push_back(std::move(callback));
+}
+
 void Backward(const TensorList& roots, TensorList root_grads) {
+  if (final_callbacks != nullptr) {  // reentrant (checkpoint): callbacks go to the outermost pass
+    RunGraph(roots, std::move(root_grads));
+    return;
+  }
+  std::vector<std::function<void()>> callbacks;
+  final_callbacks = &callbacks;
+  struct Reset {
+    ~Reset() { final_callbacks = nullptr; }
+  } reset;
+  RunGraph(roots, std::move(root_grads));
+  // A callback may queue more (as in PyTorch, they run in order until none is left).
+  for (std::size_t i = 0; i < callbacks.size(); ++i) {
+    std::function<void()> cb = std::move(callbacks[i]);
+    cb();
+  }
+}
+
+namespace {
+void RunGraph(const TensorList& roots, TensorList root_grads) {
   NoGradGuard no_grad;
   root_grads.resize(roots.size());
   // Dependencies: how many edges point at each node reachable from the roots.
@@ -237,6 +267,7 @@ void Backward(const TensorList& roots, TensorList root_grads) {
       }
       inputs.resize(node->num_outputs);
       outputs = node->Apply(inputs);
+      for (const auto& hook : node->post_hooks()) hook();
     }  // the incoming gradients are freed here
     node->ReleaseSaved();
     for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
@@ -257,6 +288,7 @@ void Backward(const TensorList& roots, TensorList root_grads) {
     }
   }
 }
+}  // namespace
 
 Tensor Checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
   const std::uint64_t seed = input.ctx().seed();

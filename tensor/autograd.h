@@ -59,6 +59,12 @@ class Node {
   // Module path that was current when the op ran ("" outside any module).
   std::string_view owner() const { return owner_; }
 
+  // Post hooks run right after the node's Apply (PyTorch's
+  // add_post_hook; DDP's Reducer hooks each parameter's AccumulateGrad).
+  void AddPostHook(std::function<void()> hook) { post_hooks_.push_back(std::move(hook)); }
+  void ClearPostHooks() { post_hooks_.clear(); }
+  const std::vector<std::function<void()>>& post_hooks() const { return post_hooks_; }
+
   std::vector<Edge> next_edges;
   // The dtype of each input: a gradient of another dtype is cast to it
   // (the engine's validate_outputs), which allocates.
@@ -69,6 +75,7 @@ class Node {
   std::string_view name_;
   std::uint64_t sequence_nr_;
   std::string_view owner_;
+  std::vector<std::function<void()>> post_hooks_;
 };
 
 // Tags the allocations of the gradient for a node's input `i`: GRADIENT of
@@ -105,6 +112,11 @@ Edge GradientEdge(const Tensor& t);
 // loss.backward() / torch.autograd.backward(roots, grads): a root without a
 // gradient gets ones (a scalar's default). Throws TensorError.
 void Backward(const TensorList& roots, TensorList root_grads = {});
+
+// Engine::queue_callback: runs `callback` when the outermost running
+// Backward() has finished its graph (DDP's finalize_backward). Throws
+// TensorError outside a backward pass.
+void QueueBackwardCallback(std::function<void()> callback);
 
 // torch.utils.checkpoint.checkpoint(fn, input) (use_reentrant=True, the
 // default): runs fn without recording history and saves only `input`; in

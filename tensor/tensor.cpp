@@ -168,6 +168,12 @@ std::uint8_t* Tensor::data_u8() const {
   return reinterpret_cast<std::uint8_t*>(base) + impl_->offset;
 }
 
+void* Tensor::raw_data() const {
+  std::byte* base = impl_->storage->data();
+  if (base == nullptr) return nullptr;
+  return base + impl_->offset * static_cast<std::int64_t>(ElementSize(impl_->dtype));
+}
+
 float Tensor::At(std::initializer_list<std::int64_t> index) const {
   std::int64_t off = 0;
   std::size_t d = 0;

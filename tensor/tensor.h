@@ -168,6 +168,8 @@ class Tensor {
   float* data() const;
   std::int64_t* data_i64() const;
   std::uint8_t* data_u8() const;
+  // The first byte of any dtype, or null in kMeta (no bytes).
+  void* raw_data() const;
   float At(std::initializer_list<std::int64_t> index) const;
 
  private:

@@ -37,14 +37,24 @@ class Model : public Module {
  public:
   using Module::Module;
   virtual std::string_view name() const = 0;
-  // A new batch for `step` (fixed synthetic data in --exec cpu).
+  // A new batch for `step` (fixed synthetic data in --exec cpu). With a data
+  // shard set (DistributedSampler), the global batch of batch_size x
+  // world_size samples is generated and this rank takes rows
+  // [rank * batch_size, (rank + 1) * batch_size): world size N at batch B sees
+  // exactly the samples one process sees at batch N x B.
   virtual Batch MakeBatch(DeviceContext& ctx, std::int64_t step) = 0;
+  void set_data_shard(int rank, int world_size) {
+    shard_rank_ = rank;
+    shard_world_ = world_size;
+  }
   virtual Tensor Forward(const Batch& batch) = 0;
   virtual Tensor Loss(const Tensor& output, const Batch& batch) = 0;
   std::int64_t batch_size() const { return batch_size_; }
 
  protected:
   std::int64_t batch_size_ = 1;
+  int shard_rank_ = 0;
+  int shard_world_ = 1;
 };
 
 struct ModelInfo {

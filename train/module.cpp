@@ -56,6 +56,17 @@ std::vector<Tensor*> Module::Parameters() {
   return out;
 }
 
+std::vector<Tensor*> Module::Buffers() {
+  std::vector<Tensor*> out;
+  for (auto& slot : slots_) {
+    if (!slot->parameter) out.push_back(&slot->tensor);
+  }
+  for (auto& child : children_) {
+    for (Tensor* b : child->Buffers()) out.push_back(b);
+  }
+  return out;
+}
+
 std::int64_t Module::NumParameters() const {
   std::int64_t n = 0;
   for (const auto& slot : slots_) n += slot->parameter ? NumElements(slot->shape) : 0;

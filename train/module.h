@@ -32,6 +32,8 @@ class Module {
   void Materialize(DeviceContext& ctx);
   // Parameters in named_parameters() order, and their total element count.
   std::vector<Tensor*> Parameters();
+  // Buffers in named_buffers() order (running stats, ...).
+  std::vector<Tensor*> Buffers();
   std::int64_t NumParameters() const;
   std::int64_t NumParameterTensors() const;
   template <class M, class... Args>

@@ -23,9 +23,21 @@ class PhaseScope {
   std::int64_t step_;
 };
 
+std::vector<float> Concat(const std::vector<Tensor*>& tensors, bool grads) {
+  std::vector<float> out;
+  for (Tensor* p : tensors) {
+    Tensor t = grads ? p->grad() : *p;
+    if (!t.defined()) continue;
+    Tensor c = ops::Contiguous(t.Detach());
+    out.insert(out.end(), c.data(), c.data() + c.numel());
+  }
+  return out;
+}
+
 }  // namespace
 
-absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ctx, Recorder* recorder) {
+absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ctx, Recorder* recorder,
+                                  reducer::Communicator* comm) {
   if (options.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
   if (options.grad_accum < 1) return absl::InvalidArgumentError("--grad-accum must be at least 1");
   absl::StatusOr<std::unique_ptr<Model>> created = CreateModel(options.model, options.model_options);
@@ -37,6 +49,9 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
     if (!cpu) return absl::InvalidArgumentError(absl::StrCat("--exec cpu runs mlp and cifar-net; ", options.model, " needs --exec meta"));
     if (options.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
   }
+  if (options.ddp && comm == nullptr) return absl::InvalidArgumentError("DDP needs a communicator");
+  if (options.record_values && !ctx.computes()) return absl::InvalidArgumentError("recording values needs --exec cpu");
+  if (comm != nullptr) model.set_data_shard(comm->rank(), comm->world_size());
   TrainResult result;
   result.parameters = model.NumParameters();
   try {
@@ -45,6 +60,12 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
       model.Materialize(ctx);
     }
     const std::vector<Tensor*> params = model.Parameters();
+    std::unique_ptr<reducer::DistributedDataParallel> ddp;
+    if (options.ddp) {
+      PhaseScope phase(recorder, Phase::kDdp, kNoStep);
+      ddp = std::make_unique<reducer::DistributedDataParallel>(params, model.Buffers(), *comm, *options.ddp);
+      result.initial_buckets = ddp->initial_buckets();
+    }
     Optimizer optimizer(params, options.optimizer);
     std::optional<GradScaler> scaler;
     if (options.amp == DType::kFloat16) scaler.emplace();
@@ -63,7 +84,16 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
         {
           PhaseScope phase(recorder, Phase::kForward, step);
           ScopedTag tag(Category::kActivation, "");  // what a module does not tag itself
-          output = model.Forward(batch);
+          if (ddp) {
+            ddp->set_require_backward_grad_sync(micro == options.grad_accum - 1);  // no_sync() before the last
+            ddp->PreForward();
+            if (!ddp->rebuilt_buckets().empty() && result.rebuilt_buckets.empty()) {
+              result.rebuilt_buckets = ddp->rebuilt_buckets();
+            }
+            output = ddp->PostForward(model.Forward(batch));
+          } else {
+            output = model.Forward(batch);
+          }
         }
         {
           PhaseScope phase(recorder, Phase::kLoss, step);
@@ -84,16 +114,23 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
       }
       {
         PhaseScope phase(recorder, Phase::kStep, step);
+        if (options.record_values) result.step_grads.push_back(Concat(params, true));
         if (scaler) {
           scaler->Step(optimizer, params);
         } else {
           optimizer.Step();
         }
       }
+      if (options.record_values) result.step_params.push_back(Concat(params, false));
+      if (comm != nullptr && step == options.barrier_step && comm->rank() != options.skip_barrier_rank) comm->Barrier();
       result.steps_done = step + 1;
     }
+    if (comm != nullptr) comm->Barrier();  // dist.barrier() before destroy_process_group()
   } catch (const TensorError& e) {
     result.oom = e.out_of_memory();
+    result.error = e.what();
+  } catch (const reducer::CommError& e) {
+    result.comm_error = true;
     result.error = e.what();
   }
   return result;

@@ -2,6 +2,7 @@
 // it in Python:
 //
 //   model = Model().cuda()                       # phase "model"
+//   model = DDP(model, ...)                      # phase "ddp" (with a communicator)
 //   for step, batch in enumerate(data):          # the batch is made first
 //       optimizer.zero_grad()                    # phase "zero_grad"
 //       for micro in range(grad_accum):
@@ -23,6 +24,8 @@
 
 #include "absl/status/statusor.h"
 #include "profiler/recorder.h"
+#include "reducer/communicator.h"
+#include "reducer/ddp.h"
 #include "tensor/tensor.h"
 #include "train/models.h"
 #include "train/optimizer.h"
@@ -37,6 +40,14 @@ struct TrainOptions {
   bool zero_grad_set_to_none = true;  // --zero-grad none|zeros
   std::optional<DType> amp;           // --amp fp16|bf16
   std::int64_t grad_accum = 1;
+  // DDP (needs a communicator): micro-batches before the last run under
+  // no_sync(); each rank trains on its shard of the global batch.
+  std::optional<reducer::DdpOptions> ddp;
+  // Test hook (seed 001): at the end of step `barrier_step` every rank but
+  // `skip_barrier_rank` calls a barrier (-1: none).
+  std::int64_t barrier_step = -1;
+  int skip_barrier_rank = -1;
+  bool record_values = false;  // fill TrainResult::step_params/step_grads (--exec cpu)
 };
 
 struct TrainResult {
@@ -45,12 +56,20 @@ struct TrainResult {
   std::vector<float> losses;  // per step (--exec cpu), the last micro-batch's
   bool oom = false;
   std::string error;          // the OOM (or other tensor error) message
+  bool comm_error = false;    // a collective failed (CommError): `error` says which
+  std::vector<reducer::BucketInfo> initial_buckets, rebuilt_buckets;  // DDP
+  // After each step (--exec cpu): the parameters, concatenated; and the
+  // gradients the optimizer stepped with.
+  std::vector<std::vector<float>> step_params, step_grads;
 };
 
 // Runs the loop on `ctx`, marking phases on `recorder` (may be null).
 // Invalid options are an error; an OOM or tensor error during training ends
 // the run and is reported in the result.
-absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ctx, Recorder* recorder);
+// With `comm`, the model is wrapped in DDP when options.ddp is set (else the
+// ranks train independently on their shards).
+absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ctx, Recorder* recorder,
+                                  reducer::Communicator* comm = nullptr);
 
 }  // namespace memscope
 
