@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include "absl/strings/str_cat.h"
+#include "tensor/ops.h"
 
 namespace memscope {
 namespace {
@@ -8,8 +9,11 @@ namespace {
 // Phase marks around a scope, when recording.
 class PhaseScope {
  public:
-  PhaseScope(Recorder* recorder, Phase phase, std::int64_t step) : recorder_(recorder), phase_(phase), step_(step) {
+  using Hook = std::function<void(Phase, std::int64_t, bool)>;
+  PhaseScope(Recorder* recorder, Phase phase, std::int64_t step, const Hook* hook = nullptr)
+      : recorder_(recorder), phase_(phase), step_(step), hook_(hook) {
     if (recorder_) recorder_->PhaseBegin(phase_, step_);
+    if (hook_ && *hook_) (*hook_)(phase_, step_, false);
   }
   ~PhaseScope() {
     if (recorder_) recorder_->PhaseEnd(phase_, step_);
@@ -21,6 +25,7 @@ class PhaseScope {
   Recorder* recorder_;
   Phase phase_;
   std::int64_t step_;
+  const Hook* hook_;
 };
 
 std::vector<float> Concat(const std::vector<Tensor*>& tensors, bool grads) {
@@ -73,7 +78,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
     Tensor output, loss;  // Python variables: alive until reassigned
     for (std::int64_t step = 0; step < options.steps; ++step) {
       {
-        PhaseScope phase(recorder, Phase::kZeroGrad, step);
+        PhaseScope phase(recorder, Phase::kZeroGrad, step, &options.phase_hook);
         batch = model.MakeBatch(ctx, step);
         optimizer.ZeroGrad(options.zero_grad_set_to_none);
       }
@@ -82,7 +87,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
         std::optional<AutocastGuard> autocast;
         if (options.amp) autocast.emplace(*options.amp);
         {
-          PhaseScope phase(recorder, Phase::kForward, step);
+          PhaseScope phase(recorder, Phase::kForward, step, &options.phase_hook);
           ScopedTag tag(Category::kActivation, "");  // what a module does not tag itself
           if (ddp) {
             ddp->set_require_backward_grad_sync(micro == options.grad_accum - 1);  // no_sync() before the last
@@ -96,14 +101,14 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
           }
         }
         {
-          PhaseScope phase(recorder, Phase::kLoss, step);
+          PhaseScope phase(recorder, Phase::kLoss, step, &options.phase_hook);
           ScopedTag tag(Category::kActivation, "loss");
           loss = model.Loss(output, batch);
           if (options.grad_accum > 1) loss = ops::DivScalar(loss, static_cast<float>(options.grad_accum));
         }
         autocast.reset();  // leaving `with autocast():` frees the cast cache
         {
-          PhaseScope phase(recorder, Phase::kBackward, step);
+          PhaseScope phase(recorder, Phase::kBackward, step, &options.phase_hook);
           if (scaler) {
             Backward({scaler->Scale(loss)});
           } else {
@@ -113,7 +118,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
         if (ctx.computes()) result.losses.push_back(loss.data()[0] * static_cast<float>(options.grad_accum));
       }
       {
-        PhaseScope phase(recorder, Phase::kStep, step);
+        PhaseScope phase(recorder, Phase::kStep, step, &options.phase_hook);
         if (options.record_values) result.step_grads.push_back(Concat(params, true));
         if (scaler) {
           scaler->Step(optimizer, params);
@@ -122,7 +127,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
         }
       }
       if (options.record_values) result.step_params.push_back(Concat(params, false));
-      if (comm != nullptr && step == options.barrier_step && comm->rank() != options.skip_barrier_rank) comm->Barrier();
+      if (options.phase_hook) options.phase_hook(Phase::kStep, step, true);
       result.steps_done = step + 1;
     }
     if (comm != nullptr) comm->Barrier();  // dist.barrier() before destroy_process_group()

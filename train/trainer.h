@@ -18,6 +18,7 @@
 #define MEMSCOPE_TRAIN_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,10 +44,10 @@ struct TrainOptions {
   // DDP (needs a communicator): micro-batches before the last run under
   // no_sync(); each rank trains on its shard of the global batch.
   std::optional<reducer::DdpOptions> ddp;
-  // Test hook (seed 001): at the end of step `barrier_step` every rank but
-  // `skip_barrier_rank` calls a barrier (-1: none).
-  std::int64_t barrier_step = -1;
-  int skip_barrier_rank = -1;
+  // Called as each phase of a step begins (end = false), and once more when
+  // the step ends (kStep, end = true): fault injection in tests (a rank
+  // killing itself, a rank skipping a barrier).
+  std::function<void(Phase phase, std::int64_t step, bool end)> phase_hook;
   bool record_values = false;  // fill TrainResult::step_params/step_grads (--exec cpu)
 };
 
