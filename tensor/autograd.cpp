@@ -237,6 +237,7 @@ void Backward(const TensorList& roots, TensorList root_grads) {
       }
       inputs.resize(node->num_outputs);
       outputs = node->Apply(inputs);
+      for (const auto& hook : node->post_hooks()) hook();
     }  // the incoming gradients are freed here
     node->ReleaseSaved();
     for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
