@@ -26,7 +26,8 @@ struct BucketAssignment {
   std::vector<std::size_t> size_limits;           // the limit each bucket was closed against
 };
 
-inline constexpr std::size_t kNoBucketLimit = std::numeric_limits<std::size_t>::max();  // sys.maxsize
+// sys.maxsize (2**63 - 1 on 64-bit Python), which PyTorch reports as that bucket's limit.
+inline constexpr std::size_t kNoBucketLimit = std::numeric_limits<std::int64_t>::max();
 inline constexpr std::size_t kDefaultFirstBucketBytes = 1024 * 1024;                    // dist._DEFAULT_FIRST_BUCKET_BYTES
 inline constexpr double kDefaultBucketCapMb = 25.0;
 
