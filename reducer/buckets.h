@@ -34,7 +34,13 @@ inline constexpr double kDefaultBucketCapMb = 25.0;
 // compute_bucket_assignment_by_size: walk the tensors in order, one open bucket
 // and one pointer into `limits` per dtype; close a bucket when its bytes reach
 // the current limit and advance the pointer (never past the last limit); then
-// append the open buckets in order of their dtype's first appearance.
+// append the still-open buckets in REVERSE order of their dtype's first
+// appearance. PyTorch iterates a std::unordered_map<BucketKey, ...> there, and
+// libstdc++ puts each new key at the front of its node list: PyTorch 1.13
+// returns that order for every ordering of up to 5 of float32, float16,
+// bfloat16, float64, int64, int32, uint8 (float16 first seen before float32:
+// [float32 bucket, float16 bucket]). The order only shows without the sort,
+// i.e. in the rebuild.
 // Without `tensor_indices` the buckets are sorted by their smallest index;
 // with them (the rebuild, tensors in gradient-ready order) tensor i is
 // reported as tensor_indices[i] and there is no sort.

@@ -28,4 +28,27 @@ TEST_CASE("the no-limit bucket's size limit is sys.maxsize, as PyTorch reports i
   CHECK(a.size_limits == Limits{9223372036854775807ULL});
 }
 
+TEST_CASE("the rebuild appends the still-open buckets newest dtype first, as PyTorch's unordered_map iterates") {
+  // Parameters 0..5 alternate float32 (400 B) and float16 (200 B); gradients
+  // ready in the order 3 (f16), 2 (f32), 1, 0, 5, 4. PyTorch 1.13:
+  //   ts = [torch.empty(100, dtype=D[i]) for i in ready]
+  //   dist._compute_bucket_assignment_by_size(ts, [10**9], [False] * 6, ready)
+  //     -> ([[2, 0, 4], [3, 1, 5]], [10**9, 10**9])
+  //   dist._compute_bucket_assignment_by_size(ts, [500, 500], [False] * 6, ready)
+  //     -> ([[2, 0], [3, 1, 5], [4]], [500, 500, 500])
+  std::vector<BucketTensor> ready_tensors;
+  const std::vector<std::size_t> ready = {3, 2, 1, 0, 5, 4};
+  for (std::size_t i : ready) {
+    ready_tensors.push_back(i % 2 == 0 ? BucketTensor{400, DType::kFloat32} : BucketTensor{200, DType::kFloat16});
+  }
+  const std::vector<std::size_t> no_limit = {1'000'000'000};
+  BucketAssignment a = ComputeBucketAssignmentBySize(ready_tensors, no_limit, ready);
+  CHECK(a.buckets == Buckets{{2, 0, 4}, {3, 1, 5}});
+  CHECK(a.size_limits == Limits{1'000'000'000, 1'000'000'000});
+  const std::vector<std::size_t> limits = {500, 500};
+  a = ComputeBucketAssignmentBySize(ready_tensors, limits, ready);
+  CHECK(a.buckets == Buckets{{2, 0}, {3, 1, 5}, {4}});
+  CHECK(a.size_limits == Limits{500, 500, 500});
+}
+
 }  // namespace memscope::reducer
