@@ -58,7 +58,9 @@ std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool s
 }
 
 std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb) {
-  return {kDefaultFirstBucketBytes, BucketCapBytes(bucket_cap_mb.value_or(kDefaultBucketCapMb))};
+  if (!bucket_cap_mb) return {kDefaultFirstBucketBytes, BucketCapBytes(kDefaultBucketCapMb)};
+  const std::size_t cap = BucketCapBytes(*bucket_cap_mb);
+  return {cap, cap};
 }
 
 BucketAssignment InitialBuckets(std::span<const BucketTensor> params, bool find_unused_parameters, bool static_graph,

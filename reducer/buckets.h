@@ -57,8 +57,14 @@ std::size_t BucketCapBytes(double bucket_cap_mb);
 std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool static_graph,
                                              std::optional<double> bucket_cap_mb);
 
-// The limits of the rebuild after the first backward: [1 MiB, cap] (cap 25
-// MiB when unset).
+// The limits of the rebuild after the first backward: [first, cap], where
+// DDP passes the Reducer first_bucket_bytes_cap =
+// dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb was left unset (None),
+// else the cap itself (distributed.py _ddp_init_helper; reducer.cpp
+// rebuild_buckets pushes first_bucket_bytes_cap_, bucket_bytes_cap_). So
+// [1 MiB, 25 MiB] when unset, [cap, cap] when given. (PyTorch 1.x always
+// passed 1 MiB first; DDP_SET_LAST_BUCKET_CAP=1, which makes the small bucket
+// the last one, is not modelled.)
 std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb);
 
 // DDP's construction: assignment over the parameters in registration order,

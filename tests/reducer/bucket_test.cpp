@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 namespace memscope::reducer {
@@ -49,6 +50,25 @@ TEST_CASE("the rebuild appends the still-open buckets newest dtype first, as PyT
   a = ComputeBucketAssignmentBySize(ready_tensors, limits, ready);
   CHECK(a.buckets == Buckets{{2, 0}, {3, 1, 5}, {4}});
   CHECK(a.size_limits == Limits{500, 500, 500});
+}
+
+TEST_CASE("the rebuild's first bucket is 1 MiB only when bucket_cap_mb is unset, else the cap (PyTorch 2.x)") {
+  CHECK(RebuildBucketLimits(std::nullopt) == Limits{1024 * 1024, 25 * 1024 * 1024});
+  CHECK(RebuildBucketLimits(5.0) == Limits{5 * 1024 * 1024, 5 * 1024 * 1024});
+  CHECK(RebuildBucketLimits(0.01) == Limits{10485, 10485});  // int(0.01 * 1024 * 1024)
+  // The CIFAR tutorial Net, gradients ready fc3.bias, fc3.weight, ... as DDP
+  // records them, bucket_cap_mb=0.01. PyTorch 1.13's DDP with
+  // dist._DEFAULT_FIRST_BUCKET_BYTES = 10485 (what 2.x passes for a given cap)
+  // rebuilt "9 8 7 6, 5 4, 2 3 0, 1" (rebuilt_per_bucket_param_indices);
+  // with a 1 MiB first bucket all 248,024 B would stay in one bucket.
+  const std::vector<BucketTensor> params = {{1800, DType::kFloat32},  {24, DType::kFloat32},  {9600, DType::kFloat32},
+                                            {64, DType::kFloat32},    {192000, DType::kFloat32}, {480, DType::kFloat32},
+                                            {40320, DType::kFloat32}, {336, DType::kFloat32}, {3360, DType::kFloat32},
+                                            {40, DType::kFloat32}};
+  const std::vector<std::size_t> ready = {9, 8, 7, 6, 5, 4, 2, 3, 0, 1};
+  const BucketAssignment a = RebuiltBuckets(params, ready, 0.01);
+  CHECK(a.buckets == Buckets{{9, 8, 7, 6}, {5, 4}, {2, 3, 0}, {1}});
+  CHECK(a.size_limits == Limits{10485, 10485, 10485, 10485});
 }
 
 }  // namespace memscope::reducer
