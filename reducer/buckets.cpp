@@ -31,8 +31,9 @@ BucketAssignment ComputeBucketAssignmentBySize(std::span<const BucketTensor> ten
       if (bucket.limit_pos + 1 < limits.size()) ++bucket.limit_pos;
     }
   }
-  for (Open& bucket : open) {
-    if (!bucket.indices.empty()) result.emplace_back(std::move(bucket.indices), bucket.size_limit);
+  // Newest dtype first: the iteration order of PyTorch's unordered_map (libstdc++).
+  for (auto it = open.rbegin(); it != open.rend(); ++it) {
+    if (!it->indices.empty()) result.emplace_back(std::move(it->indices), it->size_limit);
   }
   if (tensor_indices.empty()) {
     std::stable_sort(result.begin(), result.end(), [](const auto& a, const auto& b) {
@@ -57,7 +58,9 @@ std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool s
 }
 
 std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb) {
-  return {kDefaultFirstBucketBytes, BucketCapBytes(bucket_cap_mb.value_or(kDefaultBucketCapMb))};
+  if (!bucket_cap_mb) return {kDefaultFirstBucketBytes, BucketCapBytes(kDefaultBucketCapMb)};
+  const std::size_t cap = BucketCapBytes(*bucket_cap_mb);
+  return {cap, cap};
 }
 
 BucketAssignment InitialBuckets(std::span<const BucketTensor> params, bool find_unused_parameters, bool static_graph,

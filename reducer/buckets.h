@@ -26,14 +26,21 @@ struct BucketAssignment {
   std::vector<std::size_t> size_limits;           // the limit each bucket was closed against
 };
 
-inline constexpr std::size_t kNoBucketLimit = std::numeric_limits<std::size_t>::max();  // sys.maxsize
+// sys.maxsize (2**63 - 1 on 64-bit Python), which PyTorch reports as that bucket's limit.
+inline constexpr std::size_t kNoBucketLimit = std::numeric_limits<std::int64_t>::max();
 inline constexpr std::size_t kDefaultFirstBucketBytes = 1024 * 1024;                    // dist._DEFAULT_FIRST_BUCKET_BYTES
 inline constexpr double kDefaultBucketCapMb = 25.0;
 
 // compute_bucket_assignment_by_size: walk the tensors in order, one open bucket
 // and one pointer into `limits` per dtype; close a bucket when its bytes reach
 // the current limit and advance the pointer (never past the last limit); then
-// append the open buckets in order of their dtype's first appearance.
+// append the still-open buckets in REVERSE order of their dtype's first
+// appearance. PyTorch iterates a std::unordered_map<BucketKey, ...> there, and
+// libstdc++ puts each new key at the front of its node list: PyTorch 1.13
+// returns that order for every ordering of up to 5 of float32, float16,
+// bfloat16, float64, int64, int32, uint8 (float16 first seen before float32:
+// [float32 bucket, float16 bucket]). The order only shows without the sort,
+// i.e. in the rebuild.
 // Without `tensor_indices` the buckets are sorted by their smallest index;
 // with them (the rebuild, tensors in gradient-ready order) tensor i is
 // reported as tensor_indices[i] and there is no sort.
@@ -50,8 +57,14 @@ std::size_t BucketCapBytes(double bucket_cap_mb);
 std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool static_graph,
                                              std::optional<double> bucket_cap_mb);
 
-// The limits of the rebuild after the first backward: [1 MiB, cap] (cap 25
-// MiB when unset).
+// The limits of the rebuild after the first backward: [first, cap], where
+// DDP passes the Reducer first_bucket_bytes_cap =
+// dist._DEFAULT_FIRST_BUCKET_BYTES if bucket_cap_mb was left unset (None),
+// else the cap itself (distributed.py _ddp_init_helper; reducer.cpp
+// rebuild_buckets pushes first_bucket_bytes_cap_, bucket_bytes_cap_). So
+// [1 MiB, 25 MiB] when unset, [cap, cap] when given. (PyTorch 1.x always
+// passed 1 MiB first; DDP_SET_LAST_BUCKET_CAP=1, which makes the small bucket
+// the last one, is not modelled.)
 std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb);
 
 // DDP's construction: assignment over the parameters in registration order,

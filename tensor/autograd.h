@@ -54,6 +54,14 @@ class Node {
   virtual void ReleaseSaved() {}
   virtual bool is_accumulate_grad() const { return false; }
 
+  // Post hooks (Node::add_post_hook): Backward() runs them, in the order they
+  // were added, right after the node's Apply, while its incoming gradients are
+  // still held (engine.cpp call_function). DDP's Reducer adds one to each
+  // parameter's AccumulateGrad (GradientEdge(param).fn, which it keeps alive)
+  // to learn when that gradient is ready.
+  void AddPostHook(std::function<void()> hook) { post_hooks_.push_back(std::move(hook)); }
+  const std::vector<std::function<void()>>& post_hooks() const { return post_hooks_; }
+
   std::string_view name() const { return name_; }
   std::uint64_t sequence_nr() const { return sequence_nr_; }
   // Module path that was current when the op ran ("" outside any module).

@@ -580,3 +580,31 @@ TEST_CASE("backward with an explicit root gradient uses it instead of ones") {
   CHECK(w.grad().data()[1] == 20.f);
   CHECK(w.grad().data()[2] == 200.f);
 }
+
+TEST_CASE("post hooks on AccumulateGrad run once per backward, in ready order, with the gradient already set") {
+  // y = relu(linear(x, w, b)): AddmmBackward0 makes b's gradient ready at once
+  // and w's only after TBackward0, so b's hook runs first (as PyTorch's
+  // Reducer sees them: fc.bias, then fc.weight).
+  MetaGpu d;
+  Tensor w = Param(d.ctx, {16, 32}, "fc.weight");
+  Tensor b = Param(d.ctx, {16}, "fc.bias");
+  Tensor x = Tensor::Empty(d.ctx, {4, 32});
+  // The Reducer keeps the accumulators alive: the parameters only hold them weakly.
+  std::vector<std::shared_ptr<Node>> accumulators;
+  std::vector<std::string> ready;
+  for (Tensor* p : {&w, &b}) {
+    std::shared_ptr<Node> acc = GradientEdge(*p).fn;
+    REQUIRE(acc != nullptr);
+    REQUIRE(acc->is_accumulate_grad());
+    acc->AddPostHook([p, &ready] {
+      CHECK(p->grad().defined());
+      ready.push_back(p->name());
+    });
+    accumulators.push_back(std::move(acc));
+  }
+  for (int step = 0; step < 2; ++step) {
+    Tensor loss = ops::Sum(ops::Relu(ops::Linear(x, w, b)));
+    Backward({loss});
+  }
+  CHECK(ready == std::vector<std::string>{"fc.bias", "fc.weight", "fc.bias", "fc.weight"});
+}
