@@ -60,18 +60,13 @@ class Node {
   // parameter's AccumulateGrad (GradientEdge(param).fn, which it keeps alive)
   // to learn when that gradient is ready.
   void AddPostHook(std::function<void()> hook) { post_hooks_.push_back(std::move(hook)); }
+  void ClearPostHooks() { post_hooks_.clear(); }
   const std::vector<std::function<void()>>& post_hooks() const { return post_hooks_; }
 
   std::string_view name() const { return name_; }
   std::uint64_t sequence_nr() const { return sequence_nr_; }
   // Module path that was current when the op ran ("" outside any module).
   std::string_view owner() const { return owner_; }
-
-  // Post hooks run right after the node's Apply (PyTorch's
-  // add_post_hook; DDP's Reducer hooks each parameter's AccumulateGrad).
-  void AddPostHook(std::function<void()> hook) { post_hooks_.push_back(std::move(hook)); }
-  void ClearPostHooks() { post_hooks_.clear(); }
-  const std::vector<std::function<void()>>& post_hooks() const { return post_hooks_; }
 
   std::vector<Edge> next_edges;
   // The dtype of each input: a gradient of another dtype is cast to it
