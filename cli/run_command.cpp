@@ -1,19 +1,29 @@
-// memscope run: the reference training loop on a simulated GPU, recorded
-// into a run directory; memscope models: the zoo.
+// memscope run: the reference training loop on simulated GPUs, recorded
+// into a run directory, on one rank or N (a launcher process supervising N
+// rank processes that talk over Gloo); memscope models: the zoo.
+#include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
+#include "profiler/compare.h"
 #include "profiler/report.h"
 #include "profiler/run.h"
 #include "profiler/timeline.h"
+#include "reducer/communicator.h"
+#include "train/launcher.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {
@@ -21,10 +31,13 @@ namespace {
 
 // An OOM during the run: recorded and reported, with its own status.
 inline constexpr int kExitOutOfMemory = 3;
+// A rank failed: killed, a collective timed out or mismatched, or it crashed.
+inline constexpr int kExitRankFailed = 4;
 
 struct RunArgs {
   std::string model = "gpt2";
   std::int64_t world_size = 1;
+  bool world_size_given = false;
   std::int64_t steps = 3;
   std::int64_t batch_size = 0;
   std::int64_t seq_len = 0;
@@ -34,7 +47,14 @@ struct RunArgs {
   std::string optimizer_impl = "foreach";
   double lr = 0;
   double momentum = 0.9;
-  std::string ddp = "off";
+  std::string ddp = "auto";
+  double bucket_cap_mb = 0;
+  bool bucket_cap_given = false;
+  bool find_unused = false;
+  bool static_graph = false;
+  std::string comm_hook = "none";
+  bool no_broadcast_buffers = false;
+  double timeout = 60;
   std::string zero_grad = "none";
   std::string alloc_conf;
   bool alloc_conf_given = false;
@@ -46,15 +66,37 @@ struct RunArgs {
   std::string attention = "math";
   std::string out = "memscope-run";
   bool json = false;
+  std::string fault_kill;          // "RANK:STEP": that rank SIGKILLs itself as backward of STEP begins
+  std::string fault_skip_barrier;  // "RANK:STEP": every other rank calls a barrier after STEP
 };
 
 int Fail(absl::string_view message) { return cli::Fail("run", message); }
 
-int Run(const RunArgs& a) {
-  if (a.world_size != 1 || a.ddp != "off") {
-    return Fail("--world-size > 1 and --ddp copy|view are not available yet: this build runs one rank with --ddp off");
+// Everything a rank needs, checked before anything is written.
+struct Plan {
+  TrainOptions train;
+  AllocatorConfig config;
+  std::uint64_t device_memory = 0;
+  bool cpu = false;
+  std::string ddp;  // "off", "copy" or "view"
+  std::chrono::milliseconds timeout{60000};
+  std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};
+};
+
+absl::StatusOr<std::pair<int, std::int64_t>> ParseFault(const std::string& flag, const std::string& text) {
+  std::pair<int, std::int64_t> f{-1, -1};
+  if (text.empty()) return f;
+  const std::size_t colon = text.find(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(0, colon), &f.first) ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &f.second) || f.first < 0 || f.second < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " '", text, "': use RANK:STEP"));
   }
-  TrainOptions t;
+  return f;
+}
+
+absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std::int64_t world_size) {
+  Plan p;
+  TrainOptions& t = p.train;
   t.model = a.model;
   t.steps = a.steps;
   t.grad_accum = a.grad_accum;
@@ -66,12 +108,12 @@ int Run(const RunArgs& a) {
   if (a.attention == "flash") {
     t.model_options.attention = AttentionKind::kFlash;
   } else if (a.attention != "math") {
-    return Fail(absl::StrCat("--attention '", a.attention, "': use math or flash"));
+    return absl::InvalidArgumentError(absl::StrCat("--attention '", a.attention, "': use math or flash"));
   }
   absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(a.optimizer);
-  if (!kind.ok()) return Fail(absl::StrCat("--optimizer: ", kind.status().message()));
+  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--optimizer: ", kind.status().message()));
   absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(a.optimizer_impl);
-  if (!impl.ok()) return Fail(absl::StrCat("--optimizer-impl: ", impl.status().message()));
+  if (!impl.ok()) return absl::InvalidArgumentError(absl::StrCat("--optimizer-impl: ", impl.status().message()));
   t.optimizer.kind = *kind;
   t.optimizer.impl = *impl;
   // torch.optim defaults: Adam/AdamW lr 1e-3 (AdamW weight_decay 1e-2); SGD needs an lr (0.01 here).
@@ -81,67 +123,225 @@ int Run(const RunArgs& a) {
   if (a.zero_grad == "zeros") {
     t.zero_grad_set_to_none = false;
   } else if (a.zero_grad != "none") {
-    return Fail(absl::StrCat("--zero-grad '", a.zero_grad, "': use none (set_to_none=True) or zeros"));
+    return absl::InvalidArgumentError(absl::StrCat("--zero-grad '", a.zero_grad, "': use none (set_to_none=True) or zeros"));
   }
   if (a.amp == "fp16") {
     t.amp = DType::kFloat16;
   } else if (a.amp == "bf16") {
     t.amp = DType::kBFloat16;
   } else if (a.amp != "none") {
-    return Fail(absl::StrCat("--amp '", a.amp, "': use none, fp16 or bf16"));
+    return absl::InvalidArgumentError(absl::StrCat("--amp '", a.amp, "': use none, fp16 or bf16"));
   }
   if (a.exec != "meta" && a.exec != "cpu") {
-    return Fail(a.exec == "cuda" ? "--exec cuda: this build has no GPU execution path; use meta or cpu"
-                                 : absl::StrCat("--exec '", a.exec, "': use meta or cpu"));
+    return absl::InvalidArgumentError(a.exec == "cuda" ? "--exec cuda: this build has no GPU execution path; use meta or cpu"
+                                                       : absl::StrCat("--exec '", a.exec, "': use meta or cpu"));
   }
+  p.cpu = a.exec == "cpu";
+  if (world_size < 1) return absl::InvalidArgumentError("--world-size must be at least 1");
+  if (world_size > 64) return absl::InvalidArgumentError("--world-size: at most 64 ranks run on one machine");
+  p.ddp = ddp_mode == "auto" ? (world_size > 1 ? "copy" : "off") : ddp_mode;
+  if (p.ddp != "off" && p.ddp != "copy" && p.ddp != "view") {
+    return absl::InvalidArgumentError(absl::StrCat("--ddp '", ddp_mode, "': use copy, view, off, or copy,view to compare"));
+  }
+  if (p.ddp != "off") {
+    reducer::DdpOptions d;
+    d.gradient_as_bucket_view = p.ddp == "view";
+    if (a.bucket_cap_given) {
+      if (!(a.bucket_cap_mb > 0)) return absl::InvalidArgumentError("--bucket-cap-mb must be greater than 0");
+      d.bucket_cap_mb = a.bucket_cap_mb;
+    }
+    d.find_unused_parameters = a.find_unused;
+    d.static_graph = a.static_graph;
+    d.broadcast_buffers = !a.no_broadcast_buffers;
+    if (a.comm_hook == "fp16") {
+      d.comm_hook = reducer::CommHook::kFp16;
+    } else if (a.comm_hook == "bf16") {
+      d.comm_hook = reducer::CommHook::kBf16;
+    } else if (a.comm_hook != "none") {
+      return absl::InvalidArgumentError(absl::StrCat("--comm-hook '", a.comm_hook, "': use none, fp16 or bf16"));
+    }
+    if (d.comm_hook != reducer::CommHook::kNone && p.cpu) {
+      return absl::InvalidArgumentError("--comm-hook fp16|bf16 needs --exec meta (the CPU kernels compute float32)");
+    }
+    t.ddp = d;
+  } else if (a.bucket_cap_given || a.find_unused || a.static_graph || a.comm_hook != "none" || a.no_broadcast_buffers) {
+    return absl::InvalidArgumentError("DDP options (--bucket-cap-mb, --find-unused-parameters, --static-graph, "
+                                      "--comm-hook, --no-broadcast-buffers) need --ddp copy or view");
+  }
+  if (!(a.timeout > 0)) return absl::InvalidArgumentError("--timeout must be greater than 0 seconds");
+  p.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
+  absl::StatusOr<std::pair<int, std::int64_t>> kill = ParseFault("--fault-kill", a.fault_kill);
+  if (!kill.ok()) return kill.status();
+  absl::StatusOr<std::pair<int, std::int64_t>> skip = ParseFault("--fault-skip-barrier", a.fault_skip_barrier);
+  if (!skip.ok()) return skip.status();
+  p.fault_kill = *kill;
+  p.fault_skip_barrier = *skip;
   absl::StatusOr<std::uint64_t> device_memory = ParseSize(a.device_memory);
-  if (!device_memory.ok()) return Fail(absl::StrCat("--device-memory: ", device_memory.status().message()));
-  if (*device_memory == 0) return Fail("--device-memory: must be greater than 0");
+  if (!device_memory.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", device_memory.status().message()));
+  if (*device_memory == 0) return absl::InvalidArgumentError("--device-memory: must be greater than 0");
+  p.device_memory = *device_memory;
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
-  if (!config.ok()) return Fail(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
-  // Bad options are reported before anything is written.
-  if (absl::StatusOr<std::unique_ptr<Model>> probe = CreateModel(t.model, t.model_options); !probe.ok()) {
-    return Fail(probe.status().message());
+  if (!config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
   }
+  p.config = *config;
+  if (absl::StatusOr<std::unique_ptr<Model>> probe = CreateModel(t.model, t.model_options); !probe.ok()) {
+    return probe.status();
+  }
+  if (p.cpu) {
+    bool cpu_model = false;
+    for (const ModelInfo& m : ListModels()) cpu_model = cpu_model || (m.name == t.model && m.cpu);
+    if (!cpu_model) return absl::InvalidArgumentError(absl::StrCat("--exec cpu runs mlp and cifar-net; ", t.model, " needs --exec meta"));
+  }
+  return p;
+}
 
-  std::error_code ec;
-  std::filesystem::create_directories(a.out, ec);
-  if (ec) return Fail(absl::StrCat("--out: cannot create '", a.out, "': ", ec.message()));
+nlohmann::json BucketsJson(const std::vector<reducer::BucketInfo>& buckets) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    out.push_back({{"index", i}, {"bytes", buckets[i].bytes}, {"dtype", std::string(DTypeName(buckets[i].dtype))},
+                   {"params", buckets[i].params}});
+  }
+  return out;
+}
+
+// One rank: trains with its timeline recorded, writes rank-R.json. Returns
+// the rank's exit status.
+int RankMain(const RunArgs& a, Plan plan, int rank, int world_size, const std::string& out) {
   Timeline header;
-  header.device_capacity = *device_memory;
-  header.alloc_conf = config->text;
+  header.rank = rank;
+  header.world_size = world_size;
+  header.device_index = rank;
+  header.device_capacity = plan.device_memory;
+  header.alloc_conf = plan.config.text;
   header.wall_start_us =
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(TimelinePath(a.out, 0), header);
+  absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(TimelinePath(out, rank), header);
   if (!writer.ok()) return Fail(writer.status().message());
 
-  const bool cpu = a.exec == "cpu";
+  nlohmann::json status = {{"rank", rank}};
+  std::unique_ptr<reducer::Communicator> comm;
+  const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<TrainResult> result;
-  double seconds = 0;
-  {
-    SimDevice gpu({.capacity = *device_memory, .index = 0, .host_backed = cpu});
-    CachingAllocator allocator(gpu, *config);
+  try {
+    if (world_size > 1) {
+      reducer::GlooOptions g;
+      g.rank = rank;
+      g.world_size = world_size;
+      const char* store = std::getenv("MEMSCOPE_STORE");
+      g.store_dir = store != nullptr ? store : (std::filesystem::path(out) / "store").string();
+      const char* addr = std::getenv("MASTER_ADDR");
+      if (addr != nullptr && *addr != '\0' && std::string(addr) != "localhost") g.hostname = addr;
+      g.timeout = plan.timeout;
+      comm = reducer::CreateGlooCommunicator(g);
+    } else if (plan.train.ddp) {
+      comm = reducer::CreateLocalCommunicator();
+    }
+    reducer::Communicator* c = comm.get();
+    const auto kill = plan.fault_kill;
+    const auto skip = plan.fault_skip_barrier;
+    plan.train.phase_hook = [c, rank, kill, skip](Phase phase, std::int64_t step, bool end) {
+      if (!end && phase == Phase::kBackward && rank == kill.first && step == kill.second) ::raise(SIGKILL);
+      if (end && c != nullptr && step == skip.second && rank != skip.first) c->Barrier();
+    };
+    SimDevice gpu({.capacity = plan.device_memory, .index = rank, .host_backed = plan.cpu});
+    CachingAllocator allocator(gpu, plan.config);
     Recorder recorder(**writer);
     allocator.SetObserver(&recorder);
-    DeviceContext ctx(allocator, cpu ? ExecMode::kCpu : ExecMode::kMeta, cpu ? &gpu : nullptr);
-    const auto start = std::chrono::steady_clock::now();
-    result = Train(t, ctx, &recorder);
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    DeviceContext ctx(allocator, plan.cpu ? ExecMode::kCpu : ExecMode::kMeta, plan.cpu ? &gpu : nullptr);
+    result = Train(plan.train, ctx, &recorder, c);
     allocator.SetObserver(nullptr);
+  } catch (const reducer::CommError& e) {  // rendezvous
+    result = TrainResult{};
+    result->comm_error = true;
+    result->error = e.what();
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return Fail(result.status().message());
   if (absl::Status s = (*writer)->Flush(); !s.ok()) return Fail(s.message());
   writer->reset();
+  const int exit_code = result->oom ? kExitOutOfMemory : result->comm_error || !result->error.empty() ? kExitRankFailed : kExitOk;
+  status["status"] = result->oom ? "oom" : result->comm_error ? "comm_error" : result->error.empty() ? "ok" : "error";
+  status["exit_code"] = exit_code;
+  status["error"] = result->error;
+  status["parameters"] = result->parameters;
+  status["steps_done"] = result->steps_done;
+  status["seconds"] = seconds;
+  status["losses"] = result->losses;
+  if (plan.train.ddp) {
+    status["ddp"] = {{"mode", plan.ddp},
+                     {"buckets", BucketsJson(result->initial_buckets)},
+                     {"rebuilt_buckets", BucketsJson(result->rebuilt_buckets)}};
+  }
+  const std::filesystem::path path = std::filesystem::path(out) / absl::StrCat("rank-", rank, ".json");
+  std::ofstream(path.string() + ".tmp") << status.dump(1) << "\n";
+  std::filesystem::rename(path.string() + ".tmp", path);
+  if (exit_code != kExitOk && world_size > 1) std::cerr << "memscope run: rank " << rank << ": " << result->error << "\n";
+  return exit_code;
+}
 
-  const std::string status = result->oom ? "oom" : result->error.empty() ? "ok" : "error";
+// Reads rank-R.json of a finished (or failed) rank.
+std::optional<nlohmann::json> ReadRankStatus(const std::string& out, int rank) {
+  std::ifstream in(std::filesystem::path(out) / absl::StrCat("rank-", rank, ".json"));
+  if (!in) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
+
+// Analyses every rank's timeline, writes run.json and the outputs, prints
+// the tables. `exits` are the launcher's (empty for one in-process rank).
+int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits, int first_failure) {
+  std::vector<nlohmann::json> statuses;
+  nlohmann::json ranks = nlohmann::json::array();
+  std::vector<float> losses;
+  std::int64_t parameters = 0, steps_done = a.steps;
+  double seconds = 0;
+  bool oom = false, failed = false;
+  std::string failure;
+  for (int r = 0; r < world_size; ++r) {
+    std::optional<nlohmann::json> st = ReadRankStatus(a.out, r);
+    nlohmann::json entry = {{"rank", r}, {"timeline", absl::StrCat("rank-", r, ".timeline")}};
+    if (st) {
+      entry["status"] = (*st)["status"];
+      entry["exit_code"] = (*st)["exit_code"];
+      entry["error"] = (*st)["error"];
+      entry["steps_done"] = (*st)["steps_done"];
+      parameters = (*st)["parameters"].get<std::int64_t>();
+      steps_done = std::min(steps_done, (*st)["steps_done"].get<std::int64_t>());
+      seconds = std::max(seconds, (*st)["seconds"].get<double>());
+      if (r == 0) losses = (*st)["losses"].get<std::vector<float>>();
+      oom = oom || (*st)["status"] == "oom";
+      failed = failed || (*st)["status"] != "ok";
+    } else {
+      entry["status"] = "failed";
+      entry["error"] = "";
+      failed = true;
+    }
+    if (!exits.empty()) {
+      const RankExit& e = exits[static_cast<std::size_t>(r)];
+      entry["exit_code"] = e.exit_code;
+      entry["signal"] = e.signal;
+      if (e.signal != 0) entry["status"] = e.stopped_by_launcher ? "stopped" : "killed";
+      entry["how"] = e.Describe();
+      failed = failed || !e.ok();
+    }
+    statuses.push_back(st.value_or(nlohmann::json::object()));
+    ranks.push_back(entry);
+  }
+  if (first_failure >= 0) {
+    const nlohmann::json& f = ranks[static_cast<std::size_t>(first_failure)];
+    failure = absl::StrCat("rank ", first_failure, " ", f["how"].get<std::string>());
+    if (!f["error"].get<std::string>().empty()) absl::StrAppend(&failure, ": ", f["error"].get<std::string>());
+  }
   nlohmann::json run = {{"schema", "memscope.run/1"},
                         {"generator", kMemscopeVersion},
                         {"command", "run"},
                         {"model", a.model},
-                        {"parameters", result->parameters},
+                        {"parameters", parameters},
                         {"steps", a.steps},
-                        {"steps_done", result->steps_done},
+                        {"steps_done", steps_done},
                         {"batch_size", a.batch_size},
                         {"optimizer", a.optimizer},
                         {"optimizer_impl", a.optimizer_impl},
@@ -151,48 +351,262 @@ int Run(const RunArgs& a) {
                         {"grad_accum", a.grad_accum},
                         {"attention", a.attention},
                         {"exec", a.exec},
-                        {"ddp", a.ddp},
-                        {"world_size", 1},
-                        {"alloc_conf", config->text},
-                        {"device_memory", *device_memory},
+                        {"ddp", plan.ddp},
+                        {"world_size", world_size},
+                        {"alloc_conf", plan.config.text},
+                        {"device_memory", plan.device_memory},
                         {"seconds", seconds},
-                        {"losses", result->losses},
-                        {"ranks", {{{"rank", 0},
-                                    {"status", status},
-                                    {"exit_code", result->oom ? kExitOutOfMemory : 0},
-                                    {"error", result->error},
-                                    {"timeline", "rank-0.timeline"}}}}};
+                        {"losses", losses},
+                        {"ranks", ranks}};
+  if (plan.train.ddp) {
+    run["bucket_cap_mb"] = a.bucket_cap_given ? nlohmann::json(a.bucket_cap_mb) : nlohmann::json(nullptr);
+    run["find_unused_parameters"] = a.find_unused;
+    run["static_graph"] = a.static_graph;
+    run["comm_hook"] = a.comm_hook;
+    run["broadcast_buffers"] = !a.no_broadcast_buffers;
+  }
+  if (!failure.empty()) run["failure"] = {{"rank", first_failure}, {"message", failure}};
   std::ofstream(std::filesystem::path(a.out) / "run.json") << run.dump(1) << "\n";
+
   absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(a.out);
   if (!recorded.ok()) return Fail(recorded.status().message());
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(a.out, *recorded);
   if (!reports.ok()) return Fail(reports.status().message());
+  {
+    // report.json gets each rank's DDP buckets and the run's failure.
+    const std::filesystem::path path = std::filesystem::path(a.out) / "report.json";
+    std::ifstream in(path);
+    nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
+    in.close();
+    if (!report.is_discarded()) {
+      for (nlohmann::json& r : report["ranks"]) {
+        const int rank = r.value("rank", 0);
+        if (rank >= 0 && rank < world_size && statuses[static_cast<std::size_t>(rank)].contains("ddp")) {
+          r["ddp"] = statuses[static_cast<std::size_t>(rank)]["ddp"];
+        }
+        if (rank >= 0 && rank < world_size) r["status"] = ranks[static_cast<std::size_t>(rank)]["status"];
+      }
+      if (!failure.empty()) report["failure"] = run["failure"];
+      std::ofstream(path) << report.dump(1) << "\n";
+    }
+  }
 
-  const RankReport& r = reports->front();
   if (a.json) {
     std::ifstream in(std::filesystem::path(a.out) / "report.json");
     std::cout << in.rdbuf();
   } else {
-    std::cout << "memscope run: " << a.model << " (" << result->parameters << " parameters), " << result->steps_done
-              << " of " << a.steps << " steps, --exec " << a.exec << ", simulated GPU of " << FormatSize(*device_memory)
-              << ", " << r.events << " events in " << absl::StrFormat("%.2f", seconds) << " s\n\n"
-              << PhaseTableText(r);
-    if (!result->losses.empty()) {
+    std::cout << "memscope run: " << a.model << " (" << parameters << " parameters), " << steps_done << " of " << a.steps
+              << " steps, --exec " << a.exec << ", " << (world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "")
+              << "--ddp " << plan.ddp << ", simulated GPU of " << FormatSize(plan.device_memory) << ", "
+              << absl::StrFormat("%.2f", seconds) << " s\n";
+    for (const RankReport& r : *reports) {
+      std::cout << "\n";
+      if (world_size > 1) std::cout << "rank " << r.rank << " (" << r.events << " events)\n";
+      std::cout << PhaseTableText(r);
+      const nlohmann::json& st = statuses[static_cast<std::size_t>(r.rank)];
+      if (st.contains("ddp")) {
+        for (const char* key : {"buckets", "rebuilt_buckets"}) {
+          const nlohmann::json& b = st["ddp"][key];
+          if (b.empty()) continue;
+          std::uint64_t total = 0;
+          for (const nlohmann::json& x : b) total += x["bytes"].get<std::uint64_t>();
+          std::cout << (std::string(key) == "buckets" ? "DDP buckets: " : "rebuilt after step 0: ") << b.size()
+                    << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
+                    << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0]["bytes"].get<std::uint64_t>()), ")"))
+                    << "\n";
+        }
+      }
+      std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes) << " in " << r.peak_allocated.phase << ": "
+                << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n";
+      if (world_size > 1 && r.rank == 0 && !a.json) {
+        bool same = true;
+        for (const RankReport& o : *reports) same = same && o.peak_allocated.bytes == r.peak_allocated.bytes;
+        if (same && reports->size() > 1) {
+          std::cout << "(ranks 1.." << world_size - 1 << " have the same peak; their tables are in summary.txt)\n";
+          break;
+        }
+      }
+    }
+    if (!losses.empty()) {
       std::cout << "loss:";
-      for (float l : result->losses) std::cout << absl::StrFormat(" %.4f", l);
+      for (float l : losses) std::cout << absl::StrFormat(" %.4f", l);
       std::cout << "\n";
     }
-    std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes) << " in " << r.peak_allocated.phase << ": "
-              << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n"
-              << "recorded in " << a.out << "/ (" << RunOutputListing(1) << ")\n";
+    std::cout << "recorded in " << a.out << "/ (" << RunOutputListing(world_size) << ")\n";
   }
-  if (result->oom) {
-    std::cerr << "memscope run: out of memory in step " << result->steps_done << ":\n" << result->error << "\n";
-    if (r.oom) std::cerr << r.oom->verdict << "\n";
+  if (!failure.empty()) {
+    std::cerr << "memscope run: " << failure << "\n";
+    for (const nlohmann::json& r : ranks) {
+      if (r["rank"] != first_failure && r["status"] != "ok") {
+        std::cerr << "memscope run: rank " << r["rank"].get<int>() << " " << r.value("how", std::string("failed"))
+                  << (r["error"].get<std::string>().empty() ? "" : ": " + r["error"].get<std::string>()) << "\n";
+      }
+    }
+  }
+  if (oom) {
+    for (std::size_t r = 0; r < statuses.size(); ++r) {
+      if (statuses[r].value("status", "") == "oom") {
+        std::cerr << "memscope run: rank " << r << " out of memory in step " << statuses[r]["steps_done"].get<std::int64_t>()
+                  << ":\n" << statuses[r]["error"].get<std::string>() << "\n";
+        if ((*reports)[r].oom) std::cerr << (*reports)[r].oom->verdict << "\n";
+        break;
+      }
+    }
     return kExitOutOfMemory;
   }
-  if (!result->error.empty()) return Fail(result->error);
+  if (failed) {
+    if (failure.empty()) {
+      for (const nlohmann::json& r : ranks) {
+        if (r["status"] != "ok") return Fail(r["error"].get<std::string>());
+      }
+    }
+    return kExitRankFailed;
+  }
   return kExitOk;
+}
+
+// The command line of a rank: the same run, as options.
+std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
+  std::vector<std::string> v = {"run", "--model", a.model, "--steps", absl::StrCat(a.steps), "--optimizer", a.optimizer,
+                                "--optimizer-impl", a.optimizer_impl, "--momentum", absl::StrCat(a.momentum),
+                                "--ddp", ddp_mode, "--comm-hook", a.comm_hook, "--timeout", absl::StrCat(a.timeout),
+                                "--zero-grad", a.zero_grad, "--device-memory", a.device_memory, "--exec", a.exec,
+                                "--amp", a.amp, "--grad-accum", absl::StrCat(a.grad_accum), "--attention", a.attention,
+                                "--out", a.out};
+  auto add = [&v](const char* flag, std::int64_t value) {
+    if (value != 0) {
+      v.push_back(flag);
+      v.push_back(absl::StrCat(value));
+    }
+  };
+  add("--batch-size", a.batch_size);
+  add("--seq-len", a.seq_len);
+  add("--width", a.width);
+  add("--depth", a.depth);
+  if (a.lr > 0) v.insert(v.end(), {"--lr", absl::StrCat(a.lr)});
+  if (a.bucket_cap_given) v.insert(v.end(), {"--bucket-cap-mb", absl::StrCat(a.bucket_cap_mb)});
+  if (a.find_unused) v.push_back("--find-unused-parameters");
+  if (a.static_graph) v.push_back("--static-graph");
+  if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
+  if (a.checkpoint) v.push_back("--checkpoint-activations");
+  if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
+  if (!a.fault_kill.empty()) v.insert(v.end(), {"--fault-kill", a.fault_kill});
+  if (!a.fault_skip_barrier.empty()) v.insert(v.end(), {"--fault-skip-barrier", a.fault_skip_barrier});
+  return v;
+}
+
+// `memscope run --ddp copy,view`: the two runs compared.
+int PrintComparison(const std::string& copy_dir, const std::string& view_dir, int worst) {
+  absl::StatusOr<CompareInput> a = LoadCompareInput(copy_dir);
+  if (!a.ok()) return Fail(a.status().message());
+  absl::StatusOr<CompareInput> b = LoadCompareInput(view_dir);
+  if (!b.ok()) return Fail(b.status().message());
+  absl::StatusOr<Comparison> c = Compare(*a, *b);
+  if (!c.ok()) return Fail(c.status().message());
+  std::cout << "== --ddp copy (A) vs --ddp view (B)\n" << FormatComparison(*c);
+  return worst;
+}
+
+std::string SelfExecutable() {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+int RunOne(const RunArgs& a, const std::string& ddp_mode) {
+  // A rank started by a launcher (ours, torchrun, Slurm, mpirun).
+  const char* env_rank = std::getenv("RANK");
+  const char* env_world = std::getenv("WORLD_SIZE");
+  const bool worker = env_rank != nullptr && env_world != nullptr;
+  std::int64_t world_size = a.world_size;
+  int rank = 0;
+  if (worker) {
+    std::int64_t ws = 0;
+    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1) return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer"));
+    if (!absl::SimpleAtoi(env_rank, &rank) || rank < 0 || rank >= ws) {
+      return Fail(absl::StrCat("RANK='", env_rank, "' is not a rank of WORLD_SIZE=", ws));
+    }
+    if (a.world_size_given && a.world_size != ws) {
+      return Fail(absl::StrCat("--world-size ", a.world_size, " disagrees with WORLD_SIZE=", ws));
+    }
+    world_size = ws;
+  }
+  absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
+  if (!plan.ok()) return Fail(plan.status().message());
+  std::error_code ec;
+  std::filesystem::create_directories(a.out, ec);
+  if (ec) return Fail(absl::StrCat("--out: cannot create '", a.out, "': ", ec.message()));
+
+  if (worker) {
+    const int code = RankMain(a, *plan, rank, static_cast<int>(world_size), a.out);
+    if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
+    // Started by an external launcher: rank 0 writes the run's outputs once
+    // every rank's status is there (or the timeout has passed).
+    const auto deadline = std::chrono::steady_clock::now() + plan->timeout;
+    for (int r = 0; r < world_size; ++r) {
+      while (!ReadRankStatus(a.out, r) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    const int final_code = Finalize(a, *plan, static_cast<int>(world_size), {}, -1);
+    return code != kExitOk ? code : final_code;
+  }
+  // Remove what an earlier run in this directory left.
+  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(a.out, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("rank-", 0) == 0 || name.rfind("snapshot-rank-", 0) == 0 || name == "store") {
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+  if (world_size == 1) {
+    const int code = RankMain(a, *plan, 0, 1, a.out);
+    if (code == kExitBadInput) return code;
+    return Finalize(a, *plan, 1, {}, -1);
+  }
+  LaunchOptions launch;
+  launch.executable = SelfExecutable();
+  if (launch.executable.empty()) return Fail("cannot find the memscope executable (/proc/self/exe)");
+  launch.args = ToArgs(a, ddp_mode);
+  launch.world_size = static_cast<int>(world_size);
+  launch.log_dir = a.out;
+  launch.grace = plan->timeout + std::chrono::seconds(5);
+  launch.env = {{"WORLD_SIZE", absl::StrCat(world_size)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", "29500"},
+                {"MEMSCOPE_SUPERVISED", "1"},
+                {"MEMSCOPE_STORE", (std::filesystem::path(a.out) / "store").string()}};
+  absl::StatusOr<LaunchResult> launched = LaunchRanks(launch);
+  if (!launched.ok()) return Fail(launched.status().message());
+  std::filesystem::remove_all(std::filesystem::path(a.out) / "store", ec);
+  // A rank that rejected its options fails alike everywhere: say why once.
+  for (const RankExit& e : launched->ranks) {
+    if (e.exit_code == kExitBadInput) {
+      std::ifstream log(std::filesystem::path(a.out) / absl::StrCat("rank-", e.rank, ".log"));
+      std::string line;
+      std::getline(log, line);
+      std::cerr << line << "\n";
+      return kExitBadInput;
+    }
+  }
+  return Finalize(a, *plan, static_cast<int>(world_size), launched->ranks, launched->first_failure);
+}
+
+int Run(const RunArgs& a) {
+  if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp);
+  // Both modes, each in its own directory, then the comparison.
+  int worst = kExitOk;
+  for (const char* mode : {"copy", "view"}) {
+    RunArgs m = a;
+    m.ddp = mode;
+    m.out = (std::filesystem::path(a.out) / mode).string();
+    std::cout << "== --ddp " << mode << "\n";
+    const int code = RunOne(m, mode);
+    if (code == kExitBadInput) return code;
+    worst = std::max(worst, code);
+    std::cout << "\n";
+  }
+  return PrintComparison((std::filesystem::path(a.out) / "copy").string(), (std::filesystem::path(a.out) / "view").string(),
+                         worst);
 }
 
 int Models() {
@@ -217,7 +631,8 @@ void RegisterRun(CLI::App& app, int& exit_status) {
       "Run the reference training loop (a zoo model, optimizer, phases) on a simulated GPU and record every "
       "allocation into a run directory; prints the phase table. Exit 3 when the run hits OOM.");
   cmd->add_option("--model", a->model, "zoo model (memscope models lists them; default gpt2)");
-  cmd->add_option("--world-size", a->world_size, "ranks (1 in this build)");
+  cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
+      ->each([a](const std::string&) { a->world_size_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");
   cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)");
   cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)");
@@ -227,7 +642,21 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--optimizer-impl", a->optimizer_impl, "foreach (default, as on GPUs), for-loop or fused");
   cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)");
   cmd->add_option("--momentum", a->momentum, "SGD momentum (default 0.9; 0 for none)");
-  cmd->add_option("--ddp", a->ddp, "off (copy and view come with multi-rank runs)");
+  cmd->add_option("--ddp", a->ddp,
+                  "copy (gradient_as_bucket_view=False, PyTorch's default), view (=True), off, or copy,view (both, "
+                  "compared); default copy with --world-size > 1, else off");
+  cmd->add_option("--bucket-cap-mb", a->bucket_cap_mb, "DDP bucket_cap_mb (default None: 25, with a 1 MiB first bucket)")
+      ->each([a](const std::string&) { a->bucket_cap_given = true; });
+  cmd->add_flag("--find-unused-parameters", a->find_unused, "DDP find_unused_parameters=True");
+  cmd->add_flag("--static-graph", a->static_graph, "DDP static_graph=True");
+  cmd->add_option("--comm-hook", a->comm_hook, "none (default), fp16 or bf16 (the compression hooks)");
+  cmd->add_flag("--no-broadcast-buffers", a->no_broadcast_buffers, "DDP broadcast_buffers=False");
+  cmd->add_option("--timeout", a->timeout, "collective timeout in seconds (default 60)");
+  cmd->add_option("--fault-kill", a->fault_kill, "testing: RANK:STEP, that rank kills itself (SIGKILL) as backward begins")
+      ->group("");
+  cmd->add_option("--fault-skip-barrier", a->fault_skip_barrier,
+                  "testing: RANK:STEP, every other rank calls a barrier after that step")
+      ->group("");
   cmd->add_option("--zero-grad", a->zero_grad, "none (set_to_none=True, the default) or zeros");
   cmd->add_option("--alloc-conf", a->alloc_conf, "allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });

@@ -51,7 +51,11 @@ try:
                       (["--optimizer", "lion"], "unknown optimizer 'lion'"),
                       (["--exec", "cpu", "--model", "gpt2"], "needs --exec meta"),
                       (["--amp", "fp8"], "--amp 'fp8'"),
-                      (["--world-size", "2"], "not available yet"),
+                      (["--world-size", "0"], "--world-size must be at least 1"),
+                      (["--ddp", "both"], "--ddp 'both'"),
+                      (["--bucket-cap-mb", "5"], "need --ddp copy or view"),
+                      (["--ddp", "copy", "--comm-hook", "fp8"], "--comm-hook 'fp8'"),
+                      (["--world-size", "2", "--timeout", "0"], "--timeout must be greater than 0"),
                       (["--device-memory", "lots"], "--device-memory")]:
         bad = os.path.join(tmp, "bad")
         code, out, err = run("run", *args, "--out", bad)

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""End-to-end tests of multi-rank runs: memscope run --world-size N starts N
+rank processes over Gloo; DDP buckets in report.json; --ddp copy,view
+compared; a killed rank and a skipped barrier (seed 001) end the run with the
+failed rank named, within the timeout; ranks started by an external launcher
+(torchrun's RANK / WORLD_SIZE)."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from clitest import MEMSCOPE, check, finish, run  # noqa: E402
+
+tmp = tempfile.mkdtemp(prefix="memscope-ddp-")
+
+
+def load(d, name):
+    with open(os.path.join(d, name)) as f:
+        return json.load(f)
+
+
+try:
+    # Two ranks, copy mode (the default with --world-size > 1).
+    d = os.path.join(tmp, "two")
+    code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--out", d)
+    check("2 ranks exit 0", code == 0, (code, out, err))
+    run_json = load(d, "run.json")
+    check("run.json world size", run_json["world_size"] == 2 and run_json["ddp"] == "copy", run_json)
+    check("run.json ranks ok", [r["status"] for r in run_json["ranks"]] == ["ok", "ok"], run_json["ranks"])
+    for f in ["rank-0.timeline", "rank-1.timeline", "snapshot-rank-0.pickle", "snapshot-rank-1.pickle",
+              "report.json", "report.html", "trace.json", "summary.txt"]:
+        check(f"2 ranks wrote {f}", os.path.exists(os.path.join(d, f)), os.listdir(d))
+    check("recorded-in names both ranks", "rank-{0..1}.timeline" in out, out)
+    report = load(d, "report.json")
+    check("report has 2 ranks", [r["rank"] for r in report["ranks"]] == [0, 1], len(report["ranks"]))
+    mlp_bytes = ((256 * 512 + 512) + 2 * (512 * 512 + 512) + (512 * 10 + 10)) * 4
+    for r in report["ranks"]:
+        ddp = r.get("ddp", {})
+        buckets, rebuilt = ddp.get("buckets", []), ddp.get("rebuilt_buckets", [])
+        check(f"rank {r['rank']}: one first-iteration bucket of every parameter",
+              len(buckets) == 1 and buckets[0]["bytes"] == mlp_bytes and len(buckets[0]["params"]) == 8, buckets)
+        # Rebuilt in gradient-ready order: the head's bias first; limits 1 MiB then 25 MiB.
+        check(f"rank {r['rank']}: rebuilt buckets", len(rebuilt) == 2 and rebuilt[0]["params"][:2] == ["head.bias", "head.weight"]
+              and sum(b["bytes"] for b in rebuilt) == mlp_bytes and rebuilt[0]["bytes"] >= 1 << 20, rebuilt)
+        phases = [p["phase"] for p in r["phases"]]
+        check(f"rank {r['rank']}: phase ddp after model", phases[:2] == ["model", "ddp"], phases)
+    code, out2, err2 = run("summary", d, "--rank", "1")
+    check("summary --rank 1", code == 0 and "ddp" in out2, (code, err2))
+
+    # --ddp copy,view: both runs, then the comparison. The view run's steady
+    # state has no GRADIENT of its own: one model size less.
+    d = os.path.join(tmp, "both")
+    code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "2", "--ddp", "copy,view", "--out", d)
+    check("copy,view exit 0", code == 0, (code, err))
+    check("copy,view dirs", os.path.exists(os.path.join(d, "copy", "report.json"))
+          and os.path.exists(os.path.join(d, "view", "report.json")), os.listdir(d))
+    check("copy,view compared", "== --ddp copy (A) vs --ddp view (B)" in out, out[-2000:])
+    view_json = load(os.path.join(d, "view"), "run.json")
+    check("view run.json", view_json["ddp"] == "view", view_json["ddp"])
+    rc = load(os.path.join(d, "copy"), "report.json")["ranks"][0]["phases"]
+    rv = load(os.path.join(d, "view"), "report.json")["ranks"][0]["phases"]
+    end_c = [p for p in rc if p["phase"] == "step" and p["step"] == 1][0]
+    end_v = [p for p in rv if p["phase"] == "step" and p["step"] == 1][0]
+    grads = end_c["by_category"]["GRADIENT"]
+    check("view has no gradients of its own", end_v["by_category"]["GRADIENT"] == 0, end_v["by_category"])
+    check("copy's gradients are one model size", abs(grads - mlp_bytes) < 8 * 512, (grads, mlp_bytes))
+
+    # A rank killed mid-run: the others stop within the timeout, the report
+    # names the dead rank, every timeline reads up to the failure.
+    d = os.path.join(tmp, "kill")
+    start = time.monotonic()
+    code, out, err = run("run", "--model", "mlp", "--world-size", "4", "--steps", "3", "--timeout", "20",
+                         "--fault-kill", "1:1", "--out", d)
+    elapsed = time.monotonic() - start
+    check("killed rank: exit 4", code == 4, (code, err))
+    check("killed rank: well within the timeout", elapsed < 20, elapsed)
+    check("killed rank named", "rank 1 was killed by signal 9 (SIGKILL)" in err, err)
+    run_json = load(d, "run.json")
+    check("run.json failure", run_json.get("failure", {}).get("rank") == 1, run_json.get("failure"))
+    check("run.json rank 1 killed", run_json["ranks"][1]["status"] == "killed" and run_json["ranks"][1]["signal"] == 9,
+          run_json["ranks"][1])
+    check("others failed on their own (a lost peer), not stopped by the launcher",
+          all(r["status"] == "comm_error" for i, r in enumerate(run_json["ranks"]) if i != 1), run_json["ranks"])
+    report = load(d, "report.json")
+    check("report names the failure", report.get("failure", {}).get("rank") == 1, report.get("failure"))
+    check("report has every rank", len(report["ranks"]) == 4, len(report["ranks"]))
+    dead = [p["phase"] + ":" + str(p["step"]) for p in report["ranks"][1]["phases"]]
+    check("the dead rank's timeline reads up to step 1's loss", dead[-1] in ("loss:1", "backward:1") and "step:0" in dead, dead)
+    code, out2, err2 = run("summary", d, "--rank", "1")
+    check("summary of the dead rank", code == 0, err2)
+
+    # Seed 001: one rank skips a barrier. An error naming the ranks and the
+    # collectives, not a hang.
+    d = os.path.join(tmp, "mismatch")
+    start = time.monotonic()
+    code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--timeout", "20",
+                         "--fault-skip-barrier", "1:0", "--out", d)
+    elapsed = time.monotonic() - start
+    check("mismatch: exit 4", code == 4, (code, err))
+    check("mismatch: well within the timeout", elapsed < 20, elapsed)
+    check("mismatch named", "collective mismatch" in err and "rank 0 called barrier" in err
+          and "rank 1 called allreduce" in err, err)
+
+    # Ranks started by an external launcher (torchrun's variables).
+    d = os.path.join(tmp, "torchrun")
+    os.makedirs(d)
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT="29500", MEMSCOPE_STORE=os.path.join(d, "store"))
+        env.pop("MEMSCOPE_SUPERVISED", None)
+        procs.append(subprocess.Popen([MEMSCOPE, "run", "--model", "mlp", "--steps", "2", "--ddp", "view", "--out", d],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    check("external launcher: both ranks exit 0", [p.returncode for p in procs] == [0, 0], outs)
+    run_json = load(d, "run.json")
+    check("external launcher: rank 0 wrote the run", run_json["world_size"] == 2 and run_json["ddp"] == "view"
+          and [r["status"] for r in run_json["ranks"]] == ["ok", "ok"], run_json)
+
+    # Bad input in a multi-rank run: one line, exit 2.
+    code, out, err = run("run", "--model", "gpt2", "--exec", "cpu", "--world-size", "2", "--out", os.path.join(tmp, "bad"))
+    check("bad multi-rank input exit 2", code == 2 and len(err.strip().splitlines()) == 1 and "needs --exec meta" in err,
+          (code, err))
+    code, out, err = run("run", "--model", "mlp", "--world-size", "3", "--out", os.path.join(tmp, "bad2"),
+                         env={"RANK": "0", "WORLD_SIZE": "2"})
+    check("--world-size vs WORLD_SIZE", code == 2 and "disagrees with WORLD_SIZE=2" in err, (code, err))
+finally:
+    shutil.rmtree(tmp)
+finish("memscope run (multi-rank)")
