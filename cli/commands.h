@@ -33,6 +33,8 @@ void RegisterCheck(CLI::App& app, int& exit_status);
 void RegisterRun(CLI::App& app, int& exit_status);
 // report: the self-contained HTML report (one run, or two compared).
 void RegisterReport(CLI::App& app, int& exit_status);
+// compare: two runs side by side, rank by rank, with what explains the difference.
+void RegisterCompare(CLI::App& app, int& exit_status);
 
 }  // namespace memscope::cli
 
