@@ -5,9 +5,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "../allocator/test_util.h"
-#include "profiler/recorder.h"
-#include "profiler/timeline.h"
+#include "recording_session.h"
 
 using namespace memscope;
 using namespace memscope::testing;
@@ -15,30 +13,14 @@ using nlohmann::json;
 
 namespace {
 
-struct Session {
-  explicit Session(int rank = 0, int world_size = 1) : gpu({.capacity = 1024 * MiB}), a(gpu, Conf("")), sink(t), rec(sink) {
-    t.rank = rank;
-    t.world_size = world_size;
-    t.device_capacity = 1024 * MiB;
-    a.SetObserver(&rec);
-  }
-  DevicePtr Alloc(std::size_t size, Category c, const char* owner) {
-    ScopedTag tag(c, owner);
-    return MustMalloc(a, size);
-  }
-  SimDevice gpu;
-  CachingAllocator a;
-  Timeline t;
-  MemorySink sink;
-  Recorder rec;
-};
-
 // A training-like recording: a 30 MiB parameter (model), then per step a
 // 40 MiB activation (forward), a `gradient`-byte gradient while the
 // activation is freed (backward), and an empty optimizer step. The gradient
 // stays (set_to_none only at the next zero_grad, which is not recorded).
 Timeline Train(std::size_t gradient, int steps = 1, int rank = 0, int world_size = 1) {
-  Session s(rank, world_size);
+  Session s(1024 * MiB);
+  s.t.rank = rank;
+  s.t.world_size = world_size;
   s.rec.PhaseBegin(Phase::kModel);
   s.Alloc(30 * MiB, Category::kParameter, "fc.weight");
   s.rec.PhaseEnd(Phase::kModel);
@@ -247,7 +229,7 @@ TEST_CASE("compare: a run with more ranks is compared on the ranks both have, wi
 
 TEST_CASE("compare: without phase marks the end of the recording is the end of the run") {
   auto record = [](std::size_t other) {
-    Session s;
+    Session s(1024 * MiB);
     s.Alloc(10 * MiB, Category::kParameter, "w");
     const DevicePtr tmp = s.Alloc(other, Category::kTemporary, "t");
     s.Alloc(other, Category::kOther, "o");
