@@ -3,6 +3,7 @@
 #ifndef MEMSCOPE_CLI_COMMANDS_H_
 #define MEMSCOPE_CLI_COMMANDS_H_
 
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -23,6 +24,7 @@ int Fail(absl::string_view command, absl::string_view message);
 // Prints what the readers of these recordings want the user to know
 // (Timeline::notes: a snapshot replayed, a truncated trace, ...) on stderr.
 void PrintNotes(const std::vector<Timeline>& timelines);
+void PrintNotes(const std::vector<std::string>& notes);
 
 void RegisterReplay(CLI::App& app, int& exit_status);
 // summary, trace, snapshot, frag, dump: commands that read a recording.

@@ -1,7 +1,6 @@
 // memscope compare RUN_A RUN_B [--rank R] [--json]: two runs side by side,
 // rank by rank (profiler/compare.h): the phase tables with B - A, the peaks,
 // and the categories that explain the difference.
-#include <cstdio>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -31,7 +30,7 @@ int CompareCommand(const CompareArgs& a) {
     std::vector<std::string> notes;
     absl::StatusOr<CompareInput> input = LoadCompareInput(path, &notes);
     if (!input.ok()) return Fail(input.status().message());
-    for (const std::string& note : notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+    PrintNotes(notes);
     inputs.push_back(std::move(*input));
   }
   absl::StatusOr<Comparison> comparison = Compare(inputs[0], inputs[1], a.rank_given ? a.rank : -1);

@@ -14,10 +14,12 @@ int Fail(absl::string_view command, absl::string_view message) {
   return kExitBadInput;
 }
 
+void PrintNotes(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+}
+
 void PrintNotes(const std::vector<Timeline>& timelines) {
-  for (const Timeline& t : timelines) {
-    for (const std::string& note : t.notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
-  }
+  for (const Timeline& t : timelines) PrintNotes(t.notes);
 }
 
 }  // namespace memscope::cli

@@ -156,10 +156,13 @@ class ReportReader {
       r.phases.push_back(std::move(p));
     }
 
-    where_ = absl::StrCat(rank_where, " peak.allocated");
+    where_ = rank_where;
     const json* peak = Find(rank, "peak");
     const json* allocated = peak != nullptr ? Find(*peak, "allocated") : nullptr;
-    if (allocated == nullptr || !allocated->is_object()) return Bad("object");
+    const json* reserved = peak != nullptr ? Find(*peak, "reserved") : nullptr;
+    if (allocated == nullptr || !allocated->is_object()) return Bad("\"peak\".\"allocated\" object");
+    if (reserved == nullptr || !reserved->is_object()) return Bad("\"peak\".\"reserved\" object");
+    where_ = absl::StrCat(rank_where, " peak.allocated");
     absl::StatusOr<std::uint64_t> bytes = Bytes(*allocated, "bytes");
     if (!bytes.ok()) return bytes.status();
     absl::StatusOr<std::string> phase = PeakPhase(*allocated);
@@ -172,8 +175,6 @@ class ReportReader {
                  CategoryMap(**by_category)};
 
     where_ = absl::StrCat(rank_where, " peak.reserved");
-    const json* reserved = peak != nullptr ? Find(*peak, "reserved") : nullptr;
-    if (reserved == nullptr || !reserved->is_object()) return Bad("object");
     bytes = Bytes(*reserved, "bytes");
     if (!bytes.ok()) return bytes.status();
     phase = PeakPhase(*reserved);
@@ -194,10 +195,11 @@ class ReportReader {
           r.at_end.total += it->second[c];
         }
       } else {
-        where_ = absl::StrCat(rank_where, " fragmentation.end");
+        where_ = rank_where;
         const json* fragmentation = Find(rank, "fragmentation");
         const json* end = fragmentation != nullptr ? Find(*fragmentation, "end") : nullptr;
-        if (end == nullptr) return Bad("object (and the rank no phases)");
+        if (end == nullptr || !end->is_object()) return Bad("phases and no \"fragmentation\".\"end\" object");
+        where_ = absl::StrCat(rank_where, " fragmentation.end");
         absl::StatusOr<std::uint64_t> end_allocated = Bytes(*end, "allocated_bytes");
         if (!end_allocated.ok()) return end_allocated.status();
         r.at_end.total = static_cast<std::int64_t>(*end_allocated);

@@ -286,6 +286,13 @@ TEST_CASE("compare: a report that is not usable is an error naming the run and t
         "\"by_category\".\"GRADIENT\"");
 
   broken.report = good.report;
+  broken.report["ranks"][0].erase("peak");
+  c = Compare(good, broken);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().message() ==
+        "'broken.json' is not a usable memscope.report/1: rank 0 has no \"peak\".\"allocated\" object");
+
+  broken.report = good.report;
   broken.report["ranks"][0]["rank"] = 5;
   c = Compare(good, broken);
   REQUIRE_FALSE(c.ok());
