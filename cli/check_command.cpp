@@ -3,10 +3,8 @@
 // holds, 1 when one fails, 2 for unusable input.
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,15 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include "profiler/analysis.h"
 #include "profiler/check.h"
-#include "profiler/report.h"
 #include "profiler/run.h"
 
 namespace memscope::cli {
 namespace {
-
-namespace fs = std::filesystem;
 
 int Fail(absl::string_view message) { return cli::Fail("check", message); }
 
@@ -38,41 +32,12 @@ struct CheckArgs {
   bool json = false;
 };
 
-// report.json of a run directory, timeline file or PyTorch snapshot
-// (analysed afresh), or of a report.json file (recognised by its content).
+// The report to check, with the readers' notes on stderr.
 absl::StatusOr<nlohmann::json> LoadReportJson(const std::string& path) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
-  if (fs::is_regular_file(status)) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-    char first = 0;
-    while (in.get(first) && absl::ascii_isspace(static_cast<unsigned char>(first))) {
-    }
-    if (in && first == '{') {
-      in.seekg(0);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
-      if (absl::Status s = ValidateReport(j); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", s.message()));
-      }
-      return j;
-    }
-  }
-  absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
-  if (!run.ok()) return run.status();
-  PrintNotes(*run);
-  std::vector<const Timeline*> ptrs;
-  std::vector<RankReport> reports;
-  for (const Timeline& t : *run) {
-    absl::StatusOr<RankReport> r = AnalyzeRank(t);
-    if (!r.ok()) return r.status();
-    ptrs.push_back(&t);
-    reports.push_back(std::move(*r));
-  }
-  return ReportJson(ptrs, reports);
+  absl::StatusOr<LoadedReport> loaded = LoadReport(path);
+  if (!loaded.ok()) return loaded.status();
+  PrintNotes(loaded->timelines);
+  return std::move(loaded->report);
 }
 
 int Check(const CheckArgs& a) {

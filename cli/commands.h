@@ -3,6 +3,7 @@
 #ifndef MEMSCOPE_CLI_COMMANDS_H_
 #define MEMSCOPE_CLI_COMMANDS_H_
 
+#include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -23,6 +24,7 @@ int Fail(absl::string_view command, absl::string_view message);
 // Prints what the readers of these recordings want the user to know
 // (Timeline::notes: a snapshot replayed, a truncated trace, ...) on stderr.
 void PrintNotes(const std::vector<Timeline>& timelines);
+void PrintNotes(const std::vector<std::string>& notes);
 
 void RegisterReplay(CLI::App& app, int& exit_status);
 // summary, trace, snapshot, frag, dump: commands that read a recording.
@@ -33,6 +35,8 @@ void RegisterCheck(CLI::App& app, int& exit_status);
 void RegisterRun(CLI::App& app, int& exit_status);
 // report: the self-contained HTML report (one run, or two compared).
 void RegisterReport(CLI::App& app, int& exit_status);
+// compare: two runs side by side, rank by rank, with what explains the difference.
+void RegisterCompare(CLI::App& app, int& exit_status);
 
 }  // namespace memscope::cli
 

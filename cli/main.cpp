@@ -14,10 +14,12 @@ int Fail(absl::string_view command, absl::string_view message) {
   return kExitBadInput;
 }
 
+void PrintNotes(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+}
+
 void PrintNotes(const std::vector<Timeline>& timelines) {
-  for (const Timeline& t : timelines) {
-    for (const std::string& note : t.notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
-  }
+  for (const Timeline& t : timelines) PrintNotes(t.notes);
 }
 
 }  // namespace memscope::cli
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   memscope::cli::RegisterCheck(app, exit_status);
   memscope::cli::RegisterRun(app, exit_status);
   memscope::cli::RegisterReport(app, exit_status);
+  memscope::cli::RegisterCompare(app, exit_status);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

@@ -49,13 +49,19 @@ std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& mo
   return owners;
 }
 
-std::string Mib(std::uint64_t bytes) { return absl::StrCat(bytes / kMiB, "M"); }
-
 }  // namespace
 
 AllocatorConfig TimelineConfig(const Timeline& timeline) {
   absl::StatusOr<AllocatorConfig> c = AllocatorConfig::Parse(timeline.alloc_conf);
   return c.ok() ? *c : AllocatorConfig{};
+}
+
+std::string FormatMib(std::uint64_t bytes) { return absl::StrCat(bytes / kMiB, "M"); }
+
+std::string FormatMibDelta(std::int64_t bytes) {
+  if (bytes == 0) return "0M";
+  const std::uint64_t magnitude = bytes < 0 ? 0 - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
+  return absl::StrCat(bytes < 0 ? "-" : "+", FormatMib(magnitude));
 }
 
 std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label); }
@@ -221,9 +227,9 @@ std::string PhaseTableText(const RankReport& r) {
     const std::string name = row.phase == Phase::kUser && !row.label.empty() ? row.label
                                                                               : std::string(PhaseName(row.phase));
     absl::StrAppendFormat(&out, "%-5s %-14s %10s %14s %10s %13s %14s\n",
-                          row.step == kNoStep ? std::string("-") : absl::StrCat(row.step), name, Mib(row.allocated),
-                          Mib(row.max_allocated), Mib(row.reserved), Mib(row.max_reserved),
-                          Mib(row.peak_allocated_in_phase));
+                          row.step == kNoStep ? std::string("-") : absl::StrCat(row.step), name, FormatMib(row.allocated),
+                          FormatMib(row.max_allocated), FormatMib(row.reserved), FormatMib(row.max_reserved),
+                          FormatMib(row.peak_allocated_in_phase));
   }
   return out;
 }

@@ -105,6 +105,12 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timel
 // The phase table as text, in the layout of seed 002 (sizes in MiB, "281M").
 std::string PhaseTableText(const RankReport& report);
 
+// A size as the phase table shows it: whole MiB, rounded down ("281M").
+std::string FormatMib(std::uint64_t bytes);
+// A difference of two sizes in the same unit, signed, truncated towards zero:
+// "+2M", "-281M"; "0M" only when equal, so "+0M" is a growth under 1 MiB.
+std::string FormatMibDelta(std::int64_t bytes);
+
 // The fragmentation report as text.
 std::string FragmentationText(const FragmentationInfo& f);
 

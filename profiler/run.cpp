@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "profiler/analysis.h"
+#include "profiler/check.h"
 #include "profiler/chrome_trace.h"
 #include "profiler/html_report.h"
 #include "allocator/sizes.h"
@@ -110,6 +113,45 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
     timelines.push_back(std::move(*t));
   }
   return timelines;
+}
+
+absl::StatusOr<LoadedReport> LoadReport(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
+  LoadedReport loaded;
+  if (fs::is_regular_file(status)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+    char first = 0;
+    while (in.get(first) && absl::ascii_isspace(static_cast<unsigned char>(first))) {
+    }
+    if (in && first == '{') {
+      in.seekg(0);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      loaded.report = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (loaded.report.is_discarded()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
+      }
+      if (absl::Status s = ValidateReport(loaded.report); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", s.message()));
+      }
+      return loaded;
+    }
+  }
+  absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
+  if (!run.ok()) return run.status();
+  loaded.timelines = std::move(*run);
+  std::vector<const Timeline*> ptrs;
+  std::vector<RankReport> reports;
+  for (const Timeline& t : loaded.timelines) {
+    absl::StatusOr<RankReport> r = AnalyzeRank(t);
+    if (!r.ok()) return r.status();
+    ptrs.push_back(&t);
+    reports.push_back(std::move(*r));
+  }
+  loaded.report = ReportJson(ptrs, reports);
+  return loaded;
 }
 
 namespace {

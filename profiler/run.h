@@ -25,6 +25,20 @@ namespace memscope {
 // the path and what is wrong.
 absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory = 80ULL << 30);
 
+// A run's report (memscope.report/1) and, when it was analysed here, the
+// recording it analyses.
+struct LoadedReport {
+  nlohmann::json report;
+  std::vector<Timeline> timelines;  // empty when read from a report.json file
+};
+
+// The report of a run directory, timeline file or PyTorch snapshot (loaded
+// with LoadRun and analysed afresh), or of a report.json file (recognised by
+// its content: a JSON object). Errors name the path: missing, unreadable, not
+// JSON, not memscope.report/1, or LoadRun's and AnalyzeRank's errors. The
+// readers' notes are in the timelines' `notes`.
+absl::StatusOr<LoadedReport> LoadReport(const std::string& path);
+
 // Replays a request trace under `config`, recording it into a Timeline; the
 // replay's own result goes to `result` when given.
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,

@@ -4,34 +4,10 @@
 
 #include <catch2/catch.hpp>
 
-#include "../allocator/test_util.h"
-#include "profiler/recorder.h"
-#include "profiler/timeline.h"
+#include "recording_session.h"
 
 using namespace memscope;
 using namespace memscope::testing;
-
-namespace {
-
-struct Session {
-  explicit Session(std::size_t capacity, const std::string& conf = "")
-      : gpu({.capacity = capacity}), a(gpu, Conf(conf)), sink(t), rec(sink) {
-    t.device_capacity = capacity;
-    t.alloc_conf = conf;
-    a.SetObserver(&rec);
-  }
-  DevicePtr Alloc(std::size_t size, Category c, const char* owner) {
-    ScopedTag tag(c, owner);
-    return MustMalloc(a, size);
-  }
-  SimDevice gpu;
-  CachingAllocator a;
-  Timeline t;
-  MemorySink sink;
-  Recorder rec;
-};
-
-}  // namespace
 
 TEST_CASE("the phase table: allocated, max allocated, reserved, max reserved and the peak inside each phase") {
   Session s(1024 * MiB);
