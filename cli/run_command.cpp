@@ -208,7 +208,7 @@ nlohmann::json BucketsJson(const std::vector<reducer::BucketInfo>& buckets) {
 
 // One rank: trains with its timeline recorded, writes rank-R.json. Returns
 // the rank's exit status.
-int RankMain(const RunArgs& a, Plan plan, int rank, int world_size, const std::string& out) {
+int RankMain(Plan plan, int rank, int world_size, const std::string& out) {
   Timeline header;
   header.rank = rank;
   header.world_size = world_size;
@@ -538,7 +538,7 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode) {
   if (ec) return Fail(absl::StrCat("--out: cannot create '", a.out, "': ", ec.message()));
 
   if (worker) {
-    const int code = RankMain(a, *plan, rank, static_cast<int>(world_size), a.out);
+    const int code = RankMain(*plan, rank, static_cast<int>(world_size), a.out);
     if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
     // Started by an external launcher: rank 0 writes the run's outputs once
     // every rank's status is there (or the timeout has passed).
@@ -559,7 +559,7 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode) {
     }
   }
   if (world_size == 1) {
-    const int code = RankMain(a, *plan, 0, 1, a.out);
+    const int code = RankMain(*plan, 0, 1, a.out);
     if (code == kExitBadInput) return code;
     return Finalize(a, *plan, 1, {}, -1);
   }
