@@ -1,0 +1,724 @@
+// GlooCommunicator: the Communicator over Gloo's TCP transport (libgloo-dev).
+//
+// Rendezvous. Every rank creates `options.store_dir`, opens and flock()s its
+// progress file `<store_dir>/progress-rank-R`, then sets the FileStore key
+// `memscope-joined-R` and polls the store until every rank's key is there or
+// `options.timeout` has passed; the ranks whose key is missing are the ones
+// named ("rank 0: rendezvous timed out after 60 s: ranks 2, 3 never joined
+// (store DIR)"). Only then does gloo::rendezvous::Context::connectFullMesh
+// exchange pair addresses through the same store and connect a full mesh over
+// a tcp device bound to `options.hostname`. As with PyTorch's FileStore, the
+// directory must be fresh for every job (a key left by an earlier run is an
+// error) and shared by all ranks.
+//
+// Timeouts. `options.timeout` is the context timeout (pair connects, store
+// waits) and the end-to-end timeout of every collective (gloo's
+// *Options::setTimeout).
+//
+// Checked collectives. Collective #N first allgathers a fixed-size descriptor
+// {N, kind, dtype, count, root, meta} (tag 2N); a difference between ranks is
+// a CommError naming what each rank called ("collective mismatch at collective
+// #7: rank 0 called barrier, rank 1 called allreduce(float32, 1234
+// elements)"). Every rank sees every descriptor, so every rank throws the same
+// message. Only then does the payload move (tag 2N+1). Barrier is the
+// descriptor exchange alone; a null data pointer (meta) stops after the check.
+//
+// Error naming. Before the exchange a rank writes "N entered <kind>" into its
+// progress file; it holds an exclusive flock() on that file for as long as the
+// communicator lives, so a peer that can take the lock knows the process is
+// gone (exited, killed) without any message from it. When gloo throws
+// (gloo::IoException, gloo::EnforceNotMet, timeouts) the rank reads every
+// peer's progress file and names, in this order: peers that are gone ("rank 1
+// closed its connection (exited or was killed) during allreduce #12"), peers
+// still alive that never entered collective #N ("allreduce #12 timed out after
+// 2 s: rank 1 did not arrive (its last collective: barrier #11)"), peers that
+// destroyed their communicator, and peers that failed first (their own message
+// is in their progress file and is quoted). A failing rank records "failed"
+// and its message, then closes its connections so that peers blocked on it
+// fail at once instead of waiting for their own timeout. After a CommError the
+// communicator is unusable: every later call throws CommError immediately.
+// Progress files assume the store directory is visible to every rank (it must
+// be for the FileStore anyway); a fork() while a communicator is alive shares
+// its lock with the child.
+//
+// SIGPIPE. Gloo writes to sockets with writev(), so a write to a peer that
+// died would raise SIGPIPE and kill the process. SIGPIPE is blocked while a
+// gloo call runs on the calling thread (a SIGPIPE raised there is consumed)
+// and in gloo's event-loop thread, which inherits the mask when the device is
+// created. The process-wide disposition is left alone.
+//
+// A communicator is used by one thread at a time.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "reducer/communicator.h"
+
+namespace memscope::reducer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------
+// Formatting
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// Gloo's messages start with "[/path/file.cc:123] "; the location is noise in
+// a one-line report.
+std::string GlooMessage(const std::string& what) {
+  std::string s = OneLine(what);
+  if (!s.empty() && s.front() == '[') {
+    const std::size_t close = s.find("] ");
+    if (close != std::string::npos && s.find(':') < close) s = s.substr(close + 2);
+  }
+  return s;
+}
+
+std::string FormatSeconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(ms.count()) / 1000.0);
+  return buf;
+}
+
+// "rank 3", "ranks 1, 2", "ranks 0-7, 9".
+std::string FormatRanks(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j >= i + 2) {
+      out += "-" + std::to_string(ranks[j]);
+      i = j + 1;
+    } else {
+      ++i;
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Descriptors
+
+enum class Kind : std::uint8_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kBarrier = 4 };
+
+std::string_view KindName(std::uint64_t kind) {
+  switch (static_cast<Kind>(kind)) {
+    case Kind::kAllreduce: return "allreduce";
+    case Kind::kBroadcast: return "broadcast";
+    case Kind::kAllgather: return "allgather";
+    case Kind::kBarrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+constexpr std::uint64_t kMaxDType = static_cast<std::uint64_t>(DType::kUInt8);
+
+struct Descriptor {
+  static constexpr std::size_t kWords = 6;
+  std::uint64_t seq = 0;
+  std::uint64_t kind = 0;
+  std::uint64_t dtype = 0;
+  std::uint64_t count = 0;
+  std::int64_t root = -1;
+  std::uint64_t meta = 0;
+
+  std::array<std::uint64_t, kWords> Encode() const {
+    return {seq, kind, dtype, count, static_cast<std::uint64_t>(root), meta};
+  }
+  static Descriptor Decode(const std::uint64_t* w) {
+    return {w[0], w[1], w[2], w[3], static_cast<std::int64_t>(w[4]), w[5]};
+  }
+  bool SameCall(const Descriptor& o) const {
+    return kind == o.kind && dtype == o.dtype && count == o.count && root == o.root && meta == o.meta;
+  }
+  bool operator==(const Descriptor& o) const { return seq == o.seq && SameCall(o); }
+
+  // "barrier", "allreduce(float32, 1234 elements)", "broadcast(int64, 1 element, root 1, meta)".
+  std::string Call() const {
+    std::string out(KindName(kind));
+    if (static_cast<Kind>(kind) == Kind::kBarrier) return out;
+    out += "(";
+    out += dtype <= kMaxDType ? std::string(DTypeName(static_cast<DType>(dtype)))
+                              : "dtype " + std::to_string(dtype);
+    out += ", " + std::to_string(count) + (count == 1 ? " element" : " elements");
+    if (static_cast<Kind>(kind) == Kind::kBroadcast) out += ", root " + std::to_string(root);
+    if (meta != 0) out += ", meta";
+    return out + ")";
+  }
+};
+
+// One line naming what each group of ranks called, the same on every rank.
+std::string MismatchMessage(const std::vector<Descriptor>& all) {
+  const std::uint64_t seq = all[0].seq;
+  std::vector<std::pair<Descriptor, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[r]; });
+    if (it == groups.end()) {
+      groups.push_back({all[r], {static_cast<int>(r)}});
+    } else {
+      it->second.push_back(static_cast<int>(r));
+    }
+  }
+  std::string out = "collective mismatch at collective #" + std::to_string(seq) + ": ";
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    if (g > 0) out += ", ";
+    out += FormatRanks(groups[g].second) + " called " + groups[g].first.Call();
+    if (groups[g].first.seq != seq) out += " as its collective #" + std::to_string(groups[g].first.seq);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Progress files: "<seq> <state> <kind>" padded to kRecordBytes, then the
+// failure message if the state is "failed".
+
+constexpr std::size_t kRecordBytes = 64;
+constexpr std::size_t kMaxMessageBytes = 4096;
+
+std::string ProgressPath(const std::string& dir, int rank) {
+  return dir + "/progress-rank-" + std::to_string(rank);
+}
+
+struct PeerStatus {
+  int rank = 0;
+  bool exists = false;  // the progress file exists (the rank started)
+  bool alive = false;   // its owner still holds the lock
+  std::uint64_t seq = 0;
+  std::string state;  // joining, ready, entered, failed, closed
+  std::string kind;   // the kind of collective #seq
+  std::string failure;
+
+  std::string LastCollective() const {
+    if (seq == 0) return "none since rendezvous";
+    return kind + " #" + std::to_string(seq);
+  }
+};
+
+PeerStatus ReadPeer(const std::string& dir, int rank) {
+  PeerStatus s;
+  s.rank = rank;
+  const int fd = ::open(ProgressPath(dir, rank).c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return s;
+  s.exists = true;
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+  } else {
+    s.alive = errno == EWOULDBLOCK;
+  }
+  std::string buf(kRecordBytes + kMaxMessageBytes, '\0');
+  const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
+  ::close(fd);
+  if (n <= 0) return s;
+  buf.resize(static_cast<std::size_t>(n));
+  std::istringstream record(buf.substr(0, std::min(buf.size(), kRecordBytes)));
+  record >> s.seq >> s.state >> s.kind;
+  if (buf.size() > kRecordBytes) s.failure = OneLine(buf.substr(kRecordBytes));
+  return s;
+}
+
+class ProgressFile {
+ public:
+  ProgressFile() = default;
+  ProgressFile(const ProgressFile&) = delete;
+  ProgressFile& operator=(const ProgressFile&) = delete;
+  ~ProgressFile() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+
+  // Empty on success, else why not.
+  std::string Open(const std::string& dir, int rank) {
+    const std::string path = ProgressPath(dir, rank);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) return "cannot create " + path + ": " + std::strerror(errno);
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      if (err == EWOULDBLOCK) {
+        return path + " is locked by a live communicator: another process or thread already is rank " +
+               std::to_string(rank);
+      }
+      return "cannot lock " + path + ": " + std::strerror(err);
+    }
+    return "";
+  }
+
+  void Write(std::uint64_t seq, std::string_view state, std::string_view kind = "-",
+             std::string_view failure = {}) {
+    if (fd_ < 0) return;
+    std::string rec = std::to_string(seq) + " " + std::string(state) + " " + std::string(kind);
+    rec.resize(kRecordBytes - 1, ' ');
+    rec += '\n';
+    if (!failure.empty()) rec += failure.substr(0, kMaxMessageBytes);
+    // Best effort: progress only improves error messages.
+    if (::pwrite(fd_, rec.data(), rec.size(), 0) == static_cast<ssize_t>(rec.size())) {
+      [[maybe_unused]] const int rc = ::ftruncate(fd_, static_cast<off_t>(rec.size()));
+    }
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// ---------------------------------------------------------------------------
+// SIGPIPE: blocked on this thread for the guard's lifetime; one raised
+// meanwhile is consumed unless it was already pending.
+
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+  ~SigpipeGuard() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigemptyset(&pending);
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{0, 0};
+        while (sigtimedwait(&pipe_, nullptr, &zero) == -1 && errno == EINTR) {
+        }
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t pipe_{};
+  sigset_t old_{};
+  bool was_pending_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// bfloat16 <-> float32 (round to nearest even; NaN stays NaN).
+
+float Bf16ToFloat(std::uint16_t h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16); }
+
+std::uint16_t FloatToBf16(float f) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
+  if ((bits & 0x7fffffffU) > 0x7f800000U) return static_cast<std::uint16_t>((bits >> 16) | 0x40U);
+  const std::uint32_t rounding = 0x7fffU + ((bits >> 16) & 1U);
+  return static_cast<std::uint16_t>((bits + rounding) >> 16);
+}
+
+// A FileStore whose keys can be tested without waiting.
+class PollableFileStore : public gloo::rendezvous::FileStore {
+ public:
+  using gloo::rendezvous::FileStore::FileStore;
+  bool Has(const std::string& key) { return check({key}); }
+};
+
+std::string JoinedKey(int rank) { return "memscope-joined-" + std::to_string(rank); }
+
+bool IsTimeout(const std::string& msg) {
+  return msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos ||
+         msg.find("imeout") != std::string::npos;
+}
+
+// ---------------------------------------------------------------------------
+
+class GlooCommunicator final : public Communicator {
+ public:
+  explicit GlooCommunicator(const GlooOptions& options)
+      : rank_(options.rank),
+        world_size_(options.world_size),
+        store_dir_(options.store_dir),
+        timeout_(options.timeout) {}
+
+  ~GlooCommunicator() override {
+    progress_.Write(seq_, "closed", last_kind_);
+    SigpipeGuard guard;
+    context_.reset();  // closes the connections
+    device_.reset();   // joins gloo's event loop
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "gloo"; }
+
+  void Rendezvous(const GlooOptions& options);
+
+  void AllreduceSum(void* data, std::size_t count, DType dtype) override {
+    Checked(Kind::kAllreduce, dtype, count, -1, data == nullptr, [&](std::uint32_t tag) {
+      switch (dtype) {
+        case DType::kFloat32: GlooAllreduce<float>(data, count, tag); break;
+        case DType::kFloat16: GlooAllreduce<gloo::float16>(data, count, tag); break;
+        case DType::kInt32: GlooAllreduce<std::int32_t>(data, count, tag); break;
+        case DType::kInt64: GlooAllreduce<std::int64_t>(data, count, tag); break;
+        case DType::kBFloat16: {
+          // Gloo has no bfloat16: sum in float32, round once at the end.
+          auto* bf = static_cast<std::uint16_t*>(data);
+          std::vector<float> tmp(count);
+          for (std::size_t i = 0; i < count; ++i) tmp[i] = Bf16ToFloat(bf[i]);
+          GlooAllreduce<float>(tmp.data(), count, tag);
+          for (std::size_t i = 0; i < count; ++i) bf[i] = FloatToBf16(tmp[i]);
+          break;
+        }
+        default: break;  // rejected by Checked
+      }
+    });
+  }
+
+  void Broadcast(void* data, std::size_t count, DType dtype, int root) override {
+    Checked(Kind::kBroadcast, dtype, count, root, data == nullptr, [&](std::uint32_t tag) {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<std::uint8_t*>(data), count * ElementSize(dtype));
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void Allgather(const void* in, void* out, std::size_t count, DType dtype) override {
+    const bool meta = in == nullptr || out == nullptr;
+    Checked(Kind::kAllgather, dtype, count, -1, meta, [&](std::uint32_t tag) {
+      const std::size_t bytes = count * ElementSize(dtype);
+      const std::size_t total = bytes * static_cast<std::size_t>(world_size_);
+      auto* o = static_cast<std::uint8_t*>(out);
+      const auto* i = static_cast<const std::uint8_t*>(in);
+      if (world_size_ == 1) {
+        std::memmove(o, i, bytes);
+        return;
+      }
+      std::vector<std::uint8_t> copy;
+      gloo::AllgatherOptions opts(context_);
+      if (i != o + static_cast<std::size_t>(rank_) * bytes) {  // else in place: gloo reads our chunk of out
+        if (std::less_equal<>()(o, i) && std::less<>()(i, o + total)) {
+          copy.assign(i, i + bytes);  // `in` overlaps another rank's chunk of `out`
+          i = copy.data();
+        }
+        opts.setInput(const_cast<std::uint8_t*>(i), bytes);
+      }
+      opts.setOutput(o, total);
+      opts.setTag(tag);
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    });
+  }
+
+  void Barrier() override {
+    Checked(Kind::kBarrier, DType::kFloat32, 0, -1, true, [](std::uint32_t) {});
+  }
+
+ private:
+  [[noreturn]] void ThrowBroken() const {
+    throw CommError("rank " + std::to_string(rank_) + ": communicator unusable after an earlier error: " +
+                    broken_);
+  }
+
+  // Records the failure, closes our connections when asked (peers blocked on
+  // us fail now instead of at their timeout), and throws.
+  [[noreturn]] void Fail(std::string message, bool close_connections) {
+    message = OneLine(std::move(message));
+    broken_ = message;
+    progress_.Write(seq_, "failed", last_kind_, message);
+    if (close_connections) {
+      SigpipeGuard guard;
+      context_.reset();
+    }
+    throw CommError(message);
+  }
+
+  template <typename Payload>
+  void Checked(Kind kind, DType dtype, std::size_t count, int root, bool meta, Payload&& payload) {
+    if (!broken_.empty()) ThrowBroken();
+    const std::uint64_t seq = ++seq_;
+    last_kind_ = std::string(KindName(static_cast<std::uint64_t>(kind)));
+    progress_.Write(seq, "entered", last_kind_);
+    const std::string what = last_kind_ + " #" + std::to_string(seq);
+
+    Descriptor mine;
+    mine.seq = seq;
+    mine.kind = static_cast<std::uint64_t>(kind);
+    if (kind != Kind::kBarrier) {
+      mine.dtype = static_cast<std::uint64_t>(dtype);
+      mine.count = count;
+      mine.root = kind == Kind::kBroadcast ? root : -1;
+      mine.meta = meta ? 1 : 0;
+    }
+
+    std::vector<Descriptor> all;
+    if (world_size_ == 1) {
+      all.push_back(mine);
+    } else {
+      GlooCall(what, [&] { all = ExchangeDescriptors(mine, static_cast<std::uint32_t>(2 * seq)); });
+    }
+    for (const Descriptor& d : all) {
+      if (!(d == all[0])) Fail("rank " + std::to_string(rank_) + ": " + MismatchMessage(all), false);
+    }
+
+    // Every rank passed the same arguments, so every rank rejects them alike.
+    const auto reject = [&](const std::string& why) {
+      Fail("rank " + std::to_string(rank_) + ": " + what + ": " + why, false);
+    };
+    if (kind == Kind::kAllreduce && dtype != DType::kFloat32 && dtype != DType::kFloat16 &&
+        dtype != DType::kBFloat16 && dtype != DType::kInt32 && dtype != DType::kInt64) {
+      reject("cannot sum " + std::string(DTypeName(dtype)) + " (float32, float16, bfloat16, int32, int64)");
+    }
+    if (kind == Kind::kBroadcast && (root < 0 || root >= world_size_)) {
+      reject("root " + std::to_string(root) + " is not a rank of world size " + std::to_string(world_size_));
+    }
+    if (meta || count == 0) return;
+    if (world_size_ == 1 && kind != Kind::kAllgather) return;  // allgather copies, without gloo
+    GlooCall(what, [&] { payload(static_cast<std::uint32_t>(2 * seq + 1)); });
+  }
+
+  template <typename Fn>
+  void GlooCall(const std::string& what, Fn&& fn) {
+    std::string error;
+    {
+      SigpipeGuard guard;
+      try {
+        fn();
+        return;
+      } catch (const gloo::EnforceNotMet& e) {
+        error = e.what();
+      } catch (const std::exception& e) {  // gloo::IoException, gloo::Exception, std::system_error
+        error = e.what();
+      }
+    }
+    Fail(DescribeFailure(what, GlooMessage(error)), true);
+  }
+
+  std::vector<Descriptor> ExchangeDescriptors(const Descriptor& mine, std::uint32_t tag) {
+    std::array<std::uint64_t, Descriptor::kWords> in = mine.Encode();
+    std::vector<std::uint64_t> out(Descriptor::kWords * static_cast<std::size_t>(world_size_));
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(in.data(), in.size());
+    opts.setOutput(out.data(), out.size());
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::allgather(opts);
+    std::vector<Descriptor> all;
+    for (int r = 0; r < world_size_; ++r) all.push_back(Descriptor::Decode(&out[Descriptor::kWords * r]));
+    return all;
+  }
+
+  template <typename T>
+  void GlooAllreduce(void* data, std::size_t count, std::uint32_t tag) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(static_cast<T*>(data), count);
+    void (*sum)(void*, const void*, const void*, std::size_t) = &gloo::sum<T>;
+    opts.setReduceFunction(sum);
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::allreduce(opts);
+  }
+
+  std::vector<PeerStatus> ReadPeers() const {
+    std::vector<PeerStatus> peers;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r != rank_) peers.push_back(ReadPeer(store_dir_, r));
+    }
+    return peers;
+  }
+
+  // The one-line message for a gloo error in `what` ("allreduce #12").
+  std::string DescribeFailure(const std::string& what, const std::string& gloo_message) const {
+    const std::string me = "rank " + std::to_string(rank_) + ": ";
+    const bool timeout = IsTimeout(gloo_message);
+    const std::uint64_t seq = seq_;
+
+    std::vector<int> gone, missing, closed, failed;
+    std::vector<PeerStatus> peers;
+    // A peer that exits closes its sockets and releases its lock in the same
+    // exit, but not at the same instant: allow the kernel a moment.
+    const Clock::time_point settle = Clock::now() + std::chrono::milliseconds(timeout ? 0 : 300);
+    for (;;) {
+      gone.clear();
+      missing.clear();
+      closed.clear();
+      failed.clear();
+      peers = ReadPeers();
+      for (const PeerStatus& p : peers) {
+        if (p.state == "failed") {
+          failed.push_back(p.rank);
+        } else if (p.state == "closed") {
+          closed.push_back(p.rank);
+        } else if (!p.exists) {
+          continue;  // cannot happen after rendezvous
+        } else if (!p.alive) {
+          gone.push_back(p.rank);
+        } else if (p.seq < seq) {
+          missing.push_back(p.rank);
+        }
+      }
+      // A dropped connection comes from a peer that is gone, closed or
+      // failed; one that merely has not arrived yet may be exiting.
+      const bool explained = !gone.empty() || !closed.empty() || !failed.empty() || (timeout && !missing.empty());
+      if (explained || Clock::now() >= settle) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const auto status = [&](int r) -> const PeerStatus& {
+      return *std::find_if(peers.begin(), peers.end(), [r](const PeerStatus& p) { return p.rank == r; });
+    };
+    const auto last = [&](const std::vector<int>& ranks) {
+      if (ranks.size() != 1) return std::string();
+      return " (its last collective: " + status(ranks[0]).LastCollective() + ")";
+    };
+
+    if (!gone.empty()) {
+      const bool one = gone.size() == 1;
+      return me + FormatRanks(gone) + (one ? " closed its connection (exited or was killed)"
+                                           : " closed their connections (exited or were killed)") +
+             " during " + what + last(gone);
+    }
+    if (!missing.empty()) {
+      return me + what + (timeout ? " timed out after " + FormatSeconds(timeout_) : " failed") + ": " +
+             FormatRanks(missing) + " did not arrive" + last(missing) +
+             (timeout || failed.empty() ? "" : "; " + FormatRanks(failed) + " gave up first");
+    }
+    if (!closed.empty()) {
+      const bool one = closed.size() == 1;
+      return me + what + " failed: " + FormatRanks(closed) + (one ? " destroyed its communicator" : " destroyed their communicators") +
+             last(closed);
+    }
+    if (!failed.empty()) {
+      const PeerStatus& first = status(failed[0]);
+      return me + what + " failed: " + FormatRanks(failed) + " failed first and closed " +
+             (failed.size() == 1 ? "its connections" : "their connections") +
+             (first.failure.empty() ? "" : " (" + first.failure + ")");
+    }
+    if (timeout) {
+      return me + what + " timed out after " + FormatSeconds(timeout_) + " although every rank entered it (gloo: " +
+             gloo_message + ")";
+    }
+    return me + what + " failed: " + gloo_message;
+  }
+
+  const int rank_;
+  const int world_size_;
+  const std::string store_dir_;
+  const std::chrono::milliseconds timeout_;
+  ProgressFile progress_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::uint64_t seq_ = 0;
+  std::string last_kind_ = "-";
+  std::string broken_;  // non-empty after a CommError
+};
+
+void GlooCommunicator::Rendezvous(const GlooOptions& options) {
+  const std::string me = "rank " + std::to_string(rank_) + ": ";
+  const std::string where = " (store " + store_dir_ + ")";
+
+  std::error_code ec;
+  std::filesystem::create_directories(store_dir_, ec);
+  if (ec) throw CommError(me + "cannot create store directory " + store_dir_ + ": " + ec.message());
+  if (std::string err = progress_.Open(store_dir_, rank_); !err.empty()) throw CommError(me + OneLine(err));
+  progress_.Write(0, "joining");
+
+  const Clock::time_point deadline = Clock::now() + timeout_;
+  try {
+    PollableFileStore store(store_dir_);
+    // Announce ourselves and wait for everyone, so a timeout can say who never came.
+    try {
+      store.set(JoinedKey(rank_), std::vector<char>{'1'});
+    } catch (const gloo::EnforceNotMet& e) {
+      throw CommError(me + "store directory " + store_dir_ + " already holds rank " + std::to_string(rank_) +
+                      "'s rendezvous (left by an earlier run? each job needs a fresh directory): " +
+                      GlooMessage(e.what()));
+    }
+    std::vector<int> missing;
+    for (;;) {
+      missing.clear();
+      for (int r = 0; r < world_size_; ++r) {
+        if (r != rank_ && !store.Has(JoinedKey(r))) missing.push_back(r);
+      }
+      if (missing.empty()) break;
+      if (Clock::now() >= deadline) {
+        const std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " +
+                                FormatRanks(missing) + " never joined" + where;
+        progress_.Write(0, "failed", "rendezvous", msg);
+        throw CommError(msg);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (world_size_ > 1) {
+      SigpipeGuard guard;  // gloo's event-loop thread, started here, inherits the blocked SIGPIPE
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options.hostname;
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+      context_ = std::make_shared<gloo::rendezvous::Context>(rank_, world_size_);
+      context_->setTimeout(timeout_);
+      context_->connectFullMesh(store, device_);
+    }
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {  // gloo::IoException, gloo::EnforceNotMet, ...
+    std::string msg = me + "rendezvous failed";
+    std::vector<int> gone;
+    for (const PeerStatus& p : ReadPeers()) {
+      if (p.exists && !p.alive) gone.push_back(p.rank);
+    }
+    if (!gone.empty()) msg += ": " + FormatRanks(gone) + " exited or " + (gone.size() == 1 ? "was" : "were") + " killed";
+    msg += " (gloo: " + GlooMessage(e.what()) + ")" + where;
+    context_.reset();
+    device_.reset();
+    progress_.Write(0, "failed", "rendezvous", msg);
+    throw CommError(msg);
+  }
+  progress_.Write(0, "ready");
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> CreateGlooCommunicator(const GlooOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw CommError("gloo: rank " + std::to_string(options.rank) + " is not a rank of world size " +
+                    std::to_string(options.world_size));
+  }
+  if (options.store_dir.empty()) throw CommError("gloo: GlooOptions.store_dir is empty");
+  if (options.timeout.count() <= 0) throw CommError("gloo: GlooOptions.timeout must be positive");
+  auto comm = std::make_unique<GlooCommunicator>(options);
+  comm->Rendezvous(options);
+  return comm;
+}
+
+}  // namespace memscope::reducer

@@ -1,0 +1,525 @@
+// The Gloo communicator over loopback TCP: ranks are threads, each with its
+// own communicator, or fork()ed processes where a rank must die. Catch2 is not
+// thread-safe, so rank threads only record results; the test thread checks.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <latch>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "reducer/communicator.h"
+#ifdef MEMSCOPE_HAVE_NCCL
+#include "reducer/nccl_communicator.h"
+#endif
+
+namespace memscope::reducer {
+namespace {
+
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A fresh directory, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "memscope-reducer-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path_ = tmpl;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string store() const { return path_ + "/store"; }
+
+ private:
+  std::string path_;
+};
+
+GlooOptions Options(const TempDir& dir, int rank, int world, std::chrono::milliseconds timeout = 10s) {
+  GlooOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.store_dir = dir.store();
+  o.timeout = timeout;
+  return o;
+}
+
+// Runs fn(comm) on `world` rank threads; returns each rank's CommError message
+// ("" when it raised none).
+std::vector<std::string> RunRanks(int world, const std::function<void(Communicator&)>& fn,
+                                  std::chrono::milliseconds timeout = 10s) {
+  TempDir dir;
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, r, world, timeout));
+        fn(*comm);
+      } catch (const CommError& e) {
+        errors[r] = e.what();
+      } catch (const std::exception& e) {
+        errors[r] = std::string("not a CommError: ") + e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+void CheckNoErrors(const std::vector<std::string>& errors) {
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "");
+  }
+}
+
+// Exact IEEE half and bfloat16 bit patterns of small integers.
+std::uint16_t Half(int v) {
+  switch (v) {
+    case 1: return 0x3C00;
+    case 2: return 0x4000;
+    case 3: return 0x4200;
+    case 4: return 0x4400;
+    case 10: return 0x4900;
+  }
+  FAIL("no half for " << v);
+  return 0;
+}
+std::uint16_t BFloat16(int v) {
+  switch (v) {
+    case 1: return 0x3F80;
+    case 2: return 0x4000;
+    case 3: return 0x4040;
+    case 4: return 0x4080;
+    case 10: return 0x4120;
+  }
+  FAIL("no bfloat16 for " << v);
+  return 0;
+}
+
+TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly on 2 and 4 ranks") {
+  for (int world : {2, 4}) {
+    INFO("world size " << world);
+    const int total = world * (world + 1) / 2;  // rank r contributes r + 1
+    constexpr std::size_t kCount = 1000;
+    std::vector<std::vector<float>> f32(world, std::vector<float>(kCount));
+    std::vector<std::vector<std::uint16_t>> f16(world, std::vector<std::uint16_t>(kCount));
+    std::vector<std::vector<std::uint16_t>> bf16(world, std::vector<std::uint16_t>(3));
+    std::vector<std::vector<std::int32_t>> i32(world, std::vector<std::int32_t>(kCount));
+    std::vector<std::vector<std::int64_t>> i64(world, std::vector<std::int64_t>(kCount));
+    CheckNoErrors(RunRanks(world, [&](Communicator& comm) {
+      const int r = comm.rank();
+      for (std::size_t i = 0; i < kCount; ++i) {
+        f32[r][i] = static_cast<float>(r + 1) + static_cast<float>(i);
+        f16[r][i] = Half(r + 1);
+        i32[r][i] = -(r + 1);
+        i64[r][i] = (std::int64_t{r + 1} << 40) + static_cast<std::int64_t>(i);
+      }
+      for (std::uint16_t& b : bf16[r]) b = BFloat16(r + 1);
+      comm.AllreduceSum(f32[r].data(), kCount, DType::kFloat32);
+      comm.AllreduceSum(f16[r].data(), kCount, DType::kFloat16);
+      comm.AllreduceSum(bf16[r].data(), 3, DType::kBFloat16);
+      comm.AllreduceSum(i32[r].data(), kCount, DType::kInt32);
+      comm.AllreduceSum(i64[r].data(), kCount, DType::kInt64);
+    }));
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r);
+      for (std::size_t i = 0; i < kCount; ++i) {
+        REQUIRE(f32[r][i] == static_cast<float>(total) + static_cast<float>(world) * static_cast<float>(i));
+        REQUIRE(f16[r][i] == Half(total));
+        REQUIRE(i32[r][i] == -total);
+        REQUIRE(i64[r][i] == (std::int64_t{total} << 40) + world * static_cast<std::int64_t>(i));
+      }
+      CHECK(bf16[r] == std::vector<std::uint16_t>(3, BFloat16(total)));
+    }
+  }
+}
+
+TEST_CASE("gloo broadcast from root 1 and allgather lay out every rank's elements on 2 and 4 ranks") {
+  for (int world : {2, 4}) {
+    INFO("world size " << world);
+    std::vector<std::vector<std::int64_t>> bcast(world, std::vector<std::int64_t>(5));
+    std::vector<std::vector<std::int32_t>> gathered(world, std::vector<std::int32_t>(3 * world));
+    std::vector<std::vector<float>> in_place(world, std::vector<float>(2 * world, -1.0F));
+    CheckNoErrors(RunRanks(world, [&](Communicator& comm) {
+      const int r = comm.rank();
+      for (int i = 0; i < 5; ++i) bcast[r][i] = r * 100 + i;
+      comm.Broadcast(bcast[r].data(), 5, DType::kInt64, 1);
+      const std::vector<std::int32_t> mine = {r * 10, r * 10 + 1, r * 10 + 2};
+      comm.Allgather(mine.data(), gathered[r].data(), 3, DType::kInt32);
+      in_place[r][2 * r] = static_cast<float>(r);  // in == out + rank * count
+      in_place[r][2 * r + 1] = 0.5F + static_cast<float>(r);
+      comm.Allgather(in_place[r].data() + 2 * r, in_place[r].data(), 2, DType::kFloat32);
+      comm.Barrier();
+    }));
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r);
+      CHECK(bcast[r] == std::vector<std::int64_t>{100, 101, 102, 103, 104});
+      for (int q = 0; q < world; ++q) {
+        for (int j = 0; j < 3; ++j) CHECK(gathered[r][3 * q + j] == q * 10 + j);
+        CHECK(in_place[r][2 * q] == static_cast<float>(q));
+        CHECK(in_place[r][2 * q + 1] == 0.5F + static_cast<float>(q));
+      }
+    }
+  }
+}
+
+TEST_CASE("gloo barriers on 4 ranks complete") {
+  CheckNoErrors(RunRanks(4, [](Communicator& comm) {
+    for (int i = 0; i < 5; ++i) comm.Barrier();
+  }));
+}
+
+TEST_CASE("gloo meta collectives with null data check and move nothing and keep ranks in step") {
+  std::vector<std::vector<float>> sums(2, std::vector<float>(4));
+  CheckNoErrors(RunRanks(2, [&](Communicator& comm) {
+    comm.AllreduceSum(nullptr, 1234, DType::kFloat32);
+    comm.Broadcast(nullptr, 1234, DType::kFloat16, 1);
+    comm.Allgather(nullptr, nullptr, 1234, DType::kInt64);
+    // Still in lockstep: the next real collective sums exactly once.
+    std::vector<float>& s = sums[comm.rank()];
+    std::fill(s.begin(), s.end(), static_cast<float>(comm.rank() + 1));
+    comm.AllreduceSum(s.data(), s.size(), DType::kFloat32);
+  }));
+  CHECK(sums[0] == std::vector<float>(4, 3.0F));
+  CHECK(sums[1] == std::vector<float>(4, 3.0F));
+}
+
+TEST_CASE("gloo collective mismatch: rank 0 calls barrier while rank 1 calls allreduce") {
+  std::vector<double> later(2, -1);
+  std::vector<std::string> later_errors(2);
+  const std::vector<std::string> errors = RunRanks(2, [&](Communicator& comm) {
+    comm.Barrier();
+    std::vector<float> grad(1234, 1.0F);
+    try {
+      if (comm.rank() == 0) {
+        comm.Barrier();
+      } else {
+        comm.AllreduceSum(grad.data(), grad.size(), DType::kFloat32);
+      }
+    } catch (const CommError&) {
+      // After a CommError every call fails at once.
+      const Clock::time_point start = Clock::now();
+      try {
+        comm.Barrier();
+      } catch (const CommError& e) {
+        later_errors[comm.rank()] = e.what();
+      }
+      later[comm.rank()] = SecondsSince(start);
+      throw;
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK_THAT(errors[r], Contains("collective mismatch"));
+    CHECK_THAT(errors[r], Contains("rank 0 called barrier"));
+    CHECK_THAT(errors[r], Contains("rank 1 called allreduce"));
+    CHECK(errors[r] == "rank " + std::to_string(r) +
+                           ": collective mismatch at collective #2: rank 0 called barrier, rank 1 called "
+                           "allreduce(float32, 1234 elements)");
+    CHECK(errors[r].find('\n') == std::string::npos);
+    CHECK_THAT(later_errors[r], Contains("unusable after an earlier error") && Contains("collective mismatch"));
+    CHECK(later[r] < 0.5);
+  }
+}
+
+TEST_CASE("gloo mismatch in dtype count root or meta names what each rank called") {
+  const std::vector<std::string> errors = RunRanks(4, [](Communicator& comm) {
+    std::vector<std::int64_t> v(8, 1);
+    if (comm.rank() == 3) {
+      comm.Broadcast(v.data(), 8, DType::kInt64, 2);
+    } else if (comm.rank() == 2) {
+      comm.Broadcast(nullptr, 8, DType::kInt64, 1);
+    } else {
+      comm.Broadcast(v.data(), 8, DType::kInt64, 1);
+    }
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "rank " + std::to_string(r) +
+                           ": collective mismatch at collective #1: ranks 0, 1 called broadcast(int64, 8 elements, "
+                           "root 1), rank 2 called broadcast(int64, 8 elements, root 1, meta), rank 3 called "
+                           "broadcast(int64, 8 elements, root 2)");
+  }
+}
+
+TEST_CASE("gloo missing rank: rank 1 joined the rendezvous but never enters the collective") {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  double elapsed = -1;
+  double later = -1;
+  std::string later_error;
+  const std::vector<std::string> errors = RunRanks(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {
+          done.wait();  // alive, connected, but never calls the barrier
+          return;
+        }
+        const Clock::time_point start = Clock::now();
+        try {
+          comm.Barrier();
+        } catch (const CommError&) {
+          elapsed = SecondsSince(start);
+          const Clock::time_point again = Clock::now();
+          try {
+            comm.AllreduceSum(nullptr, 1, DType::kFloat32);
+          } catch (const CommError& e) {
+            later_error = e.what();
+          }
+          later = SecondsSince(again);
+          rank0_done.set_value();
+          throw;
+        }
+        rank0_done.set_value();
+      },
+      2s);
+  INFO(errors[0]);
+  CHECK(errors[0] == "rank 0: barrier #1 timed out after 2 s: rank 1 did not arrive (its last collective: none "
+                     "since rendezvous)");
+  CHECK(errors[1] == "");
+  CHECK(elapsed >= 1.9);
+  CHECK(elapsed < 2.0 + 3.0);
+  CHECK_THAT(later_error, Contains("unusable"));
+  CHECK(later < 0.5);
+}
+
+TEST_CASE("gloo missing rank on 4 ranks names the rank that stays behind") {
+  std::vector<std::promise<void>> finished(4);
+  std::vector<std::shared_future<void>> all;
+  for (auto& p : finished) all.push_back(p.get_future().share());
+  const std::vector<std::string> errors = RunRanks(
+      4,
+      [&](Communicator& comm) {
+        const int r = comm.rank();
+        struct Done {
+          std::promise<void>& p;
+          ~Done() { p.set_value(); }
+        } done{finished[r]};
+        std::vector<float> v(16, 1.0F);
+        comm.AllreduceSum(v.data(), v.size(), DType::kFloat32);  // #1: everyone
+        if (r == 2) {
+          for (int q : {0, 1, 3}) all[q].wait();  // stays behind at #1
+          return;
+        }
+        comm.AllreduceSum(v.data(), v.size(), DType::kFloat32);  // #2: rank 2 never comes
+      },
+      2s);
+  CHECK(errors[2] == "");
+  for (int r : {0, 1, 3}) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK_THAT(errors[r], StartsWith("rank " + std::to_string(r) + ": allreduce #2"));
+    CHECK_THAT(errors[r], Contains("rank 2 did not arrive (its last collective: allreduce #1)"));
+  }
+}
+
+// A forked rank 1 that exits right after the rendezvous (and one barrier).
+TEST_CASE("gloo dead rank: rank 0's next collective names the rank that exited well before the timeout") {
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 0;
+    try {
+      std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 1, 2, 10s));
+      comm->Barrier();
+      comm.release();  // a crash: no destructor runs
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  std::string error;
+  double elapsed = -1;
+  {
+    std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 0, 2, 10s));
+    comm->Barrier();
+    std::vector<float> grad(1 << 16, 1.0F);
+    const Clock::time_point start = Clock::now();
+    try {
+      comm->AllreduceSum(grad.data(), grad.size(), DType::kFloat32);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    elapsed = SecondsSince(start);
+    CHECK_THROWS_AS(comm->Barrier(), CommError);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  INFO(error);
+  CHECK(error == "rank 0: rank 1 closed its connection (exited or was killed) during allreduce #2 (its last "
+                 "collective: barrier #1)");
+  CHECK(elapsed < 3.0);
+}
+
+// Rank 3 is a forked process, SIGKILLed while it waits in barrier #2; ranks
+// 0-2 are threads that then call allreduce #2. Each must name rank 3, fast,
+// whether its own ring neighbour is rank 3 or a rank that failed first.
+TEST_CASE("gloo killed rank on 4 ranks: every survivor names it well before the timeout") {
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 3, 4, 10s));
+      comm->Barrier();
+      comm->Barrier();  // blocks: the others call allreduce after this process is killed
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  std::latch entered(3);
+  std::latch killed(1);
+  std::vector<std::string> errors(3);
+  std::vector<double> elapsed(3, -1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, r, 4, 10s));
+        comm->Barrier();
+        entered.count_down();
+        killed.wait();
+        std::vector<float> v(1024, 1.0F);
+        const Clock::time_point start = Clock::now();
+        try {
+          comm->AllreduceSum(v.data(), v.size(), DType::kFloat32);
+        } catch (const CommError& e) {
+          errors[r] = e.what();
+        }
+        elapsed[r] = SecondsSince(start);
+      } catch (const CommError& e) {
+        errors[r] = std::string("setup: ") + e.what();
+        entered.count_down();
+      }
+    });
+  }
+  entered.wait();
+  std::this_thread::sleep_for(200ms);  // rank 3 is in barrier #2 by now
+  ::kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  killed.count_down();
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK_THAT(errors[r], StartsWith("rank " + std::to_string(r) + ": rank 3 closed its connection (exited or was "
+                                                                   "killed) during allreduce #2"));
+    CHECK(elapsed[r] < 3.0);
+  }
+}
+
+TEST_CASE("gloo rendezvous where rank 1 never starts names it after the timeout") {
+  TempDir dir;
+  const Clock::time_point start = Clock::now();
+  std::string error;
+  try {
+    CreateGlooCommunicator(Options(dir, 0, 2, 1s));
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  const double elapsed = SecondsSince(start);
+  CHECK(error == "rank 0: rendezvous timed out after 1 s: rank 1 never joined (store " + dir.store() + ")");
+  CHECK(elapsed >= 1.0);
+  CHECK(elapsed < 1.0 + 2.0);
+}
+
+TEST_CASE("gloo rendezvous of 4 ranks where ranks 2 and 3 never start names both") {
+  TempDir dir;
+  std::vector<std::string> msgs(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        CreateGlooCommunicator(Options(dir, r, 4, 1s));
+      } catch (const CommError& e) {
+        msgs[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    CHECK(msgs[r] == "rank " + std::to_string(r) + ": rendezvous timed out after 1 s: ranks 2, 3 never joined (store " +
+                         dir.store() + ")");
+  }
+}
+
+TEST_CASE("gloo with world size 1 runs every collective locally") {
+  TempDir dir;
+  std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 0, 1));
+  CHECK(comm->backend() == "gloo");
+  CHECK(comm->world_size() == 1);
+  std::vector<float> v = {1.0F, 2.0F};
+  comm->AllreduceSum(v.data(), 2, DType::kFloat32);
+  comm->Broadcast(v.data(), 2, DType::kFloat32, 0);
+  std::vector<float> out(2);
+  comm->Allgather(v.data(), out.data(), 2, DType::kFloat32);
+  comm->Barrier();
+  CHECK(v == std::vector<float>{1.0F, 2.0F});
+  CHECK(out == v);
+}
+
+TEST_CASE("gloo invalid options and a reused store directory are CommErrors") {
+  TempDir dir;
+  CHECK_THROWS_AS(CreateGlooCommunicator(Options(dir, 2, 2)), CommError);
+  CHECK_THROWS_AS(CreateGlooCommunicator(Options(dir, 0, 0)), CommError);
+  GlooOptions no_dir = Options(dir, 0, 1);
+  no_dir.store_dir.clear();
+  CHECK_THROWS_AS(CreateGlooCommunicator(no_dir), CommError);
+  CreateGlooCommunicator(Options(dir, 0, 1)).reset();
+  CHECK_THROWS_WITH(CreateGlooCommunicator(Options(dir, 0, 1)), Contains("fresh directory"));
+}
+
+TEST_CASE("gloo broadcast with a root outside the world is a CommError on every rank") {
+  const std::vector<std::string> errors = RunRanks(2, [](Communicator& comm) {
+    std::vector<float> v(3);
+    comm.Broadcast(v.data(), 3, DType::kFloat32, 5);
+  });
+  CHECK_THAT(errors[0], Contains("broadcast #1: root 5 is not a rank of world size 2"));
+  CHECK_THAT(errors[1], Contains("broadcast #1: root 5 is not a rank of world size 2"));
+}
+
+#ifdef MEMSCOPE_HAVE_NCCL
+// No GPU here: creation must fail cleanly. On a GPU machine it must work.
+TEST_CASE("nccl communicator without a usable GPU fails with a CommError and not a crash") {
+  TempDir dir;
+  try {
+    std::unique_ptr<Communicator> comm = CreateNcclCommunicator(Options(dir, 0, 1, 5s), 0);
+    CHECK(comm->backend() == "nccl");
+    comm->AllreduceSum(nullptr, 4, DType::kFloat32);
+    comm->Barrier();
+  } catch (const CommError& e) {
+    CHECK_THAT(e.what(), Contains("rank 0: nccl: "));
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace memscope::reducer
