@@ -306,7 +306,10 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
     if (st) {
       entry["status"] = (*st)["status"];
       entry["exit_code"] = (*st)["exit_code"];
-      entry["error"] = (*st)["error"];
+      // The communicator's errors name their rank first; the entry already does.
+      std::string error = (*st)["error"].get<std::string>();
+      if (const std::string self = absl::StrCat("rank ", r, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
+      entry["error"] = error;
       entry["steps_done"] = (*st)["steps_done"];
       parameters = (*st)["parameters"].get<std::int64_t>();
       steps_done = std::min(steps_done, (*st)["steps_done"].get<std::int64_t>());
@@ -422,7 +425,8 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
         bool same = true;
         for (const RankReport& o : *reports) same = same && o.peak_allocated.bytes == r.peak_allocated.bytes;
         if (same && reports->size() > 1) {
-          std::cout << "(ranks 1.." << world_size - 1 << " have the same peak; their tables are in summary.txt)\n";
+          std::cout << (world_size == 2 ? std::string("(rank 1 has") : absl::StrCat("(ranks 1-", world_size - 1, " have"))
+                    << " the same peak; every rank's table is in summary.txt)\n";
           break;
         }
       }

@@ -96,7 +96,7 @@ try:
     d = os.path.join(tmp, "mismatch")
     start = time.monotonic()
     code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--timeout", "20",
-                         "--fault-skip-barrier", "1:0", "--out", d)
+                         "--fault-skip-barrier", "1:1", "--out", d)
     elapsed = time.monotonic() - start
     check("mismatch: exit 4", code == 4, (code, err))
     check("mismatch: well within the timeout", elapsed < 20, elapsed)
