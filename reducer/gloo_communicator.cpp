@@ -1,51 +1,53 @@
 // GlooCommunicator: the Communicator over Gloo's TCP transport (libgloo-dev).
 //
-// Rendezvous. Every rank creates `options.store_dir`, opens and flock()s its
-// progress file `<store_dir>/progress-rank-R`, then sets the FileStore key
-// `memscope-joined-R` and polls the store until every rank's key is there or
-// `options.timeout` has passed; the ranks whose key is missing are the ones
-// named ("rank 0: rendezvous timed out after 60 s: ranks 2, 3 never joined
-// (store DIR)"). Only then does gloo::rendezvous::Context::connectFullMesh
-// exchange pair addresses through the same store and connect a full mesh over
-// a tcp device bound to `options.hostname`. As with PyTorch's FileStore, the
-// directory must be fresh for every job (a key left by an earlier run is an
-// error) and shared by all ranks.
+// Rendezvous. Each rank creates `options.store_dir`, takes an exclusive
+// flock() on its progress file `<store_dir>/progress-rank-R`, sets the
+// FileStore key `memscope-joined-R` and polls until every rank's key exists
+// or `options.timeout` passes; the ranks whose key is missing are named
+// ("rank 0: rendezvous timed out after 60 s: ranks 2, 3 never joined (store
+// DIR)"). Then gloo::rendezvous::Context::connectFullMesh connects a full mesh
+// over a tcp device bound to `options.hostname`. As with PyTorch's FileStore,
+// the directory must be fresh for every job and visible to every rank.
 //
-// Timeouts. `options.timeout` is the context timeout (pair connects, store
-// waits) and the end-to-end timeout of every collective (gloo's
-// *Options::setTimeout).
+// Timeouts. `options.timeout` is gloo's context timeout (pair connects, store
+// waits) and the end-to-end timeout of every collective.
 //
 // Checked collectives. Collective #N first allgathers a fixed-size descriptor
-// {N, kind, dtype, count, root, meta} (tag 2N); a difference between ranks is
-// a CommError naming what each rank called ("collective mismatch at collective
-// #7: rank 0 called barrier, rank 1 called allreduce(float32, 1234
-// elements)"). Every rank sees every descriptor, so every rank throws the same
-// message. Only then does the payload move (tag 2N+1). Barrier is the
-// descriptor exchange alone; a null data pointer (meta) stops after the check.
+// {N, kind, dtype, count, root, meta} (tag 2N). Every rank sees every
+// descriptor, so on a difference every rank throws the same line after its
+// "rank R: " ("collective mismatch at collective #7: rank 0 called barrier,
+// rank 1 called allreduce(float32, 1234 elements)"). Only then does the
+// payload move (tag 2N+1): gloo::broadcast, gloo::allgather, and for
+// allreduce a ring (reduce-scatter, allgather) over gloo's unbound buffers.
+// Barrier is the descriptor exchange alone; null data (meta) stops after it.
 //
-// Error naming. Before the exchange a rank writes "N entered <kind>" into its
-// progress file; it holds an exclusive flock() on that file for as long as the
-// communicator lives, so a peer that can take the lock knows the process is
-// gone (exited, killed) without any message from it. When gloo throws
-// (gloo::IoException, gloo::EnforceNotMet, timeouts) the rank reads every
-// peer's progress file and names, in this order: peers that are gone ("rank 1
-// closed its connection (exited or was killed) during allreduce #12"), peers
-// still alive that never entered collective #N ("allreduce #12 timed out after
-// 2 s: rank 1 did not arrive (its last collective: barrier #11)"), peers that
-// destroyed their communicator, and peers that failed first (their own message
-// is in their progress file and is quoted). A failing rank records "failed"
-// and its message, then closes its connections so that peers blocked on it
-// fail at once instead of waiting for their own timeout. After a CommError the
-// communicator is unusable: every later call throws CommError immediately.
-// Progress files assume the store directory is visible to every rank (it must
-// be for the FileStore anyway); a fork() while a communicator is alive shares
-// its lock with the child.
+// Error naming. On entering collective #N a rank writes "N entered <kind>" to
+// its progress file, and holds that file's lock while its communicator lives:
+// a peer that can take the lock knows the rank is gone (exited, killed or
+// communicator destroyed). Each collective starts by testing the peers' locks
+// (one flock() each), and while gloo runs a watchdog thread tests them every
+// 50 ms and, if a peer is gone, aborts the waits on the call's buffers. Gloo
+// alone would sometimes wait for the whole timeout: an operation half sent
+// or received when its pair breaks is not failed, and a send can match a
+// receive the dead rank posted before dying (this is also why allreduce is
+// our own ring: gloo::allreduce waits on an internal buffer). When a call
+// fails the rank reads every peer's progress file and names, in this order,
+// the peers that are gone ("rank 1 closed its connection (exited or was
+// killed) during allreduce #12"), the live peers that never entered #N
+// ("allreduce #12 timed out after 2 s: rank 1 did not arrive (its last
+// collective: barrier #11)"), peers that destroyed their communicator, and
+// peers that failed first (quoting the message they recorded). The failing
+// rank records "failed" and its message; after a transport error it closes its
+// connections, so peers blocked on it fail now rather than at their timeout.
+// After a CommError the communicator is unusable: every call throws at once.
+// A fork() while a communicator is alive shares its lock with the child.
 //
-// SIGPIPE. Gloo writes to sockets with writev(), so a write to a peer that
-// died would raise SIGPIPE and kill the process. SIGPIPE is blocked while a
-// gloo call runs on the calling thread (a SIGPIPE raised there is consumed)
-// and in gloo's event-loop thread, which inherits the mask when the device is
-// created. The process-wide disposition is left alone.
+// SIGPIPE. Gloo writes with writev() and does not ignore SIGPIPE. As a
+// precaution (the tests, which kill ranks mid-transfer, have not provoked it)
+// SIGPIPE is blocked while a gloo call runs on the calling thread, one raised
+// there is consumed, and gloo's event-loop thread inherits the blocked mask
+// from the thread that creates the device. The process-wide disposition is
+// left alone.
 //
 // A communicator is used by one thread at a time.
 #include <fcntl.h>
@@ -54,7 +56,6 @@
 #include <unistd.h>
 
 #include <gloo/allgather.h>
-#include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
@@ -63,6 +64,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
 #include <algorithm>
@@ -72,8 +74,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <condition_variable>
 #include <filesystem>
-#include <optional>
+#include <functional>
+#include <mutex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -231,26 +235,31 @@ struct PeerStatus {
   }
 };
 
-PeerStatus ReadPeer(const std::string& dir, int rank) {
+// True when nobody holds the lock on `fd`'s file: its communicator is gone.
+bool Unlocked(int fd) {
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) return false;  // EWOULDBLOCK: its owner lives
+  ::flock(fd, LOCK_UN);
+  return true;
+}
+
+PeerStatus ReadPeer(int fd, int rank) {
   PeerStatus s;
   s.rank = rank;
-  const int fd = ::open(ProgressPath(dir, rank).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return s;
   s.exists = true;
-  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
-    ::flock(fd, LOCK_UN);
-  } else {
-    s.alive = errno == EWOULDBLOCK;
-  }
+  s.alive = !Unlocked(fd);
   std::string buf(kRecordBytes + kMaxMessageBytes, '\0');
   const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
-  ::close(fd);
   if (n <= 0) return s;
   buf.resize(static_cast<std::size_t>(n));
   std::istringstream record(buf.substr(0, std::min(buf.size(), kRecordBytes)));
   record >> s.seq >> s.state >> s.kind;
   if (buf.size() > kRecordBytes) s.failure = OneLine(buf.substr(kRecordBytes));
   return s;
+}
+
+int OpenPeer(const std::string& dir, int rank) {
+  return ::open(ProgressPath(dir, rank).c_str(), O_RDONLY | O_CLOEXEC);
 }
 
 class ProgressFile {
@@ -346,6 +355,9 @@ std::uint16_t FloatToBf16(float f) {
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
 }
 
+// Slots of the ring allreduce (gloo's own prefixes are 0x01-0x08).
+constexpr std::uint8_t kRingAllreduceSlotPrefix = 0x4d;
+
 // A FileStore whose keys can be tested without waiting.
 class PollableFileStore : public gloo::rendezvous::FileStore {
  public:
@@ -372,9 +384,22 @@ class GlooCommunicator final : public Communicator {
 
   ~GlooCommunicator() override {
     progress_.Write(seq_, "closed", last_kind_);
-    SigpipeGuard guard;
-    context_.reset();  // closes the connections
-    device_.reset();   // joins gloo's event loop
+    if (watchdog_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(wd_mu_);
+        wd_stop_ = true;
+      }
+      wd_cv_.notify_all();
+      watchdog_.join();
+    }
+    {
+      SigpipeGuard guard;
+      context_.reset();  // closes the connections
+      device_.reset();   // joins gloo's event loop
+    }
+    for (int fd : peer_fds_) {
+      if (fd >= 0) ::close(fd);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -386,16 +411,16 @@ class GlooCommunicator final : public Communicator {
   void AllreduceSum(void* data, std::size_t count, DType dtype) override {
     Checked(Kind::kAllreduce, dtype, count, -1, data == nullptr, [&](std::uint32_t tag) {
       switch (dtype) {
-        case DType::kFloat32: GlooAllreduce<float>(data, count, tag); break;
-        case DType::kFloat16: GlooAllreduce<gloo::float16>(data, count, tag); break;
-        case DType::kInt32: GlooAllreduce<std::int32_t>(data, count, tag); break;
-        case DType::kInt64: GlooAllreduce<std::int64_t>(data, count, tag); break;
+        case DType::kFloat32: RingAllreduce(static_cast<float*>(data), count, tag); break;
+        case DType::kFloat16: RingAllreduce(static_cast<gloo::float16*>(data), count, tag); break;
+        case DType::kInt32: RingAllreduce(static_cast<std::int32_t*>(data), count, tag); break;
+        case DType::kInt64: RingAllreduce(static_cast<std::int64_t*>(data), count, tag); break;
         case DType::kBFloat16: {
           // Gloo has no bfloat16: sum in float32, round once at the end.
           auto* bf = static_cast<std::uint16_t*>(data);
           std::vector<float> tmp(count);
           for (std::size_t i = 0; i < count; ++i) tmp[i] = Bf16ToFloat(bf[i]);
-          GlooAllreduce<float>(tmp.data(), count, tag);
+          RingAllreduce(tmp.data(), count, tag);
           for (std::size_t i = 0; i < count; ++i) bf[i] = FloatToBf16(tmp[i]);
           break;
         }
@@ -407,7 +432,8 @@ class GlooCommunicator final : public Communicator {
   void Broadcast(void* data, std::size_t count, DType dtype, int root) override {
     Checked(Kind::kBroadcast, dtype, count, root, data == nullptr, [&](std::uint32_t tag) {
       gloo::BroadcastOptions opts(context_);
-      opts.setOutput(static_cast<std::uint8_t*>(data), count * ElementSize(dtype));
+      Watched watched(*this);  // after opts: unregisters before opts frees the buffer
+      opts.setOutput<std::uint8_t>(watched.Buffer(data, count * ElementSize(dtype)));
       opts.setRoot(root);
       opts.setTag(tag);
       opts.setTimeout(timeout_);
@@ -428,6 +454,7 @@ class GlooCommunicator final : public Communicator {
       }
       std::vector<std::uint8_t> copy;
       gloo::AllgatherOptions opts(context_);
+      Watched watched(*this);
       if (i != o + static_cast<std::size_t>(rank_) * bytes) {  // else in place: gloo reads our chunk of out
         if (std::less_equal<>()(o, i) && std::less<>()(i, o + total)) {
           copy.assign(i, i + bytes);  // `in` overlaps another rank's chunk of `out`
@@ -435,7 +462,7 @@ class GlooCommunicator final : public Communicator {
         }
         opts.setInput(const_cast<std::uint8_t*>(i), bytes);
       }
-      opts.setOutput(o, total);
+      opts.setOutput<std::uint8_t>(watched.Buffer(o, total));
       opts.setTag(tag);
       opts.setTimeout(timeout_);
       gloo::allgather(opts);
@@ -487,6 +514,7 @@ class GlooCommunicator final : public Communicator {
     if (world_size_ == 1) {
       all.push_back(mine);
     } else {
+      FailIfPeerGone(what);
       GlooCall(what, [&] { all = ExchangeDescriptors(mine, static_cast<std::uint32_t>(2 * seq)); });
     }
     for (const Descriptor& d : all) {
@@ -514,24 +542,141 @@ class GlooCommunicator final : public Communicator {
     std::string error;
     {
       SigpipeGuard guard;
+      {
+        std::lock_guard<std::mutex> lock(wd_mu_);
+        in_flight_ = true;
+        aborted_ = false;
+      }
+      wd_cv_.notify_all();
       try {
         fn();
-        return;
       } catch (const gloo::EnforceNotMet& e) {
         error = e.what();
       } catch (const std::exception& e) {  // gloo::IoException, gloo::Exception, std::system_error
         error = e.what();
       }
+      std::lock_guard<std::mutex> lock(wd_mu_);
+      in_flight_ = false;
+      if (aborted_) error = "aborted by the watchdog: a peer is gone";  // the payload may be garbage
     }
-    Fail(DescribeFailure(what, GlooMessage(error)), true);
+    if (!error.empty()) Fail(DescribeFailure(what, GlooMessage(error)), true);
+  }
+
+  // The watchdog: while a gloo call is in flight it tests every 50 ms whether
+  // a peer is gone and, if so, aborts every wait on the call's buffers until
+  // the call returns (gloo's algorithms go on after an aborted wait, so each
+  // later wait is aborted too). Gloo alone does not always notice: a pair that
+  // breaks while a large send or receive is half done leaves that operation's
+  // buffer waiting for the timeout.
+  void WatchdogLoop() {
+    std::unique_lock<std::mutex> lock(wd_mu_);
+    while (!wd_stop_) {
+      if (!in_flight_) {
+        wd_cv_.wait(lock);
+      } else if (aborted_) {
+        for (gloo::transport::UnboundBuffer* b : watched_) {
+          b->abortWaitRecv();
+          b->abortWaitSend();
+        }
+        wd_cv_.wait_for(lock, std::chrono::milliseconds(5));
+      } else {
+        wd_cv_.wait_for(lock, std::chrono::milliseconds(50));
+        if (wd_stop_ || !in_flight_) continue;
+        for (int r = 0; r < world_size_ && !aborted_; ++r) {
+          aborted_ = r != rank_ && peer_fds_[r] >= 0 && Unlocked(peer_fds_[r]);
+        }
+      }
+    }
+  }
+
+  // Registers the buffers of one gloo call with the watchdog and unregisters
+  // them when it goes out of scope, which must happen before they are freed.
+  class Watched {
+   public:
+    explicit Watched(GlooCommunicator& comm) : comm_(comm) {}
+    Watched(const Watched&) = delete;
+    Watched& operator=(const Watched&) = delete;
+    ~Watched() {
+      std::lock_guard<std::mutex> lock(comm_.wd_mu_);
+      comm_.watched_.clear();
+    }
+    std::unique_ptr<gloo::transport::UnboundBuffer> Buffer(void* ptr, std::size_t bytes) {
+      std::unique_ptr<gloo::transport::UnboundBuffer> buffer = comm_.context_->createUnboundBuffer(ptr, bytes);
+      std::lock_guard<std::mutex> lock(comm_.wd_mu_);
+      comm_.watched_.push_back(buffer.get());
+      return buffer;
+    }
+
+   private:
+    GlooCommunicator& comm_;
+  };
+
+  std::chrono::milliseconds Remaining(Clock::time_point deadline) const {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  // Ring allreduce (reduce-scatter, then allgather) over gloo's transport:
+  // gloo::allreduce waits on an internal buffer the watchdog cannot reach.
+  // Segment s of the n segments is [Begin(s), Begin(s + 1)); ranks agree on
+  // them, so an empty segment is skipped on both ends.
+  template <typename T>
+  void RingAllreduce(T* data, std::size_t count, std::uint32_t tag) {
+    const auto n = static_cast<std::size_t>(world_size_);
+    const auto me = static_cast<std::size_t>(rank_);
+    const int right = (rank_ + 1) % world_size_;
+    const int left = (rank_ + world_size_ - 1) % world_size_;
+    const auto begin = [&](std::size_t s) { return count / n * s + std::min(s, count % n); };
+    const std::size_t max_segment = count / n + (count % n != 0 ? 1 : 0);
+    const std::uint64_t slot = gloo::Slot::build(kRingAllreduceSlotPrefix, tag);
+    const Clock::time_point deadline = Clock::now() + timeout_;
+
+    std::vector<T> partial(max_segment);
+    std::unique_ptr<gloo::transport::UnboundBuffer> out;
+    std::unique_ptr<gloo::transport::UnboundBuffer> in;
+    Watched watched(*this);  // after the buffers: unregisters them before they die
+    out = watched.Buffer(data, count * sizeof(T));
+    in = watched.Buffer(partial.data(), max_segment * sizeof(T));
+
+    const auto check = [](bool completed) {
+      if (!completed) throw gloo::IoException("wait aborted");
+    };
+    // One step: send segment `send` to the right, receive segment `recv`
+    // from the left (into `partial` to add it, else in place).
+    const auto step = [&](std::size_t send, std::size_t recv, bool add) {
+      const std::size_t sb = begin(send), se = begin(send + 1);
+      const std::size_t rb = begin(recv), re = begin(recv + 1);
+      if (se > sb) out->send(right, slot, sb * sizeof(T), (se - sb) * sizeof(T));
+      if (re > rb) {
+        if (add) {
+          in->recv(left, slot, 0, (re - rb) * sizeof(T));
+        } else {
+          out->recv(left, slot, rb * sizeof(T), (re - rb) * sizeof(T));
+        }
+      }
+      if (se > sb) check(out->waitSend(Remaining(deadline)));
+      if (re > rb) {
+        if (add) {
+          check(in->waitRecv(Remaining(deadline)));
+          gloo::sum<T>(data + rb, data + rb, partial.data(), re - rb);
+        } else {
+          check(out->waitRecv(Remaining(deadline)));
+        }
+      }
+    };
+    // After reduce-scatter step s, segment (me - s - 1) holds s + 2 ranks' sum;
+    // at the end, segment (me + 1) holds all of them.
+    for (std::size_t s = 0; s + 1 < n; ++s) step((me + n - s) % n, (me + 2 * n - s - 1) % n, true);
+    for (std::size_t s = 0; s + 1 < n; ++s) step((me + 1 + n - s) % n, (me + n - s) % n, false);
   }
 
   std::vector<Descriptor> ExchangeDescriptors(const Descriptor& mine, std::uint32_t tag) {
     std::array<std::uint64_t, Descriptor::kWords> in = mine.Encode();
     std::vector<std::uint64_t> out(Descriptor::kWords * static_cast<std::size_t>(world_size_));
     gloo::AllgatherOptions opts(context_);
+    Watched watched(*this);
     opts.setInput(in.data(), in.size());
-    opts.setOutput(out.data(), out.size());
+    opts.setOutput<std::uint64_t>(watched.Buffer(out.data(), out.size() * sizeof(std::uint64_t)));
     opts.setTag(tag);
     opts.setTimeout(timeout_);
     gloo::allgather(opts);
@@ -540,23 +685,29 @@ class GlooCommunicator final : public Communicator {
     return all;
   }
 
-  template <typename T>
-  void GlooAllreduce(void* data, std::size_t count, std::uint32_t tag) {
-    gloo::AllreduceOptions opts(context_);
-    opts.setOutput(static_cast<T*>(data), count);
-    void (*sum)(void*, const void*, const void*, std::size_t) = &gloo::sum<T>;
-    opts.setReduceFunction(sum);
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
-    gloo::allreduce(opts);
-  }
-
   std::vector<PeerStatus> ReadPeers() const {
     std::vector<PeerStatus> peers;
     for (int r = 0; r < world_size_; ++r) {
-      if (r != rank_) peers.push_back(ReadPeer(store_dir_, r));
+      if (r == rank_) continue;
+      if (static_cast<std::size_t>(r) < peer_fds_.size() && peer_fds_[r] >= 0) {
+        peers.push_back(ReadPeer(peer_fds_[r], r));
+      } else {
+        const int fd = OpenPeer(store_dir_, r);
+        peers.push_back(ReadPeer(fd, r));
+        if (fd >= 0) ::close(fd);
+      }
     }
     return peers;
+  }
+
+  // One flock() per peer: a peer whose communicator is gone (process exited
+  // or killed, or communicator destroyed) fails the collective at once. Gloo
+  // itself may not notice: a send can match a receive the dead rank posted
+  // before it died and then wait for the full timeout.
+  void FailIfPeerGone(const std::string& what) {
+    for (int r = 0; r < world_size_; ++r) {
+      if (r != rank_ && peer_fds_[r] >= 0 && Unlocked(peer_fds_[r])) Fail(DescribeFailure(what, ""), true);
+    }
   }
 
   // The one-line message for a gloo error in `what` ("allreduce #12").
@@ -616,8 +767,8 @@ class GlooCommunicator final : public Communicator {
     }
     if (!closed.empty()) {
       const bool one = closed.size() == 1;
-      return me + what + " failed: " + FormatRanks(closed) + (one ? " destroyed its communicator" : " destroyed their communicators") +
-             last(closed);
+      return me + what + " failed: " + FormatRanks(closed) +
+             (one ? " destroyed its communicator" : " destroyed their communicators") + last(closed);
     }
     if (!failed.empty()) {
       const PeerStatus& first = status(failed[0]);
@@ -639,6 +790,15 @@ class GlooCommunicator final : public Communicator {
   ProgressFile progress_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::vector<int> peer_fds_;  // peers' progress files, open after rendezvous (-1: self)
+  // The watchdog's state, guarded by wd_mu_.
+  std::mutex wd_mu_;
+  std::condition_variable wd_cv_;
+  bool wd_stop_ = false;
+  bool in_flight_ = false;  // a gloo call is running
+  bool aborted_ = false;    // a peer is gone: the watchdog aborts every wait
+  std::vector<gloo::transport::UnboundBuffer*> watched_;
+  std::thread watchdog_;
   std::uint64_t seq_ = 0;
   std::string last_kind_ = "-";
   std::string broken_;  // non-empty after a CommError
@@ -697,13 +857,20 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     for (const PeerStatus& p : ReadPeers()) {
       if (p.exists && !p.alive) gone.push_back(p.rank);
     }
-    if (!gone.empty()) msg += ": " + FormatRanks(gone) + " exited or " + (gone.size() == 1 ? "was" : "were") + " killed";
+    if (!gone.empty()) {
+      msg += ": " + FormatRanks(gone) + " exited or " + (gone.size() == 1 ? "was" : "were") + " killed";
+    }
     msg += " (gloo: " + GlooMessage(e.what()) + ")" + where;
     context_.reset();
     device_.reset();
     progress_.Write(0, "failed", "rendezvous", msg);
     throw CommError(msg);
   }
+  peer_fds_.assign(static_cast<std::size_t>(world_size_), -1);
+  for (int r = 0; r < world_size_; ++r) {
+    if (r != rank_) peer_fds_[r] = OpenPeer(store_dir_, r);
+  }
+  if (world_size_ > 1) watchdog_ = std::thread([this] { WatchdogLoop(); });
   progress_.Write(0, "ready");
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -130,6 +131,9 @@ TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly 
     std::vector<std::vector<std::uint16_t>> bf16(world, std::vector<std::uint16_t>(3));
     std::vector<std::vector<std::int32_t>> i32(world, std::vector<std::int32_t>(kCount));
     std::vector<std::vector<std::int64_t>> i64(world, std::vector<std::int64_t>(kCount));
+    constexpr std::size_t kBig = 300'001;  // uneven segments of ~1 MB
+    std::vector<std::vector<float>> big(world, std::vector<float>(kBig));
+    std::vector<std::int64_t> one(world);  // one element: most segments are empty
     CheckNoErrors(RunRanks(world, [&](Communicator& comm) {
       const int r = comm.rank();
       for (std::size_t i = 0; i < kCount; ++i) {
@@ -139,21 +143,35 @@ TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly 
         i64[r][i] = (std::int64_t{r + 1} << 40) + static_cast<std::int64_t>(i);
       }
       for (std::uint16_t& b : bf16[r]) b = BFloat16(r + 1);
+      for (std::size_t i = 0; i < kBig; ++i) big[r][i] = static_cast<float>((r + 1) * static_cast<int>(i % 7));
+      one[r] = r + 1;
       comm.AllreduceSum(f32[r].data(), kCount, DType::kFloat32);
       comm.AllreduceSum(f16[r].data(), kCount, DType::kFloat16);
       comm.AllreduceSum(bf16[r].data(), 3, DType::kBFloat16);
       comm.AllreduceSum(i32[r].data(), kCount, DType::kInt32);
       comm.AllreduceSum(i64[r].data(), kCount, DType::kInt64);
+      comm.AllreduceSum(big[r].data(), kBig, DType::kFloat32);
+      comm.AllreduceSum(&one[r], 1, DType::kInt64);
     }));
     for (int r = 0; r < world; ++r) {
       INFO("rank " << r);
+      std::size_t wrong_f32 = 0, wrong_f16 = 0, wrong_i32 = 0, wrong_i64 = 0, wrong_big = 0;
       for (std::size_t i = 0; i < kCount; ++i) {
-        REQUIRE(f32[r][i] == static_cast<float>(total) + static_cast<float>(world) * static_cast<float>(i));
-        REQUIRE(f16[r][i] == Half(total));
-        REQUIRE(i32[r][i] == -total);
-        REQUIRE(i64[r][i] == (std::int64_t{total} << 40) + world * static_cast<std::int64_t>(i));
+        wrong_f32 += f32[r][i] != static_cast<float>(total) + static_cast<float>(world) * static_cast<float>(i);
+        wrong_f16 += f16[r][i] != Half(total);
+        wrong_i32 += i32[r][i] != -total;
+        wrong_i64 += i64[r][i] != (std::int64_t{total} << 40) + world * static_cast<std::int64_t>(i);
       }
+      for (std::size_t i = 0; i < kBig; ++i) {
+        wrong_big += big[r][i] != static_cast<float>(total * static_cast<int>(i % 7));
+      }
+      CHECK(wrong_f32 == 0);
+      CHECK(wrong_f16 == 0);
+      CHECK(wrong_i32 == 0);
+      CHECK(wrong_i64 == 0);
+      CHECK(wrong_big == 0);
       CHECK(bf16[r] == std::vector<std::uint16_t>(3, BFloat16(total)));
+      CHECK(one[r] == total);
     }
   }
 }
@@ -434,6 +452,51 @@ TEST_CASE("gloo killed rank on 4 ranks: every survivor names it well before the 
                                                                    "killed) during allreduce #2"));
     CHECK(elapsed[r] < 3.0);
   }
+}
+
+// Both ranks loop over 16 MB allreduces until rank 1 is SIGKILLed, most likely
+// mid-transfer: rank 0 names it (and is not killed by a SIGPIPE).
+TEST_CASE("gloo rank killed during large allreduces: the survivor names it") {
+  TempDir dir;
+  constexpr std::size_t kCount = 4 << 20;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 1, 2, 10s));
+      std::vector<float> v(kCount, 1.0F);
+      for (;;) comm->AllreduceSum(v.data(), v.size(), DType::kFloat32);
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  std::string error;
+  int completed = 0;
+  Clock::time_point killed_at{};
+  std::atomic<bool> started{false};
+  std::thread rank0([&] {
+    try {
+      std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 0, 2, 10s));
+      std::vector<float> v(kCount, 1.0F);
+      for (; completed < 1000; ++completed) {
+        comm->AllreduceSum(v.data(), v.size(), DType::kFloat32);
+        started = true;
+      }
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+  });
+  while (!started) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100ms);
+  ::kill(child, SIGKILL);
+  killed_at = Clock::now();
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  rank0.join();
+  CHECK(WIFSIGNALED(status));
+  INFO(error << " after " << completed << " allreduces");
+  CHECK_THAT(error, StartsWith("rank 0: rank 1 closed its connection (exited or was killed) during allreduce #"));
+  CHECK(SecondsSince(killed_at) < 3.0);
 }
 
 TEST_CASE("gloo rendezvous where rank 1 never starts names it after the timeout") {
