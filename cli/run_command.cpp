@@ -542,6 +542,8 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode) {
   if (ec) return Fail(absl::StrCat("--out: cannot create '", a.out, "': ", ec.message()));
 
   if (worker) {
+    // A status left by an earlier run must not pass for this one's.
+    std::filesystem::remove(std::filesystem::path(a.out) / absl::StrCat("rank-", rank, ".json"), ec);
     const int code = RankMain(*plan, rank, static_cast<int>(world_size), a.out);
     if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
     // Started by an external launcher: rank 0 writes the run's outputs once
