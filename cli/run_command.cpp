@@ -10,7 +10,10 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <thread>
+
+#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -189,12 +192,36 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (absl::StatusOr<std::unique_ptr<Model>> probe = CreateModel(t.model, t.model_options); !probe.ok()) {
     return probe.status();
   }
+  if (p.cpu && t.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
   if (p.cpu) {
     bool cpu_model = false;
     for (const ModelInfo& m : ListModels()) cpu_model = cpu_model || (m.name == t.model && m.cpu);
     if (!cpu_model) return absl::InvalidArgumentError(absl::StrCat("--exec cpu runs mlp and cifar-net; ", t.model, " needs --exec meta"));
   }
   return p;
+}
+
+// The rendezvous directory our launcher uses inside the run directory.
+constexpr char kStoreDir[] = ".memscope-store";
+
+// The address a rank's Gloo TCP transport binds to: MEMSCOPE_BIND_ADDR when
+// set; this host's name when MASTER_ADDR names another machine (multi-node
+// under torchrun or Slurm); else the loopback (one machine).
+std::string BindAddress() {
+  if (const char* bind = std::getenv("MEMSCOPE_BIND_ADDR"); bind != nullptr && *bind != '\0') return bind;
+  const char* master = std::getenv("MASTER_ADDR");
+  const std::string m = master != nullptr ? master : "";
+  if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") return "127.0.0.1";
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') return host;
+  return "127.0.0.1";
+}
+
+// The files a run writes per rank: rank-R.json, rank-R.log, rank-R.timeline,
+// snapshot-rank-R.pickle (R a number). Only these are cleaned before a run.
+bool IsRankFile(const std::string& name) {
+  static const std::regex pattern(R"(^(rank-[0-9]+\.(json|log|timeline|json\.tmp)|snapshot-rank-[0-9]+\.pickle)$)");
+  return std::regex_match(name, pattern);
 }
 
 nlohmann::json BucketsJson(const std::vector<reducer::BucketInfo>& buckets) {
@@ -230,9 +257,8 @@ int RankMain(Plan plan, int rank, int world_size, const std::string& out) {
       g.rank = rank;
       g.world_size = world_size;
       const char* store = std::getenv("MEMSCOPE_STORE");
-      g.store_dir = store != nullptr ? store : (std::filesystem::path(out) / "store").string();
-      const char* addr = std::getenv("MASTER_ADDR");
-      if (addr != nullptr && *addr != '\0' && std::string(addr) != "localhost") g.hostname = addr;
+      g.store_dir = store != nullptr ? store : (std::filesystem::path(out) / kStoreDir).string();
+      g.hostname = BindAddress();
       g.timeout = plan.timeout;
       comm = reducer::CreateGlooCommunicator(g);
     } else if (plan.train.ddp) {
@@ -277,7 +303,11 @@ int RankMain(Plan plan, int rank, int world_size, const std::string& out) {
   const std::filesystem::path path = std::filesystem::path(out) / absl::StrCat("rank-", rank, ".json");
   std::ofstream(path.string() + ".tmp") << status.dump(1) << "\n";
   std::filesystem::rename(path.string() + ".tmp", path);
-  if (exit_code != kExitOk && world_size > 1) std::cerr << "memscope run: rank " << rank << ": " << result->error << "\n";
+  if (exit_code != kExitOk && world_size > 1) {
+    std::string error = result->error;
+    if (const std::string self = absl::StrCat("rank ", rank, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
+    std::cerr << "memscope run: rank " << rank << ": " << error << "\n";
+  }
   return exit_code;
 }
 
@@ -373,6 +403,8 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
 
   absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(a.out);
   if (!recorded.ok()) return Fail(recorded.status().message());
+  // Only this run's ranks (an external launcher's directory may hold more).
+  std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(a.out, *recorded);
   if (!reports.ok()) return Fail(reports.status().message());
   {
@@ -452,7 +484,9 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
       if (statuses[r].value("status", "") == "oom") {
         std::cerr << "memscope run: rank " << r << " out of memory in step " << statuses[r]["steps_done"].get<std::int64_t>()
                   << ":\n" << statuses[r]["error"].get<std::string>() << "\n";
-        if ((*reports)[r].oom) std::cerr << (*reports)[r].oom->verdict << "\n";
+        for (const RankReport& rep : *reports) {
+          if (rep.rank == static_cast<int>(r) && rep.oom) std::cerr << rep.oom->verdict << "\n";
+        }
         break;
       }
     }
@@ -461,7 +495,10 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
   if (failed) {
     if (failure.empty()) {
       for (const nlohmann::json& r : ranks) {
-        if (r["status"] != "ok") return Fail(r["error"].get<std::string>());
+        if (r["status"] == "ok") continue;
+        const std::string error = r["error"].get<std::string>();
+        std::cerr << "memscope run: rank " << r["rank"].get<int>() << " failed: "
+                  << (error.empty() ? "it wrote no status (killed, or it never started)" : error) << "\n";
       }
     }
     return kExitRankFailed;
@@ -469,11 +506,14 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
   return kExitOk;
 }
 
+// A double as text that parses back to the same value.
+std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
+
 // The command line of a rank: the same run, as options.
 std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   std::vector<std::string> v = {"run", "--model", a.model, "--steps", absl::StrCat(a.steps), "--optimizer", a.optimizer,
-                                "--optimizer-impl", a.optimizer_impl, "--momentum", absl::StrCat(a.momentum),
-                                "--ddp", ddp_mode, "--comm-hook", a.comm_hook, "--timeout", absl::StrCat(a.timeout),
+                                "--optimizer-impl", a.optimizer_impl, "--momentum", Exact(a.momentum),
+                                "--ddp", ddp_mode, "--comm-hook", a.comm_hook, "--timeout", Exact(a.timeout),
                                 "--zero-grad", a.zero_grad, "--device-memory", a.device_memory, "--exec", a.exec,
                                 "--amp", a.amp, "--grad-accum", absl::StrCat(a.grad_accum), "--attention", a.attention,
                                 "--out", a.out};
@@ -487,8 +527,8 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   add("--seq-len", a.seq_len);
   add("--width", a.width);
   add("--depth", a.depth);
-  if (a.lr > 0) v.insert(v.end(), {"--lr", absl::StrCat(a.lr)});
-  if (a.bucket_cap_given) v.insert(v.end(), {"--bucket-cap-mb", absl::StrCat(a.bucket_cap_mb)});
+  if (a.lr > 0) v.insert(v.end(), {"--lr", Exact(a.lr)});
+  if (a.bucket_cap_given) v.insert(v.end(), {"--bucket-cap-mb", Exact(a.bucket_cap_mb)});
   if (a.find_unused) v.push_back("--find-unused-parameters");
   if (a.static_graph) v.push_back("--static-graph");
   if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
@@ -560,7 +600,7 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode) {
   // Remove what an earlier run in this directory left.
   for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(a.out, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("rank-", 0) == 0 || name.rfind("snapshot-rank-", 0) == 0 || name == "store") {
+    if (IsRankFile(name) || name == kStoreDir) {
       std::filesystem::remove_all(e.path(), ec);
     }
   }
@@ -580,10 +620,10 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode) {
                 {"MASTER_ADDR", "127.0.0.1"},
                 {"MASTER_PORT", "29500"},
                 {"MEMSCOPE_SUPERVISED", "1"},
-                {"MEMSCOPE_STORE", (std::filesystem::path(a.out) / "store").string()}};
+                {"MEMSCOPE_STORE", (std::filesystem::path(a.out) / kStoreDir).string()}};
   absl::StatusOr<LaunchResult> launched = LaunchRanks(launch);
   if (!launched.ok()) return Fail(launched.status().message());
-  std::filesystem::remove_all(std::filesystem::path(a.out) / "store", ec);
+  std::filesystem::remove_all(std::filesystem::path(a.out) / kStoreDir, ec);
   // A rank that rejected its options fails alike everywhere: say why once.
   for (const RankExit& e : launched->ranks) {
     if (e.exit_code == kExitBadInput) {
@@ -601,11 +641,15 @@ int Run(const RunArgs& a) {
   if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp);
   // Both modes, each in its own directory, then the comparison.
   int worst = kExitOk;
+  const char* store = std::getenv("MEMSCOPE_STORE");
+  const std::string base_store = store != nullptr ? store : "";
   for (const char* mode : {"copy", "view"}) {
     RunArgs m = a;
     m.ddp = mode;
     m.out = (std::filesystem::path(a.out) / mode).string();
     std::cout << "== --ddp " << mode << "\n";
+    // Ranks of an external launcher rendezvous once per pass.
+    if (!base_store.empty()) ::setenv("MEMSCOPE_STORE", absl::StrCat(base_store, "-", mode).c_str(), 1);
     const int code = RunOne(m, mode);
     if (code == kExitBadInput) return code;
     worst = std::max(worst, code);

@@ -233,18 +233,19 @@ void DistributedDataParallel::PreForward() {
 }
 
 Tensor DistributedDataParallel::PostForward(const Tensor& output) {
+  Tensor out = output;
+  const bool find_unused = options_.find_unused_parameters && !options_.static_graph;
+  if (find_unused) {
+    ScopedTag tag(Category::kActivation, "ddp");  // _DDPSink clones the outputs (also under no_sync)
+    out = ops::Clone(output);
+  }
   if (!GradMode::enabled() || !require_backward_grad_sync_) {
     require_forward_param_sync_ = false;
-    return output;
+    return out;
   }
   require_forward_param_sync_ = true;
-  Tensor out = output;
   unused_.clear();
-  if (options_.find_unused_parameters && !options_.static_graph) {
-    {
-      ScopedTag tag(Category::kActivation, "ddp");  // _DDPSink clones the outputs
-      out = ops::Clone(output);
-    }
+  if (find_unused) {
     // Which parameters' AccumulateGrad can the backward reach?
     absl::flat_hash_set<const Node*> reached;
     std::vector<const Node*> stack;
@@ -266,14 +267,15 @@ Tensor DistributedDataParallel::PostForward(const Tensor& output) {
   next_bucket_ = 0;
   for (Bucket& b : buckets_) b.pending = b.vars.size();
   std::fill(marked_.begin(), marked_.end(), false);
-  std::fill(local_used_.begin(), local_used_.end(), 0);
   has_marked_unused_ = false;
   return out;
 }
 
 void DistributedDataParallel::AutogradHook(std::size_t index) {
+  // Used in this iteration, no_sync micro-batches included, when a gradient
+  // was produced; reset when the synced backward finalizes.
+  if (options_.find_unused_parameters && vars_[index].param->grad().defined()) local_used_[index] = 1;
   if (!expect_autograd_hooks_) return;
-  if (options_.find_unused_parameters) local_used_[index] = 1;
   if (options_.find_unused_parameters && !has_marked_unused_) {
     has_marked_unused_ = true;
     for (std::size_t u : unused_) MarkVariableReady(u);
@@ -287,7 +289,9 @@ void DistributedDataParallel::MarkVariableReady(std::size_t index) {
                                    " was marked ready twice in one backward (used in several reentrant passes?)"));
   }
   marked_[index] = true;
-  if (ShouldRebuild()) ready_order_.push_back(index);
+  // static_graph's first backward only records which hooks fire (and delays
+  // its allreduce); the ready order comes from the second.
+  if (ShouldRebuild() && !(options_.static_graph && finalized_backwards_ == 0)) ready_order_.push_back(index);
   MarkVariableReadyDense(index);
   Bucket& bucket = buckets_[vars_[index].bucket];
   if (--bucket.pending == 0) ReduceReadyBuckets();
@@ -341,7 +345,9 @@ void DistributedDataParallel::AllreduceBucket(std::size_t b) {
 void DistributedDataParallel::FinalizeBackward() {
   NoGradGuard no_grad;
   expect_autograd_hooks_ = false;
+  ++finalized_backwards_;
   std::vector<std::int32_t> used = local_used_;
+  std::fill(local_used_.begin(), local_used_.end(), 0);
   if (options_.find_unused_parameters) {
     // PyTorch copies the host map into local_used_map_dev_ and allreduces it
     // there (no allocation); here the host copy is reduced.

@@ -39,7 +39,10 @@
 // decompressed into the bucket), and buffers re-broadcast before every
 // forward when broadcast_buffers.
 //
-// Not modelled: static_graph's first-iteration bookkeeping (its memory is the
+// static_graph: one bucket for the first iteration, and the rebuild in the
+// ready order of the SECOND backward (the first one only records which hooks
+// fire), so before step 2. Not modelled: static_graph's delayed first
+// allreduce and its unused-parameter bookkeeping (its memory is the
 // default's), sparse gradients, DDP over several devices per process.
 #ifndef MEMSCOPE_REDUCER_DDP_H_
 #define MEMSCOPE_REDUCER_DDP_H_
@@ -156,6 +159,7 @@ class DistributedDataParallel {
   std::vector<std::size_t> ready_order_;   // first backward's gradient-ready order
   std::vector<bool> marked_;               // ready in this backward
   std::size_t next_bucket_ = 0;
+  std::int64_t finalized_backwards_ = 0;   // synced backward passes so far
   Tensor local_used_map_dev_;              // find_unused: int32 per parameter
   std::vector<std::int32_t> local_used_;   // host copy
   std::vector<std::size_t> unused_;        // found by the graph search

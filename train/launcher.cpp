@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,17 @@ std::string RankExit::Describe() const {
 }
 
 absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
+  // An inherited SIGCHLD=SIG_IGN would reap the ranks for us and lose their
+  // exit statuses.
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  struct sigaction old_chld = {};
+  ::sigaction(SIGCHLD, &dfl, &old_chld);
+  struct Restore {
+    struct sigaction* old;
+    ~Restore() { ::sigaction(SIGCHLD, old, nullptr); }
+  } restore{&old_chld};
+  const pid_t launcher = ::getpid();
   const auto start = std::chrono::steady_clock::now();
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   LaunchResult result;
@@ -76,11 +88,16 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
       return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
     }
     if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // ranks do not outlive the launcher
+      if (::getppid() != launcher) ::_exit(127);
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);
-      const int devnull = ::open("/dev/null", O_RDONLY);
+      const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
       if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
       ::execve(argv[0], argv.data(), envp.data());
+      static const char kMessage[] = "memscope launcher: execve of the rank failed\n";
+      (void)!::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
       ::_exit(127);
     }
     ::close(fd);
@@ -95,7 +112,12 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
     if (pid < 0 && errno == EINTR) continue;
-    if (pid < 0) break;  // no children left
+    if (pid < 0) {
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, SIGKILL);
+      }
+      return absl::InternalError(absl::StrCat("waiting for the ranks failed: ", std::strerror(errno)));
+    }
     if (pid == 0) {      // stopping: others still running
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {

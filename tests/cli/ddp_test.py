@@ -7,6 +7,7 @@ failed rank named, within the timeout; ranks started by an external launcher
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -90,6 +91,15 @@ try:
     check("the dead rank's timeline reads up to step 1's loss", dead[-1] in ("loss:1", "backward:1") and "step:0" in dead, dead)
     code, out2, err2 = run("summary", d, "--rank", "1")
     check("summary of the dead rank", code == 0, err2)
+
+    # The same with SIGCHLD ignored by whoever started memscope: the exit
+    # statuses are still collected.
+    d = os.path.join(tmp, "kill-sigign")
+    p = subprocess.run([MEMSCOPE, "run", "--model", "mlp", "--world-size", "2", "--steps", "2", "--timeout", "20",
+                        "--fault-kill", "1:0", "--out", d], capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    check("SIGCHLD ignored: exit 4, rank 1 named", p.returncode == 4 and "rank 1 was killed by signal 9" in p.stderr,
+          (p.returncode, p.stderr))
 
     # Seed 001: one rank skips a barrier. An error naming the ranks and the
     # collectives, not a hang.

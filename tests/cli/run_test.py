@@ -38,6 +38,21 @@ try:
     code, out, err = run("summary", d)
     check("summary reads the run", code == 0 and "backward" in out, err)
 
+    # A run into a directory with the user's own files keeps them; only
+    # memscope's per-rank files of an earlier run are replaced.
+    d = os.path.join(tmp, "mine")
+    os.makedirs(os.path.join(d, "store"))
+    for name in ["store/data.txt", "rank-notes.md", "rank-7.timeline.bak"]:
+        with open(os.path.join(d, name), "w") as f:
+            f.write("keep")
+    with open(os.path.join(d, "rank-3.timeline"), "w") as f:
+        f.write("stale")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", d)
+    check("run into a user's directory", code == 0, err)
+    for name in ["store/data.txt", "rank-notes.md", "rank-7.timeline.bak"]:
+        check(f"kept {name}", os.path.exists(os.path.join(d, name)), os.listdir(d))
+    check("stale rank-3.timeline removed", not os.path.exists(os.path.join(d, "rank-3.timeline")), os.listdir(d))
+
     # An OOM: recorded, reported with its diagnosis, exit 3.
     d = os.path.join(tmp, "oom")
     code, out, err = run("run", "--model", "gpt2", "--steps", "1", "--device-memory", "2GiB", "--out", d)
@@ -56,7 +71,8 @@ try:
                       (["--bucket-cap-mb", "5"], "need --ddp copy or view"),
                       (["--ddp", "copy", "--comm-hook", "fp8"], "--comm-hook 'fp8'"),
                       (["--world-size", "2", "--timeout", "0"], "--timeout must be greater than 0"),
-                      (["--device-memory", "lots"], "--device-memory")]:
+                      (["--device-memory", "lots"], "--device-memory"),
+                      (["--model", "mlp", "--exec", "cpu", "--amp", "fp16"], "--amp needs --exec meta")]:
         bad = os.path.join(tmp, "bad")
         code, out, err = run("run", *args, "--out", bad)
         check(f"bad {args} exit 2", code == 2, (code, err))

@@ -206,6 +206,32 @@ TEST_CASE("the buckets are rebuilt once, in gradient-ready order, at the second 
   CHECK(Cat(z2, Category::kDdpBucket) == rebuilt);
 }
 
+TEST_CASE("static_graph: the rebuild uses the second backward's ready order, so it comes before step 2") {
+  TrainOptions o = Options("gpt2", false);
+  o.steps = 3;
+  o.ddp->static_graph = true;
+  Recorded r = RunDdp(o);
+  REQUIRE(r.result.initial_buckets.size() == 1);
+  REQUIRE(r.result.rebuilt_buckets.size() > 1);
+  const auto first = static_cast<std::int64_t>(RoundSize(r.result.initial_buckets[0].bytes));
+  CHECK(Cat(Row(r.report, Phase::kZeroGrad, 1), Category::kDdpBucket) == first);
+  // Bucket allocations per forward: none in step 1's, the rebuilt ones in step 2's.
+  auto buckets_allocated_in = [&](std::int64_t step) {
+    int n = 0;
+    bool inside = false;
+    for (const Event& e : r.timeline.events) {
+      if ((e.type == EventType::kPhaseBegin || e.type == EventType::kPhaseEnd) && e.phase == Phase::kForward &&
+          e.step() == step) {
+        inside = e.type == EventType::kPhaseBegin;
+      }
+      if (inside && e.type == EventType::kAlloc && e.category == Category::kDdpBucket) ++n;
+    }
+    return n;
+  };
+  CHECK(buckets_allocated_in(1) == 0);
+  CHECK(buckets_allocated_in(2) == static_cast<int>(r.result.rebuilt_buckets.size()));
+}
+
 TEST_CASE("bucket view with zero_grad(set_to_none=False): the rebuild holds old and new buckets at once") {
   TrainOptions o = Options("gpt2", true);
   o.zero_grad_set_to_none = false;
