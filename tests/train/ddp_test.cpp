@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <string>
@@ -68,7 +69,22 @@ Maxima MaxIn(const Timeline& t, Category category, std::optional<std::pair<Phase
   return m;
 }
 
-Recorded RunDdp(const TrainOptions& options, bool cpu = false) {
+// One rank that counts its allreduces.
+class CountingCommunicator final : public reducer::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "counting"; }
+  void AllreduceSum(void*, std::size_t, DType) override { ++allreduces; }
+  void Broadcast(void*, std::size_t, DType, int) override {}
+  void Allgather(const void* in, void* out, std::size_t count, DType dtype) override {
+    if (in != nullptr && out != nullptr && in != out) std::memcpy(out, in, count * ElementSize(dtype));
+  }
+  void Barrier() override {}
+  int allreduces = 0;
+};
+
+Recorded RunDdp(const TrainOptions& options, bool cpu = false, reducer::Communicator* counting = nullptr) {
   SimDevice gpu({.capacity = 80 * kGiB, .index = 0, .host_backed = cpu});
   CachingAllocator allocator(gpu);
   Timeline timeline;
@@ -80,7 +96,7 @@ Recorded RunDdp(const TrainOptions& options, bool cpu = false) {
     Recorder recorder(sink);
     allocator.SetObserver(&recorder);
     DeviceContext ctx(allocator, cpu ? ExecMode::kCpu : ExecMode::kMeta, cpu ? &gpu : nullptr);
-    absl::StatusOr<TrainResult> r = Train(options, ctx, &recorder, comm.get());
+    absl::StatusOr<TrainResult> r = Train(options, ctx, &recorder, counting != nullptr ? counting : comm.get());
     REQUIRE(r.ok());
     out.result = *r;
     allocator.SetObserver(nullptr);
@@ -251,12 +267,16 @@ TEST_CASE("bucket view with zero_grad(set_to_none=False): the rebuild holds old 
 TEST_CASE("no_sync: gradient accumulation reduces once, and keeps one set of gradients") {
   TrainOptions o = Options("mlp", false);
   o.grad_accum = 4;
-  Recorded r = RunDdp(o);
+  CountingCommunicator counting;
+  Recorded r = RunDdp(o, false, &counting);
   TrainOptions one = Options("mlp", false);
   Recorded single = RunDdp(one);
   CHECK(Cat(Row(r.report, Phase::kStep, 1), Category::kGradient) ==
         Cat(Row(single.report, Phase::kStep, 1), Category::kGradient));
-  CHECK(!r.result.rebuilt_buckets.empty());
+  // One allreduce per bucket per optimizer step, none in the no_sync
+  // micro-batches: step 0's single bucket, then the rebuilt buckets.
+  REQUIRE(r.result.rebuilt_buckets.size() == 2);
+  CHECK(counting.allreduces == 1 + 2);
 }
 
 TEST_CASE("find_unused_parameters: a used map, the output cloned, 1 MiB then 25 MiB buckets, no rebuild") {
