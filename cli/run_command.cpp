@@ -445,7 +445,7 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
           if (b.empty()) continue;
           std::uint64_t total = 0;
           for (const nlohmann::json& x : b) total += x["bytes"].get<std::uint64_t>();
-          std::cout << (std::string(key) == "buckets" ? "DDP buckets: " : "rebuilt after step 0: ") << b.size()
+          std::cout << (std::string(key) == "buckets" ? "DDP buckets: " : "rebuilt in gradient-ready order: ") << b.size()
                     << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
                     << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0]["bytes"].get<std::uint64_t>()), ")"))
                     << "\n";
