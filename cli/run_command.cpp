@@ -233,6 +233,13 @@ nlohmann::json BucketsJson(const std::vector<reducer::BucketInfo>& buckets) {
   return out;
 }
 
+// The communicator's errors name their rank first ("rank 1: ..."); where the
+// rank is already named, that prefix goes.
+std::string WithoutRankPrefix(std::string error, int rank) {
+  if (const std::string self = absl::StrCat("rank ", rank, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
+  return error;
+}
+
 // One rank: trains with its timeline recorded, writes rank-R.json. Returns
 // the rank's exit status.
 int RankMain(Plan plan, int rank, int world_size, const std::string& out) {
@@ -304,9 +311,7 @@ int RankMain(Plan plan, int rank, int world_size, const std::string& out) {
   std::ofstream(path.string() + ".tmp") << status.dump(1) << "\n";
   std::filesystem::rename(path.string() + ".tmp", path);
   if (exit_code != kExitOk && world_size > 1) {
-    std::string error = result->error;
-    if (const std::string self = absl::StrCat("rank ", rank, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
-    std::cerr << "memscope run: rank " << rank << ": " << error << "\n";
+    std::cerr << "memscope run: rank " << rank << ": " << WithoutRankPrefix(result->error, rank) << "\n";
   }
   return exit_code;
 }
@@ -336,10 +341,7 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
     if (st) {
       entry["status"] = (*st)["status"];
       entry["exit_code"] = (*st)["exit_code"];
-      // The communicator's errors name their rank first; the entry already does.
-      std::string error = (*st)["error"].get<std::string>();
-      if (const std::string self = absl::StrCat("rank ", r, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
-      entry["error"] = error;
+      entry["error"] = WithoutRankPrefix((*st)["error"].get<std::string>(), r);
       entry["steps_done"] = (*st)["steps_done"];
       parameters = (*st)["parameters"].get<std::int64_t>();
       steps_done = std::min(steps_done, (*st)["steps_done"].get<std::int64_t>());
@@ -405,26 +407,19 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
   if (!recorded.ok()) return Fail(recorded.status().message());
   // Only this run's ranks (an external launcher's directory may hold more).
   std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
-  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(a.out, *recorded);
-  if (!reports.ok()) return Fail(reports.status().message());
-  {
-    // report.json gets each rank's DDP buckets and the run's failure.
-    const std::filesystem::path path = std::filesystem::path(a.out) / "report.json";
-    std::ifstream in(path);
-    nlohmann::json report = nlohmann::json::parse(in, nullptr, false);
-    in.close();
-    if (!report.is_discarded()) {
-      for (nlohmann::json& r : report["ranks"]) {
-        const int rank = r.value("rank", 0);
-        if (rank >= 0 && rank < world_size && statuses[static_cast<std::size_t>(rank)].contains("ddp")) {
-          r["ddp"] = statuses[static_cast<std::size_t>(rank)]["ddp"];
-        }
-        if (rank >= 0 && rank < world_size) r["status"] = ranks[static_cast<std::size_t>(rank)]["status"];
-      }
-      if (!failure.empty()) report["failure"] = run["failure"];
-      std::ofstream(path) << report.dump(1) << "\n";
+  // report.json also gets each rank's status and DDP buckets, and the run's failure.
+  auto amend = [&](nlohmann::json& report) {
+    for (nlohmann::json& r : report["ranks"]) {
+      const int rank = r.value("rank", -1);
+      if (rank < 0 || rank >= world_size) continue;
+      const nlohmann::json& st = statuses[static_cast<std::size_t>(rank)];
+      if (st.contains("ddp")) r["ddp"] = st["ddp"];
+      r["status"] = ranks[static_cast<std::size_t>(rank)]["status"];
     }
-  }
+    if (!failure.empty()) report["failure"] = run["failure"];
+  };
+  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(a.out, *recorded, amend);
+  if (!reports.ok()) return Fail(reports.status().message());
 
   if (a.json) {
     std::ifstream in(std::filesystem::path(a.out) / "report.json");

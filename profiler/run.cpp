@@ -166,7 +166,8 @@ absl::Status WriteFile(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines) {
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
+                                                        const std::function<void(nlohmann::json& report)>& amend_report) {
   std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
   std::string summary;
@@ -179,9 +180,9 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
     absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, *r, end->first, "end"));
     reports.push_back(std::move(*r));
   }
-  if (absl::Status s = WriteFile(fs::path(dir) / "report.json", ReportJson(ptrs, reports).dump(1) + "\n"); !s.ok()) {
-    return s;
-  }
+  nlohmann::json report = ReportJson(ptrs, reports);
+  if (amend_report) amend_report(report);
+  if (absl::Status s = WriteFile(fs::path(dir) / "report.json", report.dump(1) + "\n"); !s.ok()) return s;
   if (absl::Status s = WriteFile(fs::path(dir) / "summary.txt", summary); !s.ok()) return s;
   {
     std::ofstream out(fs::path(dir) / "trace.json", std::ios::binary | std::ios::trunc);

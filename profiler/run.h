@@ -5,6 +5,7 @@
 #ifndef MEMSCOPE_PROFILER_RUN_H_
 #define MEMSCOPE_PROFILER_RUN_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,7 +47,11 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
 
 // Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
 // each rank's peak) and report.html into `dir` for these timelines. Returns the analyses.
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines);
+// `amend_report`, when given, adds what only the caller knows (e.g. a run's
+// DDP buckets) to report.json before it is written.
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
+    const std::string& dir, const std::vector<Timeline>& timelines,
+    const std::function<void(nlohmann::json& report)>& amend_report = {});
 
 // What a run directory holds, for the "recorded in DIR/ (...)" line:
 // "run.json, rank-0.timeline, report.json, ..." (rank-0..N-1 files for N ranks).

@@ -17,6 +17,13 @@ from clitest import MEMSCOPE, check, finish, run  # noqa: E402
 tmp = tempfile.mkdtemp(prefix="memscope-ddp-")
 
 
+def timed_run(*args):
+    """run() and its wall time in seconds."""
+    start = time.monotonic()
+    code, out, err = run(*args)
+    return code, out, err, time.monotonic() - start
+
+
 def load(d, name):
     with open(os.path.join(d, name)) as f:
         return json.load(f)
@@ -71,10 +78,8 @@ try:
     # A rank killed mid-run: the others stop within the timeout, the report
     # names the dead rank, every timeline reads up to the failure.
     d = os.path.join(tmp, "kill")
-    start = time.monotonic()
-    code, out, err = run("run", "--model", "mlp", "--world-size", "4", "--steps", "3", "--timeout", "20",
-                         "--fault-kill", "1:1", "--out", d)
-    elapsed = time.monotonic() - start
+    code, out, err, elapsed = timed_run("run", "--model", "mlp", "--world-size", "4", "--steps", "3", "--timeout", "20",
+                                        "--fault-kill", "1:1", "--out", d)
     check("killed rank: exit 4", code == 4, (code, err))
     check("killed rank: well within the timeout", elapsed < 20, elapsed)
     check("killed rank named", "rank 1 was killed by signal 9 (SIGKILL)" in err, err)
@@ -104,10 +109,8 @@ try:
     # Seed 001: one rank skips a barrier. An error naming the ranks and the
     # collectives, not a hang.
     d = os.path.join(tmp, "mismatch")
-    start = time.monotonic()
-    code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--timeout", "20",
-                         "--fault-skip-barrier", "1:1", "--out", d)
-    elapsed = time.monotonic() - start
+    code, out, err, elapsed = timed_run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--timeout", "20",
+                                        "--fault-skip-barrier", "1:1", "--out", d)
     check("mismatch: exit 4", code == 4, (code, err))
     check("mismatch: well within the timeout", elapsed < 20, elapsed)
     check("mismatch named", "collective mismatch" in err and "rank 0 called barrier" in err

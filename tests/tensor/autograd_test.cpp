@@ -50,6 +50,39 @@ std::vector<Recorded> Allocs(const Timeline& t) {
   return out;
 }
 
+// fc2(relu(fc1(x))) summed, on `d`; its backward recorded in `timeline`.
+struct TwoLayerBackward {
+  Tensor w1, b1, w2, b2;
+  Timeline timeline;
+  explicit TwoLayerBackward(MetaGpu& d)
+      : w1(Param(d.ctx, {64, 32}, "fc1.weight")),
+        b1(Param(d.ctx, {64}, "fc1.bias")),
+        w2(Param(d.ctx, {10, 64}, "fc2.weight")),
+        b2(Param(d.ctx, {10}, "fc2.bias")) {
+    Tensor x = Tensor::Empty(d.ctx, {64, 32});
+    Tensor loss = ops::Sum(ops::Linear(ops::Relu(ops::Linear(x, w1, b1)), w2, b2));
+    MemorySink sink(timeline);
+    Recorder recorder(sink);
+    d.alloc.SetObserver(&recorder);
+    Backward({loss});
+    d.alloc.SetObserver(nullptr);
+  }
+};
+
+// The last allocation at the address of p.grad (the gradient's own block)
+// is GRADIENT of p.
+void CheckGradientBlock(const Timeline& timeline, const Tensor& p) {
+  const DevicePtr ptr = p.grad().storage()->ptr();
+  std::optional<Recorded> last;
+  for (const Recorded& r : Allocs(timeline)) {
+    if (r.addr == ptr) last = r;
+  }
+  REQUIRE(last.has_value());
+  INFO(p.name());
+  CHECK(last->category == Category::kGradient);
+  CHECK(last->owner == p.name());
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- lifetime
@@ -419,22 +452,10 @@ TEST_CASE("saved tensors of a node are freed right after it runs, before older n
 
 TEST_CASE("parameter gradients are GRADIENT of the parameter, intermediate gradients are AUTOGRAD_DETAIL") {
   MetaGpu d;
-  Tensor w1 = Param(d.ctx, {64, 32}, "fc1.weight");
-  Tensor b1 = Param(d.ctx, {64}, "fc1.bias");
-  Tensor w2 = Param(d.ctx, {10, 64}, "fc2.weight");
-  Tensor b2 = Param(d.ctx, {10}, "fc2.bias");
-  Tensor x = Tensor::Empty(d.ctx, {64, 32});
-  Tensor loss = ops::Sum(ops::Linear(ops::Relu(ops::Linear(x, w1, b1)), w2, b2));
-  Timeline timeline;
-  MemorySink sink(timeline);
-  Recorder recorder(sink);
-  d.alloc.SetObserver(&recorder);
-  Backward({loss});
-  d.alloc.SetObserver(nullptr);
-
+  TwoLayerBackward net(d);
   std::vector<std::string> grads;
   int detail = 0;
-  for (const Recorded& r : Allocs(timeline)) {
+  for (const Recorded& r : Allocs(net.timeline)) {
     if (r.category == Category::kGradient) {
       grads.push_back(r.owner);
     } else {
@@ -447,18 +468,7 @@ TEST_CASE("parameter gradients are GRADIENT of the parameter, intermediate gradi
   CHECK(std::find(grads.begin(), grads.end(), "fc1.bias") != grads.end());
   CHECK(detail >= 3);  // ones, grad of relu's output (fc2's input), relu's gradient
   // The allocations that become the biases' .grad are GRADIENT of them.
-  for (const Tensor* p : {&b1, &b2}) {
-    const DevicePtr ptr = p->grad().storage()->ptr();
-    // The last allocation at that address is the gradient's own block.
-    std::optional<Recorded> last;
-    for (const Recorded& r : Allocs(timeline)) {
-      if (r.addr == ptr) last = r;
-    }
-    REQUIRE(last.has_value());
-    INFO(p->name());
-    CHECK(last->category == Category::kGradient);
-    CHECK(last->owner == p->name());
-  }
+  for (const Tensor* p : {&net.b1, &net.b2}) CheckGradientBlock(net.timeline, *p);
 }
 
 TEST_CASE("weight gradients flowing through W.t() are GRADIENT in parameter order fc2.bias, fc2.weight, fc1.bias, fc1.weight") {
@@ -467,38 +477,16 @@ TEST_CASE("weight gradients flowing through W.t() are GRADIENT in parameter orde
   // weight gradient is tagged AUTOGRAD_DETAIL. The PyTorch memory profiler
   // categorises by storage: the tensor AccumulateGrad receives is GRADIENT.
   MetaGpu d;
-  Tensor w1 = Param(d.ctx, {64, 32}, "fc1.weight");
-  Tensor b1 = Param(d.ctx, {64}, "fc1.bias");
-  Tensor w2 = Param(d.ctx, {10, 64}, "fc2.weight");
-  Tensor b2 = Param(d.ctx, {10}, "fc2.bias");
-  Tensor x = Tensor::Empty(d.ctx, {64, 32});
-  Tensor loss = ops::Sum(ops::Linear(ops::Relu(ops::Linear(x, w1, b1)), w2, b2));
-  Timeline timeline;
-  MemorySink sink(timeline);
-  Recorder recorder(sink);
-  d.alloc.SetObserver(&recorder);
-  Backward({loss});
-  d.alloc.SetObserver(nullptr);
+  TwoLayerBackward net(d);
   std::vector<std::string> grads;
-  for (const Recorded& r : Allocs(timeline)) {
+  for (const Recorded& r : Allocs(net.timeline)) {
     if (r.category == Category::kGradient) grads.push_back(r.owner);
   }
   CHECK(grads == std::vector<std::string>{"fc2.bias", "fc2.weight", "fc1.bias", "fc1.weight"});
   int detail = 0;
-  for (const Recorded& r : Allocs(timeline)) detail += r.category == Category::kAutogradDetail ? 1 : 0;
+  for (const Recorded& r : Allocs(net.timeline)) detail += r.category == Category::kAutogradDetail ? 1 : 0;
   CHECK(detail == 3);
-  for (const Tensor* p : {&w1, &w2}) {
-    const DevicePtr ptr = p->grad().storage()->ptr();
-    // The last allocation at that address is the gradient's own block.
-    std::optional<Recorded> last;
-    for (const Recorded& r : Allocs(timeline)) {
-      if (r.addr == ptr) last = r;
-    }
-    REQUIRE(last.has_value());
-    INFO(p->name());
-    CHECK(last->category == Category::kGradient);
-    CHECK(last->owner == p->name());
-  }
+  for (const Tensor* p : {&net.w1, &net.w2}) CheckGradientBlock(net.timeline, *p);
 }
 
 // ---------------------------------------------------------------- grad mode

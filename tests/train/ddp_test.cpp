@@ -10,26 +10,15 @@
 #include <optional>
 #include <string>
 
-#include "allocator/caching_allocator.h"
-#include "profiler/analysis.h"
-#include "profiler/recorder.h"
-#include "profiler/timeline.h"
-#include "reducer/communicator.h"
-#include "train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 namespace memscope {
 namespace {
 
-constexpr std::uint64_t kMiB = 1 << 20;
+constexpr std::uint64_t kMiB = kTestMiB;
 
 // The caching allocator rounds every request up to a multiple of 512 bytes.
 std::uint64_t RoundSize(std::uint64_t bytes) { return bytes < 512 ? 512 : (bytes + 511) / 512 * 512; }
-
-struct Recorded {
-  TrainResult result;
-  RankReport report;
-  Timeline timeline;
-};
 
 // The most bytes of `category` alive at once, and the most allocated bytes
 // overall, inside the first (phase, step) slice (or the whole run).
@@ -84,38 +73,13 @@ class CountingCommunicator final : public reducer::Communicator {
   int allreduces = 0;
 };
 
-Recorded RunDdp(const TrainOptions& options, bool cpu = false, reducer::Communicator* counting = nullptr) {
-  SimDevice gpu({.capacity = 80 * kGiB, .index = 0, .host_backed = cpu});
-  CachingAllocator allocator(gpu);
-  Timeline timeline;
-  timeline.device_capacity = 80 * kGiB;
-  MemorySink sink(timeline);
-  std::unique_ptr<reducer::Communicator> comm = reducer::CreateLocalCommunicator();
-  Recorded out;
-  {
-    Recorder recorder(sink);
-    allocator.SetObserver(&recorder);
-    DeviceContext ctx(allocator, cpu ? ExecMode::kCpu : ExecMode::kMeta, cpu ? &gpu : nullptr);
-    absl::StatusOr<TrainResult> r = Train(options, ctx, &recorder, counting != nullptr ? counting : comm.get());
-    REQUIRE(r.ok());
-    out.result = *r;
-    allocator.SetObserver(nullptr);
-  }
+// A run under DDP on one rank (a local communicator unless `comm` is given).
+Recorded RunDdp(const TrainOptions& options, bool cpu = false, reducer::Communicator* comm = nullptr) {
+  std::unique_ptr<reducer::Communicator> local = reducer::CreateLocalCommunicator();
+  Recorded out = RunTraining(options, cpu, comm != nullptr ? comm : local.get());
   INFO(out.result.error);
   REQUIRE(out.result.error.empty());
-  absl::StatusOr<RankReport> report = AnalyzeRank(timeline);
-  REQUIRE(report.ok());
-  out.report = *report;
-  out.timeline = std::move(timeline);
   return out;
-}
-
-const PhaseRow& Row(const RankReport& r, Phase phase, std::int64_t step) {
-  for (const PhaseRow& row : r.phases) {
-    if (row.phase == phase && row.step == step) return row;
-  }
-  FAIL("no phase row");
-  return r.phases.front();
 }
 
 std::int64_t Cat(const PhaseRow& row, Category c) { return row.by_category[static_cast<int>(c)]; }

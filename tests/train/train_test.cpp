@@ -5,54 +5,12 @@
 #include <map>
 #include <string>
 
-#include "allocator/caching_allocator.h"
-#include "profiler/analysis.h"
-#include "profiler/recorder.h"
-#include "profiler/timeline.h"
-#include "train/trainer.h"
+#include "tests/train/train_test_util.h"
 
 namespace memscope {
 namespace {
 
-constexpr std::uint64_t kMiB = 1 << 20;
-
-// One recorded training run on a simulated GPU.
-struct Recorded {
-  TrainResult result;
-  RankReport report;
-  std::uint64_t parameter_bytes = 0;
-  std::size_t optimizer_state_bytes = 0;
-};
-
-Recorded RunTraining(const TrainOptions& options, bool cpu = false) {
-  SimDevice gpu({.capacity = 80 * kGiB, .index = 0, .host_backed = cpu});
-  CachingAllocator allocator(gpu);
-  Timeline timeline;
-  timeline.device_capacity = 80 * kGiB;
-  MemorySink sink(timeline);
-  Recorded out;
-  {
-    Recorder recorder(sink);
-    allocator.SetObserver(&recorder);
-    DeviceContext ctx(allocator, cpu ? ExecMode::kCpu : ExecMode::kMeta, cpu ? &gpu : nullptr);
-    absl::StatusOr<TrainResult> r = Train(options, ctx, &recorder);
-    REQUIRE(r.ok());
-    out.result = *r;
-    allocator.SetObserver(nullptr);
-  }
-  absl::StatusOr<RankReport> report = AnalyzeRank(timeline);
-  REQUIRE(report.ok());
-  out.report = *report;
-  return out;
-}
-
-const PhaseRow& Row(const RankReport& r, Phase phase, std::int64_t step) {
-  for (const PhaseRow& row : r.phases) {
-    if (row.phase == phase && row.step == step) return row;
-  }
-  FAIL("no phase row");
-  return r.phases.front();
-}
+constexpr std::uint64_t kMiB = kTestMiB;
 
 std::int64_t ParamCount(const std::string& name) {
   absl::StatusOr<std::unique_ptr<Model>> m = CreateModel(name, {});
