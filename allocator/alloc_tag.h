@@ -1,7 +1,7 @@
 // What an allocation is for: its memory category (the PyTorch profiler's
 // categories plus DDP's own) and its owner (a module path such as
 // "encoder.rnn"). The caller who knows sets a ScopedTag; whoever observes the
-// allocator (profiler/recorder.h) reads the current tag. The allocator itself
+// allocator (recording/recorder.h) reads the current tag. The allocator itself
 // never looks at it.
 #ifndef MEMSCOPE_ALLOCATOR_ALLOC_TAG_H_
 #define MEMSCOPE_ALLOCATOR_ALLOC_TAG_H_

@@ -743,9 +743,9 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
   info.small_pool = p.pool->is_small;
   info.device_free = mem.free_bytes;
   info.device_total = mem.total_bytes;
-  info.allocated = static_cast<std::size_t>(stats.allocated_bytes[0].current);
-  info.reserved = static_cast<std::size_t>(stats.reserved_bytes[0].current);
-  info.inactive_split = static_cast<std::size_t>(stats.inactive_split_bytes[0].current);
+  info.allocated = static_cast<std::size_t>(All(stats.allocated_bytes).current);
+  info.reserved = static_cast<std::size_t>(All(stats.reserved_bytes).current);
+  info.inactive_split = static_cast<std::size_t>(All(stats.inactive_split_bytes).current);
   std::size_t free_blocks = 0;
   for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
     for (const auto& [key, b] : pool->blocks) {
@@ -1018,19 +1018,19 @@ DeviceStats CachingAllocator::GetStats() const {
 
 std::size_t CachingAllocator::memory_allocated() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<std::size_t>(impl_->stats.allocated_bytes[0].current);
+  return static_cast<std::size_t>(All(impl_->stats.allocated_bytes).current);
 }
 std::size_t CachingAllocator::max_memory_allocated() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<std::size_t>(impl_->stats.allocated_bytes[0].peak);
+  return static_cast<std::size_t>(All(impl_->stats.allocated_bytes).peak);
 }
 std::size_t CachingAllocator::memory_reserved() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<std::size_t>(impl_->stats.reserved_bytes[0].current);
+  return static_cast<std::size_t>(All(impl_->stats.reserved_bytes).current);
 }
 std::size_t CachingAllocator::max_memory_reserved() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<std::size_t>(impl_->stats.reserved_bytes[0].peak);
+  return static_cast<std::size_t>(All(impl_->stats.reserved_bytes).peak);
 }
 
 void CachingAllocator::ResetPeakStats() {

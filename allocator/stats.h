@@ -39,6 +39,11 @@ enum class StatType : int { kAll = 0, kSmallPool = 1, kLargePool = 2 };
 inline constexpr std::size_t kNumStatTypes = 3;
 using StatArray = std::array<Stat, kNumStatTypes>;
 
+// The aggregate of both pools ("all" in memory_stats() keys):
+// All(stats.allocated_bytes).peak is torch.cuda.max_memory_allocated().
+inline Stat& All(StatArray& a) { return a[static_cast<std::size_t>(StatType::kAll)]; }
+inline const Stat& All(const StatArray& a) { return a[static_cast<std::size_t>(StatType::kAll)]; }
+
 // PyTorch's DeviceStats.
 struct DeviceStats {
   StatArray allocation;            // number of allocated blocks

@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include "profiler/check.h"
-#include "profiler/run.h"
+#include "check/check.h"
+#include "run/run.h"
 
 namespace memscope::cli {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/string_view.h"
-#include "profiler/event.h"
+#include "recording/event.h"
 
 namespace memscope::cli {
 

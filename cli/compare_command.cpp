@@ -1,5 +1,5 @@
 // memscope compare RUN_A RUN_B [--rank R] [--json]: two runs side by side,
-// rank by rank (profiler/compare.h): the phase tables with B - A, the peaks,
+// rank by rank (compare/compare.h): the phase tables with B - A, the peaks,
 // and the categories that explain the difference.
 #include <iostream>
 #include <memory>
@@ -8,7 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
-#include "profiler/compare.h"
+#include "compare/compare.h"
+#include "run/run.h"
 
 namespace memscope::cli {
 namespace {

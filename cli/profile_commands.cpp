@@ -14,11 +14,11 @@
 #include "allocator/sizes.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include "profiler/analysis.h"
-#include "profiler/chrome_trace.h"
-#include "profiler/report.h"
-#include "profiler/run.h"
-#include "profiler/snapshot_export.h"
+#include "analysis/analysis.h"
+#include "exporters/chrome_trace.h"
+#include "exporters/report.h"
+#include "run/run.h"
+#include "exporters/snapshot_export.h"
 
 namespace memscope::cli {
 namespace {
@@ -238,7 +238,7 @@ int Dump(const ReadArgs& a) {
         j["size"] = e.size;
         j["requested_size"] = e.requested_size;
         j["stream"] = e.stream;
-        j["pool"] = e.small_pool ? "small" : "large";
+        j["pool"] = e.small_pool() ? "small" : "large";
         if (e.type == EventType::kAlloc) {
           j["category"] = std::string(CategoryName(e.category));
           j["owner"] = t.str(e.name);

@@ -16,13 +16,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "profiler/analysis.h"
-#include "profiler/replayer.h"
-#include "profiler/snapshot_import.h"
-#include "profiler/report.h"
-#include "profiler/run.h"
-#include "profiler/timeline.h"
-#include "profiler/request_trace.h"
+#include "analysis/analysis.h"
+#include "importers/replayer.h"
+#include "importers/snapshot_import.h"
+#include "exporters/report.h"
+#include "run/run.h"
+#include "recording/timeline.h"
+#include "importers/request_trace.h"
 
 namespace memscope::cli {
 namespace {
@@ -82,7 +82,7 @@ absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const Alloca
     // A GPU as large as the peak reserved always works (no device allocation
     // fails); one smaller than the peak live bytes never does.
     constexpr std::uint64_t kStep = kMiB;
-    std::uint64_t hi = (static_cast<std::uint64_t>(out.replay.stats.reserved_bytes[0].peak) + kStep - 1) / kStep;
+    std::uint64_t hi = (static_cast<std::uint64_t>(All(out.replay.stats.reserved_bytes).peak) + kStep - 1) / kStep;
     std::uint64_t lo = out.replay.peak_live_bytes / kStep;  // in MiB; fails (or is 0)
     while (hi - lo > 1) {
       const std::uint64_t mid = lo + (hi - lo) / 2;
@@ -287,8 +287,8 @@ int Run(const ReplayArgs& args) {
                                "", "", "");
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
-    const auto peak_alloc = static_cast<std::uint64_t>(r.stats.allocated_bytes[0].peak);
-    const auto peak_reserved = static_cast<std::uint64_t>(r.stats.reserved_bytes[0].peak);
+    const auto peak_alloc = static_cast<std::uint64_t>(All(r.stats.allocated_bytes).peak);
+    const auto peak_reserved = static_cast<std::uint64_t>(All(r.stats.reserved_bytes).peak);
     const std::string outcome =
         r.oom ? absl::StrCat("OOM at request ", r.oom->request_index + 1, " of ", r.requests_total)
               : std::string("ok");

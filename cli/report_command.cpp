@@ -1,5 +1,5 @@
 // memscope report RUN|SNAPSHOT [RUN_B] [-o report.html]: the self-contained
-// HTML report (profiler/html_report.h); two inputs give the comparison page.
+// HTML report (viewer/html_report.h); two inputs give the comparison page.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
-#include "profiler/html_report.h"
-#include "profiler/run.h"
+#include "viewer/html_report.h"
+#include "run/run.h"
 
 namespace memscope::cli {
 namespace {

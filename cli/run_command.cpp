@@ -21,12 +21,12 @@
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
-#include "profiler/compare.h"
-#include "profiler/report.h"
-#include "profiler/run.h"
-#include "profiler/timeline.h"
+#include "compare/compare.h"
+#include "exporters/report.h"
+#include "run/run.h"
+#include "recording/timeline.h"
 #include "reducer/communicator.h"
-#include "train/launcher.h"
+#include "run/launcher.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {

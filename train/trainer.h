@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "profiler/recorder.h"
+#include "recording/recorder.h"
 #include "reducer/communicator.h"
 #include "reducer/ddp.h"
 #include "tensor/tensor.h"

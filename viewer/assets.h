@@ -1,6 +1,6 @@
 // The HTML report's page files (viewer/report.html, report.css, report.js),
 // embedded into the binary at build time (viewer/embed.cmake). The template
-// holds three markers that profiler/html_report.cpp replaces: the CSS, the
+// holds three markers that viewer/html_report.cpp replaces: the CSS, the
 // script, and the report data (JSON).
 #ifndef MEMSCOPE_VIEWER_ASSETS_H_
 #define MEMSCOPE_VIEWER_ASSETS_H_

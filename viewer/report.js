@@ -1,5 +1,5 @@
 // memscope's HTML report: draws the data inlined in #memscope-data (schema
-// memscope.viewer/1, written by profiler/html_report.cpp) with plain canvas.
+// memscope.viewer/1, written by viewer/html_report.cpp) with plain canvas.
 // No library, no network: everything the page needs is in the page.
 (function () {
   'use strict';

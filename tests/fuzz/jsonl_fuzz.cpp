@@ -1,5 +1,5 @@
 // libFuzzer target for the JSON-lines request-trace reader
-// (profiler/request_trace.h).
+// (importers/request_trace.h).
 //
 // Parses the input as a request trace; on success replays it through a
 // default-configured CachingAllocator on a small simulated device. Inputs
@@ -13,8 +13,8 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
-#include "profiler/replayer.h"
-#include "profiler/request_trace.h"
+#include "importers/replayer.h"
+#include "importers/request_trace.h"
 
 namespace {
 

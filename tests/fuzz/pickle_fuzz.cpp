@@ -1,4 +1,4 @@
-// libFuzzer target for the pickle reader (profiler/pickle_reader.h), which
+// libFuzzer target for the pickle reader (importers/pickle_reader.h), which
 // reads PyTorch memory snapshots (torch.cuda.memory._snapshot() pickles).
 //
 // Reads the input as a pickle with the default options. Errors are expected
@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "profiler/pickle_reader.h"
+#include "importers/pickle_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));

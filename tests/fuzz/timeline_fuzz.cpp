@@ -1,4 +1,4 @@
-// libFuzzer target for the timeline reader (profiler/timeline.h).
+// libFuzzer target for the timeline reader (recording/timeline.h).
 //
 // Parses the input as a timeline file; on success feeds every event to a
 // TraceModel (configured from the file's allocator settings when they parse)
@@ -14,9 +14,9 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
-#include "profiler/analysis.h"
-#include "profiler/timeline.h"
-#include "profiler/trace_model.h"
+#include "analysis/analysis.h"
+#include "recording/timeline.h"
+#include "analysis/trace_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

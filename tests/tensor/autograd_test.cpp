@@ -14,8 +14,8 @@
 #include "allocator/alloc_tag.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_device.h"
-#include "profiler/recorder.h"
-#include "profiler/timeline.h"
+#include "recording/recorder.h"
+#include "recording/timeline.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tests/tensor/tensor_test_util.h"
@@ -33,7 +33,7 @@ Tensor Param(DeviceContext& ctx, const Shape& sizes, const std::string& name) {
   return p;
 }
 
-std::int64_t NumAllocs(const CachingAllocator& a) { return a.GetStats().allocation[0].allocated; }
+std::int64_t NumAllocs(const CachingAllocator& a) { return All(a.GetStats().allocation).allocated; }
 
 // Allocations recorded in a timeline, in order.
 struct Recorded {

@@ -287,10 +287,10 @@ TEST_CASE("broadcast_coalesced: 250 MiB groups per dtype, a lone tensor in place
     std::vector<Tensor*> ptrs;
     for (Tensor& t : tensors) ptrs.push_back(&t);
     allocator.ResetPeakStats();
-    const std::int64_t before = allocator.GetStats().allocated_bytes[0].current;
+    const std::int64_t before = All(allocator.GetStats().allocated_bytes).current;
     std::vector<std::uint64_t> groups = reducer::BroadcastCoalesced(ptrs, *comm, 0);
-    CHECK(allocator.GetStats().allocated_bytes[0].current == before);
-    return std::pair{groups, static_cast<std::uint64_t>(allocator.GetStats().allocated_bytes[0].peak - before)};
+    CHECK(All(allocator.GetStats().allocated_bytes).current == before);
+    return std::pair{groups, static_cast<std::uint64_t>(All(allocator.GetStats().allocated_bytes).peak - before)};
   };
   {
     // [200, 60] reaches 250 and closes; [250] alone is broadcast in place; [10, 5] is left over.

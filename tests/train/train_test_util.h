@@ -8,9 +8,9 @@
 #include <cstdint>
 
 #include "allocator/caching_allocator.h"
-#include "profiler/analysis.h"
-#include "profiler/recorder.h"
-#include "profiler/timeline.h"
+#include "analysis/analysis.h"
+#include "recording/recorder.h"
+#include "recording/timeline.h"
 #include "reducer/communicator.h"
 #include "train/trainer.h"
 

@@ -1,0 +1,119 @@
+// Analyses of one rank's recording, each a pass over its events through a
+// TraceModel: the phase table, peak attribution, fragmentation at the end,
+// the peak and an OOM, and the lower bound.
+#ifndef MEMSCOPE_ANALYSIS_ANALYSIS_H_
+#define MEMSCOPE_ANALYSIS_ANALYSIS_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+#include "recording/event.h"
+#include "analysis/trace_model.h"
+
+namespace memscope {
+
+// The allocator settings a timeline was recorded with (defaults if the text
+// does not parse, which a recording memscope wrote never does).
+AllocatorConfig TimelineConfig(const Timeline& timeline);
+
+// One row per phase end: the numbers seed 002 printed after each phase
+// (memory_allocated, max_memory_allocated, memory_reserved,
+// max_memory_reserved), plus the peak inside the phase.
+struct PhaseRow {
+  std::int64_t step = kNoStep;
+  Phase phase = Phase::kUser;
+  std::string label;  // user phases
+  std::uint64_t allocated = 0;
+  std::uint64_t max_allocated = 0;  // since the start, like torch.cuda.max_memory_allocated
+  std::uint64_t reserved = 0;
+  std::uint64_t max_reserved = 0;
+  std::uint64_t peak_allocated_in_phase = 0;
+  std::array<std::int64_t, kNumCategories> by_category{};  // allocated bytes at the phase end
+  std::int64_t time_ns = 0;
+};
+
+// "forward:0", "model", or a user phase's label with its step.
+std::string PhaseRowName(const PhaseRow& row);
+
+// Where a peak happened and what made it up.
+struct PeakInfo {
+  std::uint64_t bytes = 0;
+  std::size_t event_index = 0;  // the peak holds after applying events [0, event_index]
+  std::int64_t time_ns = 0;
+  std::string phase;            // the innermost phase open at the peak ("backward:1"), or ""
+  std::array<std::int64_t, kNumCategories> by_category{};  // allocated bytes by category
+  std::vector<std::pair<std::string, std::int64_t>> top_owners;  // largest first, at most 5
+};
+
+struct OomReport {
+  std::size_t event_index = 0;
+  std::int64_t time_ns = 0;
+  std::string phase;
+  std::uint64_t requested = 0;
+  std::uint64_t rounded = 0;
+  std::uint64_t device_free = 0;
+  FragmentationInfo fragmentation;
+  bool caused_by_fragmentation = false;
+  // "N bytes free in segments but the largest free block is M" (fragmentation)
+  // or "the device had N bytes free; the request needed M" (capacity).
+  std::string verdict;
+};
+
+struct RankReport {
+  int rank = 0;
+  std::size_t events = 0;
+  std::vector<PhaseRow> phases;
+  PeakInfo peak_allocated;
+  PeakInfo peak_reserved;
+  FragmentationInfo fragmentation_at_end;
+  FragmentationInfo fragmentation_at_peak;  // at the peak of allocated
+  std::optional<OomReport> oom;             // the first OOM
+  DeviceStats stats;                        // at the end
+  std::uint64_t lower_bound = 0;            // peak of live requested bytes
+  // How much the actual peak reserved exceeds the lower bound.
+  std::uint64_t overhead_bytes() const {
+    return peak_reserved.bytes > lower_bound ? peak_reserved.bytes - lower_bound : 0;
+  }
+};
+
+// Analyses one rank. Errors: an inconsistent timeline, naming the event.
+absl::StatusOr<RankReport> AnalyzeRank(const Timeline& timeline);
+
+// A moment of a recording: --at end|peak|oom|PHASE:STEP (a phase's end).
+struct Moment {
+  enum class Kind { kEnd, kPeak, kOom, kPhaseEnd };
+  Kind kind = Kind::kEnd;
+  Phase phase = Phase::kUser;
+  std::int64_t step = kNoStep;
+  std::string text;
+};
+absl::StatusOr<Moment> ParseMoment(std::string_view text);
+
+// The model after the events up to `moment`, and how many events that is.
+// NotFound when the recording has no such moment (no OOM, no such phase).
+// `report` (the timeline's AnalyzeRank, if the caller has it) saves
+// analysing again to find the peak.
+absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment,
+                                                           const RankReport* report = nullptr);
+
+// The phase table as text, in the layout of seed 002 (sizes in MiB, "281M").
+std::string PhaseTableText(const RankReport& report);
+
+// A size as the phase table shows it: whole MiB, rounded down ("281M").
+std::string FormatMib(std::uint64_t bytes);
+// A difference of two sizes in the same unit, signed, truncated towards zero:
+// "+2M", "-281M"; "0M" only when equal, so "+0M" is a growth under 1 MiB.
+std::string FormatMibDelta(std::int64_t bytes);
+
+// The fragmentation report as text.
+std::string FragmentationText(const FragmentationInfo& f);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_ANALYSIS_ANALYSIS_H_

@@ -1,0 +1,117 @@
+// The state of a caching allocator rebuilt from its events: segments and
+// their blocks, every memory_stats value, bytes per category and per owner.
+// Every analysis and export reads the allocator through this one model,
+// whether the events come from a memscope timeline, a replay or (later) a
+// PyTorch trace.
+//
+//   TraceModel model(config, device_capacity);
+//   for (const Event& e : timeline.events) {
+//     if (absl::Status s = model.Apply(e); !s.ok()) ...  // inconsistent trace
+//   }
+//   model.stats();            // == the allocator's GetStats() after the same actions
+//   model.Snapshot(device);   // segments with allocated, pending and free blocks
+//   model.Fragmentation();
+//
+// Invariant: stats() equals, field by field, what CachingAllocator::GetStats()
+// returned after the last applied event (tested on randomized traces).
+#ifndef MEMSCOPE_ANALYSIS_TRACE_MODEL_H_
+#define MEMSCOPE_ANALYSIS_TRACE_MODEL_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "allocator/config.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+#include "recording/event.h"
+
+namespace memscope {
+
+// Fragmentation at one moment. fragmentation = 1 - largest_free_block /
+// free_in_segments (TensorFlow's Memory Profile definition), 0 with no free
+// bytes.
+struct FragmentationInfo {
+  std::uint64_t reserved = 0;
+  std::uint64_t allocated = 0;
+  std::uint64_t reserved_minus_allocated = 0;
+  std::uint64_t inactive_split_bytes = 0;  // free blocks inside partly used segments
+  std::uint64_t free_in_segments = 0;      // every free byte of every segment
+  std::uint64_t largest_free_block = 0;
+  double fragmentation = 0.0;
+  std::uint64_t segments = 0;
+  std::uint64_t free_blocks = 0;
+};
+
+class TraceModel {
+ public:
+  struct Block {
+    std::uint64_t size = 0;
+    std::uint64_t requested = 0;
+    std::uint64_t stream = 0;
+    Category category = Category::kOther;
+    std::uint32_t owner = 0;
+    bool pending_free = false;  // free requested, waiting on stream events
+  };
+  struct Segment {
+    std::uint64_t size = 0;
+    std::uint64_t stream = 0;
+    bool small = false;
+    bool expandable = false;  // a mapped range of an expandable segment
+  };
+
+  explicit TraceModel(const AllocatorConfig& config = {});
+
+  // Applies one event. Phase marks and marks change nothing here. Errors
+  // describe an inconsistent trace (e.g. a free of an address never
+  // allocated); the model is unchanged by a failed Apply.
+  absl::Status Apply(const Event& event);
+
+  const DeviceStats& stats() const { return stats_; }
+  std::uint64_t allocated() const { return static_cast<std::uint64_t>(All(stats_.allocated_bytes).current); }
+  std::uint64_t reserved() const { return static_cast<std::uint64_t>(All(stats_.reserved_bytes).current); }
+  // Allocated bytes (block sizes) per category, and per owner string id.
+  const std::array<std::int64_t, kNumCategories>& allocated_by_category() const { return by_category_; }
+  const absl::flat_hash_map<std::uint32_t, std::int64_t>& allocated_by_owner() const { return by_owner_; }
+  // Bytes the program asked for and still holds, and their peak: the lower
+  // bound no allocator can beat.
+  std::uint64_t live_requested() const { return live_requested_; }
+  std::uint64_t peak_live_requested() const { return peak_live_requested_; }
+
+  const absl::btree_map<std::uint64_t, Segment>& segments() const { return segments_; }
+  const absl::btree_map<std::uint64_t, Block>& blocks() const { return blocks_; }
+
+  // Segments and blocks in the shape of memory._snapshot(): free gaps
+  // appear as inactive blocks (the allocator merges free neighbours, so each
+  // gap is one free block).
+  std::vector<SegmentInfo> Snapshot(int device) const;
+  FragmentationInfo Fragmentation() const;
+
+ private:
+  // Applies `delta` to a stat array for the pool of `small`.
+  void Change(StatArray& a, bool small, std::int64_t delta);
+  // How placing a block in its free gap changes inactive_split (count, bytes);
+  // removing it changes them by the opposite. The block must not be in blocks_.
+  std::pair<std::int64_t, std::int64_t> InactiveDelta(std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr,
+                                                      std::uint64_t size) const;
+  // The segment containing [addr, addr + size), or end().
+  absl::btree_map<std::uint64_t, Segment>::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
+
+  std::size_t max_split_size_;
+  DeviceStats stats_;
+  absl::btree_map<std::uint64_t, Segment> segments_;
+  absl::btree_map<std::uint64_t, Block> blocks_;  // active blocks (allocated or pending)
+  std::array<std::int64_t, kNumCategories> by_category_{};
+  absl::flat_hash_map<std::uint32_t, std::int64_t> by_owner_;
+  std::uint64_t live_requested_ = 0;
+  std::uint64_t peak_live_requested_ = 0;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_ANALYSIS_TRACE_MODEL_H_

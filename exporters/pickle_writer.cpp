@@ -1,0 +1,361 @@
+#include "exporters/pickle_writer.h"
+
+#include <bit>
+#include <limits>
+#include <utility>
+
+namespace memscope {
+namespace {
+
+// Opcodes (CPython's Lib/pickle.py names). Only those MemoryViz.js reads.
+constexpr std::uint8_t kMark = '(';
+constexpr std::uint8_t kStop = '.';
+constexpr std::uint8_t kEmptyDict = '}';
+constexpr std::uint8_t kEmptyList = ']';
+constexpr std::uint8_t kEmptyTuple = ')';
+constexpr std::uint8_t kTuple = 't';
+constexpr std::uint8_t kTuple1 = 0x85;
+constexpr std::uint8_t kTuple2 = 0x86;
+constexpr std::uint8_t kTuple3 = 0x87;
+constexpr std::uint8_t kSetItems = 'u';
+constexpr std::uint8_t kAppends = 'e';
+constexpr std::uint8_t kBinInt = 'J';
+constexpr std::uint8_t kBinInt1 = 'K';
+constexpr std::uint8_t kBinInt2 = 'M';
+constexpr std::uint8_t kLong1 = 0x8a;
+constexpr std::uint8_t kBinFloat = 'G';
+constexpr std::uint8_t kShortBinUnicode = 0x8c;
+constexpr std::uint8_t kBinUnicode = 'X';
+constexpr std::uint8_t kNone = 'N';
+constexpr std::uint8_t kNewTrue = 0x88;
+constexpr std::uint8_t kNewFalse = 0x89;
+constexpr std::uint8_t kProto = 0x80;
+constexpr std::uint8_t kFrame = 0x95;
+
+constexpr std::uint8_t kProtocol = 4;
+// CPython writes no FRAME header for frames shorter than this (the header
+// would cost more than it saves); doing the same keeps small pickles
+// byte-identical to pickle.dumps.
+constexpr std::size_t kFrameSizeMin = 4;
+
+// Little-endian bytes of the low `n` bytes of `v`.
+void PutLittleEndian(std::string& out, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes
+// there are not one (overlong forms, surrogates and code points above
+// U+10FFFF are invalid, as Python's decoder says).
+std::size_t Utf8SequenceLength(std::string_view s, std::size_t i) {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  std::size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k) {
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
+  }
+  return n;
+}
+
+// `s` with every invalid UTF-8 byte replaced by U+FFFD.
+std::string ReplaceInvalidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) {
+      out.append("\xef\xbf\xbd");
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+bool IsValidUtf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+}  // namespace
+
+PickleWriter::PickleWriter(std::ostream& out) : out_(out) {
+  frame_.reserve(kFrameSizeTarget + 1024);
+  // PROTO goes before the first frame, as CPython writes it.
+  const char header[2] = {static_cast<char>(kProto), static_cast<char>(kProtocol)};
+  out_.write(header, 2);
+  bytes_written_ = 2;
+}
+
+void PickleWriter::Fail(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+}
+
+bool PickleWriter::BeforeValue() {
+  if (finished_) {
+    Fail(absl::FailedPreconditionError("PickleWriter: a value was written after Finish()"));
+    return false;
+  }
+  if (!status_.ok()) return false;
+  if (open_.empty()) {
+    if (roots_ > 0) {
+      Fail(absl::FailedPreconditionError("PickleWriter: a pickle holds one top-level value"));
+      return false;
+    }
+    return true;
+  }
+  Open& o = open_.back();
+  if (o.kind == Kind::kTuple) {
+    if (o.count == o.arity) {
+      Fail(absl::FailedPreconditionError("PickleWriter: more tuple values than its declared arity"));
+      return false;
+    }
+  } else if (o.count == 0) {
+    Op(kMark);  // first item of a batch
+  }
+  return true;
+}
+
+void PickleWriter::AfterValue() {
+  if (open_.empty()) {
+    ++roots_;
+    return;
+  }
+  Open& o = open_.back();
+  ++o.count;
+  if (o.kind == Kind::kList && o.count == kBatchSize) {
+    Op(kAppends);
+    o.count = 0;
+  } else if (o.kind == Kind::kDict && o.count == 2 * kBatchSize) {
+    Op(kSetItems);
+    o.count = 0;
+  }
+}
+
+void PickleWriter::OpcodeBoundary() {
+  if (frame_.size() >= kFrameSizeTarget) CommitFrame();
+}
+
+void PickleWriter::CommitFrame() {
+  if (frame_.empty()) return;
+  if (frame_.size() >= kFrameSizeMin) {
+    std::string header(1, static_cast<char>(kFrame));
+    PutLittleEndian(header, frame_.size(), 8);
+    out_.write(header.data(), static_cast<std::streamsize>(header.size()));
+    bytes_written_ += header.size();
+  }
+  out_.write(frame_.data(), static_cast<std::streamsize>(frame_.size()));
+  bytes_written_ += frame_.size();
+  frame_.clear();
+  // Stop early rather than format gigabytes into a stream that failed.
+  if (!out_) Fail(absl::DataLossError("PickleWriter: writing to the output stream failed"));
+}
+
+void PickleWriter::BeginDict() {
+  if (!BeforeValue()) return;
+  Op(kEmptyDict);
+  open_.push_back({Kind::kDict});
+  OpcodeBoundary();
+}
+
+void PickleWriter::EndDict() {
+  if (!status_.ok() || finished_) return;
+  if (open_.empty() || open_.back().kind != Kind::kDict) {
+    Fail(absl::FailedPreconditionError("PickleWriter: EndDict() without an open dict"));
+    return;
+  }
+  if (open_.back().count % 2 != 0) {
+    Fail(absl::FailedPreconditionError("PickleWriter: a dict key has no value"));
+    return;
+  }
+  if (open_.back().count > 0) Op(kSetItems);
+  open_.pop_back();
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::BeginList() {
+  if (!BeforeValue()) return;
+  Op(kEmptyList);
+  open_.push_back({Kind::kList});
+  OpcodeBoundary();
+}
+
+void PickleWriter::EndList() {
+  if (!status_.ok() || finished_) return;
+  if (open_.empty() || open_.back().kind != Kind::kList) {
+    Fail(absl::FailedPreconditionError("PickleWriter: EndList() without an open list"));
+    return;
+  }
+  if (open_.back().count > 0) Op(kAppends);
+  open_.pop_back();
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::BeginTuple(std::size_t arity) {
+  if (!BeforeValue()) return;
+  // TUPLE1-3 and EMPTY_TUPLE take their values from the stack top; longer
+  // tuples need a MARK.
+  if (arity > 3) Op(kMark);
+  open_.push_back({Kind::kTuple, arity});
+  OpcodeBoundary();
+}
+
+void PickleWriter::EndTuple() {
+  if (!status_.ok() || finished_) return;
+  if (open_.empty() || open_.back().kind != Kind::kTuple) {
+    Fail(absl::FailedPreconditionError("PickleWriter: EndTuple() without an open tuple"));
+    return;
+  }
+  const Open& o = open_.back();
+  if (o.count != o.arity) {
+    Fail(absl::FailedPreconditionError("PickleWriter: fewer tuple values than its declared arity"));
+    return;
+  }
+  switch (o.arity) {
+    case 0: Op(kEmptyTuple); break;
+    case 1: Op(kTuple1); break;
+    case 2: Op(kTuple2); break;
+    case 3: Op(kTuple3); break;
+    default: Op(kTuple); break;
+  }
+  open_.pop_back();
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::None() {
+  if (!BeforeValue()) return;
+  Op(kNone);
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::Bool(bool value) {
+  if (!BeforeValue()) return;
+  Op(value ? kNewTrue : kNewFalse);
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::Int(std::int64_t value) {
+  if (!BeforeValue()) return;
+  if (value >= 0 && value <= 0xff) {
+    Op(kBinInt1);
+    PutLittleEndian(frame_, static_cast<std::uint64_t>(value), 1);
+  } else if (value >= 0 && value <= 0xffff) {
+    Op(kBinInt2);
+    PutLittleEndian(frame_, static_cast<std::uint64_t>(value), 2);
+  } else if (value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max()) {
+    Op(kBinInt);  // signed 32-bit little-endian
+    PutLittleEndian(frame_, static_cast<std::uint32_t>(static_cast<std::int32_t>(value)), 4);
+  } else {
+    Long1(static_cast<std::uint64_t>(value), value < 0);
+  }
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::UInt(std::uint64_t value) {
+  if (value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    Int(static_cast<std::int64_t>(value));
+    return;
+  }
+  if (!BeforeValue()) return;
+  Long1(value, /*negative=*/false);  // 9 bytes: the top bit needs a 0 sign byte
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::Long1(std::uint64_t bits, bool negative) {
+  // Two's complement in 9 bytes (the 64 bits and a sign byte), then the
+  // redundant sign bytes dropped: CPython's encode_long gives the same
+  // minimal length.
+  unsigned char b[9];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>((bits >> (8 * i)) & 0xff);
+  b[8] = negative ? 0xff : 0x00;
+  int n = 9;
+  while (n > 1 && ((b[n - 1] == 0x00 && (b[n - 2] & 0x80) == 0) || (b[n - 1] == 0xff && (b[n - 2] & 0x80) != 0))) {
+    --n;
+  }
+  Op(kLong1);
+  frame_.push_back(static_cast<char>(n));
+  Bytes(b, static_cast<std::size_t>(n));
+}
+
+void PickleWriter::Float(double value) {
+  if (!BeforeValue()) return;
+  Op(kBinFloat);
+  const auto bits = std::bit_cast<std::uint64_t>(value);
+  for (int i = 7; i >= 0; --i) frame_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));  // big-endian
+  AfterValue();
+  OpcodeBoundary();
+}
+
+void PickleWriter::String(std::string_view utf8) {
+  if (!BeforeValue()) return;
+  std::string fixed;
+  if (!IsValidUtf8(utf8)) {
+    fixed = ReplaceInvalidUtf8(utf8);
+    utf8 = fixed;
+  }
+  if (utf8.size() < 256) {
+    Op(kShortBinUnicode);
+    frame_.push_back(static_cast<char>(utf8.size()));
+  } else if (utf8.size() <= std::numeric_limits<std::uint32_t>::max()) {
+    Op(kBinUnicode);
+    PutLittleEndian(frame_, utf8.size(), 4);
+  } else {
+    // BINUNICODE8 would do, but MemoryViz.js does not read it.
+    Fail(absl::InvalidArgumentError("PickleWriter: a string of 4 GiB or more cannot be pickled with BINUNICODE"));
+    return;
+  }
+  Bytes(utf8.data(), utf8.size());
+  AfterValue();
+  OpcodeBoundary();
+}
+
+absl::Status PickleWriter::Finish() {
+  if (finished_) return status_.ok() ? absl::FailedPreconditionError("PickleWriter: Finish() called twice") : status_;
+  finished_ = true;
+  if (!status_.ok()) return status_;
+  if (!open_.empty()) {
+    Fail(absl::FailedPreconditionError(
+        "PickleWriter: Finish() with " + std::to_string(open_.size()) + " container(s) still open"));
+    return status_;
+  }
+  if (roots_ == 0) {
+    Fail(absl::FailedPreconditionError("PickleWriter: Finish() before any value was written"));
+    return status_;
+  }
+  Op(kStop);
+  CommitFrame();
+  out_.flush();
+  if (!out_) Fail(absl::DataLossError("PickleWriter: writing to the output stream failed"));
+  return status_;
+}
+
+}  // namespace memscope

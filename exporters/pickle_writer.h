@@ -1,0 +1,131 @@
+// A streaming writer of Python pickles (protocol 4), for snapshots that
+// PyTorch tools read: pickle.load() and PyTorch's browser viewer
+// (MemoryViz.js, pytorch.org/memory_viz).
+//
+//   PickleWriter w(out);
+//   w.BeginDict();
+//   w.String("segments");
+//   w.BeginList();
+//   ...
+//   w.EndList();
+//   w.EndDict();
+//   if (absl::Status s = w.Finish(); !s.ok()) ...
+//
+// Values go straight to the stream as they are written: there is no tree of
+// objects, so a trace of millions of entries costs a 64 KiB frame buffer and
+// a stack as deep as the nesting, whatever its length.
+//
+// Only opcodes MemoryViz.js understands are used (PROTO, FRAME, MARK, STOP,
+// EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE, TUPLE, TUPLE1-3, SETITEMS, APPENDS,
+// BININT, BININT1, BININT2, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE,
+// NONE, NEWTRUE, NEWFALSE), and no memo: every value is written in full. The
+// choices follow CPython's pickler, so a lone integer or float pickles to the
+// same bytes as pickle.dumps(value, protocol=4):
+// - Integers: BININT1 for 0..255, BININT2 for 0..65535, BININT for the rest
+//   of int32, else LONG1 (little-endian two's complement, minimal length).
+//   Device addresses such as 0x7f0000000000 are LONG1.
+// - Floats: BINFLOAT (big-endian IEEE 754 double).
+// - Strings: SHORT_BINUNICODE below 256 bytes of UTF-8, else BINUNICODE.
+// - Lists and dicts: EMPTY_LIST / EMPTY_DICT, then the items in batches of at
+//   most 1000 (dict: 1000 key/value pairs), each MARK ... APPENDS / SETITEMS,
+//   like CPython's batching. (CPython writes a batch of one item as a lone
+//   APPEND / SETITEM; a streaming writer cannot know a batch will stay that
+//   short, and MARK + one item + APPENDS means the same.)
+// - Frames: protocol 4 groups opcodes in frames of about 64 KiB, each opcode
+//   wholly inside one frame, as CPython does (Python's unpickler rejects an
+//   opcode that straddles frames).
+//
+// Misuse (an End without its Begin, a dict key without a value, a tuple with
+// more or fewer values than declared, Finish with containers open) is a
+// programming error: it is recorded, later calls are ignored, and Finish()
+// returns it.
+#ifndef MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_
+#define MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace memscope {
+
+class PickleWriter {
+ public:
+  // Items per MARK ... APPENDS / SETITEMS batch (pairs for dicts), as CPython.
+  static constexpr std::size_t kBatchSize = 1000;
+  // A frame is written out once it holds at least this many bytes.
+  static constexpr std::size_t kFrameSizeTarget = 64 * 1024;
+
+  // Writes the protocol header to `out`, which must outlive the writer.
+  explicit PickleWriter(std::ostream& out);
+  PickleWriter(const PickleWriter&) = delete;
+  PickleWriter& operator=(const PickleWriter&) = delete;
+
+  // Containers. Inside a dict, values alternate key, value, key, value...
+  void BeginDict();
+  void EndDict();
+  void BeginList();
+  void EndList();
+  // A tuple of exactly `arity` values (written between Begin and End).
+  void BeginTuple(std::size_t arity);
+  void EndTuple();
+
+  // Scalars.
+  void None();
+  void Bool(bool value);
+  void Int(std::int64_t value);
+  void UInt(std::uint64_t value);
+  void Float(double value);
+  // UTF-8 text, a Python str. Invalid UTF-8 bytes become U+FFFD: Python
+  // refuses to load a str that is not UTF-8, and one bad label must not make
+  // a whole snapshot unreadable.
+  void String(std::string_view utf8);
+
+  // Writes STOP and the last frame, and flushes the stream. Returns the
+  // first misuse (FailedPrecondition), a string too long for BINUNICODE
+  // (InvalidArgument) or a stream failure (DataLoss). The writer takes no
+  // more values afterwards.
+  absl::Status Finish();
+
+  // Bytes handed to the stream so far (the current frame excluded).
+  std::uint64_t bytes_written() const { return bytes_written_; }
+
+ private:
+  enum class Kind : std::uint8_t { kList, kDict, kTuple };
+  struct Open {
+    Kind kind;
+    std::size_t arity = 0;  // tuples: values declared
+    std::size_t count = 0;  // tuples: values so far; lists and dicts: values in the current batch
+  };
+
+  // Called around every value (a scalar, or a whole container) written into
+  // the innermost open container: opens and closes batches, counts tuple
+  // values.
+  bool BeforeValue();
+  void AfterValue();
+  // Appends an opcode (and its argument bytes) to the current frame; at
+  // opcode boundaries the frame is written out once it is large enough.
+  void Op(std::uint8_t opcode) { frame_.push_back(static_cast<char>(opcode)); }
+  void Bytes(const void* data, std::size_t size) { frame_.append(static_cast<const char*>(data), size); }
+  void OpcodeBoundary();
+  void CommitFrame();
+  // LONG1 of a 64-bit pattern, read as signed when `negative`.
+  void Long1(std::uint64_t bits, bool negative);
+  void Fail(absl::Status status);
+
+  std::ostream& out_;
+  std::string frame_;
+  std::vector<Open> open_;
+  std::uint64_t bytes_written_ = 0;
+  std::size_t roots_ = 0;  // top-level values written (a pickle holds one)
+  absl::Status status_;
+  bool finished_ = false;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_

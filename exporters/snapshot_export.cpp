@@ -1,0 +1,306 @@
+#include "exporters/snapshot_export.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "allocator/config.h"
+#include "allocator/sizes.h"
+#include "allocator/snapshot.h"
+#include "exporters/pickle_writer.h"
+
+namespace memscope {
+namespace {
+
+// Streams JSON with the calls PickleWriter takes, so one function writes the
+// snapshot in both formats and they cannot drift apart. The layout is
+// exactly nlohmann::json::dump(1)'s; nlohmann formats the scalars (string
+// escaping, shortest round-trip doubles).
+class JsonWriter {
+ public:
+  explicit JsonWriter(std::ostream& out) : out_(out) {}
+
+  void BeginDict() { Begin('{', true); }
+  void EndDict() { End('}'); }
+  void BeginList() { Begin('[', false); }
+  void EndList() { End(']'); }
+  void BeginTuple(std::size_t /*arity*/) { BeginList(); }
+  void EndTuple() { EndList(); }
+
+  void None() { Scalar("null"); }
+  void Bool(bool value) { Scalar(value ? "true" : "false"); }
+  void Int(std::int64_t value) { Scalar(std::to_string(value)); }
+  void UInt(std::uint64_t value) { Scalar(std::to_string(value)); }
+  void Float(double value) { Scalar(nlohmann::json(value).dump()); }
+  // Dict keys come through here too (the snapshot's keys are all strings).
+  // Invalid UTF-8 becomes U+FFFD, as in PickleWriter.
+  void String(std::string_view utf8) {
+    // Keys and most values are plain ASCII, which nlohmann writes unchanged:
+    // skip building a json value for them (a third of the JSON export's time).
+    bool plain = true;
+    for (const char c : utf8) plain = plain && c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
+    if (plain) {
+      BeforeValue();
+      out_ << '"' << utf8 << '"';
+      return;
+    }
+    Scalar(nlohmann::json(std::string(utf8)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
+
+  absl::Status Finish() {
+    out_ << '\n';
+    out_.flush();
+    if (!out_) return absl::DataLossError("writing the JSON snapshot failed");
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Open {
+    bool dict;
+    std::size_t count = 0;  // values so far (a dict counts keys and values)
+  };
+
+  // Separator and indentation before a value: a dict value follows its key
+  // on the same line.
+  void BeforeValue() {
+    if (open_.empty()) return;
+    Open& o = open_.back();
+    if (o.dict && o.count % 2 == 1) {
+      out_ << ": ";
+    } else {
+      out_ << (o.count == 0 ? "\n" : ",\n");
+      Indent(open_.size());
+    }
+    ++o.count;
+  }
+  void Begin(char bracket, bool dict) {
+    BeforeValue();
+    out_ << bracket;
+    open_.push_back({dict});
+  }
+  void End(char bracket) {
+    const Open o = open_.back();
+    open_.pop_back();
+    if (o.count > 0) {
+      out_ << '\n';
+      Indent(open_.size());
+    }
+    out_ << bracket;
+  }
+  void Scalar(std::string_view text) {
+    BeforeValue();
+    out_ << text;
+  }
+  void Indent(std::size_t depth) {
+    for (std::size_t i = 0; i < depth; ++i) out_ << ' ';
+  }
+
+  std::ostream& out_;
+  std::vector<Open> open_;
+};
+
+std::int64_t TimeUs(const Timeline& timeline, const Event& e) { return timeline.wall_start_us + e.time_ns / 1000; }
+
+// Whether an event is one of the actions of PyTorch's device traces.
+bool IsPytorchTraceAction(EventType t) { return ChangesMemory(t) || t == EventType::kOom; }
+
+// "forward:3", "model" (before the first step), a user phase by its label.
+std::string AnnotationName(const Timeline& timeline, const Event& e) {
+  return PhaseMarkName(e.phase, e.step(), timeline.str(e.name));
+}
+
+template <typename W>
+class SnapshotWriter {
+ public:
+  SnapshotWriter(W& w, const Timeline& timeline) : w_(w), timeline_(timeline) {}
+
+  void Write(const TraceModel& model, std::size_t events_until) {
+    w_.BeginDict();
+    Key("segments");
+    w_.BeginList();
+    for (const SegmentInfo& segment : model.Snapshot(timeline_.device_index)) WriteSegment(segment);
+    w_.EndList();
+
+    Key("device_traces");
+    w_.BeginList();
+    for (int device = 0; device < timeline_.device_index; ++device) {
+      w_.BeginList();
+      w_.EndList();
+    }
+    w_.BeginList();
+    for (std::size_t i = 0; i < events_until; ++i) {
+      const Event& e = timeline_.events[i];
+      if (IsPytorchTraceAction(e.type)) WriteTraceEntry(e);
+    }
+    w_.EndList();
+    w_.EndList();
+
+    Key("allocator_settings");
+    WriteAllocatorSettings();
+
+    Key("external_annotations");
+    w_.BeginList();
+    for (std::size_t i = 0; i < events_until; ++i) {
+      const Event& e = timeline_.events[i];
+      switch (e.type) {
+        case EventType::kPhaseBegin: WriteAnnotation(AnnotationName(timeline_, e), "START", e); break;
+        case EventType::kPhaseEnd: WriteAnnotation(AnnotationName(timeline_, e), "END", e); break;
+        case EventType::kMark: WriteAnnotation(timeline_.str(e.name), "START", e); break;
+        default: break;
+      }
+    }
+    w_.EndList();
+    w_.EndDict();
+  }
+
+ private:
+  void Key(std::string_view key) { w_.String(key); }
+  void EmptyFrames() {
+    Key("frames");
+    w_.BeginList();
+    w_.EndList();
+  }
+
+  void WriteSegment(const SegmentInfo& s) {
+    w_.BeginDict();
+    Key("device");
+    w_.Int(s.device);
+    Key("address");
+    w_.UInt(s.address);
+    Key("total_size");
+    w_.UInt(s.total_size);
+    Key("allocated_size");
+    w_.UInt(s.allocated_size);
+    Key("active_size");
+    w_.UInt(s.active_size);
+    Key("requested_size");
+    w_.UInt(s.requested_size);
+    Key("stream");
+    w_.UInt(s.stream);
+    Key("segment_type");
+    w_.String(s.is_large ? "large" : "small");
+    // PyTorch's (0, 0) is the default pool: memscope has no private pools
+    // (CUDA graphs).
+    Key("segment_pool_id");
+    w_.BeginTuple(2);
+    w_.Int(0);
+    w_.Int(0);
+    w_.EndTuple();
+    Key("is_expandable");
+    w_.Bool(s.is_expandable);
+    EmptyFrames();
+    Key("blocks");
+    w_.BeginList();
+    for (const BlockInfo& b : s.blocks) {
+      w_.BeginDict();
+      Key("address");
+      w_.UInt(b.address);
+      Key("size");
+      w_.UInt(b.size);
+      Key("requested_size");
+      w_.UInt(b.requested_size);
+      Key("state");
+      w_.String(BlockStateName(b.state));
+      EmptyFrames();
+      w_.EndDict();
+    }
+    w_.EndList();
+    w_.EndDict();
+  }
+
+  void WriteTraceEntry(const Event& e) {
+    const bool segment_event = e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree ||
+                               e.type == EventType::kSegmentMap || e.type == EventType::kSegmentUnmap;
+    w_.BeginDict();
+    Key("action");
+    w_.String(EventTypeName(e.type));
+    // PyTorch's oom entry reuses the address slot for cudaMemGetInfo's free
+    // bytes, under its own key.
+    const bool oom = e.type == EventType::kOom;
+    Key(oom ? "device_free" : "addr");
+    w_.UInt(oom ? e.device_free() : e.addr);
+    // PyTorch records what the caller asked for (alloc, free, oom) and the
+    // device allocation's size for segment events.
+    Key("size");
+    w_.UInt(segment_event ? e.size : e.requested_size);
+    Key("stream");
+    w_.UInt(e.stream);
+    Key("time_us");
+    w_.Int(TimeUs(timeline_, e));
+    EmptyFrames();
+    w_.EndDict();
+  }
+
+  void WriteAllocatorSettings() {
+    // Settings text memscope could not parse still identifies the run, so it
+    // is kept; the values then are the defaults.
+    AllocatorConfig config;
+    if (auto parsed = AllocatorConfig::Parse(timeline_.alloc_conf); parsed.ok()) config = *std::move(parsed);
+    w_.BeginDict();
+    Key("PYTORCH_CUDA_ALLOC_CONF");
+    w_.String(timeline_.alloc_conf);
+    // PyTorch casts SIZE_MAX ("unlimited") to int64: -1.
+    Key("max_split_size");
+    w_.Int(config.max_split_size_unlimited() ? -1 : static_cast<std::int64_t>(config.max_split_size));
+    Key("max_non_split_rounding_size");
+    w_.UInt(config.max_non_split_rounding_size);
+    Key("garbage_collection_threshold");
+    w_.Float(config.garbage_collection_threshold);
+    Key("expandable_segments");
+    w_.Bool(config.expandable_segments);
+    // Keyed by the start of each power-of-two interval in MB, as PyTorch.
+    Key("roundup_power2_divisions");
+    w_.BeginDict();
+    for (std::size_t i = 0; i < kRoundUpPowerOfTwoIntervals; ++i) {
+      Key(std::to_string(std::uint64_t{1} << i));
+      w_.UInt(config.roundup_power2_divisions[i]);
+    }
+    w_.EndDict();
+    w_.EndDict();
+  }
+
+  void WriteAnnotation(std::string_view name, std::string_view stage, const Event& e) {
+    w_.BeginDict();
+    Key("name");
+    w_.String(name);
+    Key("stage");
+    w_.String(stage);
+    Key("device");
+    w_.Int(timeline_.device_index);
+    Key("time_us");
+    w_.Int(TimeUs(timeline_, e));
+    w_.EndDict();
+  }
+
+  W& w_;
+  const Timeline& timeline_;
+};
+
+}  // namespace
+
+absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
+                           SnapshotFormat format, std::ostream& out) {
+  if (events_until > timeline.events.size()) {
+    return absl::InvalidArgumentError("WriteSnapshot: events_until " + std::to_string(events_until) +
+                                      " is past the timeline's " + std::to_string(timeline.events.size()) +
+                                      " events");
+  }
+  if (timeline.device_index < 0) {
+    return absl::InvalidArgumentError("WriteSnapshot: negative device index " +
+                                      std::to_string(timeline.device_index));
+  }
+  if (format == SnapshotFormat::kJson) {
+    JsonWriter w(out);
+    SnapshotWriter<JsonWriter>(w, timeline).Write(model, events_until);
+    return w.Finish();
+  }
+  PickleWriter w(out);
+  SnapshotWriter<PickleWriter>(w, timeline).Write(model, events_until);
+  return w.Finish();
+}
+
+}  // namespace memscope

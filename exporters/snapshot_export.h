@@ -1,0 +1,68 @@
+// Exports a recording as a PyTorch memory snapshot: the structure
+// torch.cuda.memory._snapshot() returns, so PyTorch's own tools read it
+// (pickle.load, torch.cuda._memory_viz, the browser viewer at
+// pytorch.org/memory_viz).
+//
+//   TraceModel model(config);
+//   for (std::size_t i = 0; i < n; ++i) model.Apply(timeline.events[i]);
+//   std::ofstream out(path, std::ios::binary);
+//   absl::Status s = WriteSnapshot(timeline, model, n, SnapshotFormat::kPickle, out);
+//
+// The snapshot holds:
+// - "segments": the model's segments and blocks (address order), with empty
+//   "frames" (memscope records no stacks) and segment_pool_id (0, 0).
+// - "device_traces": one list per device index 0..timeline.device_index
+//   (only the recording's own device has entries), one entry per allocator
+//   action in PyTorch's vocabulary (alloc, free_requested, free_completed,
+//   segment_alloc, segment_free, segment_map, segment_unmap, oom). memscope's
+//   own actions (empty_cache, alloc_retry, sync_all_streams) and the phase
+//   and mark events have no PyTorch equivalent and are left out. As in
+//   PyTorch, alloc and free entries carry the requested size, segment
+//   entries the segment size, and oom entries "device_free" instead of
+//   "addr".
+// - "allocator_settings": the recording's PYTORCH_CUDA_ALLOC_CONF and the
+//   values it sets, as PyTorch reports them.
+// - "external_annotations": the phases of training, as record_function
+//   scopes would appear: a START and an END entry per phase named
+//   "forward:3" ("<phase>:<step>"), or "model" before the first step; a user
+//   phase is named by its label. A mark ("checkpoint saved") becomes a single
+//   START entry named by its text, with no END: PyTorch has no point
+//   annotations, and a viewer that pairs START with END ignores it.
+//
+// Both formats stream: memory does not grow with the length of the trace.
+#ifndef MEMSCOPE_EXPORTERS_SNAPSHOT_EXPORT_H_
+#define MEMSCOPE_EXPORTERS_SNAPSHOT_EXPORT_H_
+
+#include <cstddef>
+#include <ostream>
+
+#include "absl/status/status.h"
+#include "recording/event.h"
+#include "analysis/trace_model.h"
+
+namespace memscope {
+
+enum class SnapshotFormat {
+  // pickle protocol 4, only the opcodes MemoryViz.js reads (pickle_writer.h).
+  kPickle,
+  // The same structure as JSON (tuples as arrays, indent 1), for jq and
+  // scripts.
+  kJson,
+};
+
+// Writes the snapshot of `timeline` after its first `events_until` events to
+// `out`. `model` must hold the state after applying exactly
+// timeline.events[0, events_until): its segments are the snapshot's, while
+// the trace and the annotations are taken from the same events. Times are
+// Unix microseconds (timeline.wall_start_us + time_ns / 1000).
+//
+// Returns InvalidArgument if events_until exceeds the number of events or the
+// device index is negative, DataLoss if the stream fails. Settings text that
+// AllocatorConfig::Parse rejects is not an error: the text is kept and the
+// values reported are the defaults.
+absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
+                           SnapshotFormat format, std::ostream& out);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_EXPORTERS_SNAPSHOT_EXPORT_H_

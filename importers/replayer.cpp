@@ -1,0 +1,88 @@
+#include "importers/replayer.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/sim_device.h"
+
+namespace memscope {
+
+absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
+                                    std::size_t device_memory, Recorder* recorder) {
+  SimDevice device({.capacity = device_memory, .index = 0, .host_backed = false});
+  CachingAllocator allocator(device, config);
+  if (recorder != nullptr) allocator.SetObserver(recorder);
+  std::vector<DevicePtr> ptrs(trace.ids.size(), 0);
+  std::vector<std::size_t> sizes(trace.ids.size(), 0);
+
+  ReplayResult result;
+  result.alloc_conf = config.text;
+  result.device_memory = device_memory;
+  result.requests_total = trace.requests.size();
+  std::size_t live = 0;
+  for (std::size_t i = 0; i < trace.requests.size(); ++i) {
+    const Request& r = trace.requests[i];
+    auto where = [&] { return absl::StrCat(trace.source, ":", r.line, ": "); };
+    switch (r.op) {
+      case RequestOp::kAlloc: {
+        ScopedTag tag(r.category, trace.strings[r.text]);
+        absl::StatusOr<DevicePtr> p = allocator.Malloc(r.size, r.stream);
+        if (!p.ok()) {
+          if (!absl::IsResourceExhausted(p.status()) || !allocator.last_oom().has_value()) {
+            return absl::Status(p.status().code(), absl::StrCat(where(), p.status().message()));
+          }
+          result.oom = ReplayOom{i, r.line, trace.ids[r.slot], *allocator.last_oom()};
+          break;
+        }
+        ptrs[r.slot] = *p;
+        sizes[r.slot] = r.size;
+        live += r.size;
+        if (live > result.peak_live_bytes) result.peak_live_bytes = live;
+        break;
+      }
+      case RequestOp::kFree:
+        if (absl::Status s = allocator.Free(ptrs[r.slot]); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat(where(), s.message()));
+        }
+        ptrs[r.slot] = 0;
+        live -= sizes[r.slot];
+        sizes[r.slot] = 0;
+        break;
+      case RequestOp::kRecordStream:
+        // A zero-size allocation has no block; record_stream is then a no-op.
+        if (ptrs[r.slot] != 0) {
+          if (absl::Status s = allocator.RecordStream(ptrs[r.slot], r.stream); !s.ok()) {
+            return absl::Status(s.code(), absl::StrCat(where(), s.message()));
+          }
+        }
+        break;
+      case RequestOp::kEmptyCache:
+        allocator.EmptyCache();
+        break;
+      case RequestOp::kSync:
+        if (r.stream == kAllStreams) {
+          device.CompleteAll();
+        } else {
+          device.CompleteStream(r.stream);
+        }
+        break;
+      case RequestOp::kPhaseBegin:
+        if (recorder != nullptr) recorder->PhaseBegin(r.phase, r.step, trace.strings[r.text]);
+        break;
+      case RequestOp::kPhaseEnd:
+        if (recorder != nullptr) recorder->PhaseEnd(r.phase, r.step, trace.strings[r.text]);
+        break;
+      case RequestOp::kMark:
+        if (recorder != nullptr) recorder->Mark(trace.strings[r.text]);
+        break;
+    }
+    if (result.oom.has_value()) break;
+    result.requests_done = i + 1;
+  }
+  result.stats = allocator.GetStats();
+  result.memory_summary = allocator.MemorySummary();
+  allocator.SetObserver(nullptr);
+  return result;
+}
+
+}  // namespace memscope

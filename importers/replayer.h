@@ -1,0 +1,48 @@
+// Replays a request trace through a fresh CachingAllocator on a simulated
+// device: what the allocator would do with these requests under a setting.
+#ifndef MEMSCOPE_IMPORTERS_REPLAYER_H_
+#define MEMSCOPE_IMPORTERS_REPLAYER_H_
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "allocator/stats.h"
+#include "recording/recorder.h"
+#include "importers/request_trace.h"
+
+namespace memscope {
+
+struct ReplayOom {
+  std::size_t request_index = 0;  // position in the trace (0-based)
+  std::uint64_t line = 0;         // source line
+  std::string id;                 // the allocation that failed
+  OutOfMemoryInfo info;
+};
+
+struct ReplayResult {
+  std::string alloc_conf;
+  std::size_t device_memory = 0;
+  std::size_t requests_total = 0;
+  std::size_t requests_done = 0;     // all of them unless an OOM stopped the replay
+  std::optional<ReplayOom> oom;
+  DeviceStats stats;                 // at the end (or at the OOM)
+  std::size_t peak_live_bytes = 0;   // peak of live requested bytes: the lower bound
+  std::string memory_summary;        // torch.cuda.memory_summary() at the end
+};
+
+// Replays `trace` with `config` on a SimDevice of `device_memory` bytes. An
+// out-of-memory stops the replay and is part of the result (not an error);
+// errors are only for requests the allocator rejects (e.g. a bad free).
+// With `recorder`, every allocator action, phase mark, mark and category/
+// owner tag of the trace is recorded (the recorder becomes the allocator's
+// observer for the replay).
+absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
+                                    std::size_t device_memory, Recorder* recorder = nullptr);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_IMPORTERS_REPLAYER_H_

@@ -1,0 +1,79 @@
+// A request trace: the sequence of calls a program made to its allocator
+// (allocate, free, record_stream, empty_cache, stream sync), without any of
+// the allocator's decisions. Replaying it through a CachingAllocator with
+// other settings answers "what would that setting have done?".
+//
+// The JSON-lines format, one object per line (blank lines and lines starting
+// with '#' are skipped):
+//   {"action":"alloc","id":"a","size":1048576,"stream":0}   stream optional, default 0
+//   {"action":"free","id":"a"}
+//   {"action":"record_stream","id":"a","stream":1}
+//   {"action":"empty_cache"}
+//   {"action":"sync"}                                      all pending stream work completes
+//   {"action":"sync","stream":1}                           the work queued on stream 1 completes
+//   {"action":"phase_begin","phase":"forward","step":0}    phase marks (step optional: model, ddp)
+//   {"action":"phase_end","phase":"forward","step":0}
+//   {"action":"mark","text":"checkpoint saved"}            a free-form mark
+// ids are strings or integers, unique among live allocations; an id may be
+// reused after its free. An alloc may carry "category" (PARAMETER, ACTIVATION,
+// ... as in the PyTorch profiler, plus DDP_BUCKET, COMM_TEMP; default OTHER)
+// and "owner" (e.g. "encoder.rnn"). Phases are model, ddp, zero_grad,
+// forward, loss, backward, step, or "user" with a "label".
+#ifndef MEMSCOPE_IMPORTERS_REQUEST_TRACE_H_
+#define MEMSCOPE_IMPORTERS_REQUEST_TRACE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <istream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "allocator/device.h"
+#include "recording/event.h"
+
+namespace memscope {
+
+enum class RequestOp : std::uint8_t { kAlloc, kFree, kRecordStream, kEmptyCache, kSync, kPhaseBegin, kPhaseEnd, kMark };
+
+// Request::stream of a sync that completes every stream.
+inline constexpr StreamId kAllStreams = ~StreamId{0};
+
+struct Request {
+  RequestOp op;
+  std::uint32_t slot = 0;   // dense index of the id (alloc/free/record_stream)
+  std::size_t size = 0;     // alloc
+  StreamId stream = 0;      // alloc, record_stream, sync (kAllStreams: every stream)
+  std::uint64_t line = 0;   // 1-based line in the source, for messages
+  Category category = Category::kOther;  // alloc
+  Phase phase = Phase::kUser;            // phase marks
+  std::int64_t step = kNoStep;           // phase marks
+  std::uint32_t text = 0;   // index into strings: alloc owner, user phase label, mark text
+};
+
+struct RequestTrace {
+  std::vector<Request> requests;
+  std::vector<std::string> ids;  // slot -> the id as written
+  std::vector<std::string> strings{""};  // owners, labels, mark texts; 0 is ""
+  std::string source;            // file name, or "<embedded>"
+};
+
+// Reads a JSON-lines request trace. Any malformed line is an error naming the
+// source and line number, e.g. "trace.jsonl:12: free of unknown id \"x\"".
+absl::StatusOr<RequestTrace> ReadJsonlTrace(std::istream& in, const std::string& source);
+absl::StatusOr<RequestTrace> ReadJsonlTraceFile(const std::string& path);
+
+// The peak of live requested bytes over the whole trace: the lower bound no
+// allocator setting can beat (independent of any setting, so also of where a
+// replay under one of them ran out of memory).
+std::uint64_t PeakLiveBytes(const RequestTrace& trace);
+
+// A built-in training-like trace (embedded, no file needed): a model whose
+// batch grows a little every step, so each step's activations no longer fit
+// the blocks the previous step cached - the pattern PyTorch's notes give for
+// expandable segments. Used by `memscope replay` when no file is given.
+RequestTrace DemoTrace();
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_IMPORTERS_REQUEST_TRACE_H_

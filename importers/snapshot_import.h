@@ -1,0 +1,59 @@
+// Reading what PyTorch records: torch.cuda.memory._snapshot() pickles and
+// RMM's logging_resource_adaptor CSV, as request traces.
+//
+// A PyTorch trace entry carries the size the program asked for, not the block
+// the allocator chose, so memscope does not read blocks off the trace: it
+// turns the trace back into requests (alloc / free by address, per stream,
+// with record_function annotations as phase marks) and replays them through
+// its PyTorch-faithful allocator under the snapshot's own settings. The
+// replay's recording is then analysed like any memscope run, and --verify
+// compares its segment sizes with the trace's segment_alloc entries.
+#ifndef MEMSCOPE_IMPORTERS_SNAPSHOT_IMPORT_H_
+#define MEMSCOPE_IMPORTERS_SNAPSHOT_IMPORT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "recording/event.h"
+#include "importers/request_trace.h"
+
+namespace memscope {
+
+struct ImportedTrace {
+  RequestTrace requests;
+  int device = 0;
+  std::string alloc_conf;  // the snapshot's allocator settings, as PYTORCH_CUDA_ALLOC_CONF text
+  // Segment sizes of the trace's segment_alloc entries, in order (for --verify).
+  std::vector<std::uint64_t> segment_alloc_sizes;
+  // Things the user should know: a trace that does not start at the
+  // beginning of the program, entries skipped, the legacy format.
+  std::vector<std::string> notes;
+};
+
+// Reads a PyTorch snapshot pickle (2.x dict or 1.13 list format). One
+// ImportedTrace per device that has trace entries. A snapshot without trace
+// entries (the 1.13 format, or history not recorded) is FailedPrecondition:
+// read its state with ReadPytorchSnapshotState instead.
+absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path);
+
+// The state of a snapshot's segments and blocks (exact block sizes, no
+// history), one Timeline per device: segment_alloc (or segment_map for
+// expandable segments) and alloc events in address order. Accepts the 2.x and
+// 1.13 formats (1.13 blocks have no address: they follow each other from the
+// segment's start, and the request size comes from their history).
+absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string& path);
+
+// Reads RMM's logging_resource_adaptor CSV (Thread,Time,Action,Pointer,Size,Stream).
+absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& source);
+
+// What a file is, from its first bytes: a pickle (0x80), a memscope timeline,
+// an RMM CSV (its header), a JSON-lines request trace ('{' or '#'), or unknown
+// (an empty file counts as unknown).
+enum class InputKind { kPickle, kTimeline, kRmmCsv, kJsonl, kDirectory, kUnknown };
+absl::StatusOr<InputKind> DetectInput(const std::string& path);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_IMPORTERS_SNAPSHOT_IMPORT_H_

@@ -1,0 +1,119 @@
+// What memscope records: allocator actions and phase marks, one fixed-size
+// 48-byte Event each. The same struct is the record of the timeline file
+// (timeline.h), so recording is a copy into a buffer.
+#ifndef MEMSCOPE_RECORDING_EVENT_H_
+#define MEMSCOPE_RECORDING_EVENT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "allocator/alloc_tag.h"
+#include "allocator/observer.h"
+
+namespace memscope {
+
+
+// Phases of a training step, and the two before the first step.
+enum class Phase : std::uint8_t { kModel, kDdp, kZeroGrad, kForward, kLoss, kBackward, kStep, kUser };
+inline constexpr int kNumPhases = 8;
+std::string_view PhaseName(Phase p);  // "model", "ddp", "zero_grad", "forward", "loss", "backward", "step", "user"
+std::optional<Phase> ParsePhase(std::string_view name);
+
+enum class EventType : std::uint8_t {
+  // Allocator actions: the values of TraceAction.
+  kAlloc = 0,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kSegmentMap,
+  kSegmentUnmap,
+  kOom,
+  kEmptyCache,
+  kAllocRetry,
+  kSyncAllStreams,
+  // Marks set by the caller.
+  kPhaseBegin = 32,
+  kPhaseEnd = 33,
+  kMark = 34,
+};
+static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(TraceAction::kSyncAllStreams));
+std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
+bool IsAllocatorAction(EventType t);
+// Whether an event changes allocated, reserved or active bytes (alloc,
+// free_*, segment_*).
+bool ChangesMemory(EventType t);
+
+// The name of a phase mark everywhere memscope shows one (tables, --at,
+// Chrome trace slices, snapshot annotations): "forward:3", "model" when there
+// is no step, a user phase by its label ("user" without one).
+std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label);
+
+// Bits of Event::flags.
+inline constexpr std::uint8_t kEventSmallPool = 1;  // the block or segment is in the small pool
+// Only in timeline files: a free_requested whose free_completed followed at
+// once with the same fields (no stream waited). The reader turns it back
+// into the two events, so an Event in memory never carries it.
+inline constexpr std::uint8_t kEventCompletedAtOnce = 2;
+
+// One event. Field use by type:
+//   alloc / free_*: addr, size (block), requested_size, stream, category, name = owner
+//   segment_*:      addr, size (segment or mapped range), stream
+//   oom:            device_free() (stored in addr), size = rounded request, requested_size
+//   alloc_retry:    size = segment size asked again
+//   phase_*:        phase, step() (stored in addr; kNoStep before the first step), name = label
+//                   (user phases)
+//   mark:           name = the mark's text
+// Fields that mean different things per type are read and written through
+// the accessors below, never directly.
+struct Event {
+  EventType type = EventType::kMark;
+  std::uint8_t flags = 0;       // kEventSmallPool (and, in files only, kEventCompletedAtOnce)
+  Category category = Category::kOther;
+  Phase phase = Phase::kUser;
+  std::uint32_t name = 0;       // string id (0 = none)
+  std::int64_t time_ns = 0;     // since the start of the recording
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t requested_size = 0;
+  std::uint64_t stream = 0;
+
+  bool small_pool() const { return (flags & kEventSmallPool) != 0; }
+  void set_small_pool(bool small) {
+    flags = static_cast<std::uint8_t>(small ? flags | kEventSmallPool : flags & ~kEventSmallPool);
+  }
+  // phase_begin / phase_end: the training step, kNoStep before the first.
+  std::int64_t step() const { return static_cast<std::int64_t>(addr); }
+  void set_step(std::int64_t step) { addr = static_cast<std::uint64_t>(step); }
+  // oom: the bytes the device had free when the allocation failed.
+  std::uint64_t device_free() const { return addr; }
+  void set_device_free(std::uint64_t bytes) { addr = bytes; }
+};
+static_assert(sizeof(Event) == 48);
+static_assert(std::is_trivially_copyable_v<Event>);
+
+inline constexpr std::int64_t kNoStep = -1;
+
+// A recording of one rank: what the timeline file holds.
+struct Timeline {
+  int rank = 0;
+  int world_size = 1;
+  int device_index = 0;
+  std::uint64_t device_capacity = 0;
+  std::int64_t wall_start_us = 0;  // Unix time of the start, microseconds
+  std::string alloc_conf;
+  std::vector<std::string> strings{""};  // id -> text; id 0 is ""
+  std::vector<Event> events;
+  std::uint64_t torn_bytes = 0;  // bytes of an incomplete last record, ignored
+  std::vector<std::string> notes;  // what the reader wants the user to know (not stored in files)
+
+  const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_RECORDING_EVENT_H_

@@ -1,0 +1,57 @@
+// Records what an allocator does, plus what only the caller knows: the
+// memory category and owner of each allocation (a cheap scoped tag) and the
+// phases of training.
+//
+//   Timeline timeline;                       // or a TimelineWriter for a file
+//   MemorySink sink(timeline);
+//   Recorder recorder(sink);
+//   allocator.SetObserver(&recorder);
+//   recorder.PhaseBegin(Phase::kForward, step);
+//   {
+//     ScopedTag tag(Category::kActivation, "encoder.rnn");
+//     allocator.Malloc(...);                 // recorded as ACTIVATION of encoder.rnn
+//   }
+//   recorder.PhaseEnd(Phase::kForward, step);  // also flushes the sink
+#ifndef MEMSCOPE_RECORDING_RECORDER_H_
+#define MEMSCOPE_RECORDING_RECORDER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "allocator/alloc_tag.h"
+#include "allocator/observer.h"
+#include "recording/event.h"
+#include "recording/timeline.h"
+
+namespace memscope {
+
+class Recorder final : public AllocatorObserver {
+ public:
+  // Times are measured from now. The sink must outlive the recorder.
+  explicit Recorder(EventSink& sink);
+
+  void OnEvent(const TraceEvent& event) override;
+
+  // Phase marks; a phase end flushes the sink (a crash keeps every phase that ended).
+  void PhaseBegin(Phase phase, std::int64_t step = kNoStep, std::string_view label = {});
+  void PhaseEnd(Phase phase, std::int64_t step = kNoStep, std::string_view label = {});
+  // A free-form mark ("checkpoint saved").
+  void Mark(std::string_view text);
+
+  EventSink& sink() { return sink_; }
+
+ private:
+  std::int64_t Now() const;
+  void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label);
+
+  EventSink& sink_;
+  std::int64_t start_ns_;
+  std::string last_owner_;          // the owner of the previous allocation...
+  std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_RECORDING_RECORDER_H_

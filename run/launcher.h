@@ -1,0 +1,48 @@
+// The rank launcher behind `memscope run --world-size N`, like torchrun's
+// elastic agent on one machine: starts N copies of a command with RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, and supervises
+// them. When one rank fails (non-zero exit or a signal), the others get
+// `grace` to stop on their own (their collectives fail fast once a peer is
+// gone, or time out), then SIGTERM, then SIGKILL. Nothing hangs.
+#ifndef MEMSCOPE_RUN_LAUNCHER_H_
+#define MEMSCOPE_RUN_LAUNCHER_H_
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace memscope {
+
+struct RankExit {
+  int rank = 0;
+  int exit_code = 0;   // when it exited
+  int signal = 0;      // when a signal ended it (0 otherwise)
+  bool stopped_by_launcher = false;  // SIGTERM/SIGKILL sent by us after another rank failed
+  double seconds = 0;  // since the launch
+  bool ok() const { return signal == 0 && exit_code == 0; }
+  std::string Describe() const;  // "exited with status 3", "was killed by signal 9 (SIGKILL)"
+};
+
+struct LaunchOptions {
+  std::string executable;             // absolute path
+  std::vector<std::string> args;      // argv[1..]
+  int world_size = 1;
+  std::map<std::string, std::string> env;  // added to every rank's environment
+  std::string log_dir;                // rank-R.log (stdout and stderr) per rank
+  std::chrono::milliseconds grace{60000};
+};
+
+// Runs the ranks to the end. The first failure is first among the results'
+// non-ok entries by time (`first_failure`, -1 when all succeeded).
+struct LaunchResult {
+  std::vector<RankExit> ranks;  // by rank
+  int first_failure = -1;
+};
+absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_RUN_LAUNCHER_H_

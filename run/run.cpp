@@ -1,0 +1,177 @@
+#include "run/run.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "analysis/analysis.h"
+#include "check/check.h"
+#include "allocator/sizes.h"
+#include "recording/recorder.h"
+#include "importers/replayer.h"
+#include "exporters/report.h"
+#include "importers/snapshot_import.h"
+#include "recording/timeline.h"
+
+namespace memscope {
+namespace fs = std::filesystem;
+
+std::string TimelinePath(const std::string& dir, int rank) {
+  return (fs::path(dir) / absl::StrCat("rank-", rank, ".timeline")).string();
+}
+
+std::string RunOutputListing(int world_size) {
+  auto per_rank = [&](const char* prefix, const char* suffix) {
+    if (world_size == 1) return absl::StrCat(prefix, "0", suffix);
+    return absl::StrCat(prefix, "{0..", world_size - 1, "}", suffix);
+  };
+  return absl::StrCat("run.json, ", per_rank("rank-", ".timeline"), ", report.json, report.html, summary.txt, trace.json, ",
+                      per_rank("snapshot-rank-", ".pickle"));
+}
+
+absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
+                                      std::uint64_t device_memory, int rank, ReplayResult* result) {
+  Timeline t;
+  t.rank = rank;
+  t.device_index = rank;
+  t.device_capacity = device_memory;
+  t.alloc_conf = config.text;
+  MemorySink sink(t);
+  Recorder recorder(sink);
+  absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory, &recorder);
+  if (!r.ok()) return r.status();
+  if (result != nullptr) *result = std::move(*r);
+  return t;
+}
+
+absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
+  std::vector<Timeline> timelines;
+  if (!fs::is_directory(status)) {
+    absl::StatusOr<InputKind> kind = DetectInput(path);
+    if (!kind.ok()) return kind.status();
+    if (*kind == InputKind::kPickle) {
+      absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(path);
+      if (absl::IsFailedPrecondition(imported.status())) {
+        // No trace (1.13, or history not recorded): the state at the snapshot.
+        absl::StatusOr<std::vector<Timeline>> state = ReadPytorchSnapshotState(path);
+        if (state.ok()) {
+          for (Timeline& t : *state) t.device_capacity = device_memory;
+        }
+        return state;
+      }
+      if (!imported.ok()) return imported.status();
+      for (const ImportedTrace& trace : *imported) {
+        absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);
+        if (!config.ok()) return config.status();
+        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, device_memory, trace.device);
+        if (!t.ok()) return t.status();
+        t->notes = trace.notes;
+        t->notes.insert(t->notes.begin(),
+                        absl::StrCat("device ", trace.device, " of ", path, ": its trace was replayed under its own "
+                                     "allocator settings (", trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
+                                     ") on a simulated GPU of ", FormatSize(device_memory)));
+        timelines.push_back(std::move(*t));
+      }
+      return timelines;
+    }
+    if (*kind == InputKind::kJsonl || *kind == InputKind::kRmmCsv) {
+      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a request trace, not a recording: record it with "
+                                                     "memscope replay ", path, " --out RUN"));
+    }
+    absl::StatusOr<Timeline> t = ReadTimelineFile(path);
+    if (!t.ok()) return t.status();
+    timelines.push_back(std::move(*t));
+    return timelines;
+  }
+  std::vector<std::pair<int, std::string>> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    int rank = 0;
+    if (name.rfind("rank-", 0) == 0 && name.size() > 14 && name.substr(name.size() - 9) == ".timeline" &&
+        absl::SimpleAtoi(name.substr(5, name.size() - 14), &rank)) {
+      files.emplace_back(rank, entry.path().string());
+    }
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list '", path, "': ", ec.message()));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("'", path, "' has no rank-R.timeline files: not a memscope run directory"));
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& [rank, file] : files) {
+    absl::StatusOr<Timeline> t = ReadTimelineFile(file);
+    if (!t.ok()) return t.status();
+    timelines.push_back(std::move(*t));
+  }
+  return timelines;
+}
+
+absl::StatusOr<LoadedReport> LoadReport(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (ec || !fs::exists(status)) return absl::NotFoundError(absl::StrCat("'", path, "' does not exist"));
+  LoadedReport loaded;
+  if (fs::is_regular_file(status)) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+    char first = 0;
+    while (in.get(first) && absl::ascii_isspace(static_cast<unsigned char>(first))) {
+    }
+    if (in && first == '{') {
+      in.seekg(0);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      loaded.report = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (loaded.report.is_discarded()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
+      }
+      if (absl::Status s = ValidateReport(loaded.report); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", s.message()));
+      }
+      return loaded;
+    }
+  }
+  absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
+  if (!run.ok()) return run.status();
+  loaded.timelines = std::move(*run);
+  std::vector<const Timeline*> ptrs;
+  std::vector<RankReport> reports;
+  for (const Timeline& t : loaded.timelines) {
+    absl::StatusOr<RankReport> r = AnalyzeRank(t);
+    if (!r.ok()) return r.status();
+    ptrs.push_back(&t);
+    reports.push_back(std::move(*r));
+  }
+  loaded.report = ReportJson(ptrs, reports);
+  return loaded;
+}
+
+absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vector<std::string>* notes) {
+  absl::StatusOr<LoadedReport> loaded = LoadReport(path);
+  if (!loaded.ok()) return loaded.status();
+  for (const Timeline& t : loaded->timelines) {
+    if (notes != nullptr) notes->insert(notes->end(), t.notes.begin(), t.notes.end());
+  }
+  // The run's run.json: in the directory, or next to the file.
+  nlohmann::json run_config = nullptr;
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  std::ifstream in(dir.empty() ? fs::path("run.json") : dir / "run.json", std::ios::binary);
+  if (in) {
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    // Only a run's own description; anything else is not a config.
+    if (config.is_object() && config.value("schema", nlohmann::json()).is_string() &&
+        config["schema"] == "memscope.run/1") {
+      run_config = std::move(config);
+    }
+  }
+  return MakeCompareInput(path, std::move(loaded->report), loaded->timelines, std::move(run_config));
+}
+
+}  // namespace memscope

@@ -1,0 +1,182 @@
+// The trace model rebuilds the allocator's state from its events alone.
+#include "analysis/trace_model.h"
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "../allocator/test_util.h"
+#include "recording/recorder.h"
+#include "recording/timeline.h"
+
+using namespace memscope;
+using namespace memscope::testing;
+
+namespace {
+
+// Records into memory and applies each event to a model as it arrives.
+struct ModelFollower {
+  explicit ModelFollower(const AllocatorConfig& config) : sink(timeline), recorder(sink), model(config) {}
+  absl::Status CatchUp() {
+    for (; applied < timeline.events.size(); ++applied) {
+      if (absl::Status s = model.Apply(timeline.events[applied]); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  Timeline timeline;
+  MemorySink sink;
+  Recorder recorder;
+  TraceModel model;
+  std::size_t applied = 0;
+};
+
+void RequireSameStats(const DeviceStats& model, const DeviceStats& allocator) {
+  const auto m = FlattenStats(model);
+  const auto a = FlattenStats(allocator);
+  for (const auto& [key, value] : a) {
+    INFO(key);
+    REQUIRE(m.at(key) == value);
+  }
+}
+
+void RunRandomized(const std::string& conf, std::uint64_t seed, int operations) {
+  INFO("alloc_conf " << conf);
+  const AllocatorConfig config = Conf(conf);
+  SimDevice gpu({.capacity = 512 * MiB});
+  CachingAllocator a(gpu, config);
+  ModelFollower f(config);
+  a.SetObserver(&f.recorder);
+  std::mt19937_64 rng(seed);
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < operations; ++i) {
+    const unsigned op = rng() % 100;
+    if (op < 50 || live.empty()) {
+      const std::size_t size = rng() % 3 == 0 ? 1 + rng() % (1 << 20) : MiB + rng() % (40 * MiB);
+      ScopedTag tag(static_cast<Category>(rng() % kNumCategories), rng() % 2 ? "layer1" : "layer2");
+      auto p = a.Malloc(size, rng() % 2);
+      if (p.ok()) {
+        live.push_back(*p);
+        if (rng() % 8 == 0) REQUIRE(a.RecordStream(*p, 5).ok());
+      }
+    } else if (op < 97) {
+      const std::size_t k = rng() % live.size();
+      MustFree(a, live[k]);
+      live[k] = live.back();
+      live.pop_back();
+    } else if (op < 99) {
+      gpu.CompleteAll();
+    } else {
+      a.EmptyCache();
+    }
+    const absl::Status s = f.CatchUp();
+    INFO("operation " << i << ": " << s.ToString());
+    REQUIRE(s.ok());
+    RequireSameStats(f.model.stats(), a.GetStats());
+  }
+  // The model's snapshot agrees with the allocator's own.
+  const auto mine = f.model.Snapshot(0);
+  const auto theirs = a.Snapshot();
+  REQUIRE(mine.size() == theirs.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    CHECK(mine[i].address == theirs[i].address);
+    CHECK(mine[i].total_size == theirs[i].total_size);
+    CHECK(mine[i].allocated_size == theirs[i].allocated_size);
+    CHECK(mine[i].active_size == theirs[i].active_size);
+    CHECK(mine[i].is_expandable == theirs[i].is_expandable);
+    REQUIRE(mine[i].blocks.size() == theirs[i].blocks.size());
+    for (std::size_t j = 0; j < mine[i].blocks.size(); ++j) {
+      CHECK(mine[i].blocks[j].address == theirs[i].blocks[j].address);
+      CHECK(mine[i].blocks[j].size == theirs[i].blocks[j].size);
+      CHECK(mine[i].blocks[j].state == theirs[i].blocks[j].state);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the trace model's stats equal the allocator's after every operation (defaults)") {
+  RunRandomized("", 11, 20000);
+}
+TEST_CASE("the trace model's stats equal the allocator's after every operation (max_split_size_mb)") {
+  RunRandomized("max_split_size_mb:24", 12, 20000);
+}
+TEST_CASE("the trace model's stats equal the allocator's after every operation (expandable segments)") {
+  RunRandomized("expandable_segments:True", 13, 20000);
+}
+
+TEST_CASE("bytes per category and owner, and the lower bound of live requested bytes") {
+  const AllocatorConfig config;
+  SimDevice gpu;
+  CachingAllocator a(gpu, config);
+  ModelFollower f(config);
+  a.SetObserver(&f.recorder);
+  DevicePtr w, x;
+  {
+    ScopedTag tag(Category::kParameter, "fc1");
+    w = MustMalloc(a, 3 * MiB);
+  }
+  {
+    ScopedTag tag(Category::kActivation, "fc1");
+    x = MustMalloc(a, 1000);
+    ScopedTag inner(Category::kTemporary, "fc1.workspace");
+    MustFree(a, MustMalloc(a, 5 * MiB));
+  }
+  REQUIRE(f.CatchUp().ok());
+  const auto& cat = f.model.allocated_by_category();
+  CHECK(cat[static_cast<int>(Category::kParameter)] == static_cast<std::int64_t>(3 * MiB));
+  CHECK(cat[static_cast<int>(Category::kActivation)] == 1024);
+  CHECK(cat[static_cast<int>(Category::kTemporary)] == 0);
+  CHECK(f.model.allocated_by_owner().at(f.sink.Intern("fc1")) == static_cast<std::int64_t>(3 * MiB + 1024));
+  CHECK(f.model.live_requested() == 3 * MiB + 1000);
+  CHECK(f.model.peak_live_requested() == 8 * MiB + 1000);
+  (void)w;
+  (void)x;
+}
+
+TEST_CASE("fragmentation: 1 - largest free block / free bytes in segments") {
+  const AllocatorConfig config;
+  SimDevice gpu;
+  CachingAllocator a(gpu, config);
+  ModelFollower f(config);
+  a.SetObserver(&f.recorder);
+  const DevicePtr x = MustMalloc(a, 6 * MiB);  // [x 6][free 14] in a 20 MiB segment
+  MustMalloc(a, 6 * MiB);                      // [x 6][y 6][free 8]
+  MustFree(a, x);                              // [free 6][y 6][free 8]
+  REQUIRE(f.CatchUp().ok());
+  const FragmentationInfo fr = f.model.Fragmentation();
+  CHECK(fr.reserved == 20 * MiB);
+  CHECK(fr.allocated == 6 * MiB);
+  CHECK(fr.reserved_minus_allocated == 14 * MiB);
+  CHECK(fr.inactive_split_bytes == 14 * MiB);
+  CHECK(fr.free_in_segments == 14 * MiB);
+  CHECK(fr.largest_free_block == 8 * MiB);
+  CHECK(fr.fragmentation == Approx(1.0 - 8.0 / 14.0));
+  CHECK(fr.segments == 1);
+  CHECK(fr.free_blocks == 2);
+}
+
+TEST_CASE("inconsistent events are errors and leave the model unchanged") {
+  TraceModel m;
+  Event alloc;
+  alloc.type = EventType::kAlloc;
+  alloc.addr = 0x1000;
+  alloc.size = 512;
+  CHECK_FALSE(m.Apply(alloc).ok());  // no segment
+  Event seg;
+  seg.type = EventType::kSegmentAlloc;
+  seg.addr = 0x1000;
+  seg.size = 2 * MiB;
+  seg.set_small_pool(true);
+  REQUIRE(m.Apply(seg).ok());
+  alloc.set_small_pool(true);
+  REQUIRE(m.Apply(alloc).ok());
+  CHECK_FALSE(m.Apply(alloc).ok());  // overlaps
+  Event free_completed;
+  free_completed.type = EventType::kFreeCompleted;
+  free_completed.addr = 0x1000;
+  CHECK_FALSE(m.Apply(free_completed).ok());  // not requested yet
+  Event seg_free = seg;
+  seg_free.type = EventType::kSegmentFree;
+  CHECK_FALSE(m.Apply(seg_free).ok());  // still holds a block
+  CHECK(m.allocated() == 512);
+  CHECK(All(m.stats().segment).current == 1);
+}

@@ -1,0 +1,517 @@
+// Pickles written by Python itself (pickle.dump, protocols 0 to 5) read back
+// exactly; refused, truncated and corrupted pickles give errors, never a
+// crash.
+#include "importers/pickle_reader.h"
+
+#include <stdlib.h>
+
+#include <bit>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+using namespace memscope;
+
+namespace {
+
+// Writes the test pickles, and next to each the canonical text of what
+// Python holds (see Canon below, which prints a PyValue the same way).
+constexpr const char* kGenerator = R"PY(
+import collections, os, pickle, random, struct, sys
+
+out = sys.argv[1]
+
+def canon(v):
+    if v is None: return 'N'
+    if v is True: return 'T'
+    if v is False: return 'F'
+    if isinstance(v, int): return 'i%d;' % v
+    if isinstance(v, float): return 'f%d;' % struct.unpack('<Q', struct.pack('<d', v))[0]
+    if isinstance(v, str):
+        b = v.encode('utf-8')
+        return 's%d:%s' % (len(b), b.hex())
+    if isinstance(v, (bytes, bytearray)): return 'b%d:%s' % (len(v), v.hex())
+    if isinstance(v, list): return '[' + ','.join(canon(x) for x in v) + ']'
+    if isinstance(v, tuple): return '(' + ','.join(canon(x) for x in v) + ')'
+    if isinstance(v, dict):
+        return '{' + ','.join(canon(k) + ':' + canon(x) for k, x in v.items()) + '}'
+    raise TypeError(type(v))
+
+def write(name, text):
+    with open(os.path.join(out, name), 'w') as f:
+        f.write(text)
+
+def dump(name, value, protocol):
+    with open(os.path.join(out, name), 'wb') as f:
+        pickle.dump(value, f, protocol=protocol)
+
+rng = random.Random(1234)
+actions = ['alloc', 'free_requested', 'free_completed', 'segment_alloc', 'segment_free', 'oom']
+files = ['/usr/lib/python3/dist-packages/torch/nn/modules/module.py', 'train.py',
+         'model.py', 'donn\u00e9es.py']
+# Shared frame dicts, as PyTorch's symbolizer makes: pickled once, then BINGET.
+pool = [{'filename': rng.choice(files), 'line': rng.randrange(1, 5000), 'name': 'fn%d' % k}
+        for k in range(40)]
+
+def frames():
+    return [rng.choice(pool) for _ in range(rng.randrange(0, 6))]
+
+def trace(k):
+    return {'action': rng.choice(actions), 'addr': 0x7f0000000000 + k * 512,
+            'size': rng.randrange(0, 2**40), 'stream': 0,
+            'time_us': 1700000000000000 + k, 'frames': frames()}
+
+segments = []
+for s in range(30):
+    base = 0x7f0000000000 + s * 2**21
+    blocks = [{'address': base + b * 4096, 'size': 4096, 'requested_size': 4000 + b,
+               'state': rng.choice(['active_allocated', 'inactive', 'active_pending_free']),
+               'frames': frames()} for b in range(rng.randrange(1, 5))]
+    segments.append({'device': s % 2, 'address': base, 'total_size': 2**21,
+                     'allocated_size': 4096 * len(blocks), 'active_size': 4096,
+                     'requested_size': 4000, 'stream': 0, 'segment_type': 'large',
+                     'segment_pool_id': (0, 0), 'is_expandable': False,
+                     'frames': frames(), 'blocks': blocks})
+
+traces = [[trace(k) for k in range(2600)], [], [trace(k) for k in range(5)]]
+ints = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**40, 2**62, 2**63 - 1,
+        2**63, 2**64 - 1, -1, -2, -128, -129, -255, -256, -2**31, -2**31 - 1, -2**63 + 1,
+        -2**63]
+snap = {
+    'segments': segments,
+    'device_traces': traces,
+    'allocator_settings': {'PYTORCH_CUDA_ALLOC_CONF': None, 'max_split_size': -1,
+                           'garbage_collection_threshold': 0.0, 'expandable_segments': False,
+                           'release_lock_on_cudamalloc': True,
+                           'roundup_power2_divisions': {'1': 0, '2': 4}},
+    'external_annotations': [{'device': 0, 'stage': 'START', 'name': 'fwd', 'time_us': 17},
+                             {'device': 0, 'stage': 'END', 'name': 'fwd', 'time_us': 99}],
+    'misc': {'ints': ints,
+             'floats': [0.0, -0.0, 1.5, -2.25, 0.1, 1e308, 5e-324, float('inf'), float('-inf')],
+             'none': None, 'bools': [True, False], 'tuple': (1, 'a', None, 2.5, 'alloc'),
+             'tuple2': (1, 2), 'tuple0': (), 'nested': [[1, [2, [3, []]]], [[[]]], [[]]],
+             'unicode': 'h\u00e9llo \u2713 \U0001d11e',
+             'bigstr': 'x' * 70000, 'intkeys': {1: 'one', 2: 'two', -5: 'minus'},
+             'bigdict': {'k%d' % k: k for k in range(1500)},
+             'shared_flat': [pool[0], pool[0], (1, 2), (1, 2)]},
+}
+write('snap.canon', canon(snap))
+for p in range(6):
+    dump('snap_p%d.pickle' % p, snap, p)
+write('traces0.canon', '\n'.join(canon(t) for t in traces[0]) + '\n')
+write('traces2.canon', '\n'.join(canon(t) for t in traces[2]) + '\n')
+write('frames0.txt', ' '.join(str(k) for k, t in enumerate(traces[0]) if t['frames']))
+streamed = dict(snap, device_traces=[[], [], traces[2]])
+write('streamed0.canon', canon(streamed))
+
+single = dict(snap, device_traces=[traces[0]])
+for p in (2, 4):
+    dump('single_p%d.pickle' % p, single, p)
+
+# PyTorch 1.13: a bare list of segments, blocks with history.
+legacy = [{'device': 0, 'address': 0x7f0000000000 + s * 2**21, 'total_size': 2**21,
+           'allocated_size': 512, 'active_size': 512, 'stream': 0, 'segment_type': 'large',
+           'blocks': [{'size': 512, 'state': 'active_allocated',
+                       'history': [{'addr': 0x7f0000000000 + s * 2**21, 'real_size': 500,
+                                    'frames': frames()}]},
+                      {'size': 2**21 - 512, 'state': 'inactive', 'history': []}]}
+          for s in range(3)]
+write('legacy.canon', canon(legacy))
+for p in (2, 4):
+    dump('legacy_p%d.pickle' % p, legacy, p)
+
+small = {'segments': [{'a': 1, 'frames': [pool[1], pool[1]]}],
+         'device_traces': [[{'action': 'alloc', 'size': 2**64 - 1}, {'action': 'alloc'}]],
+         'x': (1.5, -3, None, True, '\u00e9', 70000, 2**40)}
+for p in (2, 4):
+    dump('small_p%d.pickle' % p, small, p)
+
+for p in (2, 4):
+    dump('ordered_p%d.pickle' % p, collections.OrderedDict(a=1), p)
+# Protocols 0-2 pickle bytes with _codecs.encode (REDUCE): refused.
+dump('bytes_p2.pickle', b'ab', 2)
+blobs = [b'\x00\xffabc', b'', b'x' * 300, bytearray(b'xy')]
+write('bytes.canon', canon(blobs))
+dump('bytes_p5.pickle', blobs, 5)
+dump('bytes_p3.pickle', blobs[:3], 3)
+write('bytes3.canon', canon(blobs[:3]))
+nested = [[1], [2]]
+dump('shared_nested.pickle', [nested, nested], 4)
+rec = []
+rec.append(rec)
+dump('recursive.pickle', rec, 4)
+deep = []
+for _ in range(50):
+    deep = [deep]
+dump('deep.pickle', deep, 4)
+)PY";
+
+std::string Hex(const std::string& s) {
+  static const char* d = "0123456789abcdef";
+  std::string r;
+  for (unsigned char c : s) {
+    r += d[c >> 4];
+    r += d[c & 15];
+  }
+  return r;
+}
+
+std::string Canon(const PyValue& v) {
+  switch (v.kind) {
+    case PyValue::Kind::kNone: return "N";
+    case PyValue::Kind::kBool: return v.b ? "T" : "F";
+    case PyValue::Kind::kInt:
+      return v.is_unsigned ? absl::StrCat("i", v.u, ";") : absl::StrCat("i", v.i, ";");
+    case PyValue::Kind::kFloat: return absl::StrCat("f", std::bit_cast<std::uint64_t>(v.f), ";");
+    case PyValue::Kind::kString: return absl::StrCat("s", v.s.size(), ":", Hex(v.s));
+    case PyValue::Kind::kBytes: return absl::StrCat("b", v.s.size(), ":", Hex(v.s));
+    case PyValue::Kind::kList:
+    case PyValue::Kind::kTuple: {
+      std::string r = v.kind == PyValue::Kind::kList ? "[" : "(";
+      for (std::size_t k = 0; k < v.items.size(); ++k) {
+        if (k) r += ',';
+        r += Canon(v.items[k]);
+      }
+      return r + (v.kind == PyValue::Kind::kList ? "]" : ")");
+    }
+    case PyValue::Kind::kDict: {
+      std::string r = "{";
+      for (std::size_t k = 0; k < v.dict.size(); ++k) {
+        if (k) r += ',';
+        r += Canon(v.dict[k].first) + ":" + Canon(v.dict[k].second);
+      }
+      return r + "}";
+    }
+  }
+  return "?";
+}
+
+std::string ReadText(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> r;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) r.push_back(line);
+  return r;
+}
+
+// The generated files, made once for all test cases and removed at exit.
+struct Fixture {
+  std::filesystem::path dir;
+  Fixture() {
+    char tmpl[] = "/tmp/pickle_reader_test.XXXXXX";
+    char* d = mkdtemp(tmpl);
+    REQUIRE(d != nullptr);
+    dir = d;
+    std::ofstream(dir / "gen.py") << kGenerator;
+    std::string cmd = "python3 '" + (dir / "gen.py").string() + "' '" + dir.string() + "'";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+  }
+  ~Fixture() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::filesystem::path operator/(const std::string& name) const { return dir / name; }
+};
+
+const Fixture& Files() {
+  static Fixture f;
+  return f;
+}
+
+absl::StatusOr<PyValue> ReadFile(const std::filesystem::path& p,
+                                 const PickleReadOptions& o = {}) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE(in.good());
+  return ReadPickle(in, p.filename().string(), o);
+}
+
+absl::StatusOr<PyValue> ReadBytes(const std::string& bytes, const PickleReadOptions& o = {}) {
+  std::istringstream in(bytes);
+  return ReadPickle(in, "mem.pickle", o);
+}
+
+}  // namespace
+
+TEST_CASE("pickle_reader: Python's pickles of a 2.x snapshot read back exactly") {
+  const Fixture& f = Files();
+  std::string expected = ReadText(f / "snap.canon");
+  for (int p = 0; p <= 5; ++p) {
+    INFO("protocol " << p);
+    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"));
+    INFO(v.status().ToString());
+    REQUIRE(v.ok());
+    CHECK(Canon(*v) == expected);
+    // Helpers.
+    REQUIRE(v->Get("segments") != nullptr);
+    CHECK(v->Get("segments")->items.size() == 30);
+    CHECK(v->Get("nope") == nullptr);
+    const PyValue* ints = v->Get("misc")->Get("ints");
+    REQUIRE(ints != nullptr);
+    CHECK(ints->items[11].AsInt() == INT64_MAX);
+    CHECK(ints->items[13].AsUInt() == UINT64_MAX);
+    CHECK(!ints->items[13].AsInt());
+    CHECK(ints->items[23].AsInt() == INT64_MIN);
+    CHECK(!ints->items[23].AsUInt());
+    CHECK(v->Get("misc")->Get("bools")->items[0].AsInt() == 1);
+    const PyValue& t0 = v->Get("device_traces")->items[0].items[0];
+    REQUIRE(t0.Get("action")->AsString() != nullptr);
+    CHECK(t0.Get("addr")->AsUInt() == 0x7f0000000000u);
+  }
+}
+
+TEST_CASE("pickle_reader: streamed device_traces") {
+  const Fixture& f = Files();
+  std::vector<std::string> traces0 = Lines(ReadText(f / "traces0.canon"));
+  std::vector<std::string> traces2 = Lines(ReadText(f / "traces2.canon"));
+  REQUIRE(traces0.size() == 2600);
+  std::set<std::string> frames0;
+  {
+    std::istringstream in(ReadText(f / "frames0.txt"));
+    for (std::string k; in >> k;) frames0.insert(absl::StrCat("[", k, "]"));
+  }
+  for (int p : {0, 1, 2, 3, 4, 5}) {
+    INFO("protocol " << p);
+    std::vector<std::string> got;
+    std::vector<PicklePath> asked;
+    PickleReadOptions o;
+    o.stream_list = [&](const PicklePath& path) {
+      asked.push_back(path);
+      return path == PicklePath{"device_traces", "[0]"};
+    };
+    o.on_item = [&](const PicklePath& path, PyValue&& item) {
+      CHECK(path == PicklePath{"device_traces", "[0]"});
+      got.push_back(Canon(item));
+      return absl::OkStatus();
+    };
+    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
+    INFO(v.status().ToString());
+    REQUIRE(v.ok());
+    CHECK(got == traces0);
+    CHECK(v->Get("device_traces")->items[0].items.empty());
+    CHECK(Canon(*v) == ReadText(f / "streamed0.canon"));
+    // The paths seen are those of the snapshot's lists.
+    std::set<PicklePath> seen(asked.begin(), asked.end());
+    CHECK(seen.count({"segments"}) == 1);
+    CHECK(seen.count({"segments", "[0]", "blocks"}) == 1);
+    CHECK(seen.count({"segments", "[29]", "blocks"}) == 1);
+    CHECK(seen.count({"device_traces"}) == 1);
+    CHECK(seen.count({"device_traces", "[2]"}) == 1);
+    CHECK(seen.count({"device_traces", "[1]"}) == 0);  // empty: never appended to
+    CHECK(seen.count({"external_annotations"}) == 1);
+    CHECK(seen.count({"misc", "ints"}) == 1);
+    std::set<std::string> with_frames;
+    for (const PicklePath& path : asked) {
+      if (path.size() == 4 && path[0] == "device_traces" && path[1] == "[0]" &&
+          path[3] == "frames") {
+        with_frames.insert(path[2]);
+      }
+    }
+    CHECK(with_frames == frames0);
+  }
+  // Another device, and a one-device snapshot (its list is APPENDed alone).
+  for (int p : {2, 4}) {
+    INFO("protocol " << p);
+    std::vector<std::string> got;
+    PickleReadOptions o;
+    o.stream_list = [](const PicklePath& path) {
+      return path == PicklePath{"device_traces", "[2]"};
+    };
+    o.on_item = [&](const PicklePath&, PyValue&& item) {
+      got.push_back(Canon(item));
+      return absl::OkStatus();
+    };
+    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
+    INFO(v.status().ToString());
+    REQUIRE(v.ok());
+    CHECK(got == traces2);
+    CHECK(v->Get("device_traces")->items[0].items.size() == 2600);
+
+    got.clear();
+    o.stream_list = [](const PicklePath& path) {
+      return path == PicklePath{"device_traces", "[0]"};
+    };
+    v = ReadFile(f / absl::StrCat("single_p", p, ".pickle"), o);
+    INFO(v.status().ToString());
+    REQUIRE(v.ok());
+    CHECK(got == traces0);
+    REQUIRE(v->Get("device_traces")->items.size() == 1);
+    CHECK(v->Get("device_traces")->items[0].items.empty());
+  }
+  // An error from on_item stops the read.
+  PickleReadOptions o;
+  o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
+  int n = 0;
+  o.on_item = [&](const PicklePath&, PyValue&&) {
+    return ++n == 10 ? absl::CancelledError("enough") : absl::OkStatus();
+  };
+  absl::StatusOr<PyValue> v = ReadFile(f / "snap_p4.pickle", o);
+  CHECK(absl::IsCancelled(v.status()));
+  CHECK(n == 10);
+}
+
+TEST_CASE("pickle_reader: bytes and bytearray") {
+  const Fixture& f = Files();
+  absl::StatusOr<PyValue> v = ReadFile(f / "bytes_p5.pickle");
+  INFO(v.status().ToString());
+  REQUIRE(v.ok());
+  CHECK(Canon(*v) == ReadText(f / "bytes.canon"));
+  v = ReadFile(f / "bytes_p3.pickle");
+  REQUIRE(v.ok());
+  CHECK(Canon(*v) == ReadText(f / "bytes3.canon"));
+  v = ReadFile(f / "bytes_p2.pickle");
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("GLOBAL (c)"));
+}
+
+TEST_CASE("pickle_reader: PyTorch 1.13 list format") {
+  const Fixture& f = Files();
+  for (int p : {2, 4}) {
+    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("legacy_p", p, ".pickle"));
+    INFO(v.status().ToString());
+    REQUIRE(v.ok());
+    CHECK(Canon(*v) == ReadText(f / "legacy.canon"));
+    REQUIRE(v->kind == PyValue::Kind::kList);
+    CHECK(v->items[0].Get("blocks")->items[0].Get("history")->items.size() == 1);
+  }
+}
+
+TEST_CASE("pickle_reader: objects and code are refused, naming the opcode") {
+  const Fixture& f = Files();
+  absl::StatusOr<PyValue> v = ReadFile(f / "ordered_p2.pickle");
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()),
+             Catch::Contains("opcode GLOBAL (c) builds objects or calls code: refused"));
+  CHECK_THAT(std::string(v.status().message()), Catch::StartsWith("ordered_p2.pickle: offset 2:"));
+  v = ReadFile(f / "ordered_p4.pickle");
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("opcode STACK_GLOBAL (0x93)"));
+
+  std::istringstream evil(std::string("cos\nsystem\n(S'echo hi'\ntR."));
+  v = ReadPickle(evil, "trace.pickle");
+  REQUIRE(!v.ok());
+  CHECK(v.status().message() ==
+        "trace.pickle: offset 0: opcode GLOBAL (c) builds objects or calls code: refused");
+  // A REDUCE after data.
+  v = ReadBytes(std::string("\x80\x02K\x01K\x02R.", 8));
+  REQUIRE(!v.ok());
+  CHECK(v.status().message() == "mem.pickle: offset 6: opcode REDUCE (R) builds objects or calls code: refused");
+  for (const char* op : {"b", "i", "o", "\x81", "\x92", "\x82", "\x83", "\x84", "P", "Q", "\x97", "\x98"}) {
+    v = ReadBytes(std::string("\x80\x05N") + op + ".");
+    REQUIRE(!v.ok());
+    CHECK_THAT(std::string(v.status().message()), Catch::Contains("builds objects or calls code: refused"));
+  }
+}
+
+TEST_CASE("pickle_reader: memo references") {
+  const Fixture& f = Files();
+  absl::StatusOr<PyValue> v = ReadFile(f / "shared_nested.pickle");
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("memo reference"));
+  v = ReadFile(f / "recursive.pickle");
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("recursive"));
+  v = ReadBytes("\x80\x04h\x05.");
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::StartsWith("mem.pickle: offset 2: bad memo reference 5 (no such entry"));
+}
+
+TEST_CASE("pickle_reader: malformed input") {
+  const Fixture& f = Files();
+  PickleReadOptions shallow;
+  shallow.max_depth = 10;
+  absl::StatusOr<PyValue> v = ReadFile(f / "deep.pickle", shallow);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("max_depth"));
+  CHECK(ReadFile(f / "deep.pickle").ok());
+
+  CHECK(!ReadBytes("").ok());
+  CHECK(!ReadBytes("\x80\x06N.").ok());                    // protocol 6
+  CHECK(!ReadBytes("\x80\x04\xff.").ok());                 // unknown opcode
+  CHECK(!ReadBytes("a.").ok());                            // stack underflow
+  CHECK(!ReadBytes("NN.").ok());                           // two values at STOP
+  CHECK(!ReadBytes("(N.").ok());                           // MARK left open
+  CHECK(!ReadBytes("\x8c\x02\xc3\x28.").ok());             // invalid UTF-8
+  CHECK(!ReadBytes("X\xff\xff\xff\xff" "abc.").ok());      // length beyond the input
+  CHECK(!ReadBytes("\x8d\xff\xff\xff\xff\xff\xff\xff\xff.").ok());
+  CHECK(!ReadBytes("}]N.").ok());                          // unhashable key... no SETITEM: 3 values
+  CHECK(!ReadBytes("}]Ns.").ok());                         // unhashable key
+  CHECK(!ReadBytes("\x8a\x0a\x01\x00\x00\x00\x00\x00\x00\x00\x00\x01.").ok());  // 2^72
+
+  // Paths of nested one-element lists deeper than max_depth: error, no crash.
+  PickleReadOptions streaming;
+  streaming.stream_list = [](const PicklePath&) { return false; };
+  std::string chain = std::string(100000, ']') + "N" + std::string(100000, 'a') + ".";
+  v = ReadBytes(chain, streaming);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("max_depth"));
+  v = ReadBytes(std::string(100000, '(') + ".");
+  CHECK(!v.ok());
+
+  // Protocol 0 text opcodes and duplicate keys.
+  v = ReadBytes("(dp0\nVk\np1\nI5\nsg1\nL7L\nsS'a\\x41\\n'\nF2.5\ns.");
+  REQUIRE(v.ok());
+  REQUIRE(v->dict.size() == 2);
+  CHECK(v->Get("k")->AsInt() == 7);
+  CHECK(v->dict[1].first.kind == PyValue::Kind::kBytes);
+  CHECK(v->dict[1].first.s == "aA\n");
+  CHECK(v->dict[1].second.f == 2.5);
+}
+
+TEST_CASE("pickle_reader: truncation at every offset is an error") {
+  const Fixture& f = Files();
+  for (int p : {2, 4}) {
+    std::string bytes = ReadText(f / absl::StrCat("small_p", p, ".pickle"));
+    INFO(ReadBytes(bytes).status().ToString());
+    REQUIRE(ReadBytes(bytes).ok());
+    PickleReadOptions o;
+    o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
+    o.on_item = [](const PicklePath&, PyValue&&) { return absl::OkStatus(); };
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      INFO("protocol " << p << " truncated to " << n);
+      absl::StatusOr<PyValue> v = ReadBytes(bytes.substr(0, n));
+      CHECK(!v.ok());
+      CHECK_THAT(std::string(v.status().message()), Catch::StartsWith("mem.pickle: offset "));
+      CHECK(!ReadBytes(bytes.substr(0, n), o).ok());
+    }
+  }
+}
+
+TEST_CASE("pickle_reader: corrupted bytes give an error or a value, never a crash") {
+  const Fixture& f = Files();
+  int errors = 0, values = 0;
+  for (int p : {2, 4}) {
+    std::string bytes = ReadText(f / absl::StrCat("small_p", p, ".pickle"));
+    for (unsigned seed = 0; seed < 3000; ++seed) {
+      std::mt19937 rng(seed);
+      std::string b = bytes;
+      int flips = 1 + static_cast<int>(rng() % 4);
+      for (int k = 0; k < flips; ++k) {
+        b[rng() % b.size()] = static_cast<char>(rng() % 256);
+      }
+      PickleReadOptions o;
+      if (seed % 2) {
+        o.stream_list = [](const PicklePath& path) { return path.size() % 2 == 0; };
+        o.on_item = [](const PicklePath&, PyValue&&) { return absl::OkStatus(); };
+      }
+      absl::StatusOr<PyValue> v = ReadBytes(b, o);
+      (v.ok() ? values : errors)++;
+    }
+  }
+  CHECK(errors > 0);
+  CHECK(errors + values == 6000);
+}
