@@ -22,7 +22,7 @@ namespace memscope {
 // does not parse, which a recording memscope wrote never does).
 AllocatorConfig TimelineConfig(const Timeline& timeline);
 
-// One row per phase end: the numbers seed 002 printed after each phase
+// One row per phase end: the numbers users print after each phase
 // (memory_allocated, max_memory_allocated, memory_reserved,
 // max_memory_reserved), plus the peak inside the phase.
 struct PhaseRow {
@@ -102,7 +102,7 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text);
 absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment,
                                                            const RankReport* report = nullptr);
 
-// The phase table as text, in the layout of seed 002 (sizes in MiB, "281M").
+// The phase table as text, in the layout users print (sizes in MiB, "281M").
 std::string PhaseTableText(const RankReport& report);
 
 // A size as the phase table shows it: whole MiB, rounded down ("281M").

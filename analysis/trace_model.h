@@ -1,10 +1,10 @@
 // The state of a caching allocator rebuilt from its events: segments and
 // their blocks, every memory_stats value, bytes per category and per owner.
 // Every analysis and export reads the allocator through this one model,
-// whether the events come from a memscope timeline, a replay or (later) a
-// PyTorch trace.
+// whether the events come from a memscope timeline, a replay or an imported
+// PyTorch snapshot (which is replayed into events first).
 //
-//   TraceModel model(config, device_capacity);
+//   TraceModel model(TimelineConfig(timeline));   // the recording's allocator settings
 //   for (const Event& e : timeline.events) {
 //     if (absl::Status s = model.Apply(e); !s.ok()) ...  // inconsistent trace
 //   }

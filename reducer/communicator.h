@@ -5,7 +5,7 @@
 // Every collective is checked: before its payload moves, the ranks exchange a
 // small descriptor (sequence number, collective, dtype, count, root) and a
 // mismatch throws CommError naming the ranks and what each called, as PyTorch
-// does with TORCH_DISTRIBUTED_DEBUG=DETAIL (seed 001's skipped barrier).
+// does with TORCH_DISTRIBUTED_DEBUG=DETAIL (a rank that skips a barrier).
 // A rank that does not arrive within the timeout, or whose connection drops,
 // is a CommError naming it: never a silent hang.
 //

@@ -12,7 +12,7 @@
 //     (COMM_TEMP), broadcast and copied back; at most two groups are in flight.
 //  3. Bucket assignment (reducer/buckets.h), then one flat gradient tensor per
 //     bucket (DDP_BUCKET, uninitialised, the parameters' dtype), alive for the
-//     life of the Reducer: the doubling of seed 000.
+//     life of the Reducer: why a model's memory doubles under DDP.
 //  4. A post hook on each parameter's AccumulateGrad.
 //
 // Backward: when a parameter's gradient is accumulated, its hook copies it

@@ -92,7 +92,7 @@ class Mlp final : public Model {
 
 // ------------------------------------------------------------------ cifar-net
 
-// The Net of the PyTorch CIFAR-10 tutorial (seed 001).
+// The Net of the PyTorch CIFAR-10 tutorial.
 class CifarNet final : public Model {
  public:
   explicit CifarNet(std::int64_t batch)
@@ -262,8 +262,8 @@ class ResNet final : public Model {
 
 // ------------------------------------------------------------------ seq2seq-attn
 
-// The model and arguments of seed 002 (attention-based seq2seq, hidden 1000,
-// input 500, attention 1000, vocab 30000, batch 80, length 50), line for line.
+// A user's attention-based seq2seq and its arguments (hidden 1000, input 500,
+// attention 1000, vocab 30000, batch 80, length 50), line for line.
 constexpr std::int64_t kPadId = 0;
 
 // pack_padded_sequence(x, lens, batch_first=True) with every length equal:
@@ -455,9 +455,10 @@ class Seq2SeqAttn final : public Model {
 
 // ------------------------------------------------------------------ bilstm
 
-// Seed 000's kind of model: a 2-layer bidirectional LSTM tagger whose
-// parameters come to 1140.4 MiB (the seed's "1140.xx"; with the blocks' unsplit
-// remainders the model holds 1141.2 MiB, and 2281.6 MiB once wrapped: the seed's 2281.xx).
+// A 2-layer bidirectional LSTM tagger whose parameters come to 1140.4 MiB,
+// the size of a user's model that doubled under DDP ("1140.xx" MiB; with the
+// blocks' unsplit remainders the model holds 1141.2 MiB, and 2281.6 MiB once
+// wrapped: the user's 2281.xx).
 class BiLstm final : public Model {
  public:
   BiLstm(std::int64_t batch, std::int64_t length)
@@ -648,11 +649,11 @@ class Gpt2 final : public Model {
 std::vector<ModelInfo> ListModels() {
   return {
       {"mlp", "multi-layer perceptron: 256 inputs, --depth 3 hidden layers of --width 512, 10 classes; batch 64", true, true},
-      {"cifar-net", "the CIFAR-10 tutorial Net (seed 001): 2 conv + 3 linear layers; batch 4 of 3x32x32", true, false},
+      {"cifar-net", "the PyTorch CIFAR-10 tutorial Net: 2 conv + 3 linear layers; batch 4 of 3x32x32", true, false},
       {"resnet50", "torchvision ResNet-50; batch 32 of 3x224x224", false, true},
       {"resnet101", "torchvision ResNet-101; batch 32 of 3x224x224", false, true},
-      {"seq2seq-attn", "seed 002's GRU encoder-decoder with attention, vocab 30000; batch 80, length 50", false, false},
-      {"bilstm", "seed 000's kind: embedding + 2-layer bidirectional LSTM (1140.4 MiB of parameters); batch 32, length 128",
+      {"seq2seq-attn", "GRU encoder-decoder with attention (hidden 1000), vocab 30000; batch 80, length 50", false, false},
+      {"bilstm", "embedding + 2-layer bidirectional LSTM tagger (1140.4 MiB of parameters); batch 32, length 128",
        false, false},
       {"gpt2", "Hugging Face GPT-2 (124M), tied lm_head; batch 8, sequence 1024", false, true},
       {"gpt2-medium", "GPT-2 medium (355M); batch 4, sequence 1024", false, true},

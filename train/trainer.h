@@ -13,7 +13,7 @@
 //
 // `out` and `loss` stay referenced until the next iteration reassigns them,
 // as Python variables do: that is why allocated memory after backward is
-// parameters + gradients + the output (seed 002).
+// parameters + gradients + the output, as users print it.
 #ifndef MEMSCOPE_TRAIN_TRAINER_H_
 #define MEMSCOPE_TRAIN_TRAINER_H_
 

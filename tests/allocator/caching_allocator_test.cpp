@@ -1,5 +1,5 @@
 // The caching allocator's decisions, with the exact values PyTorch's
-// allocator produces (see ../shared/specs/allocator.md).
+// allocator produces (PyTorch's c10/cuda/CUDACachingAllocator.cpp).
 #include "allocator/caching_allocator.h"
 
 #include <catch2/catch.hpp>

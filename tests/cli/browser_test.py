@@ -172,7 +172,7 @@ try:
     check("hover tooltip", tip.is_displayed() and "forward:0" in text and "allocated 120.00 MiB" in text and
           "TEMPORARY 50.00 MiB" in text and "ACTIVATION 40.00 MiB" in text and "PARAMETER 30.00 MiB" in text, text)
 
-    # Phase table: seed 002's layout with the numbers of `memscope summary --json`.
+    # Phase table: the numbers of `memscope summary --json`.
     rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
             for tr in rank.find_elements(By.CSS_SELECTOR, "table.phases tbody tr")]
     want = [["-" if p["step"] is None else str(p["step"]), p["phase"], mib(p["allocated_bytes"]),

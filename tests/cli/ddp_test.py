@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end tests of multi-rank runs: memscope run --world-size N starts N
 rank processes over Gloo; DDP buckets in report.json; --ddp copy,view
-compared; a killed rank and a skipped barrier (seed 001) end the run with the
+compared; a killed rank and a skipped barrier end the run with the
 failed rank named, within the timeout; ranks started by an external launcher
 (torchrun's RANK / WORLD_SIZE)."""
 import json
@@ -106,7 +106,7 @@ try:
     check("SIGCHLD ignored: exit 4, rank 1 named", p.returncode == 4 and "rank 1 was killed by signal 9" in p.stderr,
           (p.returncode, p.stderr))
 
-    # Seed 001: one rank skips a barrier. An error naming the ranks and the
+    # One rank skips a barrier. An error naming the ranks and the
     # collectives, not a hang.
     d = os.path.join(tmp, "mismatch")
     code, out, err, elapsed = timed_run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--timeout", "20",

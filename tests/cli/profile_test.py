@@ -42,7 +42,7 @@ try:
           r0["memory_stats"]["reserved_bytes.all.current"] == 80 * MiB, "")
     check("no oom", r0["oom"] is None, r0["oom"])
 
-    # summary: the phase table in seed 002's units.
+    # summary: the phase table in MiB.
     code, out, err = run("summary", out_dir)
     check("summary exit", code == 0, err)
     check("summary table", "0     forward               70M           120M       120M          120M           120M" in out, out)

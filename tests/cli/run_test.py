@@ -29,7 +29,7 @@ try:
     check("phase rows", [r[:2] for r in rows][:5] == [["0", "zero_grad"], ["0", "forward"], ["0", "loss"],
                                                       ["0", "backward"], ["0", "step"]], out)
     loss = {(r[0], r[1]): int(r[2][:-1]) for r in rows}
-    check("loss adds the seed's 458M", loss[("0", "loss")] - loss[("0", "forward")] == 458, loss)
+    check("loss adds the user's 458M", loss[("0", "loss")] - loss[("0", "forward")] == 458, loss)
     run_json = json.load(open(os.path.join(d, "run.json")))
     check("run.json", run_json["model"] == "seq2seq-attn" and run_json["parameters"] == 73308501
           and run_json["ranks"][0]["status"] == "ok", run_json)

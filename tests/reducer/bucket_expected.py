@@ -86,7 +86,7 @@ def gpt2():
 
 
 class CifarNet(nn.Module):
-    """The PyTorch CIFAR-10 tutorial Net (seed 001)."""
+    """The PyTorch CIFAR-10 tutorial Net."""
 
     def __init__(self):
         super().__init__()

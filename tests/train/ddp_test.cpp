@@ -1,4 +1,4 @@
-// DDP in the training loop on one rank (LocalCommunicator): seed 000's
+// DDP in the training loop on one rank (LocalCommunicator): the BiLSTM's
 // doubling, copy vs bucket-view steady state, the rebuild, no_sync,
 // find_unused_parameters and the compression hook's temporaries.
 #include <catch2/catch.hpp>
@@ -125,12 +125,12 @@ TrainOptions Options(const std::string& model, bool view) {
   return o;
 }
 
-TEST_CASE("seed 000: wrapping the 1140 MiB bilstm in DDP allocates one bucket copy: 2281 MiB, in both modes") {
+TEST_CASE("wrapping the 1140 MiB bilstm in DDP allocates one bucket copy: 2281 MiB, in both modes") {
   for (bool view : {false, true}) {
     Recorded r = RunDdp(Options("bilstm", view));
     const PhaseRow& model = Row(r.report, Phase::kModel, kNoStep);
     const PhaseRow& ddp = Row(r.report, Phase::kDdp, kNoStep);
-    // The seed's "sum([p.numel()*4 for p in model.parameters()])/1024/1024":
+    // The user's "sum([p.numel()*4 for p in model.parameters()])/1024/1024":
     // the one bucket holds exactly those bytes.
     REQUIRE(r.result.initial_buckets.size() == 1);
     CHECK(r.result.initial_buckets[0].bytes / kMiB == 1140);

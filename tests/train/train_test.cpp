@@ -1,5 +1,5 @@
-// The reference training loop: the zoo's parameter counts, seed 002's phase
-// table, optimizer state, zero_grad, and the memory strategies of seed 004.
+// The reference training loop: the zoo's parameter counts, the seq2seq phase
+// table, optimizer state, zero_grad, and the memory strategies (AMP, checkpointing).
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -26,18 +26,18 @@ TEST_CASE("zoo parameter counts equal PyTorch, torchvision and Hugging Face") {
   CHECK(ParamCount("gpt2-large") == 774'030'080);
   CHECK(ParamCount("gpt2-xl") == 1'557'611'200);
   CHECK(ParamCount("cifar-net") == 62'006);
-  CHECK(ParamCount("seq2seq-attn") == 73'308'501);  // seed 002's model, counted by PyTorch 1.13
-  // seed 000: "1140.xx" MiB of float32 parameters
+  CHECK(ParamCount("seq2seq-attn") == 73'308'501);  // counted by PyTorch 1.13
+  // "1140.xx" MiB of float32 parameters
   CHECK(ParamCount("bilstm") * 4 / static_cast<std::int64_t>(kMiB) == 1140);
   // mlp: 256 -> 512 -> 512 -> 512 -> 10
   CHECK(ParamCount("mlp") == (256 * 512 + 512) + 2 * (512 * 512 + 512) + (512 * 10 + 10));
 }
 
-TEST_CASE("seq2seq-attn with seed 002's arguments and Adam has the shape of the seed's phase table") {
+TEST_CASE("seq2seq-attn with its arguments and Adam has the shape of the user's phase table") {
   TrainOptions o;
   o.model = "seq2seq-attn";
   o.steps = 2;
-  o.zero_grad_set_to_none = false;  // the seed's PyTorch zeroed gradients in place
+  o.zero_grad_set_to_none = false;  // the user's PyTorch zeroed gradients in place
   const Recorded run = RunTraining(o);
   const RankReport& r = run.report;
   const auto alloc = [&](Phase p, std::int64_t s) { return static_cast<std::uint64_t>(Row(r, p, s).allocated); };
@@ -45,7 +45,7 @@ TEST_CASE("seq2seq-attn with seed 002's arguments and Adam has the shape of the 
   // Allocated rises through forward and loss.
   CHECK(alloc(Phase::kForward, 0) > alloc(Phase::kZeroGrad, 0));
   CHECK(alloc(Phase::kLoss, 0) > alloc(Phase::kForward, 0));
-  // The loss keeps log_softmax of the (4000, 30000) logits: 480,000,000 B (the seed's +458M);
+  // The loss keeps log_softmax of the (4000, 30000) logits: 480,000,000 B (the user's +458M);
   // the block may carry an unsplit remainder of at most 1 MiB, as in PyTorch.
   const std::uint64_t loss_added = alloc(Phase::kLoss, 0) - alloc(Phase::kForward, 0);
   CHECK(loss_added >= 480'000'000);
@@ -58,7 +58,7 @@ TEST_CASE("seq2seq-attn with seed 002's arguments and Adam has the shape of the 
   // remainders, so the sums agree to 1%.
   const double tensor_bytes = 73'308'501.0 * 4;
   CHECK(static_cast<double>(alloc(Phase::kBackward, 0)) == Approx(2 * tensor_bytes + 480e6).epsilon(0.01));
-  // The first step adds Adam's exp_avg and exp_avg_sq: 2x parameter bytes (the seed's 2 x 281M).
+  // The first step adds Adam's exp_avg and exp_avg_sq: 2x parameter bytes (the user's 2 x 281M).
   CHECK(static_cast<double>(alloc(Phase::kStep, 0) - alloc(Phase::kBackward, 0)) == Approx(2 * tensor_bytes).epsilon(0.01));
   CHECK(static_cast<double>(Row(r, Phase::kStep, 0).by_category[static_cast<int>(Category::kOptimizerState)]) ==
         Approx(2 * tensor_bytes).epsilon(0.01));
