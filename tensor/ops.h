@@ -139,12 +139,10 @@ Tensor Stack(const TensorList& tensors, int dim);
 Tensor PadLastDim(const Tensor& x, std::int64_t left, std::int64_t right, float value);
 
 // ---- recurrent
-// nn.GRUCell / nn.LSTMCell on CUDA: two matmuls without bias, then the fused
+// nn.GRUCell on CUDA: two matmuls without bias, then the fused
 // cell kernel, which saves its gates and a workspace.
 Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                const Tensor& b_hh);
-std::pair<Tensor, Tensor> LstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& w_ih,
-                                   const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh);
 // cuDNN multi-layer (bidirectional) GRU or LSTM over a (T, B, I) or
 // packed input of `tokens` rows; `flat_weights` is the module's one
 // flattened weight buffer (all layer parameters are views into it).

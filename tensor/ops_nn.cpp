@@ -697,42 +697,6 @@ Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tenso
   return hy;
 }
 
-std::pair<Tensor, Tensor> LstmCell(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& w_ih, const Tensor& w_hh,
-                                   const Tensor& b_ih, const Tensor& b_hh) {
-  RequireMeta(x, "lstm_cell");
-  const Tensor bi = AutocastLower(b_ih), bh = AutocastLower(b_hh), hx = AutocastLower(h), cx = AutocastLower(c);
-  Tensor igates = Matmul(x, T(w_ih));
-  Tensor hgates = Matmul(hx, T(w_hh));
-  const std::int64_t b = x.sizes()[0], hidden = h.sizes()[1];
-  Tensor hy = Tensor::Empty(x.ctx(), {b, hidden}, igates.dtype());
-  Tensor cy = Tensor::Empty(x.ctx(), {b, hidden}, igates.dtype());
-  Tensor workspace = Tensor::Empty(x.ctx(), {b, 4 * hidden}, igates.dtype());
-  if (NeedsGrad({&igates, &hgates, &cx, &bi, &bh})) {
-    RecordOp("ThnnFusedLstmCellBackward0", {&igates, &hgates, &cx, &bi, &bh}, {&hy, &cy},
-             [ig = igates.Detach(), cs = cx.Detach(), cyd = cy.Detach(), workspace](Node& n, TensorList&) {
-               TensorList r(5);
-               {
-                 GradTag tag(n, 0);
-                 r[0] = EmptyLike(workspace);  // gate gradient (B, 4H), shared by both matmuls
-               }
-               r[1] = r[0];
-               {
-                 GradTag tag(n, 2);
-                 r[2] = EmptyLike(cs);
-               }
-               for (std::size_t k = 3; k < 5; ++k) {
-                 if (!n.next_edges[k].fn) continue;
-                 GradTag tag(n, k);
-                 r[k] = SumDims(r[0], {0});
-               }
-               (void)ig;
-               (void)cyd;
-               return r;
-             });
-  }
-  return {hy, cy};
-}
-
 RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const TensorList& weight_views, bool lstm, std::int64_t layers,
                    bool bidirectional, std::int64_t hidden, std::int64_t batch) {
   RequireMeta(input, "cudnn_rnn");

@@ -32,15 +32,6 @@ std::string_view OptimizerName(OptimizerKind kind) {
   return "?";
 }
 
-std::string_view OptimizerImplName(OptimizerImpl impl) {
-  switch (impl) {
-    case OptimizerImpl::kForeach: return "foreach";
-    case OptimizerImpl::kForLoop: return "for-loop";
-    case OptimizerImpl::kFused: return "fused";
-  }
-  return "?";
-}
-
 Optimizer::Optimizer(std::vector<Tensor*> params, OptimizerOptions options)
     : params_(std::move(params)), options_(options), state_(params_.size()) {}
 
@@ -203,16 +194,6 @@ void Optimizer::StepAdam(const std::vector<std::size_t>& active) {
     denom = next;
     ops::AddcdivInPlace(*params_[i], s.exp_avg, denom, static_cast<float>(-step_size(i)));
   }
-}
-
-std::size_t Optimizer::StateBytes() const {
-  std::size_t n = 0;
-  for (const State& s : state_) {
-    for (const Tensor* t : {&s.step, &s.exp_avg, &s.exp_avg_sq, &s.momentum_buffer}) {
-      if (t->defined()) n += t->nbytes();
-    }
-  }
-  return n;
 }
 
 Tensor GradScaler::Scale(const Tensor& loss) {

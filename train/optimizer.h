@@ -41,7 +41,6 @@ struct OptimizerOptions {
 absl::StatusOr<OptimizerKind> ParseOptimizerKind(std::string_view name);  // sgd|adam|adamw
 absl::StatusOr<OptimizerImpl> ParseOptimizerImpl(std::string_view name);  // foreach|for-loop|fused
 std::string_view OptimizerName(OptimizerKind kind);
-std::string_view OptimizerImplName(OptimizerImpl impl);
 
 class Optimizer {
  public:
@@ -50,8 +49,6 @@ class Optimizer {
   void ZeroGrad(bool set_to_none = true);
   // optimizer.step(): parameters without a gradient are skipped.
   void Step();
-  // Bytes of optimizer state currently allocated (sum of tensor sizes).
-  std::size_t StateBytes() const;
   const OptimizerOptions& options() const { return options_; }
 
  private:
