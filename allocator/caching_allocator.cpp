@@ -216,6 +216,7 @@ struct CachingAllocator::Impl {
   std::vector<const Block*> AllBlocks() const;
   std::vector<SegmentInfo> Snapshot() const;
   absl::Status CheckInvariants() const;
+  absl::Status CheckStatsMatch(const DeviceStats& recount) const;
 };
 
 CachingAllocator::Impl::~Impl() {
@@ -922,6 +923,13 @@ absl::Status CachingAllocator::Impl::CheckInvariants() const {
   if (pool_entries != free_blocks) return fail("pools hold ", pool_entries, " blocks but ", free_blocks, " are free");
   if (reserved != total_allocated_memory) return fail("reserved recount ", reserved, " != ", total_allocated_memory);
 
+  return CheckStatsMatch(recount);
+}
+
+// The allocator's stats against a recount from its blocks: every current
+// value equal, no peak below its current value.
+absl::Status CachingAllocator::Impl::CheckStatsMatch(const DeviceStats& recount) const {
+  auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   auto check_array = [&](const char* name, const StatArray& actual, const StatArray& expected) -> absl::Status {
     for (std::size_t t = 0; t < kNumStatTypes; ++t) {
       if (actual[t].current != expected[t].current) {

@@ -66,6 +66,173 @@ std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(std::uint64_t se
   return {piece_count - whole_count, piece_bytes - whole_bytes};
 }
 
+absl::Status TraceModel::ApplyAlloc(const Event& e) {
+  const bool small = e.small_pool();
+  const auto size = static_cast<std::int64_t>(e.size);
+  auto seg = FindSegment(e.addr, e.size);
+  if (seg == segments_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("alloc of ", e.size, " B at ", Hex(e.addr),
+                                                   " is outside every segment"));
+  }
+  auto next = blocks_.lower_bound(e.addr);
+  if (next != blocks_.end() && next->first < e.addr + e.size) {
+    return absl::InvalidArgumentError(absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ",
+                                                   Hex(next->first)));
+  }
+  if (next != blocks_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.size > e.addr) {
+      return absl::InvalidArgumentError(absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ",
+                                                     Hex(prev->first)));
+    }
+  }
+  const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size);
+  blocks_.emplace(e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false});
+  Change(stats_.inactive_split, small, split_delta);
+  Change(stats_.inactive_split_bytes, small, split_bytes_delta);
+  Change(stats_.allocation, small, 1);
+  Change(stats_.allocated_bytes, small, size);
+  Change(stats_.active, small, 1);
+  Change(stats_.active_bytes, small, size);
+  Change(stats_.requested_bytes, small, static_cast<std::int64_t>(e.requested_size));
+  if (e.size >= max_split_size_) stats_.oversize_allocations.Increase(1);
+  by_category_[static_cast<int>(e.category)] += size;
+  by_owner_[e.name] += size;
+  live_requested_ += e.requested_size;
+  peak_live_requested_ = std::max(peak_live_requested_, live_requested_);
+  return absl::OkStatus();
+}
+
+absl::Status TraceModel::ApplyFreeRequested(const Event& e) {
+  const bool small = e.small_pool();
+  auto it = blocks_.find(e.addr);
+  if (it == blocks_.end() || it->second.pending_free) {
+    return absl::InvalidArgumentError(absl::StrCat("free_requested of ", Hex(e.addr), ", which is not allocated"));
+  }
+  Block& b = it->second;
+  b.pending_free = true;
+  Change(stats_.allocation, small, -1);
+  Change(stats_.allocated_bytes, small, -static_cast<std::int64_t>(b.size));
+  if (b.size >= max_split_size_) stats_.oversize_allocations.Decrease(1);
+  by_category_[static_cast<int>(b.category)] -= static_cast<std::int64_t>(b.size);
+  if ((by_owner_[b.owner] -= static_cast<std::int64_t>(b.size)) == 0) by_owner_.erase(b.owner);
+  live_requested_ -= b.requested;
+  return absl::OkStatus();
+}
+
+absl::Status TraceModel::ApplyFreeCompleted(const Event& e) {
+  const bool small = e.small_pool();
+  auto it = blocks_.find(e.addr);
+  if (it == blocks_.end() || !it->second.pending_free) {
+    return absl::InvalidArgumentError(absl::StrCat("free_completed of ", Hex(e.addr), ", which was not freed"));
+  }
+  const Block b = it->second;
+  auto seg = FindSegment(e.addr, b.size);
+  blocks_.erase(it);
+  Change(stats_.active, small, -1);
+  Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));
+  Change(stats_.requested_bytes, small, -static_cast<std::int64_t>(b.requested));
+  if (seg != segments_.end()) {
+    const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, b.size);
+    Change(stats_.inactive_split, small, -split_delta);
+    Change(stats_.inactive_split_bytes, small, -split_bytes_delta);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TraceModel::ApplySegmentAlloc(const Event& e) {
+  const bool small = e.small_pool();
+  const auto size = static_cast<std::int64_t>(e.size);
+  auto next = segments_.lower_bound(e.addr);
+  if ((next != segments_.end() && next->first < e.addr + e.size) ||
+      (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second.size > e.addr)) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", Hex(e.addr), " overlaps a segment"));
+  }
+  segments_.emplace(e.addr, Segment{e.size, e.stream, small, false});
+  Change(stats_.segment, small, 1);
+  Change(stats_.reserved_bytes, small, size);
+  if (e.size >= max_split_size_) stats_.oversize_segments.Increase(1);
+  ++stats_.num_device_alloc;
+  return absl::OkStatus();
+}
+
+absl::Status TraceModel::ApplySegmentFree(const Event& e) {
+  const bool small = e.small_pool();
+  const auto size = static_cast<std::int64_t>(e.size);
+  auto it = segments_.find(e.addr);
+  if (it == segments_.end() || it->second.size != e.size || it->second.expandable) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_free of ", Hex(e.addr), ", which is not a segment"));
+  }
+  auto b = blocks_.lower_bound(e.addr);
+  if (b != blocks_.end() && b->first < e.addr + e.size) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_free of ", Hex(e.addr), " while it holds blocks"));
+  }
+  Change(stats_.segment, small, -1);
+  Change(stats_.reserved_bytes, small, -size);
+  if (e.size >= max_split_size_) stats_.oversize_segments.Decrease(1);
+  ++stats_.num_device_free;
+  segments_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status TraceModel::ApplySegmentMap(const Event& e) {
+  const bool small = e.small_pool();
+  const auto size = static_cast<std::int64_t>(e.size);
+  // A mapped range joins the mapped ranges right before and after it.
+  std::uint64_t start = e.addr;
+  std::uint64_t length = e.size;
+  auto next = segments_.lower_bound(e.addr);
+  if (next != segments_.end() && next->first < e.addr + e.size) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
+  }
+  if (next != segments_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second.size > e.addr) {
+      return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
+    }
+    if (prev->second.expandable && prev->first + prev->second.size == e.addr &&
+        prev->second.stream == e.stream && prev->second.small == small) {
+      start = prev->first;
+      length += prev->second.size;
+      segments_.erase(prev);
+    }
+  }
+  next = segments_.lower_bound(e.addr + e.size);
+  if (next != segments_.end() && next->first == e.addr + e.size && next->second.expandable &&
+      next->second.stream == e.stream && next->second.small == small) {
+    length += next->second.size;
+    segments_.erase(next);
+  }
+  segments_[start] = Segment{length, e.stream, small, true};
+  Change(stats_.reserved_bytes, small, size);
+  ++stats_.num_device_alloc;
+  return absl::OkStatus();
+}
+
+absl::Status TraceModel::ApplySegmentUnmap(const Event& e) {
+  const bool small = e.small_pool();
+  const auto size = static_cast<std::int64_t>(e.size);
+  auto seg = FindSegment(e.addr, e.size);
+  if (seg == segments_.end() || !seg->second.expandable) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", Hex(e.addr), ", which is not mapped"));
+  }
+  auto b = blocks_.lower_bound(e.addr);
+  if (b != blocks_.end() && b->first < e.addr + e.size) {
+    return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", Hex(e.addr), " while it holds blocks"));
+  }
+  const std::uint64_t start = seg->first;
+  const Segment s = seg->second;
+  segments_.erase(seg);
+  if (e.addr > start) segments_[start] = Segment{e.addr - start, s.stream, s.small, true};
+  const std::uint64_t end = start + s.size;
+  if (e.addr + e.size < end) {
+    segments_[e.addr + e.size] = Segment{end - (e.addr + e.size), s.stream, s.small, true};
+  }
+  Change(stats_.reserved_bytes, small, -size);
+  ++stats_.num_device_free;
+  return absl::OkStatus();
+}
+
 absl::Status TraceModel::Apply(const Event& e) {
   // Events come from files: sizes beyond any device, or address ranges that
   // wrap around, would overflow the stats arithmetic. Refuse them.
@@ -74,157 +241,14 @@ absl::Status TraceModel::Apply(const Event& e) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(EventTypeName(e.type)), " of ", e.size, " B at ", Hex(e.addr),
                                                    " is not a plausible device allocation"));
   }
-  const bool small = e.small_pool();
-  const auto size = static_cast<std::int64_t>(e.size);
   switch (e.type) {
-    case EventType::kAlloc: {
-      auto seg = FindSegment(e.addr, e.size);
-      if (seg == segments_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("alloc of ", e.size, " B at ", Hex(e.addr),
-                                                       " is outside every segment"));
-      }
-      auto next = blocks_.lower_bound(e.addr);
-      if (next != blocks_.end() && next->first < e.addr + e.size) {
-        return absl::InvalidArgumentError(absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ",
-                                                       Hex(next->first)));
-      }
-      if (next != blocks_.begin()) {
-        auto prev = std::prev(next);
-        if (prev->first + prev->second.size > e.addr) {
-          return absl::InvalidArgumentError(absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ",
-                                                         Hex(prev->first)));
-        }
-      }
-      const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size);
-      blocks_.emplace(e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false});
-      Change(stats_.inactive_split, small, split_delta);
-      Change(stats_.inactive_split_bytes, small, split_bytes_delta);
-      Change(stats_.allocation, small, 1);
-      Change(stats_.allocated_bytes, small, size);
-      Change(stats_.active, small, 1);
-      Change(stats_.active_bytes, small, size);
-      Change(stats_.requested_bytes, small, static_cast<std::int64_t>(e.requested_size));
-      if (e.size >= max_split_size_) stats_.oversize_allocations.Increase(1);
-      by_category_[static_cast<int>(e.category)] += size;
-      by_owner_[e.name] += size;
-      live_requested_ += e.requested_size;
-      peak_live_requested_ = std::max(peak_live_requested_, live_requested_);
-      return absl::OkStatus();
-    }
-    case EventType::kFreeRequested: {
-      auto it = blocks_.find(e.addr);
-      if (it == blocks_.end() || it->second.pending_free) {
-        return absl::InvalidArgumentError(absl::StrCat("free_requested of ", Hex(e.addr), ", which is not allocated"));
-      }
-      Block& b = it->second;
-      b.pending_free = true;
-      Change(stats_.allocation, small, -1);
-      Change(stats_.allocated_bytes, small, -static_cast<std::int64_t>(b.size));
-      if (b.size >= max_split_size_) stats_.oversize_allocations.Decrease(1);
-      by_category_[static_cast<int>(b.category)] -= static_cast<std::int64_t>(b.size);
-      if ((by_owner_[b.owner] -= static_cast<std::int64_t>(b.size)) == 0) by_owner_.erase(b.owner);
-      live_requested_ -= b.requested;
-      return absl::OkStatus();
-    }
-    case EventType::kFreeCompleted: {
-      auto it = blocks_.find(e.addr);
-      if (it == blocks_.end() || !it->second.pending_free) {
-        return absl::InvalidArgumentError(absl::StrCat("free_completed of ", Hex(e.addr), ", which was not freed"));
-      }
-      const Block b = it->second;
-      auto seg = FindSegment(e.addr, b.size);
-      blocks_.erase(it);
-      Change(stats_.active, small, -1);
-      Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));
-      Change(stats_.requested_bytes, small, -static_cast<std::int64_t>(b.requested));
-      if (seg != segments_.end()) {
-        const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, b.size);
-        Change(stats_.inactive_split, small, -split_delta);
-        Change(stats_.inactive_split_bytes, small, -split_bytes_delta);
-      }
-      return absl::OkStatus();
-    }
-    case EventType::kSegmentAlloc: {
-      auto next = segments_.lower_bound(e.addr);
-      if ((next != segments_.end() && next->first < e.addr + e.size) ||
-          (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second.size > e.addr)) {
-        return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", Hex(e.addr), " overlaps a segment"));
-      }
-      segments_.emplace(e.addr, Segment{e.size, e.stream, small, false});
-      Change(stats_.segment, small, 1);
-      Change(stats_.reserved_bytes, small, size);
-      if (e.size >= max_split_size_) stats_.oversize_segments.Increase(1);
-      ++stats_.num_device_alloc;
-      return absl::OkStatus();
-    }
-    case EventType::kSegmentFree: {
-      auto it = segments_.find(e.addr);
-      if (it == segments_.end() || it->second.size != e.size || it->second.expandable) {
-        return absl::InvalidArgumentError(absl::StrCat("segment_free of ", Hex(e.addr), ", which is not a segment"));
-      }
-      auto b = blocks_.lower_bound(e.addr);
-      if (b != blocks_.end() && b->first < e.addr + e.size) {
-        return absl::InvalidArgumentError(absl::StrCat("segment_free of ", Hex(e.addr), " while it holds blocks"));
-      }
-      Change(stats_.segment, small, -1);
-      Change(stats_.reserved_bytes, small, -size);
-      if (e.size >= max_split_size_) stats_.oversize_segments.Decrease(1);
-      ++stats_.num_device_free;
-      segments_.erase(it);
-      return absl::OkStatus();
-    }
-    case EventType::kSegmentMap: {
-      // A mapped range joins the mapped ranges right before and after it.
-      std::uint64_t start = e.addr;
-      std::uint64_t length = e.size;
-      auto next = segments_.lower_bound(e.addr);
-      if (next != segments_.end() && next->first < e.addr + e.size) {
-        return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
-      }
-      if (next != segments_.begin()) {
-        auto prev = std::prev(next);
-        if (prev->first + prev->second.size > e.addr) {
-          return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
-        }
-        if (prev->second.expandable && prev->first + prev->second.size == e.addr &&
-            prev->second.stream == e.stream && prev->second.small == small) {
-          start = prev->first;
-          length += prev->second.size;
-          segments_.erase(prev);
-        }
-      }
-      next = segments_.lower_bound(e.addr + e.size);
-      if (next != segments_.end() && next->first == e.addr + e.size && next->second.expandable &&
-          next->second.stream == e.stream && next->second.small == small) {
-        length += next->second.size;
-        segments_.erase(next);
-      }
-      segments_[start] = Segment{length, e.stream, small, true};
-      Change(stats_.reserved_bytes, small, size);
-      ++stats_.num_device_alloc;
-      return absl::OkStatus();
-    }
-    case EventType::kSegmentUnmap: {
-      auto seg = FindSegment(e.addr, e.size);
-      if (seg == segments_.end() || !seg->second.expandable) {
-        return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", Hex(e.addr), ", which is not mapped"));
-      }
-      auto b = blocks_.lower_bound(e.addr);
-      if (b != blocks_.end() && b->first < e.addr + e.size) {
-        return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", Hex(e.addr), " while it holds blocks"));
-      }
-      const std::uint64_t start = seg->first;
-      const Segment s = seg->second;
-      segments_.erase(seg);
-      if (e.addr > start) segments_[start] = Segment{e.addr - start, s.stream, s.small, true};
-      const std::uint64_t end = start + s.size;
-      if (e.addr + e.size < end) {
-        segments_[e.addr + e.size] = Segment{end - (e.addr + e.size), s.stream, s.small, true};
-      }
-      Change(stats_.reserved_bytes, small, -size);
-      ++stats_.num_device_free;
-      return absl::OkStatus();
-    }
+    case EventType::kAlloc: return ApplyAlloc(e);
+    case EventType::kFreeRequested: return ApplyFreeRequested(e);
+    case EventType::kFreeCompleted: return ApplyFreeCompleted(e);
+    case EventType::kSegmentAlloc: return ApplySegmentAlloc(e);
+    case EventType::kSegmentFree: return ApplySegmentFree(e);
+    case EventType::kSegmentMap: return ApplySegmentMap(e);
+    case EventType::kSegmentUnmap: return ApplySegmentUnmap(e);
     case EventType::kOom:
       ++stats_.num_ooms;
       return absl::OkStatus();

@@ -93,6 +93,14 @@ class TraceModel {
   FragmentationInfo Fragmentation() const;
 
  private:
+  // Apply, one event type each.
+  absl::Status ApplyAlloc(const Event& e);
+  absl::Status ApplyFreeRequested(const Event& e);
+  absl::Status ApplyFreeCompleted(const Event& e);
+  absl::Status ApplySegmentAlloc(const Event& e);
+  absl::Status ApplySegmentFree(const Event& e);
+  absl::Status ApplySegmentMap(const Event& e);
+  absl::Status ApplySegmentUnmap(const Event& e);
   // Applies `delta` to a stat array for the pool of `small`.
   void Change(StatArray& a, bool small, std::int64_t delta);
   // How placing a block in its free gap changes inactive_split (count, bytes);

@@ -807,6 +807,10 @@ absl::Status Reader::Long(const std::string& bytes) {
   return Push(MakeInt(static_cast<std::int64_t>(v)));
 }
 
+// The dispatch table of the reader: one case per pickle opcode (protocols 0
+// to 5), each a few lines, in the order of Python's pickletools. Kept as one
+// switch so that a reader can hold it next to pickletools' table; the work of
+// each case lives in the helpers above.
 absl::Status Reader::Step(std::uint8_t op) {
   std::string data;
   switch (op) {
