@@ -1,4 +1,4 @@
-// A run directory (DESIGN.md): RUN/run.json, RUN/rank-R.timeline,
+// A run directory: RUN/run.json, RUN/rank-R.timeline,
 // RUN/report.json, RUN/summary.txt, RUN/trace.json,
 // RUN/snapshot-rank-R.pickle, RUN/report.html. Commands take a run directory or a single
 // timeline file.

@@ -438,7 +438,11 @@ TEST_CASE("settings text that does not parse is kept, with default values") {
   CHECK(s["allocator_settings"]["max_non_split_rounding_size"] == 20 * MiB);
 }
 
-TEST_CASE("PickleWriter encodes values as Python reads them, integers byte for byte as CPython") {
+namespace {
+
+// Python's SAME_BYTES table: each scalar memscope pickles, with the bytes
+// PickleWriter wrote for it alone.
+std::string SameBytesTable() {
   struct IntCase {
     std::string python;  // the value as a Python expression
     std::function<void(PickleWriter&)> write;
@@ -473,9 +477,13 @@ TEST_CASE("PickleWriter encodes values as Python reads them, integers byte for b
     absl::StrAppend(&same_bytes, "    (", c.python, ", bytes.fromhex('", Hex(PickleBytes(c.write)), "')),\n");
   }
   absl::StrAppend(&same_bytes, "]\n");
+  return same_bytes;
+}
 
+// One list of every string length class, tuples of each size, nested containers.
+std::string MixedPickle() {
   const std::string string300(300, 'x');
-  const std::string mixed = PickleBytes([&](PickleWriter& w) {
+  return PickleBytes([&](PickleWriter& w) {
     w.BeginList();
     w.String("");
     w.String(std::string(255, 'a'));  // longest SHORT_BINUNICODE
@@ -511,6 +519,13 @@ TEST_CASE("PickleWriter encodes values as Python reads them, integers byte for b
     w.EndDict();
     w.EndList();
   });
+}
+
+}  // namespace
+
+TEST_CASE("PickleWriter encodes values as Python reads them, integers byte for byte as CPython") {
+  const std::string same_bytes = SameBytesTable();
+  const std::string mixed = MixedPickle();
   const std::string dict2500 = PickleBytes([](PickleWriter& w) {
     w.BeginDict();
     for (int i = 0; i < 2500; ++i) {
