@@ -25,10 +25,10 @@ struct Recorded {
 // Trains on an 80 GiB simulated GPU (host-backed with `cpu`) of a RankSession,
 // recording every allocation in memory; `comm` is passed to Train (DDP needs one).
 inline Recorded RunTraining(const TrainOptions& options, bool cpu = false, reducer::Communicator* comm = nullptr) {
-  RankSessionOptions options;
-  options.device_memory = 80 * kGiB;
-  options.exec = cpu ? ExecMode::kCpu : ExecMode::kMeta;
-  RankSession session(options);
+  RankSessionOptions gpu;
+  gpu.device_memory = 80 * kGiB;
+  gpu.exec = cpu ? ExecMode::kCpu : ExecMode::kMeta;
+  RankSession session(gpu);
   REQUIRE(session.Start().ok());
   Recorded out;
   absl::StatusOr<TrainResult> r = Train(options, session.context(), &session.recorder(), comm);
