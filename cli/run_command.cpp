@@ -5,16 +5,12 @@
 // run/rank.h, the launcher: run/launcher.h, the outcome: run/aggregate.h).
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <thread>
-
-#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -354,12 +350,6 @@ int PrintComparison(const std::string& copy_dir, const std::string& view_dir,
   return worst;
 }
 
-std::string SelfExecutable() {
-  std::error_code ec;
-  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
-}
-
 // A rank started by a launcher (ours, torchrun, Slurm, mpirun). Rank 0 of an
 // external launcher also aggregates the run once every rank's status is
 // there (or the timeout has passed).
@@ -370,12 +360,7 @@ int RunWorker(const RunArgs& a, const Plan& plan, int rank, int world_size, std:
   std::filesystem::remove(dir.RankStatus(rank), ec);
   const int code = RankMain(plan, rank, world_size, dir);
   if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
-  const auto deadline = std::chrono::steady_clock::now() + plan.timeout;
-  for (int r = 0; r < world_size; ++r) {
-    while (!RankStatus::Read(dir.RankStatus(r)) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
+  WaitForRankStatuses(dir, world_size, plan.timeout);
   const int final_code = Finalize(a, plan, world_size, {}, -1, kept);
   return code != kExitOk ? code : final_code;
 }
@@ -384,22 +369,8 @@ int RunWorker(const RunArgs& a, const Plan& plan, int rank, int world_size, std:
 int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan& plan, int world_size,
                       std::optional<RunOutcome>* kept) {
   const RunDirectory dir(a.out);
-  LaunchOptions launch;
-  launch.executable = SelfExecutable();
-  if (launch.executable.empty()) return Fail("cannot find the memscope executable (/proc/self/exe)");
-  launch.args = ToArgs(a, ddp_mode);
-  launch.world_size = world_size;
-  launch.log_dir = a.out;
-  launch.grace = plan.timeout + std::chrono::seconds(5);
-  launch.env = {{"WORLD_SIZE", absl::StrCat(world_size)},
-                {"MASTER_ADDR", "127.0.0.1"},
-                {"MASTER_PORT", "29500"},
-                {"MEMSCOPE_SUPERVISED", "1"},
-                {"MEMSCOPE_STORE", dir.Store()}};
-  absl::StatusOr<LaunchResult> launched = LaunchRanks(launch);
+  absl::StatusOr<LaunchResult> launched = LaunchRankProcesses(dir, ToArgs(a, ddp_mode), world_size, plan.timeout);
   if (!launched.ok()) return Fail(launched.status().message());
-  std::error_code ec;
-  std::filesystem::remove_all(dir.Store(), ec);
   // A rank that rejected its options fails alike everywhere: say why once.
   for (const RankExit& e : launched->ranks) {
     if (e.exit_code == kExitBadInput) {

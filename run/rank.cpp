@@ -3,9 +3,12 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
+#include <thread>
 #include <cstdlib>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "reducer/communicator.h"
 #include "run/aggregate.h"
 #include "run/rank_session.h"
@@ -93,6 +96,37 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   }
   if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) return s;
   return status;
+}
+
+absl::StatusOr<LaunchResult> LaunchRankProcesses(const RunDirectory& dir, std::vector<std::string> args, int world_size,
+                                                 std::chrono::milliseconds timeout) {
+  LaunchOptions launch;
+  std::error_code ec;
+  launch.executable = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec || launch.executable.empty()) {
+    return absl::NotFoundError("cannot find the memscope executable (/proc/self/exe)");
+  }
+  launch.args = std::move(args);
+  launch.world_size = world_size;
+  launch.log_dir = dir.root();
+  launch.grace = timeout + std::chrono::seconds(5);
+  launch.env = {{"WORLD_SIZE", absl::StrCat(world_size)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", "29500"},
+                {"MEMSCOPE_SUPERVISED", "1"},
+                {"MEMSCOPE_STORE", dir.Store()}};
+  absl::StatusOr<LaunchResult> launched = LaunchRanks(launch);
+  std::filesystem::remove_all(dir.Store(), ec);
+  return launched;
+}
+
+void WaitForRankStatuses(const RunDirectory& dir, int world_size, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < world_size; ++r) {
+    while (!RankStatus::Read(dir.RankStatus(r)) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
 }
 
 }  // namespace memscope

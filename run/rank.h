@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
+#include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/run_directory.h"
 #include "train/trainer.h"
@@ -35,6 +37,18 @@ struct RankPlan {
 // rank and is in it (exit_code 3 or 4). Errors: the timeline or the status
 // cannot be written, or the plan is invalid.
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir);
+
+// Starts `world_size` ranks as processes of this executable with `args`
+// (the rank's own command line) under our launcher (run/launcher.h): logs in
+// dir's rank-R.log, rendezvous in dir's store (removed afterwards), the
+// others stopped `timeout` + 5 s after a first failure. Errors: this
+// executable cannot be found, or the launcher's.
+absl::StatusOr<LaunchResult> LaunchRankProcesses(const RunDirectory& dir, std::vector<std::string> args, int world_size,
+                                                 std::chrono::milliseconds timeout);
+
+// For rank 0 of an external launcher (torchrun, Slurm): waits until every
+// rank has written its rank-R.json, or `timeout` has passed.
+void WaitForRankStatuses(const RunDirectory& dir, int world_size, std::chrono::milliseconds timeout);
 
 }  // namespace memscope
 
