@@ -9,7 +9,7 @@
 //   options.timeline_path = dir.Timeline(r);   // RunDirectory
 //   RankSession session(options);
 //   if (absl::Status s = session.Start(); !s.ok()) ...
-//   Train(options, session.context(), &session.recorder(), comm);
+//   Train(train_options, session.context(), &session.recorder(), comm);
 //   if (absl::Status s = session.Finish(); !s.ok()) ...   // detached, flushed, closed
 //
 // Destruction does what Finish does (detach the recorder, flush the file)
