@@ -21,6 +21,7 @@
 #include "importers/snapshot_import.h"
 #include "exporters/report.h"
 #include "run/run.h"
+#include "run/run_directory.h"
 #include "recording/timeline.h"
 #include "importers/request_trace.h"
 
@@ -95,66 +96,62 @@ absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const Alloca
   return out;
 }
 
-int Run(const ReplayArgs& args) {
-  std::uint64_t device_memory = 0;
-  const bool demo = args.file.empty();
-  if (!args.device_memory.empty()) {
-    absl::StatusOr<std::uint64_t> parsed = ParseSize(args.device_memory);
-    if (!parsed.ok()) return Fail(absl::StrCat("--device-memory: ", parsed.status().message()));
-    if (*parsed == 0) return Fail("--device-memory: must be greater than 0");
-    device_memory = *parsed;
-  } else {
-    // The embedded demo runs on a small GPU so that its fragmentation shows.
-    device_memory = demo ? 1ULL << 30 : 80ULL << 30;
-  }
+// The simulated GPU's size: --device-memory, else 80 GiB (1 GiB for the
+// embedded demo, so that its fragmentation shows).
+absl::StatusOr<std::uint64_t> DeviceMemory(const ReplayArgs& args) {
+  if (args.device_memory.empty()) return args.file.empty() ? 1ULL << 30 : 80ULL << 30;
+  absl::StatusOr<std::uint64_t> parsed = ParseSize(args.device_memory);
+  if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", parsed.status().message()));
+  if (*parsed == 0) return absl::InvalidArgumentError("--device-memory: must be greater than 0");
+  return *parsed;
+}
 
-  // The input: the embedded demo, a JSON-lines trace, RMM's CSV, or a PyTorch snapshot.
-  RequestTrace trace;
-  std::optional<ImportedTrace> snapshot;
-  if (demo) {
-    trace = DemoTrace();
-  } else {
-    absl::StatusOr<InputKind> kind = DetectInput(args.file);
-    if (!kind.ok()) return Fail(std::string(kind.status().message()));
-    if (*kind == InputKind::kDirectory || *kind == InputKind::kTimeline) {
-      return Fail(absl::StrCat("'", args.file, "' is a memscope recording, not a request trace: read it with "
-                               "memscope summary, frag, trace or snapshot"));
-    }
-    if (*kind == InputKind::kPickle) {
-      absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(args.file);
-      if (!imported.ok()) return Fail(std::string(imported.status().message()));
-      snapshot = std::move(imported->front());
-      if (imported->size() > 1) {
-        snapshot->notes.push_back(absl::StrCat("the snapshot has traces for ", imported->size(),
-                                               " devices; replaying device ", snapshot->device));
-      }
-      trace = snapshot->requests;
-      for (const std::string& note : snapshot->notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
-    } else if (*kind == InputKind::kRmmCsv) {
-      std::ifstream in(args.file);
-      absl::StatusOr<RequestTrace> read = ReadRmmCsv(in, args.file);
-      if (!read.ok()) return Fail(std::string(read.status().message()));
-      trace = std::move(*read);
-    } else {  // JSON lines; an unknown or empty file gets the JSON-lines reader's own error
-      absl::StatusOr<RequestTrace> read = ReadJsonlTraceFile(args.file);
-      if (!read.ok()) return Fail(std::string(read.status().message()));
-      trace = std::move(*read);
-    }
+// The input: the embedded demo, a JSON-lines trace, RMM's CSV, or a PyTorch
+// snapshot (then also `snapshot`, its notes printed on stderr).
+absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<ImportedTrace>& snapshot) {
+  if (args.file.empty()) return DemoTrace();
+  absl::StatusOr<InputKind> kind = DetectInput(args.file);
+  if (!kind.ok()) return kind.status();
+  if (*kind == InputKind::kDirectory || *kind == InputKind::kTimeline) {
+    return absl::InvalidArgumentError(absl::StrCat("'", args.file, "' is a memscope recording, not a request trace: "
+                                                   "read it with memscope summary, frag, trace or snapshot"));
   }
+  if (*kind == InputKind::kPickle) {
+    absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(args.file);
+    if (!imported.ok()) return imported.status();
+    snapshot = std::move(imported->front());
+    if (imported->size() > 1) {
+      snapshot->notes.push_back(absl::StrCat("the snapshot has traces for ", imported->size(),
+                                             " devices; replaying device ", snapshot->device));
+    }
+    for (const std::string& note : snapshot->notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+    return snapshot->requests;
+  }
+  if (*kind == InputKind::kRmmCsv) {
+    std::ifstream in(args.file);
+    return ReadRmmCsv(in, args.file);
+  }
+  // JSON lines; an unknown or empty file gets the JSON-lines reader's own error.
+  return ReadJsonlTraceFile(args.file);
+}
 
+// The settings to replay under: each --alloc-conf; without one, a
+// snapshot's own settings, or the environment's (and, for the demo, also
+// expandable segments). --out records only the first.
+absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args, const std::optional<ImportedTrace>& snapshot) {
   std::vector<AllocatorConfig> configs;
-  std::vector<std::string> texts = args.alloc_confs;
+  const std::vector<std::string>& texts = args.alloc_confs;
   if (texts.empty()) {
     if (snapshot) {
       // A PyTorch snapshot is replayed under its own settings unless told otherwise.
       absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
-      if (!own.ok()) return Fail(std::string(own.status().message()));
+      if (!own.ok()) return own.status();
       configs.push_back(*own);
     } else {
       absl::StatusOr<AllocatorConfig> env = AllocatorConfig::FromEnvironment();
-      if (!env.ok()) return Fail(std::string(env.status().message()));
+      if (!env.ok()) return env.status();
       configs.push_back(*env);
-      if (demo && env->text.empty()) {
+      if (args.file.empty() && env->text.empty()) {
         // The demo's point: the same requests, with and without expandable segments.
         configs.push_back(*AllocatorConfig::Parse("expandable_segments:True"));
       }
@@ -162,111 +159,69 @@ int Run(const ReplayArgs& args) {
   }
   for (const std::string& text : texts) {
     absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(text);
-    if (!config.ok()) return Fail(absl::StrCat("--alloc-conf \"", text, "\": ", config.status().message()));
+    if (!config.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--alloc-conf \"", text, "\": ", config.status().message()));
+    }
     configs.push_back(*config);
   }
-
   if (!args.out.empty() && configs.size() > 1) {
-    if (texts.size() > 1) return Fail("--out records one setting: give at most one --alloc-conf");
+    if (texts.size() > 1) return absl::InvalidArgumentError("--out records one setting: give at most one --alloc-conf");
     configs.resize(1);
   }
+  return configs;
+}
 
-  if (args.verify) {
-    // Faithfulness: under the trace's own settings, memscope's allocator must
-    // ask the device for the same segment sizes, in the same order.
-    if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment_alloc sizes)");
-    absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
-    if (!own.ok()) return Fail(std::string(own.status().message()));
-    absl::StatusOr<Timeline> t = RecordReplay(trace, *own, device_memory, snapshot->device);
-    if (!t.ok()) return Fail(std::string(t.status().message()));
-    std::vector<std::uint64_t> mine;
-    for (const Event& e : t->events) {
-      if (e.type == EventType::kSegmentAlloc) mine.push_back(e.size);
-    }
-    const std::vector<std::uint64_t>& theirs = snapshot->segment_alloc_sizes;
-    for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
-      if (i >= mine.size() || i >= theirs.size() || mine[i] != theirs[i]) {
-        std::cout << "verify: segment_alloc #" << i + 1 << " differs: PyTorch "
-                  << (i < theirs.size() ? absl::StrCat(theirs[i], " B") : std::string("none")) << ", memscope "
-                  << (i < mine.size() ? absl::StrCat(mine[i], " B") : std::string("none")) << " (of " << theirs.size()
-                  << " in the trace, " << mine.size() << " in the replay)\n";
-        return kExitFailed;
-      }
-    }
-    std::cout << "verify: all " << theirs.size() << " segment_alloc sizes match, in order\n";
-    return kExitOk;
+// --verify. Faithfulness: under the trace's own settings, memscope's
+// allocator must ask the device for the same segment sizes, in the same order.
+int Verify(const RequestTrace& trace, const std::optional<ImportedTrace>& snapshot, std::uint64_t device_memory) {
+  if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment_alloc sizes)");
+  absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
+  if (!own.ok()) return Fail(std::string(own.status().message()));
+  absl::StatusOr<Timeline> t = RecordReplay(trace, *own, device_memory, snapshot->device);
+  if (!t.ok()) return Fail(std::string(t.status().message()));
+  std::vector<std::uint64_t> mine;
+  for (const Event& e : t->events) {
+    if (e.type == EventType::kSegmentAlloc) mine.push_back(e.size);
   }
-
-  std::vector<SettingResult> results;
-  if (!args.out.empty()) {
-    // Record the replay into a run directory, then analyse it.
-    std::error_code ec;
-    std::filesystem::create_directories(args.out, ec);
-    if (ec) return Fail(absl::StrCat("--out: cannot create '", args.out, "': ", ec.message()));
-    Timeline header;
-    header.device_capacity = device_memory;
-    header.alloc_conf = configs[0].text;
-    header.wall_start_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
-    absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(TimelinePath(args.out, 0), header);
-    if (!writer.ok()) return Fail(std::string(writer.status().message()));
-    Recorder recorder(**writer);
-    absl::StatusOr<ReplayResult> r = Replay(trace, configs[0], device_memory, &recorder);
-    if (!r.ok()) return Fail(std::string(r.status().message()));
-    if (absl::Status s = (*writer)->Flush(); !s.ok()) return Fail(std::string(s.message()));
-    writer->reset();
-    nlohmann::json run = {{"schema", "memscope.run/1"},
-                          {"generator", kMemscopeVersion},
-                          {"command", "replay"},
-                          {"source", trace.source},
-                          {"world_size", 1},
-                          {"alloc_conf", configs[0].text},
-                          {"device_memory", device_memory},
-                          {"ranks", {{{"rank", 0},
-                                      {"status", r->oom ? "oom" : "ok"},
-                                      {"exit_code", 0},
-                                      {"timeline", "rank-0.timeline"}}}}};
-    std::ofstream(std::filesystem::path(args.out) / "run.json") << run.dump(1) << "\n";
-    absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(args.out);
-    if (!recorded.ok()) return Fail(std::string(recorded.status().message()));
-    absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(args.out, *recorded);
-    if (!reports.ok()) return Fail(std::string(reports.status().message()));
-    SettingResult one;
-    one.replay = std::move(*r);
-    one.fragmentation_at_peak = reports->front().fragmentation_at_peak.fragmentation;
-    results.push_back(std::move(one));
-  } else {
-    for (const AllocatorConfig& config : configs) {
-      absl::StatusOr<SettingResult> r = RunSetting(trace, config, device_memory, !args.no_search);
-      if (!r.ok()) return Fail(std::string(r.status().message()));
-      results.push_back(std::move(*r));
+  const std::vector<std::uint64_t>& theirs = snapshot->segment_alloc_sizes;
+  for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+    if (i >= mine.size() || i >= theirs.size() || mine[i] != theirs[i]) {
+      std::cout << "verify: segment_alloc #" << i + 1 << " differs: PyTorch "
+                << (i < theirs.size() ? absl::StrCat(theirs[i], " B") : std::string("none")) << ", memscope "
+                << (i < mine.size() ? absl::StrCat(mine[i], " B") : std::string("none")) << " (of " << theirs.size()
+                << " in the trace, " << mine.size() << " in the replay)\n";
+      return kExitFailed;
     }
   }
+  std::cout << "verify: all " << theirs.size() << " segment_alloc sizes match, in order\n";
+  return kExitOk;
+}
 
-  if (args.json) {
-    nlohmann::json runs = nlohmann::json::array();
-    for (const SettingResult& sr : results) {
-      const ReplayResult& r = sr.replay;
-      nlohmann::json stats = nlohmann::json::object();
-      for (const auto& [key, value] : FlattenStats(r.stats)) stats[key] = value;
-      runs.push_back({{"alloc_conf", r.alloc_conf},
-                      {"device_memory", r.device_memory},
-                      {"requests", r.requests_total},
-                      {"requests_done", r.requests_done},
-                      {"peak_live_bytes", r.peak_live_bytes},
-                      {"fragmentation_at_peak", sr.fragmentation_at_peak},
-                      {"min_device_memory", sr.min_device_memory == 0 ? nlohmann::json(nullptr)
-                                                                      : nlohmann::json(sr.min_device_memory)},
-                      {"oom", r.oom ? OomJson(*r.oom) : nlohmann::json(nullptr)},
-                      {"memory_stats", stats}});
-    }
-    std::cout << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}
-                     .dump(2)
-              << "\n";
-    return kExitOk;
+// --json: the results as one JSON document.
+void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& results) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const SettingResult& sr : results) {
+    const ReplayResult& r = sr.replay;
+    nlohmann::json stats = nlohmann::json::object();
+    for (const auto& [key, value] : FlattenStats(r.stats)) stats[key] = value;
+    runs.push_back({{"alloc_conf", r.alloc_conf},
+                    {"device_memory", r.device_memory},
+                    {"requests", r.requests_total},
+                    {"requests_done", r.requests_done},
+                    {"peak_live_bytes", r.peak_live_bytes},
+                    {"fragmentation_at_peak", sr.fragmentation_at_peak},
+                    {"min_device_memory", sr.min_device_memory == 0 ? nlohmann::json(nullptr)
+                                                                    : nlohmann::json(sr.min_device_memory)},
+                    {"oom", r.oom ? OomJson(*r.oom) : nlohmann::json(nullptr)},
+                    {"memory_stats", stats}});
   }
+  std::cout << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}
+                   .dump(2)
+            << "\n";
+}
 
+// Each setting's memory_summary (and OOM), then the what-if table under the lower bound.
+void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::vector<SettingResult>& results) {
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
     std::cout << "== " << trace.source << ": " << r.requests_total << " requests, alloc_conf " << Quoted(r.alloc_conf)
@@ -299,7 +254,45 @@ int Run(const ReplayArgs& args) {
         sr.min_device_memory == 0 ? std::string("-") : FormatSize(sr.min_device_memory), outcome);
   }
   if (!args.out.empty()) {
-    std::cout << "\nrecorded in " << args.out << "/ (" << RunOutputListing(1) << ")\n";
+    std::cout << "\nrecorded in " << args.out << "/ (" << RunDirectory::Listing(1) << ")\n";
+  }
+}
+
+int Run(const ReplayArgs& args) {
+  absl::StatusOr<std::uint64_t> memory = DeviceMemory(args);
+  if (!memory.ok()) return Fail(memory.status().message());
+  const std::uint64_t device_memory = *memory;
+  std::optional<ImportedTrace> snapshot;
+  absl::StatusOr<RequestTrace> read = ReadInput(args, snapshot);
+  if (!read.ok()) return Fail(read.status().message());
+  const RequestTrace& trace = *read;
+  absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, snapshot);
+  if (!settings.ok()) return Fail(settings.status().message());
+  const std::vector<AllocatorConfig>& configs = *settings;
+  if (args.verify) return Verify(trace, snapshot, device_memory);
+
+  std::vector<SettingResult> results;
+  if (!args.out.empty()) {
+    // Record the replay into a run directory, then analyse it.
+    if (absl::Status s = RunDirectory(args.out).Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
+    absl::StatusOr<RecordedReplay> recorded = RecordReplayRun(args.out, trace, configs[0], device_memory);
+    if (!recorded.ok()) return Fail(std::string(recorded.status().message()));
+    SettingResult one;
+    one.replay = std::move(recorded->replay);
+    one.fragmentation_at_peak = recorded->reports.front().fragmentation_at_peak.fragmentation;
+    results.push_back(std::move(one));
+  } else {
+    for (const AllocatorConfig& config : configs) {
+      absl::StatusOr<SettingResult> r = RunSetting(trace, config, device_memory, !args.no_search);
+      if (!r.ok()) return Fail(std::string(r.status().message()));
+      results.push_back(std::move(*r));
+    }
+  }
+
+  if (args.json) {
+    PrintJson(trace, results);
+  } else {
+    PrintTables(args, trace, results);
   }
   return kExitOk;
 }

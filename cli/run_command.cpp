@@ -1,19 +1,16 @@
 // memscope run: the reference training loop on simulated GPUs, recorded
 // into a run directory, on one rank or N (a launcher process supervising N
-// rank processes that talk over Gloo); memscope models: the zoo.
+// rank processes that talk over Gloo); memscope models: the zoo. This file
+// parses the flags into a RankPlan and prints; run/ does the work (a rank:
+// run/rank.h, the launcher: run/launcher.h, the outcome: run/aggregate.h).
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <regex>
-#include <thread>
-
-#include <unistd.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -26,16 +23,15 @@
 #include "run/run.h"
 #include "recording/timeline.h"
 #include "reducer/communicator.h"
+#include "run/aggregate.h"
 #include "run/launcher.h"
+#include "run/manifest.h"
+#include "run/rank.h"
+#include "run/run_directory.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {
 namespace {
-
-// An OOM during the run: recorded and reported, with its own status.
-inline constexpr int kExitOutOfMemory = 3;
-// A rank failed: killed, a collective timed out or mismatched, or it crashed.
-inline constexpr int kExitRankFailed = 4;
 
 struct RunArgs {
   std::string model = "gpt2";
@@ -75,16 +71,8 @@ struct RunArgs {
 
 int Fail(absl::string_view message) { return cli::Fail("run", message); }
 
-// Everything a rank needs, checked before anything is written.
-struct Plan {
-  TrainOptions train;
-  AllocatorConfig config;
-  std::uint64_t device_memory = 0;
-  bool cpu = false;
-  std::string ddp;  // "off", "copy" or "view"
-  std::chrono::milliseconds timeout{60000};
-  std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};
-};
+// Everything a rank needs (run/rank.h), built from the flags.
+using Plan = RankPlan;
 
 absl::StatusOr<std::pair<int, std::int64_t>> ParseFault(const std::string& flag, const std::string& text) {
   std::pair<int, std::int64_t> f{-1, -1};
@@ -201,304 +189,113 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   return p;
 }
 
-// The rendezvous directory our launcher uses inside the run directory.
-constexpr char kStoreDir[] = ".memscope-store";
-
-// The address a rank's Gloo TCP transport binds to: MEMSCOPE_BIND_ADDR when
-// set; this host's name when MASTER_ADDR names another machine (multi-node
-// under torchrun or Slurm); else the loopback (one machine).
-std::string BindAddress() {
-  if (const char* bind = std::getenv("MEMSCOPE_BIND_ADDR"); bind != nullptr && *bind != '\0') return bind;
-  const char* master = std::getenv("MASTER_ADDR");
-  const std::string m = master != nullptr ? master : "";
-  if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") return "127.0.0.1";
-  char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') return host;
-  return "127.0.0.1";
-}
-
-// The files a run writes per rank: rank-R.json, rank-R.log, rank-R.timeline,
-// snapshot-rank-R.pickle (R a number). Only these are cleaned before a run.
-bool IsRankFile(const std::string& name) {
-  static const std::regex pattern(R"(^(rank-[0-9]+\.(json|log|timeline|json\.tmp)|snapshot-rank-[0-9]+\.pickle)$)");
-  return std::regex_match(name, pattern);
-}
-
-nlohmann::json BucketsJson(const std::vector<reducer::BucketInfo>& buckets) {
-  nlohmann::json out = nlohmann::json::array();
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    out.push_back({{"index", i}, {"bytes", buckets[i].bytes}, {"dtype", std::string(DTypeName(buckets[i].dtype))},
-                   {"params", buckets[i].params}});
-  }
-  return out;
-}
-
-// The communicator's errors name their rank first ("rank 1: ..."); where the
-// rank is already named, that prefix goes.
-std::string WithoutRankPrefix(std::string error, int rank) {
-  if (const std::string self = absl::StrCat("rank ", rank, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
-  return error;
-}
-
-// One rank: trains with its timeline recorded, writes rank-R.json. Returns
-// the rank's exit status.
-int RankMain(Plan plan, int rank, int world_size, const std::string& out) {
-  Timeline header;
-  header.rank = rank;
-  header.world_size = world_size;
-  header.device_index = rank;
-  header.device_capacity = plan.device_memory;
-  header.alloc_conf = plan.config.text;
-  header.wall_start_us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(TimelinePath(out, rank), header);
-  if (!writer.ok()) return Fail(writer.status().message());
-
-  nlohmann::json status = {{"rank", rank}};
-  std::unique_ptr<reducer::Communicator> comm;
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<TrainResult> result;
-  try {
-    if (world_size > 1) {
-      reducer::GlooOptions g;
-      g.rank = rank;
-      g.world_size = world_size;
-      const char* store = std::getenv("MEMSCOPE_STORE");
-      g.store_dir = store != nullptr ? store : (std::filesystem::path(out) / kStoreDir).string();
-      g.hostname = BindAddress();
-      g.timeout = plan.timeout;
-      comm = reducer::CreateGlooCommunicator(g);
-    } else if (plan.train.ddp) {
-      comm = reducer::CreateLocalCommunicator();
-    }
-    reducer::Communicator* c = comm.get();
-    const auto kill = plan.fault_kill;
-    const auto skip = plan.fault_skip_barrier;
-    plan.train.phase_hook = [c, rank, kill, skip](Phase phase, std::int64_t step, bool end) {
-      if (!end && phase == Phase::kBackward && rank == kill.first && step == kill.second) ::raise(SIGKILL);
-      if (end && c != nullptr && step == skip.second && rank != skip.first) c->Barrier();
-    };
-    SimDevice gpu({.capacity = plan.device_memory, .index = rank, .host_backed = plan.cpu});
-    CachingAllocator allocator(gpu, plan.config);
-    Recorder recorder(**writer);
-    allocator.SetObserver(&recorder);
-    DeviceContext ctx(allocator, plan.cpu ? ExecMode::kCpu : ExecMode::kMeta, plan.cpu ? &gpu : nullptr);
-    result = Train(plan.train, ctx, &recorder, c);
-    allocator.SetObserver(nullptr);
-  } catch (const reducer::CommError& e) {  // rendezvous
-    result = TrainResult{};
-    result->comm_error = true;
-    result->error = e.what();
-  }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!result.ok()) return Fail(result.status().message());
-  if (absl::Status s = (*writer)->Flush(); !s.ok()) return Fail(s.message());
-  writer->reset();
-  const int exit_code = result->oom ? kExitOutOfMemory : result->comm_error || !result->error.empty() ? kExitRankFailed : kExitOk;
-  status["status"] = result->oom ? "oom" : result->comm_error ? "comm_error" : result->error.empty() ? "ok" : "error";
-  status["exit_code"] = exit_code;
-  status["error"] = result->error;
-  status["parameters"] = result->parameters;
-  status["steps_done"] = result->steps_done;
-  status["seconds"] = seconds;
-  status["losses"] = result->losses;
+// The settings of a run as run.json records them.
+RunRecord MakeRecord(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits,
+                     int first_failure) {
+  RunRecord run;
+  run.dir = RunDirectory(a.out);
+  run.world_size = world_size;
+  run.alloc_conf = plan.config.text;
+  run.device_memory = plan.device_memory;
+  run.exits = exits;
+  run.first_failure = first_failure;
+  TrainingManifest& t = run.training;
+  t.model = a.model;
+  t.steps = a.steps;
+  t.batch_size = a.batch_size;
+  t.optimizer = a.optimizer;
+  t.optimizer_impl = a.optimizer_impl;
+  t.zero_grad = a.zero_grad;
+  t.amp = a.amp;
+  t.checkpoint_activations = a.checkpoint;
+  t.grad_accum = a.grad_accum;
+  t.attention = a.attention;
+  t.exec = a.exec;
+  t.ddp = plan.ddp;
   if (plan.train.ddp) {
-    status["ddp"] = {{"mode", plan.ddp},
-                     {"buckets", BucketsJson(result->initial_buckets)},
-                     {"rebuilt_buckets", BucketsJson(result->rebuilt_buckets)}};
+    t.ddp_options = TrainingManifest::Ddp{a.bucket_cap_given ? std::optional<double>(a.bucket_cap_mb) : std::nullopt,
+                                          a.find_unused, a.static_graph, a.comm_hook, !a.no_broadcast_buffers};
   }
-  const std::filesystem::path path = std::filesystem::path(out) / absl::StrCat("rank-", rank, ".json");
-  std::ofstream(path.string() + ".tmp") << status.dump(1) << "\n";
-  std::filesystem::rename(path.string() + ".tmp", path);
-  if (exit_code != kExitOk && world_size > 1) {
-    std::cerr << "memscope run: rank " << rank << ": " << WithoutRankPrefix(result->error, rank) << "\n";
-  }
-  return exit_code;
+  return run;
 }
 
-// Reads rank-R.json of a finished (or failed) rank.
-std::optional<nlohmann::json> ReadRankStatus(const std::string& out, int rank) {
-  std::ifstream in(std::filesystem::path(out) / absl::StrCat("rank-", rank, ".json"));
-  if (!in) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded()) return std::nullopt;
-  return j;
+// The DDP bucket lines under a rank's phase table.
+void PrintBuckets(const RankDdp& ddp) {
+  for (const bool rebuilt : {false, true}) {
+    const std::vector<BucketRecord>& b = rebuilt ? ddp.rebuilt_buckets : ddp.buckets;
+    if (b.empty()) continue;
+    std::uint64_t total = 0;
+    for (const BucketRecord& x : b) total += x.bytes;
+    std::cout << (rebuilt ? "rebuilt in gradient-ready order: " : "DDP buckets: ") << b.size()
+              << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
+              << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0].bytes), ")")) << "\n";
+  }
 }
 
-// Analyses every rank's timeline, writes run.json and the outputs, prints
-// the tables. `exits` are the launcher's (empty for one in-process rank).
-int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits, int first_failure) {
-  std::vector<nlohmann::json> statuses;
-  nlohmann::json ranks = nlohmann::json::array();
-  std::vector<float> losses;
-  std::int64_t parameters = 0, steps_done = a.steps;
-  double seconds = 0;
-  bool oom = false, failed = false;
-  std::string failure;
-  for (int r = 0; r < world_size; ++r) {
-    std::optional<nlohmann::json> st = ReadRankStatus(a.out, r);
-    nlohmann::json entry = {{"rank", r}, {"timeline", absl::StrCat("rank-", r, ".timeline")}};
-    if (st) {
-      entry["status"] = (*st)["status"];
-      entry["exit_code"] = (*st)["exit_code"];
-      entry["error"] = WithoutRankPrefix((*st)["error"].get<std::string>(), r);
-      entry["steps_done"] = (*st)["steps_done"];
-      parameters = (*st)["parameters"].get<std::int64_t>();
-      steps_done = std::min(steps_done, (*st)["steps_done"].get<std::int64_t>());
-      seconds = std::max(seconds, (*st)["seconds"].get<double>());
-      if (r == 0) losses = (*st)["losses"].get<std::vector<float>>();
-      oom = oom || (*st)["status"] == "oom";
-      failed = failed || (*st)["status"] != "ok";
-    } else {
-      entry["status"] = "failed";
-      entry["error"] = "";
-      failed = true;
-    }
-    if (!exits.empty()) {
-      const RankExit& e = exits[static_cast<std::size_t>(r)];
-      entry["exit_code"] = e.exit_code;
-      entry["signal"] = e.signal;
-      if (e.signal != 0) entry["status"] = e.stopped_by_launcher ? "stopped" : "killed";
-      entry["how"] = e.Describe();
-      failed = failed || !e.ok();
-    }
-    statuses.push_back(st.value_or(nlohmann::json::object()));
-    ranks.push_back(entry);
-  }
-  if (first_failure >= 0) {
-    const nlohmann::json& f = ranks[static_cast<std::size_t>(first_failure)];
-    failure = absl::StrCat("rank ", first_failure, " ", f["how"].get<std::string>());
-    if (!f["error"].get<std::string>().empty()) absl::StrAppend(&failure, ": ", f["error"].get<std::string>());
-  }
-  nlohmann::json run = {{"schema", "memscope.run/1"},
-                        {"generator", kMemscopeVersion},
-                        {"command", "run"},
-                        {"model", a.model},
-                        {"parameters", parameters},
-                        {"steps", a.steps},
-                        {"steps_done", steps_done},
-                        {"batch_size", a.batch_size},
-                        {"optimizer", a.optimizer},
-                        {"optimizer_impl", a.optimizer_impl},
-                        {"zero_grad", a.zero_grad},
-                        {"amp", a.amp},
-                        {"checkpoint_activations", a.checkpoint},
-                        {"grad_accum", a.grad_accum},
-                        {"attention", a.attention},
-                        {"exec", a.exec},
-                        {"ddp", plan.ddp},
-                        {"world_size", world_size},
-                        {"alloc_conf", plan.config.text},
-                        {"device_memory", plan.device_memory},
-                        {"seconds", seconds},
-                        {"losses", losses},
-                        {"ranks", ranks}};
-  if (plan.train.ddp) {
-    run["bucket_cap_mb"] = a.bucket_cap_given ? nlohmann::json(a.bucket_cap_mb) : nlohmann::json(nullptr);
-    run["find_unused_parameters"] = a.find_unused;
-    run["static_graph"] = a.static_graph;
-    run["comm_hook"] = a.comm_hook;
-    run["broadcast_buffers"] = !a.no_broadcast_buffers;
-  }
-  if (!failure.empty()) run["failure"] = {{"rank", first_failure}, {"message", failure}};
-  std::ofstream(std::filesystem::path(a.out) / "run.json") << run.dump(1) << "\n";
-
-  absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(a.out);
-  if (!recorded.ok()) return Fail(recorded.status().message());
-  // Only this run's ranks (an external launcher's directory may hold more).
-  std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
-  // report.json also gets each rank's status and DDP buckets, and the run's failure.
-  auto amend = [&](nlohmann::json& report) {
-    for (nlohmann::json& r : report["ranks"]) {
-      const int rank = r.value("rank", -1);
-      if (rank < 0 || rank >= world_size) continue;
-      const nlohmann::json& st = statuses[static_cast<std::size_t>(rank)];
-      if (st.contains("ddp")) r["ddp"] = st["ddp"];
-      r["status"] = ranks[static_cast<std::size_t>(rank)]["status"];
-    }
-    if (!failure.empty()) report["failure"] = run["failure"];
-  };
-  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(a.out, *recorded, amend);
-  if (!reports.ok()) return Fail(reports.status().message());
-
-  if (a.json) {
-    std::ifstream in(std::filesystem::path(a.out) / "report.json");
-    std::cout << in.rdbuf();
-  } else {
-    std::cout << "memscope run: " << a.model << " (" << parameters << " parameters), " << steps_done << " of " << a.steps
-              << " steps, --exec " << a.exec << ", " << (world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "")
-              << "--ddp " << plan.ddp << ", simulated GPU of " << FormatSize(plan.device_memory) << ", "
-              << absl::StrFormat("%.2f", seconds) << " s\n";
-    for (const RankReport& r : *reports) {
-      std::cout << "\n";
-      if (world_size > 1) std::cout << "rank " << r.rank << " (" << r.events << " events)\n";
-      std::cout << PhaseTableText(r);
-      const nlohmann::json& st = statuses[static_cast<std::size_t>(r.rank)];
-      if (st.contains("ddp")) {
-        for (const char* key : {"buckets", "rebuilt_buckets"}) {
-          const nlohmann::json& b = st["ddp"][key];
-          if (b.empty()) continue;
-          std::uint64_t total = 0;
-          for (const nlohmann::json& x : b) total += x["bytes"].get<std::uint64_t>();
-          std::cout << (std::string(key) == "buckets" ? "DDP buckets: " : "rebuilt in gradient-ready order: ") << b.size()
-                    << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
-                    << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0]["bytes"].get<std::uint64_t>()), ")"))
-                    << "\n";
-        }
-      }
-      std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes) << " in " << r.peak_allocated.phase << ": "
-                << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n";
-      if (world_size > 1 && r.rank == 0 && !a.json) {
-        bool same = true;
-        for (const RankReport& o : *reports) same = same && o.peak_allocated.bytes == r.peak_allocated.bytes;
-        if (same && reports->size() > 1) {
-          std::cout << (world_size == 2 ? std::string("(rank 1 has") : absl::StrCat("(ranks 1-", world_size - 1, " have"))
-                    << " the same peak; every rank's table is in summary.txt)\n";
-          break;
-        }
-      }
-    }
-    if (!losses.empty()) {
-      std::cout << "loss:";
-      for (float l : losses) std::cout << absl::StrFormat(" %.4f", l);
-      std::cout << "\n";
-    }
-    std::cout << "recorded in " << a.out << "/ (" << RunOutputListing(world_size) << ")\n";
-  }
-  if (!failure.empty()) {
-    std::cerr << "memscope run: " << failure << "\n";
-    for (const nlohmann::json& r : ranks) {
-      if (r["rank"] != first_failure && r["status"] != "ok") {
-        std::cerr << "memscope run: rank " << r["rank"].get<int>() << " " << r.value("how", std::string("failed"))
-                  << (r["error"].get<std::string>().empty() ? "" : ": " + r["error"].get<std::string>()) << "\n";
-      }
-    }
-  }
-  if (oom) {
-    for (std::size_t r = 0; r < statuses.size(); ++r) {
-      if (statuses[r].value("status", "") == "oom") {
-        std::cerr << "memscope run: rank " << r << " out of memory in step " << statuses[r]["steps_done"].get<std::int64_t>()
-                  << ":\n" << statuses[r]["error"].get<std::string>() << "\n";
-        for (const RankReport& rep : *reports) {
-          if (rep.rank == static_cast<int>(r) && rep.oom) std::cerr << rep.oom->verdict << "\n";
-        }
+// The tables of `memscope run`: the header line, each rank's phase table,
+// buckets and peak, the losses and where it was recorded.
+void PrintTables(const RunArgs& a, const RunOutcome& out) {
+  const TrainingManifest& t = *out.manifest.training;
+  const int world_size = out.manifest.world_size;
+  std::cout << "memscope run: " << t.model << " (" << t.parameters << " parameters), " << t.steps_done << " of "
+            << t.steps << " steps, --exec " << t.exec << ", "
+            << (world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "") << "--ddp " << t.ddp
+            << ", simulated GPU of " << FormatSize(out.manifest.device_memory) << ", "
+            << absl::StrFormat("%.2f", t.seconds) << " s\n";
+  for (const RankReport& r : out.reports) {
+    std::cout << "\n";
+    if (world_size > 1) std::cout << "rank " << r.rank << " (" << r.events << " events)\n";
+    std::cout << PhaseTableText(r);
+    const std::optional<RankStatus>& st = out.statuses[static_cast<std::size_t>(r.rank)];
+    if (st && st->ddp) PrintBuckets(*st->ddp);
+    std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes) << " in " << r.peak_allocated.phase << ": "
+              << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n";
+    if (world_size > 1 && r.rank == 0) {
+      bool same = true;
+      for (const RankReport& o : out.reports) same = same && o.peak_allocated.bytes == r.peak_allocated.bytes;
+      if (same && out.reports.size() > 1) {
+        std::cout << (world_size == 2 ? std::string("(rank 1 has") : absl::StrCat("(ranks 1-", world_size - 1, " have"))
+                  << " the same peak; every rank's table is in summary.txt)\n";
         break;
       }
     }
-    return kExitOutOfMemory;
   }
-  if (failed) {
-    if (failure.empty()) {
-      for (const nlohmann::json& r : ranks) {
-        if (r["status"] == "ok") continue;
-        const std::string error = r["error"].get<std::string>();
-        std::cerr << "memscope run: rank " << r["rank"].get<int>() << " failed: "
-                  << (error.empty() ? "it wrote no status (killed, or it never started)" : error) << "\n";
-      }
-    }
-    return kExitRankFailed;
+  if (!t.losses.empty()) {
+    std::cout << "loss:";
+    for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
+    std::cout << "\n";
   }
-  return kExitOk;
+  std::cout << "recorded in " << a.out << "/ (" << RunDirectory::Listing(world_size) << ")\n";
+}
+
+// Aggregates the finished ranks (run/aggregate.h), writes the run's outputs
+// and prints them. `exits` are the launcher's (empty for one in-process
+// rank). The outcome goes to `kept` when given.
+int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits, int first_failure,
+             std::optional<RunOutcome>* kept = nullptr) {
+  absl::StatusOr<RunOutcome> out = AggregateRun(MakeRecord(a, plan, world_size, exits, first_failure));
+  if (!out.ok()) return Fail(out.status().message());
+  if (a.json) {
+    std::ifstream in(RunDirectory(a.out).Report());
+    std::cout << in.rdbuf();
+  } else {
+    PrintTables(a, *out);
+  }
+  std::cerr << out->diagnostics;
+  const int code = out->exit_code;
+  if (kept != nullptr) *kept = std::move(*out);
+  return code;
+}
+
+// One rank in this process: its status, and its failure said on stderr when
+// other ranks run beside it.
+int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir) {
+  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
+  if (!status.ok()) return Fail(status.status().message());
+  if (status->exit_code != kExitOk && world_size > 1) {
+    std::cerr << "memscope run: rank " << rank << ": " << WithoutRankPrefix(status->error, rank) << "\n";
+  }
+  return status->exit_code;
 }
 
 // A double as text that parses back to the same value.
@@ -534,26 +331,61 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   return v;
 }
 
-// `memscope run --ddp copy,view`: the two runs compared.
-int PrintComparison(const std::string& copy_dir, const std::string& view_dir, int worst) {
-  absl::StatusOr<CompareInput> a = LoadCompareInput(copy_dir);
-  if (!a.ok()) return Fail(a.status().message());
-  absl::StatusOr<CompareInput> b = LoadCompareInput(view_dir);
-  if (!b.ok()) return Fail(b.status().message());
-  absl::StatusOr<Comparison> c = Compare(*a, *b);
+// `memscope run --ddp copy,view`: the two runs compared, from the reports
+// this process just made (or from disk, for a rank of an external launcher
+// that did not aggregate a pass).
+int PrintComparison(const std::string& copy_dir, const std::string& view_dir,
+                    const std::optional<RunOutcome> (&outcomes)[2], int worst) {
+  absl::StatusOr<CompareInput> inputs[2];
+  const std::string dirs[2] = {copy_dir, view_dir};
+  for (int i = 0; i < 2; ++i) {
+    const std::optional<RunOutcome>& o = outcomes[i];
+    inputs[i] = o ? CompareInputFromRun(dirs[i], o->timelines, o->reports, o->manifest.ToJson())
+                  : LoadCompareInput(dirs[i]);
+    if (!inputs[i].ok()) return Fail(inputs[i].status().message());
+  }
+  absl::StatusOr<Comparison> c = Compare(*inputs[0], *inputs[1]);
   if (!c.ok()) return Fail(c.status().message());
   std::cout << "== --ddp copy (A) vs --ddp view (B)\n" << FormatComparison(*c);
   return worst;
 }
 
-std::string SelfExecutable() {
+// A rank started by a launcher (ours, torchrun, Slurm, mpirun). Rank 0 of an
+// external launcher also aggregates the run once every rank's status is
+// there (or the timeout has passed).
+int RunWorker(const RunArgs& a, const Plan& plan, int rank, int world_size, std::optional<RunOutcome>* kept) {
+  const RunDirectory dir(a.out);
+  // A status left by an earlier run must not pass for this one's.
   std::error_code ec;
-  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string() : p.string();
+  std::filesystem::remove(dir.RankStatus(rank), ec);
+  const int code = RankMain(plan, rank, world_size, dir);
+  if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
+  WaitForRankStatuses(dir, world_size, plan.timeout);
+  const int final_code = Finalize(a, plan, world_size, {}, -1, kept);
+  return code != kExitOk ? code : final_code;
 }
 
-int RunOne(const RunArgs& a, const std::string& ddp_mode) {
-  // A rank started by a launcher (ours, torchrun, Slurm, mpirun).
+// N ranks as processes of this executable under our launcher, then the run aggregated.
+int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan& plan, int world_size,
+                      std::optional<RunOutcome>* kept) {
+  const RunDirectory dir(a.out);
+  absl::StatusOr<LaunchResult> launched = LaunchRankProcesses(dir, ToArgs(a, ddp_mode), world_size, plan.timeout);
+  if (!launched.ok()) return Fail(launched.status().message());
+  // A rank that rejected its options fails alike everywhere: say why once.
+  for (const RankExit& e : launched->ranks) {
+    if (e.exit_code == kExitBadInput) {
+      std::ifstream log(dir.RankLog(e.rank));
+      std::string line;
+      std::getline(log, line);
+      std::cerr << line << "\n";
+      return kExitBadInput;
+    }
+  }
+  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, kept);
+}
+
+// One run in one mode; its outcome goes to `kept` when this process aggregated it.
+int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutcome>* kept = nullptr) {
   const char* env_rank = std::getenv("RANK");
   const char* env_world = std::getenv("WORLD_SIZE");
   const bool worker = env_rank != nullptr && env_world != nullptr;
@@ -572,64 +404,16 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode) {
   }
   absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(plan.status().message());
-  std::error_code ec;
-  std::filesystem::create_directories(a.out, ec);
-  if (ec) return Fail(absl::StrCat("--out: cannot create '", a.out, "': ", ec.message()));
-
-  if (worker) {
-    // A status left by an earlier run must not pass for this one's.
-    std::filesystem::remove(std::filesystem::path(a.out) / absl::StrCat("rank-", rank, ".json"), ec);
-    const int code = RankMain(*plan, rank, static_cast<int>(world_size), a.out);
-    if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
-    // Started by an external launcher: rank 0 writes the run's outputs once
-    // every rank's status is there (or the timeout has passed).
-    const auto deadline = std::chrono::steady_clock::now() + plan->timeout;
-    for (int r = 0; r < world_size; ++r) {
-      while (!ReadRankStatus(a.out, r) && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-    }
-    const int final_code = Finalize(a, *plan, static_cast<int>(world_size), {}, -1);
-    return code != kExitOk ? code : final_code;
-  }
-  // Remove what an earlier run in this directory left.
-  for (const std::filesystem::directory_entry& e : std::filesystem::directory_iterator(a.out, ec)) {
-    const std::string name = e.path().filename().string();
-    if (IsRankFile(name) || name == kStoreDir) {
-      std::filesystem::remove_all(e.path(), ec);
-    }
-  }
+  const RunDirectory dir(a.out);
+  if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
+  if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
+  dir.RemoveRankFiles();  // what an earlier run in this directory left
   if (world_size == 1) {
-    const int code = RankMain(*plan, 0, 1, a.out);
+    const int code = RankMain(*plan, 0, 1, dir);
     if (code == kExitBadInput) return code;
-    return Finalize(a, *plan, 1, {}, -1);
+    return Finalize(a, *plan, 1, {}, -1, kept);
   }
-  LaunchOptions launch;
-  launch.executable = SelfExecutable();
-  if (launch.executable.empty()) return Fail("cannot find the memscope executable (/proc/self/exe)");
-  launch.args = ToArgs(a, ddp_mode);
-  launch.world_size = static_cast<int>(world_size);
-  launch.log_dir = a.out;
-  launch.grace = plan->timeout + std::chrono::seconds(5);
-  launch.env = {{"WORLD_SIZE", absl::StrCat(world_size)},
-                {"MASTER_ADDR", "127.0.0.1"},
-                {"MASTER_PORT", "29500"},
-                {"MEMSCOPE_SUPERVISED", "1"},
-                {"MEMSCOPE_STORE", (std::filesystem::path(a.out) / kStoreDir).string()}};
-  absl::StatusOr<LaunchResult> launched = LaunchRanks(launch);
-  if (!launched.ok()) return Fail(launched.status().message());
-  std::filesystem::remove_all(std::filesystem::path(a.out) / kStoreDir, ec);
-  // A rank that rejected its options fails alike everywhere: say why once.
-  for (const RankExit& e : launched->ranks) {
-    if (e.exit_code == kExitBadInput) {
-      std::ifstream log(std::filesystem::path(a.out) / absl::StrCat("rank-", e.rank, ".log"));
-      std::string line;
-      std::getline(log, line);
-      std::cerr << line << "\n";
-      return kExitBadInput;
-    }
-  }
-  return Finalize(a, *plan, static_cast<int>(world_size), launched->ranks, launched->first_failure);
+  return LaunchAndFinalize(a, ddp_mode, *plan, static_cast<int>(world_size), kept);
 }
 
 int Run(const RunArgs& a) {
@@ -638,20 +422,23 @@ int Run(const RunArgs& a) {
   int worst = kExitOk;
   const char* store = std::getenv("MEMSCOPE_STORE");
   const std::string base_store = store != nullptr ? store : "";
-  for (const char* mode : {"copy", "view"}) {
+  std::optional<RunOutcome> outcomes[2];
+  const std::string dirs[2] = {(std::filesystem::path(a.out) / "copy").string(),
+                               (std::filesystem::path(a.out) / "view").string()};
+  for (int i = 0; i < 2; ++i) {
+    const char* mode = i == 0 ? "copy" : "view";
     RunArgs m = a;
     m.ddp = mode;
-    m.out = (std::filesystem::path(a.out) / mode).string();
+    m.out = dirs[i];
     std::cout << "== --ddp " << mode << "\n";
     // Ranks of an external launcher rendezvous once per pass.
     if (!base_store.empty()) ::setenv("MEMSCOPE_STORE", absl::StrCat(base_store, "-", mode).c_str(), 1);
-    const int code = RunOne(m, mode);
+    const int code = RunOne(m, mode, &outcomes[i]);
     if (code == kExitBadInput) return code;
     worst = std::max(worst, code);
     std::cout << "\n";
   }
-  return PrintComparison((std::filesystem::path(a.out) / "copy").string(), (std::filesystem::path(a.out) / "view").string(),
-                         worst);
+  return PrintComparison(dirs[0], dirs[1], outcomes, worst);
 }
 
 int Models() {

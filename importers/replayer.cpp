@@ -12,12 +12,19 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
   SimDevice device({.capacity = device_memory, .index = 0, .host_backed = false});
   CachingAllocator allocator(device, config);
   if (recorder != nullptr) allocator.SetObserver(recorder);
+  absl::StatusOr<ReplayResult> result = ReplayOn(trace, allocator, device, recorder);
+  allocator.SetObserver(nullptr);
+  return result;
+}
+
+absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
+                                      Recorder* recorder) {
   std::vector<DevicePtr> ptrs(trace.ids.size(), 0);
   std::vector<std::size_t> sizes(trace.ids.size(), 0);
 
   ReplayResult result;
-  result.alloc_conf = config.text;
-  result.device_memory = device_memory;
+  result.alloc_conf = allocator.config().text;
+  result.device_memory = device.capacity();
   result.requests_total = trace.requests.size();
   std::size_t live = 0;
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
@@ -81,7 +88,6 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
   }
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
-  allocator.SetObserver(nullptr);
   return result;
 }
 

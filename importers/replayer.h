@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/sim_device.h"
 #include "allocator/stats.h"
 #include "recording/recorder.h"
 #include "importers/request_trace.h"
@@ -42,6 +43,13 @@ struct ReplayResult {
 // observer for the replay).
 absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
                                     std::size_t device_memory, Recorder* recorder = nullptr);
+
+// The same on a caller's fresh `allocator` over `device` (a recording
+// RankSession's, run/rank_session.h, whose recorder already observes the
+// allocator): `recorder`, when given, gets only the trace's phase marks and
+// marks; the allocator's observer is left as it is.
+absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
+                                      Recorder* recorder = nullptr);
 
 }  // namespace memscope
 

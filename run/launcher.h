@@ -31,7 +31,7 @@ struct LaunchOptions {
   std::vector<std::string> args;      // argv[1..]
   int world_size = 1;
   std::map<std::string, std::string> env;  // added to every rank's environment
-  std::string log_dir;                // rank-R.log (stdout and stderr) per rank
+  std::string log_dir;                // a run directory: its rank-R.log (stdout and stderr) per rank
   std::chrono::milliseconds grace{60000};
 };
 

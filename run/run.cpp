@@ -16,36 +16,65 @@
 #include "exporters/report.h"
 #include "importers/snapshot_import.h"
 #include "recording/timeline.h"
+#include "run/manifest.h"
+#include "run/rank_session.h"
+#include "run/run_directory.h"
 
 namespace memscope {
 namespace fs = std::filesystem;
 
-std::string TimelinePath(const std::string& dir, int rank) {
-  return (fs::path(dir) / absl::StrCat("rank-", rank, ".timeline")).string();
-}
-
-std::string RunOutputListing(int world_size) {
-  auto per_rank = [&](const char* prefix, const char* suffix) {
-    if (world_size == 1) return absl::StrCat(prefix, "0", suffix);
-    return absl::StrCat(prefix, "{0..", world_size - 1, "}", suffix);
-  };
-  return absl::StrCat("run.json, ", per_rank("rank-", ".timeline"), ", report.json, report.html, summary.txt, trace.json, ",
-                      per_rank("snapshot-rank-", ".pickle"));
-}
-
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
                                       std::uint64_t device_memory, int rank, ReplayResult* result) {
-  Timeline t;
-  t.rank = rank;
-  t.device_index = rank;
-  t.device_capacity = device_memory;
-  t.alloc_conf = config.text;
-  MemorySink sink(t);
-  Recorder recorder(sink);
-  absl::StatusOr<ReplayResult> r = Replay(trace, config, device_memory, &recorder);
+  // In memory, on GPU 0 whatever device the trace came from (the timeline keeps `rank`).
+  RankSessionOptions options;
+  options.rank = rank;
+  options.device_index = 0;
+  options.device_memory = device_memory;
+  options.config = config;
+  RankSession session(options);
+  if (absl::Status s = session.Start(); !s.ok()) return s;
+  absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());
   if (!r.ok()) return r.status();
+  if (absl::Status s = session.Finish(); !s.ok()) return s;
   if (result != nullptr) *result = std::move(*r);
-  return t;
+  return std::move(session.timeline());
+}
+
+absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
+                                               const AllocatorConfig& config, std::uint64_t device_memory) {
+  const RunDirectory run_dir(dir);
+  if (absl::Status s = run_dir.Create(); !s.ok()) return s;
+  RecordedReplay out;
+  {
+    RankSessionOptions options;
+    options.device_memory = device_memory;
+    options.config = config;
+    options.timeline_path = run_dir.Timeline(0);
+    RankSession session(options);
+    if (absl::Status s = session.Start(); !s.ok()) return s;
+    absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());
+    if (!r.ok()) return r.status();
+    if (absl::Status s = session.Finish(); !s.ok()) return s;
+    out.replay = std::move(*r);
+  }
+  RunManifest manifest;
+  manifest.generator = kMemscopeVersion;
+  manifest.command = "replay";
+  manifest.source = trace.source;
+  manifest.world_size = 1;
+  manifest.alloc_conf = config.text;
+  manifest.device_memory = device_memory;
+  ManifestRank& rank = manifest.ranks.emplace_back();
+  rank.timeline = RunDirectory::TimelineName(0);
+  rank.status = out.replay.oom ? "oom" : "ok";
+  rank.exit_code = 0;
+  (void)manifest.Write(run_dir.Manifest());  // as before: the outputs below say whether the directory is writable
+  absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(dir);
+  if (!recorded.ok()) return recorded.status();
+  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(dir, *recorded);
+  if (!reports.ok()) return reports.status();
+  out.reports = std::move(*reports);
+  return out;
 }
 
 absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory) {
@@ -92,11 +121,8 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
   }
   std::vector<std::pair<int, std::string>> files;
   for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
-    const std::string name = entry.path().filename().string();
-    int rank = 0;
-    if (name.rfind("rank-", 0) == 0 && name.size() > 14 && name.substr(name.size() - 9) == ".timeline" &&
-        absl::SimpleAtoi(name.substr(5, name.size() - 14), &rank)) {
-      files.emplace_back(rank, entry.path().string());
+    if (std::optional<int> rank = RunDirectory::TimelineRank(entry.path().filename().string())) {
+      files.emplace_back(*rank, entry.path().string());
     }
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot list '", path, "': ", ec.message()));
@@ -161,13 +187,13 @@ absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vect
   nlohmann::json run_config = nullptr;
   std::error_code ec;
   const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
-  std::ifstream in(dir.empty() ? fs::path("run.json") : dir / "run.json", std::ios::binary);
+  std::ifstream in(RunDirectory(dir.string()).Manifest(), std::ios::binary);
   if (in) {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     // Only a run's own description; anything else is not a config.
     if (config.is_object() && config.value("schema", nlohmann::json()).is_string() &&
-        config["schema"] == "memscope.run/1") {
+        config["schema"] == kRunSchema) {
       run_config = std::move(config);
     }
   }

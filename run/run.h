@@ -1,7 +1,6 @@
-// A run directory: RUN/run.json, RUN/rank-R.timeline,
-// RUN/report.json, RUN/summary.txt, RUN/trace.json,
-// RUN/snapshot-rank-R.pickle, RUN/report.html. Commands take a run directory or a single
-// timeline file.
+// Loading runs and reports, and writing a run's outputs. A run directory's
+// files are named in run/run_directory.h. Commands take a run directory or a
+// single timeline file.
 #ifndef MEMSCOPE_RUN_RUN_H_
 #define MEMSCOPE_RUN_RUN_H_
 
@@ -52,6 +51,20 @@ absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vect
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
                                       std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
 
+// What `memscope replay --out` recorded: the replay's own result and the
+// analyses of the run it wrote.
+struct RecordedReplay {
+  ReplayResult replay;
+  std::vector<RankReport> reports;
+};
+
+// `memscope replay --out DIR`: replays `trace` under `config` on a simulated
+// GPU of `device_memory` bytes, recording into DIR (created) as rank 0, writes
+// its run.json (command "replay") and the run's outputs (WriteRunOutputs).
+// Errors: the directory or a file cannot be written, the replay's own errors.
+absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
+                                               const AllocatorConfig& config, std::uint64_t device_memory);
+
 // Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
 // each rank's peak) and report.html into `dir` for these timelines. Returns the analyses.
 // `amend_report`, when given, adds what only the caller knows (e.g. a run's
@@ -59,13 +72,6 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     const std::string& dir, const std::vector<Timeline>& timelines,
     const std::function<void(nlohmann::json& report)>& amend_report = {});
-
-// What a run directory holds, for the "recorded in DIR/ (...)" line:
-// "run.json, rank-0.timeline, report.json, ..." (rank-0..N-1 files for N ranks).
-std::string RunOutputListing(int world_size);
-
-// The path of rank R's timeline in a run directory.
-std::string TimelinePath(const std::string& dir, int rank);
 
 }  // namespace memscope
 

@@ -14,7 +14,6 @@
 #include "allocator/alloc_tag.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_device.h"
-#include "recording/recorder.h"
 #include "recording/timeline.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -61,11 +60,10 @@ struct TwoLayerBackward {
         b2(Param(d.ctx, {10}, "fc2.bias")) {
     Tensor x = Tensor::Empty(d.ctx, {64, 32});
     Tensor loss = ops::Sum(ops::Linear(ops::Relu(ops::Linear(x, w1, b1)), w2, b2));
-    MemorySink sink(timeline);
-    Recorder recorder(sink);
-    d.alloc.SetObserver(&recorder);
+    REQUIRE(d.session.Start().ok());
     Backward({loss});
-    d.alloc.SetObserver(nullptr);
+    REQUIRE(d.session.Finish().ok());
+    timeline = d.session.timeline();
   }
 };
 
@@ -258,10 +256,8 @@ TEST_CASE("AccumulateGrad steals the first gradient and adds the second in place
   CpuGpu d;
   Tensor w = Param(d.ctx, {4}, "w");
   for (int i = 0; i < 4; ++i) w.data()[i] = static_cast<float>(i);
-  Timeline timeline;
-  MemorySink sink(timeline);
-  Recorder recorder(sink);
-  d.alloc.SetObserver(&recorder);
+  const Timeline& timeline = d.session.timeline();
+  REQUIRE(d.session.Start().ok());
 
   const std::size_t before = d.alloc.memory_allocated();  // 512
   const std::int64_t allocs_before = NumAllocs(d.alloc);
@@ -288,7 +284,7 @@ TEST_CASE("AccumulateGrad steals the first gradient and adds the second in place
   CHECK(d.alloc.memory_allocated() == after_first);
   CHECK(w.grad().storage()->ptr() == grad_ptr);  // accumulated in place
   for (int i = 0; i < 4; ++i) CHECK(w.grad().data()[i] == 6.f);
-  d.alloc.SetObserver(nullptr);
+  REQUIRE(d.session.Finish().ok());
 }
 
 TEST_CASE("AccumulateGrad clones a gradient that does not obey the layout contract (an expanded ones)") {
@@ -361,9 +357,7 @@ TEST_CASE("the weight gradient of a bias-free linear on an input without grad is
 
 TEST_CASE("the engine runs the highest sequence number first and AccumulateGrad as soon as it is ready") {
   MetaGpu d;
-  Timeline timeline;
-  MemorySink sink(timeline);
-  Recorder recorder(sink);
+  const Timeline& timeline = d.session.timeline();
   Tensor a = Param(d.ctx, {256}, "a");
   Tensor b = Param(d.ctx, {512}, "b");
   // Two independent branches; b's is recorded last, so it runs first.
@@ -372,9 +366,9 @@ TEST_CASE("the engine runs the highest sequence number first and AccumulateGrad 
   Tensor loss = ops::Add(ops::Sum(ya), ops::Sum(yb));
   ya = Tensor();
   yb = Tensor();
-  d.alloc.SetObserver(&recorder);
+  REQUIRE(d.session.Start().ok());
   Backward({loss});
-  d.alloc.SetObserver(nullptr);
+  REQUIRE(d.session.Finish().ok());
   std::vector<std::string> grads;
   for (const Recorded& r : Allocs(timeline)) {
     if (r.category == Category::kGradient) grads.push_back(r.owner);
@@ -395,12 +389,10 @@ TEST_CASE("AccumulateGrad runs as soon as it is ready, before an older function 
   Tensor s1 = ops::Sum(t);
   Tensor loss = ops::Add(s1, s2);
   t = Tensor();
-  Timeline timeline;
-  MemorySink sink(timeline);
-  Recorder recorder(sink);
-  d.alloc.SetObserver(&recorder);
+  const Timeline& timeline = d.session.timeline();
+  REQUIRE(d.session.Start().ok());
   Backward({loss});
-  d.alloc.SetObserver(nullptr);
+  REQUIRE(d.session.Finish().ok());
   std::vector<std::pair<Category, std::string>> seq;
   for (const Recorded& r : Allocs(timeline)) seq.emplace_back(r.category, r.owner);
   REQUIRE(seq.size() == 3);
@@ -414,12 +406,10 @@ TEST_CASE("mul's gradient for an intermediate is AUTOGRAD_DETAIL, for a paramete
   Tensor w1 = Param(d.ctx, {1024}, "w1");
   Tensor w2 = Param(d.ctx, {1024}, "w2");
   Tensor loss = ops::Sum(ops::Mul(ops::Relu(ops::MulScalar(w1, 2.f)), w2));
-  Timeline timeline;
-  MemorySink sink(timeline);
-  Recorder recorder(sink);
-  d.alloc.SetObserver(&recorder);
+  const Timeline& timeline = d.session.timeline();
+  REQUIRE(d.session.Start().ok());
   Backward({loss});
-  d.alloc.SetObserver(nullptr);
+  REQUIRE(d.session.Finish().ok());
   std::vector<std::pair<Category, std::string>> seq;
   for (const Recorded& r : Allocs(timeline)) seq.emplace_back(r.category, r.owner);
   // ones; MulBackward0: relu output's gradient, then w2's; ReluBackward0's; MulBackward1: w1's

@@ -8,24 +8,35 @@
 
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_device.h"
+#include "run/rank_session.h"
 #include "tensor/tensor.h"
 
 namespace memscope::testing {
 
 inline constexpr std::size_t kMiB = 1024 * 1024;
 
-// A host-backed device whose kernels compute (ExecMode::kCpu).
+inline RankSessionOptions TestGpu(std::size_t capacity, ExecMode exec) {
+  RankSessionOptions o;
+  o.device_memory = capacity;
+  o.exec = exec;
+  return o;
+}
+
+// A host-backed device whose kernels compute (ExecMode::kCpu). Its session
+// records in memory between session.Start() and session.Finish().
 struct CpuGpu {
-  SimDevice gpu{SimDeviceOptions{.capacity = 64 * kMiB, .host_backed = true}};
-  CachingAllocator alloc{gpu};
-  DeviceContext ctx{alloc, ExecMode::kCpu, &gpu};
+  RankSession session{TestGpu(64 * kMiB, ExecMode::kCpu)};
+  SimDevice& gpu = session.device();
+  CachingAllocator& alloc = session.allocator();
+  DeviceContext& ctx = session.context();
 };
 
-// A device that only allocates (ExecMode::kMeta).
+// A device that only allocates (ExecMode::kMeta); records as CpuGpu does.
 struct MetaGpu {
-  SimDevice gpu{SimDeviceOptions{.capacity = kGiB}};
-  CachingAllocator alloc{gpu};
-  DeviceContext ctx{alloc, ExecMode::kMeta};
+  RankSession session{TestGpu(kGiB, ExecMode::kMeta)};
+  SimDevice& gpu = session.device();
+  CachingAllocator& alloc = session.allocator();
+  DeviceContext& ctx = session.context();
 };
 
 // A float32 tensor holding `values` (kCpu).

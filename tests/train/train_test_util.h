@@ -7,11 +7,9 @@
 
 #include <cstdint>
 
-#include "allocator/caching_allocator.h"
 #include "analysis/analysis.h"
-#include "recording/recorder.h"
-#include "recording/timeline.h"
 #include "reducer/communicator.h"
+#include "run/rank_session.h"
 #include "train/trainer.h"
 
 namespace memscope {
@@ -24,28 +22,23 @@ struct Recorded {
   Timeline timeline;
 };
 
-// Trains on an 80 GiB simulated GPU (host-backed with `cpu`), recording every
-// allocation; `comm` is passed to Train (DDP needs one).
+// Trains on an 80 GiB simulated GPU (host-backed with `cpu`) of a RankSession,
+// recording every allocation in memory; `comm` is passed to Train (DDP needs one).
 inline Recorded RunTraining(const TrainOptions& options, bool cpu = false, reducer::Communicator* comm = nullptr) {
-  SimDevice gpu({.capacity = 80 * kGiB, .index = 0, .host_backed = cpu});
-  CachingAllocator allocator(gpu);
-  Timeline timeline;
-  timeline.device_capacity = 80 * kGiB;
-  MemorySink sink(timeline);
+  RankSessionOptions gpu;
+  gpu.device_memory = 80 * kGiB;
+  gpu.exec = cpu ? ExecMode::kCpu : ExecMode::kMeta;
+  RankSession session(gpu);
+  REQUIRE(session.Start().ok());
   Recorded out;
-  {
-    Recorder recorder(sink);
-    allocator.SetObserver(&recorder);
-    DeviceContext ctx(allocator, cpu ? ExecMode::kCpu : ExecMode::kMeta, cpu ? &gpu : nullptr);
-    absl::StatusOr<TrainResult> r = Train(options, ctx, &recorder, comm);
-    REQUIRE(r.ok());
-    out.result = *r;
-    allocator.SetObserver(nullptr);
-  }
-  absl::StatusOr<RankReport> report = AnalyzeRank(timeline);
+  absl::StatusOr<TrainResult> r = Train(options, session.context(), &session.recorder(), comm);
+  REQUIRE(r.ok());
+  out.result = *r;
+  REQUIRE(session.Finish().ok());
+  absl::StatusOr<RankReport> report = AnalyzeRank(session.timeline());
   REQUIRE(report.ok());
   out.report = *report;
-  out.timeline = std::move(timeline);
+  out.timeline = std::move(session.timeline());
   return out;
 }
 

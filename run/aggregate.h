@@ -1,0 +1,69 @@
+// After the ranks of `memscope run` end: read their statuses, decide the
+// run's outcome and exit status, write run.json and the run's outputs
+// (report.json with each rank's status and DDP buckets, summary.txt, ...).
+// The command prints what it returns.
+//
+// Exit statuses: 0 when every rank ended well; kExitOutOfMemory when a rank
+// ran out of memory (the OOM is recorded and reported); kExitRankFailed when
+// a rank failed otherwise (killed, a collective timed out or mismatched, a
+// crash) or wrote no status.
+#ifndef MEMSCOPE_RUN_AGGREGATE_H_
+#define MEMSCOPE_RUN_AGGREGATE_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "analysis/analysis.h"
+#include "recording/event.h"
+#include "run/launcher.h"
+#include "run/manifest.h"
+#include "run/run_directory.h"
+
+namespace memscope {
+
+// An OOM during the run: recorded and reported, with its own status.
+inline constexpr int kExitOutOfMemory = 3;
+// A rank failed: killed, a collective timed out or mismatched, or it crashed.
+inline constexpr int kExitRankFailed = 4;
+
+// What the aggregation needs to know of a finished run.
+struct RunRecord {
+  RunDirectory dir{""};
+  int world_size = 1;
+  // The run's settings for run.json; parameters, steps_done, seconds and
+  // losses are filled from the ranks' statuses.
+  TrainingManifest training;
+  std::string alloc_conf;
+  std::uint64_t device_memory = 0;
+  // Our launcher's view of the ranks (empty for one in-process rank or for
+  // an external launcher) and its first failure (-1: none).
+  std::vector<RankExit> exits;
+  int first_failure = -1;
+};
+
+// The outcome of a run, as written to its directory.
+struct RunOutcome {
+  RunManifest manifest;                         // run.json
+  std::vector<std::optional<RankStatus>> statuses;  // by rank; nullopt: the rank wrote none
+  std::vector<Timeline> timelines;              // this run's ranks, as recorded
+  std::vector<RankReport> reports;              // their analyses (report.json)
+  int exit_code = 0;                            // 0, kExitOutOfMemory or kExitRankFailed
+  // What `memscope run` says on stderr about failed ranks: each line starts
+  // "memscope run: " (an OOM's message and verdict follow on their own lines).
+  std::string diagnostics;
+};
+
+// The communicator's errors name their rank first ("rank 1: ..."); where the
+// rank is already named, that prefix goes.
+std::string WithoutRankPrefix(std::string error, int rank);
+
+// Reads the ranks' statuses from `run.dir`, writes run.json and the outputs
+// (run/run.h WriteRunOutputs) and decides the exit status. Errors: the
+// recordings cannot be read or analysed, or an output cannot be written.
+absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run);
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_RUN_AGGREGATE_H_

@@ -1,0 +1,239 @@
+#include "run/manifest.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/tensor.h"
+
+namespace memscope {
+namespace {
+
+using nlohmann::json;
+
+// Optional fields: written only when set, read only when present.
+template <typename T>
+void PutOptional(json& j, const char* key, const std::optional<T>& v) {
+  if (v) j[key] = *v;
+}
+template <typename T>
+void GetOptional(const json& j, const char* key, std::optional<T>& v) {
+  if (j.contains(key)) v = j.at(key).get<T>();
+}
+
+json BucketsJson(const std::vector<BucketRecord>& buckets) {
+  json out = json::array();
+  for (const BucketRecord& b : buckets) {
+    out.push_back({{"index", b.index}, {"bytes", b.bytes}, {"dtype", b.dtype}, {"params", b.params}});
+  }
+  return out;
+}
+
+std::vector<BucketRecord> BucketsFromJson(const json& j) {
+  std::vector<BucketRecord> out;
+  for (const json& b : j) {
+    out.push_back({b.at("index").get<std::uint64_t>(), b.at("bytes").get<std::uint64_t>(),
+                   b.at("dtype").get<std::string>(), b.at("params").get<std::vector<std::string>>()});
+  }
+  return out;
+}
+
+absl::Status WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
+  return absl::OkStatus();
+}
+
+json ManifestRankJson(const ManifestRank& r) {
+  json j = {{"rank", r.rank}, {"timeline", r.timeline}, {"status", r.status}};
+  PutOptional(j, "exit_code", r.exit_code);
+  PutOptional(j, "error", r.error);
+  PutOptional(j, "steps_done", r.steps_done);
+  PutOptional(j, "signal", r.signal);
+  PutOptional(j, "how", r.how);
+  return j;
+}
+
+ManifestRank ManifestRankFromJson(const json& j) {
+  ManifestRank r;
+  r.rank = j.at("rank").get<int>();
+  r.timeline = j.at("timeline").get<std::string>();
+  r.status = j.at("status").get<std::string>();
+  GetOptional(j, "exit_code", r.exit_code);
+  GetOptional(j, "error", r.error);
+  GetOptional(j, "steps_done", r.steps_done);
+  GetOptional(j, "signal", r.signal);
+  GetOptional(j, "how", r.how);
+  return r;
+}
+
+void PutTraining(json& j, const TrainingManifest& t) {
+  j.update({{"model", t.model},
+            {"parameters", t.parameters},
+            {"steps", t.steps},
+            {"steps_done", t.steps_done},
+            {"batch_size", t.batch_size},
+            {"optimizer", t.optimizer},
+            {"optimizer_impl", t.optimizer_impl},
+            {"zero_grad", t.zero_grad},
+            {"amp", t.amp},
+            {"checkpoint_activations", t.checkpoint_activations},
+            {"grad_accum", t.grad_accum},
+            {"attention", t.attention},
+            {"exec", t.exec},
+            {"ddp", t.ddp},
+            {"seconds", t.seconds},
+            {"losses", t.losses}});
+  if (t.ddp_options) {
+    const TrainingManifest::Ddp& d = *t.ddp_options;
+    j["bucket_cap_mb"] = d.bucket_cap_mb ? json(*d.bucket_cap_mb) : json(nullptr);
+    j["find_unused_parameters"] = d.find_unused_parameters;
+    j["static_graph"] = d.static_graph;
+    j["comm_hook"] = d.comm_hook;
+    j["broadcast_buffers"] = d.broadcast_buffers;
+  }
+}
+
+TrainingManifest TrainingFromJson(const json& j) {
+  TrainingManifest t;
+  t.model = j.at("model").get<std::string>();
+  t.parameters = j.at("parameters").get<std::int64_t>();
+  t.steps = j.at("steps").get<std::int64_t>();
+  t.steps_done = j.at("steps_done").get<std::int64_t>();
+  t.batch_size = j.at("batch_size").get<std::int64_t>();
+  t.optimizer = j.at("optimizer").get<std::string>();
+  t.optimizer_impl = j.at("optimizer_impl").get<std::string>();
+  t.zero_grad = j.at("zero_grad").get<std::string>();
+  t.amp = j.at("amp").get<std::string>();
+  t.checkpoint_activations = j.at("checkpoint_activations").get<bool>();
+  t.grad_accum = j.at("grad_accum").get<std::int64_t>();
+  t.attention = j.at("attention").get<std::string>();
+  t.exec = j.at("exec").get<std::string>();
+  t.ddp = j.at("ddp").get<std::string>();
+  t.seconds = j.at("seconds").get<double>();
+  t.losses = j.at("losses").get<std::vector<float>>();
+  if (j.contains("comm_hook")) {
+    TrainingManifest::Ddp d;
+    if (!j.at("bucket_cap_mb").is_null()) d.bucket_cap_mb = j.at("bucket_cap_mb").get<double>();
+    d.find_unused_parameters = j.at("find_unused_parameters").get<bool>();
+    d.static_graph = j.at("static_graph").get<bool>();
+    d.comm_hook = j.at("comm_hook").get<std::string>();
+    d.broadcast_buffers = j.at("broadcast_buffers").get<bool>();
+    t.ddp_options = d;
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<BucketRecord> BucketRecords(const std::vector<reducer::BucketInfo>& buckets) {
+  std::vector<BucketRecord> out;
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    out.push_back({i, buckets[i].bytes, std::string(DTypeName(buckets[i].dtype)), buckets[i].params});
+  }
+  return out;
+}
+
+json RankDdp::ToJson() const {
+  return {{"mode", mode}, {"buckets", BucketsJson(buckets)}, {"rebuilt_buckets", BucketsJson(rebuilt_buckets)}};
+}
+
+json RankStatus::ToJson() const {
+  json j = {{"rank", rank},         {"status", status},         {"exit_code", exit_code},
+            {"error", error},       {"parameters", parameters}, {"steps_done", steps_done},
+            {"seconds", seconds},   {"losses", losses}};
+  if (ddp) j["ddp"] = ddp->ToJson();
+  return j;
+}
+
+absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
+  try {
+    RankStatus s;
+    s.rank = j.at("rank").get<int>();
+    s.status = j.at("status").get<std::string>();
+    s.exit_code = j.at("exit_code").get<int>();
+    s.error = j.at("error").get<std::string>();
+    s.parameters = j.at("parameters").get<std::int64_t>();
+    s.steps_done = j.at("steps_done").get<std::int64_t>();
+    s.seconds = j.at("seconds").get<double>();
+    s.losses = j.at("losses").get<std::vector<float>>();
+    if (j.contains("ddp")) {
+      const json& d = j.at("ddp");
+      s.ddp = RankDdp{d.at("mode").get<std::string>(), BucketsFromJson(d.at("buckets")),
+                      BucketsFromJson(d.at("rebuilt_buckets"))};
+    }
+    return s;
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("not a rank status: ", e.what()));
+  }
+}
+
+absl::Status RankStatus::Write(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  if (absl::Status s = WriteText(tmp, ToJson().dump(1) + "\n"); !s.ok()) return s;
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot write '", path, "': ", ec.message()));
+  return absl::OkStatus();
+}
+
+std::optional<RankStatus> RankStatus::Read(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  absl::StatusOr<RankStatus> s = FromJson(j);
+  if (!s.ok()) return std::nullopt;
+  return *std::move(s);
+}
+
+json RunManifest::ToJson() const {
+  json ranks_json = json::array();
+  for (const ManifestRank& r : ranks) ranks_json.push_back(ManifestRankJson(r));
+  json j = {{"schema", kRunSchema},        {"generator", generator},         {"command", command},
+            {"world_size", world_size},    {"alloc_conf", alloc_conf},       {"device_memory", device_memory},
+            {"ranks", ranks_json}};
+  if (training) PutTraining(j, *training);
+  if (source) j["source"] = *source;
+  if (failure) j["failure"] = {{"rank", failure->rank}, {"message", failure->message}};
+  return j;
+}
+
+absl::StatusOr<RunManifest> RunManifest::FromJson(const json& j) {
+  if (!j.is_object() || !j.contains("schema") || j["schema"] != kRunSchema) {
+    return absl::InvalidArgumentError(absl::StrCat("is not a run manifest (", kRunSchema, ")"));
+  }
+  try {
+    RunManifest m;
+    m.generator = j.at("generator").get<std::string>();
+    m.command = j.at("command").get<std::string>();
+    m.world_size = j.at("world_size").get<int>();
+    m.alloc_conf = j.at("alloc_conf").get<std::string>();
+    m.device_memory = j.at("device_memory").get<std::uint64_t>();
+    for (const json& r : j.at("ranks")) m.ranks.push_back(ManifestRankFromJson(r));
+    if (j.contains("model")) m.training = TrainingFromJson(j);
+    GetOptional(j, "source", m.source);
+    if (j.contains("failure")) {
+      m.failure = RunFailure{j["failure"].at("rank").get<int>(), j["failure"].at("message").get<std::string>()};
+    }
+    return m;
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("is not a valid run manifest: ", e.what()));
+  }
+}
+
+absl::Status RunManifest::Write(const std::string& path) const { return WriteText(path, ToJson().dump(1) + "\n"); }
+
+absl::StatusOr<RunManifest> RunManifest::Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
+  absl::StatusOr<RunManifest> m = FromJson(j);
+  if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", m.status().message()));
+  return m;
+}
+
+}  // namespace memscope

@@ -1,0 +1,137 @@
+// The two JSON files that describe a run (DESIGN.md "The run directory"),
+// typed: run.json (`RunManifest`, schema memscope.run/1), written once by
+// `memscope run` or `memscope replay --out` after the ranks end, and
+// rank-R.json (`RankStatus`), written by each rank as it ends and read by
+// the aggregation (run/aggregate.h). Both read back what they write (ToJson
+// then FromJson is the identity), and FromJson rejects a document that is not
+// one with a one-line error.
+#ifndef MEMSCOPE_RUN_MANIFEST_H_
+#define MEMSCOPE_RUN_MANIFEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "reducer/ddp.h"
+
+namespace memscope {
+
+inline constexpr const char* kRunSchema = "memscope.run/1";
+
+// One DDP bucket as rank-R.json and report.json list it.
+struct BucketRecord {
+  std::uint64_t index = 0;
+  std::uint64_t bytes = 0;
+  std::string dtype;                // "float32", ...
+  std::vector<std::string> params;  // parameter names, in bucket order
+  bool operator==(const BucketRecord&) const = default;
+};
+std::vector<BucketRecord> BucketRecords(const std::vector<reducer::BucketInfo>& buckets);
+
+// A rank's DDP wrapping: the mode and its buckets, at construction and
+// rebuilt after the first step (empty when not rebuilt).
+struct RankDdp {
+  std::string mode;  // "copy" or "view"
+  std::vector<BucketRecord> buckets, rebuilt_buckets;
+  bool operator==(const RankDdp&) const = default;
+  nlohmann::json ToJson() const;
+};
+
+// rank-R.json: how one rank of `memscope run` ended.
+struct RankStatus {
+  int rank = 0;
+  std::string status;  // "ok", "oom", "comm_error" or "error"
+  int exit_code = 0;
+  std::string error;   // the OOM, tensor or collective error ("" when ok)
+  std::int64_t parameters = 0;
+  std::int64_t steps_done = 0;
+  double seconds = 0;
+  std::vector<float> losses;   // per step (--exec cpu)
+  std::optional<RankDdp> ddp;  // with --ddp copy|view
+  bool operator==(const RankStatus&) const = default;
+
+  nlohmann::json ToJson() const;
+  static absl::StatusOr<RankStatus> FromJson(const nlohmann::json& j);
+  // Writes PATH atomically (PATH.tmp, then renamed): a reader never sees half a status.
+  absl::Status Write(const std::string& path) const;
+  // Reads PATH; nullopt when it is missing or not a rank status (the rank
+  // died before writing it).
+  static std::optional<RankStatus> Read(const std::string& path);
+};
+
+// One rank's entry in run.json. Which optional fields are there depends on
+// what is known: a replay writes rank, status, exit_code and timeline; `memscope run`
+// adds the error, the steps done (from the rank's status) and, for launched
+// ranks, the signal and how it ended.
+struct ManifestRank {
+  int rank = 0;
+  std::string timeline;  // file name in the run directory
+  std::string status;    // RankStatus::status, or "failed" (no status), "killed", "stopped" (by our launcher)
+  std::optional<int> exit_code;
+  std::optional<std::string> error;
+  std::optional<std::int64_t> steps_done;
+  std::optional<int> signal;
+  std::optional<std::string> how;  // RankExit::Describe()
+  bool operator==(const ManifestRank&) const = default;
+};
+
+// The training settings of a `memscope run` manifest.
+struct TrainingManifest {
+  std::string model;
+  std::int64_t parameters = 0;
+  std::int64_t steps = 0;
+  std::int64_t steps_done = 0;
+  std::int64_t batch_size = 0;  // 0: the model's
+  std::string optimizer, optimizer_impl, zero_grad, amp;
+  bool checkpoint_activations = false;
+  std::int64_t grad_accum = 1;
+  std::string attention, exec;
+  std::string ddp;  // "off", "copy" or "view"
+  double seconds = 0;
+  std::vector<float> losses;
+  // The DDP options (present unless ddp is "off").
+  struct Ddp {
+    std::optional<double> bucket_cap_mb;  // null: PyTorch's default
+    bool find_unused_parameters = false;
+    bool static_graph = false;
+    std::string comm_hook = "none";
+    bool broadcast_buffers = true;
+    bool operator==(const Ddp&) const = default;
+  };
+  std::optional<Ddp> ddp_options;
+  bool operator==(const TrainingManifest&) const = default;
+};
+
+// The first failure of a run: its rank and the message printed for it.
+struct RunFailure {
+  int rank = 0;
+  std::string message;
+  bool operator==(const RunFailure&) const = default;
+};
+
+// run.json.
+struct RunManifest {
+  std::string generator;  // kMemscopeVersion of the writer
+  std::string command;    // "run" or "replay"
+  int world_size = 1;
+  std::string alloc_conf;
+  std::uint64_t device_memory = 0;
+  std::vector<ManifestRank> ranks;
+  std::optional<TrainingManifest> training;  // command "run"
+  std::optional<std::string> source;         // command "replay": the request trace
+  std::optional<RunFailure> failure;
+  bool operator==(const RunManifest&) const = default;
+
+  nlohmann::json ToJson() const;
+  static absl::StatusOr<RunManifest> FromJson(const nlohmann::json& j);
+  absl::Status Write(const std::string& path) const;
+  // Errors name the path: missing, not JSON, not memscope.run/1.
+  static absl::StatusOr<RunManifest> Read(const std::string& path);
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_RUN_MANIFEST_H_

@@ -1,0 +1,132 @@
+#include "run/rank.h"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <thread>
+#include <cstdlib>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "reducer/communicator.h"
+#include "run/aggregate.h"
+#include "run/rank_session.h"
+
+namespace memscope {
+namespace {
+
+// The address a rank's Gloo TCP transport binds to: MEMSCOPE_BIND_ADDR when
+// set; this host's name when MASTER_ADDR names another machine (multi-node
+// under torchrun or Slurm); else the loopback (one machine).
+std::string BindAddress() {
+  if (const char* bind = std::getenv("MEMSCOPE_BIND_ADDR"); bind != nullptr && *bind != '\0') return bind;
+  const char* master = std::getenv("MASTER_ADDR");
+  const std::string m = master != nullptr ? master : "";
+  if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") return "127.0.0.1";
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') return host;
+  return "127.0.0.1";
+}
+
+// The communicator of a rank: Gloo between processes, a local one for DDP on
+// one rank, none otherwise. Throws CommError when the rendezvous fails.
+std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, int world_size, const RunDirectory& dir) {
+  if (world_size > 1) {
+    reducer::GlooOptions g;
+    g.rank = rank;
+    g.world_size = world_size;
+    const char* store = std::getenv("MEMSCOPE_STORE");
+    g.store_dir = store != nullptr ? store : dir.Store();
+    g.hostname = BindAddress();
+    g.timeout = plan.timeout;
+    return reducer::CreateGlooCommunicator(g);
+  }
+  if (plan.train.ddp) return reducer::CreateLocalCommunicator();
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
+  RankSessionOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.device_memory = plan.device_memory;
+  options.config = plan.config;
+  options.exec = plan.cpu ? ExecMode::kCpu : ExecMode::kMeta;
+  options.timeline_path = dir.Timeline(rank);
+  RankSession session(options);
+  // The timeline exists even when the rendezvous fails.
+  if (absl::Status s = session.Open(); !s.ok()) return s;
+
+  std::unique_ptr<reducer::Communicator> comm;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<TrainResult> result;
+  try {
+    comm = Connect(plan, rank, world_size, dir);
+    reducer::Communicator* c = comm.get();
+    const auto kill = plan.fault_kill;
+    const auto skip = plan.fault_skip_barrier;
+    plan.train.phase_hook = [c, rank, kill, skip](Phase phase, std::int64_t step, bool end) {
+      if (!end && phase == Phase::kBackward && rank == kill.first && step == kill.second) ::raise(SIGKILL);
+      if (end && c != nullptr && step == skip.second && rank != skip.first) c->Barrier();
+    };
+    if (absl::Status s = session.Start(); !s.ok()) return s;
+    result = Train(plan.train, session.context(), &session.recorder(), c);
+  } catch (const reducer::CommError& e) {  // rendezvous
+    result = TrainResult{};
+    result->comm_error = true;
+    result->error = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!result.ok()) return result.status();
+  if (absl::Status s = session.Finish(); !s.ok()) return s;
+  RankStatus status;
+  status.rank = rank;
+  status.exit_code = result->oom ? kExitOutOfMemory : result->comm_error || !result->error.empty() ? kExitRankFailed : 0;
+  status.status = result->oom ? "oom" : result->comm_error ? "comm_error" : result->error.empty() ? "ok" : "error";
+  status.error = result->error;
+  status.parameters = result->parameters;
+  status.steps_done = result->steps_done;
+  status.seconds = seconds;
+  status.losses = result->losses;
+  if (plan.train.ddp) {
+    status.ddp = RankDdp{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
+  }
+  if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) return s;
+  return status;
+}
+
+absl::StatusOr<LaunchResult> LaunchRankProcesses(const RunDirectory& dir, std::vector<std::string> args, int world_size,
+                                                 std::chrono::milliseconds timeout) {
+  LaunchOptions launch;
+  std::error_code ec;
+  launch.executable = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec || launch.executable.empty()) {
+    return absl::NotFoundError("cannot find the memscope executable (/proc/self/exe)");
+  }
+  launch.args = std::move(args);
+  launch.world_size = world_size;
+  launch.log_dir = dir.root();
+  launch.grace = timeout + std::chrono::seconds(5);
+  launch.env = {{"WORLD_SIZE", absl::StrCat(world_size)},
+                {"MASTER_ADDR", "127.0.0.1"},
+                {"MASTER_PORT", "29500"},
+                {"MEMSCOPE_SUPERVISED", "1"},
+                {"MEMSCOPE_STORE", dir.Store()}};
+  absl::StatusOr<LaunchResult> launched = LaunchRanks(launch);
+  std::filesystem::remove_all(dir.Store(), ec);
+  return launched;
+}
+
+void WaitForRankStatuses(const RunDirectory& dir, int world_size, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int r = 0; r < world_size; ++r) {
+    while (!RankStatus::Read(dir.RankStatus(r)) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+}
+
+}  // namespace memscope

@@ -1,0 +1,89 @@
+// RankSession: what one rank records with, wired once. It owns a simulated
+// GPU, the caching allocator on it, the recorder observing the allocator, and
+// where the events go (a timeline file for `memscope run` and `replay --out`,
+// or a Timeline in memory for RecordReplay and the tests), plus the
+// DeviceContext that tensors and the trainer allocate through.
+//
+//   RankSessionOptions options;
+//   options.rank = r;
+//   options.timeline_path = dir.Timeline(r);   // RunDirectory
+//   RankSession session(options);
+//   if (absl::Status s = session.Start(); !s.ok()) ...
+//   Train(train_options, session.context(), &session.recorder(), comm);
+//   if (absl::Status s = session.Finish(); !s.ok()) ...   // detached, flushed, closed
+//
+// Destruction does what Finish does (detach the recorder, flush the file)
+// for the paths that leave early; Finish is where write errors are seen.
+#ifndef MEMSCOPE_RUN_RANK_SESSION_H_
+#define MEMSCOPE_RUN_RANK_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "allocator/sim_device.h"
+#include "recording/recorder.h"
+#include "recording/timeline.h"
+#include "tensor/tensor.h"
+
+namespace memscope {
+
+struct RankSessionOptions {
+  int rank = 0;  // also the device index of the timeline
+  int world_size = 1;
+  // The simulated GPU's own index (its out-of-memory errors name it); -1:
+  // the rank. Replays run on GPU 0 whatever device their trace came from.
+  int device_index = -1;
+  std::uint64_t device_memory = 80ULL << 30;
+  AllocatorConfig config;
+  // kCpu makes the device host-backed (real bytes behind device addresses).
+  ExecMode exec = ExecMode::kMeta;
+  // Where the events go: this timeline file (created, truncated), stamped
+  // with the wall-clock start; empty records into timeline() in memory,
+  // without a wall-clock start, so that in-memory recordings are reproducible.
+  std::string timeline_path;
+};
+
+class RankSession {
+ public:
+  explicit RankSession(const RankSessionOptions& options);
+  ~RankSession();
+  RankSession(const RankSession&) = delete;
+  RankSession& operator=(const RankSession&) = delete;
+
+  // Creates the timeline file (a no-op in memory), so that a rank that fails
+  // before it records anything (a rendezvous error) still leaves its
+  // timeline. The error names the file. Idempotent.
+  absl::Status Open();
+
+  // Opens when not yet open, then attaches the recorder to the allocator:
+  // nothing is recorded before, and event times count from here.
+  absl::Status Start();
+
+  // Detaches the recorder and flushes and closes the file. Idempotent.
+  absl::Status Finish();
+
+  SimDevice& device() { return device_; }
+  CachingAllocator& allocator() { return allocator_; }
+  Recorder& recorder() { return *recorder_; }  // between Start and Finish
+  DeviceContext& context() { return context_; }
+  // The recording in memory (its header only, when recording to a file).
+  Timeline& timeline() { return timeline_; }
+
+ private:
+  RankSessionOptions options_;
+  SimDevice device_;
+  CachingAllocator allocator_;
+  DeviceContext context_;
+  Timeline timeline_;
+  std::unique_ptr<EventSink> sink_;
+  std::unique_ptr<Recorder> recorder_;
+  bool attached_ = false;
+};
+
+}  // namespace memscope
+
+#endif  // MEMSCOPE_RUN_RANK_SESSION_H_

@@ -1,0 +1,75 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "run/run_directory.h"
+
+namespace memscope {
+namespace {
+
+TEST_CASE("RunDirectory names every file of a run directory") {
+  const RunDirectory dir("runs/a");
+  CHECK(dir.Manifest() == "runs/a/run.json");
+  CHECK(dir.Timeline(3) == "runs/a/rank-3.timeline");
+  CHECK(dir.RankStatus(1) == "runs/a/rank-1.json");
+  CHECK(dir.RankLog(0) == "runs/a/rank-0.log");
+  CHECK(dir.Snapshot(2) == "runs/a/snapshot-rank-2.pickle");
+  CHECK(dir.Report() == "runs/a/report.json");
+  CHECK(dir.Summary() == "runs/a/summary.txt");
+  CHECK(dir.Trace() == "runs/a/trace.json");
+  CHECK(dir.Html() == "runs/a/report.html");
+  CHECK(dir.Store() == "runs/a/.memscope-store");
+  CHECK(RunDirectory("").Manifest() == "run.json");
+  CHECK(RunDirectory::TimelineName(12) == "rank-12.timeline");
+}
+
+TEST_CASE("RunDirectory lists what a run holds, per rank as a range") {
+  CHECK(RunDirectory::Listing(1) ==
+        "run.json, rank-0.timeline, report.json, report.html, summary.txt, trace.json, snapshot-rank-0.pickle");
+  CHECK(RunDirectory::Listing(4) == "run.json, rank-{0..3}.timeline, report.json, report.html, summary.txt, "
+                                    "trace.json, snapshot-rank-{0..3}.pickle");
+}
+
+TEST_CASE("RunDirectory reads the rank of a timeline file name and nothing else") {
+  CHECK(RunDirectory::TimelineRank("rank-0.timeline") == 0);
+  CHECK(RunDirectory::TimelineRank("rank-17.timeline") == 17);
+  CHECK_FALSE(RunDirectory::TimelineRank("rank-.timeline"));
+  CHECK_FALSE(RunDirectory::TimelineRank("rank-x.timeline"));
+  CHECK_FALSE(RunDirectory::TimelineRank("rank-1.json"));
+  CHECK_FALSE(RunDirectory::TimelineRank("snapshot-rank-1.pickle"));
+  CHECK_FALSE(RunDirectory::TimelineRank("my-rank-1.timeline"));
+}
+
+TEST_CASE("RunDirectory cleans only the per-rank files and the rendezvous directory") {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / "memscope-run-directory-test";
+  std::filesystem::remove_all(root);
+  const RunDirectory dir((root / "nested").string());
+  REQUIRE(dir.Create().ok());
+  for (const std::string& f : {dir.Timeline(0), dir.RankStatus(0), dir.RankStatus(1) + ".tmp", dir.RankLog(1),
+                               dir.Snapshot(0), dir.Manifest(), dir.Report(), dir.Path("notes.txt"),
+                               dir.Path("rank-a.log")}) {
+    std::ofstream(f) << "x";
+  }
+  std::filesystem::create_directories(std::filesystem::path(dir.Store()) / "x");
+  dir.RemoveRankFiles();
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir.root())) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"notes.txt", "rank-a.log", "report.json", "run.json"});
+  CHECK(RunDirectory::IsRankFile("rank-10.timeline"));
+  CHECK_FALSE(RunDirectory::IsRankFile("rank-10.timeline.bak"));
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("RunDirectory::Create names the directory it cannot create") {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "memscope-run-directory-file";
+  std::ofstream(file) << "x";
+  const absl::Status s = RunDirectory((file / "sub").string()).Create();
+  CHECK_FALSE(s.ok());
+  CHECK(std::string(s.message()).starts_with("cannot create '" + (file / "sub").string() + "'"));
+  std::filesystem::remove(file);
+}
+
+}  // namespace
+}  // namespace memscope
