@@ -408,15 +408,18 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
   // Only this run's ranks (an external launcher's directory may hold more).
   std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
   // report.json also gets each rank's status and DDP buckets, and the run's failure.
-  auto amend = [&](nlohmann::json& report) {
-    for (nlohmann::json& r : report["ranks"]) {
-      const int rank = r.value("rank", -1);
-      if (rank < 0 || rank >= world_size) continue;
-      const nlohmann::json& st = statuses[static_cast<std::size_t>(rank)];
-      if (st.contains("ddp")) r["ddp"] = st["ddp"];
-      r["status"] = ranks[static_cast<std::size_t>(rank)]["status"];
+  auto amend = [&](std::vector<RankReport>& reports) {
+    for (RankReport& r : reports) {
+      if (r.rank < 0 || r.rank >= world_size) continue;
+      const nlohmann::json& st = statuses[static_cast<std::size_t>(r.rank)];
+      if (st.contains("ddp")) {
+        // The rank wrote it with DdpJson's layout; one that does not read is left out.
+        if (absl::StatusOr<DdpBuckets> ddp = DdpFromJson(st["ddp"]); ddp.ok()) r.ddp = std::move(*ddp);
+      }
+      const nlohmann::json& status = ranks[static_cast<std::size_t>(r.rank)]["status"];
+      r.status = status.is_string() ? status.get<std::string>() : "failed";
+      if (r.rank == first_failure) r.failure = failure;
     }
-    if (!failure.empty()) report["failure"] = run["failure"];
   };
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(a.out, *recorded, amend);
   if (!reports.ok()) return Fail(reports.status().message());
