@@ -1,9 +1,10 @@
 // report.json both ways: ReportToJson writes what ReportFromJson reads and
 // validates, field by field in the same order, so the schema (report.h) has
 // one writer and one reader.
+#include <array>
 #include <cmath>
 #include <map>
-#include <string_view>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -178,7 +179,8 @@ class Fields {
     const json* v = Find(key);
     if (v == nullptr || v->is_null()) return std::optional<Fields>();
     if (!v->is_object()) return Bad(absl::StrCat("\"", key, "\" object"));
-    return std::optional<Fields>(Fields(*v, absl::StrCat(where_, " ", key_name.empty() ? absl::string_view(key) : key_name)));
+    const absl::string_view name = key_name.empty() ? absl::string_view(key) : key_name;
+    return std::optional<Fields>(Fields(*v, absl::StrCat(where_, " ", name)));
   }
   // An array field (absent: empty); an error when it is something else.
   absl::StatusOr<const json*> Array(const char* key) const {
@@ -517,5 +519,7 @@ absl::StatusOr<Report> ReportFromJson(const json& j) {
   }
   return report;
 }
+
+#undef MEMSCOPE_RETURN_IF_ERROR
 
 }  // namespace memscope
