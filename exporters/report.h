@@ -30,11 +30,14 @@
 //   CATEGORY: every allocator category ("PARAMETER", "ACTIVATION", ...).
 //   time_us: wall-clock microseconds (Unix time).
 //
-// Reading: "schema", "ranks" and, per rank, "rank" and "peak" (allocated:
-// bytes and by_category; reserved: bytes) are required; the rest may be
-// missing, as in a report written by an older memscope or by hand (numbers
-// read as 0, "oom" as none, "memory_stats" as unknown). A field that is there
-// must have its type; bytes are non-negative.
+// Reading: "schema", "ranks" and, per rank, "rank" (each once) and "peak"
+// (allocated: bytes and by_category; reserved: bytes) are required, and a
+// phase row needs its phase, allocated, max allocated and reserved bytes and
+// by_category; the rest may be missing, as in a report written by an older
+// memscope or by hand (numbers read as 0, "oom" as none, "memory_stats" as
+// unknown). A field that is there must have its type (bytes non-negative,
+// categories and memory_stats keys known); peak_reserved_bytes, when there,
+// equals peak.reserved.bytes; "failure" names one of the ranks.
 #ifndef MEMSCOPE_EXPORTERS_REPORT_H_
 #define MEMSCOPE_EXPORTERS_REPORT_H_
 
