@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace memscope {
 
@@ -70,6 +71,11 @@ struct DeviceStats {
 // The flattened dict torch.cuda.memory_stats() returns, keys sorted:
 // "active.all.current", ..., "num_ooms", "oversize_allocations.peak", ...
 std::map<std::string, std::int64_t> FlattenStats(const DeviceStats& stats);
+
+// The inverse of FlattenStats, one key at a time: sets the field `key` names
+// ("active_bytes.all.peak") to `value`. False, changing nothing, for a key
+// FlattenStats does not write.
+bool SetFlatStat(DeviceStats& stats, std::string_view key, std::int64_t value);
 
 // torch.cuda.memory_summary(device, abbreviated): the PyTorch 2.x table,
 // character for character.

@@ -69,6 +69,11 @@ std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, 
 absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
   RankReport r;
   r.rank = t.rank;
+  r.device_index = t.device_index;
+  r.device_capacity = t.device_capacity;
+  r.alloc_conf = t.alloc_conf;
+  r.torn_bytes = t.torn_bytes;
+  r.wall_start_us = t.wall_start_us;
   r.events = t.events.size();
   TraceModel model(TimelineConfig(t));
   std::vector<OpenPhase> open;

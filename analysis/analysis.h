@@ -65,8 +65,37 @@ struct OomReport {
   std::string verdict;
 };
 
+// One DDP gradient bucket as the Reducer assigned it: its position, its size,
+// the dtype of its gradients and its parameters in the bucket's order (its
+// layout, and the order their gradients are expected).
+struct DdpBucket {
+  std::size_t index = 0;
+  std::uint64_t bytes = 0;
+  std::string dtype;                // "float32"
+  std::vector<std::string> params;  // parameter names
+  bool operator==(const DdpBucket&) const = default;
+};
+
+// A DDP rank's buckets: the assignment at construction and, once the first
+// backward has shown the gradient-ready order, the rebuilt one (empty when
+// DDP did not rebuild).
+struct DdpBuckets {
+  std::string mode;  // --ddp: "copy" or "view"
+  std::vector<DdpBucket> buckets;
+  std::vector<DdpBucket> rebuilt_buckets;
+  bool operator==(const DdpBuckets&) const = default;
+};
+
+// Everything report.json says about one rank (exporters/report.h has the
+// schema): the recording's header and its analyses, which AnalyzeRank fills,
+// and what only `memscope run` knows (ddp, status, failure), which it adds.
 struct RankReport {
   int rank = 0;
+  int device_index = 0;
+  std::uint64_t device_capacity = 0;
+  std::string alloc_conf;          // PYTORCH_CUDA_ALLOC_CONF of the recording, "" for the defaults
+  std::uint64_t torn_bytes = 0;    // an incomplete last record the reader ignored
+  std::int64_t wall_start_us = 0;  // Unix time of the recording's start: report.json's times are wall-clock
   std::size_t events = 0;
   std::vector<PhaseRow> phases;
   PeakInfo peak_allocated;
@@ -75,7 +104,17 @@ struct RankReport {
   FragmentationInfo fragmentation_at_peak;  // at the peak of allocated
   std::optional<OomReport> oom;             // the first OOM
   DeviceStats stats;                        // at the end
+  // False only for a report.json without "memory_stats" (hand-written):
+  // `stats` is then all zeros and says nothing.
+  bool stats_known = true;
   std::uint64_t lower_bound = 0;            // peak of live requested bytes
+  // What `memscope run` adds:
+  std::optional<DdpBuckets> ddp;  // the rank trained under DDP
+  std::string status;             // "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"; "" outside a run
+  // Why the run failed, set only on the rank whose failure was the first
+  // ("rank 1 was killed by signal 9 (SIGKILL)"); report.json writes it as the
+  // run's top-level "failure".
+  std::string failure;
   // How much the actual peak reserved exceeds the lower bound.
   std::uint64_t overhead_bytes() const {
     return peak_reserved.bytes > lower_bound ? peak_reserved.bytes - lower_bound : 0;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <initializer_list>
 #include <limits>
 #include <utility>
 
@@ -25,103 +24,37 @@ constexpr CheckMetric kAllMetrics[] = {CheckMetric::kPeakAllocated, CheckMetric:
 
 absl::string_view AbslView(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// The value at j[k0][k1]..., or null when a step is missing or not an object.
-const json* Find(const json& j, std::initializer_list<const char*> keys) {
-  const json* at = &j;
-  for (const char* k : keys) {
-    if (!at->is_object()) return nullptr;
-    auto it = at->find(k);
-    if (it == at->end()) return nullptr;
-    at = &*it;
-  }
-  return at;
-}
-
-// A non-negative number as bytes; nullopt for anything else.
-std::optional<std::uint64_t> Bytes(const json* j) {
-  if (j == nullptr) return std::nullopt;
-  if (j->is_number_unsigned()) return j->get<std::uint64_t>();
-  if (j->is_number_integer()) {
-    const std::int64_t v = j->get<std::int64_t>();
-    if (v < 0) return std::nullopt;
-    return static_cast<std::uint64_t>(v);
-  }
-  if (j->is_number_float()) {
-    const double v = j->get<double>();
-    if (!std::isfinite(v) || v < 0 || v >= 18446744073709551615.0) return std::nullopt;
-    return static_cast<std::uint64_t>(std::floor(v));
-  }
-  return std::nullopt;
-}
-
-absl::StatusOr<std::uint64_t> MetricValue(const json& rank, int rank_id, CheckMetric metric) {
-  std::optional<std::uint64_t> v;
-  const char* field = "";
+absl::StatusOr<std::uint64_t> MetricValue(const RankReport& rank, CheckMetric metric) {
   switch (metric) {
-    case CheckMetric::kPeakAllocated:
-      field = "peak.allocated.bytes";
-      v = Bytes(Find(rank, {"peak", "allocated", "bytes"}));
-      if (!v) v = Bytes(Find(rank, {"memory_stats", "allocated_bytes.all.peak"}));
-      break;
-    case CheckMetric::kPeakReserved:
-      field = "peak_reserved_bytes";
-      v = Bytes(Find(rank, {"peak_reserved_bytes"}));
-      if (!v) v = Bytes(Find(rank, {"peak", "reserved", "bytes"}));
-      if (!v) v = Bytes(Find(rank, {"memory_stats", "reserved_bytes.all.peak"}));
-      break;
+    case CheckMetric::kPeakAllocated: return rank.peak_allocated.bytes;
+    case CheckMetric::kPeakReserved: return rank.peak_reserved.bytes;
     case CheckMetric::kPeakActive:
-      field = "memory_stats \"active_bytes.all.peak\"";
-      v = Bytes(Find(rank, {"memory_stats", "active_bytes.all.peak"}));
-      break;
+      if (!rank.stats_known) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank.rank, " has no memory_stats \"active_bytes.all.peak\" (peak_active)"));
+      }
+      return static_cast<std::uint64_t>(std::max<std::int64_t>(All(rank.stats.active_bytes).peak, 0));
   }
-  if (!v) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank_id, " has no ", field, " (", AbslView(CheckMetricName(metric)), ")"));
-  }
-  return *v;
+  return absl::InternalError("unknown metric");
 }
 
-// Where the metric's peak happened: the PEAK object of report.json.
-const json* PeakOf(const json& rank, CheckMetric metric) {
-  return Find(rank, {"peak", metric == CheckMetric::kPeakReserved ? "reserved" : "allocated"});
+// Where the metric's peak happened: peak_active's with allocated's (active
+// bytes peak with allocated bytes, up to blocks whose free waits on a stream).
+const PeakInfo& PeakOf(const RankReport& rank, CheckMetric metric) {
+  return metric == CheckMetric::kPeakReserved ? rank.peak_reserved : rank.peak_allocated;
 }
 
-// "ACTIVATION 40.00 MiB (33%), TEMPORARY ...": the three largest categories
-// of a report's by_category object.
-std::string TopCategories(const json& by_category, std::uint64_t total) {
-  std::array<std::int64_t, kNumCategories> bytes{};
-  if (by_category.is_object()) {
-    for (auto it = by_category.begin(); it != by_category.end(); ++it) {
-      const std::optional<Category> c = ParseCategory(it.key());
-      const std::optional<std::uint64_t> b = Bytes(&it.value());
-      if (c && b) bytes[static_cast<int>(*c)] = static_cast<std::int64_t>(*b);
-    }
-  }
-  return CategoryBreakdown(bytes, total, 3);
-}
-
-struct RankRef {
-  int id = 0;
-  const json* j = nullptr;
-};
-
-absl::StatusOr<std::vector<RankRef>> Ranks(const json& report, absl::string_view what) {
-  std::vector<RankRef> out;
-  for (const json& r : report["ranks"]) {
-    const json* id = Find(r, {"rank"});
-    if (id == nullptr || !id->is_number_integer() || id->get<std::int64_t>() < 0 ||
-        id->get<std::int64_t>() > 1000000) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": an entry of ranks has no valid \"rank\""));
-    }
-    out.push_back({static_cast<int>(id->get<std::int64_t>()), &r});
-  }
-  std::stable_sort(out.begin(), out.end(), [](const RankRef& a, const RankRef& b) { return a.id < b.id; });
+// The report's ranks by rank.
+std::vector<const RankReport*> Ranks(const Report& report) {
+  std::vector<const RankReport*> out;
+  for (const RankReport& r : report.ranks) out.push_back(&r);
+  std::stable_sort(out.begin(), out.end(), [](const RankReport* a, const RankReport* b) { return a->rank < b->rank; });
   return out;
 }
 
-const RankRef* FindRank(const std::vector<RankRef>& ranks, int id) {
-  for (const RankRef& r : ranks) {
-    if (r.id == id) return &r;
+const RankReport* FindRank(const std::vector<const RankReport*>& ranks, int id) {
+  for (const RankReport* r : ranks) {
+    if (r->rank == id) return r;
   }
   return nullptr;
 }
@@ -131,13 +64,10 @@ std::string Percent(double pct) { return absl::StrFormat("%+.1f%%", pct); }
 std::string ToleranceText(double pct) { return absl::StrFormat("%g%%", pct); }
 
 // Fills phase, by_category and line of a check whose other fields are set.
-void Describe(CheckOutcome& c, const json& rank) {
-  std::uint64_t peak_bytes = 0;
-  if (const json* peak = PeakOf(rank, c.metric)) {
-    if (const json* p = Find(*peak, {"phase"}); p != nullptr && p->is_string()) c.phase = p->get<std::string>();
-    if (const json* b = Find(*peak, {"by_category"}); b != nullptr && b->is_object()) c.by_category = *b;
-    peak_bytes = Bytes(Find(*peak, {"bytes"})).value_or(0);
-  }
+void Describe(CheckOutcome& c, const RankReport& rank) {
+  const PeakInfo& peak = PeakOf(rank, c.metric);
+  c.phase = peak.phase;
+  c.by_category = peak.by_category;
   const std::string name(CheckMetricName(c.metric));
   std::string detail;
   if (c.kind == CheckOutcome::Kind::kBaseline) {
@@ -157,7 +87,7 @@ void Describe(CheckOutcome& c, const json& rank) {
     return;
   }
   std::string where = c.phase.empty() ? "" : absl::StrCat(" at ", c.phase);
-  const std::string cats = TopCategories(c.by_category, peak_bytes);
+  const std::string cats = CategoryBreakdown(c.by_category, peak.bytes, 3);
   if (!cats.empty()) absl::StrAppend(&where, "; ", cats);
   c.line = absl::StrCat("FAIL ", name, " rank ", c.rank, ": ", FormatSize(c.value), " > limit ", FormatSize(c.limit),
                         detail, where);
@@ -236,97 +166,71 @@ absl::StatusOr<Budget> ParseBudget(std::string_view std_text) {
   return b;
 }
 
-absl::Status ValidateReport(const nlohmann::json& report) {
-  if (!report.is_object()) return absl::InvalidArgumentError("not a JSON object (expected memscope.report/1)");
-  const json* schema = Find(report, {"schema"});
-  if (schema == nullptr || !schema->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat("has no \"schema\" (expected ", kReportSchema, ")"));
-  }
-  if (schema->get<std::string>() != kReportSchema) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("has schema '", schema->get<std::string>(), "', not ", kReportSchema));
-  }
-  const json* ranks = Find(report, {"ranks"});
-  if (ranks == nullptr || !ranks->is_array()) return absl::InvalidArgumentError("has no \"ranks\" array");
-  return absl::OkStatus();
-}
-
-absl::StatusOr<CheckResult> RunChecks(const nlohmann::json& report, const std::vector<Budget>& budgets,
-                                      const nlohmann::json* baseline, double tolerance_pct) {
-  if (absl::Status s = ValidateReport(report); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("report ", s.message()));
-  }
-  if (baseline != nullptr) {
-    if (absl::Status s = ValidateReport(*baseline); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("baseline ", s.message()));
-    }
-  }
+absl::StatusOr<CheckResult> RunChecks(const Report& report, const std::vector<Budget>& budgets, const Report* baseline,
+                                      double tolerance_pct) {
   if (!std::isfinite(tolerance_pct) || tolerance_pct < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("invalid tolerance %g: expected a percentage >= 0", tolerance_pct));
   }
-  absl::StatusOr<std::vector<RankRef>> ranks = Ranks(report, "report");
-  if (!ranks.ok()) return ranks.status();
-
+  const std::vector<const RankReport*> ranks = Ranks(report);
   CheckResult result;
-  auto add = [&](CheckOutcome c, const json& rank) {
+  auto add = [&](CheckOutcome c, const RankReport& rank) {
     Describe(c, rank);
     if (!c.passed) ++result.failed;
     result.checks.push_back(std::move(c));
   };
 
   for (const Budget& b : budgets) {
-    if (b.rank >= 0 && FindRank(*ranks, b.rank) == nullptr) {
+    if (b.rank >= 0 && FindRank(ranks, b.rank) == nullptr) {
       std::vector<int> ids;
-      for (const RankRef& r : *ranks) ids.push_back(r.id);
+      for (const RankReport* r : ranks) ids.push_back(r->rank);
       return absl::NotFoundError(absl::StrCat("rank ", b.rank, " is not in the report (ranks: ",
                                               ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
     }
-    for (const RankRef& r : *ranks) {
-      if (b.rank >= 0 && r.id != b.rank) continue;
-      absl::StatusOr<std::uint64_t> v = MetricValue(*r.j, r.id, b.metric);
+    for (const RankReport* r : ranks) {
+      if (b.rank >= 0 && r->rank != b.rank) continue;
+      absl::StatusOr<std::uint64_t> v = MetricValue(*r, b.metric);
       if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("report: ", v.status().message()));
       CheckOutcome c;
       c.kind = CheckOutcome::Kind::kBudget;
       c.metric = b.metric;
-      c.rank = r.id;
+      c.rank = r->rank;
       c.value = *v;
       c.limit = b.limit;
       c.passed = *v <= b.limit;
-      add(std::move(c), *r.j);
+      add(std::move(c), *r);
     }
   }
 
   if (baseline != nullptr) {
-    absl::StatusOr<std::vector<RankRef>> base_ranks = Ranks(*baseline, "baseline");
-    if (!base_ranks.ok()) return base_ranks.status();
+    const std::vector<const RankReport*> base_ranks = Ranks(*baseline);
     const long double factor = 1.0L + static_cast<long double>(tolerance_pct) / 100.0L;
-    for (const RankRef& r : *ranks) {
-      const RankRef* br = FindRank(*base_ranks, r.id);
+    for (const RankReport* r : ranks) {
+      const RankReport* br = FindRank(base_ranks, r->rank);
       if (br == nullptr) {
-        result.notes.push_back(absl::StrCat("note: rank ", r.id, " is not in the baseline; not compared"));
+        result.notes.push_back(absl::StrCat("note: rank ", r->rank, " is not in the baseline; not compared"));
         continue;
       }
       for (const CheckMetric m : kAllMetrics) {
-        absl::StatusOr<std::uint64_t> v = MetricValue(*r.j, r.id, m);
+        absl::StatusOr<std::uint64_t> v = MetricValue(*r, m);
         if (!v.ok()) return absl::InvalidArgumentError(absl::StrCat("report: ", v.status().message()));
-        absl::StatusOr<std::uint64_t> bv = MetricValue(*br->j, br->id, m);
+        absl::StatusOr<std::uint64_t> bv = MetricValue(*br, m);
         if (!bv.ok()) return absl::InvalidArgumentError(absl::StrCat("baseline: ", bv.status().message()));
         const long double limit = std::floor(static_cast<long double>(*bv) * factor);
         CheckOutcome c;
         c.kind = CheckOutcome::Kind::kBaseline;
         c.metric = m;
-        c.rank = r.id;
+        c.rank = r->rank;
         c.value = *v;
         c.limit = limit >= 18446744073709551615.0L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(limit);
         c.baseline = *bv;
         c.tolerance_pct = tolerance_pct;
         c.passed = *v <= c.limit;
-        add(std::move(c), *r.j);
+        add(std::move(c), *r);
       }
     }
-    for (const RankRef& br : *base_ranks) {
-      if (FindRank(*ranks, br.id) == nullptr) {
-        result.notes.push_back(absl::StrCat("note: baseline rank ", br.id, " is not in the report; not compared"));
+    for (const RankReport* br : base_ranks) {
+      if (FindRank(ranks, br->rank) == nullptr) {
+        result.notes.push_back(absl::StrCat("note: baseline rank ", br->rank, " is not in the report; not compared"));
       }
     }
   }
@@ -353,7 +257,7 @@ nlohmann::json CheckJson(const CheckResult& result) {
                       {"baseline", c.baseline ? json(*c.baseline) : json(nullptr)},
                       {"passed", c.passed},
                       {"phase", c.phase},
-                      {"by_category", c.by_category},
+                      {"by_category", ByCategoryJson(c.by_category)},
                       {"message", c.line}});
   }
   return {{"checks", checks}, {"notes", result.notes}, {"failed", result.failed}};

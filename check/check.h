@@ -1,11 +1,10 @@
 // `memscope check`: memory budgets and baseline regressions for CI, as a pure
-// function over report.json (schema memscope.report/1).
+// function over a report (exporters/report.h: report.json read, or analysed
+// here).
 //
-// Metrics (per rank, from report.json):
-//   peak_allocated  ranks[].peak.allocated.bytes
-//                   (or memory_stats "allocated_bytes.all.peak")
-//   peak_reserved   ranks[].peak_reserved_bytes
-//                   (or peak.reserved.bytes, memory_stats "reserved_bytes.all.peak")
+// Metrics (per rank):
+//   peak_allocated  peak.allocated.bytes          (torch.cuda.max_memory_allocated)
+//   peak_reserved   peak.reserved.bytes           (= report.json's peak_reserved_bytes)
 //   peak_active     memory_stats "active_bytes.all.peak"
 // Where a peak happened (phase, categories) comes from peak.allocated for
 // peak_allocated and peak_active (active bytes peak with allocated bytes up to
@@ -20,6 +19,7 @@
 #ifndef MEMSCOPE_CHECK_CHECK_H_
 #define MEMSCOPE_CHECK_CHECK_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "exporters/report.h"
 #include "nlohmann/json.hpp"
 
 namespace memscope {
@@ -61,7 +62,7 @@ struct CheckOutcome {
   double tolerance_pct = 0;               // baseline checks
   bool passed = true;
   std::string phase;                      // where the peak happened, "" if unknown
-  nlohmann::json by_category = nlohmann::json::object();  // CATEGORY -> bytes at that peak
+  std::array<std::int64_t, kNumCategories> by_category{};  // bytes by category at that peak
   // "ok   peak_allocated rank 0: 120.00 MiB <= 200.00 MiB" or
   // "FAIL peak_allocated rank 0: 120.00 MiB > limit 100.00 MiB (+20.0%) at forward:0; TEMPORARY ..."
   std::string line;
@@ -73,16 +74,12 @@ struct CheckResult {
   int failed = 0;
 };
 
-// InvalidArgument unless `report` is a memscope.report/1 object with a ranks
-// array (names another schema when it has one).
-absl::Status ValidateReport(const nlohmann::json& report);
-
 // Evaluates the budgets and, when `baseline` is not null, the regression
-// checks against it. Errors (InvalidArgument / NotFound): a report or baseline
-// that is not memscope.report/1 or lacks a metric, a budget naming a rank the
-// report does not have, a negative or non-finite tolerance.
-absl::StatusOr<CheckResult> RunChecks(const nlohmann::json& report, const std::vector<Budget>& budgets,
-                                      const nlohmann::json* baseline, double tolerance_pct);
+// checks against it. Errors (InvalidArgument / NotFound): a rank without a
+// metric a check needs ("report: rank 0 has no memory_stats ..."), a budget
+// naming a rank the report does not have, a negative or non-finite tolerance.
+absl::StatusOr<CheckResult> RunChecks(const Report& report, const std::vector<Budget>& budgets, const Report* baseline,
+                                      double tolerance_pct);
 
 // The lines, the notes and "memscope check: N checks, M failed", each ending in '\n'.
 std::string CheckText(const CheckResult& result);

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ struct CheckArgs {
 };
 
 // The report to check, with the readers' notes on stderr.
-absl::StatusOr<nlohmann::json> LoadReportJson(const std::string& path) {
+absl::StatusOr<Report> LoadCheckedReport(const std::string& path) {
   absl::StatusOr<LoadedReport> loaded = LoadReport(path);
   if (!loaded.ok()) return loaded.status();
   PrintNotes(loaded->timelines);
@@ -58,15 +59,15 @@ int Check(const CheckArgs& a) {
   }
   if (budgets.empty() && a.baseline.empty()) return Fail("nothing to check: give --max METRIC=SIZE or --baseline REPORT");
 
-  absl::StatusOr<nlohmann::json> report = LoadReportJson(a.path);
+  absl::StatusOr<Report> report = LoadCheckedReport(a.path);
   if (!report.ok()) return Fail(report.status().message());
-  std::unique_ptr<nlohmann::json> baseline;
+  std::optional<Report> baseline;
   if (!a.baseline.empty()) {
-    absl::StatusOr<nlohmann::json> b = LoadReportJson(a.baseline);
+    absl::StatusOr<Report> b = LoadCheckedReport(a.baseline);
     if (!b.ok()) return Fail(absl::StrCat("baseline: ", b.status().message()));
-    baseline = std::make_unique<nlohmann::json>(std::move(*b));
+    baseline = std::move(*b);
   }
-  absl::StatusOr<CheckResult> result = RunChecks(*report, budgets, baseline.get(), tolerance);
+  absl::StatusOr<CheckResult> result = RunChecks(*report, budgets, baseline ? &*baseline : nullptr, tolerance);
   if (!result.ok()) return Fail(result.status().message());
 
   if (a.json) {

@@ -220,12 +220,12 @@ RunRecord MakeRecord(const RunArgs& a, const Plan& plan, int world_size, const s
 }
 
 // The DDP bucket lines under a rank's phase table.
-void PrintBuckets(const RankDdp& ddp) {
+void PrintBuckets(const DdpBuckets& ddp) {
   for (const bool rebuilt : {false, true}) {
-    const std::vector<BucketRecord>& b = rebuilt ? ddp.rebuilt_buckets : ddp.buckets;
+    const std::vector<DdpBucket>& b = rebuilt ? ddp.rebuilt_buckets : ddp.buckets;
     if (b.empty()) continue;
     std::uint64_t total = 0;
-    for (const BucketRecord& x : b) total += x.bytes;
+    for (const DdpBucket& x : b) total += x.bytes;
     std::cout << (rebuilt ? "rebuilt in gradient-ready order: " : "DDP buckets: ") << b.size()
               << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
               << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0].bytes), ")")) << "\n";

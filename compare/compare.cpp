@@ -11,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
-#include "check/check.h"
 #include "exporters/report.h"
 
 namespace memscope {
@@ -22,13 +21,13 @@ using json = nlohmann::json;
 // The run.json keys the header shows, in this order.
 constexpr const char* kConfigKeys[] = {"model", "source", "optimizer", "steps", "ddp", "world_size", "alloc_conf"};
 
-// ---- Reading a report (checked: a report.json file may hold anything) ----
+// ---- What a comparison reads of a report ----
 
 struct PhaseEnd {
   std::int64_t step = kNoStep;
   std::string phase;
   ComparedRow values;
-  const json* by_category = nullptr;
+  const std::array<std::int64_t, kNumCategories>* by_category = nullptr;
 };
 
 // What one side holds for a moment of the explanation.
@@ -52,161 +51,54 @@ struct RunData {
   std::map<int, RankData> ranks;
 };
 
-class ReportReader {
- public:
-  explicit ReportReader(const CompareInput& input) : input_(input) {}
+std::map<std::string, std::int64_t> CategoryMap(const std::array<std::int64_t, kNumCategories>& by_category) {
+  std::map<std::string, std::int64_t> out;
+  for (int c = 0; c < kNumCategories; ++c) out[std::string(CategoryName(static_cast<Category>(c)))] = by_category[c];
+  return out;
+}
 
-  absl::StatusOr<RunData> Read() {
-    if (absl::Status s = ValidateReport(input_.report); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("'", input_.label, "' ", s.message()));
-    }
-    RunData run;
-    const json& ranks = input_.report["ranks"];
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      where_ = absl::StrCat("ranks[", i, "]");
-      absl::StatusOr<RankData> r = ReadRank(ranks[i]);
-      if (!r.ok()) return r.status();
-      const int rank = r->rank;
-      run.ranks.emplace(rank, std::move(*r));  // a repeated rank: the first one counts
-    }
-    const json* world_size = Find(input_.report, "world_size");
-    run.world_size = world_size != nullptr && world_size->is_number_integer() ? world_size->get<int>()
-                                                                              : static_cast<int>(run.ranks.size());
-    return run;
+// The steady state: the end of the last phase, else the end of the
+// recording (by category only when the input has the timeline).
+Breakdown AtEnd(const CompareInput& input, const RankReport& rank, const std::vector<PhaseEnd>& phases) {
+  if (!phases.empty()) {
+    const PhaseEnd& last = phases.back();
+    return {last.step == kNoStep ? last.phase : absl::StrCat(last.phase, ":", last.step),
+            static_cast<std::int64_t>(last.values.allocated), true, CategoryMap(*last.by_category)};
   }
+  Breakdown end;
+  end.moment = "end of recording";
+  if (auto it = input.end_by_category.find(rank.rank); it != input.end_by_category.end()) {
+    end.by_category = CategoryMap(it->second);
+    for (const std::int64_t bytes : it->second) end.total += bytes;
+  } else {
+    end.total = static_cast<std::int64_t>(rank.fragmentation_at_end.allocated);
+    end.known = false;
+  }
+  return end;
+}
 
- private:
-  absl::Status Bad(const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat("'", input_.label, "' is not a usable memscope.report/1: ", where_,
-                                                   " has no ", what));
+RankData ReadRank(const CompareInput& input, const RankReport& rank) {
+  RankData r;
+  r.rank = rank.rank;
+  for (const PhaseRow& row : rank.phases) {
+    r.phases.push_back({row.step, ReportPhaseName(row), {row.allocated, row.max_allocated, row.reserved}, &row.by_category});
   }
-  static const json* Find(const json& object, const char* key) {
-    if (!object.is_object()) return nullptr;
-    auto it = object.find(key);
-    return it == object.end() ? nullptr : &*it;
-  }
-  static bool IsNonNegative(const json* v) {
-    return v != nullptr && v->is_number_integer() && (v->is_number_unsigned() || v->get<std::int64_t>() >= 0);
-  }
-  absl::StatusOr<std::uint64_t> Bytes(const json& object, const char* key) const {
-    const json* v = Find(object, key);
-    if (!IsNonNegative(v)) return Bad(absl::StrCat("\"", key, "\" (bytes)"));
-    return v->get<std::uint64_t>();
-  }
-  absl::StatusOr<const json*> Categories(const json& object) const {
-    const json* v = Find(object, "by_category");
-    if (v == nullptr || !v->is_object()) return Bad("\"by_category\" object");
-    for (auto it = v->begin(); it != v->end(); ++it) {
-      if (!it->is_number_integer()) return Bad(absl::StrCat("integer \"by_category\".\"", it.key(), "\""));
-    }
-    return v;
-  }
-  static std::map<std::string, std::int64_t> CategoryMap(const json& by_category) {
-    std::map<std::string, std::int64_t> out;
-    for (auto it = by_category.begin(); it != by_category.end(); ++it) out[it.key()] = it->get<std::int64_t>();
-    return out;
-  }
-  // A peak's phase: "" (none open) when absent or null.
-  absl::StatusOr<std::string> PeakPhase(const json& peak) const {
-    const json* v = Find(peak, "phase");
-    if (v == nullptr || v->is_null()) return std::string();
-    if (!v->is_string()) return Bad("string \"phase\"");
-    return v->get<std::string>();
-  }
+  r.peak_allocated = rank.peak_allocated.bytes;
+  r.peak_allocated_phase = rank.peak_allocated.phase;
+  r.at_peak = {r.peak_allocated_phase.empty() ? "(no phase)" : r.peak_allocated_phase,
+               static_cast<std::int64_t>(r.peak_allocated), true, CategoryMap(rank.peak_allocated.by_category)};
+  r.peak_reserved = rank.peak_reserved.bytes;
+  r.peak_reserved_phase = rank.peak_reserved.phase;
+  r.at_end = AtEnd(input, rank, r.phases);
+  return r;
+}
 
-  absl::StatusOr<RankData> ReadRank(const json& rank) {
-    RankData r;
-    const json* id = Find(rank, "rank");
-    if (id == nullptr || !id->is_number_integer() || id->get<std::int64_t>() < 0 ||
-        id->get<std::int64_t>() > 1 << 20) {
-      return Bad("\"rank\" (a rank number)");
-    }
-    r.rank = id->get<int>();
-    where_ = absl::StrCat("rank ", r.rank);
-    const std::string rank_where = where_;
-    const json* phases = Find(rank, "phases");
-    if (phases == nullptr || !phases->is_array()) return Bad("\"phases\" array");
-    for (std::size_t i = 0; i < phases->size(); ++i) {
-      const json& row = (*phases)[i];
-      where_ = absl::StrCat(rank_where, " phases[", i, "]");
-      PhaseEnd p;
-      const json* step = Find(row, "step");
-      if (step != nullptr && !step->is_null()) {
-        if (!IsNonNegative(step)) return Bad("\"step\" (null or a step number)");
-        p.step = step->get<std::int64_t>();
-      }
-      const json* phase = Find(row, "phase");
-      if (phase == nullptr || !phase->is_string()) return Bad("string \"phase\"");
-      p.phase = phase->get<std::string>();
-      absl::StatusOr<std::uint64_t> allocated = Bytes(row, "allocated_bytes");
-      if (!allocated.ok()) return allocated.status();
-      absl::StatusOr<std::uint64_t> max_allocated = Bytes(row, "max_allocated_bytes");
-      if (!max_allocated.ok()) return max_allocated.status();
-      absl::StatusOr<std::uint64_t> reserved = Bytes(row, "reserved_bytes");
-      if (!reserved.ok()) return reserved.status();
-      absl::StatusOr<const json*> by_category = Categories(row);
-      if (!by_category.ok()) return by_category.status();
-      p.values = {*allocated, *max_allocated, *reserved};
-      p.by_category = *by_category;
-      r.phases.push_back(std::move(p));
-    }
-
-    where_ = rank_where;
-    const json* peak = Find(rank, "peak");
-    const json* allocated = peak != nullptr ? Find(*peak, "allocated") : nullptr;
-    const json* reserved = peak != nullptr ? Find(*peak, "reserved") : nullptr;
-    if (allocated == nullptr || !allocated->is_object()) return Bad("\"peak\".\"allocated\" object");
-    if (reserved == nullptr || !reserved->is_object()) return Bad("\"peak\".\"reserved\" object");
-    where_ = absl::StrCat(rank_where, " peak.allocated");
-    absl::StatusOr<std::uint64_t> bytes = Bytes(*allocated, "bytes");
-    if (!bytes.ok()) return bytes.status();
-    absl::StatusOr<std::string> phase = PeakPhase(*allocated);
-    if (!phase.ok()) return phase.status();
-    absl::StatusOr<const json*> by_category = Categories(*allocated);
-    if (!by_category.ok()) return by_category.status();
-    r.peak_allocated = *bytes;
-    r.peak_allocated_phase = *phase;
-    r.at_peak = {phase->empty() ? "(no phase)" : *phase, static_cast<std::int64_t>(*bytes), true,
-                 CategoryMap(**by_category)};
-
-    where_ = absl::StrCat(rank_where, " peak.reserved");
-    bytes = Bytes(*reserved, "bytes");
-    if (!bytes.ok()) return bytes.status();
-    phase = PeakPhase(*reserved);
-    if (!phase.ok()) return phase.status();
-    r.peak_reserved = *bytes;
-    r.peak_reserved_phase = *phase;
-
-    // The steady state: the end of the last phase, else the end of the recording.
-    if (!r.phases.empty()) {
-      const PhaseEnd& last = r.phases.back();
-      r.at_end = {last.step == kNoStep ? last.phase : absl::StrCat(last.phase, ":", last.step),
-                  static_cast<std::int64_t>(last.values.allocated), true, CategoryMap(*last.by_category)};
-    } else {
-      r.at_end.moment = "end of recording";
-      if (auto it = input_.end_by_category.find(r.rank); it != input_.end_by_category.end()) {
-        for (int c = 0; c < kNumCategories; ++c) {
-          r.at_end.by_category[std::string(CategoryName(static_cast<Category>(c)))] = it->second[c];
-          r.at_end.total += it->second[c];
-        }
-      } else {
-        where_ = rank_where;
-        const json* fragmentation = Find(rank, "fragmentation");
-        const json* end = fragmentation != nullptr ? Find(*fragmentation, "end") : nullptr;
-        if (end == nullptr || !end->is_object()) return Bad("phases and no \"fragmentation\".\"end\" object");
-        where_ = absl::StrCat(rank_where, " fragmentation.end");
-        absl::StatusOr<std::uint64_t> end_allocated = Bytes(*end, "allocated_bytes");
-        if (!end_allocated.ok()) return end_allocated.status();
-        r.at_end.total = static_cast<std::int64_t>(*end_allocated);
-        r.at_end.known = false;
-      }
-    }
-    return r;
-  }
-
-  const CompareInput& input_;
-  std::string where_;  // what is being read, for errors
-};
+RunData ReadRun(const CompareInput& input) {
+  RunData run;
+  run.world_size = input.report.world_size;
+  for (const RankReport& rank : input.report.ranks) run.ranks.emplace(rank.rank, ReadRank(input, rank));
+  return run;
+}
 
 // ---- Comparing ----
 
@@ -294,17 +186,10 @@ Explanation Explain(const Breakdown& a, const Breakdown& b) {
   return e;
 }
 
-std::string FirstAllocConf(const json& report) {
-  const json& ranks = report["ranks"];
-  if (ranks.empty() || !ranks[0].is_object()) return "";
-  auto it = ranks[0].find("alloc_conf");
-  return it != ranks[0].end() && it->is_string() ? it->get<std::string>() : "";
-}
-
 ComparedRun DescribeRun(const CompareInput& input, const RunData& data) {
   ComparedRun run;
   run.label = input.label;
-  run.alloc_conf = FirstAllocConf(input.report);
+  run.alloc_conf = input.report.ranks.empty() ? "" : input.report.ranks.front().alloc_conf;
   run.world_size = data.world_size;
   for (const auto& [rank, unused] : data.ranks) run.ranks.push_back(rank);
   if (input.run_config.is_object()) {
@@ -455,11 +340,8 @@ json RunJson(const ComparedRun& run) {
 absl::Status AddEndsOfRecording(CompareInput& input, const std::vector<Timeline>& timelines) {
   for (const Timeline& t : timelines) {
     bool has_phases = false;
-    for (const json& rank : input.report["ranks"]) {
-      if (rank.is_object() && rank.value("rank", -1) == t.rank && rank.contains("phases") &&
-          rank["phases"].is_array() && !rank["phases"].empty()) {
-        has_phases = true;
-      }
+    for (const RankReport& rank : input.report.ranks) {
+      if (rank.rank == t.rank && !rank.phases.empty()) has_phases = true;
     }
     if (has_phases) continue;
     absl::StatusOr<std::pair<TraceModel, std::size_t>> end = ModelAt(t, Moment{});
@@ -471,7 +353,7 @@ absl::Status AddEndsOfRecording(CompareInput& input, const std::vector<Timeline>
 
 }  // namespace
 
-absl::StatusOr<CompareInput> MakeCompareInput(std::string label, json report, const std::vector<Timeline>& timelines,
+absl::StatusOr<CompareInput> MakeCompareInput(std::string label, Report report, const std::vector<Timeline>& timelines,
                                               json run_config) {
   CompareInput input;
   input.label = std::move(label);
@@ -483,22 +365,19 @@ absl::StatusOr<CompareInput> MakeCompareInput(std::string label, json report, co
 
 absl::StatusOr<CompareInput> CompareInputFromRun(std::string label, const std::vector<Timeline>& timelines,
                                                  const std::vector<RankReport>& reports, json run_config) {
-  std::vector<const Timeline*> ptrs;
-  for (const Timeline& t : timelines) ptrs.push_back(&t);
-  return MakeCompareInput(std::move(label), ReportJson(ptrs, reports), timelines, std::move(run_config));
+  const int world_size = timelines.empty() ? 0 : timelines.front().world_size;
+  return MakeCompareInput(std::move(label), MakeReport(world_size, reports), timelines, std::move(run_config));
 }
 
 absl::StatusOr<Comparison> Compare(const CompareInput& a, const CompareInput& b, int rank) {
-  absl::StatusOr<RunData> da = ReportReader(a).Read();
-  if (!da.ok()) return da.status();
-  absl::StatusOr<RunData> db = ReportReader(b).Read();
-  if (!db.ok()) return db.status();
+  const RunData da = ReadRun(a);
+  const RunData db = ReadRun(b);
   Comparison c;
-  c.a = DescribeRun(a, *da);
-  c.b = DescribeRun(b, *db);
+  c.a = DescribeRun(a, da);
+  c.b = DescribeRun(b, db);
   std::vector<int> common;
-  for (const auto& [r, unused] : da->ranks) {
-    if (db->ranks.contains(r)) common.push_back(r);
+  for (const auto& [r, unused] : da.ranks) {
+    if (db.ranks.contains(r)) common.push_back(r);
   }
   if (rank >= 0) {
     for (const auto* run : {&c.a, &c.b}) {
@@ -521,8 +400,8 @@ absl::StatusOr<Comparison> Compare(const CompareInput& a, const CompareInput& b,
                                              : absl::StrCat("comparing the ranks both have (", RankList(common), ")")));
   }
   for (int r : common) {
-    const RankData& ra = da->ranks.at(r);
-    const RankData& rb = db->ranks.at(r);
+    const RankData& ra = da.ranks.at(r);
+    const RankData& rb = db.ranks.at(r);
     RankComparison rc;
     rc.rank = r;
     rc.phases = MatchPhases(ra.phases, rb.phases);

@@ -53,6 +53,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "analysis/analysis.h"
+#include "exporters/report.h"
 #include "recording/event.h"
 
 namespace memscope {
@@ -62,7 +63,7 @@ inline constexpr const char* kCompareSchema = "memscope.compare/1";
 // One side of a comparison.
 struct CompareInput {
   std::string label;                     // shown as "A: LABEL": the path given, or a name
-  nlohmann::json report;                 // memscope.report/1
+  Report report;                         // read (ReportFromJson) or analysed here
   nlohmann::json run_config = nullptr;   // the run's run.json (memscope.run/1), or null
   // Allocated bytes per category at the end of the recording, by rank, for
   // ranks without phase marks (report.json has breakdowns only at the peaks
@@ -70,11 +71,11 @@ struct CompareInput {
   std::map<int, std::array<std::int64_t, kNumCategories>> end_by_category;
 };
 
-// A comparison input from a report (memscope.report/1) and, when it was
-// analysed here, the recording it analyses (for the end of ranks without
-// phase marks). LoadCompareInput (run/run.h) reads one from a path.
+// A comparison input from a report and, when it was analysed here, the
+// recording it analyses (for the end of ranks without phase marks).
+// LoadCompareInput (run/run.h) reads one from a path.
 // Errors: an inconsistent timeline.
-absl::StatusOr<CompareInput> MakeCompareInput(std::string label, nlohmann::json report,
+absl::StatusOr<CompareInput> MakeCompareInput(std::string label, Report report,
                                               const std::vector<Timeline>& timelines,
                                               nlohmann::json run_config = nullptr);
 
@@ -141,9 +142,8 @@ struct Comparison {
 };
 
 // Compares rank `rank` of A and B, or (rank < 0) every rank both have.
-// Errors (InvalidArgument): a report that is not memscope.report/1 or lacks a
-// field the comparison needs (named, with the run's label); `rank` missing
-// from either run; no rank in common.
+// Errors (InvalidArgument): `rank` missing from either run; no rank in
+// common. (A report.json that is not usable fails earlier, in ReportFromJson.)
 absl::StatusOr<Comparison> Compare(const CompareInput& a, const CompareInput& b, int rank = -1);
 
 // The text of `memscope compare`: the header, then per rank the phase table

@@ -1,15 +1,19 @@
 // What memscope writes about a recording: report.json (versioned schema,
 // memscope.report/1) and the text tables a person reads first.
 //
-// report.json:
+// report.json is a `Report`: ReportToJson writes it, ReportFromJson reads and
+// validates it (exporters/report_json.cpp holds both, so they cannot drift).
+//
 //   {"schema": "memscope.report/1", "generator": "memscope 0.1.0", "world_size": N,
+//    "failure": {"rank", "message"}   (memscope run, only when a rank failed: the first failure)
 //    "ranks": [{
 //      "rank", "device_index", "device_capacity", "alloc_conf", "events", "torn_bytes",
-//      "phases": [{"step" (null before the first step), "phase", "allocated_bytes",
-//                  "max_allocated_bytes", "reserved_bytes", "max_reserved_bytes",
+//      "phases": [{"step" (null before the first step), "phase" (its name, or a user phase's label),
+//                  "allocated_bytes", "max_allocated_bytes", "reserved_bytes", "max_reserved_bytes",
 //                  "peak_allocated_bytes_in_phase", "by_category": {CATEGORY: bytes}}],
 //      "peak": {"allocated": PEAK, "reserved": PEAK},
-//         PEAK = {"bytes", "time_us", "phase", "by_category": {...}, "top_owners": [{"owner", "bytes"}]}
+//         PEAK = {"bytes", "time_us", "phase" ("" when none was open), "by_category": {...},
+//                 "top_owners": [{"owner", "bytes"}]}
 //      "fragmentation": {"end": FRAG, "peak": FRAG, "oom": FRAG or null},
 //         FRAG = {"reserved_bytes", "allocated_bytes", "reserved_minus_allocated_bytes",
 //                 "inactive_split_bytes", "free_in_segments_bytes", "largest_free_block_bytes",
@@ -17,15 +21,34 @@
 //      "oom": null or {"time_us", "phase", "requested_bytes", "rounded_bytes", "device_free_bytes",
 //                      "caused_by_fragmentation", "verdict"},
 //      "memory_stats": {every torch.cuda.memory_stats() key, flattened},
-//      "lower_bound_bytes", "peak_reserved_bytes", "overhead_bytes"}]}
+//      "lower_bound_bytes", "peak_reserved_bytes" (= peak.reserved.bytes),
+//      "overhead_bytes" (peak_reserved_bytes - lower_bound_bytes, at least 0),
+//      "status"   (memscope run: "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"),
+//      "ddp"      (memscope run, DDP ranks: DDP below)}]}
+//   DDP = {"mode": "copy" or "view", "buckets": [BUCKET], "rebuilt_buckets": [BUCKET]}
+//      BUCKET = {"index", "bytes", "dtype", "params": [parameter names, in the bucket's order]}
+//   CATEGORY: every allocator category ("PARAMETER", "ACTIVATION", ...).
+//   time_us: wall-clock microseconds (Unix time).
+//
+// Reading: "schema", "ranks" and, per rank, "rank" (each once) and "peak"
+// (allocated: bytes and by_category; reserved: bytes) are required, and a
+// phase row needs its phase, allocated, max allocated and reserved bytes and
+// by_category; the rest may be missing, as in a report written by an older
+// memscope or by hand (numbers read as 0, "oom" as none, "memory_stats" as
+// unknown). A field that is there must have its type (bytes non-negative,
+// categories and memory_stats keys known); peak_reserved_bytes, when there,
+// equals peak.reserved.bytes; "failure" names one of the ranks.
 #ifndef MEMSCOPE_EXPORTERS_REPORT_H_
 #define MEMSCOPE_EXPORTERS_REPORT_H_
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
-#include "nlohmann/json.hpp"
+#include "absl/status/statusor.h"
 #include "analysis/analysis.h"
+#include "nlohmann/json.hpp"
 #include "recording/event.h"
 
 namespace memscope {
@@ -33,15 +56,60 @@ namespace memscope {
 inline constexpr const char* kReportSchema = "memscope.report/1";
 inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";
 
+// report.json as a value.
+struct Report {
+  std::string schema = kReportSchema;
+  std::string generator = kMemscopeVersion;  // what wrote it; "" when a read report does not say
+  int world_size = 0;
+  std::vector<RankReport> ranks;  // memscope writes them by rank; a read report keeps the file's order
+};
+
+// The report of `ranks` (AnalyzeRank's, amended or not) of a run of
+// `world_size` ranks, by this memscope.
+Report MakeReport(int world_size, std::vector<RankReport> ranks);
+
+// report.json's document. The run's "failure" is that of the first rank
+// (in `ranks` order) whose `failure` is set.
+nlohmann::json ReportToJson(const Report& report);
+
+// One rank's object of report.json.
+nlohmann::json RankReportJson(const RankReport& rank);
+
+// `reports[i]` analyses `timelines[i]`: ReportToJson(MakeReport(...)) with
+// the world size the timelines recorded.
+nlohmann::json ReportJson(const std::vector<const Timeline*>& timelines, const std::vector<RankReport>& reports);
+
+// Reads and validates report.json. ReportToJson(*ReportFromJson(j)) == j for
+// what memscope writes. Errors (InvalidArgument) read after the name of what
+// was read ("'run/report.json' " + message):
+//   "is not a JSON object (expected memscope.report/1)",
+//   "has no \"schema\" (expected memscope.report/1)",
+//   "has schema 'memscope.run/1', not memscope.report/1",
+//   "has no \"ranks\" array",
+//   "is not a usable memscope.report/1: rank 1 phases[3] has no \"reserved_bytes\" (bytes)".
+absl::StatusOr<Report> ReportFromJson(const nlohmann::json& json);
+
+// DDP above: the "ddp" object of a rank (also what a rank of `memscope run`
+// records in its rank-R.json). DdpFromJson's errors name the field
+// ("ddp.buckets[1] has no \"bytes\" (bytes)").
+nlohmann::json DdpJson(const DdpBuckets& ddp);
+absl::StatusOr<DdpBuckets> DdpFromJson(const nlohmann::json& json);
+
+// FRAG above.
 nlohmann::json FragmentationJson(const FragmentationInfo& f);
+
+// {CATEGORY: bytes} for every category, as report.json's "by_category".
+nlohmann::json ByCategoryJson(const std::array<std::int64_t, kNumCategories>& by_category);
+
+// A phase row's "phase" in report.json: the phase's name ("forward"), or a
+// user phase's label.
+std::string ReportPhaseName(const PhaseRow& row);
 
 // "ACTIVATION 812.00 MiB (86%), PARAMETER 288.00 MiB (30%)": the categories
 // holding memory, largest first, at most `max_parts` of them, with their share
 // of `total`. "" when nothing is allocated.
 std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by_category, std::uint64_t total,
                               std::size_t max_parts = kNumCategories);
-// `reports[i]` analyses `timelines[i]`.
-nlohmann::json ReportJson(const std::vector<const Timeline*>& timelines, const std::vector<RankReport>& reports);
 
 // The text of `memscope summary` for one rank: header, phase table, peaks,
 // lower bound, fragmentation and memory_summary() at `moment`.

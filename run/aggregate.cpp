@@ -131,18 +131,16 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
   std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
   const std::vector<std::optional<RankStatus>>& statuses = out.statuses;
   const std::vector<ManifestRank>& ranks = out.manifest.ranks;
-  const std::string failure = out.manifest.failure ? out.manifest.failure->message : "";
-  const nlohmann::json run_json = out.manifest.ToJson();
-  // report.json also gets each rank's status and DDP buckets, and the run's failure.
-  auto amend = [&](nlohmann::json& report) {
-    for (nlohmann::json& r : report["ranks"]) {
-      const int rank = r.value("rank", -1);
-      if (rank < 0 || rank >= world_size) continue;
-      const std::optional<RankStatus>& st = statuses[static_cast<std::size_t>(rank)];
-      if (st && st->ddp) r["ddp"] = st->ddp->ToJson();
-      r["status"] = ranks[static_cast<std::size_t>(rank)].status;
+  // report.json also gets each rank's status and DDP buckets, and the run's
+  // first failure on the rank that failed first.
+  auto amend = [&](std::vector<RankReport>& reports) {
+    for (RankReport& r : reports) {
+      if (r.rank < 0 || r.rank >= world_size) continue;
+      const std::optional<RankStatus>& st = statuses[static_cast<std::size_t>(r.rank)];
+      if (st && st->ddp) r.ddp = st->ddp;
+      r.status = ranks[static_cast<std::size_t>(r.rank)].status;
+      if (out.manifest.failure && out.manifest.failure->rank == r.rank) r.failure = out.manifest.failure->message;
     }
-    if (!failure.empty()) report["failure"] = run_json["failure"];
   };
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend);
   if (!reports.ok()) return reports.status();

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "exporters/report.h"
 #include "tensor/tensor.h"
 
 namespace memscope {
@@ -19,23 +20,6 @@ void PutOptional(json& j, const char* key, const std::optional<T>& v) {
 template <typename T>
 void GetOptional(const json& j, const char* key, std::optional<T>& v) {
   if (j.contains(key)) v = j.at(key).get<T>();
-}
-
-json BucketsJson(const std::vector<BucketRecord>& buckets) {
-  json out = json::array();
-  for (const BucketRecord& b : buckets) {
-    out.push_back({{"index", b.index}, {"bytes", b.bytes}, {"dtype", b.dtype}, {"params", b.params}});
-  }
-  return out;
-}
-
-std::vector<BucketRecord> BucketsFromJson(const json& j) {
-  std::vector<BucketRecord> out;
-  for (const json& b : j) {
-    out.push_back({b.at("index").get<std::uint64_t>(), b.at("bytes").get<std::uint64_t>(),
-                   b.at("dtype").get<std::string>(), b.at("params").get<std::vector<std::string>>()});
-  }
-  return out;
 }
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
@@ -128,23 +112,19 @@ TrainingManifest TrainingFromJson(const json& j) {
 
 }  // namespace
 
-std::vector<BucketRecord> BucketRecords(const std::vector<reducer::BucketInfo>& buckets) {
-  std::vector<BucketRecord> out;
+std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buckets) {
+  std::vector<DdpBucket> out;
   for (std::size_t i = 0; i < buckets.size(); ++i) {
     out.push_back({i, buckets[i].bytes, std::string(DTypeName(buckets[i].dtype)), buckets[i].params});
   }
   return out;
 }
 
-json RankDdp::ToJson() const {
-  return {{"mode", mode}, {"buckets", BucketsJson(buckets)}, {"rebuilt_buckets", BucketsJson(rebuilt_buckets)}};
-}
-
 json RankStatus::ToJson() const {
   json j = {{"rank", rank},         {"status", status},         {"exit_code", exit_code},
             {"error", error},       {"parameters", parameters}, {"steps_done", steps_done},
             {"seconds", seconds},   {"losses", losses}};
-  if (ddp) j["ddp"] = ddp->ToJson();
+  if (ddp) j["ddp"] = DdpJson(*ddp);
   return j;
 }
 
@@ -160,9 +140,9 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
     s.seconds = j.at("seconds").get<double>();
     s.losses = j.at("losses").get<std::vector<float>>();
     if (j.contains("ddp")) {
-      const json& d = j.at("ddp");
-      s.ddp = RankDdp{d.at("mode").get<std::string>(), BucketsFromJson(d.at("buckets")),
-                      BucketsFromJson(d.at("rebuilt_buckets"))};
+      absl::StatusOr<DdpBuckets> ddp = DdpFromJson(j.at("ddp"));
+      if (!ddp.ok()) return absl::InvalidArgumentError(absl::StrCat("not a rank status: ", ddp.status().message()));
+      s.ddp = std::move(*ddp);
     }
     return s;
   } catch (const json::exception& e) {

@@ -15,30 +15,17 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "analysis/analysis.h"
 #include "reducer/ddp.h"
 
 namespace memscope {
 
 inline constexpr const char* kRunSchema = "memscope.run/1";
 
-// One DDP bucket as rank-R.json and report.json list it.
-struct BucketRecord {
-  std::uint64_t index = 0;
-  std::uint64_t bytes = 0;
-  std::string dtype;                // "float32", ...
-  std::vector<std::string> params;  // parameter names, in bucket order
-  bool operator==(const BucketRecord&) const = default;
-};
-std::vector<BucketRecord> BucketRecords(const std::vector<reducer::BucketInfo>& buckets);
-
-// A rank's DDP wrapping: the mode and its buckets, at construction and
-// rebuilt after the first step (empty when not rebuilt).
-struct RankDdp {
-  std::string mode;  // "copy" or "view"
-  std::vector<BucketRecord> buckets, rebuilt_buckets;
-  bool operator==(const RankDdp&) const = default;
-  nlohmann::json ToJson() const;
-};
+// DDP's buckets as run.json/rank-R.json and report.json record them: the
+// one type is DdpBuckets (analysis/analysis.h), written and read by
+// DdpJson/DdpFromJson (exporters/report.h).
+std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buckets);
 
 // rank-R.json: how one rank of `memscope run` ended.
 struct RankStatus {
@@ -50,7 +37,7 @@ struct RankStatus {
   std::int64_t steps_done = 0;
   double seconds = 0;
   std::vector<float> losses;   // per step (--exec cpu)
-  std::optional<RankDdp> ddp;  // with --ddp copy|view
+  std::optional<DdpBuckets> ddp;  // with --ddp copy|view
   bool operator==(const RankStatus&) const = default;
 
   nlohmann::json ToJson() const;

@@ -26,7 +26,7 @@ absl::Status WriteFile(const fs::path& path, const std::string& text) {
 }  // namespace
 
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
-                                                        const std::function<void(nlohmann::json& report)>& amend_report) {
+                                                        const std::function<void(std::vector<RankReport>& reports)>& amend) {
   std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
   std::string summary;
@@ -39,8 +39,8 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
     absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, *r, end->first, "end"));
     reports.push_back(std::move(*r));
   }
-  nlohmann::json report = ReportJson(ptrs, reports);
-  if (amend_report) amend_report(report);
+  if (amend) amend(reports);
+  const nlohmann::json report = ReportJson(ptrs, reports);
   if (absl::Status s = WriteFile(fs::path(dir) / "report.json", report.dump(1) + "\n"); !s.ok()) return s;
   if (absl::Status s = WriteFile(fs::path(dir) / "summary.txt", summary); !s.ok()) return s;
   {

@@ -92,7 +92,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   status.seconds = seconds;
   status.losses = result->losses;
   if (plan.train.ddp) {
-    status.ddp = RankDdp{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
+    status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
   }
   if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) return s;
   return status;

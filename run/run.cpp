@@ -9,7 +9,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "analysis/analysis.h"
-#include "check/check.h"
 #include "allocator/sizes.h"
 #include "recording/recorder.h"
 #include "importers/replayer.h"
@@ -152,28 +151,24 @@ absl::StatusOr<LoadedReport> LoadReport(const std::string& path) {
     if (in && first == '{') {
       in.seekg(0);
       const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      loaded.report = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (loaded.report.is_discarded()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
-      }
-      if (absl::Status s = ValidateReport(loaded.report); !s.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", s.message()));
-      }
+      const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (json.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
+      absl::StatusOr<Report> report = ReportFromJson(json);
+      if (!report.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", report.status().message()));
+      loaded.report = std::move(*report);
       return loaded;
     }
   }
   absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
   if (!run.ok()) return run.status();
   loaded.timelines = std::move(*run);
-  std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
   for (const Timeline& t : loaded.timelines) {
     absl::StatusOr<RankReport> r = AnalyzeRank(t);
     if (!r.ok()) return r.status();
-    ptrs.push_back(&t);
     reports.push_back(std::move(*r));
   }
-  loaded.report = ReportJson(ptrs, reports);
+  loaded.report = MakeReport(loaded.timelines.empty() ? 0 : loaded.timelines.front().world_size, std::move(reports));
   return loaded;
 }
 

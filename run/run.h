@@ -16,6 +16,7 @@
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
 #include "compare/compare.h"
+#include "exporters/report.h"
 
 namespace memscope {
 
@@ -26,17 +27,17 @@ namespace memscope {
 // the path and what is wrong.
 absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory = 80ULL << 30);
 
-// A run's report (memscope.report/1) and, when it was analysed here, the
-// recording it analyses.
+// A run's report and, when it was analysed here, the recording it analyses.
 struct LoadedReport {
-  nlohmann::json report;
+  Report report;
   std::vector<Timeline> timelines;  // empty when read from a report.json file
 };
 
 // The report of a run directory, timeline file or PyTorch snapshot (loaded
 // with LoadRun and analysed afresh), or of a report.json file (recognised by
 // its content: a JSON object). Errors name the path: missing, unreadable, not
-// JSON, not memscope.report/1, or LoadRun's and AnalyzeRank's errors. The
+// JSON, not a usable memscope.report/1 (ReportFromJson's errors), or
+// LoadRun's and AnalyzeRank's errors. The
 // readers' notes are in the timelines' `notes`.
 absl::StatusOr<LoadedReport> LoadReport(const std::string& path);
 
@@ -66,12 +67,13 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
                                                const AllocatorConfig& config, std::uint64_t device_memory);
 
 // Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
-// each rank's peak) and report.html into `dir` for these timelines. Returns the analyses.
-// `amend_report`, when given, adds what only the caller knows (e.g. a run's
-// DDP buckets) to report.json before it is written.
+// each rank's peak) and report.html into `dir` for these timelines. Returns
+// the analyses, amended. `amend`, when given, fills what only the caller
+// knows (a run's status, DDP buckets and failure: RankReport's fields for
+// them) before report.json is written.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     const std::string& dir, const std::vector<Timeline>& timelines,
-    const std::function<void(nlohmann::json& report)>& amend_report = {});
+    const std::function<void(std::vector<RankReport>& reports)>& amend = {});
 
 }  // namespace memscope
 

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "exporters/report.h"
 #include "nlohmann/json.hpp"
 
 using namespace memscope;
@@ -26,8 +28,24 @@ json Rank(int rank, std::uint64_t allocated, std::uint64_t reserved, std::uint64
           {"peak_reserved_bytes", reserved}};
 }
 
-json Report(std::vector<json> ranks) {
+json ReportDoc(std::vector<json> ranks) {
   return {{"schema", "memscope.report/1"}, {"world_size", ranks.size()}, {"ranks", ranks}};
+}
+
+// RunChecks on hand-written report.json documents, read as `memscope check`
+// reads a file: errors of the reader name the document ("report ...",
+// "baseline ...").
+absl::StatusOr<CheckResult> RunChecksOnJson(const json& report, const std::vector<Budget>& budgets,
+                                            const json* baseline, double tolerance_pct) {
+  absl::StatusOr<memscope::Report> r = ReportFromJson(report);
+  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("report ", r.status().message()));
+  std::optional<memscope::Report> b;
+  if (baseline != nullptr) {
+    absl::StatusOr<memscope::Report> read = ReportFromJson(*baseline);
+    if (!read.ok()) return absl::InvalidArgumentError(absl::StrCat("baseline ", read.status().message()));
+    b = std::move(*read);
+  }
+  return RunChecks(*r, budgets, b ? &*b : nullptr, tolerance_pct);
 }
 
 Budget B(const char* text) {
@@ -39,8 +57,8 @@ Budget B(const char* text) {
 }  // namespace
 
 TEST_CASE("check: budgets pass with an ok line per rank and a summary") {
-  const json report = Report({Rank(0, 100 * MiB, 120 * MiB, 110 * MiB), Rank(1, 90 * MiB, 100 * MiB, 95 * MiB)});
-  absl::StatusOr<CheckResult> r = RunChecks(report, {B("peak_allocated=200MiB")}, nullptr, 0);
+  const json report = ReportDoc({Rank(0, 100 * MiB, 120 * MiB, 110 * MiB), Rank(1, 90 * MiB, 100 * MiB, 95 * MiB)});
+  absl::StatusOr<CheckResult> r = RunChecksOnJson(report, {B("peak_allocated=200MiB")}, nullptr, 0);
   REQUIRE(r.ok());
   REQUIRE(r->checks.size() == 2);
   CHECK(r->failed == 0);
@@ -53,9 +71,9 @@ TEST_CASE("check: budgets pass with an ok line per rank and a summary") {
 }
 
 TEST_CASE("check: a failed budget says by how much, where, and the top three categories") {
-  const json report = Report({Rank(0, 120 * MiB, 160 * MiB, 130 * MiB)});
+  const json report = ReportDoc({Rank(0, 120 * MiB, 160 * MiB, 130 * MiB)});
   absl::StatusOr<CheckResult> r =
-      RunChecks(report, {B("peak_allocated=100MiB"), B("peak_reserved=150MiB"), B("peak_active=2GiB")}, nullptr, 0);
+      RunChecksOnJson(report, {B("peak_allocated=100MiB"), B("peak_reserved=150MiB"), B("peak_active=2GiB")}, nullptr, 0);
   REQUIRE(r.ok());
   REQUIRE(r->checks.size() == 3);
   CHECK(r->failed == 2);
@@ -84,9 +102,9 @@ TEST_CASE("check: a failed budget says by how much, where, and the top three cat
 }
 
 TEST_CASE("check: per-rank budgets apply to their rank only") {
-  const json report = Report({Rank(0, 100 * MiB, 120 * MiB, 110 * MiB), Rank(1, 300 * MiB, 320 * MiB, 310 * MiB)});
+  const json report = ReportDoc({Rank(0, 100 * MiB, 120 * MiB, 110 * MiB), Rank(1, 300 * MiB, 320 * MiB, 310 * MiB)});
   absl::StatusOr<CheckResult> r =
-      RunChecks(report, {B("rank1.peak_reserved=256MiB"), B("all.peak_active=1GiB")}, nullptr, 0);
+      RunChecksOnJson(report, {B("rank1.peak_reserved=256MiB"), B("all.peak_active=1GiB")}, nullptr, 0);
   REQUIRE(r.ok());
   REQUIRE(r->checks.size() == 3);
   CHECK(r->checks[0].rank == 1);
@@ -95,16 +113,16 @@ TEST_CASE("check: per-rank budgets apply to their rank only") {
   CHECK(r->checks[2].rank == 1);
   CHECK(r->failed == 1);
 
-  absl::StatusOr<CheckResult> missing = RunChecks(report, {B("rank5.peak_allocated=1GiB")}, nullptr, 0);
+  absl::StatusOr<CheckResult> missing = RunChecksOnJson(report, {B("rank5.peak_allocated=1GiB")}, nullptr, 0);
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().message() == "rank 5 is not in the report (ranks: 0, 1)");
 }
 
 TEST_CASE("check: baseline regressions with a tolerance") {
-  const json baseline = Report({Rank(0, 100 * MiB, 100 * MiB, 100 * MiB), Rank(2, 1, 1, 1)});
-  const json report = Report({Rank(0, 115 * MiB, 105 * MiB, 100 * MiB), Rank(1, 1, 1, 1)});
+  const json baseline = ReportDoc({Rank(0, 100 * MiB, 100 * MiB, 100 * MiB), Rank(2, 1, 1, 1)});
+  const json report = ReportDoc({Rank(0, 115 * MiB, 105 * MiB, 100 * MiB), Rank(1, 1, 1, 1)});
 
-  absl::StatusOr<CheckResult> strict = RunChecks(report, {}, &baseline, 10);
+  absl::StatusOr<CheckResult> strict = RunChecksOnJson(report, {}, &baseline, 10);
   REQUIRE(strict.ok());
   REQUIRE(strict->checks.size() == 3);  // rank 0 only, three metrics
   CHECK(strict->failed == 1);
@@ -119,23 +137,23 @@ TEST_CASE("check: baseline regressions with a tolerance") {
   CHECK(strict->notes == std::vector<std::string>{"note: rank 1 is not in the baseline; not compared",
                                                   "note: baseline rank 2 is not in the report; not compared"});
 
-  absl::StatusOr<CheckResult> loose = RunChecks(report, {}, &baseline, 15);
+  absl::StatusOr<CheckResult> loose = RunChecksOnJson(report, {}, &baseline, 15);
   REQUIRE(loose.ok());
   CHECK(loose->failed == 0);  // exactly +15% holds
 
-  absl::StatusOr<CheckResult> bad = RunChecks(report, {}, &baseline, -1);
+  absl::StatusOr<CheckResult> bad = RunChecksOnJson(report, {}, &baseline, -1);
   REQUIRE_FALSE(bad.ok());
   json other = baseline;
   other["schema"] = "memscope.run/1";
-  absl::StatusOr<CheckResult> wrong = RunChecks(report, {}, &other, 10);
+  absl::StatusOr<CheckResult> wrong = RunChecksOnJson(report, {}, &other, 10);
   REQUIRE_FALSE(wrong.ok());
   CHECK(wrong.status().message() == "baseline has schema 'memscope.run/1', not memscope.report/1");
 }
 
 TEST_CASE("check: JUnit XML has one testcase per check and escaped failures") {
-  json report = Report({Rank(0, 120 * MiB, 160 * MiB, 130 * MiB)});
+  json report = ReportDoc({Rank(0, 120 * MiB, 160 * MiB, 130 * MiB)});
   report["ranks"][0]["peak"]["allocated"]["phase"] = "step<1>&\"x\"";
-  absl::StatusOr<CheckResult> r = RunChecks(report, {B("peak_allocated=100MiB"), B("peak_active=1GiB")}, nullptr, 0);
+  absl::StatusOr<CheckResult> r = RunChecksOnJson(report, {B("peak_allocated=100MiB"), B("peak_active=1GiB")}, nullptr, 0);
   REQUIRE(r.ok());
   const std::string xml = JUnitXml(*r);
   CHECK(xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites tests=\"2\" failures=\"1\">\n"));
@@ -172,12 +190,12 @@ TEST_CASE("check: budgets that do not parse name the problem") {
 }
 
 TEST_CASE("check: a report without the schema or a metric is an error, not a failure") {
-  absl::StatusOr<CheckResult> r = RunChecks(json{{"ranks", json::array()}}, {B("peak_allocated=1GiB")}, nullptr, 0);
+  absl::StatusOr<CheckResult> r = RunChecksOnJson(json{{"ranks", json::array()}}, {B("peak_allocated=1GiB")}, nullptr, 0);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "report has no \"schema\" (expected memscope.report/1)");
-  json report = Report({Rank(0, 1, 1, 1)});
+  json report = ReportDoc({Rank(0, 1, 1, 1)});
   report["ranks"][0].erase("memory_stats");
-  r = RunChecks(report, {B("peak_active=1GiB")}, nullptr, 0);
+  r = RunChecksOnJson(report, {B("peak_active=1GiB")}, nullptr, 0);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "report: rank 0 has no memory_stats \"active_bytes.all.peak\" (peak_active)");
 }

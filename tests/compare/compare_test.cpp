@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+
 #include "../recording/recording_session.h"
 
 using namespace memscope;
@@ -59,12 +61,31 @@ Comparison MustCompare(const CompareInput& a, const CompareInput& b, int rank = 
   return std::move(*c);
 }
 
-// A report read from a report.json file: no timelines behind it.
-CompareInput FromJson(const std::string& label, json report) {
+// A report read from a report.json document, as `memscope compare` reads a
+// file: no timelines behind it; errors name the file.
+absl::StatusOr<CompareInput> ReadInput(const std::string& label, const json& report) {
+  absl::StatusOr<Report> r = ReportFromJson(report);
+  if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("'", label, "' ", r.status().message()));
   CompareInput input;
   input.label = label;
-  input.report = std::move(report);
+  input.report = std::move(*r);
   return input;
+}
+
+CompareInput FromJson(const std::string& label, const json& report) {
+  absl::StatusOr<CompareInput> input = ReadInput(label, report);
+  INFO(input.status().ToString());
+  REQUIRE(input.ok());
+  return std::move(*input);
+}
+
+// Compares `a` with the report.json document `doc` read as ReadInput does,
+// as B (or as A when `doc_is_a`).
+absl::StatusOr<Comparison> CompareWithJson(const CompareInput& a, const std::string& label, const json& doc,
+                                           bool doc_is_a = false) {
+  absl::StatusOr<CompareInput> read = ReadInput(label, doc);
+  if (!read.ok()) return read.status();
+  return doc_is_a ? Compare(*read, a) : Compare(a, *read);
 }
 
 constexpr std::int64_t kMiB64 = static_cast<std::int64_t>(MiB);
@@ -255,7 +276,7 @@ TEST_CASE("compare: without phase marks the end of the recording is the end of t
   CHECK(FormatComparison(c).find("(no phase marks recorded in either run)") != std::string::npos);
 
   // From report.json alone (no timeline) the end has totals only.
-  const CompareInput a_json = FromJson("a.json", a.report);
+  const CompareInput a_json = FromJson("a.json", ReportToJson(a.report));
   const Comparison from_json = MustCompare(a_json, b);
   CHECK_FALSE(from_json.ranks[0].at_end.known);
   CHECK(from_json.ranks[0].at_end.categories.empty());
@@ -265,36 +286,36 @@ TEST_CASE("compare: without phase marks the end of the recording is the end of t
 
 TEST_CASE("compare: a report that is not usable is an error naming the run and the field") {
   const CompareInput good = Input("good", {Train(30 * MiB)});
-  const CompareInput other = FromJson("x.json", json{{"schema", "memscope.run/1"}});
-  absl::StatusOr<Comparison> c = Compare(good, other);
+  absl::StatusOr<Comparison> c = CompareWithJson(good, "x.json", json{{"schema", "memscope.run/1"}});
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().message() == "'x.json' has schema 'memscope.run/1', not memscope.report/1");
 
-  CompareInput broken = FromJson("broken.json", good.report);
-  broken.report["ranks"][0]["phases"][1].erase("reserved_bytes");
-  c = Compare(good, broken);
+  const json good_json = ReportToJson(good.report);
+  json broken = good_json;
+  broken["ranks"][0]["phases"][1].erase("reserved_bytes");
+  c = CompareWithJson(good, "broken.json", broken);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().message() ==
         "'broken.json' is not a usable memscope.report/1: rank 0 phases[1] has no \"reserved_bytes\" (bytes)");
 
-  broken.report = good.report;
-  broken.report["ranks"][0]["peak"]["allocated"]["by_category"]["GRADIENT"] = "lots";
-  c = Compare(broken, good);
+  broken = good_json;
+  broken["ranks"][0]["peak"]["allocated"]["by_category"]["GRADIENT"] = "lots";
+  c = CompareWithJson(good, "broken.json", broken, /*doc_is_a=*/true);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().message() ==
         "'broken.json' is not a usable memscope.report/1: rank 0 peak.allocated has no integer "
         "\"by_category\".\"GRADIENT\"");
 
-  broken.report = good.report;
-  broken.report["ranks"][0].erase("peak");
-  c = Compare(good, broken);
+  broken = good_json;
+  broken["ranks"][0].erase("peak");
+  c = CompareWithJson(good, "broken.json", broken);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().message() ==
         "'broken.json' is not a usable memscope.report/1: rank 0 has no \"peak\".\"allocated\" object");
 
-  broken.report = good.report;
-  broken.report["ranks"][0]["rank"] = 5;
-  c = Compare(good, broken);
+  broken = good_json;
+  broken["ranks"][0]["rank"] = 5;
+  c = CompareWithJson(good, "broken.json", broken);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().message() == "A ('good', ranks 0) and B ('broken.json', ranks 5) have no rank in common");
 }

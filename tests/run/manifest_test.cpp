@@ -26,7 +26,7 @@ RankStatus SomeStatus() {
   s.steps_done = 2;
   s.seconds = 1.25;
   s.losses = {2.5f, 0.1f};
-  s.ddp = RankDdp{"view", {{0, 1 << 20, "float32", {"fc.bias"}}, {1, 4096, "float16", {"a", "b"}}}, {}};
+  s.ddp = DdpBuckets{"view", {{0, 1 << 20, "float32", {"fc.bias"}}, {1, 4096, "float16", {"a", "b"}}}, {}};
   return s;
 }
 
