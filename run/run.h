@@ -53,7 +53,8 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
                                       std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
 
 // Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
-// each rank's peak) and report.html into `dir` for these timelines. Returns the analyses.
+// each rank's peak) and report.html into `dir` for these timelines, in two
+// walks over each rank's events (analysis/timeline_walk.h). Returns the analyses.
 // `amend_report`, when given, adds what only the caller knows (e.g. a run's
 // DDP buckets) to report.json before it is written.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
