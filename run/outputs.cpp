@@ -1,5 +1,6 @@
 #include "run/run.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -81,12 +82,13 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
   if (amend_report) amend_report(report);
   if (absl::Status s = WriteFile(fs::path(dir) / "report.json", report.dump(1) + "\n"); !s.ok()) return s;
   if (absl::Status s = WriteFile(fs::path(dir) / "summary.txt", summary); !s.ok()) return s;
-  HtmlReportRun html_run;
-  html_run.label = dir;
-  html_run.timelines = ptrs;
-  for (const RankReport& r : reports) html_run.reports.push_back(&r);
-  html_run.data = std::move(viewer_data);
-  absl::StatusOr<std::string> html = HtmlReport({html_run});
+  HtmlPageRun page;
+  page.label = dir;
+  for (const Timeline& t : timelines) page.world_size = std::max(page.world_size, t.world_size);
+  page.ranks = std::move(viewer_data);
+  std::vector<HtmlPageRun> pages;
+  pages.push_back(std::move(page));
+  absl::StatusOr<std::string> html = HtmlPage(std::move(pages));
   if (!html.ok()) return html.status();
   if (absl::Status s = WriteFile(fs::path(dir) / "report.html", *html); !s.ok()) return s;
   return reports;

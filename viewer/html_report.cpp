@@ -335,17 +335,13 @@ absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& t, const RankRepor
 }
 
 absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, const HtmlReportOptions& options) {
-  nlohmann::json runs_json = nlohmann::json::array();
+  std::vector<HtmlPageRun> pages;
   for (const HtmlReportRun& run : runs) {
-    nlohmann::json ranks = nlohmann::json::array();
-    int world_size = 1;
+    HtmlPageRun& page = pages.emplace_back();
+    page.label = run.label;
     for (std::size_t i = 0; i < run.timelines.size(); ++i) {
       const Timeline& t = *run.timelines[i];
-      world_size = std::max(world_size, t.world_size);
-      if (i < run.data.size()) {
-        ranks.push_back(run.data[i]);
-        continue;
-      }
+      page.world_size = std::max(page.world_size, t.world_size);
       std::optional<RankReport> analysed;
       const RankReport* r = i < run.reports.size() ? run.reports[i] : nullptr;
       if (r == nullptr) {
@@ -355,9 +351,18 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
       }
       absl::StatusOr<nlohmann::json> data = ViewerRankData(t, *r, options);
       if (!data.ok()) return data.status();
-      ranks.push_back(std::move(*data));
+      page.ranks.push_back(std::move(*data));
     }
-    runs_json.push_back({{"label", run.label}, {"world_size", world_size}, {"ranks", std::move(ranks)}});
+  }
+  return HtmlPage(std::move(pages));
+}
+
+absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs) {
+  nlohmann::json runs_json = nlohmann::json::array();
+  for (HtmlPageRun& run : runs) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (nlohmann::json& data : run.ranks) ranks.push_back(std::move(data));
+    runs_json.push_back({{"label", run.label}, {"world_size", run.world_size}, {"ranks", std::move(ranks)}});
   }
   nlohmann::json categories = nlohmann::json::array();
   for (int c = 0; c < kNumCategories; ++c) categories.push_back(std::string(CategoryName(static_cast<Category>(c))));

@@ -77,9 +77,6 @@ struct HtmlReportRun {
   std::string label;  // e.g. the path given on the command line
   std::vector<const Timeline*> timelines;
   std::vector<const RankReport*> reports;
-  // The ranks' viewer data when the caller already has it (data[i] for
-  // timelines[i], from a ViewerRankListener): those ranks are not walked.
-  std::vector<nlohmann::json> data;
 };
 
 // The viewer's data for one rank (see above): one walk of its timeline.
@@ -111,6 +108,17 @@ class ViewerRankListener final : public WalkListener {
 // The whole page for one run, or two runs side by side with their
 // differences.
 absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, const HtmlReportOptions& options = {});
+
+// One run of the page when its ranks' viewer data is already assembled
+// (ViewerRankData or ViewerRankListener, one per rank in rank order).
+struct HtmlPageRun {
+  std::string label;
+  int world_size = 1;  // the largest of its timelines' world_size, at least 1
+  std::vector<nlohmann::json> ranks;
+};
+
+// HtmlReport from assembled data: what HtmlReport does after walking.
+absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs);
 
 }  // namespace memscope
 
