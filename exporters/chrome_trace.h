@@ -42,7 +42,8 @@
 // \u escapes in any string before it. Text (phase labels, marks) is escaped,
 // invalid UTF-8 becomes U+FFFD.
 //
-// Thinning (keeps long runs loadable). When a rank has more counter samples
+// Thinning (keeps long runs loadable; analysis/counter_thinning.h,
+// ThinningPolicy::ChromeTrace). When a rank has more counter samples
 // than options.max_counter_samples_per_rank (M; values below 3 count as 3),
 // only at most M are written per track, chosen so that no maximum is lost:
 //   1. The time span between the rank's first and last sample is cut into
