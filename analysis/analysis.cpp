@@ -8,21 +8,6 @@
 #include "allocator/sizes.h"
 
 namespace memscope {
-namespace {
-
-std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& model, const Timeline& t) {
-  std::vector<std::pair<std::string, std::int64_t>> owners;
-  for (const auto& [id, bytes] : model.allocated_by_owner()) {
-    if (bytes > 0) owners.emplace_back(id == 0 ? "(untagged)" : t.str(id), bytes);
-  }
-  std::sort(owners.begin(), owners.end(), [](const auto& a, const auto& b) {
-    return a.second != b.second ? a.second > b.second : a.first < b.first;
-  });
-  if (owners.size() > 5) owners.resize(5);
-  return owners;
-}
-
-}  // namespace
 
 std::string FormatMib(std::uint64_t bytes) { return absl::StrCat(bytes / kMiB, "M"); }
 
@@ -35,6 +20,19 @@ std::string FormatMibDelta(std::int64_t bytes) {
 std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label); }
 
 namespace {
+
+// The five largest owners of allocated bytes.
+std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& model, const Timeline& t) {
+  std::vector<std::pair<std::string, std::int64_t>> owners;
+  for (const auto& [id, bytes] : model.allocated_by_owner()) {
+    if (bytes > 0) owners.emplace_back(id == 0 ? "(untagged)" : t.str(id), bytes);
+  }
+  std::sort(owners.begin(), owners.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  if (owners.size() > 5) owners.resize(5);
+  return owners;
+}
 
 // The first walk: the phase table, the peaks (where and what), the first OOM
 // and the state at the end.
