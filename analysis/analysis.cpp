@@ -8,35 +8,20 @@
 #include "allocator/sizes.h"
 
 namespace memscope {
+
+std::string FormatMib(std::uint64_t bytes) { return absl::StrCat(bytes / kMiB, "M"); }
+
+std::string FormatMibDelta(std::int64_t bytes) {
+  if (bytes == 0) return "0M";
+  const std::uint64_t magnitude = bytes < 0 ? 0 - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
+  return absl::StrCat(bytes < 0 ? "-" : "+", FormatMib(magnitude));
+}
+
+std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label); }
+
 namespace {
 
-struct OpenPhase {
-  Phase phase;
-  std::int64_t step;
-  std::uint32_t label;
-  std::uint64_t peak;  // running max of allocated since the phase began
-};
-
-std::string OpenPhaseName(const Timeline& t, const std::vector<OpenPhase>& open) {
-  if (open.empty()) return "";
-  return PhaseMarkName(open.back().phase, open.back().step, t.str(open.back().label));
-}
-
-absl::Status ApplyAt(TraceModel& model, const Timeline& t, std::size_t i) {
-  absl::Status s = model.Apply(t.events[i]);
-  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("rank ", t.rank, ": event ", i, ": ", s.message()));
-  return s;
-}
-
-// The model after applying events [0, end).
-absl::StatusOr<TraceModel> Replay(const Timeline& t, std::size_t end) {
-  TraceModel model(TimelineConfig(t));
-  for (std::size_t i = 0; i < end; ++i) {
-    if (absl::Status s = ApplyAt(model, t, i); !s.ok()) return s;
-  }
-  return model;
-}
-
+// The five largest owners of allocated bytes.
 std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& model, const Timeline& t) {
   std::vector<std::pair<std::string, std::int64_t>> owners;
   for (const auto& [id, bytes] : model.allocated_by_owner()) {
@@ -49,25 +34,108 @@ std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& mo
   return owners;
 }
 
+// The first walk: the phase table, the peaks (where and what), the first OOM
+// and the state at the end.
+class FirstWalk final : public WalkListener {
+ public:
+  explicit FirstWalk(RankReport& r) : r_(r) {}
+
+  void OnEvent(const TimelineWalk& walk, const Event& e) override {
+    const TraceModel& model = walk.model();
+    const std::size_t i = walk.applied() - 1;
+    // The first event at which a new maximum is reached is the peak.
+    const bool first = i == 0;
+    Track(walk, model.allocated(), first, r_.peak_allocated);
+    Track(walk, model.reserved(), first, r_.peak_reserved);
+    if (e.type == EventType::kPhaseEnd) {
+      r_.phases.push_back(Row(walk, e));
+    } else if (e.type == EventType::kOom && !r_.oom) {
+      r_.oom = Oom(walk, e);
+    }
+  }
+
+  void OnFinish(const TimelineWalk& walk) override {
+    r_.stats = walk.model().stats();
+    r_.fragmentation_at_end = walk.model().Fragmentation();
+    r_.lower_bound = walk.model().peak_live_requested();
+  }
+
+ private:
+  static void Track(const TimelineWalk& walk, std::uint64_t value, bool first, PeakInfo& peak) {
+    // (first: event 0 always sets the peaks, whatever their value.)
+    if (!first && value <= peak.bytes) return;
+    const Event& e = walk.timeline().events[walk.applied() - 1];
+    peak.bytes = value;
+    peak.event_index = walk.applied() - 1;
+    peak.time_ns = e.time_ns;
+    // A phase that begins at this very event is not yet the peak's (only
+    // event 0 can set a peak at a phase mark, with nothing allocated).
+    peak.phase = first && e.type == EventType::kPhaseBegin ? "" : walk.InnermostPhaseName();
+    peak.by_category = walk.model().allocated_by_category();
+  }
+
+  static PhaseRow Row(const TimelineWalk& walk, const Event& e) {
+    const TraceModel& model = walk.model();
+    PhaseRow row;
+    row.step = e.step();
+    row.phase = e.phase;
+    row.label = walk.timeline().str(e.name);
+    row.allocated = model.allocated();
+    row.max_allocated = static_cast<std::uint64_t>(All(model.stats().allocated_bytes).peak);
+    row.reserved = model.reserved();
+    row.max_reserved = static_cast<std::uint64_t>(All(model.stats().reserved_bytes).peak);
+    row.by_category = model.allocated_by_category();
+    row.time_ns = e.time_ns;
+    row.peak_allocated_in_phase = walk.phase_end().matched ? walk.phase_end().phase.peak_allocated : row.allocated;
+    return row;
+  }
+
+  static OomReport Oom(const TimelineWalk& walk, const Event& e) {
+    OomReport oom;
+    oom.event_index = walk.applied() - 1;
+    oom.time_ns = e.time_ns;
+    oom.phase = walk.InnermostPhaseName();
+    oom.requested = e.requested_size;
+    oom.rounded = e.size;
+    oom.device_free = e.device_free();
+    oom.fragmentation = walk.model().Fragmentation();
+    oom.caused_by_fragmentation = oom.fragmentation.free_in_segments >= oom.rounded &&
+                                  oom.fragmentation.largest_free_block < oom.rounded;
+    oom.verdict = oom.caused_by_fragmentation
+                      ? absl::StrCat(oom.fragmentation.free_in_segments, " bytes free in segments but the largest "
+                                     "free block is ", oom.fragmentation.largest_free_block,
+                                     ": fragmentation, not capacity, caused this OOM")
+                      : absl::StrCat("the device had ", oom.device_free, " bytes free and the cache ",
+                                     oom.fragmentation.free_in_segments, "; the request needed ", oom.rounded,
+                                     ": capacity caused this OOM");
+    return oom;
+  }
+
+  RankReport& r_;
+};
+
+// The second walk: owners and fragmentation at the peaks the first found.
+class SecondWalk final : public WalkListener {
+ public:
+  explicit SecondWalk(RankReport& r) : r_(r) {}
+
+  void OnEvent(const TimelineWalk& walk, const Event& /*e*/) override {
+    const std::size_t i = walk.applied() - 1;
+    if (i == r_.peak_allocated.event_index) {
+      r_.peak_allocated.top_owners = TopOwners(walk.model(), walk.timeline());
+      r_.fragmentation_at_peak = walk.model().Fragmentation();
+    }
+    if (i == r_.peak_reserved.event_index) r_.peak_reserved.top_owners = TopOwners(walk.model(), walk.timeline());
+  }
+
+ private:
+  RankReport& r_;
+};
+
 }  // namespace
 
-AllocatorConfig TimelineConfig(const Timeline& timeline) {
-  absl::StatusOr<AllocatorConfig> c = AllocatorConfig::Parse(timeline.alloc_conf);
-  return c.ok() ? *c : AllocatorConfig{};
-}
-
-std::string FormatMib(std::uint64_t bytes) { return absl::StrCat(bytes / kMiB, "M"); }
-
-std::string FormatMibDelta(std::int64_t bytes) {
-  if (bytes == 0) return "0M";
-  const std::uint64_t magnitude = bytes < 0 ? 0 - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
-  return absl::StrCat(bytes < 0 ? "-" : "+", FormatMib(magnitude));
-}
-
-std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label); }
-
-absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
-  RankReport r;
+RankAnalysis::RankAnalysis(const Timeline& t) {
+  RankReport& r = report_;
   r.rank = t.rank;
   r.device_index = t.device_index;
   r.device_capacity = t.device_capacity;
@@ -75,89 +143,24 @@ absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
   r.torn_bytes = t.torn_bytes;
   r.wall_start_us = t.wall_start_us;
   r.events = t.events.size();
-  TraceModel model(TimelineConfig(t));
-  std::vector<OpenPhase> open;
-  std::optional<std::size_t> peak_alloc_index;
-  std::optional<std::size_t> peak_reserved_index;
-  for (std::size_t i = 0; i < t.events.size(); ++i) {
-    const Event& e = t.events[i];
-    if (absl::Status s = ApplyAt(model, t, i); !s.ok()) return s;
-    const std::uint64_t allocated = model.allocated();
-    const std::uint64_t reserved = model.reserved();
-    for (OpenPhase& p : open) p.peak = std::max(p.peak, allocated);
-    // The first event at which a new maximum is reached is the peak.
-    auto track = [&](std::uint64_t value, std::optional<std::size_t>& index, PeakInfo& peak) {
-      if (index && value <= peak.bytes) return;
-      index = i;
-      peak.bytes = value;
-      peak.event_index = i;
-      peak.time_ns = e.time_ns;
-      peak.phase = OpenPhaseName(t, open);
-      peak.by_category = model.allocated_by_category();
-    };
-    track(allocated, peak_alloc_index, r.peak_allocated);
-    track(reserved, peak_reserved_index, r.peak_reserved);
-    if (e.type == EventType::kPhaseBegin) {
-      open.push_back({e.phase, e.step(), e.name, allocated});
-    } else if (e.type == EventType::kPhaseEnd) {
-      PhaseRow row;
-      row.step = e.step();
-      row.phase = e.phase;
-      row.label = t.str(e.name);
-      row.allocated = allocated;
-      row.max_allocated = static_cast<std::uint64_t>(All(model.stats().allocated_bytes).peak);
-      row.reserved = reserved;
-      row.max_reserved = static_cast<std::uint64_t>(All(model.stats().reserved_bytes).peak);
-      row.by_category = model.allocated_by_category();
-      row.time_ns = e.time_ns;
-      row.peak_allocated_in_phase = allocated;
-      // Close the matching open phase (and any left open inside it).
-      for (std::size_t k = open.size(); k-- > 0;) {
-        if (open[k].phase == e.phase && open[k].step == e.step() && open[k].label == e.name) {
-          row.peak_allocated_in_phase = open[k].peak;
-          open.resize(k);
-          break;
-        }
-      }
-      r.phases.push_back(std::move(row));
-    } else if (e.type == EventType::kOom && !r.oom) {
-      OomReport oom;
-      oom.event_index = i;
-      oom.time_ns = e.time_ns;
-      oom.phase = OpenPhaseName(t, open);
-      oom.requested = e.requested_size;
-      oom.rounded = e.size;
-      oom.device_free = e.device_free();
-      oom.fragmentation = model.Fragmentation();
-      oom.caused_by_fragmentation = oom.fragmentation.free_in_segments >= oom.rounded &&
-                                    oom.fragmentation.largest_free_block < oom.rounded;
-      oom.verdict = oom.caused_by_fragmentation
-                        ? absl::StrCat(oom.fragmentation.free_in_segments, " bytes free in segments but the largest "
-                                       "free block is ", oom.fragmentation.largest_free_block,
-                                       ": fragmentation, not capacity, caused this OOM")
-                        : absl::StrCat("the device had ", oom.device_free, " bytes free and the cache ",
-                                       oom.fragmentation.free_in_segments, "; the request needed ", oom.rounded,
-                                       ": capacity caused this OOM");
-      r.oom = std::move(oom);
-    }
-  }
-  r.stats = model.stats();
-  r.fragmentation_at_end = model.Fragmentation();
-  r.lower_bound = model.peak_live_requested();
+  first_ = std::make_unique<FirstWalk>(r);
+  second_ = std::make_unique<SecondWalk>(r);
+}
 
-  // Second passes: owners and fragmentation at the peaks.
-  if (peak_alloc_index) {
-    absl::StatusOr<TraceModel> at = Replay(t, *peak_alloc_index + 1);
-    if (!at.ok()) return at.status();
-    r.peak_allocated.top_owners = TopOwners(*at, t);
-    r.fragmentation_at_peak = at->Fragmentation();
-  }
-  if (peak_reserved_index) {
-    absl::StatusOr<TraceModel> at = Replay(t, *peak_reserved_index + 1);
-    if (!at.ok()) return at.status();
-    r.peak_reserved.top_owners = TopOwners(*at, t);
-  }
-  return r;
+RankAnalysis::~RankAnalysis() = default;
+
+std::size_t RankAnalysis::second_walk_end() const {
+  if (report_.events == 0) return 0;
+  return std::max(report_.peak_allocated.event_index, report_.peak_reserved.event_index) + 1;
+}
+
+absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
+  RankAnalysis analysis(t);
+  TimelineWalk first(t);
+  if (absl::Status s = first.Run({&analysis.first_walk()}); !s.ok()) return s;
+  TimelineWalk second(t);
+  if (absl::Status s = second.Run({&analysis.second_walk()}, analysis.second_walk_end()); !s.ok()) return s;
+  return std::move(analysis.report());
 }
 
 absl::StatusOr<Moment> ParseMoment(std::string_view text) {
@@ -196,11 +199,12 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
                                                            const RankReport* report) {
   std::size_t end = t.events.size();
   if (moment.kind == Moment::Kind::kPeak) {
-    std::optional<RankReport> analysed;
+    std::optional<RankAnalysis> analysed;
     if (report == nullptr) {
-      absl::StatusOr<RankReport> r = AnalyzeRank(t);
-      if (!r.ok()) return r.status();
-      report = &analysed.emplace(std::move(*r));
+      // The first walk alone finds the peak.
+      TimelineWalk first(t);
+      if (absl::Status s = first.Run({&analysed.emplace(t).first_walk()}); !s.ok()) return s;
+      report = &analysed->report();
     }
     end = t.events.empty() ? 0 : report->peak_allocated.event_index + 1;
   } else if (moment.kind != Moment::Kind::kEnd) {
@@ -220,9 +224,9 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
     }
     end = *found;
   }
-  absl::StatusOr<TraceModel> model = Replay(t, end);
-  if (!model.ok()) return model.status();
-  return std::make_pair(std::move(*model), end);
+  TimelineWalk walk(t);
+  if (absl::Status s = walk.Run({}, end); !s.ok()) return s;
+  return std::make_pair(std::move(walk).TakeModel(), end);
 }
 
 std::string PhaseTableText(const RankReport& r) {

@@ -1,11 +1,14 @@
-// Analyses of one rank's recording, each a pass over its events through a
-// TraceModel: the phase table, peak attribution, fragmentation at the end,
-// the peak and an OOM, and the lower bound.
+// Analyses of one rank's recording, as listeners of a TimelineWalk
+// (timeline_walk.h): the phase table, peak attribution, fragmentation at the
+// end, the peak and an OOM, and the lower bound. The first walk finds the
+// moments (the peaks, the OOM, the phase ends, the end); a second one, as far
+// as the later peak, takes who held the memory there.
 #ifndef MEMSCOPE_ANALYSIS_ANALYSIS_H_
 #define MEMSCOPE_ANALYSIS_ANALYSIS_H_
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,13 +17,10 @@
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
 #include "recording/event.h"
+#include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
 
 namespace memscope {
-
-// The allocator settings a timeline was recorded with (defaults if the text
-// does not parse, which a recording memscope wrote never does).
-AllocatorConfig TimelineConfig(const Timeline& timeline);
 
 // One row per phase end: the numbers users print after each phase
 // (memory_allocated, max_memory_allocated, memory_reserved,
@@ -121,8 +121,40 @@ struct RankReport {
   }
 };
 
-// Analyses one rank. Errors: an inconsistent timeline, naming the event.
+// Analyses one rank (two walks, the second only as far as the later peak).
+// Errors: an inconsistent timeline, naming the event.
 absl::StatusOr<RankReport> AnalyzeRank(const Timeline& timeline);
+
+// AnalyzeRank in steps, for a caller whose own listeners ride along the same
+// two walks (run/ WriteRunOutputs writes every output in them):
+//
+//   RankAnalysis analysis(timeline);
+//   TimelineWalk first(timeline);
+//   first.Run({&analysis.first_walk(), &mine});    // the phase table, peaks, OOM, end
+//   TimelineWalk second(timeline);                 // may go on to the end
+//   second.Run({&analysis.second_walk(), &exporter}, analysis.second_walk_end());
+//   const RankReport& r = analysis.report();       // complete
+//
+// After the first walk, report() holds everything but the peaks' top_owners
+// and fragmentation_at_peak, which the second walk adds.
+class RankAnalysis {
+ public:
+  explicit RankAnalysis(const Timeline& timeline);
+  ~RankAnalysis();
+  RankAnalysis(const RankAnalysis&) = delete;
+  RankAnalysis& operator=(const RankAnalysis&) = delete;
+
+  WalkListener& first_walk() { return *first_; }
+  WalkListener& second_walk() { return *second_; }
+  // The events the second walk must apply (past the later peak).
+  std::size_t second_walk_end() const;
+  RankReport& report() { return report_; }
+
+ private:
+  RankReport report_;
+  std::unique_ptr<WalkListener> first_;
+  std::unique_ptr<WalkListener> second_;
+};
 
 // A moment of a recording: --at end|peak|oom|PHASE:STEP (a phase's end).
 struct Moment {
@@ -134,10 +166,10 @@ struct Moment {
 };
 absl::StatusOr<Moment> ParseMoment(std::string_view text);
 
-// The model after the events up to `moment`, and how many events that is.
-// NotFound when the recording has no such moment (no OOM, no such phase).
-// `report` (the timeline's AnalyzeRank, if the caller has it) saves
-// analysing again to find the peak.
+// The model after the events up to `moment`, and how many events that is: a
+// TimelineWalk stopped there. NotFound when the recording has no such moment
+// (no OOM, no such phase). `report` (the timeline's AnalyzeRank, if the
+// caller has it) saves a walk to find the peak.
 absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment,
                                                            const RankReport* report = nullptr);
 

@@ -8,14 +8,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "analysis/counter_thinning.h"
 #include "analysis/trace_model.h"
 
 namespace memscope {
 namespace {
-
-absl::Status EventError(const Timeline& tl, std::size_t index, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat("rank ", tl.rank, ": event ", index, ": ", s.message()));
-}
 
 // ---------------------------------------------------------------------------
 // JSON text.
@@ -140,121 +137,163 @@ class EventWriter {
 };
 
 // ---------------------------------------------------------------------------
-// Which counter samples to keep.
+// The first walk: which counter samples to keep.
 
-struct RankPlan {
-  const Timeline* timeline = nullptr;
-  std::uint64_t samples = 0;          // counter samples before thinning
-  bool thinned = false;
-  std::vector<std::uint64_t> keep;    // kept sample ordinals, ascending (when thinned)
-};
+struct NoPayload {};
 
-struct Bucket {
-  bool used = false;
-  std::uint64_t max_allocated = 0, max_allocated_at = 0;
-  std::uint64_t max_reserved = 0, max_reserved_at = 0;
-  std::uint64_t last_allocated = 0, last_reserved = 0, last_at = 0;
-};
-
-// Pass 1: the number of samples and their time span, without the model.
-// Pass 2: replays the events through a model (checking the timeline) and,
-// when thinning, finds each bucket's maxima and last sample.
-absl::Status Plan(const Timeline& tl, std::size_t max_samples, RankPlan& plan) {
-  plan.timeline = &tl;
-  std::int64_t t0 = 0, t1 = 0;
-  for (const Event& e : tl.events) {
-    if (!ChangesMemory(e.type)) continue;
-    if (plan.samples == 0) {
-      t0 = t1 = e.time_ns;
-    } else {
-      t0 = std::min(t0, e.time_ns);
-      t1 = std::max(t1, e.time_ns);
-    }
-    ++plan.samples;
-  }
-  plan.thinned = plan.samples > max_samples;
-
-  const std::size_t num_buckets = plan.thinned ? (max_samples - 1) / 2 : 0;
-  std::vector<Bucket> buckets(num_buckets);
-  // In double: corrupt times must not overflow.
-  const double start = static_cast<double>(t0);
-  const double span = static_cast<double>(t1) - start;
-  TraceModel model;
-  std::uint64_t ordinal = 0;
-  for (std::size_t i = 0; i < tl.events.size(); ++i) {
-    const Event& e = tl.events[i];
-    if (absl::Status s = model.Apply(e); !s.ok()) return EventError(tl, i, s);
-    if (!plan.thinned || !ChangesMemory(e.type)) continue;
-    std::size_t b = 0;
-    if (span > 0) {
-      const double x = (static_cast<double>(e.time_ns) - start) / span * static_cast<double>(num_buckets);
-      b = x <= 0 ? 0 : std::min(num_buckets - 1, static_cast<std::size_t>(x));
-    }
-    Bucket& bucket = buckets[b];
-    const std::uint64_t allocated = model.allocated();
-    const std::uint64_t reserved = model.reserved();
-    if (!bucket.used || allocated > bucket.max_allocated) {
-      bucket.max_allocated = allocated;
-      bucket.max_allocated_at = ordinal;
-    }
-    if (!bucket.used || reserved > bucket.max_reserved) {
-      bucket.max_reserved = reserved;
-      bucket.max_reserved_at = ordinal;
-    }
-    bucket.used = true;
-    bucket.last_allocated = allocated;
-    bucket.last_reserved = reserved;
-    bucket.last_at = ordinal;
-    ++ordinal;
-  }
-  if (!plan.thinned) return absl::OkStatus();
-
-  // The maxima of every bucket and the final sample: at most 2B + 1 <= M.
-  std::vector<std::uint64_t>& keep = plan.keep;
-  for (const Bucket& b : buckets) {
-    if (!b.used) continue;
-    keep.push_back(b.max_allocated_at);
-    keep.push_back(b.max_reserved_at);
-  }
-  keep.push_back(plan.samples - 1);
-  std::sort(keep.begin(), keep.end());
-  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-
-  // Then the buckets' last samples while there is room, largest drop first.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> lasts;  // (drop, ordinal)
-  for (const Bucket& b : buckets) {
-    if (!b.used || std::binary_search(keep.begin(), keep.end(), b.last_at)) continue;
-    lasts.emplace_back(std::max(b.max_allocated - b.last_allocated, b.max_reserved - b.last_reserved), b.last_at);
-  }
-  const std::size_t room = max_samples - keep.size();
-  if (lasts.size() > room) {
-    const auto larger_drop = [](const auto& x, const auto& y) {
-      return x.first > y.first || (x.first == y.first && x.second < y.second);
-    };
-    std::nth_element(lasts.begin(), lasts.begin() + static_cast<std::ptrdiff_t>(room), lasts.end(), larger_drop);
-    lasts.resize(room);
-  }
-  for (const auto& last : lasts) keep.push_back(last.second);
-  std::sort(keep.begin(), keep.end());
-  return absl::OkStatus();
+bool SamePhase(const OpenPhase& p, const Event& e) {
+  return p.phase == e.phase && p.step == e.step() && p.label == e.name;
 }
+
+}  // namespace
+
+class ChromeTraceWriter::Events final : public EventWriter {
+ public:
+  using EventWriter::EventWriter;
+};
+
+class ChromeTraceWriter::RankPlan final : public WalkListener {
+ public:
+  RankPlan(const Timeline& tl, std::size_t max_samples)
+      : timeline(tl), span(SampleSpanOf(tl)), thinning(ThinningPolicy::ChromeTrace(max_samples), span) {}
+
+  void OnEvent(const TimelineWalk& walk, const Event& e) override {
+    if (!ChangesMemory(e.type)) return;
+    if (thinning.thinned()) {
+      thinning.Observe(e.time_ns, walk.model().allocated(), walk.model().reserved());
+    }
+  }
+  void OnFinish(const TimelineWalk& /*walk*/) override {
+    if (thinning.thinned()) {
+      for (const auto& s : thinning.Kept()) keep.push_back(s.ordinal);
+    }
+  }
+
+  std::uint64_t written() const { return thinning.thinned() ? keep.size() : span.samples; }
+
+  const Timeline& timeline;
+  const SampleSpan span;                    // span.samples: counter samples before thinning
+  CounterThinning<NoPayload> thinning;
+  std::vector<std::uint64_t> keep;          // kept sample ordinals, ascending (when thinned)
+};
 
 // ---------------------------------------------------------------------------
-// Pass 3: the events of one rank.
+// The second walk: the events of one rank.
 
-std::string SliceName(const Timeline& tl, Phase phase, std::int64_t step, std::uint32_t label) {
-  return PhaseMarkName(phase, step, tl.str(label));
-}
+class ChromeTraceWriter::RankWriter final : public WalkListener {
+ public:
+  RankWriter(const RankPlan& plan, EventWriter& w) : plan_(plan), tl_(plan.timeline), w_(w) {
+    for (int c = 0; c < kNumCategories; ++c) {
+      AppendString(category_names_[c], CategoryName(static_cast<Category>(c)));
+    }
+  }
 
-struct OpenPhase {
-  Phase phase;
-  std::int64_t step;
-  std::uint32_t label;
-  std::int64_t begin_ns;
+  void OnStart(const TimelineWalk& /*walk*/) override { WriteMetadata(); }
+
+  void OnEvent(const TimelineWalk& walk, const Event& e) override {
+    switch (e.type) {
+      case EventType::kPhaseEnd: OnPhaseEnd(walk, e); break;
+      case EventType::kMark:
+        w_.Begin(e.time_ns, "i", tl_.rank, 0, tl_.str(e.name)) += ",\"cat\":\"mark\",\"s\":\"t\"";
+        w_.End();
+        break;
+      case EventType::kOom: WriteOom(walk.model(), e); break;
+      case EventType::kEmptyCache: {
+        std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "empty_cache");
+        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"reserved\":";
+        AppendNumber(m, walk.model().reserved());
+        m += '}';
+        w_.End();
+        break;
+      }
+      case EventType::kAllocRetry: {
+        std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "alloc retry");
+        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"size\":";
+        AppendNumber(m, e.size);
+        m += '}';
+        w_.End();
+        break;
+      }
+      default:
+        break;
+    }
+    if (ChangesMemory(e.type)) OnSample(walk.model(), e);
+  }
+
+  // Phases still open end at the rank's last event, in the order they began.
+  void OnFinish(const TimelineWalk& walk) override {
+    std::vector<OpenPhase> open = walk.open_phases();
+    open.insert(open.end(), pending_.begin(), pending_.end());
+    std::sort(open.begin(), open.end(), [](const OpenPhase& x, const OpenPhase& y) { return x.begin_event < y.begin_event; });
+    for (const OpenPhase& p : open) WriteSlice(p, walk.last_ns(), true);
+  }
+
+ private:
+  void WriteMetadata();
+  void OnPhaseEnd(const TimelineWalk& walk, const Event& e);
+  void WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished);
+  void WriteOom(const TraceModel& model, const Event& e);
+  void OnSample(const TraceModel& model, const Event& e);
+
+  const RankPlan& plan_;
+  const Timeline& tl_;
+  EventWriter& w_;
+  std::string category_names_[kNumCategories];
+  // Phases the walk closed because an outer phase ended around them: the
+  // trace keeps a phase open until its own end (or the end of the timeline).
+  std::vector<OpenPhase> pending_;
+  std::uint64_t ordinal_ = 0;
+  std::size_t next_keep_ = 0;
 };
 
-void WriteSlice(EventWriter& w, const Timeline& tl, const OpenPhase& p, std::int64_t end_ns, bool unfinished) {
-  std::string& b = w.Begin(p.begin_ns, "X", tl.rank, 0, SliceName(tl, p.phase, p.step, p.label));
+void ChromeTraceWriter::RankWriter::WriteMetadata() {
+  const int pid = tl_.rank;
+  std::string& b = w_.Begin(0, "M", pid, 0, "process_name");
+  b += ",\"args\":{\"name\":";
+  AppendString(b, absl::StrCat("rank ", pid));
+  b += '}';
+  w_.End();
+  w_.Begin(0, "M", pid, 0, "process_sort_index") += ",\"args\":{\"sort_index\":";
+  AppendNumber(w_.raw(), pid);
+  w_.raw() += '}';
+  w_.End();
+  constexpr std::array<const char*, 2> kThreads = {"phases", "allocator"};
+  for (int tid = 0; tid < 2; ++tid) {
+    w_.Begin(0, "M", pid, tid, "thread_name") += ",\"args\":{\"name\":\"";
+    w_.raw() += kThreads[static_cast<std::size_t>(tid)];
+    w_.raw() += "\"}";
+    w_.End();
+    w_.Begin(0, "M", pid, tid, "thread_sort_index") += ",\"args\":{\"sort_index\":";
+    AppendNumber(w_.raw(), tid);
+    w_.raw() += '}';
+    w_.End();
+  }
+}
+
+// The trace's rule: an end closes the latest-begun open phase with the same
+// phase, step and label, and nothing else. The walk closed its match and any
+// phase open inside it; those inner ones stay open here (pending_), and one
+// of them may be the latest match.
+void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const Event& e) {
+  const PhaseEnd& end = walk.phase_end();
+  pending_.insert(pending_.end(), end.cut.begin(), end.cut.end());
+  std::size_t latest = pending_.size();
+  for (std::size_t k = 0; k < pending_.size(); ++k) {
+    if (SamePhase(pending_[k], e) && (latest == pending_.size() || pending_[k].begin_event > pending_[latest].begin_event)) {
+      latest = k;
+    }
+  }
+  if (latest == pending_.size() || (end.matched && end.phase.begin_event > pending_[latest].begin_event)) {
+    if (end.matched) WriteSlice(end.phase, e.time_ns, false);
+    return;
+  }
+  WriteSlice(pending_[latest], e.time_ns, false);
+  pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(latest));
+  if (end.matched) pending_.push_back(end.phase);
+}
+
+void ChromeTraceWriter::RankWriter::WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished) {
+  std::string& b = w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label)));
   b += ",\"cat\":\"phase\",\"dur\":";
   // In unsigned arithmetic: corrupt times must not overflow.
   AppendMicros(b, false, end_ns > p.begin_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(p.begin_ns) : 0);
@@ -262,141 +301,118 @@ void WriteSlice(EventWriter& w, const Timeline& tl, const OpenPhase& p, std::int
   AppendNumber(b, p.step);
   if (unfinished) b += ",\"unfinished\":true";
   b += '}';
-  w.End();
+  w_.End();
 }
 
-absl::Status WriteRank(const RankPlan& plan, EventWriter& w) {
-  const Timeline& tl = *plan.timeline;
-  const int pid = tl.rank;
+void ChromeTraceWriter::RankWriter::WriteOom(const TraceModel& model, const Event& e) {
+  std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "OOM");
+  m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"requested_size\":";
+  AppendNumber(m, e.requested_size);
+  m += ",\"rounded_size\":";
+  AppendNumber(m, e.size);
+  m += ",\"device_free\":";
+  AppendNumber(m, e.device_free());
+  m += ",\"allocated\":";
+  AppendNumber(m, model.allocated());
+  m += ",\"reserved\":";
+  AppendNumber(m, model.reserved());
+  m += ",\"stream\":";
+  AppendNumber(m, e.stream);
+  m += e.small_pool() ? ",\"pool\":\"small\"}" : ",\"pool\":\"large\"}";
+  w_.End();
+}
 
-  // Metadata: process and thread names.
-  std::string& b = w.Begin(0, "M", pid, 0, "process_name");
-  b += ",\"args\":{\"name\":";
-  AppendString(b, absl::StrCat("rank ", pid));
-  b += '}';
-  w.End();
-  w.Begin(0, "M", pid, 0, "process_sort_index") += ",\"args\":{\"sort_index\":";
-  AppendNumber(w.raw(), pid);
-  w.raw() += '}';
-  w.End();
-  constexpr std::array<const char*, 2> kThreads = {"phases", "allocator"};
-  for (int tid = 0; tid < 2; ++tid) {
-    w.Begin(0, "M", pid, tid, "thread_name") += ",\"args\":{\"name\":\"";
-    w.raw() += kThreads[static_cast<std::size_t>(tid)];
-    w.raw() += "\"}";
-    w.End();
-    w.Begin(0, "M", pid, tid, "thread_sort_index") += ",\"args\":{\"sort_index\":";
-    AppendNumber(w.raw(), tid);
-    w.raw() += '}';
-    w.End();
+void ChromeTraceWriter::RankWriter::OnSample(const TraceModel& model, const Event& e) {
+  const std::uint64_t this_sample = ordinal_++;
+  if (plan_.thinning.thinned()) {
+    if (next_keep_ == plan_.keep.size() || plan_.keep[next_keep_] != this_sample) return;
+    ++next_keep_;
   }
+  const int pid = tl_.rank;
+  const DeviceStats& st = model.stats();
+  std::string& m = w_.Begin(e.time_ns, "C", pid, 1, "memory");
+  m += ",\"cat\":\"memory\",\"args\":{\"allocated\":";
+  AppendNumber(m, All(st.allocated_bytes).current);
+  m += ",\"reserved\":";
+  AppendNumber(m, All(st.reserved_bytes).current);
+  m += ",\"active\":";
+  AppendNumber(m, All(st.active_bytes).current);
+  m += '}';
+  w_.End();
+  std::string& c = w_.Begin(e.time_ns, "C", pid, 1, "memory by category");
+  c += ",\"cat\":\"memory\",\"args\":{";
+  const auto& by_category = model.allocated_by_category();
+  for (int k = 0; k < kNumCategories; ++k) {
+    if (k > 0) c += ',';
+    c += category_names_[k];
+    c += ':';
+    AppendNumber(c, by_category[static_cast<std::size_t>(k)]);
+  }
+  c += '}';
+  w_.End();
+}
 
-  std::string category_names[kNumCategories];
-  for (int c = 0; c < kNumCategories; ++c) {
-    AppendString(category_names[c], CategoryName(static_cast<Category>(c)));
-  }
+// ---------------------------------------------------------------------------
+// The trace.
 
-  TraceModel model;
-  std::vector<OpenPhase> open;
-  std::uint64_t ordinal = 0;
-  std::size_t next_keep = 0;
-  std::int64_t last_ns = tl.events.empty() ? 0 : tl.events.front().time_ns;
-  for (std::size_t i = 0; i < tl.events.size(); ++i) {
-    const Event& e = tl.events[i];
-    if (absl::Status s = model.Apply(e); !s.ok()) return EventError(tl, i, s);
-    last_ns = std::max(last_ns, e.time_ns);
-    switch (e.type) {
-      case EventType::kPhaseBegin:
-        open.push_back({e.phase, e.step(), e.name, e.time_ns});
-        break;
-      case EventType::kPhaseEnd:
-        for (std::size_t k = open.size(); k-- > 0;) {
-          if (open[k].phase == e.phase && open[k].step == e.step() && open[k].label == e.name) {
-            WriteSlice(w, tl, open[k], e.time_ns, false);
-            open.erase(open.begin() + static_cast<std::ptrdiff_t>(k));
-            break;
-          }
-        }
-        break;
-      case EventType::kMark: {
-        w.Begin(e.time_ns, "i", pid, 0, tl.str(e.name)) += ",\"cat\":\"mark\",\"s\":\"t\"";
-        w.End();
-        break;
-      }
-      case EventType::kOom: {
-        std::string& m = w.Begin(e.time_ns, "i", pid, 1, "OOM");
-        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"requested_size\":";
-        AppendNumber(m, e.requested_size);
-        m += ",\"rounded_size\":";
-        AppendNumber(m, e.size);
-        m += ",\"device_free\":";
-        AppendNumber(m, e.device_free());
-        m += ",\"allocated\":";
-        AppendNumber(m, model.allocated());
-        m += ",\"reserved\":";
-        AppendNumber(m, model.reserved());
-        m += ",\"stream\":";
-        AppendNumber(m, e.stream);
-        m += e.small_pool() ? ",\"pool\":\"small\"}" : ",\"pool\":\"large\"}";
-        w.End();
-        break;
-      }
-      case EventType::kEmptyCache: {
-        std::string& m = w.Begin(e.time_ns, "i", pid, 1, "empty_cache");
-        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"reserved\":";
-        AppendNumber(m, model.reserved());
-        m += '}';
-        w.End();
-        break;
-      }
-      case EventType::kAllocRetry: {
-        std::string& m = w.Begin(e.time_ns, "i", pid, 1, "alloc retry");
-        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"size\":";
-        AppendNumber(m, e.size);
-        m += '}';
-        w.End();
-        break;
-      }
-      default:
-        break;
-    }
-    if (!ChangesMemory(e.type)) continue;
-    const std::uint64_t this_sample = ordinal++;
-    if (plan.thinned) {
-      if (next_keep == plan.keep.size() || plan.keep[next_keep] != this_sample) continue;
-      ++next_keep;
-    }
-    const DeviceStats& st = model.stats();
-    std::string& m = w.Begin(e.time_ns, "C", pid, 1, "memory");
-    m += ",\"cat\":\"memory\",\"args\":{\"allocated\":";
-    AppendNumber(m, All(st.allocated_bytes).current);
-    m += ",\"reserved\":";
-    AppendNumber(m, All(st.reserved_bytes).current);
-    m += ",\"active\":";
-    AppendNumber(m, All(st.active_bytes).current);
-    m += '}';
-    w.End();
-    std::string& c = w.Begin(e.time_ns, "C", pid, 1, "memory by category");
-    c += ",\"cat\":\"memory\",\"args\":{";
-    const auto& by_category = model.allocated_by_category();
-    for (int k = 0; k < kNumCategories; ++k) {
-      if (k > 0) c += ',';
-      c += category_names[k];
-      c += ':';
-      AppendNumber(c, by_category[static_cast<std::size_t>(k)]);
-    }
-    c += '}';
-    w.End();
+ChromeTraceWriter::ChromeTraceWriter(const ChromeTraceOptions& options, std::ostream& out)
+    : max_samples_(std::max<std::size_t>(options.max_counter_samples_per_rank, 3)),
+      out_(out),
+      events_(std::make_unique<Events>(out)) {}
+
+ChromeTraceWriter::~ChromeTraceWriter() = default;
+
+WalkListener& ChromeTraceWriter::Plan(const Timeline& timeline) {
+  plans_.push_back(std::make_unique<RankPlan>(timeline, max_samples_));
+  return *plans_.back();
+}
+
+WalkListener& ChromeTraceWriter::Write(const Timeline& timeline) {
+  if (!header_written_) WriteHeader();
+  const RankPlan* plan = nullptr;
+  for (const auto& p : plans_) {
+    if (&p->timeline == &timeline) plan = p.get();
   }
-  for (const OpenPhase& p : open) WriteSlice(w, tl, p, last_ns, true);
+  writer_ = std::make_unique<RankWriter>(*plan, *events_);
+  return *writer_;
+}
+
+// displayTimeUnit first: Perfetto reads it only from the start of the file.
+void ChromeTraceWriter::WriteHeader() {
+  header_written_ = true;
+  std::string& b = events_->raw();
+  b += "{\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"generator\":\"memscope\",\"ranks\":";
+  AppendNumber(b, plans_.size());
+  b += ",\"max_counter_samples_per_rank\":";
+  AppendNumber(b, max_samples_);
+  for (const auto& plan : plans_) {
+    const Timeline& tl = plan->timeline;
+    const std::string prefix = absl::StrCat(",\"rank ", tl.rank, " ");
+    const auto key = [&](const char* name) -> std::string& { return b.append(prefix).append(name).append("\":"); };
+    AppendNumber(key("events"), tl.events.size());
+    AppendNumber(key("counter samples"), plan->span.samples);
+    AppendNumber(key("counter samples written"), plan->written());
+    AppendNumber(key("world_size"), tl.world_size);
+    AppendNumber(key("device"), tl.device_index);
+    AppendNumber(key("device_capacity"), tl.device_capacity);
+    AppendNumber(key("wall_start_us"), tl.wall_start_us);
+    AppendString(key("alloc_conf"), tl.alloc_conf);
+  }
+  b += "},\n\"traceEvents\":[";
+}
+
+absl::Status ChromeTraceWriter::Finish() {
+  if (!header_written_) WriteHeader();
+  writer_.reset();
+  events_->raw() += "\n]}\n";
+  events_->Flush();
+  out_.flush();
+  if (!out_) return absl::DataLossError("writing the Chrome trace failed");
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status WriteChromeTrace(const std::vector<const Timeline*>& ranks, const ChromeTraceOptions& options,
                               std::ostream& out) {
-  const std::size_t max_samples = std::max<std::size_t>(options.max_counter_samples_per_rank, 3);
   std::vector<int> seen;
   for (const Timeline* tl : ranks) {
     if (tl == nullptr) return absl::InvalidArgumentError("WriteChromeTrace: null timeline");
@@ -408,40 +424,16 @@ absl::Status WriteChromeTrace(const std::vector<const Timeline*>& ranks, const C
   }
 
   // Check every rank (and choose its samples) before writing anything.
-  std::vector<RankPlan> plans(ranks.size());
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    if (absl::Status s = Plan(*ranks[r], max_samples, plans[r]); !s.ok()) return s;
+  ChromeTraceWriter trace(options, out);
+  for (const Timeline* tl : ranks) {
+    TimelineWalk walk(*tl);
+    if (absl::Status s = walk.Run({&trace.Plan(*tl)}); !s.ok()) return s;
   }
-
-  // displayTimeUnit first: Perfetto reads it only from the start of the file.
-  EventWriter w(out);
-  std::string& b = w.raw();
-  b += "{\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"generator\":\"memscope\",\"ranks\":";
-  AppendNumber(b, ranks.size());
-  b += ",\"max_counter_samples_per_rank\":";
-  AppendNumber(b, max_samples);
-  for (const RankPlan& plan : plans) {
-    const Timeline& tl = *plan.timeline;
-    const std::string prefix = absl::StrCat(",\"rank ", tl.rank, " ");
-    const auto key = [&](const char* name) -> std::string& { return b.append(prefix).append(name).append("\":"); };
-    AppendNumber(key("events"), tl.events.size());
-    AppendNumber(key("counter samples"), plan.samples);
-    AppendNumber(key("counter samples written"), plan.thinned ? plan.keep.size() : plan.samples);
-    AppendNumber(key("world_size"), tl.world_size);
-    AppendNumber(key("device"), tl.device_index);
-    AppendNumber(key("device_capacity"), tl.device_capacity);
-    AppendNumber(key("wall_start_us"), tl.wall_start_us);
-    AppendString(key("alloc_conf"), tl.alloc_conf);
+  for (const Timeline* tl : ranks) {
+    TimelineWalk walk(*tl);
+    if (absl::Status s = walk.Run({&trace.Write(*tl)}); !s.ok()) return s;
   }
-  b += "},\n\"traceEvents\":[";
-  for (const RankPlan& plan : plans) {
-    if (absl::Status s = WriteRank(plan, w); !s.ok()) return s;
-  }
-  w.raw() += "\n]}\n";
-  w.Flush();
-  out.flush();
-  if (!out) return absl::DataLossError("writing the Chrome trace failed");
-  return absl::OkStatus();
+  return trace.Finish();
 }
 
 }  // namespace memscope

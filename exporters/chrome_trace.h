@@ -42,7 +42,8 @@
 // \u escapes in any string before it. Text (phase labels, marks) is escaped,
 // invalid UTF-8 becomes U+FFFD.
 //
-// Thinning (keeps long runs loadable). When a rank has more counter samples
+// Thinning (keeps long runs loadable; analysis/counter_thinning.h,
+// ThinningPolicy::ChromeTrace). When a rank has more counter samples
 // than options.max_counter_samples_per_rank (M; values below 3 count as 3),
 // only at most M are written per track, chosen so that no maximum is lost:
 //   1. The time span between the rank's first and last sample is cut into
@@ -59,19 +60,21 @@
 // category" track is sampled at the same events as "memory". Peaks of
 // "active" and of single categories can fall between kept samples.
 //
-// Cost: three passes over each rank's events (a cheap count, then two passes
-// that rebuild the allocator state), memory proportional to the live
-// allocator state plus O(M) per rank; the JSON is streamed to `out`, never
-// built as one tree. Every rank is checked before anything is written, so on
-// error `out` is untouched.
+// Cost: two walks over each rank's events (timeline_walk.h; the first, after
+// a scan of the event times, chooses the samples, the second writes), memory
+// proportional to the live allocator state plus O(M) per rank; the JSON is
+// streamed to `out`, never built as one tree. Every rank is checked before
+// anything is written, so on error `out` is untouched.
 #ifndef MEMSCOPE_EXPORTERS_CHROME_TRACE_H_
 #define MEMSCOPE_EXPORTERS_CHROME_TRACE_H_
 
 #include <cstddef>
+#include <memory>
 #include <ostream>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "analysis/timeline_walk.h"
 #include "recording/event.h"
 
 namespace memscope {
@@ -88,6 +91,48 @@ struct ChromeTraceOptions {
 // timeline.events); a stream that failed while writing (DataLoss).
 absl::Status WriteChromeTrace(const std::vector<const Timeline*>& ranks, const ChromeTraceOptions& options,
                               std::ostream& out);
+
+// The same trace in steps, as walk listeners, for a caller that walks each
+// rank for other outputs too (run/ WriteRunOutputs). The caller checks the
+// ranks (WriteChromeTrace's errors) and stops at the first walk error.
+//
+//   ChromeTraceWriter trace(options, out);
+//   for (const Timeline* t : ranks) first_walk_of(*t).Run({&trace.Plan(*t), ...});
+//   for (const Timeline* t : ranks) second_walk_of(*t).Run({&trace.Write(*t), ...});
+//   absl::Status s = trace.Finish();
+//
+// Nothing is written to `out` before the first Write.
+class ChromeTraceWriter {
+ public:
+  ChromeTraceWriter(const ChromeTraceOptions& options, std::ostream& out);
+  ~ChromeTraceWriter();
+  ChromeTraceWriter(const ChromeTraceWriter&) = delete;
+  ChromeTraceWriter& operator=(const ChromeTraceWriter&) = delete;
+
+  // A rank's first-walk listener (walk it to the end): chooses its counter
+  // samples. Ranks are written in the order they are planned. The listener
+  // lives as long as this writer.
+  WalkListener& Plan(const Timeline& timeline);
+  // A planned rank's second-walk listener (walk it to the end, from event 0,
+  // one rank after the other); the first call writes the header, so every
+  // rank must be planned by then. Valid until the next Write.
+  WalkListener& Write(const Timeline& timeline);
+  // Ends the trace. DataLoss if the stream failed.
+  absl::Status Finish();
+
+ private:
+  class Events;
+  class RankPlan;
+  class RankWriter;
+  void WriteHeader();
+
+  std::size_t max_samples_;
+  std::ostream& out_;
+  std::unique_ptr<Events> events_;
+  std::vector<std::unique_ptr<RankPlan>> plans_;
+  std::unique_ptr<RankWriter> writer_;
+  bool header_written_ = false;
+};
 
 }  // namespace memscope
 

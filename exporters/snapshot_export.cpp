@@ -303,4 +303,22 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
   return w.Finish();
 }
 
+void SnapshotAt::Write(const TimelineWalk& walk) {
+  written_ = true;
+  status_ = WriteSnapshot(walk.timeline(), walk.model(), events_until_, format_, out_);
+}
+
+void SnapshotAt::OnStart(const TimelineWalk& walk) {
+  if (!written_ && events_until_ == walk.applied()) Write(walk);
+}
+
+void SnapshotAt::OnEvent(const TimelineWalk& walk, const Event& /*event*/) {
+  if (!written_ && events_until_ == walk.applied()) Write(walk);
+}
+
+// A moment past the end: WriteSnapshot's error.
+void SnapshotAt::OnFinish(const TimelineWalk& walk) {
+  if (!written_ && events_until_ > walk.applied()) Write(walk);
+}
+
 }  // namespace memscope

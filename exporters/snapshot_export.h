@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "recording/event.h"
+#include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
 
 namespace memscope {
@@ -62,6 +63,37 @@ enum class SnapshotFormat {
 // values reported are the defaults.
 absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
                            SnapshotFormat format, std::ostream& out);
+
+// WriteSnapshot as a walk listener: writes the snapshot when the walk has
+// applied `events_until` events (at OnStart for 0), so a walk that writes
+// other outputs takes the snapshot at a moment on its way (run/ writes the
+// one at the peak so). The walk must start at event 0 and pass the moment.
+//
+//   SnapshotAt snapshot(report.peak_allocated.event_index + 1, SnapshotFormat::kPickle, out);
+//   walk.Run({&snapshot, ...});
+//   if (!snapshot.status().ok()) ...
+class SnapshotAt final : public WalkListener {
+ public:
+  SnapshotAt(std::size_t events_until, SnapshotFormat format, std::ostream& out)
+      : events_until_(events_until), format_(format), out_(out) {}
+
+  void OnStart(const TimelineWalk& walk) override;
+  void OnEvent(const TimelineWalk& walk, const Event& event) override;
+  void OnFinish(const TimelineWalk& walk) override;
+
+  // WriteSnapshot's result; Internal "not written" until the walk passed the
+  // moment (InvalidArgument when it is past the timeline's end).
+  const absl::Status& status() const { return status_; }
+
+ private:
+  void Write(const TimelineWalk& walk);
+
+  std::size_t events_until_;
+  SnapshotFormat format_;
+  std::ostream& out_;
+  bool written_ = false;
+  absl::Status status_ = absl::InternalError("the snapshot was not written: the walk did not reach its moment");
+};
 
 }  // namespace memscope
 

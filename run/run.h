@@ -67,10 +67,11 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
                                                const AllocatorConfig& config, std::uint64_t device_memory);
 
 // Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
-// each rank's peak) and report.html into `dir` for these timelines. Returns
-// the analyses, amended. `amend`, when given, fills what only the caller
-// knows (a run's status, DDP buckets and failure: RankReport's fields for
-// them) before report.json is written.
+// each rank's peak) and report.html into `dir` for these timelines, in two
+// walks over each rank's events (analysis/timeline_walk.h). Returns the
+// analyses, amended. `amend`, when given, fills what only the caller knows (a
+// run's status, DDP buckets and failure: RankReport's fields for them) before
+// report.json is written.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     const std::string& dir, const std::vector<Timeline>& timelines,
     const std::function<void(std::vector<RankReport>& reports)>& amend = {});

@@ -10,6 +10,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
+#include "analysis/counter_thinning.h"
+#include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
 #include "viewer/assets.h"
 
@@ -21,23 +23,10 @@ constexpr int kKindFree = 11;           // free, in an unused (releasable) segme
 constexpr int kKindPendingFree = 12;    // freed, waiting on a stream event
 constexpr int kNumKinds = 13;
 
-struct Sample {
+// What the page draws of a counter sample besides allocated and reserved.
+struct SamplePayload {
   std::int64_t t = 0;
-  std::uint64_t allocated = 0;
-  std::uint64_t reserved = 0;
   std::array<std::int64_t, kNumCategories> by_category{};
-  std::uint64_t ordinal = 0;
-};
-
-Sample TakeSample(const TraceModel& m, std::int64_t t, std::uint64_t ordinal) {
-  return {t, m.allocated(), m.reserved(), m.allocated_by_category(), ordinal};
-}
-
-// Thinning: per time bucket, the first sample, the highest and lowest
-// allocated, the highest reserved and the last.
-struct Bucket {
-  bool used = false;
-  Sample first, max_allocated, min_allocated, max_reserved, last;
 };
 
 struct Piece {
@@ -197,183 +186,162 @@ std::vector<bool> ChooseMoments(const RankReport& r, std::size_t max_moments) {
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& t, const RankReport& r, const HtmlReportOptions& o) {
-  // Pass 1: the samples' count and time span.
-  std::uint64_t samples_total = 0;
-  std::int64_t t0 = 0, t1 = 0;
-  for (const Event& e : t.events) {
-    if (!ChangesMemory(e.type)) continue;
-    if (samples_total++ == 0) {
-      t0 = t1 = e.time_ns;
-    } else {
-      t0 = std::min(t0, e.time_ns);
-      t1 = std::max(t1, e.time_ns);
-    }
+class ViewerRankListener::Impl {
+ public:
+  Impl(const Timeline& t, const RankReport& r, const HtmlReportOptions& o)
+      : t_(t),
+        r_(r),
+        o_(o),
+        thinning_(ThinningPolicy::Viewer(o.max_timeline_samples), SampleSpanOf(t)),
+        moment_rows_(ChooseMoments(r, std::max<std::size_t>(o.max_phase_moments, 1))),
+        owners_(t) {}
+
+  void OnEvent(const TimelineWalk& walk, const Event& e);
+  void OnFinish(const TimelineWalk& walk) {
+    first_t_ = walk.first_ns();
+    last_t_ = walk.last_ns();
+    Capture(walk.model(), "end", last_t_, t_.events.size());
   }
-  const std::size_t max_samples = std::max<std::size_t>(o.max_timeline_samples, 10);
-  const bool thinned = samples_total > max_samples;
-  const std::size_t num_buckets = thinned ? max_samples / 5 : 0;
-  std::vector<Bucket> buckets(num_buckets);
-  std::vector<Sample> kept;
-  const double start = static_cast<double>(t0);
-  const double span = static_cast<double>(t1) - start;  // in double: corrupt times must not overflow
+  nlohmann::json TakeData();
 
-  const std::vector<bool> moment_rows = ChooseMoments(r, std::max<std::size_t>(o.max_phase_moments, 1));
-  OwnerTable owners(t);
-  nlohmann::json moments = nlohmann::json::array();
-  auto capture = [&](const TraceModel& m, const std::string& key, std::int64_t time, std::size_t event) {
-    moments.push_back({{"key", key},
-                       {"t", time},
-                       {"event", event},
-                       {"fragmentation", FragmentationJson(m.Fragmentation())},
-                       {"segments_total", m.segments().size()},
-                       {"segments", SegmentMap(m, o, owners)}});
-    return static_cast<int>(moments.size() - 1);
-  };
-
-  struct Open {
-    Phase phase;
-    std::int64_t step;
-    std::uint32_t label;
-    std::int64_t begin;
-  };
-  std::vector<Open> open;
-  nlohmann::json bands = nlohmann::json::array();
-  std::map<std::int64_t, std::int64_t> step_begin;
-  nlohmann::json marks = nlohmann::json::array();
-  std::size_t phase_ends = 0;
-  std::int64_t first_t = t.events.empty() ? 0 : t.events.front().time_ns;
-  std::int64_t last_t = first_t;
-
-  TraceModel model(TimelineConfig(t));
-  std::uint64_t ordinal = 0;
-  for (std::size_t i = 0; i < t.events.size(); ++i) {
-    const Event& e = t.events[i];
-    if (absl::Status s = model.Apply(e); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", t.rank, ": event ", i, ": ", s.message()));
-    }
-    first_t = std::min(first_t, e.time_ns);
-    last_t = std::max(last_t, e.time_ns);
-    if (ChangesMemory(e.type)) {
-      const Sample s = TakeSample(model, e.time_ns, ordinal++);
-      if (!thinned) {
-        kept.push_back(s);
-      } else {
-        std::size_t b = 0;
-        if (span > 0) {
-          const double x = (static_cast<double>(e.time_ns) - start) / span * static_cast<double>(num_buckets);
-          b = x <= 0 ? 0 : std::min(num_buckets - 1, static_cast<std::size_t>(x));
-        }
-        Bucket& bucket = buckets[b];
-        if (!bucket.used) {
-          bucket.used = true;
-          bucket.first = bucket.max_allocated = bucket.min_allocated = bucket.max_reserved = s;
-        }
-        if (s.allocated > bucket.max_allocated.allocated) bucket.max_allocated = s;
-        if (s.allocated < bucket.min_allocated.allocated) bucket.min_allocated = s;
-        if (s.reserved > bucket.max_reserved.reserved) bucket.max_reserved = s;
-        bucket.last = s;
-      }
-    }
-    switch (e.type) {
-      case EventType::kPhaseBegin:
-        open.push_back({e.phase, e.step(), e.name, e.time_ns});
-        if (e.step() != kNoStep) step_begin.try_emplace(e.step(), e.time_ns);
-        break;
-      case EventType::kPhaseEnd: {
-        std::int64_t begin = e.time_ns;
-        std::size_t depth = open.size();
-        for (std::size_t k = open.size(); k-- > 0;) {
-          if (open[k].phase == e.phase && open[k].step == e.step() && open[k].label == e.name) {
-            begin = open[k].begin;
-            depth = k;
-            open.resize(k);
-            break;
-          }
-        }
-        const std::string name = PhaseMarkName(e.phase, e.step(), t.str(e.name));
-        int moment = -1;
-        if (phase_ends < moment_rows.size() && moment_rows[phase_ends]) moment = capture(model, name, e.time_ns, i + 1);
-        bands.push_back({{"name", name}, {"begin", begin}, {"end", e.time_ns}, {"depth", depth}, {"moment", moment}});
-        ++phase_ends;
-        break;
-      }
-      case EventType::kMark:
-        if (marks.size() < 200) marks.push_back({{"t", e.time_ns}, {"text", t.str(e.name)}});
-        break;
-      default:
-        break;
-    }
-    if (!t.events.empty() && i == r.peak_allocated.event_index) {
-      capture(model, "peak", e.time_ns, i + 1);
-    }
-    if (r.oom && i == r.oom->event_index) capture(model, "oom", e.time_ns, i + 1);
+ private:
+  int Capture(const TraceModel& m, const std::string& key, std::int64_t time, std::size_t event) {
+    moments_.push_back({{"key", key},
+                        {"t", time},
+                        {"event", event},
+                        {"fragmentation", FragmentationJson(m.Fragmentation())},
+                        {"segments_total", m.segments().size()},
+                        {"segments", SegmentMap(m, o_, owners_)}});
+    return static_cast<int>(moments_.size() - 1);
   }
-  capture(model, "end", last_t, t.events.size());
+  void OnPhaseEnd(const TimelineWalk& walk, const Event& e);
+  nlohmann::json SamplesJson();
 
-  if (thinned) {
-    for (const Bucket& b : buckets) {
-      if (!b.used) continue;
-      for (const Sample* s : {&b.first, &b.max_allocated, &b.min_allocated, &b.max_reserved, &b.last}) {
-        kept.push_back(*s);
-      }
-    }
-    std::sort(kept.begin(), kept.end(), [](const Sample& x, const Sample& y) { return x.ordinal < y.ordinal; });
-    kept.erase(std::unique(kept.begin(), kept.end(),
-                           [](const Sample& x, const Sample& y) { return x.ordinal == y.ordinal; }),
-               kept.end());
+  const Timeline& t_;
+  const RankReport& r_;
+  const HtmlReportOptions o_;
+  CounterThinning<SamplePayload> thinning_;
+  const std::vector<bool> moment_rows_;  // the phase rows that get a segment map
+  OwnerTable owners_;
+  nlohmann::json moments_ = nlohmann::json::array();
+  nlohmann::json bands_ = nlohmann::json::array();
+  std::map<std::int64_t, std::int64_t> step_begin_;
+  nlohmann::json marks_ = nlohmann::json::array();
+  std::size_t phase_ends_ = 0;
+  std::int64_t first_t_ = 0;
+  std::int64_t last_t_ = 0;
+};
+
+void ViewerRankListener::Impl::OnEvent(const TimelineWalk& walk, const Event& e) {
+  const TraceModel& model = walk.model();
+  const std::size_t i = walk.applied() - 1;
+  if (ChangesMemory(e.type)) {
+    thinning_.Observe(e.time_ns, model.allocated(), model.reserved(), {e.time_ns, model.allocated_by_category()});
   }
+  switch (e.type) {
+    case EventType::kPhaseBegin:
+      if (e.step() != kNoStep) step_begin_.try_emplace(e.step(), e.time_ns);
+      break;
+    case EventType::kPhaseEnd:
+      OnPhaseEnd(walk, e);
+      break;
+    case EventType::kMark:
+      if (marks_.size() < 200) marks_.push_back({{"t", e.time_ns}, {"text", t_.str(e.name)}});
+      break;
+    default:
+      break;
+  }
+  if (i == r_.peak_allocated.event_index) Capture(model, "peak", e.time_ns, i + 1);
+  if (r_.oom && i == r_.oom->event_index) Capture(model, "oom", e.time_ns, i + 1);
+}
+
+void ViewerRankListener::Impl::OnPhaseEnd(const TimelineWalk& walk, const Event& e) {
+  const PhaseEnd& end = walk.phase_end();
+  const std::int64_t begin = end.matched ? end.phase.begin_ns : e.time_ns;
+  const std::string name = PhaseMarkName(e.phase, e.step(), t_.str(e.name));
+  int moment = -1;
+  if (phase_ends_ < moment_rows_.size() && moment_rows_[phase_ends_]) {
+    moment = Capture(walk.model(), name, e.time_ns, walk.applied());
+  }
+  bands_.push_back({{"name", name}, {"begin", begin}, {"end", e.time_ns}, {"depth", end.depth}, {"moment", moment}});
+  ++phase_ends_;
+}
+
+nlohmann::json ViewerRankListener::Impl::SamplesJson() {
+  const std::vector<CounterThinning<SamplePayload>::Sample> kept = thinning_.Kept();
   nlohmann::json ts = nlohmann::json::array(), allocated = nlohmann::json::array(),
                  reserved = nlohmann::json::array();
   std::array<bool, kNumCategories> present{};
-  for (const Sample& s : kept) {
-    ts.push_back(s.t);
+  for (const auto& s : kept) {
+    ts.push_back(s.payload.t);
     allocated.push_back(s.allocated);
     reserved.push_back(s.reserved);
-    for (int c = 0; c < kNumCategories; ++c) present[c] = present[c] || s.by_category[c] != 0;
+    for (int c = 0; c < kNumCategories; ++c) present[c] = present[c] || s.payload.by_category[c] != 0;
   }
   nlohmann::json by_category = nlohmann::json::object();
   for (int c = 0; c < kNumCategories; ++c) {
     if (!present[c]) continue;
     nlohmann::json series = nlohmann::json::array();
-    for (const Sample& s : kept) series.push_back(s.by_category[c]);
+    for (const auto& s : kept) series.push_back(s.payload.by_category[c]);
     by_category[std::string(CategoryName(static_cast<Category>(c)))] = std::move(series);
   }
+  return {{"t", std::move(ts)}, {"allocated", std::move(allocated)}, {"reserved", std::move(reserved)},
+          {"by_category", std::move(by_category)}};
+}
+
+nlohmann::json ViewerRankListener::Impl::TakeData() {
   nlohmann::json steps = nlohmann::json::array();
-  for (const auto& [step, begin] : step_begin) steps.push_back({{"step", step}, {"t", begin}});
+  for (const auto& [step, begin] : step_begin_) steps.push_back({{"step", step}, {"t", begin}});
+  const std::uint64_t samples_total = thinning_.observed();
+  const bool thinned = thinning_.thinned();
+  nlohmann::json samples = SamplesJson();
 
   // report.json's numbers; the phase rows without their by_category (the
   // page does not show it, and it is most of the size of a long run's table).
-  nlohmann::json j = ReportJson({&t}, {r})["ranks"][0];
+  nlohmann::json j = ReportJson({&t_}, {r_})["ranks"][0];
   for (nlohmann::json& row : j["phases"]) row.erase("by_category");
   return nlohmann::json{
-      {"rank", t.rank},
+      {"rank", t_.rank},
       {"report", std::move(j)},
-      {"t0", first_t},
-      {"t1", last_t},
-      {"peak_allocated_t", r.peak_allocated.time_ns},
-      {"peak_reserved_t", r.peak_reserved.time_ns},
-      {"oom_t", r.oom ? nlohmann::json(r.oom->time_ns) : nlohmann::json(nullptr)},
+      {"t0", first_t_},
+      {"t1", last_t_},
+      {"peak_allocated_t", r_.peak_allocated.time_ns},
+      {"peak_reserved_t", r_.peak_reserved.time_ns},
+      {"oom_t", r_.oom ? nlohmann::json(r_.oom->time_ns) : nlohmann::json(nullptr)},
       {"samples_total", samples_total},
       {"thinned", thinned},
-      {"samples", {{"t", std::move(ts)}, {"allocated", std::move(allocated)}, {"reserved", std::move(reserved)},
-                   {"by_category", std::move(by_category)}}},
-      {"bands", std::move(bands)},
+      {"samples", std::move(samples)},
+      {"bands", std::move(bands_)},
       {"steps", std::move(steps)},
-      {"marks", std::move(marks)},
-      {"moments", std::move(moments)},
-      {"owners", owners.Json()},
+      {"marks", std::move(marks_)},
+      {"moments", std::move(moments_)},
+      {"owners", owners_.Json()},
   };
 }
 
+ViewerRankListener::ViewerRankListener(const Timeline& timeline, const RankReport& report,
+                                       const HtmlReportOptions& options)
+    : impl_(std::make_unique<Impl>(timeline, report, options)) {}
+ViewerRankListener::~ViewerRankListener() = default;
+void ViewerRankListener::OnEvent(const TimelineWalk& walk, const Event& event) { impl_->OnEvent(walk, event); }
+void ViewerRankListener::OnFinish(const TimelineWalk& walk) { impl_->OnFinish(walk); }
+nlohmann::json ViewerRankListener::TakeData() { return impl_->TakeData(); }
+
+absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& t, const RankReport& r, const HtmlReportOptions& o) {
+  TimelineWalk walk(t);
+  ViewerRankListener viewer(t, r, o);
+  if (absl::Status s = walk.Run({&viewer}); !s.ok()) return s;
+  return viewer.TakeData();
+}
+
 absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, const HtmlReportOptions& options) {
-  nlohmann::json runs_json = nlohmann::json::array();
+  std::vector<HtmlPageRun> pages;
   for (const HtmlReportRun& run : runs) {
-    nlohmann::json ranks = nlohmann::json::array();
-    int world_size = 1;
+    HtmlPageRun& page = pages.emplace_back();
+    page.label = run.label;
     for (std::size_t i = 0; i < run.timelines.size(); ++i) {
       const Timeline& t = *run.timelines[i];
-      world_size = std::max(world_size, t.world_size);
+      page.world_size = std::max(page.world_size, t.world_size);
       std::optional<RankReport> analysed;
       const RankReport* r = i < run.reports.size() ? run.reports[i] : nullptr;
       if (r == nullptr) {
@@ -383,9 +351,18 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
       }
       absl::StatusOr<nlohmann::json> data = ViewerRankData(t, *r, options);
       if (!data.ok()) return data.status();
-      ranks.push_back(std::move(*data));
+      page.ranks.push_back(std::move(*data));
     }
-    runs_json.push_back({{"label", run.label}, {"world_size", world_size}, {"ranks", std::move(ranks)}});
+  }
+  return HtmlPage(std::move(pages));
+}
+
+absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs) {
+  nlohmann::json runs_json = nlohmann::json::array();
+  for (HtmlPageRun& run : runs) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (nlohmann::json& data : run.ranks) ranks.push_back(std::move(data));
+    runs_json.push_back({{"label", run.label}, {"world_size", run.world_size}, {"ranks", std::move(ranks)}});
   }
   nlohmann::json categories = nlohmann::json::array();
   for (int c = 0; c < kNumCategories; ++c) categories.push_back(std::string(CategoryName(static_cast<Category>(c))));

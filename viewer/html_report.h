@@ -33,7 +33,8 @@
 //             indexes "owners" (0 = none).
 //
 // Bounded size for long runs:
-//   - Timeline thinning: with more than max_timeline_samples samples, the
+//   - Timeline thinning (analysis/counter_thinning.h,
+//     ThinningPolicy::Viewer): with more than max_timeline_samples samples, the
 //     rank's time span is cut into max_timeline_samples / 5 buckets; each
 //     keeps its first sample, the samples where allocated is highest and
 //     lowest, where reserved is highest, and its last. The global peaks of
@@ -50,12 +51,14 @@
 #define MEMSCOPE_VIEWER_HTML_REPORT_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 #include "analysis/analysis.h"
+#include "analysis/timeline_walk.h"
 #include "recording/event.h"
 
 namespace memscope {
@@ -76,14 +79,46 @@ struct HtmlReportRun {
   std::vector<const RankReport*> reports;
 };
 
-// The viewer's data for one rank (see above). Errors: an inconsistent
-// timeline, naming the rank and event.
+// The viewer's data for one rank (see above): one walk of its timeline.
+// Errors: an inconsistent timeline, naming the rank and event.
 absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& timeline, const RankReport& report,
                                               const HtmlReportOptions& options = {});
+
+// ViewerRankData as a walk listener, for a walk that writes other outputs
+// too. `report` must hold the first walk's results (the phase table, the
+// peaks' and the OOM's events) when the walk starts, and be complete when
+// TakeData is called; it and `timeline` must outlive the listener.
+//
+//   ViewerRankListener viewer(timeline, analysis.report());
+//   second_walk.Run({&analysis.second_walk(), &viewer});  // from event 0 to the end
+//   nlohmann::json data = viewer.TakeData();              // once
+class ViewerRankListener final : public WalkListener {
+ public:
+  ViewerRankListener(const Timeline& timeline, const RankReport& report, const HtmlReportOptions& options = {});
+  ~ViewerRankListener() override;
+  void OnEvent(const TimelineWalk& walk, const Event& event) override;
+  void OnFinish(const TimelineWalk& walk) override;
+  nlohmann::json TakeData();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The whole page for one run, or two runs side by side with their
 // differences.
 absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, const HtmlReportOptions& options = {});
+
+// One run of the page when its ranks' viewer data is already assembled
+// (ViewerRankData or ViewerRankListener, one per rank in rank order).
+struct HtmlPageRun {
+  std::string label;
+  int world_size = 1;  // the largest of its timelines' world_size, at least 1
+  std::vector<nlohmann::json> ranks;
+};
+
+// HtmlReport from assembled data: what HtmlReport does after walking.
+absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs);
 
 }  // namespace memscope
 

@@ -512,3 +512,35 @@ TEST_CASE("chrome trace: thinning edge cases", "[chrome_trace]") {
     }
   }
 }
+
+TEST_CASE("chrome trace: a phase stays open until its own end, even when an outer phase ends around it",
+          "[chrome_trace]") {
+  Run r(40 * MiB);
+  r.rec.PhaseBegin(Phase::kUser, 0, "outer");
+  r.rec.PhaseBegin(Phase::kUser, 0, "inner");
+  r.rec.PhaseEnd(Phase::kUser, 0, "outer");   // inner is still open
+  r.rec.PhaseEnd(Phase::kUser, 0, "inner");
+  // The same phase begun twice: an end closes the latest begin, even one an
+  // outer end went past.
+  r.rec.PhaseBegin(Phase::kUser, 1, "x");
+  r.rec.PhaseBegin(Phase::kUser, 1, "y");
+  r.rec.PhaseBegin(Phase::kUser, 1, "x");
+  r.rec.PhaseEnd(Phase::kUser, 1, "y");
+  r.rec.PhaseEnd(Phase::kUser, 1, "x");
+  const json trace = Export({&r.tl});
+  const auto begin_of = [&](std::size_t i) { return r.tl.events[i].time_ns / 1000.0; };
+  const auto outer = Select(trace, 0, "outer:0", "X");
+  const auto inner = Select(trace, 0, "inner:0", "X");
+  REQUIRE(outer.size() == 1);
+  REQUIRE(inner.size() == 1);
+  CHECK_FALSE(inner[0]["args"].contains("unfinished"));
+  CHECK(inner[0]["ts"].get<double>() == Approx(begin_of(1)).margin(0.001));
+  CHECK(inner[0]["dur"].get<double>() == Approx(begin_of(3) - begin_of(1)).margin(0.001));
+  const auto xs = Select(trace, 0, "x:1", "X");
+  REQUIRE(xs.size() == 2);
+  // The second begin of x closes at x's end; the first is left unfinished.
+  CHECK(xs[0]["ts"].get<double>() == Approx(begin_of(6)).margin(0.001));
+  CHECK_FALSE(xs[0]["args"].contains("unfinished"));
+  CHECK(xs[1]["ts"].get<double>() == Approx(begin_of(4)).margin(0.001));
+  CHECK(xs[1]["args"]["unfinished"] == true);
+}
