@@ -3,8 +3,8 @@
 namespace memscope {
 namespace {
 constexpr std::string_view kCategoryNames[kNumCategories] = {
-    "PARAMETER", "OPTIMIZER_STATE", "INPUT", "ACTIVATION", "GRADIENT",
-    "AUTOGRAD_DETAIL", "TEMPORARY", "DDP_BUCKET", "COMM_TEMP", "OTHER"};
+    "PARAMETER",       "OPTIMIZER_STATE", "INPUT",      "ACTIVATION", "GRADIENT",
+    "AUTOGRAD_DETAIL", "TEMPORARY",       "DDP_BUCKET", "COMM_TEMP",  "OTHER"};
 struct Tag {
   Category category = Category::kOther;
   std::string_view owner;

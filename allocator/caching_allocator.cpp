@@ -84,10 +84,10 @@ struct AddressKey {
 
 struct BlockPool {
   explicit BlockPool(bool small) : is_small(small) {}
-  absl::btree_map<SizeKey, Block*> blocks;        // free, mapped blocks
-  absl::btree_map<AddressKey, Block*> unmapped;   // unmapped expandable ranges
+  absl::btree_map<SizeKey, Block*> blocks;       // free, mapped blocks
+  absl::btree_map<AddressKey, Block*> unmapped;  // unmapped expandable ranges
   const bool is_small;
-  std::int64_t get_free_blocks_call_count = 0;    // ages blocks for GC
+  std::int64_t get_free_blocks_call_count = 0;  // ages blocks for GC
 
   // Invariant: a block's key is taken from its fields, so a block must be
   // erased before its size or address changes and inserted again after.
@@ -349,8 +349,8 @@ void CachingAllocator::Impl::GarbageCollectCachedBlocks() {
   // Free unsplit cached large blocks that have waited for at least the
   // average number of free-block lookups, oldest first, until reserved memory
   // is back under the threshold (computed from the allowed maximum).
-  const auto gc_threshold = static_cast<std::size_t>(config.garbage_collection_threshold *
-                                                     static_cast<double>(allowed_memory_maximum));
+  const auto gc_threshold =
+      static_cast<std::size_t>(config.garbage_collection_threshold * static_cast<double>(allowed_memory_maximum));
   if (total_allocated_memory <= gc_threshold) return;
   const std::size_t target_size = total_allocated_memory - gc_threshold;
   std::size_t gc_reclaimed = 0;
@@ -436,8 +436,8 @@ bool CachingAllocator::Impl::ReleaseAvailableCachedBlocks(const AllocParams& p) 
     std::size_t total_released = 0;
     std::vector<Block*> victims;  // collected first: erasing invalidates btree iterators
     --it;
-    while (total_released < key_size && it->second->size >= config.max_split_size &&
-           it->first.stream == p.stream && releasable(it->second)) {
+    while (total_released < key_size && it->second->size >= config.max_split_size && it->first.stream == p.stream &&
+           releasable(it->second)) {
       total_released += it->second->size;
       victims.push_back(it->second);
       if (it == pool.blocks.begin()) break;
@@ -757,18 +757,18 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
   }
   const std::string allowed_info =
       set_fraction ? absl::StrCat(FormatSize(allowed_memory_maximum), " allowed; ") : std::string();
-  info.message = absl::StrCat(
-      "CUDA out of memory. Tried to allocate ", FormatSize(p.alloc_size), ". GPU ", device.index(),
-      " has a total capacity of ", FormatSize(mem.total_bytes), " of which ", FormatSize(mem.free_bytes),
-      " is free. ", allowed_info, "Of the allocated memory ", FormatSize(info.allocated),
-      " is allocated by PyTorch, and ", FormatSize(info.reserved - info.allocated),
-      " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
-      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
-  info.diagnosis = absl::StrCat(
-      "memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (", p.pool->is_small ? "small" : "large",
-      " pool, stream ", p.stream, "); the cache holds ", FormatSize(info.cached_free), " free in ", free_blocks,
-      " blocks, the largest ", FormatSize(info.largest_free_block), ", and ", FormatSize(info.inactive_split),
-      " of it is non-releasable (inactive split).");
+  info.message =
+      absl::StrCat("CUDA out of memory. Tried to allocate ", FormatSize(p.alloc_size), ". GPU ", device.index(),
+                   " has a total capacity of ", FormatSize(mem.total_bytes), " of which ", FormatSize(mem.free_bytes),
+                   " is free. ", allowed_info, "Of the allocated memory ", FormatSize(info.allocated),
+                   " is allocated by PyTorch, and ", FormatSize(info.reserved - info.allocated),
+                   " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
+  info.diagnosis = absl::StrCat("memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (",
+                                p.pool->is_small ? "small" : "large", " pool, stream ", p.stream, "); the cache holds ",
+                                FormatSize(info.cached_free), " free in ", free_blocks, " blocks, the largest ",
+                                FormatSize(info.largest_free_block), ", and ", FormatSize(info.inactive_split),
+                                " of it is non-releasable (inactive split).");
   if (info.cached_free >= p.size) {
     absl::StrAppend(&info.diagnosis, " Fragmentation, not capacity: enough bytes are free but no free block fits.");
   } else if (set_fraction && mem.free_bytes >= p.alloc_size) {
@@ -941,21 +941,20 @@ absl::Status CachingAllocator::Impl::CheckStatsMatch(const DeviceStats& recount)
     }
     return absl::OkStatus();
   };
-  for (auto [name, a, e] : {std::tuple{"allocation", &stats.allocation, &recount.allocation},
-                            std::tuple{"segment", &stats.segment, &recount.segment},
-                            std::tuple{"active", &stats.active, &recount.active},
-                            std::tuple{"inactive_split", &stats.inactive_split, &recount.inactive_split},
-                            std::tuple{"allocated_bytes", &stats.allocated_bytes, &recount.allocated_bytes},
-                            std::tuple{"reserved_bytes", &stats.reserved_bytes, &recount.reserved_bytes},
-                            std::tuple{"active_bytes", &stats.active_bytes, &recount.active_bytes},
-                            std::tuple{"inactive_split_bytes", &stats.inactive_split_bytes,
-                                       &recount.inactive_split_bytes},
-                            std::tuple{"requested_bytes", &stats.requested_bytes, &recount.requested_bytes}}) {
+  for (auto [name, a, e] :
+       {std::tuple{"allocation", &stats.allocation, &recount.allocation},
+        std::tuple{"segment", &stats.segment, &recount.segment}, std::tuple{"active", &stats.active, &recount.active},
+        std::tuple{"inactive_split", &stats.inactive_split, &recount.inactive_split},
+        std::tuple{"allocated_bytes", &stats.allocated_bytes, &recount.allocated_bytes},
+        std::tuple{"reserved_bytes", &stats.reserved_bytes, &recount.reserved_bytes},
+        std::tuple{"active_bytes", &stats.active_bytes, &recount.active_bytes},
+        std::tuple{"inactive_split_bytes", &stats.inactive_split_bytes, &recount.inactive_split_bytes},
+        std::tuple{"requested_bytes", &stats.requested_bytes, &recount.requested_bytes}}) {
     if (absl::Status s = check_array(name, *a, *e); !s.ok()) return s;
   }
   if (stats.oversize_allocations.current != recount.oversize_allocations.current) {
-    return fail("oversize_allocations ", stats.oversize_allocations.current, " != ",
-                recount.oversize_allocations.current);
+    return fail("oversize_allocations ", stats.oversize_allocations.current,
+                " != ", recount.oversize_allocations.current);
   }
   if (stats.oversize_segments.current != recount.oversize_segments.current) {
     return fail("oversize_segments ", stats.oversize_segments.current, " != ", recount.oversize_segments.current);
@@ -1044,8 +1043,8 @@ std::size_t CachingAllocator::max_memory_reserved() const {
 void CachingAllocator::ResetPeakStats() {
   std::lock_guard<std::mutex> lock(mutex_);
   DeviceStats& s = impl_->stats;
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (Stat& stat : *a) stat.ResetPeak();
   }
   s.oversize_allocations.ResetPeak();
@@ -1055,8 +1054,8 @@ void CachingAllocator::ResetPeakStats() {
 void CachingAllocator::ResetAccumulatedStats() {
   std::lock_guard<std::mutex> lock(mutex_);
   DeviceStats& s = impl_->stats;
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
-                       &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
     for (Stat& stat : *a) stat.ResetAccumulated();
   }
   s.oversize_allocations.ResetAccumulated();

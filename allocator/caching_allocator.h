@@ -59,20 +59,20 @@ namespace memscope {
 
 // What the allocator knew when it ran out of memory.
 struct OutOfMemoryInfo {
-  std::size_t requested = 0;       // bytes asked for
-  std::size_t rounded = 0;         // round_size(requested)
-  std::size_t alloc_size = 0;      // segment size asked of the device
+  std::size_t requested = 0;   // bytes asked for
+  std::size_t rounded = 0;     // round_size(requested)
+  std::size_t alloc_size = 0;  // segment size asked of the device
   StreamId stream = 0;
   bool small_pool = false;
-  std::size_t device_free = 0;     // cudaMemGetInfo at the time
+  std::size_t device_free = 0;  // cudaMemGetInfo at the time
   std::size_t device_total = 0;
-  std::size_t allocated = 0;       // allocated_bytes.all.current
-  std::size_t reserved = 0;        // reserved_bytes.all.current
-  std::size_t inactive_split = 0;  // inactive_split_bytes.all.current
-  std::size_t cached_free = 0;     // bytes in free cached blocks (all pools and streams)
+  std::size_t allocated = 0;           // allocated_bytes.all.current
+  std::size_t reserved = 0;            // reserved_bytes.all.current
+  std::size_t inactive_split = 0;      // inactive_split_bytes.all.current
+  std::size_t cached_free = 0;         // bytes in free cached blocks (all pools and streams)
   std::size_t largest_free_block = 0;  // largest of those
-  std::string message;             // PyTorch's wording
-  std::string diagnosis;           // memscope's one-line explanation
+  std::string message;                 // PyTorch's wording
+  std::string diagnosis;               // memscope's one-line explanation
 };
 
 class CachingAllocator {

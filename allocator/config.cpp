@@ -35,7 +35,7 @@ class Parser {
   absl::Status Run(AllocatorConfig& config) {
     while (i_ < t_.size()) {
       const std::string key = t_[i_++];
-      if (key == "," ) return Error("empty setting (two commas in a row)");
+      if (key == ",") return Error("empty setting (two commas in a row)");
       if (absl::Status s = Expect(key, ":"); !s.ok()) return s;
       absl::Status s;
       if (key == "max_split_size_mb") {
@@ -59,15 +59,16 @@ class Parser {
         const std::string* v = Next();
         if (v == nullptr) return Error(absl::StrCat("'", key, "' needs a value"));
         if (*v != "native") {
-          return Error(absl::StrCat("backend '", *v,
-                                    "' is not supported: memscope models the native caching allocator"));
+          return Error(
+              absl::StrCat("backend '", *v, "' is not supported: memscope models the native caching allocator"));
         }
       } else {
         return Error(absl::StrCat("unknown key '", key, "'"));
       }
       if (!s.ok()) return s;
       if (i_ < t_.size()) {
-        if (t_[i_] != ",") return Error(absl::StrCat("expected ',' after the value of '", key, "', got '", t_[i_], "'"));
+        if (t_[i_] != ",")
+          return Error(absl::StrCat("expected ',' after the value of '", key, "', got '", t_[i_], "'"));
         ++i_;
         if (i_ == t_.size()) return Error("trailing ','");
       }

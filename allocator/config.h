@@ -46,9 +46,7 @@ struct AllocatorConfig {
   static absl::StatusOr<AllocatorConfig> FromEnvironment();
 
   // Divisions that apply to a request of `size` bytes.
-  std::size_t DivisionsFor(std::size_t size) const {
-    return roundup_power2_divisions[RoundupPower2Index(size)];
-  }
+  std::size_t DivisionsFor(std::size_t size) const { return roundup_power2_divisions[RoundupPower2Index(size)]; }
 
   // round_size: what a request of `size` bytes occupies in a block.
   std::size_t RoundSize(std::size_t size) const {
@@ -60,9 +58,7 @@ struct AllocatorConfig {
     return kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
   }
 
-  bool max_split_size_unlimited() const {
-    return max_split_size == std::numeric_limits<std::size_t>::max();
-  }
+  bool max_split_size_unlimited() const { return max_split_size == std::numeric_limits<std::size_t>::max(); }
 };
 
 }  // namespace memscope

@@ -64,16 +64,13 @@ void* LookUpDriverFunction(const char* symbol) {
   // CUDA 13 marks cudaGetDriverEntryPoint deprecated (an error under
   // -Werror) in favour of this variant with an explicit ABI version.
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err = cudaGetDriverEntryPointByVersion(
-      symbol, &fn, kDriverAbiVersion, cudaEnableDefault, &found);
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &fn, kDriverAbiVersion, cudaEnableDefault, &found);
 #elif CUDART_VERSION >= 12000
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err =
-      cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &found);
+  const cudaError_t err = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &found);
 #else
   // CUDA 11.3 - 11.8 have no query result; `fn` stays null when not found.
-  const cudaError_t err =
-      cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault);
+  const cudaError_t err = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault);
 #endif
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // Do not leave the error for the next call.
@@ -104,19 +101,16 @@ std::string OneLine(std::string text) {
 
 // Returns "<description> (<cudaErrorName>)" for a runtime error.
 std::string RuntimeErrorText(cudaError_t err) {
-  return OneLine(absl::StrFormat("%s (%s)", cudaGetErrorString(err),
-                                 cudaGetErrorName(err)));
+  return OneLine(absl::StrFormat("%s (%s)", cudaGetErrorString(err), cudaGetErrorName(err)));
 }
 
 absl::StatusCode RuntimeErrorCode(cudaError_t err) {
   switch (err) {
-    case cudaErrorMemoryAllocation:
-      return absl::StatusCode::kResourceExhausted;
+    case cudaErrorMemoryAllocation: return absl::StatusCode::kResourceExhausted;
     case cudaErrorInvalidValue:
     case cudaErrorInvalidDevice:
     case cudaErrorInvalidDevicePointer:
-    case cudaErrorInvalidResourceHandle:
-      return absl::StatusCode::kInvalidArgument;
+    case cudaErrorInvalidResourceHandle: return absl::StatusCode::kInvalidArgument;
     // The machine lacks a (new enough) driver or a GPU: retrying cannot help.
     case cudaErrorInsufficientDriver:
     case cudaErrorNoDevice:
@@ -124,31 +118,23 @@ absl::StatusCode RuntimeErrorCode(cudaError_t err) {
     case cudaErrorSystemDriverMismatch:
     case cudaErrorCompatNotSupportedOnDevice:
     case cudaErrorCallRequiresNewerDriver:
-    case cudaErrorInitializationError:
-      return absl::StatusCode::kFailedPrecondition;
+    case cudaErrorInitializationError: return absl::StatusCode::kFailedPrecondition;
     // The GPU is there but taken (exclusive-process mode) or busy: this can
     // change, so it is worth retrying later.
-    case cudaErrorDevicesUnavailable:
-      return absl::StatusCode::kUnavailable;
-    default:
-      return absl::StatusCode::kInternal;
+    case cudaErrorDevicesUnavailable: return absl::StatusCode::kUnavailable;
+    default: return absl::StatusCode::kInternal;
   }
 }
 
 absl::StatusCode DriverErrorCode(CUresult result) {
   switch (result) {
-    case CUDA_ERROR_OUT_OF_MEMORY:
-      return absl::StatusCode::kResourceExhausted;
-    case CUDA_ERROR_INVALID_VALUE:
-      return absl::StatusCode::kInvalidArgument;
-    case CUDA_ERROR_NOT_SUPPORTED:
-      return absl::StatusCode::kUnimplemented;
+    case CUDA_ERROR_OUT_OF_MEMORY: return absl::StatusCode::kResourceExhausted;
+    case CUDA_ERROR_INVALID_VALUE: return absl::StatusCode::kInvalidArgument;
+    case CUDA_ERROR_NOT_SUPPORTED: return absl::StatusCode::kUnimplemented;
     case CUDA_ERROR_NOT_INITIALIZED:
     case CUDA_ERROR_DEINITIALIZED:
-    case CUDA_ERROR_INVALID_CONTEXT:
-      return absl::StatusCode::kFailedPrecondition;
-    default:
-      return absl::StatusCode::kInternal;
+    case CUDA_ERROR_INVALID_CONTEXT: return absl::StatusCode::kFailedPrecondition;
+    default: return absl::StatusCode::kInternal;
   }
 }
 
@@ -157,8 +143,7 @@ absl::StatusCode DriverErrorCode(CUresult result) {
 absl::Status RuntimeError(int index, absl::string_view call, cudaError_t err) {
   (void)cudaGetLastError();
   return absl::Status(RuntimeErrorCode(err),
-                      absl::StrFormat("CUDA device %d: %s failed: %s", index,
-                                      call, RuntimeErrorText(err)));
+                      absl::StrFormat("CUDA device %d: %s failed: %s", index, call, RuntimeErrorText(err)));
 }
 
 // Returns the status for a device that cannot be opened. Unknown runtime
@@ -170,8 +155,7 @@ absl::Status OpenError(int index, cudaError_t err) {
   if (code == absl::StatusCode::kInternal) {
     code = absl::StatusCode::kUnavailable;
   }
-  return absl::Status(code, absl::StrFormat("CUDA device %d unavailable: %s",
-                                            index, RuntimeErrorText(err)));
+  return absl::Status(code, absl::StrFormat("CUDA device %d unavailable: %s", index, RuntimeErrorText(err)));
 }
 
 // Makes a device current for the lifetime of the object, then puts the
@@ -227,25 +211,18 @@ class ScopedDevice {
   int previous_ = -1;
 };
 
-cudaStream_t ToStream(StreamId stream) {
-  return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream));
-}
+cudaStream_t ToStream(StreamId stream) { return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream)); }
 
-cudaEvent_t ToEvent(EventId event) {
-  return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(event));
-}
+cudaEvent_t ToEvent(EventId event) { return reinterpret_cast<cudaEvent_t>(static_cast<std::uintptr_t>(event)); }
 
-EventId FromEvent(cudaEvent_t event) {
-  return static_cast<EventId>(reinterpret_cast<std::uintptr_t>(event));
-}
+EventId FromEvent(cudaEvent_t event) { return static_cast<EventId>(reinterpret_cast<std::uintptr_t>(event)); }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
-    int device_index) {
+absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(int device_index) {
   if (device_index < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA device %d unavailable: device index must be >= 0", device_index));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA device %d unavailable: device index must be >= 0", device_index));
   }
   // Also loads the driver. With no driver (or no GPU) this is where it shows.
   int count = 0;
@@ -253,14 +230,12 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
     return OpenError(device_index, err);
   }
   if (count == 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "CUDA device %d unavailable: no CUDA-capable device is detected",
-        device_index));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("CUDA device %d unavailable: no CUDA-capable device is detected", device_index));
   }
   if (device_index >= count) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA device %d unavailable: only %d CUDA device(s) visible",
-        device_index, count));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA device %d unavailable: only %d CUDA device(s) visible", device_index, count));
   }
 
   // Look the driver functions up before touching any device, so that the
@@ -274,10 +249,8 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
     bool found;
   };
   const Required required[] = {
-      {"cuMemAddressReserve",
-       LookUp("cuMemAddressReserve", driver->mem_address_reserve)},
-      {"cuMemAddressFree",
-       LookUp("cuMemAddressFree", driver->mem_address_free)},
+      {"cuMemAddressReserve", LookUp("cuMemAddressReserve", driver->mem_address_reserve)},
+      {"cuMemAddressFree", LookUp("cuMemAddressFree", driver->mem_address_free)},
       {"cuMemCreate", LookUp("cuMemCreate", driver->mem_create)},
       {"cuMemRelease", LookUp("cuMemRelease", driver->mem_release)},
       {"cuMemMap", LookUp("cuMemMap", driver->mem_map)},
@@ -308,12 +281,9 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
     PFN_cuDeviceGetAttribute_v2000 get_attribute = nullptr;
     CUdevice device = 0;
     int supported = 0;
-    if (LookUp("cuDeviceGet", device_get) &&
-        LookUp("cuDeviceGetAttribute", get_attribute) &&
+    if (LookUp("cuDeviceGet", device_get) && LookUp("cuDeviceGetAttribute", get_attribute) &&
         device_get(&device, device_index) == CUDA_SUCCESS &&
-        get_attribute(&supported,
-                      CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                      device) == CUDA_SUCCESS &&
+        get_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == CUDA_SUCCESS &&
         supported == 0) {
       driver->vmm_unavailable = absl::StrFormat(
           "CUDA device %d does not support virtual memory management "
@@ -322,12 +292,10 @@ absl::StatusOr<std::unique_ptr<CudaDevice>> CudaDevice::Create(
     }
   }
 
-  return std::unique_ptr<CudaDevice>(
-      new CudaDevice(device_index, std::move(driver)));
+  return std::unique_ptr<CudaDevice>(new CudaDevice(device_index, std::move(driver)));
 }
 
-CudaDevice::CudaDevice(int index, std::unique_ptr<DriverApi> driver)
-    : index_(index), driver_(std::move(driver)) {}
+CudaDevice::CudaDevice(int index, std::unique_ptr<DriverApi> driver) : index_(index), driver_(std::move(driver)) {}
 
 CudaDevice::~CudaDevice() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -345,8 +313,7 @@ CudaDevice::~CudaDevice() {
 
 absl::StatusOr<DevicePtr> CudaDevice::Malloc(std::size_t size) {
   if (size == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("CUDA device %d: cannot allocate 0 bytes", index_));
+    return absl::InvalidArgumentError(absl::StrFormat("CUDA device %d: cannot allocate 0 bytes", index_));
   }
   ScopedDevice guard(index_, driver_->ctx_get_current);
   if (guard.error() != cudaSuccess) {
@@ -354,8 +321,7 @@ absl::StatusOr<DevicePtr> CudaDevice::Malloc(std::size_t size) {
   }
   void* ptr = nullptr;
   if (cudaError_t err = cudaMalloc(&ptr, size); err != cudaSuccess) {
-    return RuntimeError(index_, absl::StrFormat("cudaMalloc(%u bytes)", size),
-                        err);
+    return RuntimeError(index_, absl::StrFormat("cudaMalloc(%u bytes)", size), err);
   }
   return static_cast<DevicePtr>(reinterpret_cast<std::uintptr_t>(ptr));
 }
@@ -399,28 +365,23 @@ absl::Status CudaDevice::DriverError(absl::string_view call, int result) const {
   const CUresult code = static_cast<CUresult>(result);
   const char* name = nullptr;
   const char* text = nullptr;
-  if (driver_->get_error_name == nullptr ||
-      driver_->get_error_name(code, &name) != CUDA_SUCCESS) {
+  if (driver_->get_error_name == nullptr || driver_->get_error_name(code, &name) != CUDA_SUCCESS) {
     name = nullptr;
   }
-  if (driver_->get_error_string == nullptr ||
-      driver_->get_error_string(code, &text) != CUDA_SUCCESS) {
+  if (driver_->get_error_string == nullptr || driver_->get_error_string(code, &text) != CUDA_SUCCESS) {
     text = nullptr;
   }
-  const std::string description =
-      name == nullptr
-          ? absl::StrFormat("CUresult %d", result)
-          : absl::StrFormat("%s (%s)", text != nullptr ? text : name, name);
+  const std::string description = name == nullptr ? absl::StrFormat("CUresult %d", result)
+                                                  : absl::StrFormat("%s (%s)", text != nullptr ? text : name, name);
   return absl::Status(DriverErrorCode(code),
-                      OneLine(absl::StrFormat("CUDA device %d: %s failed: %s",
-                                              index_, call, description)));
+                      OneLine(absl::StrFormat("CUDA device %d: %s failed: %s", index_, call, description)));
 }
 
 absl::StatusOr<DevicePtr> CudaDevice::ReserveAddress(std::size_t size) {
   if (absl::Status vmm = CheckVmm(); !vmm.ok()) return vmm;
   if (size == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "CUDA device %d: cannot reserve 0 bytes of address space", index_));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA device %d: cannot reserve 0 bytes of address space", index_));
   }
   ScopedDevice guard(index_, driver_->ctx_get_current);
   if (guard.error() != cudaSuccess) {
@@ -428,11 +389,9 @@ absl::StatusOr<DevicePtr> CudaDevice::ReserveAddress(std::size_t size) {
   }
   CUdeviceptr ptr = 0;
   // Alignment 0 means the allocation granularity, which MapPage needs.
-  if (CUresult result = driver_->mem_address_reserve(
-          &ptr, size, /*alignment=*/0, /*addr=*/0, /*flags=*/0);
+  if (CUresult result = driver_->mem_address_reserve(&ptr, size, /*alignment=*/0, /*addr=*/0, /*flags=*/0);
       result != CUDA_SUCCESS) {
-    return DriverError(absl::StrFormat("cuMemAddressReserve(%u bytes)", size),
-                       result);
+    return DriverError(absl::StrFormat("cuMemAddressReserve(%u bytes)", size), result);
   }
   return static_cast<DevicePtr>(ptr);
 }
@@ -443,11 +402,8 @@ absl::Status CudaDevice::ReleaseAddress(DevicePtr ptr, std::size_t size) {
   if (guard.error() != cudaSuccess) {
     return RuntimeError(index_, "cudaSetDevice", guard.error());
   }
-  if (CUresult result =
-          driver_->mem_address_free(static_cast<CUdeviceptr>(ptr), size);
-      result != CUDA_SUCCESS) {
-    return DriverError(
-        absl::StrFormat("cuMemAddressFree(0x%x, %u bytes)", ptr, size), result);
+  if (CUresult result = driver_->mem_address_free(static_cast<CUdeviceptr>(ptr), size); result != CUDA_SUCCESS) {
+    return DriverError(absl::StrFormat("cuMemAddressFree(0x%x, %u bytes)", ptr, size), result);
   }
   return absl::OkStatus();
 }
@@ -457,8 +413,7 @@ absl::Status CudaDevice::MapPage(DevicePtr ptr, std::size_t size) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (mappings_.contains(ptr)) {
-      return absl::AlreadyExistsError(absl::StrFormat(
-          "CUDA device %d: a page is already mapped at 0x%x", index_, ptr));
+      return absl::AlreadyExistsError(absl::StrFormat("CUDA device %d: a page is already mapped at 0x%x", index_, ptr));
     }
   }
   ScopedDevice guard(index_, driver_->ctx_get_current);
@@ -472,13 +427,11 @@ absl::Status CudaDevice::MapPage(DevicePtr ptr, std::size_t size) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = index_;
   CUmemGenericAllocationHandle handle = 0;
-  if (CUresult result = driver_->mem_create(&handle, size, &prop, 0);
-      result != CUDA_SUCCESS) {
+  if (CUresult result = driver_->mem_create(&handle, size, &prop, 0); result != CUDA_SUCCESS) {
     return DriverError(absl::StrCat("cuMemCreate", args), result);
   }
   const CUdeviceptr address = static_cast<CUdeviceptr>(ptr);
-  if (CUresult result = driver_->mem_map(address, size, 0, handle, 0);
-      result != CUDA_SUCCESS) {
+  if (CUresult result = driver_->mem_map(address, size, 0, handle, 0); result != CUDA_SUCCESS) {
     (void)driver_->mem_release(handle);
     return DriverError(absl::StrCat("cuMemMap", args), result);
   }
@@ -486,8 +439,7 @@ absl::Status CudaDevice::MapPage(DevicePtr ptr, std::size_t size) {
   CUmemAccessDesc access = {};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (CUresult result = driver_->mem_set_access(address, size, &access, 1);
-      result != CUDA_SUCCESS) {
+  if (CUresult result = driver_->mem_set_access(address, size, &access, 1); result != CUDA_SUCCESS) {
     (void)driver_->mem_unmap(address, size);
     (void)driver_->mem_release(handle);
     return DriverError(absl::StrCat("cuMemSetAccess", args), result);
@@ -505,13 +457,11 @@ absl::Status CudaDevice::UnmapPage(DevicePtr ptr, std::size_t size) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = mappings_.find(ptr);
     if (it == mappings_.end()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "CUDA device %d: no page mapped at 0x%x", index_, ptr));
+      return absl::NotFoundError(absl::StrFormat("CUDA device %d: no page mapped at 0x%x", index_, ptr));
     }
     if (it->second.size != size) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "CUDA device %d: page at 0x%x has %u bytes, asked to unmap %u",
-          index_, ptr, it->second.size, size));
+      return absl::InvalidArgumentError(absl::StrFormat("CUDA device %d: page at 0x%x has %u bytes, asked to unmap %u",
+                                                        index_, ptr, it->second.size, size));
     }
     mapping = it->second;
     mappings_.erase(it);
@@ -535,19 +485,15 @@ absl::Status CudaDevice::UnmapPage(DevicePtr ptr, std::size_t size) {
     restore();
     return RuntimeError(index_, "cudaDeviceSynchronize before cuMemUnmap", err);
   }
-  if (CUresult result = driver_->mem_unmap(static_cast<CUdeviceptr>(ptr), size);
-      result != CUDA_SUCCESS) {
+  if (CUresult result = driver_->mem_unmap(static_cast<CUdeviceptr>(ptr), size); result != CUDA_SUCCESS) {
     restore();
-    return DriverError(absl::StrFormat("cuMemUnmap(0x%x, %u bytes)", ptr, size),
-                       result);
+    return DriverError(absl::StrFormat("cuMemUnmap(0x%x, %u bytes)", ptr, size), result);
   }
   // The physical memory goes back to the GPU once it is both unmapped and
   // released.
-  if (CUresult result = driver_->mem_release(
-          static_cast<CUmemGenericAllocationHandle>(mapping.handle));
+  if (CUresult result = driver_->mem_release(static_cast<CUmemGenericAllocationHandle>(mapping.handle));
       result != CUDA_SUCCESS) {
-    return DriverError(absl::StrFormat("cuMemRelease(page at 0x%x)", ptr),
-                       result);
+    return DriverError(absl::StrFormat("cuMemRelease(page at 0x%x)", ptr), result);
   }
   return absl::OkStatus();
 }
@@ -563,9 +509,7 @@ EventId CudaDevice::RecordEvent(StreamId stream) {
         event_pool_.pop_back();
       }
     }
-    if (event == nullptr &&
-        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) !=
-            cudaSuccess) {
+    if (event == nullptr && cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
       (void)cudaGetLastError();
       event = nullptr;
     }

@@ -28,8 +28,8 @@ TscScale Calibrate() {
   std::int64_t ns_end = ns_start;
   while (ns_end - ns_start < 5'000'000) ns_end = SteadyNs();
   const std::uint64_t tsc_end = __rdtsc();
-  const double ratio = tsc_end > tsc_start ? static_cast<double>(ns_end - ns_start) / static_cast<double>(tsc_end - tsc_start)
-                                           : 0.0;
+  const double ratio =
+      tsc_end > tsc_start ? static_cast<double>(ns_end - ns_start) / static_cast<double>(tsc_end - tsc_start) : 0.0;
   return {tsc_end, ns_end, ratio};
 }
 #endif

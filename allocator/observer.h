@@ -17,17 +17,17 @@
 namespace memscope {
 
 enum class TraceAction : std::uint8_t {
-  kAlloc,          // a block handed out: addr, size = block size, requested_size
-  kFreeRequested,  // the caller freed it (may still wait on stream events)
-  kFreeCompleted,  // the block is back in the cache
-  kSegmentAlloc,   // cudaMalloc: addr, size = segment size
-  kSegmentFree,    // cudaFree
-  kSegmentMap,     // expandable segment pages mapped: addr, size
-  kSegmentUnmap,   // expandable segment pages unmapped
-  kOom,            // out of memory: addr = device free bytes, size = rounded request
-  kEmptyCache,     // empty_cache() called (before the segments it frees)
-  kAllocRetry,     // device allocation retried after freeing the whole cache (num_alloc_retries)
-  kSyncAllStreams, // all pending stream events waited for (num_sync_all_streams)
+  kAlloc,           // a block handed out: addr, size = block size, requested_size
+  kFreeRequested,   // the caller freed it (may still wait on stream events)
+  kFreeCompleted,   // the block is back in the cache
+  kSegmentAlloc,    // cudaMalloc: addr, size = segment size
+  kSegmentFree,     // cudaFree
+  kSegmentMap,      // expandable segment pages mapped: addr, size
+  kSegmentUnmap,    // expandable segment pages unmapped
+  kOom,             // out of memory: addr = device free bytes, size = rounded request
+  kEmptyCache,      // empty_cache() called (before the segments it frees)
+  kAllocRetry,      // device allocation retried after freeing the whole cache (num_alloc_retries)
+  kSyncAllStreams,  // all pending stream events waited for (num_sync_all_streams)
 };
 
 // PyTorch's snapshot name for an action ("alloc", "segment_map", ...).
@@ -35,12 +35,12 @@ std::string_view TraceActionName(TraceAction action);
 
 struct TraceEvent {
   TraceAction action;
-  bool small_pool = false;        // the block's or segment's pool
+  bool small_pool = false;  // the block's or segment's pool
   DevicePtr addr = 0;
   std::size_t size = 0;
   std::size_t requested_size = 0;  // alloc / free: the size the caller asked for
   StreamId stream = 0;
-  std::int64_t time_ns = 0;        // steady clock (FastNowNs)
+  std::int64_t time_ns = 0;  // steady clock (FastNowNs)
 };
 
 class AllocatorObserver {

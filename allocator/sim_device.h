@@ -91,8 +91,8 @@ class SimDevice final : public Device {
   std::size_t used_ = 0;
   std::uint64_t allocation_calls_ = 0;
   std::uint64_t fail_at_call_ = 0;
-  std::map<DevicePtr, Region> regions_;              // Malloc'd ranges and reservations
-  absl::flat_hash_map<DevicePtr, std::size_t> pages_;  // mapped pages: address -> size
+  std::map<DevicePtr, Region> regions_;                     // Malloc'd ranges and reservations
+  absl::flat_hash_map<DevicePtr, std::size_t> pages_;       // mapped pages: address -> size
   absl::flat_hash_map<StreamId, std::uint64_t> recorded_;   // events recorded per stream
   absl::flat_hash_map<StreamId, std::uint64_t> completed_;  // ... and completed
   absl::flat_hash_map<EventId, Event> events_;

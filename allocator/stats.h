@@ -47,23 +47,23 @@ inline const Stat& All(const StatArray& a) { return a[static_cast<std::size_t>(S
 
 // PyTorch's DeviceStats.
 struct DeviceStats {
-  StatArray allocation;            // number of allocated blocks
-  StatArray segment;               // number of device allocations (cudaMalloc)
-  StatArray active;                // allocated or waiting on stream events
-  StatArray inactive_split;        // free blocks inside partly used segments
+  StatArray allocation;      // number of allocated blocks
+  StatArray segment;         // number of device allocations (cudaMalloc)
+  StatArray active;          // allocated or waiting on stream events
+  StatArray inactive_split;  // free blocks inside partly used segments
   StatArray allocated_bytes;
-  StatArray reserved_bytes;        // device memory held (segments + mapped pages)
+  StatArray reserved_bytes;  // device memory held (segments + mapped pages)
   StatArray active_bytes;
-  StatArray inactive_split_bytes;  // "Non-releasable memory"
-  StatArray requested_bytes;       // sizes as requested, before rounding
-  Stat oversize_allocations;       // allocated blocks >= max_split_size
-  Stat oversize_segments;          // segments >= max_split_size
+  StatArray inactive_split_bytes;      // "Non-releasable memory"
+  StatArray requested_bytes;           // sizes as requested, before rounding
+  Stat oversize_allocations;           // allocated blocks >= max_split_size
+  Stat oversize_segments;              // segments >= max_split_size
   std::int64_t num_alloc_retries = 0;  // device allocations retried after freeing the cache
   std::int64_t num_ooms = 0;
   std::int64_t num_sync_all_streams = 0;
   std::int64_t num_device_alloc = 0;
   std::int64_t num_device_free = 0;
-  std::int64_t max_split_size = -1;    // -1 when unlimited
+  std::int64_t max_split_size = -1;  // -1 when unlimited
 
   bool operator==(const DeviceStats&) const = default;
 };

@@ -99,15 +99,17 @@ class FirstWalk final : public WalkListener {
     oom.rounded = e.size;
     oom.device_free = e.device_free();
     oom.fragmentation = walk.model().Fragmentation();
-    oom.caused_by_fragmentation = oom.fragmentation.free_in_segments >= oom.rounded &&
-                                  oom.fragmentation.largest_free_block < oom.rounded;
-    oom.verdict = oom.caused_by_fragmentation
-                      ? absl::StrCat(oom.fragmentation.free_in_segments, " bytes free in segments but the largest "
-                                     "free block is ", oom.fragmentation.largest_free_block,
-                                     ": fragmentation, not capacity, caused this OOM")
-                      : absl::StrCat("the device had ", oom.device_free, " bytes free and the cache ",
-                                     oom.fragmentation.free_in_segments, "; the request needed ", oom.rounded,
-                                     ": capacity caused this OOM");
+    oom.caused_by_fragmentation =
+        oom.fragmentation.free_in_segments >= oom.rounded && oom.fragmentation.largest_free_block < oom.rounded;
+    oom.verdict =
+        oom.caused_by_fragmentation
+            ? absl::StrCat(oom.fragmentation.free_in_segments,
+                           " bytes free in segments but the largest "
+                           "free block is ",
+                           oom.fragmentation.largest_free_block, ": fragmentation, not capacity, caused this OOM")
+            : absl::StrCat("the device had ", oom.device_free, " bytes free and the cache ",
+                           oom.fragmentation.free_in_segments, "; the request needed ", oom.rounded,
+                           ": capacity caused this OOM");
     return oom;
   }
 
@@ -181,15 +183,16 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text) {
   if (colon != std::string_view::npos) {
     const std::string step_text(text.substr(colon + 1));
     if (!absl::SimpleAtoi(step_text, &m.step) || m.step < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("--at '", std::string(text),
-                                                     "': the step after ':' must be a non-negative integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--at '", std::string(text), "': the step after ':' must be a non-negative integer"));
     }
   }
   const std::optional<Phase> phase = ParsePhase(name);
   if (name.empty() || !phase) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--at '", std::string(text), "': expected end, peak, oom or PHASE:STEP with PHASE one of model, ddp, "
-        "zero_grad, forward, loss, backward, step"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--at '", std::string(text),
+                     "': expected end, peak, oom or PHASE:STEP with PHASE one of model, ddp, "
+                     "zero_grad, forward, loss, backward, step"));
   }
   m.phase = *phase;
   return m;
@@ -233,12 +236,12 @@ std::string PhaseTableText(const RankReport& r) {
   std::string out = absl::StrFormat("%-5s %-14s %10s %14s %10s %13s %14s\n", "step", "phase", "allocated",
                                     "max allocated", "reserved", "max reserved", "peak in phase");
   for (const PhaseRow& row : r.phases) {
-    const std::string name = row.phase == Phase::kUser && !row.label.empty() ? row.label
-                                                                              : std::string(PhaseName(row.phase));
+    const std::string name =
+        row.phase == Phase::kUser && !row.label.empty() ? row.label : std::string(PhaseName(row.phase));
     absl::StrAppendFormat(&out, "%-5s %-14s %10s %14s %10s %13s %14s\n",
-                          row.step == kNoStep ? std::string("-") : absl::StrCat(row.step), name, FormatMib(row.allocated),
-                          FormatMib(row.max_allocated), FormatMib(row.reserved), FormatMib(row.max_reserved),
-                          FormatMib(row.peak_allocated_in_phase));
+                          row.step == kNoStep ? std::string("-") : absl::StrCat(row.step), name,
+                          FormatMib(row.allocated), FormatMib(row.max_allocated), FormatMib(row.reserved),
+                          FormatMib(row.max_reserved), FormatMib(row.peak_allocated_in_phase));
   }
   return out;
 }

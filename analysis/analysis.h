@@ -16,9 +16,9 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
-#include "recording/event.h"
 #include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
+#include "recording/event.h"
 
 namespace memscope {
 
@@ -46,7 +46,7 @@ struct PeakInfo {
   std::uint64_t bytes = 0;
   std::size_t event_index = 0;  // the peak holds after applying events [0, event_index]
   std::int64_t time_ns = 0;
-  std::string phase;            // the innermost phase open at the peak ("backward:1"), or ""
+  std::string phase;                                       // the innermost phase open at the peak ("backward:1"), or ""
   std::array<std::int64_t, kNumCategories> by_category{};  // allocated bytes by category
   std::vector<std::pair<std::string, std::int64_t>> top_owners;  // largest first, at most 5
 };
@@ -107,7 +107,7 @@ struct RankReport {
   // False only for a report.json without "memory_stats" (hand-written):
   // `stats` is then all zeros and says nothing.
   bool stats_known = true;
-  std::uint64_t lower_bound = 0;            // peak of live requested bytes
+  std::uint64_t lower_bound = 0;  // peak of live requested bytes
   // What `memscope run` adds:
   std::optional<DdpBuckets> ddp;  // the rank trained under DDP
   std::string status;             // "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"; "" outside a run

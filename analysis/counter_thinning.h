@@ -52,8 +52,8 @@ struct ThinningPolicy {
   // highest and lowest allocated, the highest reserved and its last sample.
   static ThinningPolicy Viewer(std::size_t max_samples);
 
-  std::size_t max_samples = 0;  // thin when there are more samples than this
-  std::size_t buckets = 0;      // when thinning
+  std::size_t max_samples = 0;      // thin when there are more samples than this
+  std::size_t buckets = 0;          // when thinning
   bool keep_first = false;          // each bucket's first sample
   bool keep_min_allocated = false;  // each bucket's lowest allocated
   bool keep_last_always = false;    // each bucket's last (else by largest drop, within max_samples)
@@ -77,7 +77,8 @@ class CounterThinning {
       : policy_(policy),
         thinned_(span.samples > policy.max_samples),
         start_(static_cast<double>(span.t0)),
-        span_(static_cast<double>(span.t1) - static_cast<double>(span.t0)),  // in double: corrupt times must not overflow
+        span_(static_cast<double>(span.t1) -
+              static_cast<double>(span.t0)),  // in double: corrupt times must not overflow
         buckets_(thinned_ ? policy.buckets : 0) {}
 
   bool thinned() const { return thinned_; }
@@ -148,9 +149,8 @@ class CounterThinning {
     std::vector<std::pair<std::uint64_t, const Sample*>> lasts;  // (drop, sample)
     for (const Bucket& b : buckets_) {
       if (!b.used || std::binary_search(keep.begin(), keep.end(), b.last, by_ordinal)) continue;
-      lasts.emplace_back(std::max(b.max_allocated.allocated - b.last.allocated,
-                                  b.max_reserved.reserved - b.last.reserved),
-                         &b.last);
+      lasts.emplace_back(
+          std::max(b.max_allocated.allocated - b.last.allocated, b.max_reserved.reserved - b.last.reserved), &b.last);
     }
     const std::size_t room = policy_.max_samples > keep.size() ? policy_.max_samples - keep.size() : 0;
     if (lasts.size() > room) {

@@ -44,9 +44,9 @@ namespace memscope {
 struct OpenPhase {
   Phase phase = Phase::kUser;
   std::int64_t step = kNoStep;
-  std::uint32_t label = 0;         // string id of a user phase's label
+  std::uint32_t label = 0;  // string id of a user phase's label
   std::int64_t begin_ns = 0;
-  std::size_t begin_event = 0;     // index of its begin event
+  std::size_t begin_event = 0;       // index of its begin event
   std::uint64_t peak_allocated = 0;  // running max of allocated since it began
 };
 

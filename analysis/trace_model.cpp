@@ -32,7 +32,7 @@ void TraceModel::Change(StatArray& a, bool small, std::int64_t delta) {
 }
 
 absl::btree_map<std::uint64_t, TraceModel::Segment>::iterator TraceModel::FindSegment(std::uint64_t addr,
-                                                                                     std::uint64_t size) {
+                                                                                      std::uint64_t size) {
   auto it = segments_.upper_bound(addr);
   if (it == segments_.begin()) return segments_.end();
   --it;
@@ -71,19 +71,19 @@ absl::Status TraceModel::ApplyAlloc(const Event& e) {
   const auto size = static_cast<std::int64_t>(e.size);
   auto seg = FindSegment(e.addr, e.size);
   if (seg == segments_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("alloc of ", e.size, " B at ", Hex(e.addr),
-                                                   " is outside every segment"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alloc of ", e.size, " B at ", Hex(e.addr), " is outside every segment"));
   }
   auto next = blocks_.lower_bound(e.addr);
   if (next != blocks_.end() && next->first < e.addr + e.size) {
-    return absl::InvalidArgumentError(absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ",
-                                                   Hex(next->first)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(next->first)));
   }
   if (next != blocks_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > e.addr) {
-      return absl::InvalidArgumentError(absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ",
-                                                     Hex(prev->first)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(prev->first)));
     }
   }
   const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size);
@@ -190,8 +190,8 @@ absl::Status TraceModel::ApplySegmentMap(const Event& e) {
     if (prev->first + prev->second.size > e.addr) {
       return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
     }
-    if (prev->second.expandable && prev->first + prev->second.size == e.addr &&
-        prev->second.stream == e.stream && prev->second.small == small) {
+    if (prev->second.expandable && prev->first + prev->second.size == e.addr && prev->second.stream == e.stream &&
+        prev->second.small == small) {
       start = prev->first;
       length += prev->second.size;
       segments_.erase(prev);
@@ -238,8 +238,8 @@ absl::Status TraceModel::Apply(const Event& e) {
   // wrap around, would overflow the stats arithmetic. Refuse them.
   if (IsAllocatorAction(e.type) && e.type != EventType::kOom &&
       (e.size > kMaxEventSize || e.requested_size > kMaxEventSize || e.addr > UINT64_MAX - e.size)) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(EventTypeName(e.type)), " of ", e.size, " B at ", Hex(e.addr),
-                                                   " is not a plausible device allocation"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(EventTypeName(e.type)), " of ", e.size, " B at ",
+                                                   Hex(e.addr), " is not a plausible device allocation"));
   }
   switch (e.type) {
     case EventType::kAlloc: return ApplyAlloc(e);
@@ -249,20 +249,13 @@ absl::Status TraceModel::Apply(const Event& e) {
     case EventType::kSegmentFree: return ApplySegmentFree(e);
     case EventType::kSegmentMap: return ApplySegmentMap(e);
     case EventType::kSegmentUnmap: return ApplySegmentUnmap(e);
-    case EventType::kOom:
-      ++stats_.num_ooms;
-      return absl::OkStatus();
-    case EventType::kAllocRetry:
-      ++stats_.num_alloc_retries;
-      return absl::OkStatus();
-    case EventType::kSyncAllStreams:
-      ++stats_.num_sync_all_streams;
-      return absl::OkStatus();
+    case EventType::kOom: ++stats_.num_ooms; return absl::OkStatus();
+    case EventType::kAllocRetry: ++stats_.num_alloc_retries; return absl::OkStatus();
+    case EventType::kSyncAllStreams: ++stats_.num_sync_all_streams; return absl::OkStatus();
     case EventType::kEmptyCache:
     case EventType::kPhaseBegin:
     case EventType::kPhaseEnd:
-    case EventType::kMark:
-      return absl::OkStatus();
+    case EventType::kMark: return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown event type ", static_cast<int>(e.type)));
 }

@@ -15,9 +15,6 @@
 // This is a benchmark, not a test: it prints figures and never judges them.
 // It exits non-zero only if an allocation fails or the command line is wrong.
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <memory>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -25,7 +22,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -33,18 +32,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
-#include "analysis/analysis.h"
-#include "exporters/chrome_trace.h"
-#include "viewer/html_report.h"
-#include "recording/recorder.h"
-#include "exporters/report.h"
-#include "exporters/snapshot_export.h"
-#include "recording/timeline.h"
 #include "allocator/config.h"
 #include "allocator/sim_device.h"
 #include "allocator/sizes.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
+#include "analysis/analysis.h"
+#include "exporters/chrome_trace.h"
+#include "exporters/report.h"
+#include "exporters/snapshot_export.h"
+#include "recording/recorder.h"
+#include "recording/timeline.h"
+#include "viewer/html_report.h"
 
 namespace {
 
@@ -65,10 +64,10 @@ struct Op {
 
 struct Trace {
   std::vector<Op> ops;
-  std::uint32_t slots = 0;          // distinct slots (max live allocations)
-  std::uint64_t pairs = 0;          // allocations; each is freed once
-  std::uint64_t small_pairs = 0;    // of which < 1 MiB
-  std::uint64_t peak_live = 0;      // max sum of live requested bytes
+  std::uint32_t slots = 0;        // distinct slots (max live allocations)
+  std::uint64_t pairs = 0;        // allocations; each is freed once
+  std::uint64_t small_pairs = 0;  // of which < 1 MiB
+  std::uint64_t peak_live = 0;    // max sum of live requested bytes
   std::uint64_t bytes_allocated = 0;
   std::uint32_t steps = 0;
   std::vector<std::uint64_t> cached_sizes;  // 16 sizes for the cached-path loop
@@ -150,9 +149,9 @@ class TraceBuilder {
 // and scaled by each step's batch.
 struct Model {
   static constexpr int kLayers = 16;
-  static constexpr int kActsPerLayer = 6;       // saved for backward
-  static constexpr int kFwdSmallPerAct = 5;     // temporaries before each saved activation
-  static constexpr int kFwdLarge = 2;           // e.g. attention scores
+  static constexpr int kActsPerLayer = 6;    // saved for backward
+  static constexpr int kFwdSmallPerAct = 5;  // temporaries before each saved activation
+  static constexpr int kFwdLarge = 2;        // e.g. attention scores
   static constexpr int kBwdSmall = 60;
   static constexpr int kBwdLarge = 3;
   static constexpr std::uint64_t kFullBatch = 32;
@@ -165,8 +164,8 @@ struct Model {
   std::vector<std::vector<std::uint64_t>> fwd_large;
   std::vector<std::vector<std::uint64_t>> bwd_small;
   std::vector<std::vector<std::uint64_t>> bwd_large;
-  std::uint64_t hidden = 0;   // hidden-state activation / its gradient
-  std::uint64_t input = 0;    // token ids
+  std::uint64_t hidden = 0;  // hidden-state activation / its gradient
+  std::uint64_t input = 0;   // token ids
   std::uint64_t labels = 0;
 };
 
@@ -226,7 +225,9 @@ Trace MakeTrace(std::uint64_t min_pairs, std::uint64_t seed) {
     b.set_step(++step);
     // Batch-size-like jitter: 28..32 of a full batch of 32.
     const std::uint64_t batch = Model::kFullBatch - b.Below(5);
-    auto scaled = [&](std::uint64_t full) { return std::max<std::uint64_t>(4, full * batch / Model::kFullBatch / 4 * 4); };
+    auto scaled = [&](std::uint64_t full) {
+      return std::max<std::uint64_t>(4, full * batch / Model::kFullBatch / 4 * 4);
+    };
     auto scaled_all = [&](const std::vector<std::uint64_t>& v, std::size_t from, std::size_t n) {
       std::vector<std::uint64_t> out;
       for (std::size_t i = from; i < from + n; ++i) out.push_back(scaled(v[i]));
@@ -241,9 +242,9 @@ Trace MakeTrace(std::uint64_t min_pairs, std::uint64_t seed) {
     std::vector<std::vector<std::uint32_t>> saved(Model::kLayers);
     for (int l = 0; l < Model::kLayers; ++l) {
       for (int k = 0; k < Model::kActsPerLayer; ++k) {
-        b.Burst(scaled_all(m.fwd_small[l], static_cast<std::size_t>(k) * Model::kFwdSmallPerAct,
-                           Model::kFwdSmallPerAct),
-                3);
+        b.Burst(
+            scaled_all(m.fwd_small[l], static_cast<std::size_t>(k) * Model::kFwdSmallPerAct, Model::kFwdSmallPerAct),
+            3);
         saved[l].push_back(b.Alloc(scaled(m.acts[l][k])));
         if (k == 2) b.Burst(scaled_all(m.fwd_large[l], 0, Model::kFwdLarge), 2);
       }
@@ -427,9 +428,9 @@ struct Result {
   std::vector<double> ns_runs;
   std::vector<double> cached_runs;  // caching only
   std::uint64_t peak_reserved = 0;
-  std::string peak_reserved_kind;   // "allocator" or "rss"
+  std::string peak_reserved_kind;  // "allocator" or "rss"
   std::uint64_t peak_live = 0;
-  std::string extra_json;           // more "key": value pairs
+  std::string extra_json;  // more "key": value pairs
   std::string extra_text;
 };
 
@@ -444,8 +445,8 @@ void Report(const Options& o, const Result& r) {
   }
   std::printf("%-36s %9.1f ns/pair (median of %zu: %s)%s  peak reserved%s %s  peak live %s  reserved/live %.3f%s\n",
               r.name.c_str(), median, r.ns_runs.size(), RunsText(r.ns_runs).c_str(), cached.c_str(),
-              r.peak_reserved_kind == "rss" ? " (RSS)" : "", Bytes(r.peak_reserved).c_str(),
-              Bytes(r.peak_live).c_str(), ratio, r.extra_text.c_str());
+              r.peak_reserved_kind == "rss" ? " (RSS)" : "", Bytes(r.peak_reserved).c_str(), Bytes(r.peak_live).c_str(),
+              ratio, r.extra_text.c_str());
   if (o.json) {
     std::string j = "{\"name\": " + JsonString(r.name) + ", \"mode\": " + JsonString(o.mode);
     char buf[256];
@@ -544,8 +545,7 @@ int RunCaching(const Options& o, const Trace& t) {
                 ", \"alloc_conf\": %s, \"peak_allocated_bytes\": %llu, \"num_device_alloc\": %lld, "
                 "\"num_device_free\": %lld, \"num_alloc_retries\": %lld, \"peak_inactive_split_bytes\": %llu, "
                 "\"cached_path_device_allocs\": %lld, \"free_blocks_after_replay\": %zu",
-                JsonString(o.alloc_conf).c_str(),
-                static_cast<unsigned long long>(stats.allocated_bytes[all].peak),
+                JsonString(o.alloc_conf).c_str(), static_cast<unsigned long long>(stats.allocated_bytes[all].peak),
                 static_cast<long long>(stats.num_device_alloc), static_cast<long long>(stats.num_device_free),
                 static_cast<long long>(stats.num_alloc_retries),
                 static_cast<unsigned long long>(stats.inactive_split_bytes[all].peak),
@@ -586,8 +586,7 @@ double ReplaySystem(const Trace& t, std::vector<void*>& slots) {
 // Replays the steps up to `last_step` (0 = all) writing one byte in every
 // 4 KiB page of each allocation, then frees what is still live. Returns the
 // peak RSS growth over the RSS before the replay.
-std::uint64_t FootprintSystem(const Trace& t, std::uint32_t last_step, std::vector<void*>& slots,
-                              bool* reset_ok) {
+std::uint64_t FootprintSystem(const Trace& t, std::uint32_t last_step, std::vector<void*>& slots, bool* reset_ok) {
   std::vector<char> live(t.slots, 0);
   *reset_ok = ResetPeakRss();
   const std::uint64_t rss_before = ProcStatusBytes("VmRSS");
@@ -656,7 +655,6 @@ int RunSystem(const Options& o, const Trace& t) {
 
 // ---------------------------------------------------------------------------
 
-
 // ---------------------------------------------------------------------------
 // record: the cost of recording (Recorder + timeline file) on the replay, and
 // the time to export the recorded events to every format.
@@ -698,8 +696,8 @@ int RunRecord(const Options& o, const Trace& t) {
     }
   }
   const double overhead = Median(recorded) / Median(plain) - 1.0;
-  std::printf("record: replay %.1f ns/pair without the recorder, %.1f with it (median of %d): %+.1f%%\n",
-              Median(plain), Median(recorded), o.runs, overhead * 100.0);
+  std::printf("record: replay %.1f ns/pair without the recorder, %.1f with it (median of %d): %+.1f%%\n", Median(plain),
+              Median(recorded), o.runs, overhead * 100.0);
 
   const double read0 = NowSeconds();
   auto timeline = memscope::ReadTimelineFile(timeline_path);
@@ -744,10 +742,11 @@ int RunRecord(const Options& o, const Trace& t) {
                                    out);
   });
   if (o.json) {
-    std::printf("{\"name\": \"record\", \"events\": %zu, \"replay_ns_per_pair\": %.2f, \"recorded_ns_per_pair\": %.2f, "
-                "\"overhead\": %.4f, \"read_s\": %.3f, \"report_s\": %.3f, \"trace_s\": %.3f, \"pickle_s\": %.3f, "
-                "\"snapshot_json_s\": %.3f, \"html_s\": %.3f}\n",
-                events, Median(plain), Median(recorded), overhead, read_s, report_s, trace_s, pickle_s, json_s, html_s);
+    std::printf(
+        "{\"name\": \"record\", \"events\": %zu, \"replay_ns_per_pair\": %.2f, \"recorded_ns_per_pair\": %.2f, "
+        "\"overhead\": %.4f, \"read_s\": %.3f, \"report_s\": %.3f, \"trace_s\": %.3f, \"pickle_s\": %.3f, "
+        "\"snapshot_json_s\": %.3f, \"html_s\": %.3f}\n",
+        events, Median(plain), Median(recorded), overhead, read_s, report_s, trace_s, pickle_s, json_s, html_s);
   }
   fs::remove_all(dir);
   return 0;
@@ -813,11 +812,12 @@ int main(int argc, char** argv) {
 
   const double t0 = NowSeconds();
   const Trace trace = MakeTrace(o.min_pairs, /*seed=*/20240601);
-  std::printf("trace: %llu alloc+free pairs (%llu < 1 MiB), %u steps, peak live %s (%llu bytes), %s allocated in "
-              "total, %u slots (built in %.2f s)\n",
-              static_cast<unsigned long long>(trace.pairs), static_cast<unsigned long long>(trace.small_pairs),
-              trace.steps, Bytes(trace.peak_live).c_str(), static_cast<unsigned long long>(trace.peak_live),
-              Bytes(trace.bytes_allocated).c_str(), trace.slots, NowSeconds() - t0);
+  std::printf(
+      "trace: %llu alloc+free pairs (%llu < 1 MiB), %u steps, peak live %s (%llu bytes), %s allocated in "
+      "total, %u slots (built in %.2f s)\n",
+      static_cast<unsigned long long>(trace.pairs), static_cast<unsigned long long>(trace.small_pairs), trace.steps,
+      Bytes(trace.peak_live).c_str(), static_cast<unsigned long long>(trace.peak_live),
+      Bytes(trace.bytes_allocated).c_str(), trace.slots, NowSeconds() - t0);
   std::fflush(stdout);
   if (o.mode == "record") return RunRecord(o, trace);
   return o.mode == "caching" ? RunCaching(o, trace) : RunSystem(o, trace);

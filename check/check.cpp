@@ -75,15 +75,15 @@ void Describe(CheckOutcome& c, const RankReport& rank) {
     const std::string growth =
         b > 0 ? Percent(100.0 * (static_cast<double>(c.value) - static_cast<double>(b)) / static_cast<double>(b))
               : (c.value == 0 ? Percent(0) : std::string("new"));
-    detail = absl::StrCat(" (", growth, " vs baseline ", FormatSize(b), ", tolerance ", ToleranceText(c.tolerance_pct),
-                          ")");
+    detail =
+        absl::StrCat(" (", growth, " vs baseline ", FormatSize(b), ", tolerance ", ToleranceText(c.tolerance_pct), ")");
   } else if (!c.passed && c.limit > 0) {
-    detail = absl::StrCat(
-        " (", Percent(100.0 * static_cast<double>(c.value - c.limit) / static_cast<double>(c.limit)), ")");
+    detail =
+        absl::StrCat(" (", Percent(100.0 * static_cast<double>(c.value - c.limit) / static_cast<double>(c.limit)), ")");
   }
   if (c.passed) {
-    c.line = absl::StrCat("ok   ", name, " rank ", c.rank, ": ", FormatSize(c.value), " <= ", FormatSize(c.limit),
-                          detail);
+    c.line =
+        absl::StrCat("ok   ", name, " rank ", c.rank, ": ", FormatSize(c.value), " <= ", FormatSize(c.limit), detail);
     return;
   }
   std::string where = c.phase.empty() ? "" : absl::StrCat(" at ", c.phase);
@@ -129,8 +129,8 @@ absl::StatusOr<CheckMetric> ParseCheckMetric(std::string_view text) {
   for (const CheckMetric m : kAllMetrics) {
     if (text == CheckMetricName(m)) return m;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown metric '", AbslView(text),
-                                                 "' (metrics: peak_allocated, peak_reserved, peak_active)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown metric '", AbslView(text), "' (metrics: peak_allocated, peak_reserved, peak_active)"));
 }
 
 absl::StatusOr<Budget> ParseBudget(std::string_view std_text) {
@@ -151,14 +151,16 @@ absl::StatusOr<Budget> ParseBudget(std::string_view std_text) {
       if (!absl::StartsWith(scope, "rank") || scope.size() == 4 ||
           !std::all_of(scope.begin() + 4, scope.end(), [](char c) { return absl::ascii_isdigit(c); }) ||
           !absl::SimpleAtoi(scope.substr(4), &rank) || rank < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("bad rank '", scope, "' in budget '", text,
-                                                       "' (expected rankR.METRIC=SIZE, e.g. rank1.peak_reserved=3GiB)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("bad rank '", scope, "' in budget '", text,
+                         "' (expected rankR.METRIC=SIZE, e.g. rank1.peak_reserved=3GiB)"));
       }
       b.rank = rank;
     }
   }
   absl::StatusOr<CheckMetric> metric = ParseCheckMetric(std::string_view(lhs.data(), lhs.size()));
-  if (!metric.ok()) return absl::InvalidArgumentError(absl::StrCat(metric.status().message(), " in budget '", text, "'"));
+  if (!metric.ok())
+    return absl::InvalidArgumentError(absl::StrCat(metric.status().message(), " in budget '", text, "'"));
   b.metric = *metric;
   absl::StatusOr<std::uint64_t> limit = ParseSize(std::string_view(size.data(), size.size()));
   if (!limit.ok()) return absl::InvalidArgumentError(absl::StrCat(limit.status().message(), " in budget '", text, "'"));
@@ -169,7 +171,8 @@ absl::StatusOr<Budget> ParseBudget(std::string_view std_text) {
 absl::StatusOr<CheckResult> RunChecks(const Report& report, const std::vector<Budget>& budgets, const Report* baseline,
                                       double tolerance_pct) {
   if (!std::isfinite(tolerance_pct) || tolerance_pct < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("invalid tolerance %g: expected a percentage >= 0", tolerance_pct));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("invalid tolerance %g: expected a percentage >= 0", tolerance_pct));
   }
   const std::vector<const RankReport*> ranks = Ranks(report);
   CheckResult result;
@@ -183,8 +186,8 @@ absl::StatusOr<CheckResult> RunChecks(const Report& report, const std::vector<Bu
     if (b.rank >= 0 && FindRank(ranks, b.rank) == nullptr) {
       std::vector<int> ids;
       for (const RankReport* r : ranks) ids.push_back(r->rank);
-      return absl::NotFoundError(absl::StrCat("rank ", b.rank, " is not in the report (ranks: ",
-                                              ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
+      return absl::NotFoundError(absl::StrCat(
+          "rank ", b.rank, " is not in the report (ranks: ", ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
     }
     for (const RankReport* r : ranks) {
       if (b.rank >= 0 && r->rank != b.rank) continue;
@@ -221,7 +224,8 @@ absl::StatusOr<CheckResult> RunChecks(const Report& report, const std::vector<Bu
         c.metric = m;
         c.rank = r->rank;
         c.value = *v;
-        c.limit = limit >= 18446744073709551615.0L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(limit);
+        c.limit = limit >= 18446744073709551615.0L ? std::numeric_limits<std::uint64_t>::max()
+                                                   : static_cast<std::uint64_t>(limit);
         c.baseline = *bv;
         c.tolerance_pct = tolerance_pct;
         c.passed = *v <= c.limit;

@@ -61,7 +61,7 @@ struct CheckOutcome {
   std::optional<std::uint64_t> baseline;  // baseline checks: the baseline's value
   double tolerance_pct = 0;               // baseline checks
   bool passed = true;
-  std::string phase;                      // where the peak happened, "" if unknown
+  std::string phase;                                       // where the peak happened, "" if unknown
   std::array<std::int64_t, kNumCategories> by_category{};  // bytes by category at that peak
   // "ok   peak_allocated rank 0: 120.00 MiB <= 200.00 MiB" or
   // "FAIL peak_allocated rank 0: 120.00 MiB > limit 100.00 MiB (+20.0%) at forward:0; TEMPORARY ..."

@@ -14,9 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "check/check.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include "check/check.h"
 #include "run/run.h"
 
 namespace memscope::cli {
@@ -57,7 +57,8 @@ int Check(const CheckArgs& a) {
       return Fail(absl::StrCat("invalid --tolerance '", a.tolerance, "': expected a percentage >= 0, e.g. 10"));
     }
   }
-  if (budgets.empty() && a.baseline.empty()) return Fail("nothing to check: give --max METRIC=SIZE or --baseline REPORT");
+  if (budgets.empty() && a.baseline.empty())
+    return Fail("nothing to check: give --max METRIC=SIZE or --baseline REPORT");
 
   absl::StatusOr<Report> report = LoadCheckedReport(a.path);
   if (!report.ok()) return Fail(report.status().message());

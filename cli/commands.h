@@ -14,8 +14,8 @@ namespace memscope::cli {
 
 // Exit statuses shared by every command.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailed = 1;     // a check failed (memscope check, replay --verify)
-inline constexpr int kExitBadInput = 2;   // unusable input: flags, files, settings
+inline constexpr int kExitFailed = 1;    // a check failed (memscope check, replay --verify)
+inline constexpr int kExitBadInput = 2;  // unusable input: flags, files, settings
 
 // Prints "memscope COMMAND: MESSAGE" (one line) on stderr and returns
 // kExitBadInput: the way every command reports unusable input.

@@ -2,8 +2,8 @@
 // summary, trace, snapshot, frag, dump.
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,13 +12,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/sizes.h"
-#include "cli/commands.h"
-#include "nlohmann/json.hpp"
 #include "analysis/analysis.h"
+#include "cli/commands.h"
 #include "exporters/chrome_trace.h"
 #include "exporters/report.h"
-#include "run/run.h"
 #include "exporters/snapshot_export.h"
+#include "nlohmann/json.hpp"
+#include "run/run.h"
 
 namespace memscope::cli {
 namespace {
@@ -175,8 +175,8 @@ int Frag(const ReadArgs& a) {
     if (!at.ok()) return Fail("frag", at.status().message());
     const FragmentationInfo f = at->first.Fragmentation();
     const nlohmann::json segments = SegmentMapJson(t, at->first);
-    ranks.push_back({{"rank", t.rank}, {"moment", moment->text}, {"fragmentation", FragmentationJson(f)},
-                     {"segments", segments}});
+    ranks.push_back(
+        {{"rank", t.rank}, {"moment", moment->text}, {"fragmentation", FragmentationJson(f)}, {"segments", segments}});
     absl::StrAppend(&text, text.empty() ? "" : "\n", "rank ", t.rank, " at ", moment->text, ":\n",
                     FragmentationText(f));
     int shown = 0;
@@ -197,8 +197,8 @@ int Frag(const ReadArgs& a) {
         g.first += b["size"].get<std::uint64_t>();
         ++g.second;
       }
-      std::vector<std::pair<std::pair<std::string, std::string>, std::pair<std::uint64_t, int>>> sorted(
-          groups.begin(), groups.end());
+      std::vector<std::pair<std::pair<std::string, std::string>, std::pair<std::uint64_t, int>>> sorted(groups.begin(),
+                                                                                                        groups.end());
       std::stable_sort(sorted.begin(), sorted.end(),
                        [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
       for (const auto& [key, g] : sorted) {

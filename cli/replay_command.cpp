@@ -2,28 +2,28 @@
 // one or more allocator settings.
 #include <chrono>
 #include <cstdio>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
-#include <filesystem>
-#include <fstream>
 
 #include "analysis/analysis.h"
-#include "importers/replayer.h"
-#include "importers/snapshot_import.h"
 #include "exporters/report.h"
+#include "importers/replayer.h"
+#include "importers/request_trace.h"
+#include "importers/snapshot_import.h"
+#include "recording/timeline.h"
 #include "run/run.h"
 #include "run/run_directory.h"
-#include "recording/timeline.h"
-#include "importers/request_trace.h"
 
 namespace memscope::cli {
 namespace {
@@ -113,7 +113,8 @@ absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<Imp
   absl::StatusOr<InputKind> kind = DetectInput(args.file);
   if (!kind.ok()) return kind.status();
   if (*kind == InputKind::kDirectory || *kind == InputKind::kTimeline) {
-    return absl::InvalidArgumentError(absl::StrCat("'", args.file, "' is a memscope recording, not a request trace: "
+    return absl::InvalidArgumentError(absl::StrCat("'", args.file,
+                                                   "' is a memscope recording, not a request trace: "
                                                    "read it with memscope summary, frag, trace or snapshot"));
   }
   if (*kind == InputKind::kPickle) {
@@ -138,7 +139,8 @@ absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<Imp
 // The settings to replay under: each --alloc-conf; without one, a
 // snapshot's own settings, or the environment's (and, for the demo, also
 // expandable segments). --out records only the first.
-absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args, const std::optional<ImportedTrace>& snapshot) {
+absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args,
+                                                      const std::optional<ImportedTrace>& snapshot) {
   std::vector<AllocatorConfig> configs;
   const std::vector<std::string>& texts = args.alloc_confs;
   if (texts.empty()) {
@@ -210,14 +212,14 @@ void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& resu
                     {"requests_done", r.requests_done},
                     {"peak_live_bytes", r.peak_live_bytes},
                     {"fragmentation_at_peak", sr.fragmentation_at_peak},
-                    {"min_device_memory", sr.min_device_memory == 0 ? nlohmann::json(nullptr)
-                                                                    : nlohmann::json(sr.min_device_memory)},
+                    {"min_device_memory",
+                     sr.min_device_memory == 0 ? nlohmann::json(nullptr) : nlohmann::json(sr.min_device_memory)},
                     {"oom", r.oom ? OomJson(*r.oom) : nlohmann::json(nullptr)},
                     {"memory_stats", stats}});
   }
-  std::cout << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}
-                   .dump(2)
-            << "\n";
+  std::cout
+      << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}.dump(2)
+      << "\n";
 }
 
 // Each setting's memory_summary (and OOM), then the what-if table under the lower bound.
@@ -238,15 +240,14 @@ void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::v
   const char* kRow = "%-36s %12s %13s %9s %9s %7s %12s  %s\n";
   std::cout << absl::StrFormat(kRow, "alloc_conf", "peak alloc", "peak reserved", "res/alloc", "frag@peak", "retries",
                                "min memory", "result");
-  std::cout << absl::StrFormat(kRow, "lower bound (peak live bytes)", FormatSize(PeakLiveBytes(trace)), "", "", "",
-                               "", "", "");
+  std::cout << absl::StrFormat(kRow, "lower bound (peak live bytes)", FormatSize(PeakLiveBytes(trace)), "", "", "", "",
+                               "", "");
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
     const auto peak_alloc = static_cast<std::uint64_t>(All(r.stats.allocated_bytes).peak);
     const auto peak_reserved = static_cast<std::uint64_t>(All(r.stats.reserved_bytes).peak);
     const std::string outcome =
-        r.oom ? absl::StrCat("OOM at request ", r.oom->request_index + 1, " of ", r.requests_total)
-              : std::string("ok");
+        r.oom ? absl::StrCat("OOM at request ", r.oom->request_index + 1, " of ", r.requests_total) : std::string("ok");
     std::cout << absl::StrFormat(
         kRow, Quoted(r.alloc_conf), FormatSize(peak_alloc), FormatSize(peak_reserved),
         peak_alloc == 0 ? std::string("-") : absl::StrFormat("%.3f", static_cast<double>(peak_reserved) / peak_alloc),

@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
-#include "viewer/html_report.h"
 #include "run/run.h"
+#include "viewer/html_report.h"
 
 namespace memscope::cli {
 namespace {
@@ -62,8 +62,10 @@ void RegisterReport(CLI::App& app, int& exit_status) {
   auto args = std::make_shared<ReportArgs>();
   CLI::App* report = app.add_subcommand(
       "report", "Write a self-contained HTML report (timeline, phase table, segment map); two runs: side by side.");
-  report->add_option("runs", args->inputs, "run directory, rank-R.timeline file, or PyTorch memory snapshot (.pickle); "
-                                           "a second one to compare")
+  report
+      ->add_option("runs", args->inputs,
+                   "run directory, rank-R.timeline file, or PyTorch memory snapshot (.pickle); "
+                   "a second one to compare")
       ->required()
       ->expected(1, 2);
   report->add_option("-o,--output", args->output, "output file (default report.html)");

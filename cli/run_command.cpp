@@ -20,13 +20,13 @@
 #include "cli/commands.h"
 #include "compare/compare.h"
 #include "exporters/report.h"
-#include "run/run.h"
 #include "recording/timeline.h"
 #include "reducer/communicator.h"
 #include "run/aggregate.h"
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/rank.h"
+#include "run/run.h"
 #include "run/run_directory.h"
 #include "train/trainer.h"
 
@@ -114,7 +114,8 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (a.zero_grad == "zeros") {
     t.zero_grad_set_to_none = false;
   } else if (a.zero_grad != "none") {
-    return absl::InvalidArgumentError(absl::StrCat("--zero-grad '", a.zero_grad, "': use none (set_to_none=True) or zeros"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--zero-grad '", a.zero_grad, "': use none (set_to_none=True) or zeros"));
   }
   if (a.amp == "fp16") {
     t.amp = DType::kFloat16;
@@ -124,15 +125,17 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
     return absl::InvalidArgumentError(absl::StrCat("--amp '", a.amp, "': use none, fp16 or bf16"));
   }
   if (a.exec != "meta" && a.exec != "cpu") {
-    return absl::InvalidArgumentError(a.exec == "cuda" ? "--exec cuda: this build has no GPU execution path; use meta or cpu"
-                                                       : absl::StrCat("--exec '", a.exec, "': use meta or cpu"));
+    return absl::InvalidArgumentError(a.exec == "cuda"
+                                          ? "--exec cuda: this build has no GPU execution path; use meta or cpu"
+                                          : absl::StrCat("--exec '", a.exec, "': use meta or cpu"));
   }
   p.cpu = a.exec == "cpu";
   if (world_size < 1) return absl::InvalidArgumentError("--world-size must be at least 1");
   if (world_size > 64) return absl::InvalidArgumentError("--world-size: at most 64 ranks run on one machine");
   p.ddp = ddp_mode == "auto" ? (world_size > 1 ? "copy" : "off") : ddp_mode;
   if (p.ddp != "off" && p.ddp != "copy" && p.ddp != "view") {
-    return absl::InvalidArgumentError(absl::StrCat("--ddp '", ddp_mode, "': use copy, view, off, or copy,view to compare"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ddp '", ddp_mode, "': use copy, view, off, or copy,view to compare"));
   }
   if (p.ddp != "off") {
     reducer::DdpOptions d;
@@ -156,8 +159,9 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
     }
     t.ddp = d;
   } else if (a.bucket_cap_given || a.find_unused || a.static_graph || a.comm_hook != "none" || a.no_broadcast_buffers) {
-    return absl::InvalidArgumentError("DDP options (--bucket-cap-mb, --find-unused-parameters, --static-graph, "
-                                      "--comm-hook, --no-broadcast-buffers) need --ddp copy or view");
+    return absl::InvalidArgumentError(
+        "DDP options (--bucket-cap-mb, --find-unused-parameters, --static-graph, "
+        "--comm-hook, --no-broadcast-buffers) need --ddp copy or view");
   }
   if (!(a.timeout > 0)) return absl::InvalidArgumentError("--timeout must be greater than 0 seconds");
   p.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
@@ -168,7 +172,8 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   p.fault_kill = *kill;
   p.fault_skip_barrier = *skip;
   absl::StatusOr<std::uint64_t> device_memory = ParseSize(a.device_memory);
-  if (!device_memory.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", device_memory.status().message()));
+  if (!device_memory.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", device_memory.status().message()));
   if (*device_memory == 0) return absl::InvalidArgumentError("--device-memory: must be greater than 0");
   p.device_memory = *device_memory;
   absl::StatusOr<AllocatorConfig> config =
@@ -184,7 +189,9 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (p.cpu) {
     bool cpu_model = false;
     for (const ModelInfo& m : ListModels()) cpu_model = cpu_model || (m.name == t.model && m.cpu);
-    if (!cpu_model) return absl::InvalidArgumentError(absl::StrCat("--exec cpu runs mlp and cifar-net; ", t.model, " needs --exec meta"));
+    if (!cpu_model)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--exec cpu runs mlp and cifar-net; ", t.model, " needs --exec meta"));
   }
   return p;
 }
@@ -303,12 +310,37 @@ std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
 
 // The command line of a rank: the same run, as options.
 std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
-  std::vector<std::string> v = {"run", "--model", a.model, "--steps", absl::StrCat(a.steps), "--optimizer", a.optimizer,
-                                "--optimizer-impl", a.optimizer_impl, "--momentum", Exact(a.momentum),
-                                "--ddp", ddp_mode, "--comm-hook", a.comm_hook, "--timeout", Exact(a.timeout),
-                                "--zero-grad", a.zero_grad, "--device-memory", a.device_memory, "--exec", a.exec,
-                                "--amp", a.amp, "--grad-accum", absl::StrCat(a.grad_accum), "--attention", a.attention,
-                                "--out", a.out};
+  std::vector<std::string> v = {"run",
+                                "--model",
+                                a.model,
+                                "--steps",
+                                absl::StrCat(a.steps),
+                                "--optimizer",
+                                a.optimizer,
+                                "--optimizer-impl",
+                                a.optimizer_impl,
+                                "--momentum",
+                                Exact(a.momentum),
+                                "--ddp",
+                                ddp_mode,
+                                "--comm-hook",
+                                a.comm_hook,
+                                "--timeout",
+                                Exact(a.timeout),
+                                "--zero-grad",
+                                a.zero_grad,
+                                "--device-memory",
+                                a.device_memory,
+                                "--exec",
+                                a.exec,
+                                "--amp",
+                                a.amp,
+                                "--grad-accum",
+                                absl::StrCat(a.grad_accum),
+                                "--attention",
+                                a.attention,
+                                "--out",
+                                a.out};
   auto add = [&v](const char* flag, std::int64_t value) {
     if (value != 0) {
       v.push_back(flag);
@@ -340,8 +372,8 @@ int PrintComparison(const std::string& copy_dir, const std::string& view_dir,
   const std::string dirs[2] = {copy_dir, view_dir};
   for (int i = 0; i < 2; ++i) {
     const std::optional<RunOutcome>& o = outcomes[i];
-    inputs[i] = o ? CompareInputFromRun(dirs[i], o->timelines, o->reports, o->manifest.ToJson())
-                  : LoadCompareInput(dirs[i]);
+    inputs[i] =
+        o ? CompareInputFromRun(dirs[i], o->timelines, o->reports, o->manifest.ToJson()) : LoadCompareInput(dirs[i]);
     if (!inputs[i].ok()) return Fail(inputs[i].status().message());
   }
   absl::StatusOr<Comparison> c = Compare(*inputs[0], *inputs[1]);
@@ -393,7 +425,8 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   int rank = 0;
   if (worker) {
     std::int64_t ws = 0;
-    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1) return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer"));
+    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1)
+      return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer"));
     if (!absl::SimpleAtoi(env_rank, &rank) || rank < 0 || rank >= ws) {
       return Fail(absl::StrCat("RANK='", env_rank, "' is not a rank of WORLD_SIZE=", ws));
     }
@@ -448,8 +481,8 @@ int Models() {
     if (!model.ok()) return Fail(model.status().message());
     std::string count = absl::StrCat((*model)->NumParameters());
     for (int i = static_cast<int>(count.size()) - 3; i > 0; i -= 3) count.insert(static_cast<std::size_t>(i), ",");
-    std::cout << absl::StrFormat("%-14s %15s %8d  %s%s\n", m.name, count, (*model)->NumParameterTensors(), m.description,
-                                 m.cpu ? " [--exec cpu]" : "");
+    std::cout << absl::StrFormat("%-14s %15s %8d  %s%s\n", m.name, count, (*model)->NumParameterTensors(),
+                                 m.description, m.cpu ? " [--exec cpu]" : "");
   }
   return kExitOk;
 }
@@ -477,14 +510,16 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--ddp", a->ddp,
                   "copy (gradient_as_bucket_view=False, PyTorch's default), view (=True), off, or copy,view (both, "
                   "compared); default copy with --world-size > 1, else off");
-  cmd->add_option("--bucket-cap-mb", a->bucket_cap_mb, "DDP bucket_cap_mb (default None: 25, with a 1 MiB first bucket)")
+  cmd->add_option("--bucket-cap-mb", a->bucket_cap_mb,
+                  "DDP bucket_cap_mb (default None: 25, with a 1 MiB first bucket)")
       ->each([a](const std::string&) { a->bucket_cap_given = true; });
   cmd->add_flag("--find-unused-parameters", a->find_unused, "DDP find_unused_parameters=True");
   cmd->add_flag("--static-graph", a->static_graph, "DDP static_graph=True");
   cmd->add_option("--comm-hook", a->comm_hook, "none (default), fp16 or bf16 (the compression hooks)");
   cmd->add_flag("--no-broadcast-buffers", a->no_broadcast_buffers, "DDP broadcast_buffers=False");
   cmd->add_option("--timeout", a->timeout, "collective timeout in seconds (default 60)");
-  cmd->add_option("--fault-kill", a->fault_kill, "testing: RANK:STEP, that rank kills itself (SIGKILL) as backward begins")
+  cmd->add_option("--fault-kill", a->fault_kill,
+                  "testing: RANK:STEP, that rank kills itself (SIGKILL) as backward begins")
       ->group("");
   cmd->add_option("--fault-skip-barrier", a->fault_skip_barrier,
                   "testing: RANK:STEP, every other rank calls a barrier after that step")
@@ -495,7 +530,8 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB)");
   cmd->add_option("--exec", a->exec, "meta (default: shapes and memory only) or cpu (real float math; mlp, cifar-net)");
   cmd->add_option("--amp", a->amp, "none (default), fp16 (autocast + GradScaler) or bf16 (autocast)");
-  cmd->add_flag("--checkpoint-activations", a->checkpoint, "torch.utils.checkpoint around each block (recompute in backward)");
+  cmd->add_flag("--checkpoint-activations", a->checkpoint,
+                "torch.utils.checkpoint around each block (recompute in backward)");
   cmd->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step (default 1)");
   cmd->add_option("--attention", a->attention, "gpt2*: math (eager, default) or flash (scaled_dot_product_attention)");
   cmd->add_option("--out", a->out, "run directory (default memscope-run)");

@@ -81,7 +81,8 @@ RankData ReadRank(const CompareInput& input, const RankReport& rank) {
   RankData r;
   r.rank = rank.rank;
   for (const PhaseRow& row : rank.phases) {
-    r.phases.push_back({row.step, ReportPhaseName(row), {row.allocated, row.max_allocated, row.reserved}, &row.by_category});
+    r.phases.push_back(
+        {row.step, ReportPhaseName(row), {row.allocated, row.max_allocated, row.reserved}, &row.by_category});
   }
   r.peak_allocated = rank.peak_allocated.bytes;
   r.peak_allocated_phase = rank.peak_allocated.phase;
@@ -181,7 +182,8 @@ Explanation Explain(const Breakdown& a, const Breakdown& b) {
     if (dx != dy) return dx > dy;
     const std::int64_t mx = std::max(x.a, x.b), my = std::max(y.a, y.b);
     if (mx != my) return mx > my;
-    return std::make_pair(CategoryOrder(x.category), x.category) < std::make_pair(CategoryOrder(y.category), y.category);
+    return std::make_pair(CategoryOrder(x.category), x.category) <
+           std::make_pair(CategoryOrder(y.category), y.category);
   });
   return e;
 }
@@ -245,8 +247,8 @@ std::string RunHeader(const char* name, const ComparedRun& run) {
     parts.push_back(absl::StrCat("world size ", run.world_size));
   }
   if (!have_alloc_conf) {
-    parts.push_back(absl::StrCat("alloc_conf ", run.alloc_conf.empty() ? "(defaults)"
-                                                                        : absl::StrCat("\"", run.alloc_conf, "\"")));
+    parts.push_back(
+        absl::StrCat("alloc_conf ", run.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", run.alloc_conf, "\"")));
   }
   return absl::StrCat(name, ": ", run.label, " (", absl::StrJoin(parts, ", "), ")\n");
 }
@@ -265,16 +267,18 @@ std::string PhaseTable(const std::vector<ComparedPhase>& phases) {
   std::string out = absl::StrFormat("%-5s %-14s  %s  %s  %s\n", "", "", Group("allocated"), Group("max allocated"),
                                     Group("reserved"));
   absl::StrAppendFormat(&out, "%-5s %-14s", "step", "phase");
-  for (int g = 0; g < 3; ++g) absl::StrAppendFormat(&out, "  %*s %*s %*s", kMibWidth, "A", kMibWidth, "B", kMibWidth, "B-A");
+  for (int g = 0; g < 3; ++g)
+    absl::StrAppendFormat(&out, "  %*s %*s %*s", kMibWidth, "A", kMibWidth, "B", kMibWidth, "B-A");
   out += "\n";
   for (const ComparedPhase& p : phases) {
     absl::StrAppendFormat(&out, "%-5s %-14s", p.step == kNoStep ? std::string("-") : absl::StrCat(p.step), p.phase);
     auto column = [&](std::uint64_t ComparedRow::*field) {
       const std::string a = p.a ? FormatMib((*p.a).*field) : "-";
       const std::string b = p.b ? FormatMib((*p.b).*field) : "-";
-      const std::string d = p.a && p.b ? FormatMibDelta(static_cast<std::int64_t>((*p.b).*field) -
-                                                        static_cast<std::int64_t>((*p.a).*field))
-                                       : "-";
+      const std::string d =
+          p.a && p.b
+              ? FormatMibDelta(static_cast<std::int64_t>((*p.b).*field) - static_cast<std::int64_t>((*p.a).*field))
+              : "-";
       absl::StrAppendFormat(&out, "  %*s %*s %*s", kMibWidth, a, kMibWidth, b, kMibWidth, d);
     };
     column(&ComparedRow::allocated);
@@ -292,7 +296,8 @@ std::string PeakLine(const char* name, const ComparedPeak& p) {
 }
 
 std::string ExplanationText(const std::string& title, const Explanation& e) {
-  std::string out = absl::StrCat("what explains the difference ", title, " (A ", e.a_moment, ", B ", e.b_moment, "):\n");
+  std::string out =
+      absl::StrCat("what explains the difference ", title, " (A ", e.a_moment, ", B ", e.b_moment, "):\n");
   absl::StrAppendFormat(&out, "%-17s %12s  %12s  %12s\n", "category", "A", "B", "B-A");
   if (!e.known) {
     absl::StrAppend(&out, "(by category unknown: a report.json without phase marks has no breakdown of its end)\n");
@@ -310,12 +315,13 @@ std::string ExplanationText(const std::string& title, const Explanation& e) {
 
 json RowJson(const std::optional<ComparedRow>& r) {
   if (!r) return nullptr;
-  return {{"allocated_bytes", r->allocated}, {"max_allocated_bytes", r->max_allocated}, {"reserved_bytes", r->reserved}};
+  return {
+      {"allocated_bytes", r->allocated}, {"max_allocated_bytes", r->max_allocated}, {"reserved_bytes", r->reserved}};
 }
 
 json PeakJson(const ComparedPeak& p) {
-  return {{"a_bytes", p.a}, {"b_bytes", p.b}, {"delta_bytes", p.delta()}, {"a_phase", p.a_phase},
-          {"b_phase", p.b_phase}};
+  return {
+      {"a_bytes", p.a}, {"b_bytes", p.b}, {"delta_bytes", p.delta()}, {"a_phase", p.a_phase}, {"b_phase", p.b_phase}};
 }
 
 json ExplanationJson(const Explanation& e) {
@@ -323,8 +329,12 @@ json ExplanationJson(const Explanation& e) {
   for (const CategoryDelta& d : e.categories) {
     categories.push_back({{"category", d.category}, {"a_bytes", d.a}, {"b_bytes", d.b}, {"delta_bytes", d.delta()}});
   }
-  return {{"a_moment", e.a_moment}, {"b_moment", e.b_moment},    {"a_bytes", e.a_total},
-          {"b_bytes", e.b_total},   {"delta_bytes", e.b_total - e.a_total}, {"known", e.known},
+  return {{"a_moment", e.a_moment},
+          {"b_moment", e.b_moment},
+          {"a_bytes", e.a_total},
+          {"b_bytes", e.b_total},
+          {"delta_bytes", e.b_total - e.a_total},
+          {"known", e.known},
           {"categories", categories}};
 }
 
@@ -383,8 +393,8 @@ absl::StatusOr<Comparison> Compare(const CompareInput& a, const CompareInput& b,
     for (const auto* run : {&c.a, &c.b}) {
       if (std::find(run->ranks.begin(), run->ranks.end(), rank) == run->ranks.end()) {
         return absl::InvalidArgumentError(absl::StrCat("--rank ", rank, ": ", run == &c.a ? "A" : "B", " ('",
-                                                       run->label, "') has no rank ", rank, " (its ranks: ",
-                                                       RankList(run->ranks), ")"));
+                                                       run->label, "') has no rank ", rank,
+                                                       " (its ranks: ", RankList(run->ranks), ")"));
       }
     }
     common = {rank};
@@ -440,7 +450,9 @@ json ComparisonJson(const Comparison& c) {
     for (const ComparedPhase& p : r.phases) {
       json delta = nullptr;
       if (p.a && p.b) {
-        auto d = [](std::uint64_t x, std::uint64_t y) { return static_cast<std::int64_t>(y) - static_cast<std::int64_t>(x); };
+        auto d = [](std::uint64_t x, std::uint64_t y) {
+          return static_cast<std::int64_t>(y) - static_cast<std::int64_t>(x);
+        };
         delta = {{"allocated_bytes", d(p.a->allocated, p.b->allocated)},
                  {"max_allocated_bytes", d(p.a->max_allocated, p.b->max_allocated)},
                  {"reserved_bytes", d(p.a->reserved, p.b->reserved)}};
@@ -456,8 +468,9 @@ json ComparisonJson(const Comparison& c) {
                      {"peaks", {{"allocated", PeakJson(r.peak_allocated)}, {"reserved", PeakJson(r.peak_reserved)}}},
                      {"explain", {{"peak", ExplanationJson(r.at_peak)}, {"end", ExplanationJson(r.at_end)}}}});
   }
-  return {{"schema", kCompareSchema}, {"generator", kMemscopeVersion}, {"a", RunJson(c.a)},
-          {"b", RunJson(c.b)},        {"notes", c.notes},                {"ranks", ranks}};
+  return {{"schema", kCompareSchema}, {"generator", kMemscopeVersion},
+          {"a", RunJson(c.a)},        {"b", RunJson(c.b)},
+          {"notes", c.notes},         {"ranks", ranks}};
 }
 
 }  // namespace memscope

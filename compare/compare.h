@@ -51,9 +51,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
 #include "analysis/analysis.h"
 #include "exporters/report.h"
+#include "nlohmann/json.hpp"
 #include "recording/event.h"
 
 namespace memscope {
@@ -62,9 +62,9 @@ inline constexpr const char* kCompareSchema = "memscope.compare/1";
 
 // One side of a comparison.
 struct CompareInput {
-  std::string label;                     // shown as "A: LABEL": the path given, or a name
-  Report report;                         // read (ReportFromJson) or analysed here
-  nlohmann::json run_config = nullptr;   // the run's run.json (memscope.run/1), or null
+  std::string label;                    // shown as "A: LABEL": the path given, or a name
+  Report report;                        // read (ReportFromJson) or analysed here
+  nlohmann::json run_config = nullptr;  // the run's run.json (memscope.run/1), or null
   // Allocated bytes per category at the end of the recording, by rank, for
   // ranks without phase marks (report.json has breakdowns only at the peaks
   // and phase ends). Computed from the timelines when the input has them.
@@ -75,8 +75,7 @@ struct CompareInput {
 // recording it analyses (for the end of ranks without phase marks).
 // LoadCompareInput (run/run.h) reads one from a path.
 // Errors: an inconsistent timeline.
-absl::StatusOr<CompareInput> MakeCompareInput(std::string label, Report report,
-                                              const std::vector<Timeline>& timelines,
+absl::StatusOr<CompareInput> MakeCompareInput(std::string label, Report report, const std::vector<Timeline>& timelines,
                                               nlohmann::json run_config = nullptr);
 
 // A comparison input from a run analysed in memory (reports[i] analyses
@@ -114,7 +113,7 @@ struct CategoryDelta {
 struct Explanation {
   std::string a_moment, b_moment;  // "backward:1", or "end of recording"
   std::int64_t a_total = 0, b_total = 0;
-  bool known = true;  // false: no breakdown (a report.json without phase marks), totals only
+  bool known = true;                      // false: no breakdown (a report.json without phase marks), totals only
   std::vector<CategoryDelta> categories;  // held by either run; largest |delta| first
 };
 

@@ -172,9 +172,9 @@ class ChromeTraceWriter::RankPlan final : public WalkListener {
   std::uint64_t written() const { return thinning.thinned() ? keep.size() : span.samples; }
 
   const Timeline& timeline;
-  const SampleSpan span;                    // span.samples: counter samples before thinning
+  const SampleSpan span;  // span.samples: counter samples before thinning
   CounterThinning<NoPayload> thinning;
-  std::vector<std::uint64_t> keep;          // kept sample ordinals, ascending (when thinned)
+  std::vector<std::uint64_t> keep;  // kept sample ordinals, ascending (when thinned)
 };
 
 // ---------------------------------------------------------------------------
@@ -214,8 +214,7 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
         w_.End();
         break;
       }
-      default:
-        break;
+      default: break;
     }
     if (ChangesMemory(e.type)) OnSample(walk.model(), e);
   }
@@ -224,7 +223,8 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
   void OnFinish(const TimelineWalk& walk) override {
     std::vector<OpenPhase> open = walk.open_phases();
     open.insert(open.end(), pending_.begin(), pending_.end());
-    std::sort(open.begin(), open.end(), [](const OpenPhase& x, const OpenPhase& y) { return x.begin_event < y.begin_event; });
+    std::sort(open.begin(), open.end(),
+              [](const OpenPhase& x, const OpenPhase& y) { return x.begin_event < y.begin_event; });
     for (const OpenPhase& p : open) WriteSlice(p, walk.last_ns(), true);
   }
 
@@ -279,7 +279,8 @@ void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const E
   pending_.insert(pending_.end(), end.cut.begin(), end.cut.end());
   std::size_t latest = pending_.size();
   for (std::size_t k = 0; k < pending_.size(); ++k) {
-    if (SamePhase(pending_[k], e) && (latest == pending_.size() || pending_[k].begin_event > pending_[latest].begin_event)) {
+    if (SamePhase(pending_[k], e) &&
+        (latest == pending_.size() || pending_[k].begin_event > pending_[latest].begin_event)) {
       latest = k;
     }
   }
@@ -296,7 +297,8 @@ void ChromeTraceWriter::RankWriter::WriteSlice(const OpenPhase& p, std::int64_t 
   std::string& b = w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label)));
   b += ",\"cat\":\"phase\",\"dur\":";
   // In unsigned arithmetic: corrupt times must not overflow.
-  AppendMicros(b, false, end_ns > p.begin_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(p.begin_ns) : 0);
+  AppendMicros(b, false,
+               end_ns > p.begin_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(p.begin_ns) : 0);
   b += ",\"args\":{\"step\":";
   AppendNumber(b, p.step);
   if (unfinished) b += ",\"unfinished\":true";

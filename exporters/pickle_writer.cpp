@@ -343,8 +343,8 @@ absl::Status PickleWriter::Finish() {
   finished_ = true;
   if (!status_.ok()) return status_;
   if (!open_.empty()) {
-    Fail(absl::FailedPreconditionError(
-        "PickleWriter: Finish() with " + std::to_string(open_.size()) + " container(s) still open"));
+    Fail(absl::FailedPreconditionError("PickleWriter: Finish() with " + std::to_string(open_.size()) +
+                                       " container(s) still open"));
     return status_;
   }
   if (roots_ == 0) {

@@ -22,16 +22,17 @@ std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by
   for (const auto& [bytes, c] : parts) {
     absl::StrAppend(&out, out.empty() ? "" : ", ", std::string(CategoryName(static_cast<Category>(c))), " ",
                     FormatSize(static_cast<std::uint64_t>(bytes)));
-    if (total > 0) absl::StrAppendFormat(&out, " (%d%%)", static_cast<int>(100 * bytes / static_cast<std::int64_t>(total)));
+    if (total > 0)
+      absl::StrAppendFormat(&out, " (%d%%)", static_cast<int>(100 * bytes / static_cast<std::int64_t>(total)));
   }
   return out;
 }
 
 std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel& at_moment,
                         const std::string& moment_text) {
-  std::string out = absl::StrCat("rank ", t.rank, ": GPU ", t.device_index, " of ", FormatSize(t.device_capacity),
-                                 ", alloc_conf ", t.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", t.alloc_conf, "\""),
-                                 ", ", r.events, " events\n\n");
+  std::string out = absl::StrCat(
+      "rank ", t.rank, ": GPU ", t.device_index, " of ", FormatSize(t.device_capacity), ", alloc_conf ",
+      t.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", t.alloc_conf, "\""), ", ", r.events, " events\n\n");
   if (r.phases.empty()) {
     absl::StrAppend(&out, "(no phase marks recorded)\n");
   } else {
@@ -58,8 +59,7 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
                     r.oom->requested, " B; ", r.oom->verdict, "\n");
   }
   absl::StrAppend(&out, "\nfragmentation at ", moment_text, ":\n", FragmentationText(at_moment.Fragmentation()));
-  absl::StrAppend(&out, "\nmemory_summary() at ", moment_text, ":\n",
-                  MemorySummary(at_moment.stats(), t.device_index));
+  absl::StrAppend(&out, "\nmemory_summary() at ", moment_text, ":\n", MemorySummary(at_moment.stats(), t.device_index));
   return out;
 }
 

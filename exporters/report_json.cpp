@@ -16,11 +16,11 @@ namespace {
 
 using nlohmann::json;
 
-#define MEMSCOPE_RETURN_IF_ERROR(expr)          \
-  do {                                          \
-    if (absl::Status s_ = (expr); !s_.ok()) {   \
-      return s_;                                \
-    }                                           \
+#define MEMSCOPE_RETURN_IF_ERROR(expr)        \
+  do {                                        \
+    if (absl::Status s_ = (expr); !s_.ok()) { \
+      return s_;                              \
+    }                                         \
   } while (0)
 
 // ---- Writing ----
@@ -291,8 +291,9 @@ absl::Status ReadPeaks(const Fields& rank, RankReport& r) {
   // time_ns counts from a whole microsecond at or before the peak, so that a
   // wall-clock time_us (a multiple of 1/4 us near 2^50) reads back exactly;
   // small times (no wall clock) count from 0.
-  if (const json* t = Fields(*allocated, "").Find("time_us"); t != nullptr && t->is_number() && std::isfinite(t->get<double>()) && t->get<double>() >= 0x1p33 &&
-      t->get<double>() <= 9e15) {
+  if (const json* t = Fields(*allocated, "").Find("time_us"); t != nullptr && t->is_number() &&
+                                                              std::isfinite(t->get<double>()) &&
+                                                              t->get<double>() >= 0x1p33 && t->get<double>() <= 9e15) {
     r.wall_start_us = static_cast<std::int64_t>(std::floor(t->get<double>()));
   }
   MEMSCOPE_RETURN_IF_ERROR(
@@ -389,7 +390,8 @@ absl::Status CheckHeader(const json& j) {
     return absl::InvalidArgumentError(absl::StrCat("has no \"schema\" (expected ", kReportSchema, ")"));
   }
   if (schema->get<std::string>() != kReportSchema) {
-    return absl::InvalidArgumentError(absl::StrCat("has schema '", schema->get<std::string>(), "', not ", kReportSchema));
+    return absl::InvalidArgumentError(
+        absl::StrCat("has schema '", schema->get<std::string>(), "', not ", kReportSchema));
   }
   if (!j.contains("ranks") || !j["ranks"].is_array()) return absl::InvalidArgumentError("has no \"ranks\" array");
   return absl::OkStatus();
@@ -453,7 +455,8 @@ json FragmentationJson(const FragmentationInfo& f) {
 }
 
 json DdpJson(const DdpBuckets& ddp) {
-  return {{"mode", ddp.mode}, {"buckets", BucketsJson(ddp.buckets)}, {"rebuilt_buckets", BucketsJson(ddp.rebuilt_buckets)}};
+  return {
+      {"mode", ddp.mode}, {"buckets", BucketsJson(ddp.buckets)}, {"rebuilt_buckets", BucketsJson(ddp.rebuilt_buckets)}};
 }
 
 absl::StatusOr<DdpBuckets> DdpFromJson(const json& j) {
@@ -496,7 +499,9 @@ Report MakeReport(int world_size, std::vector<RankReport> ranks) {
 json ReportToJson(const Report& report) {
   json ranks = json::array();
   for (const RankReport& r : report.ranks) ranks.push_back(RankReportJson(r));
-  json j = {{"schema", report.schema}, {"generator", report.generator}, {"world_size", report.world_size},
+  json j = {{"schema", report.schema},
+            {"generator", report.generator},
+            {"world_size", report.world_size},
             {"ranks", std::move(ranks)}};
   for (const RankReport& r : report.ranks) {
     if (r.failure.empty()) continue;
@@ -514,8 +519,7 @@ absl::StatusOr<Report> ReportFromJson(const json& j) {
   MEMSCOPE_RETURN_IF_ERROR(CheckHeader(j));
   absl::StatusOr<Report> report = ReadBody(j);
   if (!report.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("is not a usable ", kReportSchema, ": ", report.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("is not a usable ", kReportSchema, ": ", report.status().message()));
   }
   return report;
 }

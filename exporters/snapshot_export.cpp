@@ -286,12 +286,10 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
                            SnapshotFormat format, std::ostream& out) {
   if (events_until > timeline.events.size()) {
     return absl::InvalidArgumentError("WriteSnapshot: events_until " + std::to_string(events_until) +
-                                      " is past the timeline's " + std::to_string(timeline.events.size()) +
-                                      " events");
+                                      " is past the timeline's " + std::to_string(timeline.events.size()) + " events");
   }
   if (timeline.device_index < 0) {
-    return absl::InvalidArgumentError("WriteSnapshot: negative device index " +
-                                      std::to_string(timeline.device_index));
+    return absl::InvalidArgumentError("WriteSnapshot: negative device index " + std::to_string(timeline.device_index));
   }
   if (format == SnapshotFormat::kJson) {
     JsonWriter w(out);

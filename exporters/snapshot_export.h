@@ -37,9 +37,9 @@
 #include <ostream>
 
 #include "absl/status/status.h"
-#include "recording/event.h"
 #include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
+#include "recording/event.h"
 
 namespace memscope {
 

@@ -36,9 +36,7 @@ std::optional<std::uint64_t> PyValue::AsUInt() const {
   return static_cast<std::uint64_t>(i);
 }
 
-const std::string* PyValue::AsString() const {
-  return kind == Kind::kString ? &s : nullptr;
-}
+const std::string* PyValue::AsString() const { return kind == Kind::kString ? &s : nullptr; }
 
 namespace {
 
@@ -50,8 +48,8 @@ namespace {
   } while (0)
 
 constexpr std::size_t kBufferSize = 1 << 16;
-constexpr std::size_t kMaxLine = 1 << 20;           // text opcodes (protocol 0)
-constexpr std::size_t kMaxMemoFlatItems = 64;       // see the header's memo notes
+constexpr std::size_t kMaxLine = 1 << 20;            // text opcodes (protocol 0)
+constexpr std::size_t kMaxMemoFlatItems = 64;        // see the header's memo notes
 constexpr std::uint64_t kMemoBudget = 128ull << 20;  // estimated bytes of kept memo values
 constexpr std::uint64_t kMaxLongBytes = 1 << 20;
 
@@ -136,29 +134,37 @@ std::string OpCode(std::uint8_t op) {
   return absl::StrFormat("0x%02x", op);
 }
 
-bool IsContainer(const PyValue& v) {
-  return v.kind == Kind::kList || v.kind == Kind::kTuple || v.kind == Kind::kDict;
-}
+bool IsContainer(const PyValue& v) { return v.kind == Kind::kList || v.kind == Kind::kTuple || v.kind == Kind::kDict; }
 
 bool ValidUtf8(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::size_t n = s.size(), k = 0;
   while (k < n) {
     unsigned c = p[k];
-    if (c < 0x80) { ++k; continue; }
+    if (c < 0x80) {
+      ++k;
+      continue;
+    }
     std::size_t len;
     std::uint32_t cp;
-    if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
-    else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
-    else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if ((c & 0xe0) == 0xc0) {
+      len = 2;
+      cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      len = 3;
+      cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (k + len > n) return false;
     for (std::size_t j = 1; j < len; ++j) {
       if ((p[k + j] & 0xc0) != 0x80) return false;
       cp = (cp << 6) | (p[k + j] & 0x3f);
     }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
       return false;
     }
     k += len;
@@ -444,8 +450,7 @@ class Reader {
     pending_.erase(e.state->token);
     for (std::uint64_t id : e.state->memo_ids) {
       auto it = memo_.find(id);
-      if (it == memo_.end() || it->second.state != MemoEntry::State::kPending ||
-          it->second.token != e.state->token) {
+      if (it == memo_.end() || it->second.state != MemoEntry::State::kPending || it->second.token != e.state->token) {
         continue;
       }
       Keep(id, e.value, e.height);
@@ -501,9 +506,7 @@ class Reader {
   static bool IsMutable(const Entry& e) {
     return !e.mark && (e.value.kind == Kind::kList || e.value.kind == Kind::kDict);
   }
-  static std::uint64_t Count(const Entry& e) {
-    return e.state ? e.state->appended : e.value.items.size();
-  }
+  static std::uint64_t Count(const Entry& e) { return e.state ? e.state->appended : e.value.items.size(); }
   PicklePath Unknown(PicklePath p) const {
     p.push_back("[?]");
     return p;
@@ -775,8 +778,7 @@ absl::Status Reader::Get(std::uint64_t id) {
                                 " to a container still being built (recursive structure) or holding "
                                 "containers: not supported"));
     }
-    case MemoEntry::State::kValue:
-      break;
+    case MemoEntry::State::kValue: break;
   }
   MS_RETURN_IF_ERROR(CheckDepth(m.height));
   return Push(m.value, m.height);
@@ -791,7 +793,8 @@ absl::Status Reader::Long(const std::string& bytes) {
     while (b.size() > 8 && b.back() == 0) b.pop_back();
     if (b.size() > 8) return Error("integer too large (not in [-2^63, 2^64))");
     std::uint64_t v = 0;
-    for (std::size_t k = 0; k < b.size(); ++k) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[k])) << (8 * k);
+    for (std::size_t k = 0; k < b.size(); ++k)
+      v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[k])) << (8 * k);
     return Push(MakeUInt(v));
   }
   while (b.size() > 8 && static_cast<unsigned char>(b.back()) == 0xff &&
@@ -815,10 +818,22 @@ absl::Status Reader::Step(std::uint8_t op) {
   std::string data;
   switch (op) {
     // ---- Refused: they import, build objects or call code.
-    case 'c': case 0x93: case 'R': case 'b': case 'i': case 'o': case 0x81: case 0x92:
-    case 0x82: case 0x83: case 0x84: case 'P': case 'Q': case 0x97: case 0x98:
-      return Error(absl::StrCat("opcode ", OpName(op), " (", OpCode(op),
-                                ") builds objects or calls code: refused"));
+    case 'c':
+    case 0x93:
+    case 'R':
+    case 'b':
+    case 'i':
+    case 'o':
+    case 0x81:
+    case 0x92:
+    case 0x82:
+    case 0x83:
+    case 0x84:
+    case 'P':
+    case 'Q':
+    case 0x97:
+    case 0x98:
+      return Error(absl::StrCat("opcode ", OpName(op), " (", OpCode(op), ") builds objects or calls code: refused"));
 
     case 0x80: {  // PROTO
       std::uint8_t v;
@@ -952,7 +967,9 @@ absl::Status Reader::Step(std::uint8_t op) {
           case 'b': out += '\b'; break;
           case 'f': out += '\f'; break;
           case 'v': out += '\v'; break;
-          case '\\': case '\'': case '"': out += e; break;
+          case '\\':
+          case '\'':
+          case '"': out += e; break;
           case 'x': {
             if (k + 2 >= data.size() - 1 || HexDigit(data[k + 1]) < 0 || HexDigit(data[k + 2]) < 0) {
               return Error("STRING: bad \\x escape");
@@ -983,7 +1000,8 @@ absl::Status Reader::Step(std::uint8_t op) {
       MS_RETURN_IF_ERROR(ReadString(static_cast<std::uint64_t>(n), data));
       return Push(MakeStr(Kind::kBytes, std::move(data)));
     }
-    case 'U': case 'C': {
+    case 'U':
+    case 'C': {
       std::uint8_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
       MS_RETURN_IF_ERROR(ReadString(n, data));
@@ -995,7 +1013,8 @@ absl::Status Reader::Step(std::uint8_t op) {
       MS_RETURN_IF_ERROR(ReadString(n, data));
       return Push(MakeStr(Kind::kBytes, std::move(data)));
     }
-    case 0x8e: case 0x96: {
+    case 0x8e:
+    case 0x96: {
       std::uint64_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
       MS_RETURN_IF_ERROR(ReadString(n, data));
@@ -1026,7 +1045,9 @@ absl::Status Reader::Step(std::uint8_t op) {
       }
       return Push(MakeStr(Kind::kString, std::move(out)));
     }
-    case 'X': case 0x8c: case 0x8d: {
+    case 'X':
+    case 0x8c:
+    case 0x8d: {
       std::uint64_t n;
       if (op == 'X') {
         std::uint32_t n32;
@@ -1045,7 +1066,8 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
 
     // ---- Containers.
-    case ']': case 0x8f: {
+    case ']':
+    case 0x8f: {
       PyValue v;
       v.kind = Kind::kList;
       return Push(std::move(v));
@@ -1066,7 +1088,8 @@ absl::Status Reader::Step(std::uint8_t op) {
       scratch_.push_back(PopEntry());
       return AppendTo(stack_.size() - 1, scratch_);
     }
-    case 'e': case 0x90: {
+    case 'e':
+    case 0x90: {
       MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
       if (stack_.empty()) return Error(absl::StrCat("stack underflow in ", OpName(op)));
       return AppendTo(stack_.size() - 1, scratch_);
@@ -1085,7 +1108,8 @@ absl::Status Reader::Step(std::uint8_t op) {
       if (stack_.empty()) return Error("stack underflow in SETITEMS");
       return SetItems(stack_.size() - 1, scratch_);
     }
-    case 'l': case 0x91: {
+    case 'l':
+    case 0x91: {
       MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
       return MakeSequence(Kind::kList, scratch_);
     }
@@ -1093,7 +1117,9 @@ absl::Status Reader::Step(std::uint8_t op) {
       MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
       return MakeSequence(Kind::kTuple, scratch_);
     }
-    case 0x85: case 0x86: case 0x87: {
+    case 0x85:
+    case 0x86:
+    case 0x87: {
       std::size_t n = op - 0x84u;
       MS_RETURN_IF_ERROR(CheckTopValue(n));
       scratch_.clear();
@@ -1129,8 +1155,7 @@ absl::Status Reader::Step(std::uint8_t op) {
       MS_RETURN_IF_ERROR(ReadLE(id));
       return Memo(id);
     }
-    case 0x94:
-      return Memo(memo_count_);
+    case 0x94: return Memo(memo_count_);
     case 'g': {
       MS_RETURN_IF_ERROR(ReadLine(data));
       PyValue v;
@@ -1149,8 +1174,7 @@ absl::Status Reader::Step(std::uint8_t op) {
       MS_RETURN_IF_ERROR(ReadLE(id));
       return Get(id);
     }
-    default:
-      return Error(absl::StrFormat("unknown opcode 0x%02x", op));
+    default: return Error(absl::StrFormat("unknown opcode 0x%02x", op));
   }
 }
 
@@ -1169,8 +1193,7 @@ absl::StatusOr<PyValue> Reader::Run() {
 
 }  // namespace
 
-absl::StatusOr<PyValue> ReadPickle(std::istream& in, const std::string& source,
-                                   const PickleReadOptions& options) {
+absl::StatusOr<PyValue> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options) {
   Reader r(in, source, options);
   return r.Run();
 }

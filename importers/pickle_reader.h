@@ -40,9 +40,8 @@
 //   container is complete (when it leaves the stack).
 // - keeps all of this within a budget of about 128 MiB (estimated) for the
 //   whole read; entries beyond it are forgotten, and a GET of a forgotten
-//   entry is an error (bounded memory wins over very large memos). GET of such a container pushes a copy: the result is a
-//   tree, not a graph sharing that object (equal by value to what Python
-//   reads, which is all data needs).
+//   entry is an error (bounded memory wins over very large memos). GET of such a container pushes a copy: the result is
+//   a tree, not a graph sharing that object (equal by value to what Python reads, which is all data needs).
 // - does not keep other containers (ones holding containers, e.g. a trace
 //   entry with its frames list; large ones; ones beyond the budget), so an
 //   item of a streamed list is never retained by the memo. A GET of one is an
@@ -96,9 +95,9 @@ struct PyValue {
   std::uint64_t u = 0;
   bool is_unsigned = false;
   double f = 0;
-  std::string s;                                   // kString (UTF-8) and kBytes
-  std::vector<PyValue> items;                      // kList, kTuple
-  std::vector<PyItem> dict;                        // kDict, insertion order
+  std::string s;               // kString (UTF-8) and kBytes
+  std::vector<PyValue> items;  // kList, kTuple
+  std::vector<PyItem> dict;    // kDict, insertion order
 
   // Helpers: the value under string key `key` of a dict, or nullptr.
   const PyValue* Get(std::string_view key) const;
@@ -137,8 +136,7 @@ struct PickleReadOptions {
 // ("trace.pickle: offset 17: opcode GLOBAL (c) builds objects or calls code: refused"),
 // unknown opcodes, truncated input, bad memo references, stack underflow,
 // depth beyond max_depth, invalid UTF-8, etc.
-absl::StatusOr<PyValue> ReadPickle(std::istream& in, const std::string& source,
-                                   const PickleReadOptions& options = {});
+absl::StatusOr<PyValue> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options = {});
 
 }  // namespace memscope
 

@@ -7,8 +7,8 @@
 
 namespace memscope {
 
-absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
-                                    std::size_t device_memory, Recorder* recorder) {
+absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config, std::size_t device_memory,
+                                    Recorder* recorder) {
   SimDevice device({.capacity = device_memory, .index = 0, .host_backed = false});
   CachingAllocator allocator(device, config);
   if (recorder != nullptr) allocator.SetObserver(recorder);
@@ -63,9 +63,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
           }
         }
         break;
-      case RequestOp::kEmptyCache:
-        allocator.EmptyCache();
-        break;
+      case RequestOp::kEmptyCache: allocator.EmptyCache(); break;
       case RequestOp::kSync:
         if (r.stream == kAllStreams) {
           device.CompleteAll();

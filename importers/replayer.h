@@ -12,8 +12,8 @@
 #include "allocator/config.h"
 #include "allocator/sim_device.h"
 #include "allocator/stats.h"
-#include "recording/recorder.h"
 #include "importers/request_trace.h"
+#include "recording/recorder.h"
 
 namespace memscope {
 
@@ -28,11 +28,11 @@ struct ReplayResult {
   std::string alloc_conf;
   std::size_t device_memory = 0;
   std::size_t requests_total = 0;
-  std::size_t requests_done = 0;     // all of them unless an OOM stopped the replay
+  std::size_t requests_done = 0;  // all of them unless an OOM stopped the replay
   std::optional<ReplayOom> oom;
-  DeviceStats stats;                 // at the end (or at the OOM)
-  std::size_t peak_live_bytes = 0;   // peak of live requested bytes: the lower bound
-  std::string memory_summary;        // torch.cuda.memory_summary() at the end
+  DeviceStats stats;                // at the end (or at the OOM)
+  std::size_t peak_live_bytes = 0;  // peak of live requested bytes: the lower bound
+  std::string memory_summary;       // torch.cuda.memory_summary() at the end
 };
 
 // Replays `trace` with `config` on a SimDevice of `device_memory` bytes. An
@@ -41,8 +41,8 @@ struct ReplayResult {
 // With `recorder`, every allocator action, phase mark, mark and category/
 // owner tag of the trace is recorded (the recorder becomes the allocator's
 // observer for the replay).
-absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config,
-                                    std::size_t device_memory, Recorder* recorder = nullptr);
+absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorConfig& config, std::size_t device_memory,
+                                    Recorder* recorder = nullptr);
 
 // The same on a caller's fresh `allocator` over `device` (a recording
 // RankSession's, run/rank_session.h, whose recorder already observes the

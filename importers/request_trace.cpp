@@ -44,8 +44,9 @@ class Reader {
       if (auto c = j.find("category"); c != j.end()) {
         std::optional<Category> category = c->is_string() ? ParseCategory(c->get<std::string>()) : std::nullopt;
         if (!category) {
-          return Error("\"category\" must be one of PARAMETER, OPTIMIZER_STATE, INPUT, ACTIVATION, GRADIENT, "
-                       "AUTOGRAD_DETAIL, TEMPORARY, DDP_BUCKET, COMM_TEMP, OTHER");
+          return Error(
+              "\"category\" must be one of PARAMETER, OPTIMIZER_STATE, INPUT, ACTIVATION, GRADIENT, "
+              "AUTOGRAD_DETAIL, TEMPORARY, DDP_BUCKET, COMM_TEMP, OTHER");
         }
         r.category = *category;
       }
@@ -126,7 +127,8 @@ class Reader {
       return 0;
     }
     if (it->is_number_unsigned()) return it->get<std::uint64_t>();
-    if (it->is_number_integer() && it->get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(it->get<std::int64_t>());
+    if (it->is_number_integer() && it->get<std::int64_t>() >= 0)
+      return static_cast<std::uint64_t>(it->get<std::int64_t>());
     return Error(absl::StrCat("\"", key, "\" must be a non-negative integer"));
   }
   // An optional (or required) string field, interned in trace.strings.

@@ -41,21 +41,21 @@ inline constexpr StreamId kAllStreams = ~StreamId{0};
 
 struct Request {
   RequestOp op;
-  std::uint32_t slot = 0;   // dense index of the id (alloc/free/record_stream)
-  std::size_t size = 0;     // alloc
-  StreamId stream = 0;      // alloc, record_stream, sync (kAllStreams: every stream)
-  std::uint64_t line = 0;   // 1-based line in the source, for messages
+  std::uint32_t slot = 0;                // dense index of the id (alloc/free/record_stream)
+  std::size_t size = 0;                  // alloc
+  StreamId stream = 0;                   // alloc, record_stream, sync (kAllStreams: every stream)
+  std::uint64_t line = 0;                // 1-based line in the source, for messages
   Category category = Category::kOther;  // alloc
   Phase phase = Phase::kUser;            // phase marks
   std::int64_t step = kNoStep;           // phase marks
-  std::uint32_t text = 0;   // index into strings: alloc owner, user phase label, mark text
+  std::uint32_t text = 0;                // index into strings: alloc owner, user phase label, mark text
 };
 
 struct RequestTrace {
   std::vector<Request> requests;
-  std::vector<std::string> ids;  // slot -> the id as written
+  std::vector<std::string> ids;          // slot -> the id as written
   std::vector<std::string> strings{""};  // owners, labels, mark texts; 0 is ""
-  std::string source;            // file name, or "<embedded>"
+  std::string source;                    // file name, or "<embedded>"
 };
 
 // Reads a JSON-lines request trace. Any malformed line is an error naming the

@@ -25,7 +25,7 @@ namespace {
 // Builds one device's request trace from trace entries, in order.
 struct DeviceBuilder {
   ImportedTrace out;
-  std::vector<double> times;  // time_us per request, for placing annotations
+  std::vector<double> times;                               // time_us per request, for placing annotations
   absl::flat_hash_map<std::uint64_t, std::uint32_t> live;  // address -> slot
   absl::flat_hash_set<std::uint64_t> ever_allocated;
   std::uint64_t unknown_frees = 0;
@@ -118,8 +118,8 @@ struct DeviceBuilder {
       out.segment_alloc_sizes.push_back(size);
     } else if (*action == "oom") {
       ++ooms;
-    } else if (*action != "segment_free" && *action != "segment_map" &&
-               *action != "segment_unmap" && *action != "snapshot") {
+    } else if (*action != "segment_free" && *action != "segment_map" && *action != "segment_unmap" &&
+               *action != "snapshot") {
       ++skipped;
     }
   }
@@ -191,12 +191,13 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   if (!root.ok()) return root.status();
   if (root->kind == PyValue::Kind::kList) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": a PyTorch 1.13 snapshot (a list of segments) has no trace of requests to replay; record one with "
-              "torch.cuda.memory._record_memory_history() on PyTorch 2.x"));
+        path,
+        ": a PyTorch 1.13 snapshot (a list of segments) has no trace of requests to replay; record one with "
+        "torch.cuda.memory._record_memory_history() on PyTorch 2.x"));
   }
   if (root->kind != PyValue::Kind::kDict || root->Get("segments") == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a PyTorch memory snapshot (expected a dict with \"segments\" and \"device_traces\")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a PyTorch memory snapshot (expected a dict with \"segments\" and \"device_traces\")"));
   }
   const std::string settings = SettingsText(root->Get("allocator_settings"));
 
@@ -205,13 +206,15 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> preexisting;  // device -> (addr, size)
   if (const PyValue* segments = root->Get("segments"); segments && segments->kind == PyValue::Kind::kList) {
     for (const PyValue& seg : segments->items) {
-      const int device = seg.Get("device") && seg.Get("device")->AsInt() ? static_cast<int>(*seg.Get("device")->AsInt()) : 0;
+      const int device =
+          seg.Get("device") && seg.Get("device")->AsInt() ? static_cast<int>(*seg.Get("device")->AsInt()) : 0;
       const PyValue* blocks = seg.Get("blocks");
       if (blocks == nullptr) continue;
       for (const PyValue& block : blocks->items) {
         const std::string* state = block.Get("state") ? block.Get("state")->AsString() : nullptr;
         if (state == nullptr || *state != "active_allocated") continue;
-        const std::uint64_t addr = block.Get("address") && block.Get("address")->AsUInt() ? *block.Get("address")->AsUInt() : 0;
+        const std::uint64_t addr =
+            block.Get("address") && block.Get("address")->AsUInt() ? *block.Get("address")->AsUInt() : 0;
         std::uint64_t size = block.Get("requested_size") && block.Get("requested_size")->AsUInt()
                                  ? *block.Get("requested_size")->AsUInt()
                                  : 0;
@@ -234,10 +237,13 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       head.push_back(Request{RequestOp::kAlloc, b.Slot(addr), size, 0, 0});
     }
     if (!head.empty() || b.unknown_frees > 0) {
-      t.notes.push_back(absl::StrCat(
-          "the trace of device ", device, " does not start at the beginning of the program (PyTorch's ring buffer "
-          "dropped its head): ", head.size(), " blocks alive at the snapshot but allocated before the trace start "
-          "the replay; ", b.unknown_frees, " frees of earlier blocks were ignored"));
+      t.notes.push_back(absl::StrCat("the trace of device ", device,
+                                     " does not start at the beginning of the program (PyTorch's ring buffer "
+                                     "dropped its head): ",
+                                     head.size(),
+                                     " blocks alive at the snapshot but allocated before the trace start "
+                                     "the replay; ",
+                                     b.unknown_frees, " frees of earlier blocks were ignored"));
     }
     // Annotations (record_function scopes, memscope's phase marks) as phase marks, placed by time.
     std::vector<std::pair<double, Request>> marks;
@@ -248,8 +254,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
         const std::int64_t dev = a.Get("device") && a.Get("device")->AsInt() ? *a.Get("device")->AsInt() : 0;
         if (name == nullptr || stage == nullptr || dev != device) continue;
         double time_us = 0;
-        if (const PyValue* tv = a.Get("time_us")) time_us = tv->kind == PyValue::Kind::kFloat ? tv->f
-                                                             : tv->AsInt() ? static_cast<double>(*tv->AsInt()) : 0;
+        if (const PyValue* tv = a.Get("time_us"))
+          time_us = tv->kind == PyValue::Kind::kFloat ? tv->f : tv->AsInt() ? static_cast<double>(*tv->AsInt()) : 0;
         Request r{*stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd, 0, 0, 0, 0};
         AnnotationPhase(*name, r, t.requests);
         marks.emplace_back(time_us, r);
@@ -261,7 +267,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     for (std::size_t i = 0; i < t.requests.requests.size(); ++i) {
       // A scope's START goes before the entries of its microsecond, its END after them.
       while (m < marks.size() && (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= b.times[i]
-                                                                              : marks[m].first < b.times[i])) {
+                                                                               : marks[m].first < b.times[i])) {
         merged.push_back(marks[m++].second);
       }
       merged.push_back(t.requests.requests[i]);
@@ -271,15 +277,17 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     if (b.ooms > 0) t.notes.push_back(absl::StrCat("the trace of device ", device, " records ", b.ooms, " OOM(s)"));
     if (b.skipped > 0) t.notes.push_back(absl::StrCat(b.skipped, " trace entries of unknown kinds were skipped"));
     if (b.delayed_frees > 0) {
-      t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device, " completed later than requested "
+      t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device,
+                                     " completed later than requested "
                                      "(blocks used on other streams): they wait on stream events in the replay too"));
     }
     result.push_back(std::move(t));
   }
   if (result.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        path, ": the snapshot has no trace entries (record with torch.cuda.memory._record_memory_history() before "
-              "taking it)"));
+        path,
+        ": the snapshot has no trace entries (record with torch.cuda.memory._record_memory_history() before "
+        "taking it)"));
   }
   return result;
 }
@@ -310,9 +318,8 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
   if (root->kind == PyValue::Kind::kDict) settings = SettingsText(root->Get("allocator_settings"));
   std::vector<Timeline> timelines;
   for (auto& [device, segs] : by_device) {
-    std::sort(segs.begin(), segs.end(), [&](const PyValue* a, const PyValue* b) {
-      return uint(*a, "address") < uint(*b, "address");
-    });
+    std::sort(segs.begin(), segs.end(),
+              [&](const PyValue* a, const PyValue* b) { return uint(*a, "address") < uint(*b, "address"); });
     Timeline t;
     t.rank = device;
     t.device_index = device;

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "recording/event.h"
 #include "importers/request_trace.h"
+#include "recording/event.h"
 
 namespace memscope {
 

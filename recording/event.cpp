@@ -2,8 +2,8 @@
 
 namespace memscope {
 namespace {
-constexpr std::string_view kPhaseNames[kNumPhases] = {"model", "ddp", "zero_grad", "forward",
-                                                      "loss", "backward", "step", "user"};
+constexpr std::string_view kPhaseNames[kNumPhases] = {"model", "ddp",      "zero_grad", "forward",
+                                                      "loss",  "backward", "step",      "user"};
 }  // namespace
 
 std::string_view PhaseName(Phase p) {
@@ -26,10 +26,8 @@ bool ChangesMemory(EventType t) {
     case EventType::kSegmentAlloc:
     case EventType::kSegmentFree:
     case EventType::kSegmentMap:
-    case EventType::kSegmentUnmap:
-      return true;
-    default:
-      return false;
+    case EventType::kSegmentUnmap: return true;
+    default: return false;
   }
 }
 

@@ -16,7 +16,6 @@
 
 namespace memscope {
 
-
 // Phases of a training step, and the two before the first step.
 enum class Phase : std::uint8_t { kModel, kDdp, kZeroGrad, kForward, kLoss, kBackward, kStep, kUser };
 inline constexpr int kNumPhases = 8;
@@ -72,11 +71,11 @@ inline constexpr std::uint8_t kEventCompletedAtOnce = 2;
 // the accessors below, never directly.
 struct Event {
   EventType type = EventType::kMark;
-  std::uint8_t flags = 0;       // kEventSmallPool (and, in files only, kEventCompletedAtOnce)
+  std::uint8_t flags = 0;  // kEventSmallPool (and, in files only, kEventCompletedAtOnce)
   Category category = Category::kOther;
   Phase phase = Phase::kUser;
-  std::uint32_t name = 0;       // string id (0 = none)
-  std::int64_t time_ns = 0;     // since the start of the recording
+  std::uint32_t name = 0;    // string id (0 = none)
+  std::int64_t time_ns = 0;  // since the start of the recording
   std::uint64_t addr = 0;
   std::uint64_t size = 0;
   std::uint64_t requested_size = 0;
@@ -108,7 +107,7 @@ struct Timeline {
   std::string alloc_conf;
   std::vector<std::string> strings{""};  // id -> text; id 0 is ""
   std::vector<Event> events;
-  std::uint64_t torn_bytes = 0;  // bytes of an incomplete last record, ignored
+  std::uint64_t torn_bytes = 0;    // bytes of an incomplete last record, ignored
   std::vector<std::string> notes;  // what the reader wants the user to know (not stored in files)
 
   const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }

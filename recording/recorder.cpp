@@ -5,7 +5,6 @@
 namespace memscope {
 namespace {
 
-
 std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so marks and events agree
 
 }  // namespace

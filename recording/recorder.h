@@ -48,7 +48,7 @@ class Recorder final : public AllocatorObserver {
 
   EventSink& sink_;
   std::int64_t start_ns_;
-  std::string last_owner_;          // the owner of the previous allocation...
+  std::string last_owner_;           // the owner of the previous allocation...
   std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
 };
 

@@ -68,7 +68,7 @@ std::uint32_t MemorySink::Intern(std::string_view text) {
 }
 
 absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std::string& path,
-                                                                        const Timeline& header) {
+                                                                       const Timeline& header) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create timeline '", path, "': ", std::strerror(errno)));
   char raw[kTimelineHeaderSize] = {};

@@ -5,7 +5,8 @@
 
 namespace memscope::reducer {
 
-BucketAssignment ComputeBucketAssignmentBySize(std::span<const BucketTensor> tensors, std::span<const std::size_t> limits,
+BucketAssignment ComputeBucketAssignmentBySize(std::span<const BucketTensor> tensors,
+                                               std::span<const std::size_t> limits,
                                                std::span<const std::size_t> tensor_indices) {
   struct Open {
     DType dtype;

@@ -28,7 +28,7 @@ struct BucketAssignment {
 
 // sys.maxsize (2**63 - 1 on 64-bit Python), which PyTorch reports as that bucket's limit.
 inline constexpr std::size_t kNoBucketLimit = std::numeric_limits<std::int64_t>::max();
-inline constexpr std::size_t kDefaultFirstBucketBytes = 1024 * 1024;                    // dist._DEFAULT_FIRST_BUCKET_BYTES
+inline constexpr std::size_t kDefaultFirstBucketBytes = 1024 * 1024;  // dist._DEFAULT_FIRST_BUCKET_BYTES
 inline constexpr double kDefaultBucketCapMb = 25.0;
 
 // compute_bucket_assignment_by_size: walk the tensors in order, one open bucket
@@ -44,7 +44,8 @@ inline constexpr double kDefaultBucketCapMb = 25.0;
 // Without `tensor_indices` the buckets are sorted by their smallest index;
 // with them (the rebuild, tensors in gradient-ready order) tensor i is
 // reported as tensor_indices[i] and there is no sort.
-BucketAssignment ComputeBucketAssignmentBySize(std::span<const BucketTensor> tensors, std::span<const std::size_t> limits,
+BucketAssignment ComputeBucketAssignmentBySize(std::span<const BucketTensor> tensors,
+                                               std::span<const std::size_t> limits,
                                                std::span<const std::size_t> tensor_indices = {});
 
 // The bytes of bucket_cap_mb (MiB: int(bucket_cap_mb * 1024 * 1024)).

@@ -53,7 +53,7 @@ std::unique_ptr<Communicator> CreateLocalCommunicator();
 struct GlooOptions {
   int rank = 0;
   int world_size = 1;
-  std::string store_dir;    // FileStore rendezvous directory (created if missing)
+  std::string store_dir;               // FileStore rendezvous directory (created if missing)
   std::string hostname = "127.0.0.1";  // interface the TCP transport binds to
   std::chrono::milliseconds timeout{60000};
 };

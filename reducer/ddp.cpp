@@ -12,9 +12,7 @@
 namespace memscope::reducer {
 namespace {
 
-bool SameStorage(const Tensor& a, const Tensor& b) {
-  return a.defined() && b.defined() && a.storage() == b.storage();
-}
+bool SameStorage(const Tensor& a, const Tensor& b) { return a.defined() && b.defined() && a.storage() == b.storage(); }
 
 Tensor SlotView(const Tensor& flat, const Tensor& like, std::int64_t offset) {
   return flat.AsStrided(like.sizes(), ContiguousStrides(like.sizes()), offset);
@@ -115,9 +113,9 @@ DistributedDataParallel::DistributedDataParallel(std::vector<Tensor*> params, st
   // 4. Buckets.
   std::vector<BucketTensor> tensors;
   for (const Variable& v : vars_) tensors.push_back({v.param->nbytes(), v.param->dtype()});
-  InitializeBuckets(InitialBuckets(tensors, options_.find_unused_parameters, options_.static_graph,
-                                   options_.bucket_cap_mb),
-                    &initial_buckets_);
+  InitializeBuckets(
+      InitialBuckets(tensors, options_.find_unused_parameters, options_.static_graph, options_.bucket_cap_mb),
+      &initial_buckets_);
   if (options_.find_unused_parameters) {
     ScopedTag tag(Category::kDdpBucket, "ddp.local_used_map");
     local_used_map_dev_ = Tensor::Zeros(*ctx_, {static_cast<std::int64_t>(vars_.size())}, DType::kInt32);

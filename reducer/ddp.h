@@ -63,8 +63,8 @@ namespace memscope::reducer {
 enum class CommHook { kNone, kFp16, kBf16 };
 
 struct DdpOptions {
-  bool gradient_as_bucket_view = false;   // --ddp view (PyTorch's default is copy)
-  std::optional<double> bucket_cap_mb;    // None: 25 MiB, and a 1 MiB first bucket where it applies
+  bool gradient_as_bucket_view = false;  // --ddp view (PyTorch's default is copy)
+  std::optional<double> bucket_cap_mb;   // None: 25 MiB, and a 1 MiB first bucket where it applies
   bool find_unused_parameters = false;
   bool static_graph = false;
   bool broadcast_buffers = true;
@@ -117,9 +117,9 @@ class DistributedDataParallel {
 
  private:
   struct Bucket {
-    Tensor flat;                      // DDP_BUCKET
-    std::vector<std::size_t> vars;    // parameter indices, in slot order
-    std::vector<Tensor> views;        // slot views of `flat`
+    Tensor flat;                    // DDP_BUCKET
+    std::vector<std::size_t> vars;  // parameter indices, in slot order
+    std::vector<Tensor> views;      // slot views of `flat`
     std::size_t pending = 0;
   };
   struct Variable {
@@ -137,9 +137,7 @@ class DistributedDataParallel {
   void ReduceReadyBuckets();
   void AllreduceBucket(std::size_t b);
   void FinalizeBackward();
-  bool ShouldRebuild() const {
-    return (options_.static_graph || !options_.find_unused_parameters) && !has_rebuilt_;
-  }
+  bool ShouldRebuild() const { return (options_.static_graph || !options_.find_unused_parameters) && !has_rebuilt_; }
 
   std::vector<Variable> vars_;
   std::vector<Tensor*> buffers_;
@@ -156,13 +154,13 @@ class DistributedDataParallel {
   bool has_marked_unused_ = false;
   bool expect_autograd_hooks_ = false;
   bool has_rebuilt_ = false;
-  std::vector<std::size_t> ready_order_;   // first backward's gradient-ready order
-  std::vector<bool> marked_;               // ready in this backward
+  std::vector<std::size_t> ready_order_;  // first backward's gradient-ready order
+  std::vector<bool> marked_;              // ready in this backward
   std::size_t next_bucket_ = 0;
-  std::int64_t finalized_backwards_ = 0;   // synced backward passes so far
-  Tensor local_used_map_dev_;              // find_unused: int32 per parameter
-  std::vector<std::int32_t> local_used_;   // host copy
-  std::vector<std::size_t> unused_;        // found by the graph search
+  std::int64_t finalized_backwards_ = 0;  // synced backward passes so far
+  Tensor local_used_map_dev_;             // find_unused: int32 per parameter
+  std::vector<std::int32_t> local_used_;  // host copy
+  std::vector<std::size_t> unused_;       // found by the graph search
 };
 
 }  // namespace memscope::reducer

@@ -71,10 +71,10 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -179,8 +179,7 @@ struct Descriptor {
     std::string out(KindName(kind));
     if (static_cast<Kind>(kind) == Kind::kBarrier) return out;
     out += "(";
-    out += dtype <= kMaxDType ? std::string(DTypeName(static_cast<DType>(dtype)))
-                              : "dtype " + std::to_string(dtype);
+    out += dtype <= kMaxDType ? std::string(DTypeName(static_cast<DType>(dtype))) : "dtype " + std::to_string(dtype);
     out += ", " + std::to_string(count) + (count == 1 ? " element" : " elements");
     if (static_cast<Kind>(kind) == Kind::kBroadcast) out += ", root " + std::to_string(root);
     if (meta != 0) out += ", meta";
@@ -216,9 +215,7 @@ std::string MismatchMessage(const std::vector<Descriptor>& all) {
 constexpr std::size_t kRecordBytes = 64;
 constexpr std::size_t kMaxMessageBytes = 4096;
 
-std::string ProgressPath(const std::string& dir, int rank) {
-  return dir + "/progress-rank-" + std::to_string(rank);
-}
+std::string ProgressPath(const std::string& dir, int rank) { return dir + "/progress-rank-" + std::to_string(rank); }
 
 struct PeerStatus {
   int rank = 0;
@@ -258,9 +255,7 @@ PeerStatus ReadPeer(int fd, int rank) {
   return s;
 }
 
-int OpenPeer(const std::string& dir, int rank) {
-  return ::open(ProgressPath(dir, rank).c_str(), O_RDONLY | O_CLOEXEC);
-}
+int OpenPeer(const std::string& dir, int rank) { return ::open(ProgressPath(dir, rank).c_str(), O_RDONLY | O_CLOEXEC); }
 
 class ProgressFile {
  public:
@@ -289,8 +284,7 @@ class ProgressFile {
     return "";
   }
 
-  void Write(std::uint64_t seq, std::string_view state, std::string_view kind = "-",
-             std::string_view failure = {}) {
+  void Write(std::uint64_t seq, std::string_view state, std::string_view kind = "-", std::string_view failure = {}) {
     if (fd_ < 0) return;
     std::string rec = std::to_string(seq) + " " + std::string(state) + " " + std::string(kind);
     rec.resize(kRecordBytes - 1, ' ');
@@ -475,8 +469,7 @@ class GlooCommunicator final : public Communicator {
 
  private:
   [[noreturn]] void ThrowBroken() const {
-    throw CommError("rank " + std::to_string(rank_) + ": communicator unusable after an earlier error: " +
-                    broken_);
+    throw CommError("rank " + std::to_string(rank_) + ": communicator unusable after an earlier error: " + broken_);
   }
 
   // Records the failure, closes our connections when asked (peers blocked on
@@ -525,8 +518,8 @@ class GlooCommunicator final : public Communicator {
     const auto reject = [&](const std::string& why) {
       Fail("rank " + std::to_string(rank_) + ": " + what + ": " + why, false);
     };
-    if (kind == Kind::kAllreduce && dtype != DType::kFloat32 && dtype != DType::kFloat16 &&
-        dtype != DType::kBFloat16 && dtype != DType::kInt32 && dtype != DType::kInt64) {
+    if (kind == Kind::kAllreduce && dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16 &&
+        dtype != DType::kInt32 && dtype != DType::kInt64) {
       reject("cannot sum " + std::string(DTypeName(dtype)) + " (float32, float16, bfloat16, int32, int64)");
     }
     if (kind == Kind::kBroadcast && (root < 0 || root >= world_size_)) {
@@ -756,8 +749,9 @@ class GlooCommunicator final : public Communicator {
 
     if (!gone.empty()) {
       const bool one = gone.size() == 1;
-      return me + FormatRanks(gone) + (one ? " closed its connection (exited or was killed)"
-                                           : " closed their connections (exited or were killed)") +
+      return me + FormatRanks(gone) +
+             (one ? " closed its connection (exited or was killed)"
+                  : " closed their connections (exited or were killed)") +
              " during " + what + last(gone);
     }
     if (!missing.empty()) {
@@ -777,8 +771,8 @@ class GlooCommunicator final : public Communicator {
              (first.failure.empty() ? "" : " (" + first.failure + ")");
     }
     if (timeout) {
-      return me + what + " timed out after " + FormatSeconds(timeout_) + " although every rank entered it (gloo: " +
-             gloo_message + ")";
+      return me + what + " timed out after " + FormatSeconds(timeout_) +
+             " although every rank entered it (gloo: " + gloo_message + ")";
     }
     return me + what + " failed: " + gloo_message;
   }
@@ -821,9 +815,9 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     try {
       store.set(JoinedKey(rank_), std::vector<char>{'1'});
     } catch (const gloo::EnforceNotMet& e) {
-      throw CommError(me + "store directory " + store_dir_ + " already holds rank " + std::to_string(rank_) +
-                      "'s rendezvous (left by an earlier run? each job needs a fresh directory): " +
-                      GlooMessage(e.what()));
+      throw CommError(
+          me + "store directory " + store_dir_ + " already holds rank " + std::to_string(rank_) +
+          "'s rendezvous (left by an earlier run? each job needs a fresh directory): " + GlooMessage(e.what()));
     }
     std::vector<int> missing;
     for (;;) {

@@ -111,8 +111,7 @@ class NcclCommunicator final : public Communicator {
   void Run(const char* kind, ncclResult_t launched) {
     const std::string what = std::string(kind) + " #" + std::to_string(seq_);
     if (launched != ncclSuccess) {
-      Fail(Me() + what + " failed to launch: " + ncclGetErrorString(launched) + " (" + ncclGetLastError(comm_) +
-           ")");
+      Fail(Me() + what + " failed to launch: " + ncclGetErrorString(launched) + " (" + ncclGetLastError(comm_) + ")");
     }
     const Clock::time_point deadline = Clock::now() + timeout_;
     for (;;) {
@@ -148,8 +147,7 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> CreateNcclCommunicator(const GlooOptions& store_options, int device) {
-  auto comm = std::make_unique<NcclCommunicator>(CreateGlooCommunicator(store_options), device,
-                                                 store_options.timeout);
+  auto comm = std::make_unique<NcclCommunicator>(CreateGlooCommunicator(store_options), device, store_options.timeout);
   comm->Init();
   return comm;
 }

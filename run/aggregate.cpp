@@ -87,7 +87,8 @@ void Judge(const RunRecord& run, RunOutcome& out) {
     for (std::size_t r = 0; r < out.statuses.size(); ++r) {
       const std::optional<RankStatus>& st = out.statuses[r];
       if (!st || st->status != "oom") continue;
-      absl::StrAppend(&err, "memscope run: rank ", r, " out of memory in step ", st->steps_done, ":\n", st->error, "\n");
+      absl::StrAppend(&err, "memscope run: rank ", r, " out of memory in step ", st->steps_done, ":\n", st->error,
+                      "\n");
       for (const RankReport& rep : out.reports) {
         if (rep.rank == static_cast<int>(r) && rep.oom) absl::StrAppend(&err, rep.oom->verdict, "\n");
       }
@@ -100,8 +101,9 @@ void Judge(const RunRecord& run, RunOutcome& out) {
     if (!out.manifest.failure) {
       for (const ManifestRank& r : ranks) {
         if (r.status == "ok") continue;
-        absl::StrAppend(&err, "memscope run: rank ", r.rank, " failed: ",
-                        r.error->empty() ? "it wrote no status (killed, or it never started)" : *r.error, "\n");
+        absl::StrAppend(&err, "memscope run: rank ", r.rank,
+                        " failed: ", r.error->empty() ? "it wrote no status (killed, or it never started)" : *r.error,
+                        "\n");
       }
     }
     out.exit_code = kExitRankFailed;
@@ -113,7 +115,8 @@ void Judge(const RunRecord& run, RunOutcome& out) {
 }  // namespace
 
 std::string WithoutRankPrefix(std::string error, int rank) {
-  if (const std::string self = absl::StrCat("rank ", rank, ": "); error.rfind(self, 0) == 0) error.erase(0, self.size());
+  if (const std::string self = absl::StrCat("rank ", rank, ": "); error.rfind(self, 0) == 0)
+    error.erase(0, self.size());
   return error;
 }
 

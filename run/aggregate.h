@@ -45,11 +45,11 @@ struct RunRecord {
 
 // The outcome of a run, as written to its directory.
 struct RunOutcome {
-  RunManifest manifest;                         // run.json
+  RunManifest manifest;                             // run.json
   std::vector<std::optional<RankStatus>> statuses;  // by rank; nullopt: the rank wrote none
-  std::vector<Timeline> timelines;              // this run's ranks, as recorded
-  std::vector<RankReport> reports;              // their analyses (report.json)
-  int exit_code = 0;                            // 0, kExitOutOfMemory or kExitRankFailed
+  std::vector<Timeline> timelines;                  // this run's ranks, as recorded
+  std::vector<RankReport> reports;                  // their analyses (report.json)
+  int exit_code = 0;                                // 0, kExitOutOfMemory or kExitRankFailed
   // What `memscope run` says on stderr about failed ranks: each line starts
   // "memscope run: " (an OOM's message and verdict follow on their own lines).
   std::string diagnostics;

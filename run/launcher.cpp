@@ -100,7 +100,7 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
       }
       return absl::InternalError(absl::StrCat("waiting for the ranks failed: ", std::strerror(errno)));
     }
-    if (pid == 0) {      // stopping: others still running
+    if (pid == 0) {  // stopping: others still running
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
         for (std::size_t r = 0; r < pids.size(); ++r) {

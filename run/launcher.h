@@ -18,20 +18,20 @@ namespace memscope {
 
 struct RankExit {
   int rank = 0;
-  int exit_code = 0;   // when it exited
-  int signal = 0;      // when a signal ended it (0 otherwise)
+  int exit_code = 0;                 // when it exited
+  int signal = 0;                    // when a signal ended it (0 otherwise)
   bool stopped_by_launcher = false;  // SIGTERM/SIGKILL sent by us after another rank failed
-  double seconds = 0;  // since the launch
+  double seconds = 0;                // since the launch
   bool ok() const { return signal == 0 && exit_code == 0; }
   std::string Describe() const;  // "exited with status 3", "was killed by signal 9 (SIGKILL)"
 };
 
 struct LaunchOptions {
-  std::string executable;             // absolute path
-  std::vector<std::string> args;      // argv[1..]
+  std::string executable;         // absolute path
+  std::vector<std::string> args;  // argv[1..]
   int world_size = 1;
   std::map<std::string, std::string> env;  // added to every rank's environment
-  std::string log_dir;                // a run directory: its rank-R.log (stdout and stderr) per rank
+  std::string log_dir;                     // a run directory: its rank-R.log (stdout and stderr) per rank
   std::chrono::milliseconds grace{60000};
 };
 

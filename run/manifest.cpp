@@ -121,9 +121,9 @@ std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buc
 }
 
 json RankStatus::ToJson() const {
-  json j = {{"rank", rank},         {"status", status},         {"exit_code", exit_code},
-            {"error", error},       {"parameters", parameters}, {"steps_done", steps_done},
-            {"seconds", seconds},   {"losses", losses}};
+  json j = {{"rank", rank},       {"status", status},         {"exit_code", exit_code},
+            {"error", error},     {"parameters", parameters}, {"steps_done", steps_done},
+            {"seconds", seconds}, {"losses", losses}};
   if (ddp) j["ddp"] = DdpJson(*ddp);
   return j;
 }
@@ -172,8 +172,8 @@ std::optional<RankStatus> RankStatus::Read(const std::string& path) {
 json RunManifest::ToJson() const {
   json ranks_json = json::array();
   for (const ManifestRank& r : ranks) ranks_json.push_back(ManifestRankJson(r));
-  json j = {{"schema", kRunSchema},        {"generator", generator},         {"command", command},
-            {"world_size", world_size},    {"alloc_conf", alloc_conf},       {"device_memory", device_memory},
+  json j = {{"schema", kRunSchema},     {"generator", generator},   {"command", command},
+            {"world_size", world_size}, {"alloc_conf", alloc_conf}, {"device_memory", device_memory},
             {"ranks", ranks_json}};
   if (training) PutTraining(j, *training);
   if (source) j["source"] = *source;

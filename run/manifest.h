@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
 #include "analysis/analysis.h"
+#include "nlohmann/json.hpp"
 #include "reducer/ddp.h"
 
 namespace memscope {
@@ -32,11 +32,11 @@ struct RankStatus {
   int rank = 0;
   std::string status;  // "ok", "oom", "comm_error" or "error"
   int exit_code = 0;
-  std::string error;   // the OOM, tensor or collective error ("" when ok)
+  std::string error;  // the OOM, tensor or collective error ("" when ok)
   std::int64_t parameters = 0;
   std::int64_t steps_done = 0;
   double seconds = 0;
-  std::vector<float> losses;   // per step (--exec cpu)
+  std::vector<float> losses;      // per step (--exec cpu)
   std::optional<DdpBuckets> ddp;  // with --ddp copy|view
   bool operator==(const RankStatus&) const = default;
 

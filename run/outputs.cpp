@@ -34,8 +34,7 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
   const RankReport& r = analysis.report();
   const fs::path path = RunDirectory(dir.string()).Snapshot(t.rank);
   std::ofstream snapshot_out(path, std::ios::binary | std::ios::trunc);
-  SnapshotAt snapshot(t.events.empty() ? 0 : r.peak_allocated.event_index + 1, SnapshotFormat::kPickle,
-                      snapshot_out);
+  SnapshotAt snapshot(t.events.empty() ? 0 : r.peak_allocated.event_index + 1, SnapshotFormat::kPickle, snapshot_out);
   ViewerRankListener viewer(t, r);
   TimelineWalk walk(t);
   if (absl::Status s = walk.Run({&analysis.second_walk(), &trace.Write(t), &snapshot, &viewer}); !s.ok()) return s;
@@ -52,8 +51,9 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
 // Two walks per rank for everything: the first finds the moments (and checks
 // every rank before a file is written), the second writes the trace and the
 // snapshot and takes the viewer's segment maps as it passes the moments.
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
-                                                        const std::function<void(std::vector<RankReport>& reports)>& amend) {
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
+    const std::string& dir, const std::vector<Timeline>& timelines,
+    const std::function<void(std::vector<RankReport>& reports)>& amend) {
   std::ofstream trace_out;  // opened once every rank has been checked
   ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out);
   std::vector<std::unique_ptr<RankAnalysis>> analyses;

@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <filesystem>
-#include <thread>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "reducer/communicator.h"
@@ -31,7 +31,8 @@ std::string BindAddress() {
 
 // The communicator of a rank: Gloo between processes, a local one for DDP on
 // one rank, none otherwise. Throws CommError when the rendezvous fails.
-std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, int world_size, const RunDirectory& dir) {
+std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, int world_size,
+                                               const RunDirectory& dir) {
   if (world_size > 1) {
     reducer::GlooOptions g;
     g.rank = rank;
@@ -84,7 +85,9 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   if (absl::Status s = session.Finish(); !s.ok()) return s;
   RankStatus status;
   status.rank = rank;
-  status.exit_code = result->oom ? kExitOutOfMemory : result->comm_error || !result->error.empty() ? kExitRankFailed : 0;
+  status.exit_code = result->oom                                    ? kExitOutOfMemory
+                     : result->comm_error || !result->error.empty() ? kExitRankFailed
+                                                                    : 0;
   status.status = result->oom ? "oom" : result->comm_error ? "comm_error" : result->error.empty() ? "ok" : "error";
   status.error = result->error;
   status.parameters = result->parameters;

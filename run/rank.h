@@ -24,8 +24,8 @@ struct RankPlan {
   TrainOptions train;
   AllocatorConfig config;
   std::uint64_t device_memory = 0;
-  bool cpu = false;     // --exec cpu: real float math on a host-backed device
-  std::string ddp;      // "off", "copy" or "view"
+  bool cpu = false;                          // --exec cpu: real float math on a host-backed device
+  std::string ddp;                           // "off", "copy" or "view"
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   // Testing (--fault-kill, --fault-skip-barrier): {RANK, STEP}, -1 when off.
   std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};

@@ -7,7 +7,8 @@ namespace memscope {
 RankSession::RankSession(const RankSessionOptions& options)
     : options_(options),
       device_({.capacity = options.device_memory,
-               .index = options.device_index >= 0 ? options.device_index : options.rank, .host_backed = options.exec == ExecMode::kCpu}),
+               .index = options.device_index >= 0 ? options.device_index : options.rank,
+               .host_backed = options.exec == ExecMode::kCpu}),
       allocator_(device_, options.config),
       context_(allocator_, options.exec, options.exec == ExecMode::kCpu ? &device_ : nullptr) {
   timeline_.rank = options.rank;

@@ -8,12 +8,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "analysis/analysis.h"
 #include "allocator/sizes.h"
-#include "recording/recorder.h"
-#include "importers/replayer.h"
+#include "analysis/analysis.h"
 #include "exporters/report.h"
+#include "importers/replayer.h"
 #include "importers/snapshot_import.h"
+#include "recording/recorder.h"
 #include "recording/timeline.h"
 #include "run/manifest.h"
 #include "run/rank_session.h"
@@ -101,17 +101,20 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
         absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, device_memory, trace.device);
         if (!t.ok()) return t.status();
         t->notes = trace.notes;
-        t->notes.insert(t->notes.begin(),
-                        absl::StrCat("device ", trace.device, " of ", path, ": its trace was replayed under its own "
-                                     "allocator settings (", trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
-                                     ") on a simulated GPU of ", FormatSize(device_memory)));
+        t->notes.insert(t->notes.begin(), absl::StrCat("device ", trace.device, " of ", path,
+                                                       ": its trace was replayed under its own "
+                                                       "allocator settings (",
+                                                       trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
+                                                       ") on a simulated GPU of ", FormatSize(device_memory)));
         timelines.push_back(std::move(*t));
       }
       return timelines;
     }
     if (*kind == InputKind::kJsonl || *kind == InputKind::kRmmCsv) {
-      return absl::InvalidArgumentError(absl::StrCat("'", path, "' is a request trace, not a recording: record it with "
-                                                     "memscope replay ", path, " --out RUN"));
+      return absl::InvalidArgumentError(absl::StrCat("'", path,
+                                                     "' is a request trace, not a recording: record it with "
+                                                     "memscope replay ",
+                                                     path, " --out RUN"));
     }
     absl::StatusOr<Timeline> t = ReadTimelineFile(path);
     if (!t.ok()) return t.status();
@@ -187,8 +190,7 @@ absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vect
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     // Only a run's own description; anything else is not a config.
-    if (config.is_object() && config.value("schema", nlohmann::json()).is_string() &&
-        config["schema"] == kRunSchema) {
+    if (config.is_object() && config.value("schema", nlohmann::json()).is_string() && config["schema"] == kRunSchema) {
       run_config = std::move(config);
     }
   }

@@ -9,14 +9,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
 #include "allocator/config.h"
 #include "analysis/analysis.h"
-#include "recording/event.h"
-#include "importers/replayer.h"
-#include "importers/request_trace.h"
 #include "compare/compare.h"
 #include "exporters/report.h"
+#include "importers/replayer.h"
+#include "importers/request_trace.h"
+#include "nlohmann/json.hpp"
+#include "recording/event.h"
 
 namespace memscope {
 

@@ -27,10 +27,10 @@ class RunDirectory {
   const std::string& root() const { return root_; }
 
   // File names, relative to the directory (run.json's "timeline" entries use these).
-  static std::string TimelineName(int rank);        // rank-R.timeline
-  static std::string RankStatusName(int rank);      // rank-R.json
-  static std::string RankLogName(int rank);         // rank-R.log
-  static std::string SnapshotName(int rank);        // snapshot-rank-R.pickle
+  static std::string TimelineName(int rank);    // rank-R.timeline
+  static std::string RankStatusName(int rank);  // rank-R.json
+  static std::string RankLogName(int rank);     // rank-R.log
+  static std::string SnapshotName(int rank);    // snapshot-rank-R.pickle
   static constexpr const char* kManifest = "run.json";
   static constexpr const char* kReport = "report.json";
   static constexpr const char* kSummary = "summary.txt";

@@ -47,12 +47,11 @@ class AccumulateGrad final : public Node {
     if (!var->grad) {
       // Steal the buffer when this is its only reference and its layout is
       // the parameter's (obeys_layout_contract); else clone.
-      const bool stealable = new_grad.use_count() == 1 && new_grad.is_contiguous() &&
-                             new_grad.dtype() == var->dtype && new_grad.sizes() == var->sizes &&
-                             new_grad.storage()->nbytes() >= new_grad.nbytes();
-      var->grad = stealable ? new_grad.impl_ptr() : ops::Clone(new_grad.dtype() == var->dtype
-                                                                   ? new_grad
-                                                                   : ops::To(new_grad, var->dtype)).impl_ptr();
+      const bool stealable = new_grad.use_count() == 1 && new_grad.is_contiguous() && new_grad.dtype() == var->dtype &&
+                             new_grad.sizes() == var->sizes && new_grad.storage()->nbytes() >= new_grad.nbytes();
+      var->grad =
+          stealable ? new_grad.impl_ptr()
+                    : ops::Clone(new_grad.dtype() == var->dtype ? new_grad : ops::To(new_grad, var->dtype)).impl_ptr();
     } else {
       Tensor g(var->grad);
       ops::AddInPlace(g, new_grad);

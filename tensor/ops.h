@@ -52,7 +52,7 @@ void UniformInPlace(Tensor& t, float bound);
 void FillInPlace(Tensor& t, float value);
 
 // ---- views (no allocation)
-Tensor View(const Tensor& t, const Shape& sizes);  // -1 allowed once; throws when not viewable
+Tensor View(const Tensor& t, const Shape& sizes);     // -1 allowed once; throws when not viewable
 Tensor Reshape(const Tensor& t, const Shape& sizes);  // a view when possible, else a copy
 Tensor Transpose(const Tensor& t, int dim0, int dim1);
 Tensor Permute(const Tensor& t, const std::vector<int>& dims);
@@ -119,8 +119,8 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor Embedding(const Tensor& weight, const Tensor& indices, std::int64_t padding_idx = -1);
 Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 // Training-mode batch norm over (N, C, H, W); updates the running buffers.
-Tensor BatchNorm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean,
-                   Tensor& running_var, float momentum = 0.1f, float eps = 1e-5f);
+Tensor BatchNorm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var,
+                   float momentum = 0.1f, float eps = 1e-5f);
 Tensor Dropout(const Tensor& x, float p, bool training = true);
 Tensor Softmax(const Tensor& x, int dim);
 Tensor LogSoftmax(const Tensor& x, int dim);

@@ -39,7 +39,8 @@ namespace internal {
 
 int WrapDim(int dim, int ndim) {
   const int d = dim < 0 ? dim + ndim : dim;
-  if (d < 0 || d >= std::max(ndim, 1)) throw TensorError(absl::StrCat("dimension ", dim, " out of range for ", ndim, "-d"));
+  if (d < 0 || d >= std::max(ndim, 1))
+    throw TensorError(absl::StrCat("dimension ", dim, " out of range for ", ndim, "-d"));
   return d;
 }
 
@@ -78,7 +79,8 @@ Shape BroadcastStrides(const Tensor& t, const Shape& shape) {
 void RequireCpuKernel(std::string_view op, std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors) {
     if (t && t->defined() && IsFloating(t->dtype()) && t->dtype() != DType::kFloat32) {
-      throw TensorError(absl::StrCat(std::string(op), ": --exec cpu computes float32 only, got ", std::string(DTypeName(t->dtype()))));
+      throw TensorError(absl::StrCat(std::string(op), ": --exec cpu computes float32 only, got ",
+                                     std::string(DTypeName(t->dtype()))));
     }
   }
 }
@@ -147,7 +149,8 @@ void InPlace(Tensor& x, const Tensor* y, std::string_view name, F f) {
   RequireCpuKernel(name, {&x, y});
   float* px = x.data();
   if (y == nullptr) {
-    ForEachIndex<1>(x.sizes(), {x.strides()}, [&](const std::array<std::int64_t, 1>& o) { px[o[0]] = f(px[o[0]], 0.f); });
+    ForEachIndex<1>(x.sizes(), {x.strides()},
+                    [&](const std::array<std::int64_t, 1>& o) { px[o[0]] = f(px[o[0]], 0.f); });
     return;
   }
   (void)BroadcastShape(x.sizes(), y->sizes());
@@ -168,7 +171,8 @@ std::optional<Shape> ViewStrides(const Shape& old_sizes, const Shape& old_stride
   std::int64_t view_numel = 1;
   for (std::int64_t tensor_d = static_cast<std::int64_t>(old_sizes.size()) - 1; tensor_d >= 0; tensor_d--) {
     tensor_numel *= old_sizes[tensor_d];
-    if (tensor_d == 0 || (old_sizes[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+    if (tensor_d == 0 ||
+        (old_sizes[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
         new_strides[view_d] = view_numel * chunk_base_stride;
         view_numel *= shape[view_d];
@@ -212,9 +216,8 @@ Shape InferSize(const Tensor& t, Shape sizes) {
 // Records a view op whose backward maps the gradient back to the input shape.
 Tensor ViewWithGrad(const Tensor& t, Tensor view, std::string_view name) {
   if (NeedsGrad({&t})) {
-    RecordOp(name, {&t}, {&view}, [sizes = t.sizes()](Node&, TensorList& g) {
-      return TensorList{Reshape(g[0], sizes)};
-    });
+    RecordOp(name, {&t}, {&view},
+             [sizes = t.sizes()](Node&, TensorList& g) { return TensorList{Reshape(g[0], sizes)}; });
   }
   return view;
 }
@@ -236,7 +239,8 @@ Tensor CopyTo(const Tensor& t, DType dtype) {
   Tensor out = Tensor::Empty(t.ctx(), t.sizes(), dtype);
   if (t.ctx().computes() && t.numel() > 0) {
     const std::size_t es = ElementSize(t.dtype());
-    if (t.dtype() != dtype) throw TensorError(absl::StrCat("--exec cpu cannot convert to ", std::string(DTypeName(dtype))));
+    if (t.dtype() != dtype)
+      throw TensorError(absl::StrCat("--exec cpu cannot convert to ", std::string(DTypeName(dtype))));
     const std::byte* src = t.storage()->data() + t.impl()->offset * static_cast<std::int64_t>(es);
     std::byte* dst = out.storage()->data();
     ForEachIndex<2>(t.sizes(), {t.strides(), out.strides()}, [&](const std::array<std::int64_t, 2>& o) {
@@ -285,7 +289,8 @@ Tensor View(const Tensor& t, const Shape& sizes_in) {
   const Shape sizes = InferSize(t, sizes_in);
   std::optional<Shape> strides = ViewStrides(t.sizes(), t.strides(), sizes);
   if (!strides) {
-    throw TensorError(absl::StrCat("view size ", ShapeText(sizes), " is not compatible with the input's strides; use reshape"));
+    throw TensorError(
+        absl::StrCat("view size ", ShapeText(sizes), " is not compatible with the input's strides; use reshape"));
   }
   return ViewWithGrad(t, t.AsStrided(sizes, *strides, t.impl()->offset), "ViewBackward0");
 }
@@ -303,7 +308,8 @@ Tensor Transpose(const Tensor& t, int dim0, int dim1) {
   std::swap(strides[a], strides[b]);
   Tensor out = t.AsStrided(sizes, strides, t.impl()->offset);
   if (NeedsGrad({&t})) {
-    RecordOp("TransposeBackward0", {&t}, {&out}, [a, b](Node&, TensorList& g) { return TensorList{Transpose(g[0], a, b)}; });
+    RecordOp("TransposeBackward0", {&t}, {&out},
+             [a, b](Node&, TensorList& g) { return TensorList{Transpose(g[0], a, b)}; });
   }
   return out;
 }
@@ -322,7 +328,8 @@ Tensor Permute(const Tensor& t, const std::vector<int>& dims) {
   }
   Tensor out = t.AsStrided(sizes, strides, t.impl()->offset);
   if (NeedsGrad({&t})) {
-    RecordOp("PermuteBackward0", {&t}, {&out}, [inverse](Node&, TensorList& g) { return TensorList{Permute(g[0], inverse)}; });
+    RecordOp("PermuteBackward0", {&t}, {&out},
+             [inverse](Node&, TensorList& g) { return TensorList{Permute(g[0], inverse)}; });
   }
   return out;
 }
@@ -469,7 +476,8 @@ Tensor SumTo(const Tensor& grad, const Shape& sizes) {
 }
 
 Tensor Add(const Tensor& a, const Tensor& b, float alpha) {
-  Tensor out = Binary(a, b, PromoteTypes(a.dtype(), b.dtype()), "add", [alpha](float x, float y) { return x + alpha * y; });
+  Tensor out =
+      Binary(a, b, PromoteTypes(a.dtype(), b.dtype()), "add", [alpha](float x, float y) { return x + alpha * y; });
   if (NeedsGrad({&a, &b})) {
     RecordOp("AddBackward0", {&a, &b}, {&out}, [sa = a.sizes(), sb = b.sizes(), alpha](Node& n, TensorList& g) {
       TensorList r(2);
@@ -508,18 +516,19 @@ Tensor Mul(const Tensor& a, const Tensor& b) {
     // Saves other for self's gradient and self for other's.
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
     Tensor saved_b = a.requires_grad() ? b.Detach() : Tensor();
-    RecordOp("MulBackward0", {&a, &b}, {&out}, [saved_a, saved_b, sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
-      TensorList r(2);
-      if (saved_b.defined()) {
-        GradTag tag(n, 0);
-        r[0] = SumTo(Mul(g[0], saved_b), sa);
-      }
-      if (saved_a.defined()) {
-        GradTag tag(n, 1);
-        r[1] = SumTo(Mul(g[0], saved_a), sb);
-      }
-      return r;
-    });
+    RecordOp("MulBackward0", {&a, &b}, {&out},
+             [saved_a, saved_b, sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
+               TensorList r(2);
+               if (saved_b.defined()) {
+                 GradTag tag(n, 0);
+                 r[0] = SumTo(Mul(g[0], saved_b), sa);
+               }
+               if (saved_a.defined()) {
+                 GradTag tag(n, 1);
+                 r[1] = SumTo(Mul(g[0], saved_a), sb);
+               }
+               return r;
+             });
   }
   return out;
 }
@@ -528,18 +537,19 @@ Tensor Div(const Tensor& a, const Tensor& b) {
   Tensor out = Binary(a, b, PromoteTypes(a.dtype(), b.dtype()), "div", [](float x, float y) { return x / y; });
   if (NeedsGrad({&a, &b})) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
-    RecordOp("DivBackward0", {&a, &b}, {&out}, [saved_a, saved_b = b.Detach(), sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
-      TensorList r(2);
-      if (n.next_edges[0].fn) {
-        GradTag tag(n, 0);
-        r[0] = SumTo(Div(g[0], saved_b), sa);
-      }
-      if (saved_a.defined()) {
-        GradTag tag(n, 1);  // -grad * a / b^2
-        r[1] = SumTo(MulScalar(Div(Mul(g[0], saved_a), Mul(saved_b, saved_b)), -1), sb);
-      }
-      return r;
-    });
+    RecordOp("DivBackward0", {&a, &b}, {&out},
+             [saved_a, saved_b = b.Detach(), sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
+               TensorList r(2);
+               if (n.next_edges[0].fn) {
+                 GradTag tag(n, 0);
+                 r[0] = SumTo(Div(g[0], saved_b), sa);
+               }
+               if (saved_a.defined()) {
+                 GradTag tag(n, 1);  // -grad * a / b^2
+                 r[1] = SumTo(MulScalar(Div(Mul(g[0], saved_a), Mul(saved_b, saved_b)), -1), sb);
+               }
+               return r;
+             });
   }
   return out;
 }
@@ -656,7 +666,8 @@ Tensor Tanh(const Tensor& x) {
   if (NeedsGrad({&x})) {
     RecordOp("TanhBackward0", {&x}, {&out}, [result = out.Detach()](Node& n, TensorList& g) {
       GradTag tag(n, 0);
-      return TensorList{Binary(g[0], result, g[0].dtype(), "tanh_backward", [](float gr, float y) { return gr * (1 - y * y); })};
+      return TensorList{
+          Binary(g[0], result, g[0].dtype(), "tanh_backward", [](float gr, float y) { return gr * (1 - y * y); })};
     });
   }
   return out;
@@ -667,7 +678,8 @@ Tensor Sigmoid(const Tensor& x) {
   if (NeedsGrad({&x})) {
     RecordOp("SigmoidBackward0", {&x}, {&out}, [result = out.Detach()](Node& n, TensorList& g) {
       GradTag tag(n, 0);
-      return TensorList{Binary(g[0], result, g[0].dtype(), "sigmoid_backward", [](float gr, float y) { return gr * y * (1 - y); })};
+      return TensorList{
+          Binary(g[0], result, g[0].dtype(), "sigmoid_backward", [](float gr, float y) { return gr * y * (1 - y); })};
     });
   }
   return out;
@@ -682,23 +694,26 @@ Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b) {
     const float* pa = a.data();
     const float* pb = b.data();
     float* po = out.data();
-    ForEachIndex<4>(shape, {BroadcastStrides(condition, shape), BroadcastStrides(a, shape), BroadcastStrides(b, shape), out.strides()},
-                    [&](const std::array<std::int64_t, 4>& o) { po[o[3]] = pc[o[0]] ? pa[o[1]] : pb[o[2]]; });
+    ForEachIndex<4>(
+        shape,
+        {BroadcastStrides(condition, shape), BroadcastStrides(a, shape), BroadcastStrides(b, shape), out.strides()},
+        [&](const std::array<std::int64_t, 4>& o) { po[o[3]] = pc[o[0]] ? pa[o[1]] : pb[o[2]]; });
   }
   if (NeedsGrad({&a, &b})) {
-    RecordOp("WhereBackward0", {&a, &b}, {&out}, [cond = condition.Detach(), sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
-      TensorList r(2);
-      Tensor zero = Tensor::Zeros(g[0].ctx(), {}, g[0].dtype());
-      if (n.next_edges[0].fn) {
-        GradTag tag(n, 0);
-        r[0] = SumTo(Where(cond, g[0], zero), sa);
-      }
-      if (n.next_edges[1].fn) {
-        GradTag tag(n, 1);
-        r[1] = SumTo(Where(cond, zero, g[0]), sb);
-      }
-      return r;
-    });
+    RecordOp("WhereBackward0", {&a, &b}, {&out},
+             [cond = condition.Detach(), sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
+               TensorList r(2);
+               Tensor zero = Tensor::Zeros(g[0].ctx(), {}, g[0].dtype());
+               if (n.next_edges[0].fn) {
+                 GradTag tag(n, 0);
+                 r[0] = SumTo(Where(cond, g[0], zero), sa);
+               }
+               if (n.next_edges[1].fn) {
+                 GradTag tag(n, 1);
+                 r[1] = SumTo(Where(cond, zero, g[0]), sb);
+               }
+               return r;
+             });
   }
   return out;
 }
@@ -709,11 +724,13 @@ Tensor Eq(const Tensor& a, float value) {
     std::uint8_t* po = out.data_u8();
     if (a.dtype() == DType::kInt64) {
       const std::int64_t* pa = a.data_i64();
-      ForEachIndex<2>(a.sizes(), {a.strides(), out.strides()},
-                      [&](const std::array<std::int64_t, 2>& o) { po[o[1]] = pa[o[0]] == static_cast<std::int64_t>(value); });
+      ForEachIndex<2>(a.sizes(), {a.strides(), out.strides()}, [&](const std::array<std::int64_t, 2>& o) {
+        po[o[1]] = pa[o[0]] == static_cast<std::int64_t>(value);
+      });
     } else {
       const float* pa = a.data();
-      ForEachIndex<2>(a.sizes(), {a.strides(), out.strides()}, [&](const std::array<std::int64_t, 2>& o) { po[o[1]] = pa[o[0]] == value; });
+      ForEachIndex<2>(a.sizes(), {a.strides(), out.strides()},
+                      [&](const std::array<std::int64_t, 2>& o) { po[o[1]] = pa[o[0]] == value; });
     }
   }
   return out;
@@ -815,12 +832,12 @@ Tensor SumDims(const Tensor& x, const std::vector<int>& dims_in, bool keepdim) {
     for (int i = 0; i < x.dim(); ++i) {
       if (reduce[i]) out_strides[i] = 0;
     }
-    ForEachIndex<2>(x.sizes(), {x.strides(), out_strides}, [&](const std::array<std::int64_t, 2>& o) { po[o[1]] += px[o[0]]; });
+    ForEachIndex<2>(x.sizes(), {x.strides(), out_strides},
+                    [&](const std::array<std::int64_t, 2>& o) { po[o[1]] += px[o[0]]; });
   }
   if (NeedsGrad({&x})) {
-    RecordOp("SumBackward1", {&x}, {&out}, [in = x.sizes(), kept](Node&, TensorList& g) {
-      return TensorList{Expand(View(g[0], kept), in)};
-    });
+    RecordOp("SumBackward1", {&x}, {&out},
+             [in = x.sizes(), kept](Node&, TensorList& g) { return TensorList{Expand(View(g[0], kept), in)}; });
   }
   return out;
 }

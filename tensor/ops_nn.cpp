@@ -31,7 +31,8 @@ void BatchedMatmulKernel(const Tensor& a, const Tensor& m, Tensor& out) {
   const float* pa = a.data();
   const float* pm = m.data();
   float* po = out.data();
-  const std::int64_t sab = batched ? a.strides()[0] : 0, smb = batched ? m.strides()[0] : 0, sob = batched ? out.strides()[0] : 0;
+  const std::int64_t sab = batched ? a.strides()[0] : 0, smb = batched ? m.strides()[0] : 0,
+                     sob = batched ? out.strides()[0] : 0;
   const std::int64_t sa0 = a.strides()[r], sa1 = a.strides()[r + 1];
   const std::int64_t sm0 = m.strides()[r], sm1 = m.strides()[r + 1];
   const std::int64_t so0 = out.strides()[r], so1 = out.strides()[r + 1];
@@ -39,7 +40,8 @@ void BatchedMatmulKernel(const Tensor& a, const Tensor& m, Tensor& out) {
     for (std::int64_t i = 0; i < n; ++i) {
       for (std::int64_t j = 0; j < p; ++j) {
         double acc = 0;
-        for (std::int64_t t = 0; t < k; ++t) acc += double(pa[b * sab + i * sa0 + t * sa1]) * pm[b * smb + t * sm0 + j * sm1];
+        for (std::int64_t t = 0; t < k; ++t)
+          acc += double(pa[b * sab + i * sa0 + t * sa1]) * pm[b * smb + t * sm0 + j * sm1];
         po[b * sob + i * so0 + j * so1] = static_cast<float>(acc);
       }
     }
@@ -48,7 +50,8 @@ void BatchedMatmulKernel(const Tensor& a, const Tensor& m, Tensor& out) {
 
 Tensor MmNoGrad(const Tensor& a, const Tensor& b) {
   if (a.dim() != 2 || b.dim() != 2 || a.sizes()[1] != b.sizes()[0]) {
-    throw TensorError(absl::StrCat("mm: shapes ", ShapeText(a.sizes()), " and ", ShapeText(b.sizes()), " cannot be multiplied"));
+    throw TensorError(
+        absl::StrCat("mm: shapes ", ShapeText(a.sizes()), " and ", ShapeText(b.sizes()), " cannot be multiplied"));
   }
   CheckSameContext(a, b, "mm");
   Tensor out = Tensor::Empty(a.ctx(), {a.sizes()[0], b.sizes()[1]}, a.dtype());
@@ -76,18 +79,19 @@ Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
     Tensor saved_b = a.requires_grad() ? b.Detach() : Tensor();
     // mat2's sizes and strides are kept even when mat2 is not saved
     // (derivatives.yaml: mm_mat2_backward(grad, self, mat2.sym_sizes(), mat2.sym_strides(), ...)).
-    RecordOp("MmBackward0", {&a, &b}, {&out}, [saved_a, saved_b, b_sizes = b.sizes(), b_strides = b.strides()](Node& n, TensorList& g) {
-      TensorList r(2);
-      if (saved_b.defined()) {
-        GradTag tag(n, 0);
-        r[0] = MmNoGrad(g[0], T(saved_b));
-      }
-      if (saved_a.defined()) {
-        GradTag tag(n, 1);
-        r[1] = MmMat2Backward(g[0], saved_a, b_sizes, b_strides);
-      }
-      return r;
-    });
+    RecordOp("MmBackward0", {&a, &b}, {&out},
+             [saved_a, saved_b, b_sizes = b.sizes(), b_strides = b.strides()](Node& n, TensorList& g) {
+               TensorList r(2);
+               if (saved_b.defined()) {
+                 GradTag tag(n, 0);
+                 r[0] = MmNoGrad(g[0], T(saved_b));
+               }
+               if (saved_a.defined()) {
+                 GradTag tag(n, 1);
+                 r[1] = MmMat2Backward(g[0], saved_a, b_sizes, b_strides);
+               }
+               return r;
+             });
   }
   return out;
 }
@@ -100,7 +104,8 @@ Tensor Addmm(const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
     Tensor saved_b = a.requires_grad() ? b.Detach() : Tensor();
     RecordOp("AddmmBackward0", {&bias, &a, &b}, {&out},
-             [saved_a, saved_b, bias_sizes = bias.sizes(), b_sizes = b.sizes(), b_strides = b.strides()](Node& n, TensorList& g) {
+             [saved_a, saved_b, bias_sizes = bias.sizes(), b_sizes = b.sizes(), b_strides = b.strides()](
+                 Node& n, TensorList& g) {
                TensorList r(3);
                if (n.next_edges[0].fn) {
                  GradTag tag(n, 0);
@@ -123,7 +128,8 @@ Tensor Addmm(const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in) {
 namespace {
 Tensor BmmNoGrad(const Tensor& a, const Tensor& b) {
   if (a.dim() != 3 || b.dim() != 3 || a.sizes()[0] != b.sizes()[0] || a.sizes()[2] != b.sizes()[1]) {
-    throw TensorError(absl::StrCat("bmm: shapes ", ShapeText(a.sizes()), " and ", ShapeText(b.sizes()), " cannot be multiplied"));
+    throw TensorError(
+        absl::StrCat("bmm: shapes ", ShapeText(a.sizes()), " and ", ShapeText(b.sizes()), " cannot be multiplied"));
   }
   Tensor out = Tensor::Empty(a.ctx(), {a.sizes()[0], a.sizes()[1], b.sizes()[2]}, a.dtype());
   if (a.ctx().computes()) BatchedMatmulKernel(a, b, out);
@@ -207,21 +213,22 @@ Tensor Embedding(const Tensor& weight, const Tensor& indices, std::int64_t paddi
     }
   }
   if (NeedsGrad({&weight})) {
-    RecordOp("EmbeddingBackward0", {&weight}, {&out}, [idx = indices.Detach(), wsizes = weight.sizes(), padding_idx](Node& n, TensorList& g) {
-      GradTag tag(n, 0);  // embedding_dense_backward: a dense (V, D) gradient
-      Tensor grad_w = Tensor::Zeros(g[0].ctx(), wsizes, g[0].dtype());
-      if (g[0].ctx().computes()) {
-        Tensor gc = Contiguous(g[0]);
-        Tensor ic = Contiguous(idx);
-        const std::int64_t d = wsizes[1];
-        for (std::int64_t i = 0; i < ic.numel(); ++i) {
-          const std::int64_t row = ic.data_i64()[i];
-          if (row == padding_idx) continue;
-          for (std::int64_t j = 0; j < d; ++j) grad_w.data()[row * d + j] += gc.data()[i * d + j];
-        }
-      }
-      return TensorList{grad_w};
-    });
+    RecordOp("EmbeddingBackward0", {&weight}, {&out},
+             [idx = indices.Detach(), wsizes = weight.sizes(), padding_idx](Node& n, TensorList& g) {
+               GradTag tag(n, 0);  // embedding_dense_backward: a dense (V, D) gradient
+               Tensor grad_w = Tensor::Zeros(g[0].ctx(), wsizes, g[0].dtype());
+               if (g[0].ctx().computes()) {
+                 Tensor gc = Contiguous(g[0]);
+                 Tensor ic = Contiguous(idx);
+                 const std::int64_t d = wsizes[1];
+                 for (std::int64_t i = 0; i < ic.numel(); ++i) {
+                   const std::int64_t row = ic.data_i64()[i];
+                   if (row == padding_idx) continue;
+                   for (std::int64_t j = 0; j < d; ++j) grad_w.data()[row * d + j] += gc.data()[i * d + j];
+                 }
+               }
+               return TensorList{grad_w};
+             });
   }
   return out;
 }
@@ -289,7 +296,8 @@ Tensor LayerNorm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, f
                    for (std::int64_t row = 0; row < rows; ++row) {
                      for (std::int64_t j = 0; j < d; ++j) {
                        const float gy = gc.data()[row * d + j];
-                       r[k].data()[j] += k == 2 ? gy : gy * (xc.data()[row * d + j] - mean.data()[row]) * rstd.data()[row];
+                       r[k].data()[j] +=
+                           k == 2 ? gy : gy * (xc.data()[row * d + j] - mean.data()[row]) * rstd.data()[row];
                      }
                    }
                  }
@@ -387,25 +395,26 @@ Tensor SoftmaxImpl(const Tensor& x, int dim, bool log) {
   Tensor out = Tensor::Empty(x.ctx(), x.sizes(), to_float ? DType::kFloat32 : x.dtype());
   if (x.ctx().computes()) SoftmaxKernel(x, out, log);
   if (NeedsGrad({&x})) {
-    RecordOp(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out}, [result = out.Detach(), log](Node& n, TensorList& g) {
-      GradTag tag(n, 0);
-      Tensor r = Tensor::Empty(g[0].ctx(), g[0].sizes(), g[0].dtype());
-      if (g[0].ctx().computes()) {
-        Tensor gc = Contiguous(g[0]);
-        const std::int64_t d = r.sizes().back(), rows = r.numel() / std::max<std::int64_t>(d, 1);
-        for (std::int64_t row = 0; row < rows; ++row) {
-          const float* pg = gc.data() + row * d;
-          const float* py = result.data() + row * d;
-          double s = 0;
-          for (std::int64_t j = 0; j < d; ++j) s += log ? pg[j] : double(pg[j]) * py[j];
-          for (std::int64_t j = 0; j < d; ++j) {
-            r.data()[row * d + j] = log ? static_cast<float>(pg[j] - std::exp(double(py[j])) * s)
-                                        : static_cast<float>(py[j] * (pg[j] - s));
-          }
-        }
-      }
-      return TensorList{r};
-    });
+    RecordOp(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out},
+             [result = out.Detach(), log](Node& n, TensorList& g) {
+               GradTag tag(n, 0);
+               Tensor r = Tensor::Empty(g[0].ctx(), g[0].sizes(), g[0].dtype());
+               if (g[0].ctx().computes()) {
+                 Tensor gc = Contiguous(g[0]);
+                 const std::int64_t d = r.sizes().back(), rows = r.numel() / std::max<std::int64_t>(d, 1);
+                 for (std::int64_t row = 0; row < rows; ++row) {
+                   const float* pg = gc.data() + row * d;
+                   const float* py = result.data() + row * d;
+                   double s = 0;
+                   for (std::int64_t j = 0; j < d; ++j) s += log ? pg[j] : double(pg[j]) * py[j];
+                   for (std::int64_t j = 0; j < d; ++j) {
+                     r.data()[row * d + j] = log ? static_cast<float>(pg[j] - std::exp(double(py[j])) * s)
+                                                 : static_cast<float>(py[j] * (pg[j] - s));
+                   }
+                 }
+               }
+               return TensorList{r};
+             });
   }
   return out;
 }
@@ -417,8 +426,8 @@ Tensor LogSoftmax(const Tensor& x, int dim) { return SoftmaxImpl(x, dim, true); 
 Tensor NllLoss(const Tensor& log_probs_in, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
   const Tensor log_probs = AutocastFp32(log_probs_in);
   if (log_probs.dim() != 2 || target.dim() != 1 || target.sizes()[0] != log_probs.sizes()[0]) {
-    throw TensorError(absl::StrCat("nll_loss: input ", ShapeText(log_probs.sizes()), " and target ", ShapeText(target.sizes()),
-                                   " do not match"));
+    throw TensorError(absl::StrCat("nll_loss: input ", ShapeText(log_probs.sizes()), " and target ",
+                                   ShapeText(target.sizes()), " do not match"));
   }
   const std::int64_t n = log_probs.sizes()[0], c = log_probs.sizes()[1];
   Tensor out = reduction == Reduction::kNone ? Tensor::Empty(log_probs.ctx(), {n}, log_probs.dtype())
@@ -447,7 +456,8 @@ Tensor NllLoss(const Tensor& log_probs_in, const Tensor& target, Reduction reduc
   }
   if (NeedsGrad({&log_probs})) {
     RecordOp("NllLossBackward0", {&log_probs}, {&out},
-             [self = log_probs.Detach(), tgt = target.Detach(), total_weight, reduction, ignore_index, n, c](Node& node, TensorList& g) {
+             [self = log_probs.Detach(), tgt = target.Detach(), total_weight, reduction, ignore_index, n, c](
+                 Node& node, TensorList& g) {
                GradTag tag(node, 0);  // nll_loss_backward: a zero (N, C) tensor with -w at the targets
                Tensor r = Tensor::Zeros(g[0].ctx(), self.sizes(), self.dtype());
                if (g[0].ctx().computes()) {
@@ -473,7 +483,8 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& target, Reduction reduct
 Tensor Conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, int stride, int padding) {
   const Tensor x = AutocastLower(x_in), weight = AutocastLower(weight_in), bias = AutocastLower(bias_in);
   if (x.dim() != 4 || weight.dim() != 4 || x.sizes()[1] != weight.sizes()[1]) {
-    throw TensorError(absl::StrCat("conv2d: input ", ShapeText(x.sizes()), " and weight ", ShapeText(weight.sizes()), " do not match"));
+    throw TensorError(absl::StrCat("conv2d: input ", ShapeText(x.sizes()), " and weight ", ShapeText(weight.sizes()),
+                                   " do not match"));
   }
   const std::int64_t n = x.sizes()[0], ci = x.sizes()[1], h = x.sizes()[2], w = x.sizes()[3];
   const std::int64_t co = weight.sizes()[0], kh = weight.sizes()[2], kw = weight.sizes()[3];
@@ -491,18 +502,22 @@ Tensor Conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                 for (std::int64_t v = 0; v < kw; ++v) {
                   const std::int64_t iy = y * stride - padding + u, ix = xo * stride - padding + v;
                   if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
-                  f(((b * ci + i) * h + iy) * w + ix, ((o * ci + i) * kh + u) * kw + v, ((b * co + o) * oh + y) * ow + xo);
+                  f(((b * ci + i) * h + iy) * w + ix, ((o * ci + i) * kh + u) * kw + v,
+                    ((b * co + o) * oh + y) * ow + xo);
                 }
   };
   if (x.ctx().computes()) {
     RequireCpuKernel("conv2d", {&x, &weight, &bias});
     Tensor xc = Contiguous(x), wc = Contiguous(weight);
-    for (std::int64_t i = 0; i < out.numel(); ++i) out.data()[i] = bias.defined() ? bias.data()[(i / (oh * ow)) % co] : 0.f;
-    for_each_tap([&](std::int64_t xi, std::int64_t wi, std::int64_t oi) { out.data()[oi] += xc.data()[xi] * wc.data()[wi]; });
+    for (std::int64_t i = 0; i < out.numel(); ++i)
+      out.data()[i] = bias.defined() ? bias.data()[(i / (oh * ow)) % co] : 0.f;
+    for_each_tap(
+        [&](std::int64_t xi, std::int64_t wi, std::int64_t oi) { out.data()[oi] += xc.data()[xi] * wc.data()[wi]; });
   }
   if (NeedsGrad({&x, &weight, &bias})) {
     RecordOp("ConvolutionBackward0", {&x, &weight, &bias}, {&out},
-             [input = x.Detach(), wt = weight.Detach(), has_bias = bias.defined(), co, oh, ow, for_each_tap](Node& node, TensorList& g) {
+             [input = x.Detach(), wt = weight.Detach(), has_bias = bias.defined(), co, oh, ow, for_each_tap](
+                 Node& node, TensorList& g) {
                TensorList r(3);
                const bool cpu = g[0].ctx().computes();
                Tensor gc = cpu ? Contiguous(g[0]) : g[0];
@@ -511,12 +526,18 @@ Tensor Conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
                if (node.next_edges[0].fn) {
                  GradTag tag(node, 0);
                  r[0] = Tensor::Zeros(g[0].ctx(), input.sizes(), input.dtype());
-                 if (cpu) for_each_tap([&](std::int64_t xi, std::int64_t wi, std::int64_t oi) { r[0].data()[xi] += gc.data()[oi] * wc.data()[wi]; });
+                 if (cpu)
+                   for_each_tap([&](std::int64_t xi, std::int64_t wi, std::int64_t oi) {
+                     r[0].data()[xi] += gc.data()[oi] * wc.data()[wi];
+                   });
                }
                if (node.next_edges[1].fn) {
                  GradTag tag(node, 1);
                  r[1] = Tensor::Zeros(g[0].ctx(), wt.sizes(), wt.dtype());
-                 if (cpu) for_each_tap([&](std::int64_t xi, std::int64_t wi, std::int64_t oi) { r[1].data()[wi] += gc.data()[oi] * xc.data()[xi]; });
+                 if (cpu)
+                   for_each_tap([&](std::int64_t xi, std::int64_t wi, std::int64_t oi) {
+                     r[1].data()[wi] += gc.data()[oi] * xc.data()[xi];
+                   });
                }
                if (has_bias && node.next_edges[2].fn) {
                  GradTag tag(node, 2);
@@ -560,16 +581,18 @@ Tensor MaxPool2d(const Tensor& x, int kernel, int stride, int padding) {
         }
   }
   if (NeedsGrad({&x})) {
-    RecordOp("MaxPool2DWithIndicesBackward0", {&x}, {&out}, [input = x.Detach(), indices, h, w](Node& node, TensorList& g) {
-      GradTag tag(node, 0);
-      Tensor r = Tensor::Zeros(g[0].ctx(), input.sizes(), input.dtype());
-      if (g[0].ctx().computes()) {
-        Tensor gc = Contiguous(g[0]);
-        const std::int64_t per_plane = gc.sizes()[2] * gc.sizes()[3];
-        for (std::int64_t i = 0; i < gc.numel(); ++i) r.data()[(i / per_plane) * h * w + indices.data_i64()[i]] += gc.data()[i];
-      }
-      return TensorList{r};
-    });
+    RecordOp("MaxPool2DWithIndicesBackward0", {&x}, {&out},
+             [input = x.Detach(), indices, h, w](Node& node, TensorList& g) {
+               GradTag tag(node, 0);
+               Tensor r = Tensor::Zeros(g[0].ctx(), input.sizes(), input.dtype());
+               if (g[0].ctx().computes()) {
+                 Tensor gc = Contiguous(g[0]);
+                 const std::int64_t per_plane = gc.sizes()[2] * gc.sizes()[3];
+                 for (std::int64_t i = 0; i < gc.numel(); ++i)
+                   r.data()[(i / per_plane) * h * w + indices.data_i64()[i]] += gc.data()[i];
+               }
+               return TensorList{r};
+             });
   }
   return out;
 }
@@ -618,11 +641,13 @@ Tensor Cat(const TensorList& tensors, int dim_in) {
       TensorList r;
       std::int64_t s = 0;
       for (std::int64_t len : lengths) {
-        r.push_back(g[0].AsStrided([&] {
-          Shape sz = g[0].sizes();
-          sz[dim] = len;
-          return sz;
-        }(), g[0].strides(), g[0].impl()->offset + s * g[0].strides()[dim]));
+        r.push_back(g[0].AsStrided(
+            [&] {
+              Shape sz = g[0].sizes();
+              sz[dim] = len;
+              return sz;
+            }(),
+            g[0].strides(), g[0].impl()->offset + s * g[0].strides()[dim]));
         s += len;
       }
       return r;
@@ -659,7 +684,8 @@ void RequireMeta(const Tensor& t, std::string_view op) {
 }
 }  // namespace
 
-Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih, const Tensor& b_hh) {
+Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+               const Tensor& b_hh) {
   RequireMeta(x, "gru_cell");
   const Tensor bi = AutocastLower(b_ih), bh = AutocastLower(b_hh), hx = AutocastLower(h);
   Tensor igates = Matmul(x, T(w_ih));
@@ -669,7 +695,8 @@ Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tenso
   Tensor workspace = Tensor::Empty(x.ctx(), {b, 5 * hidden}, igates.dtype());
   if (NeedsGrad({&igates, &hgates, &hx, &bi, &bh})) {
     RecordOp("ThnnFusedGruCellBackward0", {&igates, &hgates, &hx, &bi, &bh}, {&hy},
-             [ig = igates.Detach(), hg = hgates.Detach(), hs = hx.Detach(), bi2 = bi.Detach(), bh2 = bh.Detach(), workspace](Node& n, TensorList& g) {
+             [ig = igates.Detach(), hg = hgates.Detach(), hs = hx.Detach(), bi2 = bi.Detach(), bh2 = bh.Detach(),
+              workspace](Node& n, TensorList& g) {
                TensorList r(5);
                {
                  GradTag tag(n, 0);
@@ -697,8 +724,8 @@ Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tenso
   return hy;
 }
 
-RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const TensorList& weight_views, bool lstm, std::int64_t layers,
-                   bool bidirectional, std::int64_t hidden, std::int64_t batch) {
+RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const TensorList& weight_views, bool lstm,
+                   std::int64_t layers, bool bidirectional, std::int64_t hidden, std::int64_t batch) {
   RequireMeta(input, "cudnn_rnn");
   const std::int64_t dirs = bidirectional ? 2 : 1;
   const std::int64_t gates = lstm ? 4 : 3;
@@ -734,8 +761,8 @@ RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const Tensor
     std::vector<Tensor*> outputs{&result.output, &result.hy};
     if (lstm) outputs.push_back(&result.cy);
     RecordOp("CudnnRnnBackward0", inputs, outputs,
-             [in = x.Detach(), wb = weight_buf, out = result.output.Detach(), reserve, weight_views, dirs, rows, hidden, gates,
-              dtype](Node& n, TensorList&) {
+             [in = x.Detach(), wb = weight_buf, out = result.output.Detach(), reserve, weight_views, dirs, rows, hidden,
+              gates, dtype](Node& n, TensorList&) {
                TensorList r(1 + weight_views.size());
                Tensor workspace;
                {

@@ -109,8 +109,7 @@ Tensor Tensor::Full(DeviceContext& ctx, const Shape& sizes, double value, DType 
       case DType::kUInt8:
         for (std::int64_t i = 0; i < n; ++i) t.data_u8()[i] = value != 0 ? 1 : 0;
         break;
-      default:
-        throw TensorError(absl::StrCat("Full: no CPU kernel for ", std::string(DTypeName(dtype))));
+      default: throw TensorError(absl::StrCat("Full: no CPU kernel for ", std::string(DTypeName(dtype))));
     }
   }
   return t;

@@ -116,9 +116,9 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;
   std::uint32_t output_nr = 0;
-  std::shared_ptr<TensorImpl> grad;              // .grad of a leaf
-  std::weak_ptr<Node> grad_accumulator;          // AccumulateGrad of a leaf (it owns the leaf)
-  std::string name;                              // parameter name ("" otherwise)
+  std::shared_ptr<TensorImpl> grad;      // .grad of a leaf
+  std::weak_ptr<Node> grad_accumulator;  // AccumulateGrad of a leaf (it owns the leaf)
+  std::string name;                      // parameter name ("" otherwise)
 };
 
 // A handle to a TensorImpl; copies share it (like at::Tensor).

@@ -26,7 +26,8 @@ Tensor InputTensor(DeviceContext& ctx, const Shape& shape, DType dtype) {
 
 class Mlp final : public Model {
  public:
-  Mlp(std::int64_t in, std::int64_t width, std::int64_t depth, std::int64_t classes, std::int64_t batch, bool checkpoint)
+  Mlp(std::int64_t in, std::int64_t width, std::int64_t depth, std::int64_t classes, std::int64_t batch,
+      bool checkpoint)
       : Model(""), in_(in), classes_(classes), checkpoint_(checkpoint) {
     batch_size_ = batch;
     std::int64_t prev = in;
@@ -57,7 +58,8 @@ class Mlp final : public Model {
         float best_v = -1e30f;
         for (std::int64_t c = 0; c < classes_; ++c) {
           float v = 0;
-          for (std::int64_t j = 0; j < in_; ++j) v += teacher[static_cast<std::size_t>(c * in_ + j)] * b.input.data()[r * in_ + j];
+          for (std::int64_t j = 0; j < in_; ++j)
+            v += teacher[static_cast<std::size_t>(c * in_ + j)] * b.input.data()[r * in_ + j];
           if (v > best_v) {
             best_v = v;
             best = c;
@@ -107,7 +109,8 @@ class CifarNet final : public Model {
   std::string_view name() const override { return "cifar-net"; }
 
   Batch MakeBatch(DeviceContext& ctx, std::int64_t step) override {
-    Batch b{InputTensor(ctx, {batch_size_, 3, 32, 32}, DType::kFloat32), InputTensor(ctx, {batch_size_}, DType::kInt64)};
+    Batch b{InputTensor(ctx, {batch_size_, 3, 32, 32}, DType::kFloat32),
+            InputTensor(ctx, {batch_size_}, DType::kInt64)};
     if (ctx.computes()) {
       // Two fixed global batches of random images with fixed labels.
       std::mt19937_64 rng(2000 + static_cast<std::uint64_t>(step % 2));
@@ -220,7 +223,8 @@ class ResNet final : public Model {
   std::string_view name() const override { return name_; }
 
   Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
-    return {InputTensor(ctx, {batch_size_, 3, 224, 224}, DType::kFloat32), InputTensor(ctx, {batch_size_}, DType::kInt64)};
+    return {InputTensor(ctx, {batch_size_, 3, 224, 224}, DType::kFloat32),
+            InputTensor(ctx, {batch_size_}, DType::kInt64)};
   }
 
   Tensor Forward(const Batch& batch) override {
@@ -473,7 +477,8 @@ class BiLstm final : public Model {
   std::string_view name() const override { return "bilstm"; }
 
   Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
-    return {InputTensor(ctx, {length_, batch_size_}, DType::kInt64), InputTensor(ctx, {length_, batch_size_}, DType::kInt64)};
+    return {InputTensor(ctx, {length_, batch_size_}, DType::kInt64),
+            InputTensor(ctx, {length_, batch_size_}, DType::kInt64)};
   }
 
   Tensor Forward(const Batch& batch) override {
@@ -648,11 +653,13 @@ class Gpt2 final : public Model {
 
 std::vector<ModelInfo> ListModels() {
   return {
-      {"mlp", "multi-layer perceptron: 256 inputs, --depth 3 hidden layers of --width 512, 10 classes; batch 64", true, true},
+      {"mlp", "multi-layer perceptron: 256 inputs, --depth 3 hidden layers of --width 512, 10 classes; batch 64", true,
+       true},
       {"cifar-net", "the PyTorch CIFAR-10 tutorial Net: 2 conv + 3 linear layers; batch 4 of 3x32x32", true, false},
       {"resnet50", "torchvision ResNet-50; batch 32 of 3x224x224", false, true},
       {"resnet101", "torchvision ResNet-101; batch 32 of 3x224x224", false, true},
-      {"seq2seq-attn", "GRU encoder-decoder with attention (hidden 1000), vocab 30000; batch 80, length 50", false, false},
+      {"seq2seq-attn", "GRU encoder-decoder with attention (hidden 1000), vocab 30000; batch 80, length 50", false,
+       false},
       {"bilstm", "embedding + 2-layer bidirectional LSTM tagger (1140.4 MiB of parameters); batch 32, length 128",
        false, false},
       {"gpt2", "Hugging Face GPT-2 (124M), tied lm_head; batch 8, sequence 1024", false, true},
@@ -670,7 +677,8 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const 
     if (m.name == name) info = &m;
   }
   if (info == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown model '", std::string(name), "' (memscope models lists them)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown model '", std::string(name), "' (memscope models lists them)"));
   }
   if (o.checkpoint_activations && !info->checkpointing) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint-activations is not offered for ", std::string(name),
@@ -683,17 +691,20 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const 
     return absl::InvalidArgumentError("--seq-len: GPT-2 has 1024 positions");
   }
   if (name == "mlp") {
-    return std::make_unique<Mlp>(256, or_default(o.width, 512), or_default(o.depth, 3), 10, or_default(o.batch_size, 64),
-                                 o.checkpoint_activations);
+    return std::make_unique<Mlp>(256, or_default(o.width, 512), or_default(o.depth, 3), 10,
+                                 or_default(o.batch_size, 64), o.checkpoint_activations);
   }
   if (name == "cifar-net") return std::make_unique<CifarNet>(or_default(o.batch_size, 4));
   if (name == "resnet50") {
-    return std::make_unique<ResNet>("resnet50", std::vector<int>{3, 4, 6, 3}, or_default(o.batch_size, 32), o.checkpoint_activations);
+    return std::make_unique<ResNet>("resnet50", std::vector<int>{3, 4, 6, 3}, or_default(o.batch_size, 32),
+                                    o.checkpoint_activations);
   }
   if (name == "resnet101") {
-    return std::make_unique<ResNet>("resnet101", std::vector<int>{3, 4, 23, 3}, or_default(o.batch_size, 32), o.checkpoint_activations);
+    return std::make_unique<ResNet>("resnet101", std::vector<int>{3, 4, 23, 3}, or_default(o.batch_size, 32),
+                                    o.checkpoint_activations);
   }
-  if (name == "seq2seq-attn") return std::make_unique<Seq2SeqAttn>(or_default(o.batch_size, 80), or_default(o.seq_len, 50));
+  if (name == "seq2seq-attn")
+    return std::make_unique<Seq2SeqAttn>(or_default(o.batch_size, 80), or_default(o.seq_len, 50));
   if (name == "bilstm") return std::make_unique<BiLstm>(or_default(o.batch_size, 32), or_default(o.seq_len, 128));
   const Gpt2Config small{12, 768, 12}, medium{24, 1024, 16}, large{36, 1280, 20}, xl{48, 1600, 25};
   const Gpt2Config& c = name == "gpt2" ? small : name == "gpt2-medium" ? medium : name == "gpt2-large" ? large : xl;

@@ -19,10 +19,10 @@ namespace memscope {
 enum class AttentionKind { kMath, kFlash };
 
 struct ModelOptions {
-  std::int64_t batch_size = 0;  // 0: the model's default
-  std::int64_t seq_len = 0;     // 0: the model's default (text models)
-  std::int64_t width = 0;       // mlp
-  std::int64_t depth = 0;       // mlp
+  std::int64_t batch_size = 0;                     // 0: the model's default
+  std::int64_t seq_len = 0;                        // 0: the model's default (text models)
+  std::int64_t width = 0;                          // mlp
+  std::int64_t depth = 0;                          // mlp
   AttentionKind attention = AttentionKind::kMath;  // gpt2*
   bool checkpoint_activations = false;
 };

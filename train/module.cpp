@@ -136,7 +136,10 @@ Tensor BatchNorm2dLayer::Forward(const Tensor& x) {
 }
 
 LayerNormLayer::LayerNormLayer(std::string path, std::int64_t dim, float eps)
-    : Module(std::move(path)), weight_(Param("weight", {dim}, {0, 1})), bias_(Param("bias", {dim}, {0, 0})), eps_(eps) {}
+    : Module(std::move(path)),
+      weight_(Param("weight", {dim}, {0, 1})),
+      bias_(Param("bias", {dim}, {0, 0})),
+      eps_(eps) {}
 
 Tensor LayerNormLayer::Forward(const Tensor& x) const {
   ScopedTag tag(Category::kActivation, path());

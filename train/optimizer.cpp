@@ -114,12 +114,8 @@ void Optimizer::StepAdam(const std::vector<std::size_t>& active) {
   const bool adamw = o.kind == OptimizerKind::kAdamW;
   ScopedTag tag(Category::kTemporary, "optimizer");
   for (std::size_t i : active) state_[i].host_step += 1;
-  auto step_size = [&](std::size_t i) {
-    return o.lr / (1 - std::pow(o.beta1, state_[i].host_step));
-  };
-  auto bias_correction2_sqrt = [&](std::size_t i) {
-    return std::sqrt(1 - std::pow(o.beta2, state_[i].host_step));
-  };
+  auto step_size = [&](std::size_t i) { return o.lr / (1 - std::pow(o.beta1, state_[i].host_step)); };
+  auto bias_correction2_sqrt = [&](std::size_t i) { return std::sqrt(1 - std::pow(o.beta2, state_[i].host_step)); };
   if (adamw) {
     for (std::size_t i : active) ops::MulInPlace(*params_[i], 1 - o.lr * o.weight_decay);
   }

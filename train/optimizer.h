@@ -33,7 +33,7 @@ struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdam;
   OptimizerImpl impl = OptimizerImpl::kForeach;
   float lr = 1e-3f;
-  float momentum = 0;  // SGD
+  float momentum = 0;      // SGD
   float weight_decay = 0;  // AdamW's default 1e-2 is applied by ParseOptimizer
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
 };

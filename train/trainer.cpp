@@ -51,7 +51,9 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
   if (ctx.computes()) {
     bool cpu = false;
     for (const ModelInfo& m : ListModels()) cpu = cpu || (m.name == options.model && m.cpu);
-    if (!cpu) return absl::InvalidArgumentError(absl::StrCat("--exec cpu runs mlp and cifar-net; ", options.model, " needs --exec meta"));
+    if (!cpu)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--exec cpu runs mlp and cifar-net; ", options.model, " needs --exec meta"));
     if (options.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
   }
   if (options.ddp && comm == nullptr) return absl::InvalidArgumentError("DDP needs a communicator");

@@ -56,8 +56,8 @@ struct TrainResult {
   std::int64_t steps_done = 0;
   std::vector<float> losses;  // per step (--exec cpu), the last micro-batch's
   bool oom = false;
-  std::string error;          // the OOM (or other tensor error) message
-  bool comm_error = false;    // a collective failed (CommError): `error` says which
+  std::string error;        // the OOM (or other tensor error) message
+  bool comm_error = false;  // a collective failed (CommError): `error` says which
   std::vector<reducer::BucketInfo> initial_buckets, rebuilt_buckets;  // DDP
   // After each step (--exec cpu): the parameters, concatenated; and the
   // gradients the optimizer stepped with.

@@ -9,10 +9,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "exporters/report.h"
 #include "analysis/counter_thinning.h"
 #include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
+#include "exporters/report.h"
 #include "viewer/assets.h"
 
 namespace memscope {
@@ -100,8 +100,7 @@ nlohmann::json SegmentMap(const TraceModel& m, const HtmlReportOptions& o, Owner
     std::stable_sort(segments.begin(), segments.end(),
                      [](const auto& x, const auto& y) { return x.second->size > y.second->size; });
     segments.resize(o.max_segments_per_moment);
-    std::sort(segments.begin(), segments.end(),
-              [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::sort(segments.begin(), segments.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   }
   const std::size_t per_segment =
       std::clamp<std::size_t>(o.max_blocks_per_moment / std::max<std::size_t>(1, segments.size()), 16,
@@ -119,8 +118,8 @@ nlohmann::json SegmentMap(const TraceModel& m, const HtmlReportOptions& o, Owner
       const std::uint64_t off = it->first - addr;
       if (off > pos) pieces.push_back({pos, off - pos, gap_kind, 0});
       const TraceModel::Block& b = it->second;
-      pieces.push_back({off, b.size, b.pending_free ? kKindPendingFree : static_cast<int>(b.category),
-                        owners.Index(b.owner)});
+      pieces.push_back(
+          {off, b.size, b.pending_free ? kKindPendingFree : static_cast<int>(b.category), owners.Index(b.owner)});
       pos = std::max(pos, off + b.size);
     }
     if (pos < seg->size) pieces.push_back({pos, seg->size - pos, gap_kind, 0});
@@ -242,14 +241,11 @@ void ViewerRankListener::Impl::OnEvent(const TimelineWalk& walk, const Event& e)
     case EventType::kPhaseBegin:
       if (e.step() != kNoStep) step_begin_.try_emplace(e.step(), e.time_ns);
       break;
-    case EventType::kPhaseEnd:
-      OnPhaseEnd(walk, e);
-      break;
+    case EventType::kPhaseEnd: OnPhaseEnd(walk, e); break;
     case EventType::kMark:
       if (marks_.size() < 200) marks_.push_back({{"t", e.time_ns}, {"text", t_.str(e.name)}});
       break;
-    default:
-      break;
+    default: break;
   }
   if (i == r_.peak_allocated.event_index) Capture(model, "peak", e.time_ns, i + 1);
   if (r_.oom && i == r_.oom->event_index) Capture(model, "oom", e.time_ns, i + 1);
@@ -269,8 +265,7 @@ void ViewerRankListener::Impl::OnPhaseEnd(const TimelineWalk& walk, const Event&
 
 nlohmann::json ViewerRankListener::Impl::SamplesJson() {
   const std::vector<CounterThinning<SamplePayload>::Sample> kept = thinning_.Kept();
-  nlohmann::json ts = nlohmann::json::array(), allocated = nlohmann::json::array(),
-                 reserved = nlohmann::json::array();
+  nlohmann::json ts = nlohmann::json::array(), allocated = nlohmann::json::array(), reserved = nlohmann::json::array();
   std::array<bool, kNumCategories> present{};
   for (const auto& s : kept) {
     ts.push_back(s.payload.t);
@@ -285,7 +280,9 @@ nlohmann::json ViewerRankListener::Impl::SamplesJson() {
     for (const auto& s : kept) series.push_back(s.payload.by_category[c]);
     by_category[std::string(CategoryName(static_cast<Category>(c)))] = std::move(series);
   }
-  return {{"t", std::move(ts)}, {"allocated", std::move(allocated)}, {"reserved", std::move(reserved)},
+  return {{"t", std::move(ts)},
+          {"allocated", std::move(allocated)},
+          {"reserved", std::move(reserved)},
           {"by_category", std::move(by_category)}};
 }
 
@@ -366,12 +363,12 @@ absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs) {
   }
   nlohmann::json categories = nlohmann::json::array();
   for (int c = 0; c < kNumCategories; ++c) categories.push_back(std::string(CategoryName(static_cast<Category>(c))));
-  const nlohmann::json data = {{"schema", "memscope.viewer/1"},
-                               {"generator", kMemscopeVersion},
-                               {"categories", categories},
-                               {"kinds", {"inactive split (free, not releasable)", "free (cached, releasable)",
-                                          "freed, waiting on a stream"}},
-                               {"runs", std::move(runs_json)}};
+  const nlohmann::json data = {
+      {"schema", "memscope.viewer/1"},
+      {"generator", kMemscopeVersion},
+      {"categories", categories},
+      {"kinds", {"inactive split (free, not releasable)", "free (cached, releasable)", "freed, waiting on a stream"}},
+      {"runs", std::move(runs_json)}};
   // Inside <script>, no "</script>" or "<!--" may appear: every '<' (only ever
   // inside JSON strings) becomes \u003c.
   const std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -397,7 +394,8 @@ absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs) {
   for (const auto& [marker, content] : parts) {
     const std::size_t at = page.find(marker, pos);
     if (at == std::string_view::npos) {
-      return absl::InternalError(absl::StrCat("the embedded page has no ", std::string(marker), " marker (after byte ", pos, ")"));
+      return absl::InternalError(
+          absl::StrCat("the embedded page has no ", std::string(marker), " marker (after byte ", pos, ")"));
     }
     out.append(page.substr(pos, at - pos));
     out.append(content);

@@ -56,9 +56,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "nlohmann/json.hpp"
 #include "analysis/analysis.h"
 #include "analysis/timeline_walk.h"
+#include "nlohmann/json.hpp"
 #include "recording/event.h"
 
 namespace memscope {

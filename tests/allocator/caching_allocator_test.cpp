@@ -436,9 +436,9 @@ TEST_CASE("the observer sees every action in order with address, sizes and strea
   (void)a.Malloc(40 * MiB);
   std::vector<std::string> names;
   for (const auto& e : rec.events) names.emplace_back(TraceActionName(e.action));
-  CHECK(names == std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed",
-                                          "empty_cache", "sync_all_streams", "segment_free", "sync_all_streams",
-                                          "alloc_retry", "oom"});
+  CHECK(names == std::vector<std::string>{"segment_alloc", "alloc", "free_requested", "free_completed", "empty_cache",
+                                          "sync_all_streams", "segment_free", "sync_all_streams", "alloc_retry",
+                                          "oom"});
   CHECK(rec.events[0].size == 2 * MiB);
   CHECK(rec.events[0].small_pool);
   CHECK(rec.events[1].addr == p);

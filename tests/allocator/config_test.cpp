@@ -40,8 +40,9 @@ TEST_CASE("every key of the spec parses, with spaces allowed") {
 }
 
 TEST_CASE("PyTorch's other keys are accepted and change nothing") {
-  auto c = AllocatorConfig::Parse("backend:native,release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:False,"
-                                  "pinned_num_register_threads:8");
+  auto c = AllocatorConfig::Parse(
+      "backend:native,release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:False,"
+      "pinned_num_register_threads:8");
   REQUIRE(c.ok());
   CHECK(c->max_split_size_unlimited());
 }
@@ -51,7 +52,7 @@ TEST_CASE("roundup_power2_divisions list: keys in MB, first entry fills below, '
   REQUIRE(c.ok());
   const auto& d = c->roundup_power2_divisions;
   for (std::size_t i = 0; i <= 8; ++i) CHECK(d[i] == 1);  // < 512 MiB
-  CHECK(d[9] == 2);                                        // [512 MiB, 1 GiB)
+  CHECK(d[9] == 2);                                       // [512 MiB, 1 GiB)
   // PyTorch's '>' fill starts AT the last named interval, overwriting its 4.
   CHECK(d[10] == 8);
   for (std::size_t i = 11; i < 16; ++i) CHECK(d[i] == 8);

@@ -31,8 +31,7 @@ void CheckCleanError(const absl::Status& status) {
 TEST_CASE("CudaDevice::Create rejects invalid device indices", "[cuda]") {
   for (int index : {-1, 9999}) {
     INFO("device index " << index);
-    absl::StatusOr<std::unique_ptr<CudaDevice>> device =
-        CudaDevice::Create(index);
+    absl::StatusOr<std::unique_ptr<CudaDevice>> device = CudaDevice::Create(index);
     CheckCleanError(device.status());
   }
 }
@@ -41,8 +40,7 @@ TEST_CASE("CudaDevice round trip, or a clean error without a GPU", "[cuda]") {
   absl::StatusOr<std::unique_ptr<CudaDevice>> created = CudaDevice::Create(0);
   if (!created.ok()) {
     CheckCleanError(created.status());
-    WARN("no usable GPU, skipping the round trip: "
-         << created.status().message());
+    WARN("no usable GPU, skipping the round trip: " << created.status().message());
     return;
   }
   CudaDevice& device = **created;
@@ -59,10 +57,7 @@ TEST_CASE("CudaDevice round trip, or a clean error without a GPU", "[cuda]") {
     CHECK(device.Free(*ptr).ok());
   }
 
-  SECTION("Malloc(0) is rejected") {
-    CHECK(device.Malloc(0).status().code() ==
-          absl::StatusCode::kInvalidArgument);
-  }
+  SECTION("Malloc(0) is rejected") { CHECK(device.Malloc(0).status().code() == absl::StatusCode::kInvalidArgument); }
 
   SECTION("ReserveAddress, MapPage, UnmapPage, ReleaseAddress") {
     absl::StatusOr<DevicePtr> base = device.ReserveAddress(2 * kPage);
@@ -78,8 +73,7 @@ TEST_CASE("CudaDevice round trip, or a clean error without a GPU", "[cuda]") {
 
     REQUIRE(device.MapPage(*base, kPage).ok());
     REQUIRE(device.MapPage(*base + kPage, kPage).ok());
-    CHECK(device.MapPage(*base, kPage).code() ==
-          absl::StatusCode::kAlreadyExists);
+    CHECK(device.MapPage(*base, kPage).code() == absl::StatusCode::kAlreadyExists);
     CHECK(device.UnmapPage(*base + kPage, kPage).ok());
     CHECK(device.UnmapPage(*base, kPage).ok());
     CHECK(device.UnmapPage(*base, kPage).code() == absl::StatusCode::kNotFound);

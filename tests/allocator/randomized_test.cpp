@@ -18,8 +18,7 @@ struct Live {
   std::size_t size;
 };
 
-void RunRandomized(const std::string& conf, std::uint64_t seed, int operations, std::size_t capacity,
-                   double fraction) {
+void RunRandomized(const std::string& conf, std::uint64_t seed, int operations, std::size_t capacity, double fraction) {
   INFO("alloc_conf " << conf << ", seed " << seed);
   SimDevice gpu({.capacity = capacity});
   CachingAllocator a(gpu, Conf(conf));
@@ -31,10 +30,10 @@ void RunRandomized(const std::string& conf, std::uint64_t seed, int operations, 
   int ooms = 0;
   auto pick_size = [&]() -> std::size_t {
     switch (rng() % 4) {
-      case 0: return 1 + rng() % 4096;                      // tiny
-      case 1: return 4096 + rng() % (1024 * 1024);          // small pool
-      case 2: return MiB + rng() % (9 * MiB);               // large, below 10 MiB
-      default: return 10 * MiB + rng() % (40 * MiB);        // large
+      case 0: return 1 + rng() % 4096;                // tiny
+      case 1: return 4096 + rng() % (1024 * 1024);    // small pool
+      case 2: return MiB + rng() % (9 * MiB);         // large, below 10 MiB
+      default: return 10 * MiB + rng() % (40 * MiB);  // large
     }
   };
   for (int i = 0; i < operations; ++i) {
@@ -98,8 +97,8 @@ TEST_CASE("randomized: expandable segments", "[randomized]") {
 }
 
 TEST_CASE("randomized: roundup_power2_divisions and max_non_split_rounding", "[randomized]") {
-  RunRandomized("roundup_power2_divisions:[1:2,8:4,>:8],max_split_size_mb:32,max_non_split_rounding_mb:40", 4,
-                100000, 512 * MiB, 0);
+  RunRandomized("roundup_power2_divisions:[1:2,8:4,>:8],max_split_size_mb:32,max_non_split_rounding_mb:40", 4, 100000,
+                512 * MiB, 0);
 }
 
 TEST_CASE("randomized: garbage collection under a memory fraction", "[randomized]") {

@@ -4,8 +4,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "analysis/counter_thinning.h"
 #include "../recording/recording_session.h"
+#include "analysis/counter_thinning.h"
 
 using namespace memscope;
 using namespace memscope::testing;

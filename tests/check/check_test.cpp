@@ -16,16 +16,21 @@ namespace {
 constexpr std::uint64_t MiB = 1024 * 1024;
 
 json Rank(int rank, std::uint64_t allocated, std::uint64_t reserved, std::uint64_t active) {
-  return {{"rank", rank},
-          {"peak",
-           {{"allocated",
-             {{"bytes", allocated},
-              {"phase", "forward:3"},
-              {"by_category", {{"ACTIVATION", allocated / 2}, {"PARAMETER", allocated / 4}, {"TEMPORARY", allocated / 8},
-                               {"GRADIENT", allocated / 16}, {"OTHER", 0}}}}},
-            {"reserved", {{"bytes", reserved}, {"phase", "backward:3"}, {"by_category", {{"GRADIENT", reserved / 2}}}}}}},
-          {"memory_stats", {{"allocated_bytes.all.peak", allocated}, {"active_bytes.all.peak", active}}},
-          {"peak_reserved_bytes", reserved}};
+  return {
+      {"rank", rank},
+      {"peak",
+       {{"allocated",
+         {{"bytes", allocated},
+          {"phase", "forward:3"},
+          {"by_category",
+           {{"ACTIVATION", allocated / 2},
+            {"PARAMETER", allocated / 4},
+            {"TEMPORARY", allocated / 8},
+            {"GRADIENT", allocated / 16},
+            {"OTHER", 0}}}}},
+        {"reserved", {{"bytes", reserved}, {"phase", "backward:3"}, {"by_category", {{"GRADIENT", reserved / 2}}}}}}},
+      {"memory_stats", {{"allocated_bytes.all.peak", allocated}, {"active_bytes.all.peak", active}}},
+      {"peak_reserved_bytes", reserved}};
 }
 
 json ReportDoc(std::vector<json> ranks) {
@@ -72,8 +77,8 @@ TEST_CASE("check: budgets pass with an ok line per rank and a summary") {
 
 TEST_CASE("check: a failed budget says by how much, where, and the top three categories") {
   const json report = ReportDoc({Rank(0, 120 * MiB, 160 * MiB, 130 * MiB)});
-  absl::StatusOr<CheckResult> r =
-      RunChecksOnJson(report, {B("peak_allocated=100MiB"), B("peak_reserved=150MiB"), B("peak_active=2GiB")}, nullptr, 0);
+  absl::StatusOr<CheckResult> r = RunChecksOnJson(
+      report, {B("peak_allocated=100MiB"), B("peak_reserved=150MiB"), B("peak_active=2GiB")}, nullptr, 0);
   REQUIRE(r.ok());
   REQUIRE(r->checks.size() == 3);
   CHECK(r->failed == 2);
@@ -108,7 +113,8 @@ TEST_CASE("check: per-rank budgets apply to their rank only") {
   REQUIRE(r.ok());
   REQUIRE(r->checks.size() == 3);
   CHECK(r->checks[0].rank == 1);
-  CHECK(r->checks[0].line.starts_with("FAIL peak_reserved rank 1: 320.00 MiB > limit 256.00 MiB (+25.0%) at backward:3"));
+  CHECK(
+      r->checks[0].line.starts_with("FAIL peak_reserved rank 1: 320.00 MiB > limit 256.00 MiB (+25.0%) at backward:3"));
   CHECK(r->checks[1].rank == 0);
   CHECK(r->checks[2].rank == 1);
   CHECK(r->failed == 1);
@@ -153,13 +159,15 @@ TEST_CASE("check: baseline regressions with a tolerance") {
 TEST_CASE("check: JUnit XML has one testcase per check and escaped failures") {
   json report = ReportDoc({Rank(0, 120 * MiB, 160 * MiB, 130 * MiB)});
   report["ranks"][0]["peak"]["allocated"]["phase"] = "step<1>&\"x\"";
-  absl::StatusOr<CheckResult> r = RunChecksOnJson(report, {B("peak_allocated=100MiB"), B("peak_active=1GiB")}, nullptr, 0);
+  absl::StatusOr<CheckResult> r =
+      RunChecksOnJson(report, {B("peak_allocated=100MiB"), B("peak_active=1GiB")}, nullptr, 0);
   REQUIRE(r.ok());
   const std::string xml = JUnitXml(*r);
   CHECK(xml.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites tests=\"2\" failures=\"1\">\n"));
   CHECK(xml.find("<testsuite name=\"memscope check\" tests=\"2\" failures=\"1\"") != std::string::npos);
-  CHECK(xml.find("<testcase classname=\"memscope.rank0\" name=\"peak_allocated\">\n      <failure message=\"FAIL "
-                 "peak_allocated rank 0: 120.00 MiB &gt; limit 100.00 MiB (+20.0%) at step&lt;1&gt;&amp;&quot;x&quot;;") !=
+  CHECK(xml.find(
+            "<testcase classname=\"memscope.rank0\" name=\"peak_allocated\">\n      <failure message=\"FAIL "
+            "peak_allocated rank 0: 120.00 MiB &gt; limit 100.00 MiB (+20.0%) at step&lt;1&gt;&amp;&quot;x&quot;;") !=
         std::string::npos);
   CHECK(xml.find("<testcase classname=\"memscope.rank0\" name=\"peak_active\"/>") != std::string::npos);
   CHECK(xml.find("step<1>") == std::string::npos);
@@ -190,7 +198,8 @@ TEST_CASE("check: budgets that do not parse name the problem") {
 }
 
 TEST_CASE("check: a report without the schema or a metric is an error, not a failure") {
-  absl::StatusOr<CheckResult> r = RunChecksOnJson(json{{"ranks", json::array()}}, {B("peak_allocated=1GiB")}, nullptr, 0);
+  absl::StatusOr<CheckResult> r =
+      RunChecksOnJson(json{{"ranks", json::array()}}, {B("peak_allocated=1GiB")}, nullptr, 0);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().message() == "report has no \"schema\" (expected memscope.report/1)");
   json report = ReportDoc({Rank(0, 1, 1, 1)});

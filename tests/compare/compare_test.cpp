@@ -147,14 +147,17 @@ TEST_CASE("compare: 2 MiB more gradient in B is +2M in backward and GRADIENT top
 
   const std::string text = FormatComparison(c);
   INFO(text);
-  CHECK(text.find("A: runs/a (world size 1, alloc_conf (defaults))\nB: runs/b (world size 1, alloc_conf (defaults))\n") ==
-        0);
-  CHECK(text.find("step  phase                  A        B      B-A         A        B      B-A         A        B      "
-                  "B-A\n") != std::string::npos);
-  CHECK(text.find("-     model                30M      30M       0M       30M      30M       0M       30M      30M       "
-                  "0M\n") != std::string::npos);
-  CHECK(text.find("0     backward             60M      62M      +2M      100M     102M      +2M      100M     102M      "
-                  "+2M\n") != std::string::npos);
+  CHECK(text.find(
+            "A: runs/a (world size 1, alloc_conf (defaults))\nB: runs/b (world size 1, alloc_conf (defaults))\n") == 0);
+  CHECK(
+      text.find("step  phase                  A        B      B-A         A        B      B-A         A        B      "
+                "B-A\n") != std::string::npos);
+  CHECK(
+      text.find("-     model                30M      30M       0M       30M      30M       0M       30M      30M       "
+                "0M\n") != std::string::npos);
+  CHECK(
+      text.find("0     backward             60M      62M      +2M      100M     102M      +2M      100M     102M      "
+                "+2M\n") != std::string::npos);
   CHECK(text.find("allocated    100.00 MiB  backward:0       102.00 MiB  backward:0        +2.00 MiB (+2.0%)\n") !=
         std::string::npos);
   CHECK(text.find("what explains the difference at the peak of allocated (A backward:0, B backward:0):\n"
@@ -177,7 +180,9 @@ TEST_CASE("compare: 2 MiB more gradient in B is +2M in backward and GRADIENT top
   CHECK(j["ranks"][0]["phases"][0]["step"].is_null());
   CHECK(j["ranks"][0]["peaks"]["allocated"]["delta_bytes"] == 2 * kMiB64);
   const json& top = j["ranks"][0]["explain"]["peak"]["categories"][0];
-  CHECK(top == json{{"category", "GRADIENT"}, {"a_bytes", 30 * kMiB64}, {"b_bytes", 32 * kMiB64}, {"delta_bytes", 2 * kMiB64}});
+  CHECK(
+      top ==
+      json{{"category", "GRADIENT"}, {"a_bytes", 30 * kMiB64}, {"b_bytes", 32 * kMiB64}, {"delta_bytes", 2 * kMiB64}});
   CHECK(j["ranks"][0]["explain"]["end"]["delta_bytes"] == 2 * kMiB64);
 }
 
@@ -207,8 +212,9 @@ TEST_CASE("compare: rows only one run has are kept, with '-' on the other side")
   }
   const std::string text = FormatComparison(c);
   INFO(text);
-  CHECK(text.find("1     forward                -      70M        -         -     100M        -         -     100M        "
-                  "-\n") != std::string::npos);
+  CHECK(text.find(
+            "1     forward                -      70M        -         -     100M        -         -     100M        "
+            "-\n") != std::string::npos);
   // B's end is step:1, A's step:0.
   CHECK(c.ranks[0].at_end.a_moment == "step:0");
   CHECK(c.ranks[0].at_end.b_moment == "step:1");
@@ -231,7 +237,8 @@ TEST_CASE("compare: a run with more ranks is compared on the ranks both have, wi
   REQUIRE(c.ranks.size() == 1);
   CHECK(c.ranks[0].rank == 0);
   REQUIRE(c.notes.size() == 1);
-  CHECK(c.notes[0] == "A has world size 2 (ranks 0, 1) and B world size 1 (ranks 0): comparing the ranks both have (0)");
+  CHECK(c.notes[0] ==
+        "A has world size 2 (ranks 0, 1) and B world size 1 (ranks 0): comparing the ranks both have (0)");
   CHECK(FormatComparison(c).find("\nnote: A has world size 2") != std::string::npos);
   CHECK(ComparisonJson(c)["notes"].size() == 1);
 

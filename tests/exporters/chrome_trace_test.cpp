@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "../allocator/test_util.h"
+#include "analysis/trace_model.h"
 #include "recording/recorder.h"
 #include "recording/timeline.h"
-#include "analysis/trace_model.h"
 
 using namespace memscope;
 using namespace memscope::testing;
@@ -444,7 +444,8 @@ TEST_CASE("chrome trace: thinning keeps both maxima, the final state and drops",
     std::vector<Sample> out;
     for (const json& m : Select(Export({&r.tl}, options), 0, "memory", "C")) {
       out.push_back({static_cast<std::uint64_t>(m["ts"].get<double>() * 1000 + 0.5),
-                     m["args"]["allocated"].get<std::uint64_t>() / MiB, m["args"]["reserved"].get<std::uint64_t>() / MiB});
+                     m["args"]["allocated"].get<std::uint64_t>() / MiB,
+                     m["args"]["reserved"].get<std::uint64_t>() / MiB});
     }
     return out;
   };
@@ -518,7 +519,7 @@ TEST_CASE("chrome trace: a phase stays open until its own end, even when an oute
   Run r(40 * MiB);
   r.rec.PhaseBegin(Phase::kUser, 0, "outer");
   r.rec.PhaseBegin(Phase::kUser, 0, "inner");
-  r.rec.PhaseEnd(Phase::kUser, 0, "outer");   // inner is still open
+  r.rec.PhaseEnd(Phase::kUser, 0, "outer");  // inner is still open
   r.rec.PhaseEnd(Phase::kUser, 0, "inner");
   // The same phase begun twice: an end closes the latest begin, even one an
   // outer end went past.

@@ -142,11 +142,13 @@ TEST_CASE("report.json: a report that is not usable is an error naming the rank 
   CHECK(ReadError(bad) == usable + "rank 1 peak.reserved has no \"bytes\" (bytes)");
   bad = good;
   bad["ranks"][1]["peak_reserved_bytes"] = 1;
-  CHECK(ReadError(bad).starts_with(usable + "rank 1 has \"peak_reserved_bytes\" 1 but \"peak\".\"reserved\".\"bytes\" "));
+  CHECK(
+      ReadError(bad).starts_with(usable + "rank 1 has \"peak_reserved_bytes\" 1 but \"peak\".\"reserved\".\"bytes\" "));
   bad = good;
   bad["ranks"][1]["memory_stats"]["active_bytes.all.highest"] = 1;
-  CHECK(ReadError(bad) == usable + "rank 1 has a key \"active_bytes.all.highest\" in \"memory_stats\" that "
-                                   "torch.cuda.memory_stats() has not");
+  CHECK(ReadError(bad) == usable +
+                              "rank 1 has a key \"active_bytes.all.highest\" in \"memory_stats\" that "
+                              "torch.cuda.memory_stats() has not");
   bad = good;
   bad["ranks"][0]["phases"][0]["by_category"]["SHOES"] = 1;
   CHECK(ReadError(bad) == usable + "rank 0 phases[0] has an unknown category \"SHOES\" in \"by_category\"");

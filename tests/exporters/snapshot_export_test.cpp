@@ -21,10 +21,10 @@
 #include "../allocator/test_util.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "analysis/trace_model.h"
 #include "exporters/pickle_writer.h"
 #include "recording/recorder.h"
 #include "recording/timeline.h"
-#include "analysis/trace_model.h"
 
 using namespace memscope;
 using namespace memscope::testing;
@@ -114,12 +114,12 @@ struct KnownTrace {
     tl.alloc_conf = kConf;
     a.SetObserver(&rec);
     rec.PhaseBegin(Phase::kForward, 0);
-    one_mib = MustMalloc(a, MiB);            // small pool: a 2 MiB segment
-    big = MustMalloc(a, 16000000);           // a 16 MiB segment, not split
-    MustFree(a, MustMalloc(a, 1));           // alloc, free_requested, free_completed
+    one_mib = MustMalloc(a, MiB);   // small pool: a 2 MiB segment
+    big = MustMalloc(a, 16000000);  // a 16 MiB segment, not split
+    MustFree(a, MustMalloc(a, 1));  // alloc, free_requested, free_completed
     pending = MustMalloc(a, 4096);
     REQUIRE(a.RecordStream(pending, 7).ok());
-    MustFree(a, pending);                    // waits on stream 7: active_pending_free
+    MustFree(a, pending);  // waits on stream 7: active_pending_free
     rec.Mark("checkpoint saved");
     rec.PhaseEnd(Phase::kForward, 0);
     rec.PhaseBegin(Phase::kUser, kNoStep, "eval");
@@ -597,9 +597,9 @@ check(ops.count("FRAME") >= 10, f"frames in a big pickle: {ops.count('FRAME')}")
 eq(load(data, "big"), [{"name": f"entry {i}", "addr": 0x7f0000000000 + i * 512} for i in range(30000)], "big")
 done()
 )py");
-  CHECK(RunPython(dir, script,
-                  {dir.File("mixed.pickle"), dir.File("dict.pickle"), dir.File("list.pickle"), dir.File("big.pickle")}) ==
-        0);
+  CHECK(RunPython(
+            dir, script,
+            {dir.File("mixed.pickle"), dir.File("dict.pickle"), dir.File("list.pickle"), dir.File("big.pickle")}) == 0);
 }
 
 TEST_CASE("PickleWriter reports misuse from Finish") {

@@ -19,8 +19,8 @@
 namespace {
 
 constexpr std::size_t kMaxRequests = 2000;
-constexpr std::size_t kMaxAllocSize = std::size_t{1} << 30;     // 1 GiB
-constexpr std::size_t kDeviceMemory = std::size_t{64} << 20;    // 64 MiB
+constexpr std::size_t kMaxAllocSize = std::size_t{1} << 30;   // 1 GiB
+constexpr std::size_t kDeviceMemory = std::size_t{64} << 20;  // 64 MiB
 
 }  // namespace
 

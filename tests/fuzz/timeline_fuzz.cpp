@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
 #include "analysis/analysis.h"
-#include "recording/timeline.h"
 #include "analysis/trace_model.h"
+#include "recording/timeline.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);

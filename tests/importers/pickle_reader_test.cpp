@@ -169,8 +169,7 @@ std::string Canon(const PyValue& v) {
   switch (v.kind) {
     case PyValue::Kind::kNone: return "N";
     case PyValue::Kind::kBool: return v.b ? "T" : "F";
-    case PyValue::Kind::kInt:
-      return v.is_unsigned ? absl::StrCat("i", v.u, ";") : absl::StrCat("i", v.i, ";");
+    case PyValue::Kind::kInt: return v.is_unsigned ? absl::StrCat("i", v.u, ";") : absl::StrCat("i", v.i, ";");
     case PyValue::Kind::kFloat: return absl::StrCat("f", std::bit_cast<std::uint64_t>(v.f), ";");
     case PyValue::Kind::kString: return absl::StrCat("s", v.s.size(), ":", Hex(v.s));
     case PyValue::Kind::kBytes: return absl::StrCat("b", v.s.size(), ":", Hex(v.s));
@@ -233,8 +232,7 @@ const Fixture& Files() {
   return f;
 }
 
-absl::StatusOr<PyValue> ReadFile(const std::filesystem::path& p,
-                                 const PickleReadOptions& o = {}) {
+absl::StatusOr<PyValue> ReadFile(const std::filesystem::path& p, const PickleReadOptions& o = {}) {
   std::ifstream in(p, std::ios::binary);
   REQUIRE(in.good());
   return ReadPickle(in, p.filename().string(), o);
@@ -316,8 +314,7 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     CHECK(seen.count({"misc", "ints"}) == 1);
     std::set<std::string> with_frames;
     for (const PicklePath& path : asked) {
-      if (path.size() == 4 && path[0] == "device_traces" && path[1] == "[0]" &&
-          path[3] == "frames") {
+      if (path.size() == 4 && path[0] == "device_traces" && path[1] == "[0]" && path[3] == "frames") {
         with_frames.insert(path[2]);
       }
     }
@@ -328,9 +325,7 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     INFO("protocol " << p);
     std::vector<std::string> got;
     PickleReadOptions o;
-    o.stream_list = [](const PicklePath& path) {
-      return path == PicklePath{"device_traces", "[2]"};
-    };
+    o.stream_list = [](const PicklePath& path) { return path == PicklePath{"device_traces", "[2]"}; };
     o.on_item = [&](const PicklePath&, PyValue&& item) {
       got.push_back(Canon(item));
       return absl::OkStatus();
@@ -342,9 +337,7 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     CHECK(v->Get("device_traces")->items[0].items.size() == 2600);
 
     got.clear();
-    o.stream_list = [](const PicklePath& path) {
-      return path == PicklePath{"device_traces", "[0]"};
-    };
+    o.stream_list = [](const PicklePath& path) { return path == PicklePath{"device_traces", "[0]"}; };
     v = ReadFile(f / absl::StrCat("single_p", p, ".pickle"), o);
     INFO(v.status().ToString());
     REQUIRE(v.ok());
@@ -404,8 +397,7 @@ TEST_CASE("pickle_reader: objects and code are refused, naming the opcode") {
   std::istringstream evil(std::string("cos\nsystem\n(S'echo hi'\ntR."));
   v = ReadPickle(evil, "trace.pickle");
   REQUIRE(!v.ok());
-  CHECK(v.status().message() ==
-        "trace.pickle: offset 0: opcode GLOBAL (c) builds objects or calls code: refused");
+  CHECK(v.status().message() == "trace.pickle: offset 0: opcode GLOBAL (c) builds objects or calls code: refused");
   // A REDUCE after data.
   v = ReadBytes(std::string("\x80\x02K\x01K\x02R.", 8));
   REQUIRE(!v.ok());
@@ -427,7 +419,8 @@ TEST_CASE("pickle_reader: memo references") {
   CHECK_THAT(std::string(v.status().message()), Catch::Contains("recursive"));
   v = ReadBytes("\x80\x04h\x05.");
   REQUIRE(!v.ok());
-  CHECK_THAT(std::string(v.status().message()), Catch::StartsWith("mem.pickle: offset 2: bad memo reference 5 (no such entry"));
+  CHECK_THAT(std::string(v.status().message()),
+             Catch::StartsWith("mem.pickle: offset 2: bad memo reference 5 (no such entry"));
 }
 
 TEST_CASE("pickle_reader: malformed input") {
@@ -440,16 +433,18 @@ TEST_CASE("pickle_reader: malformed input") {
   CHECK(ReadFile(f / "deep.pickle").ok());
 
   CHECK(!ReadBytes("").ok());
-  CHECK(!ReadBytes("\x80\x06N.").ok());                    // protocol 6
-  CHECK(!ReadBytes("\x80\x04\xff.").ok());                 // unknown opcode
-  CHECK(!ReadBytes("a.").ok());                            // stack underflow
-  CHECK(!ReadBytes("NN.").ok());                           // two values at STOP
-  CHECK(!ReadBytes("(N.").ok());                           // MARK left open
-  CHECK(!ReadBytes("\x8c\x02\xc3\x28.").ok());             // invalid UTF-8
-  CHECK(!ReadBytes("X\xff\xff\xff\xff" "abc.").ok());      // length beyond the input
+  CHECK(!ReadBytes("\x80\x06N.").ok());         // protocol 6
+  CHECK(!ReadBytes("\x80\x04\xff.").ok());      // unknown opcode
+  CHECK(!ReadBytes("a.").ok());                 // stack underflow
+  CHECK(!ReadBytes("NN.").ok());                // two values at STOP
+  CHECK(!ReadBytes("(N.").ok());                // MARK left open
+  CHECK(!ReadBytes("\x8c\x02\xc3\x28.").ok());  // invalid UTF-8
+  CHECK(!ReadBytes("X\xff\xff\xff\xff"
+                   "abc.")
+             .ok());  // length beyond the input
   CHECK(!ReadBytes("\x8d\xff\xff\xff\xff\xff\xff\xff\xff.").ok());
-  CHECK(!ReadBytes("}]N.").ok());                          // unhashable key... no SETITEM: 3 values
-  CHECK(!ReadBytes("}]Ns.").ok());                         // unhashable key
+  CHECK(!ReadBytes("}]N.").ok());   // unhashable key... no SETITEM: 3 values
+  CHECK(!ReadBytes("}]Ns.").ok());  // unhashable key
   CHECK(!ReadBytes("\x8a\x0a\x01\x00\x00\x00\x00\x00\x00\x00\x00\x01.").ok());  // 2^72
 
   // Paths of nested one-element lists deeper than max_depth: error, no crash.

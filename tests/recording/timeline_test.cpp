@@ -179,7 +179,7 @@ TEST_CASE("a free that completes at once is one record in the file and two event
     a.SetObserver(&rec);
     const DevicePtr p = MustMalloc(a, 4096);
     REQUIRE(a.RecordStream(p, 7).ok());
-    MustFree(a, p);  // waits for stream 7: free_completed comes later, not folded
+    MustFree(a, p);                    // waits for stream 7: free_completed comes later, not folded
     MustFree(a, MustMalloc(a, 8192));  // completes at once: folded
     gpu.CompleteAll();
     MustMalloc(a, 512);  // processes the event: p's free_completed

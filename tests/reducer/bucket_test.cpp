@@ -169,10 +169,10 @@ TEST_CASE("the rebuild's first bucket is 1 MiB only when bucket_cap_mb is unset,
   // dist._DEFAULT_FIRST_BUCKET_BYTES = 10485 (what 2.x passes for a given cap)
   // rebuilt "9 8 7 6, 5 4, 2 3 0, 1" (rebuilt_per_bucket_param_indices);
   // with a 1 MiB first bucket all 248,024 B would stay in one bucket.
-  const std::vector<BucketTensor> params = {{1800, DType::kFloat32},  {24, DType::kFloat32},  {9600, DType::kFloat32},
-                                            {64, DType::kFloat32},    {192000, DType::kFloat32}, {480, DType::kFloat32},
-                                            {40320, DType::kFloat32}, {336, DType::kFloat32}, {3360, DType::kFloat32},
-                                            {40, DType::kFloat32}};
+  const std::vector<BucketTensor> params = {
+      {1800, DType::kFloat32},   {24, DType::kFloat32},  {9600, DType::kFloat32},  {64, DType::kFloat32},
+      {192000, DType::kFloat32}, {480, DType::kFloat32}, {40320, DType::kFloat32}, {336, DType::kFloat32},
+      {3360, DType::kFloat32},   {40, DType::kFloat32}};
   const std::vector<std::size_t> ready = {9, 8, 7, 6, 5, 4, 2, 3, 0, 1};
   const BucketAssignment a = RebuiltBuckets(params, ready, 0.01);
   CHECK(a.buckets == Buckets{{9, 8, 7, 6}, {5, 4}, {2, 3, 0}, {1}});
@@ -243,7 +243,9 @@ TEST_CASE("find_unused_parameters with bucket_cap_mb 1, 5 and 25 given buckets b
   }
 }
 
-TEST_CASE("a parameter over the cap closes its bucket, alone when the bucket was empty, so buckets pass the cap by one tensor") {
+TEST_CASE(
+    "a parameter over the cap closes its bucket, alone when the bucket was empty, so buckets pass the cap by one "
+    "tensor") {
   ZooModel resnet("resnet50");
   ZooModel gpt2("gpt2");
   const std::vector<BucketTensor> r = BucketTensors(*resnet.model);
@@ -270,7 +272,8 @@ TEST_CASE("a parameter over the cap closes its bucket, alone when the bucket was
   CheckEqual(g1, kGpt2Cap1);
   CHECK(count(g, g1, kMiB) == std::make_pair(std::size_t{2}, std::size_t{48}));
   // wte is over every cap: alone in its bucket, the last one after the reversal.
-  for (const Expected* e : {&kGpt2Cap1, &kGpt2Cap5, &kGpt2Cap25}) CHECK(e->buckets.back() == std::vector<std::size_t>{0});
+  for (const Expected* e : {&kGpt2Cap1, &kGpt2Cap5, &kGpt2Cap25})
+    CHECK(e->buckets.back() == std::vector<std::size_t>{0});
   // ResNet-50 with a 1 MiB cap: every conv weight of 1 MiB or more (e.g.
   // layer4.0.conv2.weight, 512 x 512 x 3 x 3, 9,437,184 B) follows a
   // BatchNorm's parameters, and so does fc.weight: none is alone.
@@ -302,7 +305,8 @@ TEST_CASE("mixed float32 and float16 parameters are bucketed per dtype, each wit
   CheckEqual(RebuiltBuckets(g, ReverseOrder(g.size()), std::nullopt), kGpt2MixedRebuilt);
 }
 
-TEST_CASE("the rebuild buckets ResNet-50 in the gradient-ready order DDP recorded, and memscope's autograd has that order") {
+TEST_CASE(
+    "the rebuild buckets ResNet-50 in the gradient-ready order DDP recorded, and memscope's autograd has that order") {
   ZooModel resnet("resnet50", {.batch_size = 1});
   const std::vector<BucketTensor> r = BucketTensors(*resnet.model);
   CheckEqual(RebuiltBuckets(r, kResNet50ReadyOrder, std::nullopt), kResNet50Rebuilt);

@@ -34,9 +34,7 @@ using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double SecondsSince(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // A fresh directory, removed with everything in it.
 class TempDir {
@@ -316,8 +314,9 @@ TEST_CASE("gloo missing rank: rank 1 joined the rendezvous but never enters the 
       },
       2s);
   INFO(errors[0]);
-  CHECK(errors[0] == "rank 0: barrier #1 timed out after 2 s: rank 1 did not arrive (its last collective: none "
-                     "since rendezvous)");
+  CHECK(errors[0] ==
+        "rank 0: barrier #1 timed out after 2 s: rank 1 did not arrive (its last collective: none "
+        "since rendezvous)");
   CHECK(errors[1] == "");
   CHECK(elapsed >= 1.9);
   CHECK(elapsed < 2.0 + 3.0);
@@ -390,8 +389,9 @@ TEST_CASE("gloo dead rank: rank 0's next collective names the rank that exited w
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   INFO(error);
-  CHECK(error == "rank 0: rank 1 closed its connection (exited or was killed) during allreduce #2 (its last "
-                 "collective: barrier #1)");
+  CHECK(error ==
+        "rank 0: rank 1 closed its connection (exited or was killed) during allreduce #2 (its last "
+        "collective: barrier #1)");
   CHECK(elapsed < 3.0);
 }
 
@@ -448,8 +448,9 @@ TEST_CASE("gloo killed rank on 4 ranks: every survivor names it well before the 
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < 3; ++r) {
     INFO("rank " << r << ": " << errors[r]);
-    CHECK_THAT(errors[r], StartsWith("rank " + std::to_string(r) + ": rank 3 closed its connection (exited or was "
-                                                                   "killed) during allreduce #2"));
+    CHECK_THAT(errors[r], StartsWith("rank " + std::to_string(r) +
+                                     ": rank 3 closed its connection (exited or was "
+                                     "killed) during allreduce #2"));
     CHECK(elapsed[r] < 3.0);
   }
 }

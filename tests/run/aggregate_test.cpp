@@ -29,7 +29,8 @@ struct FakeRun {
       REQUIRE(p.ok());
       REQUIRE(session.allocator().Free(*p).ok());
       REQUIRE(session.Finish().ok());
-      if (statuses[static_cast<std::size_t>(r)]) REQUIRE(statuses[static_cast<std::size_t>(r)]->Write(dir.RankStatus(r)).ok());
+      if (statuses[static_cast<std::size_t>(r)])
+        REQUIRE(statuses[static_cast<std::size_t>(r)]->Write(dir.RankStatus(r)).ok());
     }
     record.dir = dir;
     record.world_size = static_cast<int>(statuses.size());
@@ -78,7 +79,8 @@ TEST_CASE("AggregateRun: every rank ok is exit 0, run.json and report.json writt
 }
 
 TEST_CASE("AggregateRun: an OOM is exit 3 with the rank's message") {
-  FakeRun run("memscope-aggregate-oom", {Status(0, "oom", kExitOutOfMemory, "CUDA out of memory."), Status(1, "ok", 0)});
+  FakeRun run("memscope-aggregate-oom",
+              {Status(0, "oom", kExitOutOfMemory, "CUDA out of memory."), Status(1, "ok", 0)});
   absl::StatusOr<RunOutcome> out = AggregateRun(run.record);
   REQUIRE(out.ok());
   CHECK(out->exit_code == kExitOutOfMemory);
@@ -92,8 +94,7 @@ TEST_CASE("AggregateRun: a rank without a status is exit 4, named") {
   absl::StatusOr<RunOutcome> out = AggregateRun(run.record);
   REQUIRE(out.ok());
   CHECK(out->exit_code == kExitRankFailed);
-  CHECK(out->diagnostics ==
-        "memscope run: rank 1 failed: it wrote no status (killed, or it never started)\n");
+  CHECK(out->diagnostics == "memscope run: rank 1 failed: it wrote no status (killed, or it never started)\n");
   CHECK(out->manifest.ranks[1].status == "failed");
   CHECK_FALSE(out->manifest.ranks[1].exit_code);
 }
@@ -110,8 +111,9 @@ TEST_CASE("AggregateRun: the launcher's first failure is the run's, the others f
   CHECK(out->exit_code == kExitRankFailed);
   REQUIRE(out->manifest.failure);
   CHECK(out->manifest.failure->message == "rank 1 was killed by signal 9 (SIGKILL)");
-  CHECK(out->diagnostics == "memscope run: rank 1 was killed by signal 9 (SIGKILL)\n"
-                            "memscope run: rank 0 exited with status 4: the peer rank 1 is gone\n");
+  CHECK(out->diagnostics ==
+        "memscope run: rank 1 was killed by signal 9 (SIGKILL)\n"
+        "memscope run: rank 0 exited with status 4: the peer rank 1 is gone\n");
   CHECK(out->manifest.ranks[1].status == "killed");
   CHECK(out->manifest.ranks[0].error == "the peer rank 1 is gone");
 }

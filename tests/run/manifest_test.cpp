@@ -110,15 +110,15 @@ TEST_CASE("RunManifest of memscope replay --out has what replay wrote") {
   m.source = "trace.jsonl";
   m.device_memory = 1 << 30;
   m.ranks.emplace_back(Entry(0, "ok")).exit_code = 0;
-  const nlohmann::json expected = {{"schema", "memscope.run/1"},
-                                   {"generator", "memscope 0.1.0"},
-                                   {"command", "replay"},
-                                   {"source", "trace.jsonl"},
-                                   {"world_size", 1},
-                                   {"alloc_conf", ""},
-                                   {"device_memory", 1 << 30},
-                                   {"ranks", {{{"rank", 0}, {"status", "ok"}, {"exit_code", 0},
-                                               {"timeline", "rank-0.timeline"}}}}};
+  const nlohmann::json expected = {
+      {"schema", "memscope.run/1"},
+      {"generator", "memscope 0.1.0"},
+      {"command", "replay"},
+      {"source", "trace.jsonl"},
+      {"world_size", 1},
+      {"alloc_conf", ""},
+      {"device_memory", 1 << 30},
+      {"ranks", {{{"rank", 0}, {"status", "ok"}, {"exit_code", 0}, {"timeline", "rank-0.timeline"}}}}};
   CHECK(m.ToJson() == expected);
   absl::StatusOr<RunManifest> back = RunManifest::FromJson(expected);
   REQUIRE(back.ok());

@@ -27,8 +27,9 @@ TEST_CASE("RunDirectory names every file of a run directory") {
 TEST_CASE("RunDirectory lists what a run holds, per rank as a range") {
   CHECK(RunDirectory::Listing(1) ==
         "run.json, rank-0.timeline, report.json, report.html, summary.txt, trace.json, snapshot-rank-0.pickle");
-  CHECK(RunDirectory::Listing(4) == "run.json, rank-{0..3}.timeline, report.json, report.html, summary.txt, "
-                                    "trace.json, snapshot-rank-{0..3}.pickle");
+  CHECK(RunDirectory::Listing(4) ==
+        "run.json, rank-{0..3}.timeline, report.json, report.html, summary.txt, "
+        "trace.json, snapshot-rank-{0..3}.pickle");
 }
 
 TEST_CASE("RunDirectory reads the rank of a timeline file name and nothing else") {
@@ -46,9 +47,9 @@ TEST_CASE("RunDirectory cleans only the per-rank files and the rendezvous direct
   std::filesystem::remove_all(root);
   const RunDirectory dir((root / "nested").string());
   REQUIRE(dir.Create().ok());
-  for (const std::string& f : {dir.Timeline(0), dir.RankStatus(0), dir.RankStatus(1) + ".tmp", dir.RankLog(1),
-                               dir.Snapshot(0), dir.Manifest(), dir.Report(), dir.Path("notes.txt"),
-                               dir.Path("rank-a.log")}) {
+  for (const std::string& f :
+       {dir.Timeline(0), dir.RankStatus(0), dir.RankStatus(1) + ".tmp", dir.RankLog(1), dir.Snapshot(0), dir.Manifest(),
+        dir.Report(), dir.Path("notes.txt"), dir.Path("rank-a.log")}) {
     std::ofstream(f) << "x";
   }
   std::filesystem::create_directories(std::filesystem::path(dir.Store()) / "x");

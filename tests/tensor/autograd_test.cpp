@@ -130,9 +130,9 @@ TEST_CASE("views of a tensor that requires grad record nodes but still allocate 
 
 TEST_CASE("relu saves its result, not its input: the input is freed when its handle goes") {
   MetaGpu d;
-  Tensor p = Param(d.ctx, {1024}, "p");         // 4,096 B
-  Tensor x = ops::MulScalar(p, 2.f);             // 4,096 B; MulBackward1 saves nothing
-  Tensor y = ops::Relu(x);                       // 4,096 B, saved by ReluBackward0
+  Tensor p = Param(d.ctx, {1024}, "p");  // 4,096 B
+  Tensor x = ops::MulScalar(p, 2.f);     // 4,096 B; MulBackward1 saves nothing
+  Tensor y = ops::Relu(x);               // 4,096 B, saved by ReluBackward0
   CHECK(d.alloc.memory_allocated() == 3 * 4096);
   x = Tensor();
   CHECK(d.alloc.memory_allocated() == 2 * 4096);
@@ -180,7 +180,7 @@ TEST_CASE("linear saves its input: it stays allocated after its handle goes, unt
   CHECK(d.alloc.memory_allocated() == 2048 + 512 + 8192 + 4096);
   x = Tensor();
   CHECK(d.alloc.memory_allocated() == 2048 + 512 + 8192 + 4096);  // saved by AddmmBackward0 (mat1)
-  Tensor loss = ops::Sum(out);                                     // 512 B
+  Tensor loss = ops::Sum(out);                                    // 512 B
   Backward({loss});
   // x is released with AddmmBackward0's saved tensors; the ones gradient of
   // the loss is freed; .grad of both parameters remains.
@@ -216,13 +216,13 @@ TEST_CASE("after backward of a 2-layer MLP only the parameters, their grads and 
   Tensor w2 = Param(d.ctx, {10, 64}, "fc2.weight");  // 2,560 B
   Tensor b2 = Param(d.ctx, {10}, "fc2.bias");        // 40 B -> 512
   const std::size_t params = 8192 + 512 + 2560 + 512;
-  Tensor x = Tensor::Empty(d.ctx, {64, 32});         // 8,192 B
+  Tensor x = Tensor::Empty(d.ctx, {64, 32});  // 8,192 B
   Tensor loss;
   {
-    Tensor h = ops::Linear(x, w1, b1);   // 16,384 B, saved by relu? no: relu saves its result
-    Tensor a = ops::Relu(h);             // 16,384 B, saved (ReluBackward0 result, AddmmBackward0 mat1)
-    Tensor out = ops::Linear(a, w2, b2); // 2,560 B
-    loss = ops::Sum(out);                // 512 B
+    Tensor h = ops::Linear(x, w1, b1);    // 16,384 B, saved by relu? no: relu saves its result
+    Tensor a = ops::Relu(h);              // 16,384 B, saved (ReluBackward0 result, AddmmBackward0 mat1)
+    Tensor out = ops::Linear(a, w2, b2);  // 2,560 B
+    loss = ops::Sum(out);                 // 512 B
   }
   // h is not saved by anyone (relu saves its result): freed with its handle.
   CHECK(d.alloc.memory_allocated() == params + 8192 + 16384 + 512);
@@ -333,8 +333,8 @@ TEST_CASE("a parameter used in a live graph stays allocated after its handle goe
   // round (TensorImpl::grad_accumulator shared, AccumulateGrad::variable_
   // weak), so the parameter is freed here and its gradient silently dropped.
   MetaGpu d;
-  Tensor w = Param(d.ctx, {1024}, "w");                          // 4,096 B
-  Tensor y = ops::MulScalar(w, 2.f);                             // 4,096 B
+  Tensor w = Param(d.ctx, {1024}, "w");  // 4,096 B
+  Tensor y = ops::MulScalar(w, 2.f);     // 4,096 B
   w = Tensor();
   CHECK(d.alloc.memory_allocated() == 2 * 4096);
 }
@@ -423,13 +423,13 @@ TEST_CASE("mul's gradient for an intermediate is AUTOGRAD_DETAIL, for a paramete
 
 TEST_CASE("saved tensors of a node are freed right after it runs, before older nodes run") {
   MetaGpu d;
-  Tensor w = Param(d.ctx, {1024}, "w");     // 4,096 B
+  Tensor w = Param(d.ctx, {1024}, "w");  // 4,096 B
   Tensor loss;
   {
-    Tensor h = ops::MulScalar(w, 2.f);      // freed with its handle (not saved)
-    Tensor t = ops::Tanh(h);                // saved result, 4,096 B
-    Tensor s = ops::Sigmoid(t);             // saved result, 4,096 B
-    loss = ops::Sum(s);                     // 512 B
+    Tensor h = ops::MulScalar(w, 2.f);  // freed with its handle (not saved)
+    Tensor t = ops::Tanh(h);            // saved result, 4,096 B
+    Tensor s = ops::Sigmoid(t);         // saved result, 4,096 B
+    loss = ops::Sum(s);                 // 512 B
   }
   CHECK(d.alloc.memory_allocated() == 4096 + 4096 + 4096 + 512);
   d.alloc.ResetPeakStats();
@@ -461,7 +461,9 @@ TEST_CASE("parameter gradients are GRADIENT of the parameter, intermediate gradi
   for (const Tensor* p : {&net.b1, &net.b2}) CheckGradientBlock(net.timeline, *p);
 }
 
-TEST_CASE("weight gradients flowing through W.t() are GRADIENT in parameter order fc2.bias, fc2.weight, fc1.bias, fc1.weight") {
+TEST_CASE(
+    "weight gradients flowing through W.t() are GRADIENT in parameter order fc2.bias, fc2.weight, fc1.bias, "
+    "fc1.weight") {
   // GradTag looks only at the next edge: AddmmBackward0's edge for W.t() ends
   // at TBackward0 (a view node), not at AccumulateGrad, so the (stolen)
   // weight gradient is tagged AUTOGRAD_DETAIL. The PyTorch memory profiler
@@ -486,9 +488,9 @@ TEST_CASE("under NoGradGuard ops record no node and save nothing") {
   Tensor w = Param(d.ctx, {16, 32}, "fc.weight");  // 2,048 B
   Tensor b = Param(d.ctx, {16}, "fc.bias");        // 512 B
   NoGradGuard no_grad;
-  Tensor x = Tensor::Empty(d.ctx, {64, 32});       // 8,192 B
-  Tensor out = ops::Linear(x, w, b);               // 4,096 B
-  Tensor y = ops::Relu(out);                       // 4,096 B
+  Tensor x = Tensor::Empty(d.ctx, {64, 32});  // 8,192 B
+  Tensor out = ops::Linear(x, w, b);          // 4,096 B
+  Tensor y = ops::Relu(out);                  // 4,096 B
   CHECK(out.grad_fn() == nullptr);
   CHECK_FALSE(out.requires_grad());
   CHECK(y.grad_fn() == nullptr);

@@ -214,7 +214,8 @@ TEST_CASE("pow with a scalar exponent matches finite differences") {
   CpuGpu d;
   for (float e : {3.f, 2.f, 0.5f}) {
     INFO("exponent " << e);
-    GradCheck(d.ctx, {Leaf(d.ctx, {3, 4}, 34, 0.5f, 1.5f)}, [e](const TensorList& in) { return ops::PowScalar(in[0], e); });
+    GradCheck(d.ctx, {Leaf(d.ctx, {3, 4}, 34, 0.5f, 1.5f)},
+              [e](const TensorList& in) { return ops::PowScalar(in[0], e); });
   }
 }
 
@@ -342,14 +343,17 @@ TEST_CASE("matmul of 4-d operands with a transposed operand matches finite diffe
 TEST_CASE("cat, stack, split, narrow and select route gradients to their slices") {
   CpuGpu d;
   SECTION("cat") {
-    GradCheck(d.ctx, {Leaf(d.ctx, {2, 3}, 120), Leaf(d.ctx, {2, 2}, 121)},
-              [](const TensorList& in) { return ops::Cat({in[0], in[1]}, 1); });
-    GradCheck(d.ctx, {Leaf(d.ctx, {1, 3}, 122), Leaf(d.ctx, {2, 3}, 123)},
-              [](const TensorList& in) { return ops::Cat({in[0], in[1]}, 0); });
+    GradCheck(d.ctx, {Leaf(d.ctx, {2, 3}, 120), Leaf(d.ctx, {2, 2}, 121)}, [](const TensorList& in) {
+      return ops::Cat({in[0], in[1]}, 1);
+    });
+    GradCheck(d.ctx, {Leaf(d.ctx, {1, 3}, 122), Leaf(d.ctx, {2, 3}, 123)}, [](const TensorList& in) {
+      return ops::Cat({in[0], in[1]}, 0);
+    });
   }
   SECTION("stack") {
-    GradCheck(d.ctx, {Leaf(d.ctx, {2, 3}, 124), Leaf(d.ctx, {2, 3}, 125)},
-              [](const TensorList& in) { return ops::Stack({in[0], in[1]}, 1); });
+    GradCheck(d.ctx, {Leaf(d.ctx, {2, 3}, 124), Leaf(d.ctx, {2, 3}, 125)}, [](const TensorList& in) {
+      return ops::Stack({in[0], in[1]}, 1);
+    });
   }
   SECTION("split with an unused part (its gradient is zeros)") {
     GradCheck(d.ctx, {Leaf(d.ctx, {3, 5}, 126)}, [](const TensorList& in) {
@@ -375,9 +379,9 @@ TEST_CASE("cat, stack, split, narrow and select route gradients to their slices"
 TEST_CASE("views (transpose, permute, reshape, flatten, unsqueeze, squeeze, expand) match finite differences") {
   CpuGpu d;
   GradCheck(d.ctx, {Leaf(d.ctx, {2, 3, 4}, 130)}, [](const TensorList& in) {
-    Tensor p = ops::Permute(in[0], {2, 0, 1});        // (4, 2, 3)
-    Tensor r = ops::Reshape(p, {4, 6});               // a copy
-    Tensor f = ops::Flatten(ops::Transpose(r, 0, 1)); // (24)
+    Tensor p = ops::Permute(in[0], {2, 0, 1});         // (4, 2, 3)
+    Tensor r = ops::Reshape(p, {4, 6});                // a copy
+    Tensor f = ops::Flatten(ops::Transpose(r, 0, 1));  // (24)
     return ops::Squeeze(ops::Unsqueeze(f, 0), 0);
   });
   GradCheck(d.ctx, {Leaf(d.ctx, {3, 1}, 131)}, [](const TensorList& in) { return ops::Expand(in[0], {2, 3, 4}); });
@@ -555,7 +559,8 @@ TEST_CASE("shape errors throw TensorError") {
 
 // ================================================================ memory (kMeta)
 
-TEST_CASE("reshape of a permuted tensor copies numel * 4 bytes, view and reshape of a contiguous one allocate nothing") {
+TEST_CASE(
+    "reshape of a permuted tensor copies numel * 4 bytes, view and reshape of a contiguous one allocate nothing") {
   MetaGpu d;
   Tensor x = Tensor::Empty(d.ctx, {8, 16, 32});  // 16,384 B
   CHECK(d.alloc.memory_allocated() == 16384);
@@ -637,7 +642,8 @@ TEST_CASE("layer_norm allocates the output and float32 mean and rstd of shape (*
   CHECK(d.alloc.memory_allocated() == before - 8192);
 }
 
-TEST_CASE("cross entropy keeps the (N, C) log_softmax until backward, whose nll_loss step allocates a full (N, C) gradient") {
+TEST_CASE(
+    "cross entropy keeps the (N, C) log_softmax until backward, whose nll_loss step allocates a full (N, C) gradient") {
   MetaGpu d;
   Tensor logits = Tensor::Empty(d.ctx, {64, 1000});  // 256,000 B (500 blocks of 512)
   logits.set_requires_grad(true);
@@ -661,7 +667,7 @@ TEST_CASE("embedding's backward allocates a dense (V, D) gradient") {
   Tensor w = Tensor::Empty(d.ctx, {1000, 64});  // 256,000 B
   w.set_requires_grad(true);
   Tensor idx = Tensor::Empty(d.ctx, {4, 8}, DType::kInt64);  // 256 B -> 512
-  Tensor y = ops::Embedding(w, idx);                          // 8,192 B
+  Tensor y = ops::Embedding(w, idx);                         // 8,192 B
   CHECK(d.alloc.memory_allocated() == 256000 + 512 + 8192);
   Backward({ops::Sum(y)});
   y = Tensor();
@@ -719,7 +725,7 @@ TEST_CASE("under autocast(float16) linear outputs float16 and casts a weight onc
   x0.set_requires_grad(true);
   // An activation (requires grad, not a leaf): cast on every call, and
   // addmm saves w16.t() only because mat1 requires grad.
-  Tensor x = ops::MulScalar(x0, 1.f);           // 16,384 B
+  Tensor x = ops::MulScalar(x0, 1.f);  // 16,384 B
   const std::size_t base = d.alloc.memory_allocated();
   Tensor out1, out2;
   {
@@ -820,7 +826,8 @@ TEST_CASE("under autocast layer_norm casts a float16 input to a float32 copy it 
   CHECK(d.alloc.memory_allocated() - before == 8192 + 8192 + 512 + 512);
 }
 
-TEST_CASE("under autocast softmax of a float16 input allocates only its float32 output (half_to_float, no input copy)") {
+TEST_CASE(
+    "under autocast softmax of a float16 input allocates only its float32 output (half_to_float, no input copy)") {
   // PyTorch: softmax/log_softmax are fp32_set_opt_dtype ops; on CUDA,
   // at::softmax(half, dim, float) calls _softmax(x, dim, half_to_float=true):
   // no float32 copy of the input. memscope casts the input first (AutocastFp32).

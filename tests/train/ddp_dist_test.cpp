@@ -48,8 +48,8 @@ TrainResult TrainOn(const TrainOptions& o, reducer::Communicator* comm) {
 
 std::vector<TrainResult> TrainRanks(const TrainOptions& o, int world_size) {
   static std::atomic<int> run{0};
-  const std::filesystem::path store =
-      std::filesystem::temp_directory_path() / ("memscope-ddp-test-" + std::to_string(::getpid()) + "-" + std::to_string(run++));
+  const std::filesystem::path store = std::filesystem::temp_directory_path() /
+                                      ("memscope-ddp-test-" + std::to_string(::getpid()) + "-" + std::to_string(run++));
   std::vector<TrainResult> results(static_cast<std::size_t>(world_size));
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
@@ -109,7 +109,8 @@ TEST_CASE("DDP world size 2 and 4, --exec cpu: mlp ranks stay identical and aver
   CheckEquivalence("mlp", 2, true);
 }
 
-TEST_CASE("DDP world size 2 and 4, --exec cpu: cifar-net ranks stay identical and average to the single-process gradient") {
+TEST_CASE(
+    "DDP world size 2 and 4, --exec cpu: cifar-net ranks stay identical and average to the single-process gradient") {
   CheckEquivalence("cifar-net", 2, false);
   CheckEquivalence("cifar-net", 4, true);
 }

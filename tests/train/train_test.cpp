@@ -41,7 +41,9 @@ TEST_CASE("seq2seq-attn with its arguments and Adam has the shape of the user's 
   const Recorded run = RunTraining(o);
   const RankReport& r = run.report;
   const auto alloc = [&](Phase p, std::int64_t s) { return static_cast<std::uint64_t>(Row(r, p, s).allocated); };
-  const auto peak_in = [&](Phase p, std::int64_t s) { return static_cast<std::uint64_t>(Row(r, p, s).peak_allocated_in_phase); };
+  const auto peak_in = [&](Phase p, std::int64_t s) {
+    return static_cast<std::uint64_t>(Row(r, p, s).peak_allocated_in_phase);
+  };
   // Allocated rises through forward and loss.
   CHECK(alloc(Phase::kForward, 0) > alloc(Phase::kZeroGrad, 0));
   CHECK(alloc(Phase::kLoss, 0) > alloc(Phase::kForward, 0));
@@ -59,7 +61,8 @@ TEST_CASE("seq2seq-attn with its arguments and Adam has the shape of the user's 
   const double tensor_bytes = 73'308'501.0 * 4;
   CHECK(static_cast<double>(alloc(Phase::kBackward, 0)) == Approx(2 * tensor_bytes + 480e6).epsilon(0.01));
   // The first step adds Adam's exp_avg and exp_avg_sq: 2x parameter bytes (the user's 2 x 281M).
-  CHECK(static_cast<double>(alloc(Phase::kStep, 0) - alloc(Phase::kBackward, 0)) == Approx(2 * tensor_bytes).epsilon(0.01));
+  CHECK(static_cast<double>(alloc(Phase::kStep, 0) - alloc(Phase::kBackward, 0)) ==
+        Approx(2 * tensor_bytes).epsilon(0.01));
   CHECK(static_cast<double>(Row(r, Phase::kStep, 0).by_category[static_cast<int>(Category::kOptimizerState)]) ==
         Approx(2 * tensor_bytes).epsilon(0.01));
   // Step 1 reaches a higher maximum than step 0 (gradients and Adam state are already there).
@@ -81,8 +84,8 @@ TEST_CASE("Adam state is 2x parameter bytes and momentum SGD 1x, created at the 
     const std::uint64_t params = static_cast<std::uint64_t>(Row(r, Phase::kModel, kNoStep).allocated);
     INFO(OptimizerName(kind));
     // zero_grad(set_to_none) at step 1 frees the gradients; what stays after step 0 is params + state.
-    CHECK(static_cast<std::uint64_t>(Row(r, Phase::kZeroGrad, 1).by_category[static_cast<int>(Category::kOptimizerState)]) ==
-          factor * params);
+    CHECK(static_cast<std::uint64_t>(
+              Row(r, Phase::kZeroGrad, 1).by_category[static_cast<int>(Category::kOptimizerState)]) == factor * params);
     // No state is created after step 0.
     CHECK(Row(r, Phase::kStep, 2).by_category[static_cast<int>(Category::kOptimizerState)] ==
           Row(r, Phase::kStep, 0).by_category[static_cast<int>(Category::kOptimizerState)]);
