@@ -766,7 +766,7 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
   info.diagnosis = absl::StrCat("memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (",
                                 p.pool->is_small ? "small" : "large", " pool, stream ", p.stream, "); the cache holds ",
-                                FormatSize(info.cached_free), " free in ", free_blocks, " blocks, the largest ",
+                                FormatSize(info.cached_free), " free in ", Counted(free_blocks, "block"), ", the largest ",
                                 FormatSize(info.largest_free_block), ", and ", FormatSize(info.inactive_split),
                                 " of it is non-releasable (inactive split).");
   if (info.cached_free >= p.size) {

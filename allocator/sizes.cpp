@@ -43,6 +43,10 @@ std::string FormatSize(std::uint64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
 }
 
+std::string Counted(std::uint64_t n, std::string_view noun) {
+  return absl::StrCat(n, " ", absl::string_view(noun.data(), noun.size()), n == 1 ? "" : "s");
+}
+
 absl::StatusOr<std::uint64_t> ParseSize(std::string_view std_text) {
   const absl::string_view text(std_text.data(), std_text.size());
   absl::string_view s = absl::StripAsciiWhitespace(text);

@@ -52,6 +52,9 @@ constexpr std::size_t AllocationSize(std::size_t rounded) {
 // then "%.2f KiB", "%.2f MiB", "%.2f GiB".
 std::string FormatSize(std::uint64_t bytes);
 
+// A count with its noun, singular for one: "1 block", "3 blocks".
+std::string Counted(std::uint64_t n, std::string_view noun);
+
 // Parses a size as users write it: "123", "4KiB", "2.5GiB", "512MB", "1.5 GB".
 // KiB/MiB/GiB/TiB are powers of 1024, KB/MB/GB/TB powers of 1000, K/M/G/T
 // alone are 1024-based (like PyTorch users mean). Errors name the text.

@@ -9,17 +9,34 @@
 
 namespace memscope {
 
-std::string FormatMib(std::uint64_t bytes) { return absl::StrCat(bytes / kMiB, "M"); }
-
-std::string FormatMibDelta(std::int64_t bytes) {
-  if (bytes == 0) return "0M";
-  const std::uint64_t magnitude = bytes < 0 ? 0 - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
-  return absl::StrCat(bytes < 0 ? "-" : "+", FormatMib(magnitude));
+TableUnit TableUnitFor(std::uint64_t largest) {
+  for (const TableUnit unit : {TableUnit{kMiB << 10, "G"}, TableUnit{kMiB, "M"}, TableUnit{1024, "K"}}) {
+    if (largest / unit.bytes >= 100) return unit;
+  }
+  return TableUnit{};
 }
 
-std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label); }
+std::string FormatInUnit(std::uint64_t bytes, TableUnit unit) { return absl::StrCat(bytes / unit.bytes, unit.suffix); }
+
+std::string FormatDeltaInUnit(std::int64_t bytes, TableUnit unit) {
+  if (bytes == 0) return absl::StrCat("0", unit.suffix);
+  const std::uint64_t magnitude = bytes < 0 ? 0 - static_cast<std::uint64_t>(bytes) : static_cast<std::uint64_t>(bytes);
+  return absl::StrCat(bytes < 0 ? "-" : "+", FormatInUnit(magnitude, unit));
+}
+
+std::string PhaseRowName(const PhaseRow& row) {
+  return PhaseMarkName(row.phase, row.step, row.label, row.micro_batch);
+}
 
 namespace {
+
+// The step column of a phase table: "0", or "0.1" for micro-batch 1 of step
+// 0 (--grad-accum), "-" before the first step.
+std::string StepText(const PhaseRow& row) {
+  std::string step = row.step == kNoStep ? std::string("-") : absl::StrCat(row.step);
+  if (row.step != kNoStep && row.micro_batch != kNoMicroBatch) absl::StrAppend(&step, ".", row.micro_batch);
+  return step;
+}
 
 // The five largest owners of allocated bytes.
 std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& model, const Timeline& t) {
@@ -38,7 +55,7 @@ std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& mo
 // and the state at the end.
 class FirstWalk final : public WalkListener {
  public:
-  explicit FirstWalk(RankReport& r) : r_(r) {}
+  FirstWalk(RankReport& r, std::size_t end) : r_(r), end_(end) {}
 
   void OnEvent(const TimelineWalk& walk, const Event& e) override {
     const TraceModel& model = walk.model();
@@ -47,6 +64,7 @@ class FirstWalk final : public WalkListener {
     const bool first = i == 0;
     Track(walk, model.allocated(), first, r_.peak_allocated);
     Track(walk, model.reserved(), first, r_.peak_reserved);
+    if (walk.applied() == end_) r_.fragmentation_at_end = model.Fragmentation();
     if (e.type == EventType::kPhaseEnd) {
       r_.phases.push_back(Row(walk, e));
     } else if (e.type == EventType::kOom && !r_.oom) {
@@ -56,7 +74,8 @@ class FirstWalk final : public WalkListener {
 
   void OnFinish(const TimelineWalk& walk) override {
     r_.stats = walk.model().stats();
-    r_.fragmentation_at_end = walk.model().Fragmentation();
+    r_.fragmentation_at_exit = walk.model().Fragmentation();
+    if (end_ == 0) r_.fragmentation_at_end = r_.fragmentation_at_exit;
     r_.lower_bound = walk.model().peak_live_requested();
   }
 
@@ -78,6 +97,7 @@ class FirstWalk final : public WalkListener {
     const TraceModel& model = walk.model();
     PhaseRow row;
     row.step = e.step();
+    row.micro_batch = e.micro_batch();
     row.phase = e.phase;
     row.label = walk.timeline().str(e.name);
     row.allocated = model.allocated();
@@ -101,19 +121,19 @@ class FirstWalk final : public WalkListener {
     oom.fragmentation = walk.model().Fragmentation();
     oom.caused_by_fragmentation =
         oom.fragmentation.free_in_segments >= oom.rounded && oom.fragmentation.largest_free_block < oom.rounded;
-    oom.verdict =
-        oom.caused_by_fragmentation
-            ? absl::StrCat(oom.fragmentation.free_in_segments,
-                           " bytes free in segments but the largest "
-                           "free block is ",
-                           oom.fragmentation.largest_free_block, ": fragmentation, not capacity, caused this OOM")
-            : absl::StrCat("the device had ", oom.device_free, " bytes free and the cache ",
-                           oom.fragmentation.free_in_segments, "; the request needed ", oom.rounded,
-                           ": capacity caused this OOM");
+    oom.verdict = oom.caused_by_fragmentation
+                      ? absl::StrCat(FormatSize(oom.fragmentation.free_in_segments),
+                                     " free in segments but the largest free block is ",
+                                     FormatSize(oom.fragmentation.largest_free_block),
+                                     ": fragmentation, not capacity, caused this OOM")
+                      : absl::StrCat("the device had ", FormatSize(oom.device_free), " free and the cache ",
+                                     FormatSize(oom.fragmentation.free_in_segments), "; the request needed ",
+                                     FormatSize(oom.rounded), ": capacity caused this OOM");
     return oom;
   }
 
   RankReport& r_;
+  const std::size_t end_;  // the events up to the moment `end`
 };
 
 // The second walk: owners and fragmentation at the peaks the first found.
@@ -145,7 +165,7 @@ RankAnalysis::RankAnalysis(const Timeline& t) {
   r.torn_bytes = t.torn_bytes;
   r.wall_start_us = t.wall_start_us;
   r.events = t.events.size();
-  first_ = std::make_unique<FirstWalk>(r);
+  first_ = std::make_unique<FirstWalk>(r, EndOfLastStep(t));
   second_ = std::make_unique<SecondWalk>(r);
 }
 
@@ -165,10 +185,22 @@ absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
   return std::move(analysis.report());
 }
 
+std::size_t EndOfLastStep(const Timeline& t) {
+  for (std::size_t i = t.events.size(); i > 0; --i) {
+    const Event& e = t.events[i - 1];
+    if (e.type == EventType::kPhaseEnd && e.step() != kNoStep) return i;
+  }
+  return t.events.size();
+}
+
 absl::StatusOr<Moment> ParseMoment(std::string_view text) {
   Moment m;
   m.text = std::string(text);
   if (text == "end") return m;
+  if (text == "exit") {
+    m.kind = Moment::Kind::kExit;
+    return m;
+  }
   if (text == "peak") {
     m.kind = Moment::Kind::kPeak;
     return m;
@@ -181,17 +213,24 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text) {
   const std::size_t colon = text.rfind(':');
   const std::string_view name = colon == std::string_view::npos ? text : text.substr(0, colon);
   if (colon != std::string_view::npos) {
-    const std::string step_text(text.substr(colon + 1));
-    if (!absl::SimpleAtoi(step_text, &m.step) || m.step < 0) {
+    std::string step_text(text.substr(colon + 1));
+    bool ok = true;
+    if (const std::size_t dot = step_text.find('.'); dot != std::string::npos) {
+      ok = absl::SimpleAtoi(step_text.substr(dot + 1), &m.micro_batch) && m.micro_batch >= 0;
+      step_text.resize(dot);
+    }
+    if (!ok || !absl::SimpleAtoi(step_text, &m.step) || m.step < 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--at '", std::string(text), "': the step after ':' must be a non-negative integer"));
+          absl::StrCat("--at '", std::string(text),
+                       "': after ':' comes the step, a non-negative integer, optionally with a micro-batch "
+                       "(backward:0.1)"));
     }
   }
   const std::optional<Phase> phase = ParsePhase(name);
   if (name.empty() || !phase) {
     return absl::InvalidArgumentError(
         absl::StrCat("--at '", std::string(text),
-                     "': expected end, peak, oom or PHASE:STEP with PHASE one of model, ddp, "
+                     "': expected end, exit, peak, oom or PHASE:STEP with PHASE one of model, ddp, "
                      "zero_grad, forward, loss, backward, step"));
   }
   m.phase = *phase;
@@ -201,7 +240,9 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text) {
 absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, const Moment& moment,
                                                            const RankReport* report) {
   std::size_t end = t.events.size();
-  if (moment.kind == Moment::Kind::kPeak) {
+  if (moment.kind == Moment::Kind::kEnd) {
+    end = EndOfLastStep(t);
+  } else if (moment.kind == Moment::Kind::kPeak) {
     std::optional<RankAnalysis> analysed;
     if (report == nullptr) {
       // The first walk alone finds the peak.
@@ -210,13 +251,18 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
       report = &analysed->report();
     }
     end = t.events.empty() ? 0 : report->peak_allocated.event_index + 1;
-  } else if (moment.kind != Moment::Kind::kEnd) {
+  } else if (moment.kind != Moment::Kind::kExit) {
+    // The first OOM; a phase's end: the last of its step, or of its micro-batch.
     std::optional<std::size_t> found;
-    for (std::size_t i = 0; i < t.events.size() && !found; ++i) {
+    for (std::size_t i = 0; i < t.events.size(); ++i) {
       const Event& e = t.events[i];
-      if (moment.kind == Moment::Kind::kOom && e.type == EventType::kOom) found = i + 1;
+      if (moment.kind == Moment::Kind::kOom && e.type == EventType::kOom) {
+        found = i + 1;
+        break;
+      }
       if (moment.kind == Moment::Kind::kPhaseEnd && e.type == EventType::kPhaseEnd && e.phase == moment.phase &&
-          e.step() == moment.step) {
+          e.step() == moment.step &&
+          (moment.micro_batch == kNoMicroBatch || e.micro_batch() == moment.micro_batch)) {
         found = i + 1;
       }
     }
@@ -235,13 +281,49 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
 std::string PhaseTableText(const RankReport& r) {
   std::string out = absl::StrFormat("%-5s %-14s %10s %14s %10s %13s %14s\n", "step", "phase", "allocated",
                                     "max allocated", "reserved", "max reserved", "peak in phase");
+  std::uint64_t largest = 0;
+  for (const PhaseRow& row : r.phases) {
+    largest = std::max({largest, row.allocated, row.max_allocated, row.reserved, row.max_reserved,
+                        row.peak_allocated_in_phase});
+  }
+  const TableUnit unit = TableUnitFor(largest);
   for (const PhaseRow& row : r.phases) {
     const std::string name =
         row.phase == Phase::kUser && !row.label.empty() ? row.label : std::string(PhaseName(row.phase));
-    absl::StrAppendFormat(&out, "%-5s %-14s %10s %14s %10s %13s %14s\n",
-                          row.step == kNoStep ? std::string("-") : absl::StrCat(row.step), name,
-                          FormatMib(row.allocated), FormatMib(row.max_allocated), FormatMib(row.reserved),
-                          FormatMib(row.max_reserved), FormatMib(row.peak_allocated_in_phase));
+    absl::StrAppendFormat(&out, "%-5s %-14s %10s %14s %10s %13s %14s\n", StepText(row), name,
+                          FormatInUnit(row.allocated, unit), FormatInUnit(row.max_allocated, unit),
+                          FormatInUnit(row.reserved, unit), FormatInUnit(row.max_reserved, unit),
+                          FormatInUnit(row.peak_allocated_in_phase, unit));
+  }
+  return out;
+}
+
+std::string PhaseCategoryTableText(const RankReport& r) {
+  std::vector<int> shown;  // the categories that hold bytes at some phase end
+  std::uint64_t largest = 0;
+  for (int c = 0; c < kNumCategories; ++c) {
+    bool any = false;
+    for (const PhaseRow& row : r.phases) {
+      const auto bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(row.by_category[c], 0));
+      any = any || bytes > 0;
+      largest = std::max(largest, bytes);
+    }
+    if (any) shown.push_back(c);
+  }
+  const TableUnit unit = TableUnitFor(largest);
+  std::string out = absl::StrFormat("%-5s %-14s", "step", "phase");
+  for (const int c : shown) absl::StrAppendFormat(&out, " %15s", std::string(CategoryName(static_cast<Category>(c))));
+  out += "\n";
+  for (const PhaseRow& row : r.phases) {
+    const std::string name =
+        row.phase == Phase::kUser && !row.label.empty() ? row.label : std::string(PhaseName(row.phase));
+    absl::StrAppendFormat(&out, "%-5s %-14s", StepText(row), name);
+    for (const int c : shown) {
+      absl::StrAppendFormat(
+          &out, " %15s",
+          FormatInUnit(static_cast<std::uint64_t>(std::max<std::int64_t>(row.by_category[c], 0)), unit));
+    }
+    out += "\n";
   }
   return out;
 }
@@ -249,11 +331,11 @@ std::string PhaseTableText(const RankReport& r) {
 std::string FragmentationText(const FragmentationInfo& f) {
   return absl::StrFormat(
       "reserved %s, allocated %s, reserved - allocated %s\n"
-      "free in segments %s in %d blocks, largest free block %s, fragmentation %.3f\n"
-      "inactive split (non-releasable) %s; %d segments\n",
+      "free in segments %s in %s, largest free block %s, fragmentation %.3f\n"
+      "inactive split (non-releasable) %s; %s\n",
       FormatSize(f.reserved), FormatSize(f.allocated), FormatSize(f.reserved_minus_allocated),
-      FormatSize(f.free_in_segments), f.free_blocks, FormatSize(f.largest_free_block), f.fragmentation,
-      FormatSize(f.inactive_split_bytes), f.segments);
+      FormatSize(f.free_in_segments), Counted(f.free_blocks, "block"), FormatSize(f.largest_free_block),
+      f.fragmentation, FormatSize(f.inactive_split_bytes), Counted(f.segments, "segment"));
 }
 
 }  // namespace memscope

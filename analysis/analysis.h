@@ -27,6 +27,7 @@ namespace memscope {
 // max_memory_reserved), plus the peak inside the phase.
 struct PhaseRow {
   std::int64_t step = kNoStep;
+  std::int64_t micro_batch = kNoMicroBatch;  // --grad-accum: forward, loss, backward per micro-batch
   Phase phase = Phase::kUser;
   std::string label;  // user phases
   std::uint64_t allocated = 0;
@@ -38,7 +39,7 @@ struct PhaseRow {
   std::int64_t time_ns = 0;
 };
 
-// "forward:0", "model", or a user phase's label with its step.
+// "forward:0", "backward:0.1" (micro-batch 1), "model", or a user phase's label with its step.
 std::string PhaseRowName(const PhaseRow& row);
 
 // Where a peak happened and what made it up.
@@ -100,10 +101,11 @@ struct RankReport {
   std::vector<PhaseRow> phases;
   PeakInfo peak_allocated;
   PeakInfo peak_reserved;
-  FragmentationInfo fragmentation_at_end;
+  FragmentationInfo fragmentation_at_end;   // at `end`, after the last step (EndOfLastStep)
+  FragmentationInfo fragmentation_at_exit;  // at `exit`, after the last event (teardown included)
   FragmentationInfo fragmentation_at_peak;  // at the peak of allocated
   std::optional<OomReport> oom;             // the first OOM
-  DeviceStats stats;                        // at the end
+  DeviceStats stats;                        // at exit (after the last event)
   // False only for a report.json without "memory_stats" (hand-written):
   // `stats` is then all zeros and says nothing.
   bool stats_known = true;
@@ -156,13 +158,44 @@ class RankAnalysis {
   std::unique_ptr<WalkListener> second_;
 };
 
-// A moment of a recording: --at end|peak|oom|PHASE:STEP (a phase's end).
+// The moments every command names the same way (summary/frag/snapshot --at,
+// report.json, compare, the HTML report):
+//   end    after the last step: after the last phase end that has a step
+//          (the step phase of a training run); a recording without steps
+//          ends after its last event, so there end = exit;
+//   exit   after the last event: teardown included, what is left at exit;
+//   peak   the peak of allocated; oom the first OOM;
+//   PHASE:STEP the end of that phase (the last one of the step when it ran
+//          once per micro-batch); PHASE:STEP.MICRO the end of it in micro-batch
+//          MICRO (--grad-accum); model and ddp have no step.
 struct Moment {
-  enum class Kind { kEnd, kPeak, kOom, kPhaseEnd };
+  enum class Kind { kEnd, kExit, kPeak, kOom, kPhaseEnd };
   Kind kind = Kind::kEnd;
   Phase phase = Phase::kUser;
   std::int64_t step = kNoStep;
+  std::int64_t micro_batch = kNoMicroBatch;  // PHASE:STEP.MICRO
   std::string text;
+};
+// The number of events up to the moment `end` (all of them without steps).
+std::size_t EndOfLastStep(const Timeline& timeline);
+
+// A listener that keeps a copy of the model as it was after `events` events
+// (a moment a walk passes, e.g. EndOfLastStep), for a caller whose walk goes on.
+class ModelCapture final : public WalkListener {
+ public:
+  explicit ModelCapture(std::size_t events) : events_(events) {}
+  void OnStart(const TimelineWalk& walk) override {
+    if (events_ == 0) model_ = walk.model();
+  }
+  void OnEvent(const TimelineWalk& walk, const Event& /*event*/) override {
+    if (walk.applied() == events_) model_ = walk.model();
+  }
+  // The model at the moment; empty when the walk did not reach it.
+  const std::optional<TraceModel>& model() const { return model_; }
+
+ private:
+  std::size_t events_;
+  std::optional<TraceModel> model_;
 };
 absl::StatusOr<Moment> ParseMoment(std::string_view text);
 
@@ -173,14 +206,28 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text);
 absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment,
                                                            const RankReport* report = nullptr);
 
-// The phase table as text, in the layout users print (sizes in MiB, "281M").
+// The phase table as text, in the layout users print ("281M"), in the
+// table's unit (TableUnitFor its largest value).
 std::string PhaseTableText(const RankReport& report);
 
-// A size as the phase table shows it: whole MiB, rounded down ("281M").
-std::string FormatMib(std::uint64_t bytes);
-// A difference of two sizes in the same unit, signed, truncated towards zero:
-// "+2M", "-281M"; "0M" only when equal, so "+0M" is a growth under 1 MiB.
-std::string FormatMibDelta(std::int64_t bytes);
+// The allocated bytes of each category at every phase end, one column per
+// category that holds any, in the table's unit (`summary --by-category`).
+std::string PhaseCategoryTableText(const RankReport& report);
+
+// The unit of a table of sizes, chosen once per table from its largest value:
+// the largest of GiB, MiB and KiB in which that value is at least 100 (else
+// bytes), so that a table of small sizes shows their differences ("1536K",
+// not "1M") and a large one stays short ("281M").
+struct TableUnit {
+  std::uint64_t bytes = 1;
+  const char* suffix = "B";
+};
+TableUnit TableUnitFor(std::uint64_t largest);
+// A size in a table's unit, rounded down: "281M", "1536K".
+std::string FormatInUnit(std::uint64_t bytes, TableUnit unit);
+// A difference of two sizes in the table's unit, signed, truncated towards
+// zero: "+2M", "-281M"; "0M" only when equal, so "+0M" is a growth under one unit.
+std::string FormatDeltaInUnit(std::int64_t bytes, TableUnit unit);
 
 // The fragmentation report as text.
 std::string FragmentationText(const FragmentationInfo& f);

@@ -42,13 +42,14 @@ void TimelineWalk::ApplyPhases(const Event& e) {
   const std::uint64_t allocated = model_.allocated();
   for (OpenPhase& p : open_) p.peak_allocated = std::max(p.peak_allocated, allocated);
   if (e.type == EventType::kPhaseBegin) {
-    open_.push_back({e.phase, e.step(), e.name, e.time_ns, applied_, allocated});
+    open_.push_back({e.phase, e.step(), e.name, e.time_ns, applied_, allocated, e.micro_batch()});
   } else if (e.type == EventType::kPhaseEnd) {
     phase_end_.matched = false;
     phase_end_.depth = open_.size();
     phase_end_.cut.clear();
     for (std::size_t k = open_.size(); k-- > 0;) {
-      if (open_[k].phase == e.phase && open_[k].step == e.step() && open_[k].label == e.name) {
+      if (open_[k].phase == e.phase && open_[k].step == e.step() && open_[k].label == e.name &&
+          open_[k].micro_batch == e.micro_batch()) {
         phase_end_.matched = true;
         phase_end_.depth = k;
         phase_end_.phase = open_[k];
@@ -61,7 +62,7 @@ void TimelineWalk::ApplyPhases(const Event& e) {
 }
 
 std::string TimelineWalk::PhaseName(const OpenPhase& p) const {
-  return PhaseMarkName(p.phase, p.step, timeline_.str(p.label));
+  return PhaseMarkName(p.phase, p.step, timeline_.str(p.label), p.micro_batch);
 }
 
 std::string TimelineWalk::InnermostPhaseName() const { return open_.empty() ? "" : PhaseName(open_.back()); }

@@ -48,6 +48,7 @@ struct OpenPhase {
   std::int64_t begin_ns = 0;
   std::size_t begin_event = 0;       // index of its begin event
   std::uint64_t peak_allocated = 0;  // running max of allocated since it began
+  std::int64_t micro_batch = kNoMicroBatch;  // --grad-accum's micro-batch, when labelled
 };
 
 // What the phase end the walk just applied closed.

@@ -55,7 +55,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "memscope: error: %s (see memscope --help)\n", e.what());
+    // Point at the help of the command that was given, when there is one.
+    std::string help = "memscope";
+    for (const CLI::App* sub : app.get_subcommands()) help += " " + sub->get_name();
+    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", e.what(), help.c_str());
     return memscope::cli::kExitBadInput;
   }
   return exit_status;

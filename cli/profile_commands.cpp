@@ -45,6 +45,7 @@ struct ReadArgs {
   std::string output;
   std::string format = "pickle";
   bool json = false;
+  bool by_category = false;
   std::size_t max_samples = ChromeTraceOptions{}.max_counter_samples_per_rank;
 };
 
@@ -53,7 +54,10 @@ void AddRunArgs(CLI::App* cmd, ReadArgs& a, bool with_at) {
       ->required();
   cmd->add_option("--rank", a.rank, "only this rank (default: every rank)");
   if (with_at) {
-    cmd->add_option("--at", a.at, "moment: end, peak, oom, or PHASE:STEP (the end of that phase, e.g. backward:1)");
+    cmd->add_option("--at", a.at,
+                    "moment: end (after the last step, the default), exit (after teardown), peak, oom, or "
+                    "PHASE:STEP[.MICRO] (the end of that phase, e.g. backward:1; backward:1.0 is micro-batch 0 "
+                    "with --grad-accum)");
   }
 }
 
@@ -71,7 +75,7 @@ int Summary(const ReadArgs& a) {
     if (!r.ok()) return Fail("summary", r.status().message());
     absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment, &*r);
     if (!at.ok()) return Fail("summary", at.status().message());
-    absl::StrAppend(&text, text.empty() ? "" : "\n", SummaryText(t, *r, at->first, moment->text));
+    absl::StrAppend(&text, text.empty() ? "" : "\n", SummaryText(t, *r, at->first, moment->text, a.by_category));
     nlohmann::json stats = nlohmann::json::object();
     for (const auto& [key, value] : FlattenStats(at->first.stats())) stats[key] = value;
     at_json.push_back({{"rank", t.rank},
@@ -265,6 +269,8 @@ void RegisterProfileCommands(CLI::App& app, int& exit_status) {
       "summary", "Phase table, peaks with category attribution, fragmentation and memory_summary() at a moment.");
   AddRunArgs(summary, *args, true);
   summary->add_flag("--json", args->json, "print report.json (plus the moment's stats) instead of text");
+  summary->add_flag("--by-category", args->by_category,
+                    "after the phase table, the allocated bytes of each category at every phase end");
   summary->callback([args, &exit_status] { exit_status = Summary(*args); });
 
   CLI::App* trace = app.add_subcommand("trace", "Write a Chrome trace JSON (Perfetto, chrome://tracing) of a run.");

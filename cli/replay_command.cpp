@@ -21,6 +21,7 @@
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
 #include "importers/snapshot_import.h"
+#include "importers/timeline_requests.h"
 #include "recording/timeline.h"
 #include "run/run.h"
 #include "run/run_directory.h"
@@ -36,6 +37,14 @@ struct ReplayArgs {
   bool json = false;
   bool verify = false;
   bool no_search = false;
+  int rank = 0;  // of a run directory
+};
+
+// What a recording (a run directory or a timeline) brings besides its
+// requests: its own settings and device size, the defaults of its replay.
+struct RecordingDefaults {
+  std::string alloc_conf;
+  std::uint64_t device_memory = 0;
 };
 
 int Fail(absl::string_view message) { return cli::Fail("replay", message); }
@@ -80,12 +89,20 @@ absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const Alloca
   if (!report.ok()) return report.status();
   out.fragmentation_at_peak = report->fragmentation_at_peak.fragmentation;
   if (search_min_memory && !out.replay.oom) {
-    // A GPU as large as the peak reserved always works (no device allocation
-    // fails); one smaller than the peak live bytes never does.
+    // Bisection on whole MiB between two sizes that do not depend on
+    // --device-memory: one MiB below the peak live bytes, rounded up, never
+    // works (it is smaller than the live bytes), and a GPU as large as the
+    // peak reserved on an unbounded device always does (no device
+    // allocation fails there). A GPU of exactly the peak live bytes may work.
     constexpr std::uint64_t kStep = kMiB;
-    std::uint64_t hi = (static_cast<std::uint64_t>(All(out.replay.stats.reserved_bytes).peak) + kStep - 1) / kStep;
-    std::uint64_t lo = out.replay.peak_live_bytes / kStep;  // in MiB; fails (or is 0)
-    while (hi - lo > 1) {
+    constexpr std::uint64_t kUnbounded = std::uint64_t{1} << 50;  // 1 PiB
+    absl::StatusOr<ReplayResult> unbounded = Replay(trace, config, kUnbounded);
+    if (!unbounded.ok()) return unbounded.status();
+    const auto reserved = static_cast<std::uint64_t>(All(unbounded->stats.reserved_bytes).peak);
+    std::uint64_t hi = (reserved + kStep - 1) / kStep;
+    const std::uint64_t live = (out.replay.peak_live_bytes + kStep - 1) / kStep;
+    std::uint64_t lo = live == 0 ? 0 : live - 1;  // in MiB; fails (or is 0)
+    while (hi > lo + 1) {
       const std::uint64_t mid = lo + (hi - lo) / 2;
       absl::StatusOr<ReplayResult> probe = Replay(trace, config, mid * kStep);
       if (!probe.ok()) return probe.status();
@@ -96,9 +113,10 @@ absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const Alloca
   return out;
 }
 
-// The simulated GPU's size: --device-memory, else 80 GiB (1 GiB for the
-// embedded demo, so that its fragmentation shows).
-absl::StatusOr<std::uint64_t> DeviceMemory(const ReplayArgs& args) {
+// The simulated GPU's size: --device-memory, else a recording's own, else
+// 80 GiB (1 GiB for the embedded demo, so that its fragmentation shows).
+absl::StatusOr<std::uint64_t> DeviceMemory(const ReplayArgs& args, const std::optional<RecordingDefaults>& recording) {
+  if (args.device_memory.empty() && recording && recording->device_memory > 0) return recording->device_memory;
   if (args.device_memory.empty()) return args.file.empty() ? 1ULL << 30 : 80ULL << 30;
   absl::StatusOr<std::uint64_t> parsed = ParseSize(args.device_memory);
   if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", parsed.status().message()));
@@ -108,14 +126,37 @@ absl::StatusOr<std::uint64_t> DeviceMemory(const ReplayArgs& args) {
 
 // The input: the embedded demo, a JSON-lines trace, RMM's CSV, or a PyTorch
 // snapshot (then also `snapshot`, its notes printed on stderr).
-absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<ImportedTrace>& snapshot) {
+absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<ImportedTrace>& snapshot,
+                                       std::optional<RecordingDefaults>& recording) {
   if (args.file.empty()) return DemoTrace();
   absl::StatusOr<InputKind> kind = DetectInput(args.file);
   if (!kind.ok()) return kind.status();
   if (*kind == InputKind::kDirectory || *kind == InputKind::kTimeline) {
-    return absl::InvalidArgumentError(absl::StrCat("'", args.file,
-                                                   "' is a memscope recording, not a request trace: "
-                                                   "read it with memscope summary, frag, trace or snapshot"));
+    // A recording: the whole request stream of one rank, from its first event to its last.
+    absl::StatusOr<std::vector<Timeline>> run = LoadRun(args.file);
+    if (!run.ok()) return run.status();
+    PrintNotes(*run);
+    const Timeline* t = nullptr;
+    for (const Timeline& each : *run) {
+      if (each.rank == args.rank) t = &each;
+    }
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("'", args.file, "' has no rank ", args.rank));
+    const std::string source = *kind == InputKind::kDirectory
+                                   ? absl::StrCat(args.file, " rank ", t->rank)
+                                   : args.file;
+    TimelineRequests requests = RequestsFromTimeline(*t, source);
+    if (run->size() > 1) {
+      PrintNotes(std::vector<std::string>{
+          absl::StrCat("the run has ", run->size(), " ranks; replaying rank ", t->rank, " (choose with --rank)")});
+    }
+    if (requests.delayed_frees > 0) {
+      PrintNotes(std::vector<std::string>{
+          absl::StrCat(Counted(requests.delayed_frees, "free"),
+                       " waited on a stream in the recording; a timeline does not hold record_stream, so the "
+                       "replay completes them at once")});
+    }
+    recording = RecordingDefaults{t->alloc_conf, t->device_capacity};
+    return std::move(requests.trace);
   }
   if (*kind == InputKind::kPickle) {
     absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(args.file);
@@ -140,13 +181,19 @@ absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<Imp
 // snapshot's own settings, or the environment's (and, for the demo, also
 // expandable segments). --out records only the first.
 absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args,
-                                                      const std::optional<ImportedTrace>& snapshot) {
+                                                      const std::optional<ImportedTrace>& snapshot,
+                                                      const std::optional<RecordingDefaults>& recording) {
   std::vector<AllocatorConfig> configs;
   const std::vector<std::string>& texts = args.alloc_confs;
   if (texts.empty()) {
     if (snapshot) {
       // A PyTorch snapshot is replayed under its own settings unless told otherwise.
       absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
+      if (!own.ok()) return own.status();
+      configs.push_back(*own);
+    } else if (recording) {
+      // A recording is replayed under the settings it ran with unless told otherwise.
+      absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(recording->alloc_conf);
       if (!own.ok()) return own.status();
       configs.push_back(*own);
     } else {
@@ -260,14 +307,16 @@ void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::v
 }
 
 int Run(const ReplayArgs& args) {
-  absl::StatusOr<std::uint64_t> memory = DeviceMemory(args);
+  if (args.rank < 0) return Fail("--rank must be 0 or more");
+  std::optional<ImportedTrace> snapshot;
+  std::optional<RecordingDefaults> recording;
+  absl::StatusOr<RequestTrace> read = ReadInput(args, snapshot, recording);
+  absl::StatusOr<std::uint64_t> memory = DeviceMemory(args, recording);
   if (!memory.ok()) return Fail(memory.status().message());
   const std::uint64_t device_memory = *memory;
-  std::optional<ImportedTrace> snapshot;
-  absl::StatusOr<RequestTrace> read = ReadInput(args, snapshot);
   if (!read.ok()) return Fail(read.status().message());
   const RequestTrace& trace = *read;
-  absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, snapshot);
+  absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, snapshot, recording);
   if (!settings.ok()) return Fail(settings.status().message());
   const std::vector<AllocatorConfig>& configs = *settings;
   if (args.verify) return Verify(trace, snapshot, device_memory);
@@ -309,7 +358,8 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
       "Without FILE, replays an embedded demo trace.");
   cmd->add_option("file", args->file,
                   "request trace: JSON lines (README: Request trace format), a torch.cuda.memory._snapshot() pickle, "
-                  "or an RMM logging_resource_adaptor CSV");
+                  "an RMM logging_resource_adaptor CSV, or a memscope recording (run directory or rank-R.timeline: "
+                  "its whole request stream, under its own settings and device size unless told otherwise)");
   cmd->add_option("--alloc-conf", args->alloc_confs,
                   "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; repeat to compare settings "
                   "(default: $PYTORCH_CUDA_ALLOC_CONF or $PYTORCH_ALLOC_CONF)")
@@ -319,6 +369,7 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
   cmd->add_option("--out", args->out,
                   "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
                   "snapshot at the peak); one setting only");
+  cmd->add_option("--rank", args->rank, "of a run directory: the rank whose requests to replay (default 0)");
   cmd->add_flag("--json", args->json, "print the results as JSON");
   cmd->add_flag("--verify", args->verify,
                 "PyTorch snapshot input: replay under its own settings and check that the segment sizes asked of "

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
@@ -239,12 +240,45 @@ void PrintBuckets(const DdpBuckets& ddp) {
   }
 }
 
+// What the run directory holds: its files that exist, the per-rank ones
+// as "rank-{0..1}.timeline" when every rank has one.
+std::string ExistingListing(const std::string& out, int world_size) {
+  const RunDirectory dir(out);
+  auto exists = [](const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
+  };
+  std::vector<std::string> names;
+  auto per_rank = [&](const char* prefix, const char* suffix, std::string (RunDirectory::*path)(int) const) {
+    std::vector<int> ranks;
+    for (int r = 0; r < world_size; ++r) {
+      if (exists((dir.*path)(r))) ranks.push_back(r);
+    }
+    if (world_size > 1 && static_cast<int>(ranks.size()) == world_size) {
+      names.push_back(absl::StrCat(prefix, "{0..", world_size - 1, "}", suffix));
+    } else {
+      for (const int r : ranks) names.push_back(absl::StrCat(prefix, r, suffix));
+    }
+  };
+  if (exists(dir.Manifest())) names.push_back(RunDirectory::kManifest);
+  per_rank("rank-", ".timeline", &RunDirectory::Timeline);
+  for (const std::string& file : {dir.Report(), dir.Html(), dir.Summary(), dir.Trace()}) {
+    if (exists(file)) names.push_back(std::filesystem::path(file).filename().string());
+  }
+  per_rank("snapshot-rank-", ".pickle", &RunDirectory::Snapshot);
+  return absl::StrJoin(names, ", ");
+}
+
 // The tables of `memscope run`: the header line, each rank's phase table,
-// buckets and peak, the losses and where it was recorded.
+// buckets and peak, the losses and where it was recorded. Only what
+// happened: a rank that never built its model (a failed rendezvous) has no
+// parameter count, no phases and no peak to show.
 void PrintTables(const RunArgs& a, const RunOutcome& out) {
   const TrainingManifest& t = *out.manifest.training;
   const int world_size = out.manifest.world_size;
-  std::cout << "memscope run: " << t.model << " (" << t.parameters << " parameters), " << t.steps_done << " of "
+  std::cout << "memscope run: " << t.model
+            << (t.parameters > 0 ? absl::StrCat(" (", t.parameters, " parameters)") : std::string()) << ", "
+            << t.steps_done << " of "
             << t.steps << " steps, --exec " << t.exec << ", "
             << (world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "") << "--ddp " << t.ddp
             << ", simulated GPU of " << FormatSize(out.manifest.device_memory) << ", "
@@ -252,10 +286,16 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
   for (const RankReport& r : out.reports) {
     std::cout << "\n";
     if (world_size > 1) std::cout << "rank " << r.rank << " (" << r.events << " events)\n";
+    if (r.phases.empty()) {
+      std::cout << "(no phase recorded" << (r.status.empty() || r.status == "ok" ? "" : absl::StrCat(": ", r.status))
+                << ")\n";
+      continue;
+    }
     std::cout << PhaseTableText(r);
     const std::optional<RankStatus>& st = out.statuses[static_cast<std::size_t>(r.rank)];
     if (st && st->ddp) PrintBuckets(*st->ddp);
-    std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes) << " in " << r.peak_allocated.phase << ": "
+    std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes)
+              << (r.peak_allocated.phase.empty() ? "" : absl::StrCat(" in ", r.peak_allocated.phase)) << ": "
               << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n";
     if (world_size > 1 && r.rank == 0) {
       bool same = true;
@@ -272,7 +312,7 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
     for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
     std::cout << "\n";
   }
-  std::cout << "recorded in " << a.out << "/ (" << RunDirectory::Listing(world_size) << ")\n";
+  std::cout << "recorded in " << a.out << "/ (" << ExistingListing(a.out, world_size) << ")\n";
 }
 
 // Aggregates the finished ranks (run/aggregate.h), writes the run's outputs

@@ -57,13 +57,14 @@ std::map<std::string, std::int64_t> CategoryMap(const std::array<std::int64_t, k
   return out;
 }
 
-// The steady state: the end of the last phase, else the end of the
-// recording (by category only when the input has the timeline).
+// The moment `end` (analysis.h): the end of the last step's last phase;
+// without steps, the end of the recording (by category only when the input
+// has the timeline).
 Breakdown AtEnd(const CompareInput& input, const RankReport& rank, const std::vector<PhaseEnd>& phases) {
-  if (!phases.empty()) {
-    const PhaseEnd& last = phases.back();
-    return {last.step == kNoStep ? last.phase : absl::StrCat(last.phase, ":", last.step),
-            static_cast<std::int64_t>(last.values.allocated), true, CategoryMap(*last.by_category)};
+  for (auto it = phases.rbegin(); it != phases.rend(); ++it) {
+    if (it->step == kNoStep) continue;
+    return {absl::StrCat(it->phase, ":", it->step), static_cast<std::int64_t>(it->values.allocated), true,
+            CategoryMap(*it->by_category)};
   }
   Breakdown end;
   end.moment = "end of recording";
@@ -264,6 +265,13 @@ std::string Group(const std::string& title) {
 }
 
 std::string PhaseTable(const std::vector<ComparedPhase>& phases) {
+  std::uint64_t largest = 0;
+  for (const ComparedPhase& p : phases) {
+    for (const auto& side : {p.a, p.b}) {
+      if (side) largest = std::max({largest, side->allocated, side->max_allocated, side->reserved});
+    }
+  }
+  const TableUnit unit = TableUnitFor(largest);
   std::string out = absl::StrFormat("%-5s %-14s  %s  %s  %s\n", "", "", Group("allocated"), Group("max allocated"),
                                     Group("reserved"));
   absl::StrAppendFormat(&out, "%-5s %-14s", "step", "phase");
@@ -273,12 +281,12 @@ std::string PhaseTable(const std::vector<ComparedPhase>& phases) {
   for (const ComparedPhase& p : phases) {
     absl::StrAppendFormat(&out, "%-5s %-14s", p.step == kNoStep ? std::string("-") : absl::StrCat(p.step), p.phase);
     auto column = [&](std::uint64_t ComparedRow::*field) {
-      const std::string a = p.a ? FormatMib((*p.a).*field) : "-";
-      const std::string b = p.b ? FormatMib((*p.b).*field) : "-";
-      const std::string d =
-          p.a && p.b
-              ? FormatMibDelta(static_cast<std::int64_t>((*p.b).*field) - static_cast<std::int64_t>((*p.a).*field))
-              : "-";
+      const std::string a = p.a ? FormatInUnit((*p.a).*field, unit) : "-";
+      const std::string b = p.b ? FormatInUnit((*p.b).*field, unit) : "-";
+      const std::string d = p.a && p.b ? FormatDeltaInUnit(static_cast<std::int64_t>((*p.b).*field) -
+                                                               static_cast<std::int64_t>((*p.a).*field),
+                                                           unit)
+                                       : "-";
       absl::StrAppendFormat(&out, "  %*s %*s %*s", kMibWidth, a, kMibWidth, b, kMibWidth, d);
     };
     column(&ComparedRow::allocated);
@@ -346,14 +354,15 @@ json RunJson(const ComparedRun& run) {
           {"config", run.config}};
 }
 
-// Fills input.end_by_category for the ranks of the report without phase marks.
+// Fills input.end_by_category for the ranks of the report without steps.
 absl::Status AddEndsOfRecording(CompareInput& input, const std::vector<Timeline>& timelines) {
   for (const Timeline& t : timelines) {
-    bool has_phases = false;
+    bool has_steps = false;
     for (const RankReport& rank : input.report.ranks) {
-      if (rank.rank == t.rank && !rank.phases.empty()) has_phases = true;
+      if (rank.rank != t.rank) continue;
+      for (const PhaseRow& row : rank.phases) has_steps = has_steps || row.step != kNoStep;
     }
-    if (has_phases) continue;
+    if (has_steps) continue;
     absl::StatusOr<std::pair<TraceModel, std::size_t>> end = ModelAt(t, Moment{});
     if (!end.ok()) return end.status();
     input.end_by_category[t.rank] = end->first.allocated_by_category();

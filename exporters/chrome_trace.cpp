@@ -294,7 +294,7 @@ void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const E
 }
 
 void ChromeTraceWriter::RankWriter::WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished) {
-  std::string& b = w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label)));
+  std::string& b = w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label), p.micro_batch));
   b += ",\"cat\":\"phase\",\"dur\":";
   // In unsigned arithmetic: corrupt times must not overflow.
   AppendMicros(b, false,

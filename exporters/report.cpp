@@ -29,7 +29,7 @@ std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by
 }
 
 std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel& at_moment,
-                        const std::string& moment_text) {
+                        const std::string& moment_text, bool by_category) {
   std::string out = absl::StrCat(
       "rank ", t.rank, ": GPU ", t.device_index, " of ", FormatSize(t.device_capacity), ", alloc_conf ",
       t.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", t.alloc_conf, "\""), ", ", r.events, " events\n\n");
@@ -37,6 +37,7 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
     absl::StrAppend(&out, "(no phase marks recorded)\n");
   } else {
     absl::StrAppend(&out, PhaseTableText(r));
+    if (by_category) absl::StrAppend(&out, "\nallocated by category at each phase end:\n", PhaseCategoryTableText(r));
   }
   absl::StrAppend(&out, "\npeak allocated ", FormatSize(r.peak_allocated.bytes),
                   r.peak_allocated.phase.empty() ? "" : absl::StrCat(" in ", r.peak_allocated.phase), ": ",
@@ -56,7 +57,7 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
                   FormatSize(r.overhead_bytes()), " above it\n");
   if (r.oom) {
     absl::StrAppend(&out, "OOM", r.oom->phase.empty() ? "" : absl::StrCat(" in ", r.oom->phase), ": request of ",
-                    r.oom->requested, " B; ", r.oom->verdict, "\n");
+                    FormatSize(r.oom->requested), "; ", r.oom->verdict, "\n");
   }
   absl::StrAppend(&out, "\nfragmentation at ", moment_text, ":\n", FragmentationText(at_moment.Fragmentation()));
   absl::StrAppend(&out, "\nmemory_summary() at ", moment_text, ":\n", MemorySummary(at_moment.stats(), t.device_index));

@@ -112,9 +112,11 @@ std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by
                               std::size_t max_parts = kNumCategories);
 
 // The text of `memscope summary` for one rank: header, phase table, peaks,
-// lower bound, fragmentation and memory_summary() at `moment`.
+// lower bound, fragmentation and memory_summary() at `moment`. With
+// `by_category`, the phase table is followed by the allocated bytes of each
+// category at every phase end (PhaseCategoryTableText).
 std::string SummaryText(const Timeline& timeline, const RankReport& report, const TraceModel& at_moment,
-                        const std::string& moment_text);
+                        const std::string& moment_text, bool by_category = false);
 
 }  // namespace memscope
 

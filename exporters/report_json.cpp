@@ -52,6 +52,7 @@ json PhasesJson(const std::vector<PhaseRow>& rows) {
                       {"max_reserved_bytes", row.max_reserved},
                       {"peak_allocated_bytes_in_phase", row.peak_allocated_in_phase},
                       {"by_category", ByCategoryJson(row.by_category)}});
+    if (row.micro_batch != kNoMicroBatch) phases.back()["micro_batch"] = row.micro_batch;
   }
   return phases;
 }
@@ -247,6 +248,12 @@ absl::Status ReadPhases(const Fields& rank, std::vector<PhaseRow>& out) {
       if (!step->is_number_integer() || step->get<std::int64_t>() < 0) return f.Bad("\"step\" (null or a step number)");
       row.step = step->get<std::int64_t>();
     }
+    if (const json* micro = f.Find("micro_batch"); micro != nullptr && !micro->is_null()) {
+      if (!micro->is_number_integer() || micro->get<std::int64_t>() < 0) {
+        return f.Bad("\"micro_batch\" (null or a micro-batch index)");
+      }
+      row.micro_batch = micro->get<std::int64_t>();
+    }
     std::string phase;
     MEMSCOPE_RETURN_IF_ERROR(f.String("phase", phase, /*required=*/true));
     const std::optional<Phase> known = ParsePhase(phase);
@@ -315,8 +322,8 @@ absl::Status ReadFragmentationAndOom(const Fields& rank, RankReport& r) {
   if (!frag.ok()) return frag.status();
   FragmentationInfo at_oom;
   if (*frag) {
-    for (auto [key, out] : {std::pair{"end", &r.fragmentation_at_end}, std::pair{"peak", &r.fragmentation_at_peak},
-                            std::pair{"oom", &at_oom}}) {
+    for (auto [key, out] : {std::pair{"end", &r.fragmentation_at_end}, std::pair{"exit", &r.fragmentation_at_exit},
+                            std::pair{"peak", &r.fragmentation_at_peak}, std::pair{"oom", &at_oom}}) {
       absl::StatusOr<std::optional<Fields>> f = (*frag)->Object(key, absl::StrCat("fragmentation.", key));
       if (!f.ok()) return f.status();
       if (*f) MEMSCOPE_RETURN_IF_ERROR(ReadFragmentation(**f, *out));
@@ -477,6 +484,7 @@ json RankReportJson(const RankReport& r) {
             {"peak", {{"allocated", PeakJson(r, r.peak_allocated)}, {"reserved", PeakJson(r, r.peak_reserved)}}},
             {"fragmentation",
              {{"end", FragmentationJson(r.fragmentation_at_end)},
+              {"exit", FragmentationJson(r.fragmentation_at_exit)},
               {"peak", FragmentationJson(r.fragmentation_at_peak)},
               {"oom", r.oom ? FragmentationJson(r.oom->fragmentation) : json(nullptr)}}},
             {"oom", OomJson(r)},

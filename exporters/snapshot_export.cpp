@@ -110,7 +110,7 @@ bool IsPytorchTraceAction(EventType t) { return ChangesMemory(t) || t == EventTy
 
 // "forward:3", "model" (before the first step), a user phase by its label.
 std::string AnnotationName(const Timeline& timeline, const Event& e) {
-  return PhaseMarkName(e.phase, e.step(), timeline.str(e.name));
+  return PhaseMarkName(e.phase, e.step(), timeline.str(e.name), e.micro_batch());
 }
 
 template <typename W>

@@ -35,10 +35,24 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
         ScopedTag tag(r.category, trace.strings[r.text]);
         absl::StatusOr<DevicePtr> p = allocator.Malloc(r.size, r.stream);
         if (!p.ok()) {
-          if (!absl::IsResourceExhausted(p.status()) || !allocator.last_oom().has_value()) {
+          if (!absl::IsResourceExhausted(p.status())) {
             return absl::Status(p.status().code(), absl::StrCat(where(), p.status().message()));
           }
-          result.oom = ReplayOom{i, r.line, trace.ids[r.slot], *allocator.last_oom()};
+          if (allocator.last_oom().has_value()) {
+            result.oom = ReplayOom{i, r.line, trace.ids[r.slot], *allocator.last_oom()};
+          } else {
+            // A size no device has (1 EB or more): PyTorch raises its
+            // OutOfMemoryError before asking the device, and so does the
+            // allocator. It is an OOM like any other: the replay's answer.
+            OutOfMemoryInfo info;
+            info.requested = r.size;
+            info.device_total = device.capacity();
+            info.message = std::string(p.status().message());
+            info.diagnosis =
+                absl::StrCat("memscope: the request of ", r.size, " B is larger than any device; PyTorch refuses ",
+                             "requests of 1 EB and more before asking the device.");
+            result.oom = ReplayOom{i, r.line, trace.ids[r.slot], std::move(info)};
+          }
           break;
         }
         ptrs[r.slot] = *p;

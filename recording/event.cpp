@@ -31,13 +31,17 @@ bool ChangesMemory(EventType t) {
   }
 }
 
-std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label) {
+std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label, std::int64_t micro_batch) {
   std::string name(phase == Phase::kUser && !label.empty() ? label : PhaseName(phase));
   if (step >= 0) {
     // Two appends, not ":" + to_string(): GCC 12's -Wrestrict misfires on
     // the latter at -O2 (GCC bug 105651).
     name += ':';
     name += std::to_string(step);
+    if (micro_batch >= 0) {
+      name += '.';
+      name += std::to_string(micro_batch);
+    }
   }
   return name;
 }

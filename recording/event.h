@@ -50,7 +50,10 @@ bool ChangesMemory(EventType t);
 // The name of a phase mark everywhere memscope shows one (tables, --at,
 // Chrome trace slices, snapshot annotations): "forward:3", "model" when there
 // is no step, a user phase by its label ("user" without one).
-std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label);
+// With --grad-accum, the phases that run once per micro-batch carry its index:
+// "backward:0.1" is step 0's second micro-batch.
+std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label,
+                          std::int64_t micro_batch = -1 /* kNoMicroBatch */);
 
 // Bits of Event::flags.
 inline constexpr std::uint8_t kEventSmallPool = 1;  // the block or segment is in the small pool
@@ -65,7 +68,7 @@ inline constexpr std::uint8_t kEventCompletedAtOnce = 2;
 //   oom:            device_free() (stored in addr), size = rounded request, requested_size
 //   alloc_retry:    size = segment size asked again
 //   phase_*:        phase, step() (stored in addr; kNoStep before the first step), name = label
-//                   (user phases)
+//                   (user phases), micro_batch() (stored in requested_size as index + 1; 0 = none)
 //   mark:           name = the mark's text
 // Fields that mean different things per type are read and written through
 // the accessors below, never directly.
@@ -88,6 +91,10 @@ struct Event {
   // phase_begin / phase_end: the training step, kNoStep before the first.
   std::int64_t step() const { return static_cast<std::int64_t>(addr); }
   void set_step(std::int64_t step) { addr = static_cast<std::uint64_t>(step); }
+  // phase_begin / phase_end: the micro-batch (--grad-accum), kNoMicroBatch
+  // when the phase runs once per step.
+  std::int64_t micro_batch() const { return static_cast<std::int64_t>(requested_size) - 1; }
+  void set_micro_batch(std::int64_t micro) { requested_size = static_cast<std::uint64_t>(micro + 1); }
   // oom: the bytes the device had free when the allocation failed.
   std::uint64_t device_free() const { return addr; }
   void set_device_free(std::uint64_t bytes) { addr = bytes; }
@@ -96,6 +103,7 @@ static_assert(sizeof(Event) == 48);
 static_assert(std::is_trivially_copyable_v<Event>);
 
 inline constexpr std::int64_t kNoStep = -1;
+inline constexpr std::int64_t kNoMicroBatch = -1;
 
 // A recording of one rank: what the timeline file holds.
 struct Timeline {

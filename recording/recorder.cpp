@@ -35,22 +35,24 @@ void Recorder::OnEvent(const TraceEvent& e) {
   sink_.Append(out);
 }
 
-void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label) {
+void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
+                          std::int64_t micro_batch) {
   Event e;
   e.type = type;
   e.phase = phase;
   e.set_step(step);
+  e.set_micro_batch(micro_batch);
   e.name = sink_.Intern(label);
   e.time_ns = Now();
   sink_.Append(e);
 }
 
-void Recorder::PhaseBegin(Phase phase, std::int64_t step, std::string_view label) {
-  AppendMark(EventType::kPhaseBegin, phase, step, label);
+void Recorder::PhaseBegin(Phase phase, std::int64_t step, std::string_view label, std::int64_t micro_batch) {
+  AppendMark(EventType::kPhaseBegin, phase, step, label, micro_batch);
 }
 
-void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label) {
-  AppendMark(EventType::kPhaseEnd, phase, step, label);
+void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label, std::int64_t micro_batch) {
+  AppendMark(EventType::kPhaseEnd, phase, step, label, micro_batch);
   (void)sink_.Flush();
 }
 

@@ -35,8 +35,11 @@ class Recorder final : public AllocatorObserver {
   void OnEvent(const TraceEvent& event) override;
 
   // Phase marks; a phase end flushes the sink (a crash keeps every phase that ended).
-  void PhaseBegin(Phase phase, std::int64_t step = kNoStep, std::string_view label = {});
-  void PhaseEnd(Phase phase, std::int64_t step = kNoStep, std::string_view label = {});
+  // `micro_batch`: the phase's micro-batch under gradient accumulation.
+  void PhaseBegin(Phase phase, std::int64_t step = kNoStep, std::string_view label = {},
+                  std::int64_t micro_batch = kNoMicroBatch);
+  void PhaseEnd(Phase phase, std::int64_t step = kNoStep, std::string_view label = {},
+                std::int64_t micro_batch = kNoMicroBatch);
   // A free-form mark ("checkpoint saved").
   void Mark(std::string_view text);
 
@@ -44,7 +47,8 @@ class Recorder final : public AllocatorObserver {
 
  private:
   std::int64_t Now() const;
-  void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label);
+  void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
+                  std::int64_t micro_batch = kNoMicroBatch);
 
   EventSink& sink_;
   std::int64_t start_ns_;

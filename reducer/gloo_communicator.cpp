@@ -76,6 +76,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -216,6 +217,10 @@ constexpr std::size_t kRecordBytes = 64;
 constexpr std::size_t kMaxMessageBytes = 4096;
 
 std::string ProgressPath(const std::string& dir, int rank) { return dir + "/progress-rank-" + std::to_string(rank); }
+// Left by a process that found its rank already taken (two processes started
+// with the same RANK), so that the rank which has it can say why the others
+// never joined.
+std::string DuplicatePath(const std::string& dir, int rank) { return dir + "/duplicate-rank-" + std::to_string(rank); }
 
 struct PeerStatus {
   int rank = 0;
@@ -805,7 +810,14 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(store_dir_, ec);
   if (ec) throw CommError(me + "cannot create store directory " + store_dir_ + ": " + ec.message());
-  if (std::string err = progress_.Open(store_dir_, rank_); !err.empty()) throw CommError(me + OneLine(err));
+  if (std::string err = progress_.Open(store_dir_, rank_); !err.empty()) {
+    if (err.find("is locked by a live communicator") != std::string::npos) {
+      std::ofstream(DuplicatePath(store_dir_, rank_)) << "1\n";
+      throw CommError(me + "rank " + std::to_string(rank_) + " is already taken by another process (two processes " +
+                      "started with RANK=" + std::to_string(rank_) + "?)" + where);
+    }
+    throw CommError(me + OneLine(err));
+  }
   progress_.Write(0, "joining");
 
   const Clock::time_point deadline = Clock::now() + timeout_;
@@ -827,8 +839,16 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
       }
       if (missing.empty()) break;
       if (Clock::now() >= deadline) {
-        const std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " +
-                                FormatRanks(missing) + " never joined" + where;
+        std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " +
+                          FormatRanks(missing) + " never joined";
+        for (int r = 0; r < world_size_; ++r) {
+          std::error_code exists_ec;
+          if (std::filesystem::exists(DuplicatePath(store_dir_, r), exists_ec)) {
+            msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" +
+                   std::to_string(r) + ")";
+          }
+        }
+        msg += where;
         progress_.Write(0, "failed", "rendezvous", msg);
         throw CommError(msg);
       }

@@ -36,12 +36,15 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
   std::ofstream snapshot_out(path, std::ios::binary | std::ios::trunc);
   SnapshotAt snapshot(t.events.empty() ? 0 : r.peak_allocated.event_index + 1, SnapshotFormat::kPickle, snapshot_out);
   ViewerRankListener viewer(t, r);
+  ModelCapture at_end(EndOfLastStep(t));  // summary.txt is at the moment `end`
   TimelineWalk walk(t);
-  if (absl::Status s = walk.Run({&analysis.second_walk(), &trace.Write(t), &snapshot, &viewer}); !s.ok()) return s;
+  if (absl::Status s = walk.Run({&analysis.second_walk(), &trace.Write(t), &snapshot, &viewer, &at_end}); !s.ok()) {
+    return s;
+  }
   if (!snapshot.status().ok()) return snapshot.status();
   snapshot_out.close();
   if (!snapshot_out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
-  absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, r, walk.model(), "end"));
+  absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
   viewer_data.push_back(viewer.TakeData());
   return absl::OkStatus();
 }

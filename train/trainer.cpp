@@ -10,13 +10,14 @@ namespace {
 class PhaseScope {
  public:
   using Hook = std::function<void(Phase, std::int64_t, bool)>;
-  PhaseScope(Recorder* recorder, Phase phase, std::int64_t step, const Hook* hook = nullptr)
-      : recorder_(recorder), phase_(phase), step_(step), hook_(hook) {
-    if (recorder_) recorder_->PhaseBegin(phase_, step_);
+  PhaseScope(Recorder* recorder, Phase phase, std::int64_t step, const Hook* hook = nullptr,
+             std::int64_t micro_batch = kNoMicroBatch)
+      : recorder_(recorder), phase_(phase), step_(step), micro_batch_(micro_batch), hook_(hook) {
+    if (recorder_) recorder_->PhaseBegin(phase_, step_, {}, micro_batch_);
     if (hook_ && *hook_) (*hook_)(phase_, step_, false);
   }
   ~PhaseScope() {
-    if (recorder_) recorder_->PhaseEnd(phase_, step_);
+    if (recorder_) recorder_->PhaseEnd(phase_, step_, {}, micro_batch_);
   }
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;
@@ -25,6 +26,7 @@ class PhaseScope {
   Recorder* recorder_;
   Phase phase_;
   std::int64_t step_;
+  std::int64_t micro_batch_;  // under gradient accumulation, else kNoMicroBatch
   const Hook* hook_;
 };
 
@@ -86,10 +88,12 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
       }
       for (std::int64_t micro = 0; micro < options.grad_accum; ++micro) {
         if (micro > 0) batch = model.MakeBatch(ctx, step * options.grad_accum + micro);
+        // The phases label their micro-batch only when there are several ("backward:0.1").
+        const std::int64_t micro_label = options.grad_accum > 1 ? micro : kNoMicroBatch;
         std::optional<AutocastGuard> autocast;
         if (options.amp) autocast.emplace(*options.amp);
         {
-          PhaseScope phase(recorder, Phase::kForward, step, &options.phase_hook);
+          PhaseScope phase(recorder, Phase::kForward, step, &options.phase_hook, micro_label);
           ScopedTag tag(Category::kActivation, "");  // what a module does not tag itself
           if (ddp) {
             ddp->set_require_backward_grad_sync(micro == options.grad_accum - 1);  // no_sync() before the last
@@ -103,14 +107,14 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
           }
         }
         {
-          PhaseScope phase(recorder, Phase::kLoss, step, &options.phase_hook);
+          PhaseScope phase(recorder, Phase::kLoss, step, &options.phase_hook, micro_label);
           ScopedTag tag(Category::kActivation, "loss");
           loss = model.Loss(output, batch);
           if (options.grad_accum > 1) loss = ops::DivScalar(loss, static_cast<float>(options.grad_accum));
         }
         autocast.reset();  // leaving `with autocast():` frees the cast cache
         {
-          PhaseScope phase(recorder, Phase::kBackward, step, &options.phase_hook);
+          PhaseScope phase(recorder, Phase::kBackward, step, &options.phase_hook, micro_label);
           if (scaler) {
             Backward({scaler->Scale(loss)});
           } else {

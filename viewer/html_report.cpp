@@ -199,7 +199,8 @@ class ViewerRankListener::Impl {
   void OnFinish(const TimelineWalk& walk) {
     first_t_ = walk.first_ns();
     last_t_ = walk.last_ns();
-    Capture(walk.model(), "end", last_t_, t_.events.size());
+    // `end` is after the last step, `exit` after the last event (analysis.h).
+    Capture(walk.model(), end_events_ < t_.events.size() ? "exit" : "end", last_t_, t_.events.size());
   }
   nlohmann::json TakeData();
 
@@ -227,6 +228,7 @@ class ViewerRankListener::Impl {
   std::map<std::int64_t, std::int64_t> step_begin_;
   nlohmann::json marks_ = nlohmann::json::array();
   std::size_t phase_ends_ = 0;
+  const std::size_t end_events_ = EndOfLastStep(t_);  // the moment `end`
   std::int64_t first_t_ = 0;
   std::int64_t last_t_ = 0;
 };
@@ -248,13 +250,14 @@ void ViewerRankListener::Impl::OnEvent(const TimelineWalk& walk, const Event& e)
     default: break;
   }
   if (i == r_.peak_allocated.event_index) Capture(model, "peak", e.time_ns, i + 1);
+  if (i + 1 == end_events_ && end_events_ < t_.events.size()) Capture(model, "end", e.time_ns, i + 1);
   if (r_.oom && i == r_.oom->event_index) Capture(model, "oom", e.time_ns, i + 1);
 }
 
 void ViewerRankListener::Impl::OnPhaseEnd(const TimelineWalk& walk, const Event& e) {
   const PhaseEnd& end = walk.phase_end();
   const std::int64_t begin = end.matched ? end.phase.begin_ns : e.time_ns;
-  const std::string name = PhaseMarkName(e.phase, e.step(), t_.str(e.name));
+  const std::string name = PhaseMarkName(e.phase, e.step(), t_.str(e.name), e.micro_batch());
   int moment = -1;
   if (phase_ends_ < moment_rows_.size() && moment_rows_[phase_ends_]) {
     moment = Capture(walk.model(), name, e.time_ns, walk.applied());

@@ -152,7 +152,8 @@
   function momentLabel(m) {
     if (m.key === 'peak') return 'peak allocated';
     if (m.key === 'oom') return 'OOM';
-    if (m.key === 'end') return 'end of recording';
+    if (m.key === 'end') return 'end (after the last step)';
+    if (m.key === 'exit') return 'exit (after teardown)';
     return 'end of ' + m.key;
   }
 

@@ -80,7 +80,7 @@ TEST_CASE("an OOM caused by fragmentation is named as such, with the numbers") {
   CHECK(r->oom->requested == 12 * MiB);
   CHECK(r->oom->caused_by_fragmentation);
   CHECK(r->oom->verdict ==
-        "14680064 bytes free in segments but the largest free block is 8388608: fragmentation, not capacity, "
+        "14.00 MiB free in segments but the largest free block is 8.00 MiB: fragmentation, not capacity, "
         "caused this OOM");
   CHECK(r->oom->fragmentation.free_blocks == 2);
   CHECK(r->stats.num_ooms == 1);
@@ -88,16 +88,27 @@ TEST_CASE("an OOM caused by fragmentation is named as such, with the numbers") {
   CHECK(r->overhead_bytes() == 8 * MiB);
 }
 
-TEST_CASE("moments: end, peak, oom and PHASE:STEP") {
+TEST_CASE("moments: end (after the last step), exit (after teardown), peak, oom and PHASE:STEP") {
   Session s(1024 * MiB);
   s.rec.PhaseBegin(Phase::kForward, 0);
   const DevicePtr x = s.Alloc(40 * MiB, Category::kActivation, "a");
   s.rec.PhaseEnd(Phase::kForward, 0);
-  MustFree(s.a, x);
+  const std::size_t last_step_end = s.t.events.size();
+  MustFree(s.a, x);  // teardown, after the last step
+  CHECK(EndOfLastStep(s.t) == last_step_end);
   auto end = ModelAt(s.t, *ParseMoment("end"));
   REQUIRE(end.ok());
-  CHECK(end->first.allocated() == 0);
-  CHECK(end->second == s.t.events.size());
+  CHECK(end->first.allocated() == 40 * MiB);
+  CHECK(end->second == last_step_end);
+  auto exit = ModelAt(s.t, *ParseMoment("exit"));
+  REQUIRE(exit.ok());
+  CHECK(exit->first.allocated() == 0);
+  CHECK(exit->second == s.t.events.size());
+  // report.json's fragmentation at end and at exit are those two moments.
+  auto r = AnalyzeRank(s.t);
+  REQUIRE(r.ok());
+  CHECK(r->fragmentation_at_end.allocated == 40 * MiB);
+  CHECK(r->fragmentation_at_exit.allocated == 0);
   auto peak = ModelAt(s.t, *ParseMoment("peak"));
   REQUIRE(peak.ok());
   CHECK(peak->first.allocated() == 40 * MiB);
@@ -109,4 +120,91 @@ TEST_CASE("moments: end, peak, oom and PHASE:STEP") {
   CHECK_FALSE(ParseMoment("sideways:1").ok());
   CHECK_FALSE(ParseMoment("forward:x").ok());
   CHECK(ParseMoment("model")->phase == Phase::kModel);
+}
+
+TEST_CASE("moments: a recording without steps ends at its last event (end = exit)") {
+  Session s(1024 * MiB);
+  s.rec.PhaseBegin(Phase::kModel);
+  const DevicePtr x = s.Alloc(4 * MiB, Category::kParameter, "w");
+  s.rec.PhaseEnd(Phase::kModel);
+  MustFree(s.a, x);
+  CHECK(EndOfLastStep(s.t) == s.t.events.size());
+  auto end = ModelAt(s.t, *ParseMoment("end"));
+  REQUIRE(end.ok());
+  CHECK(end->first.allocated() == 0);
+}
+
+TEST_CASE("micro-batches: phases labelled STEP.MICRO, and --at PHASE:STEP.MICRO picks one") {
+  Session s(1024 * MiB);
+  std::vector<DevicePtr> grads;
+  for (std::int64_t micro = 0; micro < 2; ++micro) {
+    s.rec.PhaseBegin(Phase::kBackward, 0, {}, micro);
+    grads.push_back(s.Alloc((micro + 1) * 10 * MiB, Category::kGradient, "fc"));
+    s.rec.PhaseEnd(Phase::kBackward, 0, {}, micro);
+  }
+  s.rec.PhaseBegin(Phase::kStep, 0);
+  s.rec.PhaseEnd(Phase::kStep, 0);
+  auto r = AnalyzeRank(s.t);
+  REQUIRE(r.ok());
+  REQUIRE(r->phases.size() == 3);
+  CHECK(PhaseRowName(r->phases[0]) == "backward:0.0");
+  CHECK(PhaseRowName(r->phases[1]) == "backward:0.1");
+  CHECK(PhaseRowName(r->phases[2]) == "step:0");
+  CHECK(r->peak_allocated.phase == "backward:0.1");
+  const std::string table = PhaseTableText(*r);
+  CHECK(table.find("\n0.0   backward ") != std::string::npos);
+  CHECK(table.find("\n0.1   backward ") != std::string::npos);
+  CHECK(table.find("\n0     step ") != std::string::npos);
+
+  const absl::StatusOr<Moment> first = ParseMoment("backward:0.0");
+  REQUIRE(first.ok());
+  CHECK(first->step == 0);
+  CHECK(first->micro_batch == 0);
+  auto at_first = ModelAt(s.t, *first);
+  REQUIRE(at_first.ok());
+  CHECK(at_first->first.allocated() == 10 * MiB);
+  auto at_second = ModelAt(s.t, *ParseMoment("backward:0.1"));
+  REQUIRE(at_second.ok());
+  CHECK(at_second->first.allocated() == 30 * MiB);
+  // Without a micro-batch: the phase's last end in that step.
+  auto whole = ModelAt(s.t, *ParseMoment("backward:0"));
+  REQUIRE(whole.ok());
+  CHECK(whole->second == at_second->second);
+  CHECK(absl::IsNotFound(ModelAt(s.t, *ParseMoment("backward:0.2")).status()));
+  CHECK_FALSE(ParseMoment("backward:0.x").ok());
+  CHECK_FALSE(ParseMoment("backward:0.-1").ok());
+}
+
+TEST_CASE("table units: the largest of G, M, K in which the table's largest value is at least 100") {
+  CHECK(std::string(TableUnitFor(120 * MiB).suffix) == "M");
+  CHECK(std::string(TableUnitFor(100 * MiB).suffix) == "M");
+  CHECK(std::string(TableUnitFor(100 * MiB - 1).suffix) == "K");
+  CHECK(std::string(TableUnitFor(100ULL << 30).suffix) == "G");
+  CHECK(std::string(TableUnitFor(99).suffix) == "B");
+  const TableUnit k = TableUnitFor(3 * MiB);
+  CHECK(FormatInUnit(2586 * 1024 + 1000, k) == "2586K");
+  CHECK(FormatDeltaInUnit(-2048, k) == "-2K");
+  CHECK(FormatDeltaInUnit(0, k) == "0K");
+  CHECK(FormatDeltaInUnit(1000, k) == "+0K");
+
+  // A small run's phase table shows its differences in KiB, not "0M"/"1M".
+  Session s(1024 * MiB);
+  s.rec.PhaseBegin(Phase::kForward, 0);
+  s.Alloc(600 * 1024, Category::kActivation, "a");
+  s.rec.PhaseEnd(Phase::kForward, 0);
+  s.rec.PhaseBegin(Phase::kBackward, 0);
+  s.Alloc(700 * 1024, Category::kGradient, "a");
+  s.rec.PhaseEnd(Phase::kBackward, 0);
+  auto r = AnalyzeRank(s.t);
+  REQUIRE(r.ok());
+  const std::string table = PhaseTableText(*r);
+  CHECK(table.find("0     forward              600K           600K      2048K         2048K           600K\n") !=
+        std::string::npos);
+  CHECK(table.find("0     backward            1300K          1300K      2048K         2048K          1300K\n") !=
+        std::string::npos);
+  const std::string by_category = PhaseCategoryTableText(*r);
+  CHECK(by_category ==
+        "step  phase               ACTIVATION        GRADIENT\n"
+        "0     forward                   600K              0K\n"
+        "0     backward                  600K            700K\n");
 }

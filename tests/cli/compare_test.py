@@ -100,14 +100,18 @@ try:
     check("rank block", "== rank 0" in out_lines, text)
     check("column names", "step  phase                  A        B      B-A         A        B      B-A         A"
           "        B      B-A" in out_lines, text)
-    mib = lambda b: f"{b // (1 << 20)}M"  # noqa: E731
+    # The table's unit: the largest of G, M, K in which its largest value is at least 100.
+    largest = max(v[k] for row in rows.values() for side in ("a", "b") if row.get(side)
+                  for v in [row[side]] for k in ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"])
+    unit = next(((b, s) for b, s in [(1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] if largest // b >= 100), (1, "B"))
+    mib = lambda b: f"{b // unit[0]}{unit[1]}"  # noqa: E731
     step0 = rows[("step", 0)]
     expected = "%-5s %-14s" % ("0", "step") + "".join(
         "  %8s %8s %8s" % (mib(step0["a"][k]), mib(step0["b"][k]), "+" + mib(step0["b"][k] - step0["a"][k]))
         for k in ["allocated_bytes", "max_allocated_bytes", "reserved_bytes"])
     check("step:0 row", expected in out_lines, (expected, text))
     backward = [l.split() for l in lines_with(text, "0     backward")]
-    check("backward:0 row: no difference", len(backward) == 1 and backward[0][4::3] == ["0M"] * 3 and
+    check("backward:0 row: no difference", len(backward) == 1 and backward[0][4::3] == ["0" + unit[1]] * 3 and
           backward[0][2] == backward[0][3] == mib(rows[("backward", 0)]["a"]["allocated_bytes"]), backward)
     peak = r["peaks"]["allocated"]
     growth = f"+{peak['delta_bytes'] / (1 << 20):.2f} MiB ({100 * peak['delta_bytes'] / peak['a_bytes']:+.1f}%)"

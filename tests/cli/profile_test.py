@@ -93,7 +93,7 @@ try:
     check("frag", (f["reserved_bytes"], f["allocated_bytes"], f["segments"], f["inactive_split_bytes"]) ==
           (80 * MiB, 60 * MiB, 2, 20 * MiB), f)
     code, out, err = run("frag", out_dir, "--at", "forward:0")
-    check("frag text", "free in segments 50.00 MiB in 1 blocks" in out, out)
+    check("frag text", "free in segments 50.00 MiB in 1 block," in out, out)
 
     # dump: JSON lines, header first.
     code, out, err = run("dump", os.path.join(out_dir, "rank-0.timeline"))

@@ -64,7 +64,7 @@ try:
     check("steps", [st["step"] for st in rk["steps"]] == [0], rk["steps"])
     check("marks", [m["text"] for m in rk["marks"]] == ["step 0 done"], rk["marks"])
     keys = [m["key"] for m in rk["moments"]]
-    check("moments", keys == ["model", "peak", "forward:0", "backward:0", "end"], keys)
+    check("moments", keys == ["model", "peak", "forward:0", "backward:0", "end", "exit"], keys)
     # Segment maps: the same segments `memscope frag --at` reports.
     for m in rk["moments"]:
         at = m["key"]
@@ -136,7 +136,7 @@ try:
     check("long peaks kept", max(lr["samples"]["allocated"]) == rep["peak"]["allocated"]["bytes"] and
           max(lr["samples"]["reserved"]) == rep["peak"]["reserved"]["bytes"], "")
     check("long times ordered", lr["samples"]["t"] == sorted(lr["samples"]["t"]), "")
-    phase_moments = [m for m in lr["moments"] if m["key"] not in ("peak", "oom", "end")]
+    phase_moments = [m for m in lr["moments"] if m["key"] not in ("peak", "oom", "end", "exit")]
     check("long moments bounded", 2 <= len(phase_moments) <= 48 + 3, len(phase_moments))
     kept_steps = sorted({int(m["key"].split(":")[1]) for m in phase_moments if ":" in m["key"]})
     check("long first and last step", kept_steps[0] == 0 and kept_steps[-1] == 149, kept_steps)

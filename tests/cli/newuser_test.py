@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""What a new user tripped over (issue 14): each check failed before its fix.
+
+- min memory: independent of --device-memory; a GPU of exactly the peak live
+  bytes may work (12, 14, 16 MiB allocated one after the other need 16 MiB);
+- `replay RUN`: a run directory's whole request stream, under its own settings;
+- the moments `end` (after the last step) and `exit` (after teardown);
+- a failed rendezvous prints only what is true and names the duplicate rank;
+- a request no device has (2^64 - 1 bytes) is an OOM: exit 0, as README says;
+- wording: `trace` without -o points at `memscope trace --help`, "1 block",
+  the OOM verdict in MiB;
+- tables in a unit that shows a small run's differences, micro-batch labels
+  with --grad-accum, `summary --by-category`.
+"""
+import json
+import os
+import subprocess
+import tempfile
+import time
+
+from clitest import MEMSCOPE, MiB, check, data, finish, run  # noqa: E402
+
+tmp = tempfile.mkdtemp(prefix="memscope-newuser-")
+
+
+def write(name, lines):
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def table_rows(out):
+    """The what-if table's setting rows: {alloc_conf: [columns...]}."""
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("(defaults)") or line.startswith('"'):
+            rows[line.split("  ")[0].strip()] = line
+    return rows
+
+
+# ---- min memory: the same answer on every --device-memory, and exactly the peak live size works.
+steps = write("steps.jsonl", [
+    '{"action":"alloc","id":"a","size":%d}' % (12 * MiB), '{"action":"free","id":"a"}',
+    '{"action":"alloc","id":"b","size":%d}' % (14 * MiB), '{"action":"free","id":"b"}',
+    '{"action":"alloc","id":"c","size":%d}' % (16 * MiB)])
+for memory in ["16MiB", "17MiB", "20MiB", "40MiB", "80GiB"]:
+    code, out, err = run("replay", steps, "--device-memory", memory, "--json")
+    check(f"min memory exit on {memory}", code == 0, err)
+    r = json.loads(out)["runs"][0] if code == 0 else {}
+    check(f"min memory on {memory}", r.get("min_device_memory") == 16 * MiB, r.get("min_device_memory"))
+code, out, err = run("replay", steps, "--device-memory", "40MiB")
+check("min memory column", table_rows(out).get("(defaults)", "").endswith("16.00 MiB  ok"), out)
+
+# ---- replay RUN: the run's whole request stream, under the run's settings and device.
+run_dir = os.path.join(tmp, "mlp")
+code, out, err = run("run", "--model", "mlp", "--steps", "2", "--out", run_dir)
+check("mlp run", code == 0, err)
+report = json.load(open(os.path.join(run_dir, "report.json")))["ranks"][0]
+code, out, err = run("replay", run_dir, "--json", "--no-search")
+check("replay RUN exit", code == 0, err)
+if code == 0:
+    doc = json.loads(out)
+    r = doc["runs"][0]
+    check("replay RUN lower bound", doc["lower_bound_bytes"] == report["lower_bound_bytes"],
+          (doc["lower_bound_bytes"], report["lower_bound_bytes"]))
+    # The same requests under the same settings: the allocator makes the same decisions.
+    check("replay RUN peaks", (r["memory_stats"]["allocated_bytes.all.peak"], r["memory_stats"]["reserved_bytes.all.peak"])
+          == (report["peak"]["allocated"]["bytes"], report["peak"]["reserved"]["bytes"]), r["memory_stats"])
+    check("replay RUN device", r["device_memory"] == report["device_capacity"], r["device_memory"])
+    check("replay RUN whole stream", r["requests_done"] == r["requests"] and r["oom"] is None, r)
+# A run that hit OOM: its failed request is replayed too, so a larger device gets past it.
+oom_dir = os.path.join(tmp, "oom")
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--device-memory", "3MiB", "--out", oom_dir)
+check("oom run exit 3", code == 3, (code, err))
+code, out, err = run("replay", oom_dir, "--json", "--no-search")
+check("replay oom RUN stops at the OOM", code == 0 and json.loads(out)["runs"][0]["oom"] is not None, (out, err))
+code, out, err = run("replay", oom_dir, "--json", "--device-memory", "1GiB")
+if code == 0:
+    r = json.loads(out)["runs"][0]
+    check("replay oom RUN on 1 GiB finishes", r["oom"] is None and r["requests_done"] == r["requests"], r)
+    check("replay oom RUN min memory above 3 MiB", r["min_device_memory"] is not None and
+          r["min_device_memory"] > 3 * MiB, r["min_device_memory"])
+else:
+    check("replay oom RUN on 1 GiB", False, err)
+code, out, err = run("replay", run_dir, "--rank", "3")
+check("replay RUN missing rank", code == 2 and "has no rank 3" in err, (code, err))
+
+# ---- end = after the last step, exit = after teardown (phases.jsonl ends with a free and empty_cache).
+phases_run = os.path.join(tmp, "phases")
+run("replay", data("phases.jsonl"), "--out", phases_run)
+code, out, err = run("summary", phases_run, "--json")
+j = json.loads(out) if code == 0 else {}
+at_end = j.get("at", [{}])[0]
+end_frag = j.get("ranks", [{}])[0].get("fragmentation", {})
+code, out, err = run("summary", phases_run, "--at", "backward:0", "--json")
+at_backward = json.loads(out)["at"][0]
+check("end is after the last step", at_end.get("events") == at_backward["events"] and
+      at_end.get("fragmentation") == at_backward["fragmentation"], (at_end, at_backward))
+check("report.json end = after the last step", end_frag.get("end") == at_backward["fragmentation"], end_frag)
+code, out, err = run("summary", phases_run, "--at", "exit", "--json")
+at_exit = json.loads(out)["at"][0] if code == 0 else {}
+check("exit is after the last event", at_exit.get("events") == j.get("ranks", [{}])[0].get("events"),
+      (at_exit.get("events"), code, err))
+check("report.json exit", end_frag.get("exit") == at_exit.get("fragmentation"), end_frag)
+code, out, err = run("frag", phases_run, "--at", "exit")
+check("frag --at exit", code == 0 and out.startswith("rank 0 at exit:\n"), (out, err))
+
+# ---- a failed rendezvous: two processes both RANK=0 of WORLD_SIZE=2.
+dup = os.path.join(tmp, "dup")
+env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+cmd = [MEMSCOPE, "run", "--model", "mlp", "--out", dup, "--timeout", "2"]
+first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+time.sleep(0.5)
+second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+out1, err1 = first.communicate(timeout=120)
+check("rendezvous exit", first.returncode == 4, (first.returncode, err1))
+check("rendezvous: no parameter count of a model never built", "parameters)" not in out1, out1)
+check("rendezvous: no empty peak", "peak allocated 0 bytes in :" not in out1, out1)
+check("rendezvous: lists only files that exist", "rank-{0..1}" not in out1 and "rank-0.timeline" in out1 and
+      "rank-1" not in out1, out1)
+check("rendezvous: names the duplicate rank (first process)", "rank 0 was started twice" in err1, err1)
+check("rendezvous: names the duplicate rank (second process)",
+      "rank 0 is already taken by another process" in second.stderr, second.stderr)
+
+# ---- a size beyond any device is an OOM: exit 0 (README: the OOM is the answer), with PyTorch's message.
+huge = write("huge.jsonl", ['{"action":"alloc","id":"a","size":18446744073709551615}'])
+code, out, err = run("replay", huge)
+check("huge alloc exit 0", code == 0, (code, err))
+check("huge alloc OOM message", "OOM at request 1 (line 1" in out and
+      "CUDA out of memory. Tried to allocate more than 1EB memory." in out and "OOM at request 1 of 1" in out, out)
+code, out, err = run("replay", huge, "--json")
+check("huge alloc json", code == 0 and json.loads(out)["runs"][0]["oom"]["requested_bytes"] == 2**64 - 1, out)
+
+# ---- wording.
+code, out, err = run("trace", phases_run)
+check("trace without -o", code == 2 and "(see memscope trace --help)" in err, err)
+code, out, err = run("frag", phases_run, "--at", "exit")
+check("1 block", "in 1 block," in out and "in 1 blocks" not in out, out)
+oom_rec = os.path.join(tmp, "oomrec")
+run("replay", data("fragmentation.jsonl"), "--device-memory", "30MiB", "--out", oom_rec)
+code, out, err = run("summary", oom_rec)
+oom_line = [l for l in out.splitlines() if l.startswith("OOM")]
+check("OOM verdict in MiB", oom_line == ["OOM: request of 12.00 MiB; 14.00 MiB free in segments but the largest "
+                                         "free block is 8.00 MiB: fragmentation, not capacity, caused this OOM"],
+      oom_line)
+
+# ---- tables: a small run in KiB; micro-batches; categories per phase.
+code, out, err = run("summary", run_dir)
+rows = [l for l in out.splitlines() if l.startswith(("-     model", "0     forward"))]
+check("small table in KiB", len(rows) == 2 and all(l.split()[2].endswith("K") for l in rows), rows)
+check("small table differs", len({l.split()[2] for l in rows}) == 2, rows)
+ga = os.path.join(tmp, "ga")
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--grad-accum", "2", "--out", ga)
+labels = [tuple(l.split()[:2]) for l in out.splitlines()[3:] if l[:1].isdigit()]
+check("micro-batch rows", labels == [("0", "zero_grad"), ("0.0", "forward"), ("0.0", "loss"), ("0.0", "backward"),
+                                     ("0.1", "forward"), ("0.1", "loss"), ("0.1", "backward"), ("0", "step")],
+      labels)
+code, out0, err = run("summary", ga, "--at", "backward:0.0", "--json")
+code1, out1, err1 = run("summary", ga, "--at", "backward:0.1", "--json")
+check("--at backward:0.1", code == 0 and code1 == 0 and
+      json.loads(out0)["at"][0]["events"] < json.loads(out1)["at"][0]["events"], (err, err1))
+rep = json.load(open(os.path.join(ga, "report.json")))["ranks"][0]
+check("report.json micro_batch", [p.get("micro_batch") for p in rep["phases"] if p["phase"] == "backward"] == [0, 1],
+      rep["phases"])
+code, out, err = run("summary", run_dir, "--by-category")
+cat_lines = out.split("allocated by category at each phase end:\n")
+check("--by-category table", code == 0 and len(cat_lines) == 2 and
+      cat_lines[1].splitlines()[0].split()[:4] == ["step", "phase", "PARAMETER", "OPTIMIZER_STATE"], out[:2000])
+if len(cat_lines) == 2:
+    model_row = cat_lines[1].splitlines()[1].split()
+    params = report["phases"][0]["by_category"]["PARAMETER"]
+    check("--by-category model row", model_row[:3] == ["-", "model", f"{params // 1024}K"], model_row)
+
+finish("new-user checks")
