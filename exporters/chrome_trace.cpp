@@ -108,7 +108,7 @@ class EventWriter {
   std::string& Begin(std::int64_t ts_ns, const char* ph, int pid, int tid, absl::string_view name) {
     buf_ += first_ ? "\n{\"ts\":" : ",\n{\"ts\":";
     first_ = false;
-    AppendMicros(buf_, ts_ns);
+    AppendMicros(buf_, ph[0] == 'M' ? ts_ns : ts_ns + offset_ns_);
     buf_ += ",\"ph\":\"";
     buf_ += ph;
     buf_ += "\",\"pid\":";
@@ -128,8 +128,12 @@ class EventWriter {
     buf_.clear();
   }
   std::string& raw() { return buf_; }
+  // Added to every event's time but metadata's: the rank's start on the
+  // run's common clock.
+  void set_offset_ns(std::int64_t offset) { offset_ns_ = offset; }
 
  private:
+  std::int64_t offset_ns_ = 0;
   static constexpr std::size_t kFlushAt = 1 << 16;
   std::ostream& out_;
   std::string buf_;
@@ -332,15 +336,15 @@ void ChromeTraceWriter::RankWriter::OnSample(const TraceModel& model, const Even
   }
   const int pid = tl_.rank;
   const DeviceStats& st = model.stats();
-  std::string& m = w_.Begin(e.time_ns, "C", pid, 1, "memory");
-  m += ",\"cat\":\"memory\",\"args\":{\"allocated\":";
-  AppendNumber(m, All(st.allocated_bytes).current);
-  m += ",\"reserved\":";
-  AppendNumber(m, All(st.reserved_bytes).current);
-  m += ",\"active\":";
-  AppendNumber(m, All(st.active_bytes).current);
-  m += '}';
-  w_.End();
+  // One counter track each: in one event, trace viewers draw them stacked.
+  for (const auto& [name, stat] : {std::pair{"allocated", &st.allocated_bytes},
+                                   std::pair{"reserved", &st.reserved_bytes}, std::pair{"active", &st.active_bytes}}) {
+    std::string& m = w_.Begin(e.time_ns, "C", pid, 1, name);
+    m += ",\"cat\":\"memory\",\"args\":{\"bytes\":";
+    AppendNumber(m, All(*stat).current);
+    m += '}';
+    w_.End();
+  }
   std::string& c = w_.Begin(e.time_ns, "C", pid, 1, "memory by category");
   c += ",\"cat\":\"memory\",\"args\":{";
   const auto& by_category = model.allocated_by_category();
@@ -375,6 +379,10 @@ WalkListener& ChromeTraceWriter::Write(const Timeline& timeline) {
   for (const auto& p : plans_) {
     if (&p->timeline == &timeline) plan = p.get();
   }
+  // Every rank on the run's common clock: 0 is the earliest rank's start.
+  std::int64_t earliest = timeline.wall_start_us;
+  for (const auto& p : plans_) earliest = std::min(earliest, p->timeline.wall_start_us);
+  events_->set_offset_ns((timeline.wall_start_us - earliest) * 1000);
   writer_ = std::make_unique<RankWriter>(*plan, *events_);
   return *writer_;
 }

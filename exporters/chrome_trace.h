@@ -11,7 +11,8 @@
 // - Counter tracks (ph "C"), the state of a TraceModel fed the rank's events
 //   in order, sampled after every event that changes allocator memory (alloc,
 //   free_requested, free_completed, segment_alloc/free/map/unmap):
-//     "memory":             {"allocated", "reserved", "active"} in bytes
+//     "allocated", "reserved", "active": {"bytes"}, three tracks (in one
+//                           event, trace viewers would draw them stacked)
 //     "memory by category": {"PARAMETER", ..., "OTHER"}: allocated bytes
 //                           (block sizes) of each of the 10 categories
 // - Phase slices on thread 0 (complete events, ph "X"): named after the phase
@@ -29,8 +30,10 @@
 //     "empty_cache": {"reserved"}  (before the segments it frees)
 //     "alloc retry": {"size"}      (the segment size asked again)
 //
-// Times: ts = event.time_ns / 1000 (microseconds since the start of that
-// rank's recording, written exactly to the nanosecond).
+// Times: the run's common clock. ts = (wall_start_us - the earliest rank's
+// wall_start_us) + event.time_ns / 1000: microseconds since the earliest
+// rank's start, written exactly to the nanosecond, so ranks started 1 s
+// apart are drawn 1 s apart.
 //
 // Layout: {"displayTimeUnit":"ms","otherData":{"generator":"memscope",
 // "ranks", and per rank "rank R events", "rank R counter samples" (before
@@ -57,7 +60,7 @@
 //      level after a drop), the buckets with the largest drop from their
 //      maximum first.
 // Kept samples are written in event order, each once. The "memory by
-// category" track is sampled at the same events as "memory". Peaks of
+// category" track is sampled at the same events as "allocated". Peaks of
 // "active" and of single categories can fall between kept samples.
 //
 // Cost: two walks over each rank's events (timeline_walk.h; the first, after

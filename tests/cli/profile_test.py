@@ -61,7 +61,7 @@ try:
     events = json.load(open(trace_path))["traceEvents"]
     names = {e.get("args", {}).get("name") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     check("trace process", "rank 0" in names, names)
-    allocated = [e["args"]["allocated"] for e in events if e.get("ph") == "C" and e.get("name") == "memory"]
+    allocated = [e["args"]["bytes"] for e in events if e.get("ph") == "C" and e.get("name") == "allocated"]
     check("trace peak", max(allocated) == 120 * MiB, max(allocated) if allocated else None)
     check("trace phases", any(e.get("name") == "forward:0" for e in events), "")
     check("trace empty_cache", any(e.get("name") == "empty_cache" and e.get("ph") == "i" for e in events), "")

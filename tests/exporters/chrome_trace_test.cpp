@@ -49,6 +49,26 @@ json Export(const std::vector<const Timeline*>& ranks, const ChromeTraceOptions&
 // The events of one process with a given name (and phase, if given), in file order.
 std::vector<json> Select(const json& trace, int pid, const std::string& name, const std::string& ph = "") {
   std::vector<json> out;
+  if (name == "memory" && ph == "C") {
+    // The three counter tracks "allocated", "reserved", "active" ({"bytes"}),
+    // sampled at the same times, read back as one sample with three values.
+    const std::vector<json> allocated = Select(trace, pid, "allocated", "C");
+    const std::vector<json> reserved = Select(trace, pid, "reserved", "C");
+    const std::vector<json> active = Select(trace, pid, "active", "C");
+    REQUIRE(reserved.size() == allocated.size());
+    REQUIRE(active.size() == allocated.size());
+    for (std::size_t i = 0; i < allocated.size(); ++i) {
+      REQUIRE(reserved[i]["ts"] == allocated[i]["ts"]);
+      REQUIRE(active[i]["ts"] == allocated[i]["ts"]);
+      REQUIRE(allocated[i]["args"].size() == 1);
+      json m = allocated[i];
+      m["args"] = {{"allocated", allocated[i]["args"]["bytes"]},
+                   {"reserved", reserved[i]["args"]["bytes"]},
+                   {"active", active[i]["args"]["bytes"]}};
+      out.push_back(std::move(m));
+    }
+    return out;
+  }
   for (const json& e : trace["traceEvents"]) {
     if (e["pid"] == pid && e["name"] == name && (ph.empty() || e["ph"] == ph)) out.push_back(e);
   }
@@ -544,4 +564,40 @@ TEST_CASE("chrome trace: a phase stays open until its own end, even when an oute
   CHECK_FALSE(xs[0]["args"].contains("unfinished"));
   CHECK(xs[1]["ts"].get<double>() == Approx(begin_of(4)).margin(0.001));
   CHECK(xs[1]["args"]["unfinished"] == true);
+}
+
+TEST_CASE("chrome trace: every rank on the run's common clock; allocated, reserved, active as three tracks",
+          "[chrome_trace]") {
+  Run r0(40 * MiB, 0);
+  RecordRank0(r0);
+  Run r1(40 * MiB, 1);
+  RecordRank1(r1);
+  // Rank 1 started at the same time as rank 0, then 1 s after it.
+  r0.tl.wall_start_us = 1'700'000'000'000'000;
+  r1.tl.wall_start_us = r0.tl.wall_start_us;
+  const json together = Export({&r0.tl, &r1.tl});
+  r1.tl.wall_start_us = r0.tl.wall_start_us + 1'000'000;
+  const json trace = Export({&r0.tl, &r1.tl});
+  auto times = [](const json& t, int pid) {
+    std::vector<double> ts;
+    for (const json& e : t["traceEvents"]) {
+      if (e["pid"] == pid && e["ph"] != "M") ts.push_back(e["ts"].get<double>());
+    }
+    return ts;
+  };
+  const std::vector<double> rank0 = times(trace, 0), rank1 = times(trace, 1);
+  const std::vector<double> rank1_together = times(together, 1);
+  REQUIRE(rank1.size() == rank1_together.size());
+  REQUIRE_FALSE(rank1.empty());
+  CHECK(rank0 == times(together, 0));  // the earliest rank's clock is the run's
+  for (std::size_t i = 0; i < rank1.size(); ++i) CHECK(rank1[i] == Approx(rank1_together[i] + 1'000'000).margin(1e-3));
+  CHECK(rank1.front() >= 1'000'000);
+  // Not one "memory" counter whose three series a viewer stacks.
+  CHECK(Select(trace, 0, "memory").empty());
+  for (const char* track : {"allocated", "reserved", "active"}) {
+    const auto samples = Select(trace, 0, track, "C");
+    REQUIRE_FALSE(samples.empty());
+    CHECK(samples[0]["args"].size() == 1);
+    CHECK(samples[0]["args"].contains("bytes"));
+  }
 }
