@@ -87,11 +87,15 @@ try:
     code, out, err = run("snapshot", out_dir, "-o", os.path.join(tmp, "snap.json"), "--format", "json")
     check("snapshot json", json.load(open(os.path.join(tmp, "snap.json")))["segments"][0]["total_size"] > 0, err)
 
-    # frag: the numbers at the end, and who pins what.
-    code, out, err = run("frag", out_dir, "--json")
+    # frag: the numbers at exit (after the empty_cache that follows the last step), and who pins what.
+    code, out, err = run("frag", out_dir, "--at", "exit", "--json")
     f = json.loads(out)["ranks"][0]["fragmentation"]
     check("frag", (f["reserved_bytes"], f["allocated_bytes"], f["segments"], f["inactive_split_bytes"]) ==
           (80 * MiB, 60 * MiB, 2, 20 * MiB), f)
+    # ... and at end (the default): after backward:0, before the empty_cache.
+    code, out, err = run("frag", out_dir, "--json")
+    f = json.loads(out)["ranks"][0]["fragmentation"]
+    check("frag at end", (f["reserved_bytes"], f["allocated_bytes"], f["segments"]) == (120 * MiB, 60 * MiB, 3), f)
     code, out, err = run("frag", out_dir, "--at", "forward:0")
     check("frag text", "free in segments 50.00 MiB in 1 block," in out, out)
 
