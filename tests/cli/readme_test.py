@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The README's example outputs are what the binary prints today.
+
+Every fenced block of README.md whose first line starts with `$ memscope` is
+an example session: each `$ COMMAND` line is run with bash (memscope on PATH,
+in a scratch directory where the files of tests/cli/data are at hand and
+`tests/` points at the repository's; one bash per block, so `echo $?` works),
+and the lines after it, up to the next `$ ` line, must be what it prints
+(stdout and stderr). A line `...`
+skips output: to the end, or up to the line that follows it. The blocks share
+the scratch directory, in README order, so a later block reads what an
+earlier one wrote.
+
+Masked on both sides, because they change from run to run: durations ("0.02
+s"), an HTML page's size ("50.2 KB"), wall-clock and event times in `dump`
+("wall_start_us", "time_ns"). Trailing blanks are ignored. Blocks that do not
+start with `$ memscope` (usage lines, excerpts, JSON schemas) are not run.
+"""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from clitest import DATA, MEMSCOPE, check, finish  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(DATA, "..", "..", ".."))
+README = os.path.join(REPO, "README.md")
+
+MASKS = [
+    (re.compile(r"\b\d+\.\d+ s\b"), "<seconds> s"),
+    (re.compile(r"\b\d+(\.\d+)? KB\b"), "<size> KB"),
+    (re.compile(r'"(wall_start_us|time_ns)":\d+'), r'"\1":<time>'),
+]
+
+
+def normalize(line):
+    for pattern, replacement in MASKS:
+        line = pattern.sub(replacement, line)
+    return line.rstrip()
+
+
+def blocks(text):
+    """(line number, lines) of every fenced block whose first line starts with `$ memscope`."""
+    out, inside, start, lines = [], False, 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            if inside and lines and lines[0].startswith("$ memscope"):
+                out.append((start, lines))
+            inside, start, lines = not inside, number + 1, []
+        elif inside:
+            lines.append(line)
+    return out
+
+
+def sessions(lines):
+    """[(command, expected output lines)] of one block."""
+    out = []
+    for line in lines:
+        if line.startswith("$ "):
+            out.append((line[2:], []))
+        else:
+            out[-1][1].append(line)
+    return out
+
+
+def matches(expected, actual):
+    """None when `actual` (lines) matches `expected` (lines, with `...`), else the first difference."""
+    i = j = 0
+    while i < len(expected):
+        want = normalize(expected[i])
+        if want == "...":
+            if i + 1 == len(expected):
+                return None
+            following = normalize(expected[i + 1])
+            while j < len(actual) and normalize(actual[j]) != following:
+                j += 1
+            if j == len(actual):
+                return f"README line after '...': {following!r} never printed"
+            i += 1
+            continue
+        got = normalize(actual[j]) if j < len(actual) else None
+        if got != want:
+            return f"README expects {want!r}, memscope printed {got!r} (output line {j + 1})"
+        i += 1
+        j += 1
+    if j < len(actual):
+        return f"memscope printed more: {actual[j]!r} (output line {j + 1})"
+    return None
+
+
+work = tempfile.mkdtemp(prefix="memscope-readme-")
+bin_dir = os.path.join(work, ".bin")
+os.makedirs(bin_dir)
+os.symlink(MEMSCOPE, os.path.join(bin_dir, "memscope"))
+scratch = os.path.join(work, "scratch")
+os.makedirs(scratch)
+for name in os.listdir(DATA):
+    os.symlink(os.path.join(DATA, name), os.path.join(scratch, name))
+os.symlink(os.path.join(REPO, "tests"), os.path.join(scratch, "tests"))
+env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+
+found = blocks(open(README).read())
+check("README has example sessions", len(found) >= 5, len(found))
+MARK = "@@memscope-readme-test@@"
+for start, lines in found:
+    # One bash per block, so that `echo $?` sees the command before it.
+    steps = sessions(lines)
+    script = "".join(f"{command}\n__rc=$?; echo {MARK}; (exit $__rc)\n" for command, _ in steps)
+    p = subprocess.run(["bash", "-c", script], cwd=scratch, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    outputs = p.stdout.split(MARK + "\n")
+    for k, (command, expected) in enumerate(steps):
+        printed = outputs[k] if k < len(outputs) else ""
+        difference = matches(expected, printed.splitlines())
+        check(f"README.md:{start}: $ {command}", difference is None,
+              f"{difference}\n--- memscope printed:\n{printed}")
+shutil.rmtree(work, ignore_errors=True)
+finish(f"README examples ({len(found)} blocks)")
