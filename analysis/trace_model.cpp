@@ -255,7 +255,9 @@ absl::Status TraceModel::Apply(const Event& e) {
     case EventType::kEmptyCache:
     case EventType::kPhaseBegin:
     case EventType::kPhaseEnd:
-    case EventType::kMark: return absl::OkStatus();
+    case EventType::kMark:
+    case EventType::kCollectiveBegin:
+    case EventType::kCollectiveEnd: return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown event type ", static_cast<int>(e.type)));
 }

@@ -249,6 +249,9 @@ int Dump(const ReadArgs& a) {
         }
       } else if (e.type == EventType::kMark) {
         j["text"] = t.str(e.name);
+      } else if (e.type == EventType::kCollectiveBegin || e.type == EventType::kCollectiveEnd) {
+        j["collective"] = t.str(e.name);
+        j["bytes"] = e.size;
       } else {
         j["phase"] = std::string(PhaseName(e.phase));
         j["step"] = e.step() == kNoStep ? nlohmann::json(nullptr) : nlohmann::json(e.step());

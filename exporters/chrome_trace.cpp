@@ -162,6 +162,7 @@ class ChromeTraceWriter::RankPlan final : public WalkListener {
       : timeline(tl), span(SampleSpanOf(tl)), thinning(ThinningPolicy::ChromeTrace(max_samples), span) {}
 
   void OnEvent(const TimelineWalk& walk, const Event& e) override {
+    if (e.type == EventType::kCollectiveBegin) has_collectives = true;
     if (!ChangesMemory(e.type)) return;
     if (thinning.thinned()) {
       thinning.Observe(e.time_ns, walk.model().allocated(), walk.model().reserved());
@@ -179,6 +180,7 @@ class ChromeTraceWriter::RankPlan final : public WalkListener {
   const SampleSpan span;  // span.samples: counter samples before thinning
   CounterThinning<NoPayload> thinning;
   std::vector<std::uint64_t> keep;  // kept sample ordinals, ascending (when thinned)
+  bool has_collectives = false;     // a "communication" thread is named only then
 };
 
 // ---------------------------------------------------------------------------
@@ -202,6 +204,13 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
         w_.End();
         break;
       case EventType::kOom: WriteOom(walk.model(), e); break;
+      case EventType::kCollectiveBegin: collectives_.push_back(e); break;
+      case EventType::kCollectiveEnd:
+        if (!collectives_.empty()) {
+          WriteCollective(collectives_.back(), e.time_ns, false);
+          collectives_.pop_back();
+        }
+        break;
       case EventType::kEmptyCache: {
         std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "empty_cache");
         m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"reserved\":";
@@ -230,6 +239,7 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
     std::sort(open.begin(), open.end(),
               [](const OpenPhase& x, const OpenPhase& y) { return x.begin_event < y.begin_event; });
     for (const OpenPhase& p : open) WriteSlice(p, walk.last_ns(), true);
+    for (const Event& c : collectives_) WriteCollective(c, walk.last_ns(), true);
   }
 
  private:
@@ -237,6 +247,22 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
   void OnPhaseEnd(const TimelineWalk& walk, const Event& e);
   void WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished);
   void WriteOom(const TraceModel& model, const Event& e);
+  // A collective as a slice on thread 2, "communication".
+  void WriteCollective(const Event& begin, std::int64_t end_ns, bool unfinished) {
+    std::string& b = w_.Begin(begin.time_ns, "X", tl_.rank, 2, tl_.str(begin.name));
+    b += ",\"cat\":\"communication\",\"dur\":";
+    // In unsigned arithmetic: corrupt times must not overflow.
+    AppendMicros(b, false,
+                 end_ns > begin.time_ns
+                     ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(begin.time_ns)
+                     : 0);
+    b += ",\"args\":{\"bytes\":";
+    AppendNumber(b, begin.size);
+    if (unfinished) b += ",\"unfinished\":true";
+    b += '}';
+    w_.End();
+  }
+  std::vector<Event> collectives_;  // begun, not yet ended (innermost last)
   void OnSample(const TraceModel& model, const Event& e);
 
   const RankPlan& plan_;
@@ -261,8 +287,8 @@ void ChromeTraceWriter::RankWriter::WriteMetadata() {
   AppendNumber(w_.raw(), pid);
   w_.raw() += '}';
   w_.End();
-  constexpr std::array<const char*, 2> kThreads = {"phases", "allocator"};
-  for (int tid = 0; tid < 2; ++tid) {
+  constexpr std::array<const char*, 3> kThreads = {"phases", "allocator", "communication"};
+  for (int tid = 0; tid < (plan_.has_collectives ? 3 : 2); ++tid) {
     w_.Begin(0, "M", pid, tid, "thread_name") += ",\"args\":{\"name\":\"";
     w_.raw() += kThreads[static_cast<std::size_t>(tid)];
     w_.raw() += "\"}";

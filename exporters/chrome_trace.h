@@ -6,7 +6,8 @@
 //   absl::Status s = WriteChromeTrace({&rank0, &rank1}, {}, out);
 //
 // What the trace holds, per rank R (one Chrome process, pid = R, named
-// "rank R", sorted by R; thread 0 "phases", thread 1 "allocator"):
+// "rank R", sorted by R; thread 0 "phases", thread 1 "allocator", thread 2
+// "communication" in a rank that ran a collective):
 //
 // - Counter tracks (ph "C"), the state of a TraceModel fed the rank's events
 //   in order, sampled after every event that changes allocator memory (alloc,
@@ -23,6 +24,10 @@
 //   end of the timeline ends at its last event, with args "unfinished": true.
 // - Marks: instant events (ph "i", scope thread) on thread 0, named by the
 //   mark's text.
+// - Collectives (allreduce, broadcast, allgather, barrier of a DDP rank's
+//   communicator) as slices (ph "X", cat "communication") on thread 2,
+//   "communication" (named only in a rank that ran one), args {"bytes"}; one
+//   still open at the end ends at the last event, args "unfinished": true.
 // - Instant events (ph "i", scope process) on thread 1:
 //     "OOM":         {"requested_size", "rounded_size", "device_free",
 //                     "allocated", "reserved", "stream", "pool"}

@@ -54,6 +54,8 @@ std::string_view EventTypeName(EventType t) {
     case EventType::kPhaseBegin: return "phase_begin";
     case EventType::kPhaseEnd: return "phase_end";
     case EventType::kMark: return "mark";
+    case EventType::kCollectiveBegin: return "collective_begin";
+    case EventType::kCollectiveEnd: return "collective_end";
     default: return "unknown";
   }
 }

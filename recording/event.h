@@ -39,6 +39,10 @@ enum class EventType : std::uint8_t {
   kPhaseBegin = 32,
   kPhaseEnd = 33,
   kMark = 34,
+  // A collective (allreduce, broadcast, allgather, barrier) of the rank's
+  // communicator: begin and end, recorded by run/'s recording communicator.
+  kCollectiveBegin = 35,
+  kCollectiveEnd = 36,
 };
 static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(TraceAction::kSyncAllStreams));
 std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
@@ -70,6 +74,7 @@ inline constexpr std::uint8_t kEventCompletedAtOnce = 2;
 //   phase_*:        phase, step() (stored in addr; kNoStep before the first step), name = label
 //                   (user phases), micro_batch() (stored in requested_size as index + 1; 0 = none)
 //   mark:           name = the mark's text
+//   collective_*:   name = the collective ("allreduce"), size = its payload bytes
 // Fields that mean different things per type are read and written through
 // the accessors below, never directly.
 struct Event {

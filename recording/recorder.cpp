@@ -56,6 +56,24 @@ void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label, 
   (void)sink_.Flush();
 }
 
+void Recorder::CollectiveBegin(std::string_view kind, std::uint64_t bytes) {
+  Event e;
+  e.type = EventType::kCollectiveBegin;
+  e.name = sink_.Intern(kind);
+  e.size = bytes;
+  e.time_ns = Now();
+  sink_.Append(e);
+}
+
+void Recorder::CollectiveEnd(std::string_view kind, std::uint64_t bytes) {
+  Event e;
+  e.type = EventType::kCollectiveEnd;
+  e.name = sink_.Intern(kind);
+  e.size = bytes;
+  e.time_ns = Now();
+  sink_.Append(e);
+}
+
 void Recorder::Mark(std::string_view text) { AppendMark(EventType::kMark, Phase::kUser, kNoStep, text); }
 
 }  // namespace memscope

@@ -43,6 +43,10 @@ class Recorder final : public AllocatorObserver {
   // A free-form mark ("checkpoint saved").
   void Mark(std::string_view text);
 
+  // The rank's communicator ran collective `kind` ("allreduce") on `bytes`.
+  void CollectiveBegin(std::string_view kind, std::uint64_t bytes);
+  void CollectiveEnd(std::string_view kind, std::uint64_t bytes);
+
   EventSink& sink() { return sink_; }
 
  private:

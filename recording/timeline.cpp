@@ -179,7 +179,8 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
       continue;
     }
     const bool known = IsAllocatorAction(e.type) || e.type == EventType::kPhaseBegin ||
-                       e.type == EventType::kPhaseEnd || e.type == EventType::kMark;
+                       e.type == EventType::kPhaseEnd || e.type == EventType::kMark ||
+                       e.type == EventType::kCollectiveBegin || e.type == EventType::kCollectiveEnd;
     if (!known) {
       return absl::DataLossError(
           absl::StrCat(source, ": record ", i, " has unknown type ", static_cast<int>(type), " (corrupt file)"));

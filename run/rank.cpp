@@ -9,7 +9,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "recording/recorder.h"
 #include "reducer/communicator.h"
+#include "tensor/tensor.h"
 #include "run/aggregate.h"
 #include "run/rank_session.h"
 
@@ -47,6 +49,50 @@ std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, i
   return nullptr;
 }
 
+// A communicator that records each collective as it runs (begin and end,
+// its kind and payload bytes) into the rank's timeline, for the Chrome
+// trace's communication track; the collective itself is the wrapped one's.
+class RecordingCommunicator final : public reducer::Communicator {
+ public:
+  RecordingCommunicator(std::unique_ptr<reducer::Communicator> inner, Recorder& recorder)
+      : inner_(std::move(inner)), recorder_(recorder) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend() const override { return inner_->backend(); }
+  void AllreduceSum(void* data, std::size_t count, DType dtype) override {
+    Scope s(recorder_, "allreduce", count * ElementSize(dtype));
+    inner_->AllreduceSum(data, count, dtype);
+  }
+  void Broadcast(void* data, std::size_t count, DType dtype, int root) override {
+    Scope s(recorder_, "broadcast", count * ElementSize(dtype));
+    inner_->Broadcast(data, count, dtype, root);
+  }
+  void Allgather(const void* in, void* out, std::size_t count, DType dtype) override {
+    Scope s(recorder_, "allgather", count * ElementSize(dtype));
+    inner_->Allgather(in, out, count, dtype);
+  }
+  void Barrier() override {
+    Scope s(recorder_, "barrier", 0);
+    inner_->Barrier();
+  }
+
+ private:
+  // The end is recorded even when the collective throws (a peer gone).
+  struct Scope {
+    Scope(Recorder& r, const char* kind, std::uint64_t bytes) : r_(r), kind_(kind), bytes_(bytes) {
+      r_.CollectiveBegin(kind_, bytes_);
+    }
+    ~Scope() { r_.CollectiveEnd(kind_, bytes_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    Recorder& r_;
+    const char* kind_;
+    std::uint64_t bytes_;
+  };
+  std::unique_ptr<reducer::Communicator> inner_;
+  Recorder& recorder_;
+};
+
 }  // namespace
 
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
@@ -66,6 +112,9 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   absl::StatusOr<TrainResult> result;
   try {
     comm = Connect(plan, rank, world_size, dir);
+    if (absl::Status s = session.Start(); !s.ok()) return s;
+    // The recorder exists from Start on.
+    if (comm) comm = std::make_unique<RecordingCommunicator>(std::move(comm), session.recorder());
     reducer::Communicator* c = comm.get();
     const auto kill = plan.fault_kill;
     const auto skip = plan.fault_skip_barrier;
@@ -73,7 +122,6 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
       if (!end && phase == Phase::kBackward && rank == kill.first && step == kill.second) ::raise(SIGKILL);
       if (end && c != nullptr && step == skip.second && rank != skip.first) c->Barrier();
     };
-    if (absl::Status s = session.Start(); !s.ok()) return s;
     result = Train(plan.train, session.context(), &session.recorder(), c);
   } catch (const reducer::CommError& e) {  // rendezvous
     result = TrainResult{};

@@ -173,4 +173,22 @@ if len(cat_lines) == 2:
     params = report["phases"][0]["by_category"]["PARAMETER"]
     check("--by-category model row", model_row[:3] == ["-", "model", f"{params // 1024}K"], model_row)
 
+# ---- Chrome trace: collectives as slices on each rank's "communication" thread.
+ddp = os.path.join(tmp, "ddp")
+code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "1", "--out", ddp)
+check("ddp run", code == 0, err)
+if code == 0:
+    events = json.load(open(os.path.join(ddp, "trace.json")))["traceEvents"]
+    for rank in (0, 1):
+        threads = {e["tid"]: e["args"]["name"] for e in events
+                   if e.get("ph") == "M" and e["name"] == "thread_name" and e["pid"] == rank}
+        check(f"rank {rank} communication thread", threads.get(2) == "communication", threads)
+        slices = [e for e in events if e["pid"] == rank and e.get("tid") == 2 and e.get("ph") == "X"]
+        names = {e["name"] for e in slices}
+        check(f"rank {rank} collectives", {"allreduce", "broadcast"} <= names, names)
+        # DDP's one allreduce of step 0 carries every gradient: 662,026 float32 (mlp).
+        check(f"rank {rank} allreduce bytes", [e["args"]["bytes"] for e in slices if e["name"] == "allreduce"]
+              == [662026 * 4], [e["args"] for e in slices if e["name"] == "allreduce"])
+        check(f"rank {rank} slices have durations", all(e["dur"] >= 0 for e in slices), slices[:2])
+
 finish("new-user checks")
