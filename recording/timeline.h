@@ -19,7 +19,11 @@
 //                                    with the same fields, follows at once and
 //                                    is not written; the reader restores it
 //   Version 1 files are the same records; version 2 only documents the
-//   flags byte that version 1 already wrote. Two record types exist only in
+//   flags byte that version 1 already wrote. Phase marks carry a micro-batch
+//   (requested_size = index + 1, 0 when none) and the record types 35/36,
+//   collective_begin/_end, were added within version 2: an older reader
+//   rejects a file that has them, and every older file reads unchanged.
+//   Two record types exist only in
 //   the file:
 //     type 40, string chunk: bytes 4..7 = string id, byte 2 = 1 on the last
 //       chunk, byte 3 = chunk length (<= 40), bytes 8..47 = the chunk's text.
