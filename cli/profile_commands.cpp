@@ -18,6 +18,7 @@
 #include "exporters/report.h"
 #include "exporters/snapshot_export.h"
 #include "nlohmann/json.hpp"
+#include "recording/timeline.h"
 #include "run/run.h"
 
 namespace memscope::cli {
@@ -51,7 +52,8 @@ struct ReadArgs {
 void AddRunArgs(CLI::App* cmd, ReadArgs& a, bool with_at) {
   cmd->add_option("run", a.path, "run directory, rank-R.timeline file, or PyTorch memory snapshot (.pickle)")
       ->required();
-  cmd->add_option("--rank", a.rank, "only this rank (default: every rank)");
+  cmd->add_option("--rank", a.rank, "only this rank (default: every rank)")
+      ->check(CLI::Range(0, kMaxTimelineWorldSize - 1));
   if (with_at) {
     cmd->add_option("--at", a.at, "moment: end, peak, oom, or PHASE:STEP (the end of that phase, e.g. backward:1)");
   }
@@ -85,7 +87,7 @@ int Summary(const ReadArgs& a) {
   if (a.json) {
     nlohmann::json j = ReportJson(ptrs, reports);
     j["at"] = at_json;
-    std::cout << j.dump(1) << "\n";
+    std::cout << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << text;
   }
@@ -209,7 +211,7 @@ int Frag(const ReadArgs& a) {
     }
   }
   if (a.json) {
-    std::cout << nlohmann::json{{"ranks", ranks}}.dump(1) << "\n";
+    std::cout << nlohmann::json{{"ranks", ranks}}.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << text;
   }
@@ -229,7 +231,7 @@ int Dump(const ReadArgs& a) {
                                 {"alloc_conf", t.alloc_conf},
                                 {"events", t.events.size()},
                                 {"torn_bytes", t.torn_bytes}}
-                     .dump()
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
     for (const Event& e : t.events) {
       nlohmann::json j = {{"type", std::string(EventTypeName(e.type))}, {"time_ns", e.time_ns}};
@@ -250,7 +252,7 @@ int Dump(const ReadArgs& a) {
         j["step"] = e.step() == kNoStep ? nlohmann::json(nullptr) : nlohmann::json(e.step());
         if (e.name != 0) j["label"] = t.str(e.name);
       }
-      std::cout << j.dump() << "\n";
+      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
   }
   return kExitOk;

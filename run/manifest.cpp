@@ -152,7 +152,7 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
 
 absl::Status RankStatus::Write(const std::string& path) const {
   const std::string tmp = path + ".tmp";
-  if (absl::Status s = WriteText(tmp, ToJson().dump(1) + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteText(tmp, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"); !s.ok()) return s;
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot write '", path, "': ", ec.message()));
@@ -204,7 +204,7 @@ absl::StatusOr<RunManifest> RunManifest::FromJson(const json& j) {
   }
 }
 
-absl::Status RunManifest::Write(const std::string& path) const { return WriteText(path, ToJson().dump(1) + "\n"); }
+absl::Status RunManifest::Write(const std::string& path) const { return WriteText(path, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"); }
 
 absl::StatusOr<RunManifest> RunManifest::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -82,7 +82,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   }
   if (amend) amend(reports);
   const nlohmann::json report = ReportJson(ptrs, reports);
-  if (absl::Status s = WriteFile(run_dir.Report(), report.dump(1) + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteFile(run_dir.Report(), report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"); !s.ok()) return s;
   if (absl::Status s = WriteFile(run_dir.Summary(), summary); !s.ok()) return s;
   HtmlPageRun page;
   page.label = dir;

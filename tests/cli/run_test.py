@@ -70,7 +70,7 @@ try:
                       (["--ddp", "both"], "--ddp 'both'"),
                       (["--bucket-cap-mb", "5"], "need --ddp copy or view"),
                       (["--ddp", "copy", "--comm-hook", "fp8"], "--comm-hook 'fp8'"),
-                      (["--world-size", "2", "--timeout", "0"], "--timeout must be greater than 0"),
+                      (["--world-size", "2", "--timeout", "0"], "--timeout 0: use more than 0 and at most 604800 seconds"),
                       (["--device-memory", "lots"], "--device-memory"),
                       (["--model", "mlp", "--exec", "cpu", "--amp", "fp16"], "--amp needs --exec meta")]:
         bad = os.path.join(tmp, "bad")
