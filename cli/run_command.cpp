@@ -311,6 +311,13 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
     std::cout << "loss:";
     for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
     std::cout << "\n";
+    if (const auto diverged = FirstDivergedLoss(t.losses)) {
+      // One loss per micro-batch: --grad-accum of them per step.
+      const std::int64_t accum = std::max<std::int64_t>(1, t.grad_accum);
+      std::cerr << "memscope run: the training diverged: the loss became " << diverged->second << " at step "
+                << static_cast<std::int64_t>(diverged->first) / accum << " (the memory profile is complete; a smaller "
+                << "--lr would keep it finite)\n";
+    }
   }
   std::cout << "recorded in " << a.out << "/ (" << RunDirectory::Listing(world_size) << ")\n";
 }

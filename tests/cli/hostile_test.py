@@ -63,6 +63,22 @@ for args in (["dump", good], ["summary", good], ["replay", data("phases.jsonl"),
     check(f"stdout /dev/full: {args[0]} says why", "memscope: error: cannot write standard output" in p.stderr,
           p.stderr)
 
+# 2. A --exec cpu run whose loss becomes inf or nan writes everything it
+# recorded and says which step diverged (it aborted with no run.json).
+div = os.path.join(tmp, "diverged")
+code, out, err = run("run", "--model", "mlp", "--exec", "cpu", "--lr", "1e38", "--steps", "3", "--out", div)
+check("diverged: exit 0", code == 0, (code, err))
+check("diverged: named", err == "memscope run: the training diverged: the loss became nan at step 1 (the memory "
+      "profile is complete; a smaller --lr would keep it finite)\n", err)
+check("diverged: losses printed", "loss: 2.3066 nan nan" in out, out[-300:])
+for name in ("run.json", "rank-0.json", "report.json", "summary.txt", "trace.json", "report.html",
+             "snapshot-rank-0.pickle"):
+    check(f"diverged: {name} written", os.path.exists(os.path.join(div, name)), os.listdir(div))
+run_json = json.load(open(os.path.join(div, "run.json")))
+check("diverged: run.json losses", run_json["losses"][1:] == [None, None] and run_json["losses"][0] > 2,
+      run_json.get("losses"))
+check("diverged: parameters", run_json["parameters"] == 662026, run_json.get("parameters"))
+
 # 4. Timeline header fields are checked against what a real run can hold: a
 # GPU index of 2^31-1 made `snapshot` write 2.15 GB; a start time of 2^62 us
 # overflowed the snapshot's times.
