@@ -3,6 +3,8 @@
 // rank processes that talk over Gloo); memscope models: the zoo. This file
 // parses the flags into a RankPlan and prints; run/ does the work (a rank:
 // run/rank.h, the launcher: run/launcher.h, the outcome: run/aggregate.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -74,7 +76,10 @@ struct RunArgs {
   std::string fault_skip_barrier;  // "RANK:STEP": every other rank calls a barrier after STEP
 };
 
-int Fail(absl::string_view message) { return cli::Fail("run", message); }
+int Fail(absl::string_view message) {
+  ReportToLauncher(std::string(message));  // a rank of ours: its launcher says why (bad options, ...)
+  return cli::Fail("run", message);
+}
 
 // Everything a rank needs (run/rank.h), built from the flags.
 using Plan = RankPlan;
@@ -345,13 +350,36 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
 
 // One rank in this process: its status, and its failure said on stderr when
 // other ranks run beside it.
+// A rank of several also sends its error to our launcher (the status pipe),
+// which names it even when this rank's log cannot be written (a full disk).
 int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir) {
   absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
-  if (!status.ok()) return Fail(status.status().message());
+  if (!status.ok()) {
+    if (world_size == 1) return Fail(status.status().message());
+    const std::string line = absl::StrCat("memscope run: rank ", rank, ": ",
+                                          EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
+    ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
+    std::cerr << line << "\n";
+    return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
+  }
   if (status->exit_code != kExitOk && world_size > 1) {
-    std::cerr << "memscope run: rank " << rank << ": " << WithoutRankPrefix(status->error, rank) << "\n";
+    ReportToLauncher(WithoutRankPrefix(status->error, rank));
+    std::cerr << "memscope run: rank " << rank << ": " << EscapeForTerminal(WithoutRankPrefix(status->error, rank))
+              << "\n";
   }
   return status->exit_code;
+}
+
+// This process and its command line, for the lock of the run directory.
+std::string Holder() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!cmdline.empty() && cmdline.back() == '\0') cmdline.pop_back();
+  std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+  if (const std::size_t slash = cmdline.rfind('/', cmdline.find(' ')); slash != std::string::npos) {
+    cmdline.erase(0, slash + 1);  // the program's name, without its directory
+  }
+  return absl::StrCat("pid ", ::getpid(), ": ", cmdline);
 }
 
 // A double as text that parses back to the same value.
@@ -458,6 +486,8 @@ int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan&
       std::ifstream log(dir.RankLog(e.rank));
       std::string line;
       std::getline(log, line);
+      // The rank's log may be lost (a full disk): its status pipe is not.
+      if (line.empty()) line = absl::StrCat("memscope run: rank ", e.rank, ": ", e.message);
       std::cerr << EscapeForTerminal(line) << "\n";
       return kExitBadInput;
     }
@@ -490,6 +520,9 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
+  // One run at a time per directory; the ranks of ours run under this lock.
+  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(Holder());
+  if (!lock.ok()) return Fail(lock.status().message());
   dir.RemoveRankFiles();  // what an earlier run in this directory left
   if (world_size == 1) {
     const int code = RankMain(*plan, 0, 1, dir);

@@ -69,7 +69,10 @@ std::uint32_t MemorySink::Intern(std::string_view text) {
 
 absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std::string& path,
                                                                        const Timeline& header) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Never through a symlink: one at `path` is replaced by the timeline.
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(path.c_str(), kFlags, 0644);
+  if (fd < 0 && errno == ELOOP && ::unlink(path.c_str()) == 0) fd = ::open(path.c_str(), kFlags | O_EXCL, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create timeline '", path, "': ", std::strerror(errno)));
   char raw[kTimelineHeaderSize] = {};
   std::memcpy(raw, kTimelineMagic, 8);
@@ -82,6 +85,7 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
   Put<std::int64_t>(raw + 40, header.wall_start_us);
   if (absl::Status s = WriteAll(fd, raw, sizeof(raw), path); !s.ok()) {
     ::close(fd);
+    ::unlink(path.c_str());  // no header, nothing recorded: no file that reads as "not a timeline"
     return s;
   }
   std::unique_ptr<TimelineWriter> w(new TimelineWriter(path, fd));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
+#include "run/output_file.h"
 #include "tensor/tensor.h"
 
 namespace memscope {
@@ -48,13 +49,8 @@ std::optional<std::pair<std::size_t, float>> FirstDivergedLoss(const std::vector
 
 namespace {
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
-  return absl::OkStatus();
-}
+// Written whole or not at all, never through a symlink (run/output_file.h).
+absl::Status WriteText(const std::string& path, const std::string& text) { return WriteOutputFile(path, text); }
 
 json ManifestRankJson(const ManifestRank& r) {
   json j = {{"rank", r.rank}, {"timeline", r.timeline}, {"status", r.status}};
@@ -177,12 +173,7 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
 }
 
 absl::Status RankStatus::Write(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  if (absl::Status s = WriteText(tmp, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"); !s.ok()) return s;
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot write '", path, "': ", ec.message()));
-  return absl::OkStatus();
+  return WriteText(path, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 std::optional<RankStatus> RankStatus::Read(const std::string& path) {

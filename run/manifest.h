@@ -47,7 +47,7 @@ struct RankStatus {
 
   nlohmann::json ToJson() const;
   static absl::StatusOr<RankStatus> FromJson(const nlohmann::json& j);
-  // Writes PATH atomically (PATH.tmp, then renamed): a reader never sees half a status.
+  // Writes PATH atomically (a temporary, then renamed): a reader never sees half a status.
   absl::Status Write(const std::string& path) const;
   // Reads PATH; nullopt when it is missing or not a rank status (the rank
   // died before writing it).

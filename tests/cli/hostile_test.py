@@ -2,10 +2,13 @@
 clobbered file, the right rank named. Each block is one item of the issue."""
 import json
 import os
+import re
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
+import time
 
 from clitest import DATA, MEMSCOPE, MiB, check, data, finish, run
 
@@ -144,5 +147,127 @@ for path, shown in ((esc_csv, "unknown Action '\\x1b[31mevil\\x07'"),
           not any(ord(c) < 0x20 and c != "\n" for c in err), repr(err))
 code, out, err = run("\x1b[2Jbogus")
 check("unknown command escaped", "unknown command '\\x1b[2Jbogus'" in err, repr(err))
+
+# 5. Two runs on one --out: the second is refused at once, naming the first.
+locked = os.path.join(tmp, "locked")
+first = subprocess.Popen([MEMSCOPE, "run", "--model", "gpt2", "--steps", "3", "--world-size", "2", "--out", locked],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+lock_file = os.path.join(locked, ".memscope-lock")
+for _ in range(200):  # the first run has taken the lock when the file names it
+    if os.path.exists(lock_file) and open(lock_file).read().startswith(f"pid {first.pid}:"):
+        break
+    subprocess.run(["sleep", "0.02"])
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", locked)
+first_err = first.communicate(timeout=120)[1]
+one_line_error("second run", code, err)
+check("second run names the first",
+      err == f"memscope run: '{locked}' is in use by another memscope run (pid {first.pid}: memscope run --model gpt2 "
+      f"--steps 3 --world-size 2 --out {locked}); wait for it or choose another --out\n", err)
+check("first run unharmed", first.returncode == 0, (first.returncode, first_err))
+run_json = json.load(open(os.path.join(locked, "run.json")))
+check("first run's run.json", run_json["model"] == "gpt2" and run_json["world_size"] == 2, run_json.get("model"))
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", locked)
+check("after the first: the lock is free", code == 0, (code, err))
+
+# 6. The cleanup removes only files memscope wrote; no output is written
+# through a symlink.
+mixed = os.path.join(tmp, "mixed")
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--out", mixed)
+check("mixed: 2 ranks", code == 0, err)
+open(os.path.join(mixed, "rank-5.log"), "w").write("the user's\n")
+open(os.path.join(mixed, "snapshot-rank-9.pickle"), "w").write("the user's\n")
+os.mkdir(os.path.join(mixed, "rank-3.json"))
+open(os.path.join(mixed, "rank-3.json", "inside"), "w").write("the user's\n")
+victim = os.path.join(tmp, "victim.txt")
+open(victim, "w").write("victim\n")
+for name in ("summary.txt", "report.json", "trace.json", "rank-0.timeline", "rank-0.log", "snapshot-rank-0.pickle",
+             "run.json"):
+    os.remove(os.path.join(mixed, name))
+    os.symlink(victim, os.path.join(mixed, name))
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", mixed)  # one rank now
+check("mixed: rerun", code == 0, err)
+check("mixed: victim untouched", open(victim).read() == "victim\n", open(victim).read()[:100])
+for name in ("summary.txt", "report.json", "trace.json", "rank-0.timeline", "snapshot-rank-0.pickle", "run.json"):
+    check(f"mixed: {name} replaced the symlink", not os.path.islink(os.path.join(mixed, name)) and
+          os.path.getsize(os.path.join(mixed, name)) > 0)
+check("mixed: the user's files stay", open(os.path.join(mixed, "rank-5.log")).read() == "the user's\n" and
+      open(os.path.join(mixed, "snapshot-rank-9.pickle")).read() == "the user's\n" and
+      open(os.path.join(mixed, "rank-3.json", "inside")).read() == "the user's\n", os.listdir(mixed))
+for name in ("rank-1.timeline", "rank-1.json", "rank-1.log", "snapshot-rank-1.pickle"):
+    check(f"mixed: the earlier run's {name} is removed", not os.path.exists(os.path.join(mixed, name)),
+          os.listdir(mixed))
+check("mixed: the earlier run's rank-0.log (a symlink now) is not followed", os.path.islink(os.path.join(mixed, "rank-0.log")))
+code, out, err = run("summary", mixed)
+check("mixed: one rank read back", code == 0 and "rank 1" not in out, (code, err))
+
+# 8. Full disks: every output that fits is written, each one that does not is
+# named with the system's reason, nothing half-written is left, and a rank's
+# failure reaches the launcher even when its log cannot be written.
+def on_tiny_disk(size, *args):
+    """memscope ARGS with --out on a tmpfs of SIZE (a private mount namespace: unshare -rm)."""
+    mnt = tempfile.mkdtemp(prefix="tinyfs-", dir=tmp)
+    script = f'mount -t tmpfs -o size={size} tmpfs "$1" && shift && "$@"; code=$?; ls -A "$MNT/r"; exit $code'
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", mnt, MEMSCOPE, *args, "--out", f"{mnt}/r"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, MNT=mnt))
+    return p.returncode, p.stdout, p.stderr, f"{mnt}/r"
+
+code, out, err, r = on_tiny_disk("40k", "run", "--model", "mlp", "--steps", "1")
+listing = out.split()
+check("full disk: exit 2", code == 2, (code, err))
+for name in ("run.json", "rank-0.timeline", "rank-0.json", "snapshot-rank-0.pickle"):
+    check(f"full disk: {name} written", name in listing, listing)
+for name in ("trace.json", "report.json", "summary.txt", "report.html"):
+    check(f"full disk: {name} named", f"memscope run: cannot write '{r}/{name}': No space left on device\n" in err, err)
+check("full disk: no temporary left", not any(".tmp" in name for name in listing), listing)
+code, out, err, r = on_tiny_disk("20k", "run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--timeout", "2")
+check("full disk, 2 ranks: exit 4", code == 4, (code, err))
+check("full disk, 2 ranks: the rank's reason",
+      re.search(r"^memscope run: rank \d exited with status 4: cannot write .*: No space left on device", err, re.M),
+      err)
+check("full disk, 2 ranks: no empty line", "\n\n" not in err and not err.startswith("\n"), err)
+
+# 7. A rank that stops making progress (SIGSTOP) is named, within about one
+# timeout: the launcher kills it after half the timeout, its peers fail at once.
+def rank_pids(parent):
+    """{rank: pid} of the launcher's children."""
+    pids = {}
+    for task in os.listdir(f"/proc/{parent}/task"):
+        try:
+            children = open(f"/proc/{parent}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            for e in env:
+                if e.startswith(b"RANK="):
+                    pids[int(e[5:])] = int(pid)
+    return pids
+
+hung = os.path.join(tmp, "hung")
+launcher = subprocess.Popen([MEMSCOPE, "run", "--model", "gpt2", "--steps", "100000", "--world-size", "2",
+                             "--timeout", "4", "--out", hung], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+pids = {}
+for _ in range(500):
+    pids = rank_pids(launcher.pid)
+    if len(pids) == 2 and os.path.exists(os.path.join(hung, "rank-1.timeline")) and \
+            os.path.getsize(os.path.join(hung, "rank-1.timeline")) > 64 * 1024:  # training has begun
+        break
+    subprocess.run(["sleep", "0.05"])
+check("hung: two ranks found", len(pids) == 2, pids)
+stopped_at = time.monotonic()
+os.kill(pids[1], signal.SIGSTOP)
+err = launcher.communicate(timeout=120)[1]
+took = time.monotonic() - stopped_at
+check("hung: exit 4", launcher.returncode == 4, (launcher.returncode, err))
+check("hung: within about one timeout", took < 6, took)
+first_line = err.splitlines()[0] if err else ""
+check("hung: rank 1 named first", first_line.startswith("memscope run: rank 1 was stopped by signal 19 (SIGSTOP) and "
+                                                       "made no progress for 2 s; killed"), err)
+run_json = json.load(open(os.path.join(hung, "run.json")))
+check("hung: run.json's failure", run_json["failure"]["rank"] == 1, run_json.get("failure"))
 
 finish("hostile")
