@@ -19,6 +19,7 @@
 #include "exporters/snapshot_export.h"
 #include "nlohmann/json.hpp"
 #include "recording/timeline.h"
+#include "run/output_file.h"
 #include "run/run.h"
 
 namespace memscope::cli {
@@ -100,13 +101,13 @@ int Trace(const ReadArgs& a) {
   if (!run.ok()) return Fail("trace", run.status().message());
   std::vector<const Timeline*> ptrs;
   for (const Timeline& t : *run) ptrs.push_back(&t);
-  std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
-  if (!out) return Fail("trace", absl::StrCat("cannot write '", a.output, "'"));
+  OutputFile out(a.output);  // whole or not at all, never through a symlink
   ChromeTraceOptions options;
   options.max_counter_samples_per_rank = a.max_samples;
-  if (absl::Status s = WriteChromeTrace(ptrs, options, out); !s.ok()) return Fail("trace", s.message());
-  out.close();
-  if (!out) return Fail("trace", absl::StrCat("cannot write '", a.output, "'"));
+  if (absl::Status s = WriteChromeTrace(ptrs, options, out.stream()); !s.ok() && out.stream()) {
+    return Fail("trace", s.message());
+  }
+  if (absl::Status s = out.Commit(); !s.ok()) return Fail("trace", s.message());
   std::cout << "wrote " << a.output << " (" << ptrs.size() << " rank" << (ptrs.size() == 1 ? "" : "s")
             << "; open it in https://ui.perfetto.dev or chrome://tracing)\n";
   return kExitOk;
@@ -123,14 +124,12 @@ int Snapshot(const ReadArgs& a) {
   const Timeline& t = run->front();
   absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment);
   if (!at.ok()) return Fail("snapshot", at.status().message());
-  std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
-  if (!out) return Fail("snapshot", absl::StrCat("cannot write '", a.output, "'"));
+  OutputFile out(a.output);  // whole or not at all, never through a symlink
   const SnapshotFormat format = a.format == "json" ? SnapshotFormat::kJson : SnapshotFormat::kPickle;
-  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out); !s.ok()) {
+  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out.stream()); !s.ok() && out.stream()) {
     return Fail("snapshot", s.message());
   }
-  out.close();
-  if (!out) return Fail("snapshot", absl::StrCat("cannot write '", a.output, "'"));
+  if (absl::Status s = out.Commit(); !s.ok()) return Fail("snapshot", s.message());
   std::cout << "wrote " << a.output << " (rank " << t.rank << " at " << moment->text << ", " << at->second
             << " events; open it in https://pytorch.org/memory_viz)\n";
   return kExitOk;

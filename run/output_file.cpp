@@ -72,7 +72,14 @@ std::streamsize OutputFile::Buffer::xsputn(const char* s, std::streamsize n) {
 }
 
 OutputFile::OutputFile(std::string path) : path_(std::move(path)), temp_(TempName(path_)), stream_(nullptr) {
-  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  struct stat st;
+  if (::lstat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode) && !S_ISDIR(st.st_mode)) {
+    // A device or a pipe (-o /dev/stdout, /dev/null): written in place, never replaced.
+    direct_ = true;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+  } else {
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  }
   if (fd_ < 0) open_error_ = errno;
   buffer_ = std::make_unique<Buffer>(fd_);
   stream_.rdbuf(buffer_.get());
@@ -81,7 +88,7 @@ OutputFile::OutputFile(std::string path) : path_(std::move(path)), temp_(TempNam
 
 OutputFile::~OutputFile() {
   if (fd_ >= 0) ::close(fd_);
-  if (!committed_ && open_error_ == 0) ::unlink(temp_.c_str());
+  if (!committed_ && open_error_ == 0 && !direct_) ::unlink(temp_.c_str());
 }
 
 absl::Status OutputFile::Commit() {
@@ -92,7 +99,7 @@ absl::Status OutputFile::Commit() {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0 && error == 0) error = errno;  // NFS and others report late
-  if (error == 0 && ::rename(temp_.c_str(), path_.c_str()) != 0) error = errno;
+  if (error == 0 && !direct_ && ::rename(temp_.c_str(), path_.c_str()) != 0) error = errno;
   if (error != 0) return WriteError(path_, error);  // the destructor removes the temporary
   committed_ = true;
   return absl::OkStatus();

@@ -6,7 +6,8 @@
 // and a symlink at PATH is replaced, not followed (`summary.txt ->
 // ../victim.txt` does not overwrite the victim). The first failed write
 // keeps its errno, so the error says why ("cannot write 'RUN/trace.json': No
-// space left on device").
+// space left on device"). A device or a pipe at PATH (/dev/stdout) is
+// written in place: it is not a file to replace.
 //
 //   OutputFile out(path);
 //   WriteChromeTrace(..., out.stream());
@@ -63,6 +64,7 @@ class OutputFile {
   int fd_ = -1;
   int open_error_ = 0;
   bool committed_ = false;
+  bool direct_ = false;  // PATH is a device or a pipe: written in place
   std::unique_ptr<Buffer> buffer_;
   std::ostream stream_;
 };

@@ -226,6 +226,21 @@ check("full disk, 2 ranks: the rank's reason",
       err)
 check("full disk, 2 ranks: no empty line", "\n\n" not in err and not err.startswith("\n"), err)
 
+# 8 (and 6) for the commands' -o: written whole, never through a symlink; a
+# device is written in place, never replaced, and its error is named.
+for args in (["trace", good], ["snapshot", good], ["report", good]):
+    code, out, err = run(*args, "-o", "/dev/full")
+    one_line_error(f"{args[0]} -o /dev/full", code, err)
+    check(f"{args[0]} -o /dev/full: the reason", err == f"memscope {args[0]}: cannot write '/dev/full': No space left on "
+          "device\n", err)
+    check(f"{args[0]} -o /dev/full: still a device", os.path.exists("/dev/full") and not os.path.isfile("/dev/full"))
+    link = os.path.join(tmp, f"{args[0]}-link.out")
+    os.symlink(victim, link)
+    code, out, err = run(*args, "-o", link)
+    check(f"{args[0]} -o symlink: written", code == 0 and not os.path.islink(link) and os.path.getsize(link) > 0,
+          (code, err))
+    check(f"{args[0]} -o symlink: victim untouched", open(victim).read() == "victim\n")
+
 # 7. A rank that stops making progress (SIGSTOP) is named, within about one
 # timeout: the launcher kills it after half the timeout, its peers fail at once.
 def rank_pids(parent):
