@@ -235,8 +235,9 @@ absl::Status TraceModel::ApplySegmentUnmap(const Event& e) {
 
 absl::Status TraceModel::Apply(const Event& e) {
   // Events come from files: sizes beyond any device, or address ranges that
-  // wrap around, would overflow the stats arithmetic. Refuse them.
-  if (IsAllocatorAction(e.type) && e.type != EventType::kOom &&
+  // wrap around, would overflow the stats arithmetic. Refuse them. Requests
+  // that did not change memory (an OOM, a retry, of any size) are counted only.
+  if (ChangesMemory(e.type) &&
       (e.size > kMaxEventSize || e.requested_size > kMaxEventSize || e.addr > UINT64_MAX - e.size)) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(EventTypeName(e.type)), " of ", e.size, " B at ",
                                                    Hex(e.addr), " is not a plausible device allocation"));

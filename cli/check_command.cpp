@@ -72,7 +72,7 @@ int Check(const CheckArgs& a) {
   if (!result.ok()) return Fail(result.status().message());
 
   if (a.json) {
-    std::cout << CheckJson(*result).dump(1) << "\n";
+    std::cout << CheckJson(*result).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << CheckText(*result);
   }

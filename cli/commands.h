@@ -17,7 +17,13 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;    // a check failed (memscope check, replay --verify)
 inline constexpr int kExitBadInput = 2;  // unusable input: flags, files, settings
 
-// Prints "memscope COMMAND: MESSAGE" (one line) on stderr and returns
+// `text` fit for one line of a terminal: newlines, tabs and control
+// characters (ESC, C1) as \n, \t, \xNN, and bytes that are not UTF-8 as
+// \xNN, so that input echoed in a message cannot move the cursor, recolour
+// the terminal or split the line.
+std::string EscapeForTerminal(absl::string_view text);
+
+// Prints "memscope COMMAND: MESSAGE" (one line, escaped) on stderr and returns
 // kExitBadInput: the way every command reports unusable input.
 int Fail(absl::string_view command, absl::string_view message);
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
 #include "compare/compare.h"
+#include "recording/timeline.h"
 #include "run/run.h"
 
 namespace memscope::cli {
@@ -37,7 +38,7 @@ int CompareCommand(const CompareArgs& a) {
   absl::StatusOr<Comparison> comparison = Compare(inputs[0], inputs[1], a.rank_given ? a.rank : -1);
   if (!comparison.ok()) return Fail(comparison.status().message());
   if (a.json) {
-    std::cout << ComparisonJson(*comparison).dump(1) << "\n";
+    std::cout << ComparisonJson(*comparison).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << FormatComparison(*comparison);
   }
@@ -58,6 +59,7 @@ void RegisterCompare(CLI::App& app, int& exit_status) {
       ->required()
       ->expected(2);
   cmd->add_option("--rank", args->rank, "only this rank (default: every rank both runs have)")
+      ->check(CLI::Range(0, kMaxTimelineWorldSize - 1))
       ->each([args](const std::string&) { args->rank_given = true; });
   cmd->add_flag("--json", args->json, "print the comparison as JSON (schema memscope.compare/1)");
   cmd->callback([args, &exit_status] { exit_status = CompareCommand(*args); });

@@ -1,25 +1,91 @@
 // memscope: GPU memory profiler and fragmentation analyzer for PyTorch-style
 // (DDP) training. See README.md.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
 #include "cli/commands.h"
 
 namespace memscope::cli {
 
+std::string EscapeForTerminal(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [&out](unsigned char c) { absl::StrAppendFormat(&out, "\\x%02x", c); };
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f) {
+      hex(c);
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      // Valid UTF-8 passes, except C1 controls (U+0080..U+009F, which some
+      // terminals obey); any other byte is shown as \xNN.
+      const std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+      bool valid = n != 0 && i + n <= text.size();
+      for (std::size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
+      if (valid && n == 3) {
+        const auto c1 = static_cast<unsigned char>(text[i + 1]);
+        valid = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);  // overlong, surrogates
+      }
+      if (valid && n == 4) {
+        const auto c1 = static_cast<unsigned char>(text[i + 1]);
+        valid = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);  // overlong, beyond U+10FFFF
+      }
+      if (valid && n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0) valid = false;  // C1
+      if (!valid) {
+        hex(c);
+        ++i;
+        continue;
+      }
+      out.append(text.data() + i, n);
+      i += n;
+      continue;
+    }
+    ++i;
+  }
+  return out;
+}
+
 int Fail(absl::string_view command, absl::string_view message) {
-  std::fprintf(stderr, "memscope %.*s: %.*s\n", static_cast<int>(command.size()), command.data(),
-               static_cast<int>(message.size()), message.data());
+  const std::string text = EscapeForTerminal(message);
+  std::fprintf(stderr, "memscope %.*s: %s\n", static_cast<int>(command.size()), command.data(), text.c_str());
   return kExitBadInput;
 }
 
 void PrintNotes(const std::vector<std::string>& notes) {
-  for (const std::string& note : notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+  for (const std::string& note : notes) {
+    std::fprintf(stderr, "memscope: note: %s\n", EscapeForTerminal(note).c_str());
+  }
 }
 
 void PrintNotes(const std::vector<Timeline>& timelines) {
   for (const Timeline& t : timelines) PrintNotes(t.notes);
+}
+
+// The exit status once standard output is flushed: output that could not be
+// written (a full disk, a closed pipe, `> /dev/full`) is an error, never a
+// silent success.
+int FinishOutput(int exit_status) {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout;
+  if (!failed) return exit_status;
+  // The failed write's errno is often overwritten by then: say it only when fflush set it.
+  const int error = errno;
+  std::fprintf(stderr, "memscope: error: cannot write standard output%s%s\n", error != 0 ? ": " : "",
+               error != 0 ? std::strerror(error) : "");
+  return exit_status != kExitOk ? exit_status : kExitBadInput;
 }
 
 }  // namespace memscope::cli
@@ -43,23 +109,24 @@ int main(int argc, char** argv) {
     return false;
   };
   if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
-    std::fprintf(stderr, "memscope: error: unknown command '%s' (see memscope --help)\n", argv[1]);
+    std::fprintf(stderr, "memscope: error: unknown command '%s' (see memscope --help)\n",
+                 memscope::cli::EscapeForTerminal(argv[1]).c_str());
     return memscope::cli::kExitBadInput;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return memscope::cli::FinishOutput(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return memscope::cli::FinishOutput(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return memscope::cli::FinishOutput(app.exit(e));
   } catch (const CLI::ParseError& e) {
     // Point at the help of the command that was given, when there is one.
     std::string help = "memscope";
     for (const CLI::App* sub : app.get_subcommands()) help += " " + sub->get_name();
-    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", e.what(), help.c_str());
+    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", memscope::cli::EscapeForTerminal(e.what()).c_str(), help.c_str());
     return memscope::cli::kExitBadInput;
   }
-  return exit_status;
+  return memscope::cli::FinishOutput(exit_status);
 }

@@ -18,6 +18,8 @@
 #include "exporters/report.h"
 #include "exporters/snapshot_export.h"
 #include "nlohmann/json.hpp"
+#include "recording/timeline.h"
+#include "run/output_file.h"
 #include "run/run.h"
 
 namespace memscope::cli {
@@ -52,7 +54,8 @@ struct ReadArgs {
 void AddRunArgs(CLI::App* cmd, ReadArgs& a, bool with_at) {
   cmd->add_option("run", a.path, "run directory, rank-R.timeline file, or PyTorch memory snapshot (.pickle)")
       ->required();
-  cmd->add_option("--rank", a.rank, "only this rank (default: every rank)");
+  cmd->add_option("--rank", a.rank, "only this rank (default: every rank)")
+      ->check(CLI::Range(0, kMaxTimelineWorldSize - 1));
   if (with_at) {
     cmd->add_option("--at", a.at,
                     "moment: end (after the last step, the default), exit (after teardown), peak, oom, or "
@@ -89,7 +92,7 @@ int Summary(const ReadArgs& a) {
   if (a.json) {
     nlohmann::json j = ReportJson(ptrs, reports);
     j["at"] = at_json;
-    std::cout << j.dump(1) << "\n";
+    std::cout << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << text;
   }
@@ -102,13 +105,13 @@ int Trace(const ReadArgs& a) {
   if (!run.ok()) return Fail("trace", run.status().message());
   std::vector<const Timeline*> ptrs;
   for (const Timeline& t : *run) ptrs.push_back(&t);
-  std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
-  if (!out) return Fail("trace", absl::StrCat("cannot write '", a.output, "'"));
+  OutputFile out(a.output);  // whole or not at all, never through a symlink
   ChromeTraceOptions options;
   options.max_counter_samples_per_rank = a.max_samples;
-  if (absl::Status s = WriteChromeTrace(ptrs, options, out); !s.ok()) return Fail("trace", s.message());
-  out.close();
-  if (!out) return Fail("trace", absl::StrCat("cannot write '", a.output, "'"));
+  if (absl::Status s = WriteChromeTrace(ptrs, options, out.stream()); !s.ok() && out.stream()) {
+    return Fail("trace", s.message());
+  }
+  if (absl::Status s = out.Commit(); !s.ok()) return Fail("trace", s.message());
   std::cout << "wrote " << a.output << " (" << ptrs.size() << " rank" << (ptrs.size() == 1 ? "" : "s")
             << "; open it in https://ui.perfetto.dev or chrome://tracing)\n";
   return kExitOk;
@@ -125,14 +128,12 @@ int Snapshot(const ReadArgs& a) {
   const Timeline& t = run->front();
   absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment);
   if (!at.ok()) return Fail("snapshot", at.status().message());
-  std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
-  if (!out) return Fail("snapshot", absl::StrCat("cannot write '", a.output, "'"));
+  OutputFile out(a.output);  // whole or not at all, never through a symlink
   const SnapshotFormat format = a.format == "json" ? SnapshotFormat::kJson : SnapshotFormat::kPickle;
-  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out); !s.ok()) {
+  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out.stream()); !s.ok() && out.stream()) {
     return Fail("snapshot", s.message());
   }
-  out.close();
-  if (!out) return Fail("snapshot", absl::StrCat("cannot write '", a.output, "'"));
+  if (absl::Status s = out.Commit(); !s.ok()) return Fail("snapshot", s.message());
   std::cout << "wrote " << a.output << " (rank " << t.rank << " at " << moment->text << ", " << at->second
             << " events; open it in https://pytorch.org/memory_viz)\n";
   return kExitOk;
@@ -213,7 +214,7 @@ int Frag(const ReadArgs& a) {
     }
   }
   if (a.json) {
-    std::cout << nlohmann::json{{"ranks", ranks}}.dump(1) << "\n";
+    std::cout << nlohmann::json{{"ranks", ranks}}.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << text;
   }
@@ -233,7 +234,7 @@ int Dump(const ReadArgs& a) {
                                 {"alloc_conf", t.alloc_conf},
                                 {"events", t.events.size()},
                                 {"torn_bytes", t.torn_bytes}}
-                     .dump()
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
               << "\n";
     for (const Event& e : t.events) {
       nlohmann::json j = {{"type", std::string(EventTypeName(e.type))}, {"time_ns", e.time_ns}};
@@ -257,7 +258,7 @@ int Dump(const ReadArgs& a) {
         j["step"] = e.step() == kNoStep ? nlohmann::json(nullptr) : nlohmann::json(e.step());
         if (e.name != 0) j["label"] = t.str(e.name);
       }
-      std::cout << j.dump() << "\n";
+      std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
   }
   return kExitOk;

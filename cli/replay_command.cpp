@@ -265,7 +265,7 @@ void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& resu
                     {"memory_stats", stats}});
   }
   std::cout
-      << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}.dump(2)
+      << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
       << "\n";
 }
 

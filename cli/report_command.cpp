@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "run/output_file.h"
 #include "run/run.h"
 #include "viewer/html_report.h"
 
@@ -43,11 +44,7 @@ int Report(const ReportArgs& a) {
   options.max_timeline_samples = a.max_samples;
   absl::StatusOr<std::string> html = HtmlReport(runs, options);
   if (!html.ok()) return Fail("report", html.status().message());
-  std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
-  if (!out) return Fail("report", absl::StrCat("cannot write '", a.output, "'"));
-  out << *html;
-  out.close();
-  if (!out) return Fail("report", absl::StrCat("cannot write '", a.output, "'"));
+  if (absl::Status s = WriteOutputFile(a.output, *html); !s.ok()) return Fail("report", s.message());
   std::size_t ranks = 0;
   for (const auto& run : loaded) ranks += run.size();
   std::cout << absl::StrFormat("wrote %s (%s, %d rank%s, %.1f KB; opens offline in a browser)\n", a.output,

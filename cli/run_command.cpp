@@ -3,12 +3,15 @@
 // rank processes that talk over Gloo); memscope models: the zoo. This file
 // parses the flags into a RankPlan and prints; run/ does the work (a rank:
 // run/rank.h, the launcher: run/launcher.h, the outcome: run/aggregate.h).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -16,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
@@ -43,9 +47,12 @@ struct RunArgs {
   std::int64_t seq_len = 0;
   std::int64_t width = 0;
   std::int64_t depth = 0;
+  // Which of --batch-size, --seq-len, --width, --depth were given (0 is refused, not "the default").
+  bool sizes_given[4] = {false, false, false, false};
   std::string optimizer = "adam";
   std::string optimizer_impl = "foreach";
   double lr = 0;
+  bool lr_given = false;
   double momentum = 0.9;
   std::string ddp = "auto";
   double bucket_cap_mb = 0;
@@ -70,7 +77,10 @@ struct RunArgs {
   std::string fault_skip_barrier;  // "RANK:STEP": every other rank calls a barrier after STEP
 };
 
-int Fail(absl::string_view message) { return cli::Fail("run", message); }
+int Fail(absl::string_view message) {
+  ReportToLauncher(std::string(message));  // a rank of ours: its launcher says why (bad options, ...)
+  return cli::Fail("run", message);
+}
 
 // Everything a rank needs (run/rank.h), built from the flags.
 using Plan = RankPlan;
@@ -86,7 +96,43 @@ absl::StatusOr<std::pair<int, std::int64_t>> ParseFault(const std::string& flag,
   return f;
 }
 
+// Bounds of the numeric options: far beyond any real run, small enough that
+// shapes and times computed from them cannot overflow.
+constexpr std::int64_t kMaxDimension = std::int64_t{1} << 24;  // --batch-size, --seq-len, --width
+constexpr std::int64_t kMaxDepth = 1 << 16;
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;  // one week
+
+absl::Status CheckOptionRanges(const RunArgs& a) {
+  const char* names[4] = {"--batch-size", "--seq-len", "--width", "--depth"};
+  const std::int64_t values[4] = {a.batch_size, a.seq_len, a.width, a.depth};
+  for (int i = 0; i < 4; ++i) {
+    const std::int64_t max = i == 3 ? kMaxDepth : kMaxDimension;
+    if (a.sizes_given[i] && (values[i] < 1 || values[i] > max)) {
+      return absl::InvalidArgumentError(absl::StrCat(names[i], " ", values[i], ": use 1 to ", max));
+    }
+  }
+  if (a.lr_given && !(a.lr > 0 && a.lr <= std::numeric_limits<float>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
+  }
+  if (!(a.momentum >= 0 && a.momentum <= std::numeric_limits<float>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat("--momentum ", a.momentum, ": must be a finite number >= 0"));
+  }
+  if (!(a.timeout > 0 && a.timeout <= kMaxTimeoutSeconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout ", a.timeout, ": use more than 0 and at most ", kMaxTimeoutSeconds, " seconds"));
+  }
+  if (a.bucket_cap_given && !(a.bucket_cap_mb > 0 && a.bucket_cap_mb <= 1024.0 * 1024 * 1024)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--bucket-cap-mb ", a.bucket_cap_mb, ": must be greater than 0 and at most 1 PiB"));
+  }
+  if (a.grad_accum < 1 || a.grad_accum > kMaxDimension) {
+    return absl::InvalidArgumentError(absl::StrCat("--grad-accum ", a.grad_accum, ": use 1 to ", kMaxDimension));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std::int64_t world_size) {
+  if (absl::Status s = CheckOptionRanges(a); !s.ok()) return s;
   Plan p;
   TrainOptions& t = p.train;
   t.model = a.model;
@@ -141,10 +187,7 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (p.ddp != "off") {
     reducer::DdpOptions d;
     d.gradient_as_bucket_view = p.ddp == "view";
-    if (a.bucket_cap_given) {
-      if (!(a.bucket_cap_mb > 0)) return absl::InvalidArgumentError("--bucket-cap-mb must be greater than 0");
-      d.bucket_cap_mb = a.bucket_cap_mb;
-    }
+    if (a.bucket_cap_given) d.bucket_cap_mb = a.bucket_cap_mb;
     d.find_unused_parameters = a.find_unused;
     d.static_graph = a.static_graph;
     d.broadcast_buffers = !a.no_broadcast_buffers;
@@ -164,7 +207,6 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
         "DDP options (--bucket-cap-mb, --find-unused-parameters, --static-graph, "
         "--comm-hook, --no-broadcast-buffers) need --ddp copy or view");
   }
-  if (!(a.timeout > 0)) return absl::InvalidArgumentError("--timeout must be greater than 0 seconds");
   p.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
   absl::StatusOr<std::pair<int, std::int64_t>> kill = ParseFault("--fault-kill", a.fault_kill);
   if (!kill.ok()) return kill.status();
@@ -176,6 +218,9 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (!device_memory.ok())
     return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", device_memory.status().message()));
   if (*device_memory == 0) return absl::InvalidArgumentError("--device-memory: must be greater than 0");
+  if (*device_memory > kMaxTimelineDeviceCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("--device-memory ", a.device_memory, ": at most 1 PiB"));
+  }
   p.device_memory = *device_memory;
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
@@ -311,6 +356,13 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
     std::cout << "loss:";
     for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
     std::cout << "\n";
+    if (const auto diverged = FirstDivergedLoss(t.losses)) {
+      // One loss per micro-batch: --grad-accum of them per step.
+      const std::int64_t accum = std::max<std::int64_t>(1, t.grad_accum);
+      std::cerr << "memscope run: the training diverged: the loss became " << diverged->second << " at step "
+                << static_cast<std::int64_t>(diverged->first) / accum << " (the memory profile is complete; a smaller "
+                << "--lr would keep it finite)\n";
+    }
   }
   std::cout << "recorded in " << a.out << "/ (" << ExistingListing(a.out, world_size) << ")\n";
 }
@@ -328,7 +380,9 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
   } else {
     PrintTables(a, *out);
   }
-  std::cerr << out->diagnostics;
+  for (absl::string_view line : absl::StrSplit(out->diagnostics, '\n', absl::SkipEmpty())) {
+    std::cerr << EscapeForTerminal(line) << "\n";
+  }
   const int code = out->exit_code;
   if (kept != nullptr) *kept = std::move(*out);
   return code;
@@ -336,13 +390,36 @@ int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vect
 
 // One rank in this process: its status, and its failure said on stderr when
 // other ranks run beside it.
+// A rank of several also sends its error to our launcher (the status pipe),
+// which names it even when this rank's log cannot be written (a full disk).
 int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir) {
   absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
-  if (!status.ok()) return Fail(status.status().message());
+  if (!status.ok()) {
+    if (world_size == 1) return Fail(status.status().message());
+    const std::string line = absl::StrCat("memscope run: rank ", rank, ": ",
+                                          EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
+    ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
+    std::cerr << line << "\n";
+    return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
+  }
   if (status->exit_code != kExitOk && world_size > 1) {
-    std::cerr << "memscope run: rank " << rank << ": " << WithoutRankPrefix(status->error, rank) << "\n";
+    ReportToLauncher(WithoutRankPrefix(status->error, rank));
+    std::cerr << "memscope run: rank " << rank << ": " << EscapeForTerminal(WithoutRankPrefix(status->error, rank))
+              << "\n";
   }
   return status->exit_code;
+}
+
+// This process and its command line, for the lock of the run directory.
+std::string Holder() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!cmdline.empty() && cmdline.back() == '\0') cmdline.pop_back();
+  std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+  if (const std::size_t slash = cmdline.rfind('/', cmdline.find(' ')); slash != std::string::npos) {
+    cmdline.erase(0, slash + 1);  // the program's name, without its directory
+  }
+  return absl::StrCat("pid ", ::getpid(), ": ", cmdline);
 }
 
 // A double as text that parses back to the same value.
@@ -449,7 +526,9 @@ int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan&
       std::ifstream log(dir.RankLog(e.rank));
       std::string line;
       std::getline(log, line);
-      std::cerr << line << "\n";
+      // The rank's log may be lost (a full disk): its status pipe is not.
+      if (line.empty()) line = absl::StrCat("memscope run: rank ", e.rank, ": ", e.message);
+      std::cerr << EscapeForTerminal(line) << "\n";
       return kExitBadInput;
     }
   }
@@ -465,8 +544,9 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   int rank = 0;
   if (worker) {
     std::int64_t ws = 0;
-    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1)
-      return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer"));
+    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1 || ws > kMaxTimelineWorldSize) {
+      return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer up to ", kMaxTimelineWorldSize));
+    }
     if (!absl::SimpleAtoi(env_rank, &rank) || rank < 0 || rank >= ws) {
       return Fail(absl::StrCat("RANK='", env_rank, "' is not a rank of WORLD_SIZE=", ws));
     }
@@ -480,6 +560,9 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
+  // One run at a time per directory; the ranks of ours run under this lock.
+  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(Holder());
+  if (!lock.ok()) return Fail(lock.status().message());
   dir.RemoveRankFiles();  // what an earlier run in this directory left
   if (world_size == 1) {
     const int code = RankMain(*plan, 0, 1, dir);
@@ -539,13 +622,18 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
       ->each([a](const std::string&) { a->world_size_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");
-  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)");
-  cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)");
-  cmd->add_option("--width", a->width, "mlp hidden width (default 512)");
-  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)");
+  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")
+      ->each([a](const std::string&) { a->sizes_given[0] = true; });
+  cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)")
+      ->each([a](const std::string&) { a->sizes_given[1] = true; });
+  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")
+      ->each([a](const std::string&) { a->sizes_given[2] = true; });
+  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")
+      ->each([a](const std::string&) { a->sizes_given[3] = true; });
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd");
   cmd->add_option("--optimizer-impl", a->optimizer_impl, "foreach (default, as on GPUs), for-loop or fused");
-  cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)");
+  cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)")
+      ->each([a](const std::string&) { a->lr_given = true; });
   cmd->add_option("--momentum", a->momentum, "SGD momentum (default 0.9; 0 for none)");
   cmd->add_option("--ddp", a->ddp,
                   "copy (gradient_as_bucket_view=False, PyTorch's default), view (=True), off, or copy,view (both, "

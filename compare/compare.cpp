@@ -222,7 +222,7 @@ std::string Percent(std::uint64_t a, std::int64_t delta) {
 
 std::string ConfigValue(const json& v) {
   if (v.is_string()) return v.get<std::string>();
-  return v.dump();
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string RunHeader(const char* name, const ComparedRun& run) {

@@ -179,7 +179,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   };
   options.on_item = [&](const PicklePath& p, PyValue&& item) -> absl::Status {
     int device = 0;
-    if (!absl::SimpleAtoi(p[1].substr(1, p[1].size() - 2), &device) || device < 0) {
+    if (!absl::SimpleAtoi(p[1].substr(1, p[1].size() - 2), &device) || device < 0 ||
+        device > kMaxTimelineDeviceIndex) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
     }
     DeviceBuilder& b = devices[device];
@@ -312,7 +313,12 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
   std::map<int, std::vector<const PyValue*>> by_device;
   for (const PyValue& seg : segments->items) {
     if (seg.kind != PyValue::Kind::kDict) continue;
-    by_device[static_cast<int>(uint(seg, "device"))].push_back(&seg);
+    const std::uint64_t device = uint(seg, "device");
+    if (device > static_cast<std::uint64_t>(kMaxTimelineDeviceIndex)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": segment of device ", device, " (at most ",
+                                                     kMaxTimelineDeviceIndex, " devices are read)"));
+    }
+    by_device[static_cast<int>(device)].push_back(&seg);
   }
   std::string settings;
   if (root->kind == PyValue::Kind::kDict) settings = SettingsText(root->Get("allocator_settings"));

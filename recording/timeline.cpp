@@ -69,7 +69,10 @@ std::uint32_t MemorySink::Intern(std::string_view text) {
 
 absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std::string& path,
                                                                        const Timeline& header) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Never through a symlink: one at `path` is replaced by the timeline.
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(path.c_str(), kFlags, 0644);
+  if (fd < 0 && errno == ELOOP && ::unlink(path.c_str()) == 0) fd = ::open(path.c_str(), kFlags | O_EXCL, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create timeline '", path, "': ", std::strerror(errno)));
   char raw[kTimelineHeaderSize] = {};
   std::memcpy(raw, kTimelineMagic, 8);
@@ -82,6 +85,7 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
   Put<std::int64_t>(raw + 40, header.wall_start_us);
   if (absl::Status s = WriteAll(fd, raw, sizeof(raw), path); !s.ok()) {
     ::close(fd);
+    ::unlink(path.c_str());  // no header, nothing recorded: no file that reads as "not a timeline"
     return s;
   }
   std::unique_ptr<TimelineWriter> w(new TimelineWriter(path, fd));
@@ -118,6 +122,30 @@ absl::Status TimelineWriter::Flush() {
   return error_;
 }
 
+absl::Status ValidateTimelineHeader(const Timeline& t, const std::string& source) {
+  auto bad = [&](absl::string_view field, auto value, absl::string_view range) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": header ", field, " ", value, " is out of range (", range, "; corrupt file)"));
+  };
+  if (t.world_size < 1 || t.world_size > kMaxTimelineWorldSize) {
+    return bad("world_size", t.world_size, absl::StrCat("1 to ", kMaxTimelineWorldSize));
+  }
+  // A rank beyond world_size is possible: an imported snapshot's device N is rank N of one.
+  if (t.rank < 0 || t.rank >= kMaxTimelineWorldSize) {
+    return bad("rank", t.rank, absl::StrCat("0 to ", kMaxTimelineWorldSize - 1));
+  }
+  if (t.device_index < 0 || t.device_index > kMaxTimelineDeviceIndex) {
+    return bad("device_index", t.device_index, absl::StrCat("0 to ", kMaxTimelineDeviceIndex));
+  }
+  if (t.device_capacity > kMaxTimelineDeviceCapacity) {
+    return bad("device_capacity", t.device_capacity, "at most 1 PiB");
+  }
+  if (t.wall_start_us < 0 || t.wall_start_us > kMaxTimelineWallStartUs) {
+    return bad("wall_start_us", t.wall_start_us, "Unix microseconds between 1970 and 3000");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string& source) {
   if (bytes.size() < kTimelineHeaderSize || std::memcmp(bytes.data(), kTimelineMagic, 8) != 0) {
     if (bytes.size() >= 8 && std::memcmp(bytes.data(), kTimelineMagic, 8) == 0) {
@@ -142,6 +170,7 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
   t.device_index = Get<std::int32_t>(h + 24);
   t.device_capacity = Get<std::uint64_t>(h + 32);
   t.wall_start_us = Get<std::int64_t>(h + 40);
+  if (absl::Status s = ValidateTimelineHeader(t, source); !s.ok()) return s;
   const std::string_view body = bytes.substr(kTimelineHeaderSize);
   const std::size_t records = body.size() / sizeof(Event);
   t.torn_bytes = body.size() % sizeof(Event);

@@ -118,8 +118,22 @@ class TimelineWriter final : public EventSink {
   absl::Status error_;
 };
 
+// What a real run can hold; a header beyond these is corrupt or hostile
+// (a device index of 2^31-1 would make a snapshot of 2^31 device lists).
+inline constexpr std::int32_t kMaxTimelineWorldSize = 1 << 17;     // ranks
+inline constexpr std::int32_t kMaxTimelineDeviceIndex = (1 << 17) - 1;
+inline constexpr std::uint64_t kMaxTimelineDeviceCapacity = std::uint64_t{1} << 50;  // 1 PiB
+inline constexpr std::int64_t kMaxTimelineWallStartUs = 32503680000000000;           // 3000-01-01
+
+// OK when every header field of `t` (rank, world_size, device_index,
+// device_capacity, wall_start_us) is within what a real run can hold: 0 <=
+// rank < 131072, 1 <= world_size <= 131072, 0 <= device_index < 131072, capacity <= 1 PiB,
+// a start between 1970 and 3000. The error names `source` and the field.
+absl::Status ValidateTimelineHeader(const Timeline& t, const std::string& source);
+
 // Reads a timeline file. Errors name the file and what is wrong (not a
-// timeline, unsupported version, truncated header); a torn tail is not an
+// timeline, unsupported version, truncated header, a header field out of
+// range); a torn tail is not an
 // error (see Timeline::torn_bytes).
 absl::StatusOr<Timeline> ReadTimelineFile(const std::string& path);
 absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string& source);

@@ -24,6 +24,8 @@ ManifestRank RankEntry(int r, const std::optional<RankStatus>& st, const std::ve
     entry.status = "failed";
     entry.error = "";
   }
+  // What the rank said through its status pipe, when it wrote no status.
+  if (!exits.empty() && (!st || entry.error->empty())) entry.error = exits[static_cast<std::size_t>(r)].message;
   if (!exits.empty()) {
     const RankExit& e = exits[static_cast<std::size_t>(r)];
     entry.exit_code = e.exit_code;
@@ -126,10 +128,18 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
   for (int r = 0; r < world_size; ++r) out.statuses.push_back(RankStatus::Read(run.dir.RankStatus(r)));
   out.manifest = BuildManifest(run, out.statuses);
   // run.json is written as before: a run directory whose analysis fails still says how its ranks ended.
-  (void)out.manifest.Write(run.dir.Manifest());
+  std::vector<absl::Status> write_errors;
+  if (absl::Status s = out.manifest.Write(run.dir.Manifest()); !s.ok()) write_errors.push_back(s);
 
   absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(run.dir.root());
-  if (!recorded.ok()) return recorded.status();
+  if (!recorded.ok()) {
+    // Nothing to analyse (a full disk, say), but the ranks' story is told.
+    Judge(run, out);
+    absl::StrAppend(&out.diagnostics, "memscope run: ", recorded.status().message(), "\n");
+    for (const absl::Status& e : write_errors) absl::StrAppend(&out.diagnostics, "memscope run: ", e.message(), "\n");
+    if (out.exit_code == 0) out.exit_code = kExitOutputFailed;
+    return out;
+  }
   // Only this run's ranks (an external launcher's directory may hold more).
   std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
   const std::vector<std::optional<RankStatus>>& statuses = out.statuses;
@@ -145,11 +155,14 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
       if (out.manifest.failure && out.manifest.failure->rank == r.rank) r.failure = out.manifest.failure->message;
     }
   };
-  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend);
+  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors);
   if (!reports.ok()) return reports.status();
   out.timelines = std::move(*recorded);
   out.reports = std::move(*reports);
   Judge(run, out);
+  // Outputs that could not be written (a full disk): each named, after the ranks' story.
+  for (const absl::Status& e : write_errors) absl::StrAppend(&out.diagnostics, "memscope run: ", e.message(), "\n");
+  if (!write_errors.empty() && out.exit_code == 0) out.exit_code = kExitOutputFailed;
   return out;
 }
 

@@ -27,6 +27,10 @@ namespace memscope {
 inline constexpr int kExitOutOfMemory = 3;
 // A rank failed: killed, a collective timed out or mismatched, or it crashed.
 inline constexpr int kExitRankFailed = 4;
+// Every rank ended well but an output (run.json, report.json, trace.json,
+// ...) could not be written: each is named on stderr. The same status as
+// unusable options and files (cli/commands.h kExitBadInput).
+inline constexpr int kExitOutputFailed = 2;
 
 // What the aggregation needs to know of a finished run.
 struct RunRecord {
@@ -49,7 +53,7 @@ struct RunOutcome {
   std::vector<std::optional<RankStatus>> statuses;  // by rank; nullopt: the rank wrote none
   std::vector<Timeline> timelines;                  // this run's ranks, as recorded
   std::vector<RankReport> reports;                  // their analyses (report.json)
-  int exit_code = 0;                                // 0, kExitOutOfMemory or kExitRankFailed
+  int exit_code = 0;  // 0, kExitOutOfMemory, kExitRankFailed or kExitOutputFailed
   // What `memscope run` says on stderr about failed ranks: each line starts
   // "memscope run: " (an OOM's message and verdict follow on their own lines).
   std::string diagnostics;

@@ -8,10 +8,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "run/output_file.h"
 #include "run/run_directory.h"
 
 extern char** environ;
@@ -19,6 +24,11 @@ extern char** environ;
 namespace memscope {
 
 std::string RankExit::Describe() const {
+  if (stalled_by != 0) {
+    const char* name = sigabbrev_np(stalled_by);
+    return absl::StrCat("was stopped by signal ", stalled_by, name ? absl::StrCat(" (SIG", name, ")") : "",
+                        absl::StrFormat(" and made no progress for %.0f s; killed", stalled_seconds));
+  }
   if (signal != 0) {
     const char* name = sigabbrev_np(signal);
     return absl::StrCat(stopped_by_launcher ? "was stopped by signal " : "was killed by signal ", signal,
@@ -28,6 +38,9 @@ std::string RankExit::Describe() const {
 }
 
 namespace {
+
+constexpr int kStatusFd = 3;  // the rank's end of its status pipe
+constexpr const char* kStatusFdVariable = "MEMSCOPE_STATUS_FD";
 
 // Kills the ranks started so far (pid > 0) and reaps them.
 void KillAll(const std::vector<pid_t>& pids) {
@@ -41,15 +54,19 @@ void KillAll(const std::vector<pid_t>& pids) {
 
 // Starts rank `r`: `argv` with the launcher's environment plus RANK,
 // LOCAL_RANK and `options.env`, stdout and stderr in its rank-R.log.
-absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector<char*>& argv, pid_t launcher) {
+absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector<char*>& argv, pid_t launcher,
+                                int& status_read_fd) {
   // Everything exec needs is prepared before fork (the child only calls
   // async-signal-safe functions).
   std::vector<std::string> env_store;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
     const std::string key = entry.substr(0, entry.find('='));
-    if (options.env.count(key) == 0 && key != "RANK" && key != "LOCAL_RANK") env_store.push_back(entry);
+    if (options.env.count(key) == 0 && key != "RANK" && key != "LOCAL_RANK" && key != kStatusFdVariable) {
+      env_store.push_back(entry);
+    }
   }
+  env_store.push_back(absl::StrCat(kStatusFdVariable, "=", kStatusFd));
   for (const auto& [k, v] : options.env) env_store.push_back(absl::StrCat(k, "=", v));
   env_store.push_back(absl::StrCat("RANK=", r));
   env_store.push_back(absl::StrCat("LOCAL_RANK=", r));
@@ -57,10 +74,19 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
   for (std::string& e : env_store) envp.push_back(e.data());
   envp.push_back(nullptr);
   const std::string log = RunDirectory(options.log_dir).RankLog(r);
-  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  RunDirectory(options.log_dir).RecordFile(RunDirectory::RankLogName(r));
+  const int fd = OpenForWritingNoFollow(log);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot create '", log, "': ", std::strerror(errno)));
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot create a status pipe: ", std::strerror(err)));
+  }
   const pid_t pid = ::fork();
   if (pid < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
     ::close(fd);
     return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
   }
@@ -72,27 +98,65 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
     ::dup2(fd, STDERR_FILENO);
     const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
+    // The status pipe at fd 3, open across exec (dup2 to itself would keep O_CLOEXEC).
+    if (pipe_fds[1] == kStatusFd) {
+      ::fcntl(kStatusFd, F_SETFD, 0);
+    } else {
+      ::dup2(pipe_fds[1], kStatusFd);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     static const char kMessage[] = "memscope launcher: execve of the rank failed\n";
     (void)!::write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
     ::_exit(127);
   }
   ::close(fd);
+  ::close(pipe_fds[1]);
+  status_read_fd = pipe_fds[0];
   return pid;
+}
+
+// What rank wrote to its status pipe (after it exited: the pipe holds it).
+std::string ReadStatusPipe(int fd) {
+  std::string text;
+  char buf[4096];
+  ::fcntl(fd, F_SETFL, O_NONBLOCK);
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0 && text.size() < 65536) {
+      text.append(buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    break;
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (const std::size_t nl = text.rfind('\n'); nl != std::string::npos) text.erase(0, nl + 1);  // the last line
+  return text;
 }
 
 // Waits for every rank (pids[r]) to end, recording how in `result` (times
 // since `start`, the launch). After
 // the first failure the others get `grace`, then SIGTERM, 5 s later SIGKILL.
 absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::time_point start,
-                       std::vector<pid_t>& pids, LaunchResult& result) {
+                       std::vector<pid_t>& pids, std::vector<int>& status_fds, LaunchResult& result) {
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   int running = options.world_size;
   std::chrono::steady_clock::time_point deadline{};
   bool stopping = false, terminated = false;
+  // When each stopped rank stopped (and by which signal); a rank that
+  // continues is removed. A stopped rank cannot make progress: after
+  // `options.stall` it is the run's failure.
+  std::map<std::size_t, std::pair<std::chrono::steady_clock::time_point, int>> stopped;
+  auto fail_first = [&](std::size_t r) {
+    if (result.first_failure >= 0) return;
+    result.first_failure = static_cast<int>(r);
+    stopping = true;
+    deadline = std::chrono::steady_clock::now() + options.grace;
+  };
   while (running > 0) {
     int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, stopping ? WNOHANG : 0);
+    const bool poll = stopping || !stopped.empty();
+    const pid_t pid = ::waitpid(-1, &status, (poll ? WNOHANG : 0) | WUNTRACED | WCONTINUED);
     if (pid < 0 && errno == EINTR) continue;
     if (pid < 0) {
       for (pid_t p : pids) {
@@ -100,9 +164,32 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
       }
       return absl::InternalError(absl::StrCat("waiting for the ranks failed: ", std::strerror(errno)));
     }
-    if (pid == 0) {  // stopping: others still running
+    if (pid > 0 && (WIFSTOPPED(status) || WIFCONTINUED(status))) {
+      for (std::size_t r = 0; r < pids.size(); ++r) {
+        if (pids[r] != pid) continue;
+        if (WIFSTOPPED(status)) {
+          stopped.emplace(r, std::make_pair(std::chrono::steady_clock::now(), WSTOPSIG(status)));
+        } else {
+          stopped.erase(r);
+        }
+      }
+      continue;
+    }
+    if (pid == 0) {  // stopping, or a rank is stopped: others still running
       const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
+      for (auto it = stopped.begin(); it != stopped.end();) {
+        if (now - it->second.first < options.stall || pids[it->first] <= 0) {
+          ++it;
+          continue;
+        }
+        RankExit& e = result.ranks[it->first];
+        e.stalled_by = it->second.second;
+        e.stalled_seconds = std::chrono::duration<double>(now - it->second.first).count();
+        fail_first(it->first);
+        ::kill(pids[it->first], SIGKILL);  // its peers see it gone and fail at once
+        it = stopped.erase(it);
+      }
+      if (stopping && now >= deadline) {
         for (std::size_t r = 0; r < pids.size(); ++r) {
           if (pids[r] <= 0) continue;
           ::kill(pids[r], terminated ? SIGKILL : SIGTERM);
@@ -118,19 +205,19 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
       if (pids[r] != pid) continue;
       pids[r] = -1;
       --running;
+      stopped.erase(r);
       RankExit& e = result.ranks[r];
       e.seconds = since();
+      e.message = ReadStatusPipe(status_fds[r]);
+      ::close(status_fds[r]);
+      status_fds[r] = -1;
       if (WIFSIGNALED(status)) {
         e.signal = WTERMSIG(status);
       } else {
         e.exit_code = WEXITSTATUS(status);
         e.stopped_by_launcher = false;
       }
-      if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) {
-        result.first_failure = static_cast<int>(r);
-        stopping = true;
-        deadline = std::chrono::steady_clock::now() + options.grace;
-      }
+      if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) fail_first(r);
     }
   }
   return absl::OkStatus();
@@ -154,6 +241,15 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
   LaunchResult result;
   result.ranks.resize(static_cast<std::size_t>(options.world_size));
   std::vector<pid_t> pids(static_cast<std::size_t>(options.world_size), -1);
+  std::vector<int> status_fds(static_cast<std::size_t>(options.world_size), -1);
+  struct CloseAll {
+    std::vector<int>* fds;
+    ~CloseAll() {
+      for (int fd : *fds) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  } close_all{&status_fds};
 
   std::vector<std::string> argv_store{options.executable};
   argv_store.insert(argv_store.end(), options.args.begin(), options.args.end());
@@ -162,7 +258,7 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
   argv.push_back(nullptr);
 
   for (int r = 0; r < options.world_size; ++r) {
-    absl::StatusOr<pid_t> pid = SpawnRank(options, r, argv, launcher);
+    absl::StatusOr<pid_t> pid = SpawnRank(options, r, argv, launcher, status_fds[static_cast<std::size_t>(r)]);
     if (!pid.ok()) {
       KillAll(pids);
       return pid.status();
@@ -170,8 +266,16 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
     pids[static_cast<std::size_t>(r)] = *pid;
     result.ranks[static_cast<std::size_t>(r)].rank = r;
   }
-  if (absl::Status s = Supervise(options, start, pids, result); !s.ok()) return s;
+  if (absl::Status s = Supervise(options, start, pids, status_fds, result); !s.ok()) return s;
   return result;
+}
+
+void ReportToLauncher(const std::string& line) {
+  const char* fd_text = std::getenv(kStatusFdVariable);
+  int fd = -1;
+  if (fd_text == nullptr || !absl::SimpleAtoi(fd_text, &fd) || fd < 0) return;
+  const std::string text = line + "\n";
+  (void)!::write(fd, text.data(), std::min<std::size_t>(text.size(), 4096));
 }
 
 }  // namespace memscope

@@ -21,7 +21,12 @@ struct RankExit {
   int exit_code = 0;                 // when it exited
   int signal = 0;                    // when a signal ended it (0 otherwise)
   bool stopped_by_launcher = false;  // SIGTERM/SIGKILL sent by us after another rank failed
+  int stalled_by = 0;                // it was stopped (e.g. SIGSTOP) longer than `stall`; we killed it
+  double stalled_seconds = 0;        // how long it was stopped then
   double seconds = 0;                // since the launch
+  // The one line the rank wrote to its status pipe ($MEMSCOPE_STATUS_FD) as
+  // it failed: its error, even when its log could not be written.
+  std::string message;
   bool ok() const { return signal == 0 && exit_code == 0; }
   std::string Describe() const;  // "exited with status 3", "was killed by signal 9 (SIGKILL)"
 };
@@ -33,8 +38,14 @@ struct LaunchOptions {
   std::map<std::string, std::string> env;  // added to every rank's environment
   std::string log_dir;                     // a run directory: its rank-R.log (stdout and stderr) per rank
   std::chrono::milliseconds grace{60000};
+  // A rank stopped (SIGSTOP, SIGTSTP: it makes no progress) for this long is
+  // the run's failure: it is killed, and the others fail at once.
+  std::chrono::milliseconds stall{30000};
 };
 
+// Each rank gets a status pipe: its fd in $MEMSCOPE_STATUS_FD, where a rank
+// writes its last error line (ReportToLauncher) before it exits.
+//
 // Runs the ranks to the end. The first failure is first among the results'
 // non-ok entries by time (`first_failure`, -1 when all succeeded).
 struct LaunchResult {
@@ -42,6 +53,10 @@ struct LaunchResult {
   int first_failure = -1;
 };
 absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options);
+
+// In a rank started by LaunchRanks: sends `line` (one line) to the launcher
+// through the status pipe. Does nothing elsewhere.
+void ReportToLauncher(const std::string& line);
 
 }  // namespace memscope
 

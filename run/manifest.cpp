@@ -1,10 +1,13 @@
 #include "run/manifest.h"
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
+#include "run/output_file.h"
 #include "tensor/tensor.h"
 
 namespace memscope {
@@ -22,13 +25,32 @@ void GetOptional(const json& j, const char* key, std::optional<T>& v) {
   if (j.contains(key)) v = j.at(key).get<T>();
 }
 
-absl::Status WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
-  return absl::OkStatus();
+// Losses per step: a loss that diverged (inf, nan) is null, as JSON has no
+// such numbers; null reads back as nan.
+json LossesJson(const std::vector<float>& losses) {
+  json j = json::array();
+  for (float l : losses) j.push_back(std::isfinite(l) ? json(l) : json(nullptr));
+  return j;
 }
+std::vector<float> LossesFromJson(const json& j) {
+  std::vector<float> losses;
+  for (const json& l : j) losses.push_back(l.is_null() ? std::numeric_limits<float>::quiet_NaN() : l.get<float>());
+  return losses;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::size_t, float>> FirstDivergedLoss(const std::vector<float>& losses) {
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    if (!std::isfinite(losses[i])) return std::make_pair(i, losses[i]);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Written whole or not at all, never through a symlink (run/output_file.h).
+absl::Status WriteText(const std::string& path, const std::string& text) { return WriteOutputFile(path, text); }
 
 json ManifestRankJson(const ManifestRank& r) {
   json j = {{"rank", r.rank}, {"timeline", r.timeline}, {"status", r.status}};
@@ -69,7 +91,7 @@ void PutTraining(json& j, const TrainingManifest& t) {
             {"exec", t.exec},
             {"ddp", t.ddp},
             {"seconds", t.seconds},
-            {"losses", t.losses}});
+            {"losses", LossesJson(t.losses)}});
   if (t.ddp_options) {
     const TrainingManifest::Ddp& d = *t.ddp_options;
     j["bucket_cap_mb"] = d.bucket_cap_mb ? json(*d.bucket_cap_mb) : json(nullptr);
@@ -97,7 +119,7 @@ TrainingManifest TrainingFromJson(const json& j) {
   t.exec = j.at("exec").get<std::string>();
   t.ddp = j.at("ddp").get<std::string>();
   t.seconds = j.at("seconds").get<double>();
-  t.losses = j.at("losses").get<std::vector<float>>();
+  t.losses = LossesFromJson(j.at("losses"));
   if (j.contains("comm_hook")) {
     TrainingManifest::Ddp d;
     if (!j.at("bucket_cap_mb").is_null()) d.bucket_cap_mb = j.at("bucket_cap_mb").get<double>();
@@ -123,7 +145,7 @@ std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buc
 json RankStatus::ToJson() const {
   json j = {{"rank", rank},       {"status", status},         {"exit_code", exit_code},
             {"error", error},     {"parameters", parameters}, {"steps_done", steps_done},
-            {"seconds", seconds}, {"losses", losses}};
+            {"seconds", seconds}, {"losses", LossesJson(losses)}};
   if (ddp) j["ddp"] = DdpJson(*ddp);
   return j;
 }
@@ -138,7 +160,7 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
     s.parameters = j.at("parameters").get<std::int64_t>();
     s.steps_done = j.at("steps_done").get<std::int64_t>();
     s.seconds = j.at("seconds").get<double>();
-    s.losses = j.at("losses").get<std::vector<float>>();
+    s.losses = LossesFromJson(j.at("losses"));
     if (j.contains("ddp")) {
       absl::StatusOr<DdpBuckets> ddp = DdpFromJson(j.at("ddp"));
       if (!ddp.ok()) return absl::InvalidArgumentError(absl::StrCat("not a rank status: ", ddp.status().message()));
@@ -151,12 +173,7 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
 }
 
 absl::Status RankStatus::Write(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  if (absl::Status s = WriteText(tmp, ToJson().dump(1) + "\n"); !s.ok()) return s;
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot write '", path, "': ", ec.message()));
-  return absl::OkStatus();
+  return WriteText(path, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 std::optional<RankStatus> RankStatus::Read(const std::string& path) {
@@ -204,7 +221,7 @@ absl::StatusOr<RunManifest> RunManifest::FromJson(const json& j) {
   }
 }
 
-absl::Status RunManifest::Write(const std::string& path) const { return WriteText(path, ToJson().dump(1) + "\n"); }
+absl::Status RunManifest::Write(const std::string& path) const { return WriteText(path, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"); }
 
 absl::StatusOr<RunManifest> RunManifest::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

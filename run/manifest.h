@@ -27,6 +27,11 @@ inline constexpr const char* kRunSchema = "memscope.run/1";
 // DdpJson/DdpFromJson (exporters/report.h).
 std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buckets);
 
+// The first loss that is not finite (the training diverged: --lr too large),
+// as {index in `losses`, the loss}; nullopt when every loss is finite.
+// run.json and rank-R.json write such a loss as null.
+std::optional<std::pair<std::size_t, float>> FirstDivergedLoss(const std::vector<float>& losses);
+
 // rank-R.json: how one rank of `memscope run` ended.
 struct RankStatus {
   int rank = 0;
@@ -42,7 +47,7 @@ struct RankStatus {
 
   nlohmann::json ToJson() const;
   static absl::StatusOr<RankStatus> FromJson(const nlohmann::json& j);
-  // Writes PATH atomically (PATH.tmp, then renamed): a reader never sees half a status.
+  // Writes PATH atomically (a temporary, then renamed): a reader never sees half a status.
   absl::Status Write(const std::string& path) const;
   // Reads PATH; nullopt when it is missing or not a rank status (the rank
   // died before writing it).

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +10,7 @@
 #include "exporters/chrome_trace.h"
 #include "exporters/report.h"
 #include "exporters/snapshot_export.h"
+#include "run/output_file.h"
 #include "run/run_directory.h"
 #include "viewer/html_report.h"
 
@@ -19,31 +19,26 @@ namespace fs = std::filesystem;
 
 namespace {
 
-absl::Status WriteFile(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
-  return absl::OkStatus();
-}
-
 // One rank's second walk: owners at the peaks, the rank's part of the trace,
 // the snapshot at the peak and the viewer's data, then the summary at the end.
+// A snapshot that cannot be written goes to `errors`; the walk goes on.
 absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& analysis, ChromeTraceWriter& trace,
-                        std::string& summary, std::vector<nlohmann::json>& viewer_data) {
+                        std::string& summary, std::vector<nlohmann::json>& viewer_data,
+                        std::vector<absl::Status>& errors) {
   const RankReport& r = analysis.report();
-  const fs::path path = RunDirectory(dir.string()).Snapshot(t.rank);
-  std::ofstream snapshot_out(path, std::ios::binary | std::ios::trunc);
-  SnapshotAt snapshot(t.events.empty() ? 0 : r.peak_allocated.event_index + 1, SnapshotFormat::kPickle, snapshot_out);
+  const RunDirectory run_dir(dir.string());
+  run_dir.RecordFile(RunDirectory::SnapshotName(t.rank));
+  OutputFile snapshot_out(run_dir.Snapshot(t.rank));
+  SnapshotAt snapshot(t.events.empty() ? 0 : r.peak_allocated.event_index + 1, SnapshotFormat::kPickle,
+                      snapshot_out.stream());
   ViewerRankListener viewer(t, r);
   ModelCapture at_end(EndOfLastStep(t));  // summary.txt is at the moment `end`
   TimelineWalk walk(t);
   if (absl::Status s = walk.Run({&analysis.second_walk(), &trace.Write(t), &snapshot, &viewer, &at_end}); !s.ok()) {
     return s;
   }
-  if (!snapshot.status().ok()) return snapshot.status();
-  snapshot_out.close();
-  if (!snapshot_out) return absl::InternalError(absl::StrCat("cannot write '", path.string(), "'"));
+  if (!snapshot.status().ok() && snapshot_out.stream()) return snapshot.status();  // not a write error
+  if (absl::Status s = snapshot_out.Commit(); !s.ok()) errors.push_back(s);
   absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
   viewer_data.push_back(viewer.TakeData());
   return absl::OkStatus();
@@ -54,11 +49,14 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
 // Two walks per rank for everything: the first finds the moments (and checks
 // every rank before a file is written), the second writes the trace and the
 // snapshot and takes the viewer's segment maps as it passes the moments.
+// Every output is an OutputFile (written whole or not at all); one that
+// cannot be written does not stop the others.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     const std::string& dir, const std::vector<Timeline>& timelines,
-    const std::function<void(std::vector<RankReport>& reports)>& amend) {
-  std::ofstream trace_out;  // opened once every rank has been checked
-  ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out);
+    const std::function<void(std::vector<RankReport>& reports)>& amend, std::vector<absl::Status>* write_errors) {
+  const RunDirectory run_dir(dir);
+  OutputFile trace_out(run_dir.Trace());  // renamed into place only when complete
+  ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out.stream());
   std::vector<std::unique_ptr<RankAnalysis>> analyses;
   for (const Timeline& t : timelines) {
     analyses.push_back(std::make_unique<RankAnalysis>(t));
@@ -66,16 +64,16 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     if (absl::Status s = walk.Run({&analyses.back()->first_walk(), &trace.Plan(t)}); !s.ok()) return s;
   }
 
-  const RunDirectory run_dir(dir);
-  trace_out.open(run_dir.Trace(), std::ios::binary | std::ios::trunc);
+  std::vector<absl::Status> errors;
   std::string summary;
   std::vector<nlohmann::json> viewer_data;
   for (std::size_t i = 0; i < timelines.size(); ++i) {
-    if (absl::Status s = SecondWalk(dir, timelines[i], *analyses[i], trace, summary, viewer_data); !s.ok()) return s;
+    if (absl::Status s = SecondWalk(dir, timelines[i], *analyses[i], trace, summary, viewer_data, errors); !s.ok()) {
+      return s;
+    }
   }
-  if (absl::Status s = trace.Finish(); !s.ok() || !trace_out) {
-    return absl::InternalError(absl::StrCat("cannot write '", run_dir.Trace(), "'"));
-  }
+  if (absl::Status s = trace.Finish(); !s.ok() && trace_out.stream()) return s;
+  if (absl::Status s = trace_out.Commit(); !s.ok()) errors.push_back(s);
 
   std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
@@ -85,8 +83,12 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   }
   if (amend) amend(reports);
   const nlohmann::json report = ReportJson(ptrs, reports);
-  if (absl::Status s = WriteFile(run_dir.Report(), report.dump(1) + "\n"); !s.ok()) return s;
-  if (absl::Status s = WriteFile(run_dir.Summary(), summary); !s.ok()) return s;
+  if (absl::Status s = WriteOutputFile(run_dir.Report(),
+                                       report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+      !s.ok()) {
+    errors.push_back(s);
+  }
+  if (absl::Status s = WriteOutputFile(run_dir.Summary(), summary); !s.ok()) errors.push_back(s);
   HtmlPageRun page;
   page.label = dir;
   for (const Timeline& t : timelines) page.world_size = std::max(page.world_size, t.world_size);
@@ -95,7 +97,14 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   pages.push_back(std::move(page));
   absl::StatusOr<std::string> html = HtmlPage(std::move(pages));
   if (!html.ok()) return html.status();
-  if (absl::Status s = WriteFile(run_dir.Html(), *html); !s.ok()) return s;
+  if (absl::Status s = WriteOutputFile(run_dir.Html(), *html); !s.ok()) errors.push_back(s);
+  if (write_errors != nullptr) {
+    write_errors->insert(write_errors->end(), errors.begin(), errors.end());
+  } else if (!errors.empty()) {
+    std::string message(errors.front().message());
+    if (errors.size() > 1) absl::StrAppend(&message, " (and ", errors.size() - 1, " more outputs)");
+    return absl::InternalError(message);
+  }
   return reports;
 }
 

@@ -104,6 +104,8 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   options.exec = plan.cpu ? ExecMode::kCpu : ExecMode::kMeta;
   options.timeline_path = dir.Timeline(rank);
   RankSession session(options);
+  dir.RecordFile(RunDirectory::TimelineName(rank));
+  dir.RecordFile(RunDirectory::RankStatusName(rank));
   // The timeline exists even when the rendezvous fails.
   if (absl::Status s = session.Open(); !s.ok()) return s;
 
@@ -130,7 +132,9 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return result.status();
-  if (absl::Status s = session.Finish(); !s.ok()) return s;
+  // A timeline that could not be written whole (a full disk) fails the rank;
+  // what it holds is still read (its torn tail ignored) and reported.
+  if (absl::Status s = session.Finish(); !s.ok() && result->error.empty()) result->error = std::string(s.message());
   RankStatus status;
   status.rank = rank;
   status.exit_code = result->oom                                    ? kExitOutOfMemory
@@ -145,7 +149,10 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   if (plan.train.ddp) {
     status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
   }
-  if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) return s;
+  if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) {
+    if (status.error.empty()) return s;
+    return absl::Status(s.code(), absl::StrCat(s.message(), " (after: ", status.error, ")"));
+  }
   return status;
 }
 
@@ -161,6 +168,8 @@ absl::StatusOr<LaunchResult> LaunchRankProcesses(const RunDirectory& dir, std::v
   launch.world_size = world_size;
   launch.log_dir = dir.root();
   launch.grace = timeout + std::chrono::seconds(5);
+  // A rank stopped for half the timeout is named before its peers' collectives time out.
+  launch.stall = timeout / 2;
   launch.env = {{"WORLD_SIZE", absl::StrCat(world_size)},
                 {"MASTER_ADDR", "127.0.0.1"},
                 {"MASTER_PORT", "29500"},

@@ -41,7 +41,8 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
 // Starts `world_size` ranks as processes of this executable with `args`
 // (the rank's own command line) under our launcher (run/launcher.h): logs in
 // dir's rank-R.log, rendezvous in dir's store (removed afterwards), the
-// others stopped `timeout` + 5 s after a first failure. Errors: this
+// others stopped `timeout` + 5 s after a first failure, a rank stopped
+// (SIGSTOP) for `timeout` / 2 killed as the run's failure. Errors: this
 // executable cannot be found, or the launcher's.
 absl::StatusOr<LaunchResult> LaunchRankProcesses(const RunDirectory& dir, std::vector<std::string> args, int world_size,
                                                  std::chrono::milliseconds timeout);

@@ -122,12 +122,24 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
     return timelines;
   }
   std::vector<std::pair<int, std::string>> files;
-  for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
-    if (std::optional<int> rank = RunDirectory::TimelineRank(entry.path().filename().string())) {
-      files.emplace_back(*rank, entry.path().string());
+  // A run's run.json names its timelines: only those are read (a file of the
+  // user's named like one, or a rank of an earlier, larger run, is not).
+  if (absl::StatusOr<RunManifest> manifest = RunManifest::Read(RunDirectory(path).Manifest());
+      manifest.ok() && !manifest->ranks.empty()) {
+    for (const ManifestRank& r : manifest->ranks) {
+      const fs::path file = fs::path(path) / fs::path(r.timeline).filename();
+      if (RunDirectory::TimelineRank(file.filename().string()) && fs::is_regular_file(file, ec)) {
+        files.emplace_back(r.rank, file.string());
+      }
     }
+  } else {
+    for (const fs::directory_entry& entry : fs::directory_iterator(path, ec)) {
+      if (std::optional<int> rank = RunDirectory::TimelineRank(entry.path().filename().string())) {
+        files.emplace_back(*rank, entry.path().string());
+      }
+    }
+    if (ec) return absl::InternalError(absl::StrCat("cannot list '", path, "': ", ec.message()));
   }
-  if (ec) return absl::InternalError(absl::StrCat("cannot list '", path, "': ", ec.message()));
   if (files.empty()) {
     return absl::NotFoundError(absl::StrCat("'", path, "' has no rank-R.timeline files: not a memscope run directory"));
   }

@@ -1,10 +1,19 @@
 #include "run/run_directory.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "recording/timeline.h"
 
 namespace memscope {
 namespace fs = std::filesystem;
@@ -48,12 +57,81 @@ absl::Status RunDirectory::Create() const {
   return absl::OkStatus();
 }
 
+void RunDirectory::RecordFile(const std::string& name) const {
+  // O_APPEND: ranks record at once, each line one write().
+  const int fd = ::open(Path(kFileList).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return;  // then a later cleanup leaves the file: never more than it should
+  const std::string line = name + "\n";
+  (void)!::write(fd, line.data(), line.size());
+  ::close(fd);
+}
+
+namespace {
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool StartsWithTimelineMagic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[sizeof(kTimelineMagic)] = {};
+  return in.read(magic, sizeof(magic)) && std::memcmp(magic, kTimelineMagic, sizeof(magic)) == 0;
+}
+
+}  // namespace
+
 void RunDirectory::RemoveRankFiles() const {
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) {
-    const std::string name = e.path().filename().string();
-    if (IsRankFile(name) || name == kStore) fs::remove_all(e.path(), ec);
+  std::ifstream list(Path(kFileList));
+  if (list) {
+    std::string name;
+    while (std::getline(list, name)) {
+      if (IsRankFile(name) && IsRegularFile(Path(name))) ::unlink(Path(name).c_str());
+    }
+    list.close();
+    ::unlink(Path(kFileList).c_str());
+  } else {
+    for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (TimelineRank(name) && IsRegularFile(e.path().string()) && StartsWithTimelineMagic(e.path().string())) {
+        ::unlink(e.path().c_str());
+      }
+    }
   }
+  // The rendezvous directory: ours by name, removed unless a symlink (remove_all does not follow one).
+  const fs::file_status store = fs::symlink_status(Store(), ec);
+  if (!ec && fs::is_directory(store)) fs::remove_all(Store(), ec);
+}
+
+RunDirectory::Lock::~Lock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+absl::StatusOr<RunDirectory::Lock> RunDirectory::TakeLock(const std::string& holder) const {
+  const std::string path = Path(kLock);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create '", path, "': ", std::strerror(errno)));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string who(512, '\0');
+    const ssize_t n = ::pread(fd, who.data(), who.size(), 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK) return absl::InternalError(absl::StrCat("cannot lock '", path, "': ", std::strerror(err)));
+    who.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    return absl::FailedPreconditionError(absl::StrCat("'", root_, "' is in use by another memscope run (",
+                                                      who.empty() ? "it is starting" : who,
+                                                      "); wait for it or choose another --out"));
+  }
+  // Who holds it, for the next run's error: one line.
+  std::string line = holder.substr(0, 400);
+  for (char& c : line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  line += "\n";
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, line.data(), line.size(), 0);
+  return Lock(fd);
 }
 
 }  // namespace memscope

@@ -10,6 +10,8 @@
 //   RUN/report.json, summary.txt, trace.json, report.html
 //   RUN/snapshot-rank-R.pickle     PyTorch-format snapshot at rank R's peak
 //   RUN/.memscope-store/           Gloo FileStore rendezvous of our launcher
+//   RUN/.memscope-files            the names of the per-rank files memscope wrote here
+//   RUN/.memscope-lock             held (flock) by the run writing here; says who
 #ifndef MEMSCOPE_RUN_RUN_DIRECTORY_H_
 #define MEMSCOPE_RUN_RUN_DIRECTORY_H_
 
@@ -17,6 +19,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace memscope {
 
@@ -37,6 +40,8 @@ class RunDirectory {
   static constexpr const char* kTrace = "trace.json";
   static constexpr const char* kHtml = "report.html";
   static constexpr const char* kStore = ".memscope-store";
+  static constexpr const char* kFileList = ".memscope-files";
+  static constexpr const char* kLock = ".memscope-lock";
 
   // Paths inside this directory.
   std::string Path(const std::string& name) const;  // ROOT/NAME
@@ -66,10 +71,36 @@ class RunDirectory {
   // Creates the directory (and its parents). The error names the directory.
   absl::Status Create() const;
 
-  // Removes what an earlier run left here: the per-rank files and the
-  // rendezvous directory. Everything else (the user's files, run.json,
-  // report.json, which a new run overwrites) stays.
+  // Notes that memscope writes the per-rank file `name` here (appended to
+  // .memscope-files), so that a later run's cleanup may remove it.
+  void RecordFile(const std::string& name) const;
+
+  // Removes what an earlier run left here: the per-rank files that
+  // .memscope-files names (regular files only: never a directory, never
+  // through a symlink) and the rendezvous directory. Everything else (the
+  // user's files, even when named like rank files, and run.json,
+  // report.json, which a new run overwrites) stays. A directory of a
+  // memscope without that list loses only its rank-R.timeline files that
+  // are timelines (they would be read as this run's ranks).
   void RemoveRankFiles() const;
+
+  // The exclusive lock of a run on this directory: while it lives no other
+  // memscope run can write here. Released when destroyed (or when the
+  // process ends, however it ends).
+  class Lock {
+   public:
+    explicit Lock(int fd) : fd_(fd) {}
+    Lock(Lock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+    Lock& operator=(Lock&&) = delete;
+    ~Lock();
+
+   private:
+    int fd_;
+  };
+  // Takes the lock (flock on .memscope-lock, which then names `holder`:
+  // this process's pid and command). Error when another run holds it: "'DIR'
+  // is in use by another memscope run (pid 123: memscope run --model ...)".
+  absl::StatusOr<Lock> TakeLock(const std::string& holder) const;
 
  private:
   std::string root_;

@@ -80,8 +80,15 @@ Tensor Tensor::Empty(DeviceContext& ctx, const Shape& sizes, DType dtype) {
   for (std::int64_t s : sizes) {
     if (s < 0) throw TensorError(absl::StrCat("negative dimension in shape ", ShapeText(sizes)));
   }
+  // PyTorch's check (c10::computeStorageNbytes): the byte count must fit in 64 bits.
+  std::int64_t bytes = static_cast<std::int64_t>(ElementSize(dtype));
+  for (std::int64_t s : sizes) {
+    if (__builtin_mul_overflow(bytes, s, &bytes)) {
+      throw TensorError(absl::StrCat("Storage size calculation overflowed with sizes=", ShapeText(sizes)));
+    }
+  }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(ctx, static_cast<std::size_t>(NumElements(sizes)) * ElementSize(dtype));
+  impl->storage = std::make_shared<Storage>(ctx, static_cast<std::size_t>(bytes));
   impl->sizes = sizes;
   impl->strides = ContiguousStrides(sizes);
   impl->dtype = dtype;

@@ -172,7 +172,7 @@ try:
         ([sgd, os.path.join(DATA, "phases.jsonl")], "is a request trace"),
         ([sgd, adam, "--rank", "1"], "--rank 1: A"),
         ([two_path, adam, "--rank", "1"], "--rank 1: B"),
-        ([sgd, adam, "--rank", "-1"], "--rank -1"),
+        ([sgd, adam, "--rank", "-1"], "--rank: Value -1 not in range"),
         ([sgd], "required"),
     ]:
         code, out, err = run("compare", *args)

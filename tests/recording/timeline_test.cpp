@@ -159,10 +159,42 @@ TEST_CASE("bad timeline files are one-line errors naming the file") {
   std::string bad_type = header;
   bad_type[8] = 1;
   bad_type[12] = 48;
+  bad_type[20] = 1;  // world_size 1
   bad_type += std::string(48, '\0');
   bad_type[64] = static_cast<char>(99);
   CHECK(ParseTimeline(bad_type, "x").status().message() == "x: record 0 has unknown type 99 (corrupt file)");
   CHECK(absl::IsNotFound(ReadTimelineFile("/nonexistent/rank-0.timeline").status()));
+}
+
+TEST_CASE("a timeline header beyond what a real run can hold is refused, field by field") {
+  Timeline t;
+  t.world_size = 2;
+  t.rank = 1;
+  t.device_index = 1;
+  t.device_capacity = 80ULL << 30;
+  t.wall_start_us = 1764000000000000;  // November 2025
+  CHECK(ValidateTimelineHeader(t, "x").ok());
+  Timeline bad = t;
+  bad.device_index = 2147483647;  // made `snapshot` write 2^31 device lists
+  CHECK(ValidateTimelineHeader(bad, "x").message() ==
+        "x: header device_index 2147483647 is out of range (0 to 131071; corrupt file)");
+  bad = t;
+  bad.world_size = 0;
+  CHECK(ValidateTimelineHeader(bad, "x").message() == "x: header world_size 0 is out of range (1 to 131072; corrupt file)");
+  bad = t;
+  bad.rank = -1;
+  CHECK(ValidateTimelineHeader(bad, "x").message() == "x: header rank -1 is out of range (0 to 131071; corrupt file)");
+  bad = t;
+  bad.device_capacity = (1ULL << 50) + 1;
+  CHECK(ValidateTimelineHeader(bad, "x").message() ==
+        "x: header device_capacity 1125899906842625 is out of range (at most 1 PiB; corrupt file)");
+  bad = t;
+  bad.wall_start_us = std::int64_t{1} << 62;  // overflowed the snapshot's times
+  CHECK(ValidateTimelineHeader(bad, "x").message() ==
+        "x: header wall_start_us 4611686018427387904 is out of range (Unix microseconds between 1970 and 3000; "
+        "corrupt file)");
+  bad.wall_start_us = -1;
+  CHECK_FALSE(ValidateTimelineHeader(bad, "x").ok());
 }
 
 TEST_CASE("a free that completes at once is one record in the file and two events when read") {

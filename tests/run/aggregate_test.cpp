@@ -102,8 +102,8 @@ TEST_CASE("AggregateRun: a rank without a status is exit 4, named") {
 TEST_CASE("AggregateRun: the launcher's first failure is the run's, the others follow") {
   FakeRun run("memscope-aggregate-killed",
               {Status(0, "comm_error", kExitRankFailed, "rank 0: the peer rank 1 is gone"), std::nullopt});
-  RankExit r0{.rank = 0, .exit_code = kExitRankFailed, .signal = 0, .stopped_by_launcher = false, .seconds = 2};
-  RankExit r1{.rank = 1, .exit_code = 0, .signal = 9, .stopped_by_launcher = false, .seconds = 1};
+  RankExit r0{.rank = 0, .exit_code = kExitRankFailed, .signal = 0, .stopped_by_launcher = false, .seconds = 2, .message = ""};
+  RankExit r1{.rank = 1, .exit_code = 0, .signal = 9, .stopped_by_launcher = false, .seconds = 1, .message = ""};
   run.record.exits = {r0, r1};
   run.record.first_failure = 1;
   absl::StatusOr<RunOutcome> out = AggregateRun(run.record);

@@ -42,24 +42,54 @@ TEST_CASE("RunDirectory reads the rank of a timeline file name and nothing else"
   CHECK_FALSE(RunDirectory::TimelineRank("my-rank-1.timeline"));
 }
 
-TEST_CASE("RunDirectory cleans only the per-rank files and the rendezvous directory") {
+TEST_CASE("RunDirectory cleans only the per-rank files memscope recorded writing, and the rendezvous directory") {
   const std::filesystem::path root = std::filesystem::temp_directory_path() / "memscope-run-directory-test";
   std::filesystem::remove_all(root);
   const RunDirectory dir((root / "nested").string());
   REQUIRE(dir.Create().ok());
-  for (const std::string& f :
-       {dir.Timeline(0), dir.RankStatus(0), dir.RankStatus(1) + ".tmp", dir.RankLog(1), dir.Snapshot(0), dir.Manifest(),
-        dir.Report(), dir.Path("notes.txt"), dir.Path("rank-a.log")}) {
+  // Written by memscope (and recorded): removed.
+  for (const std::string& name : {RunDirectory::TimelineName(0), RunDirectory::RankStatusName(0),
+                                  RunDirectory::RankLogName(1), RunDirectory::SnapshotName(0)}) {
+    dir.RecordFile(name);
+    std::ofstream(dir.Path(name)) << "x";
+  }
+  // The user's, though named like rank files (never recorded), a recorded
+  // name that is now a directory, and run.json, report.json: they stay.
+  for (const std::string& f : {dir.Manifest(), dir.Report(), dir.Path("notes.txt"), dir.Path("rank-a.log"),
+                               dir.Path("rank-5.log"), dir.Path("snapshot-rank-9.pickle")}) {
     std::ofstream(f) << "x";
   }
+  dir.RecordFile("rank-3.json");
+  std::filesystem::create_directories(std::filesystem::path(dir.Path("rank-3.json")));
+  std::ofstream(dir.Path("rank-3.json") + "/inside") << "x";
   std::filesystem::create_directories(std::filesystem::path(dir.Store()) / "x");
   dir.RemoveRankFiles();
   std::vector<std::string> left;
   for (const auto& e : std::filesystem::directory_iterator(dir.root())) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
-  CHECK(left == std::vector<std::string>{"notes.txt", "rank-a.log", "report.json", "run.json"});
+  CHECK(left == std::vector<std::string>{"notes.txt", "rank-3.json", "rank-5.log", "rank-a.log", "report.json",
+                                         "run.json", "snapshot-rank-9.pickle"});
+  CHECK(std::filesystem::exists(dir.Path("rank-3.json") + "/inside"));
   CHECK(RunDirectory::IsRankFile("rank-10.timeline"));
   CHECK_FALSE(RunDirectory::IsRankFile("rank-10.timeline.bak"));
+  std::filesystem::remove_all(root);
+}
+
+TEST_CASE("RunDirectory's lock admits one run and names it to the next") {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / "memscope-run-lock-test";
+  std::filesystem::remove_all(root);
+  const RunDirectory dir(root.string());
+  REQUIRE(dir.Create().ok());
+  {
+    absl::StatusOr<RunDirectory::Lock> first = dir.TakeLock("pid 1: memscope run --out x");
+    REQUIRE(first.ok());
+    absl::StatusOr<RunDirectory::Lock> second = dir.TakeLock("pid 2: memscope run");
+    REQUIRE_FALSE(second.ok());
+    CHECK(second.status().message() == "'" + root.string() +
+                                           "' is in use by another memscope run (pid 1: memscope run --out x); wait "
+                                           "for it or choose another --out");
+  }
+  CHECK(dir.TakeLock("pid 3: memscope run").ok());  // released with the first
   std::filesystem::remove_all(root);
 }
 

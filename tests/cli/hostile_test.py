@@ -1,0 +1,307 @@
+"""Hostile input, faults and full disks (issue 13): no crash, no lost or
+clobbered file, the right rank named. Each block is one item of the issue."""
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+
+from clitest import DATA, MEMSCOPE, MiB, check, data, finish, run
+
+tmp = tempfile.mkdtemp(prefix="memscope-hostile-")
+
+
+def one_line_error(name, code, err, want_code=2):
+    """A refused input: the exit status and exactly one line on stderr."""
+    check(f"{name} exit {want_code}", code == want_code, (code, err))
+    check(f"{name} one line", err.count("\n") == 1 and err.endswith("\n"), repr(err))
+
+
+def recorded_run(name):
+    """A run directory recorded by `replay --out` from phases.jsonl."""
+    out = os.path.join(tmp, name)
+    code, _, err = run("replay", data("phases.jsonl"), "--out", out)
+    assert code == 0, err
+    return out
+
+
+def read(path):
+    """The text of `path`, or None when it is missing."""
+    try:
+        return open(path, errors="replace").read()
+    except OSError:
+        return None
+
+
+def patch_strings(path, byte):
+    """Sets the first text byte of every string-chunk record (type 40) of a
+    timeline to `byte`: every owner, mark and label becomes invalid UTF-8."""
+    raw = bytearray(open(path, "rb").read())
+    patched = 0
+    for off in range(64, len(raw) - 47, 48):
+        if raw[off] == 40 and raw[off + 3] > 0:
+            raw[off + 8] = byte
+            patched += 1
+    open(path, "wb").write(raw)
+    return patched
+
+
+# 1. Invalid UTF-8 in a timeline's strings: every JSON output replaces it
+# (U+FFFD) instead of aborting (nlohmann's type_error 316, exit 134).
+bad = recorded_run("bad-utf8")
+check("strings patched", patch_strings(os.path.join(bad, "rank-0.timeline"), 0xFF) > 0)
+for args in (["dump", bad], ["summary", bad, "--json"], ["frag", bad, "--json"], ["compare", bad, bad, "--json"],
+             ["check", bad, "--max", "peak_allocated=1GiB", "--json"]):
+    code, out, err = run(*args)
+    check(f"invalid UTF-8: {args[0]} exit 0", code == 0, (code, err[-300:]))
+    if args[0] in ("dump", "summary", "frag"):  # the ones that print owners
+        check(f"invalid UTF-8: {args[0]} U+FFFD", "\ufffd" in out, out[:300])
+    if args[0] == "dump":
+        lines = [json.loads(x) for x in out.splitlines()]
+        check("invalid UTF-8: dump owner", any(x.get("owner", "").startswith("\ufffd") for x in lines), out[:300])
+
+# 9. Standard output that cannot be written is an error (exit non-zero, one line).
+good = recorded_run("good")
+for args in (["dump", good], ["summary", good], ["replay", data("phases.jsonl"), "--alloc-conf", ""],
+             ["compare", good, good], ["frag", good, "--json"]):
+    with open("/dev/full", "w") as full:
+        p = subprocess.run([MEMSCOPE, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    one_line_error(f"stdout /dev/full: {args[0]}", p.returncode, p.stderr)
+    check(f"stdout /dev/full: {args[0]} says why", "memscope: error: cannot write standard output" in p.stderr,
+          p.stderr)
+
+# 2. A --exec cpu run whose loss becomes inf or nan writes everything it
+# recorded and says which step diverged (it aborted with no run.json).
+div = os.path.join(tmp, "diverged")
+code, out, err = run("run", "--model", "mlp", "--exec", "cpu", "--lr", "1e38", "--steps", "3", "--out", div)
+check("diverged: exit 0", code == 0, (code, err))
+check("diverged: named", err == "memscope run: the training diverged: the loss became nan at step 1 (the memory "
+      "profile is complete; a smaller --lr would keep it finite)\n", err)
+check("diverged: losses printed", "loss: 2.3066 nan nan" in out, out[-300:])
+for name in ("run.json", "rank-0.json", "report.json", "summary.txt", "trace.json", "report.html",
+             "snapshot-rank-0.pickle"):
+    check(f"diverged: {name} written", os.path.exists(os.path.join(div, name)), os.listdir(div))
+run_json = json.loads(read(os.path.join(div, "run.json")) or "{}")
+check("diverged: run.json losses", run_json.get("losses", [0])[1:] == [None, None] and run_json["losses"][0] > 2,
+      run_json.get("losses"))
+check("diverged: parameters", run_json.get("parameters") == 662026, run_json.get("parameters"))
+
+# 4. Timeline header fields are checked against what a real run can hold: a
+# GPU index of 2^31-1 made `snapshot` write 2.15 GB; a start time of 2^62 us
+# overflowed the snapshot's times.
+for offset, fmt, value, field in ((24, "<i", 2**31 - 1, "device_index"), (40, "<q", 2**62, "wall_start_us"),
+                                  (20, "<i", 0, "world_size"), (16, "<i", -3, "rank"),
+                                  (32, "<Q", 2**62, "device_capacity")):
+    raw = bytearray(open(os.path.join(good, "rank-0.timeline"), "rb").read())
+    struct.pack_into(fmt, raw, offset, value)
+    path = os.path.join(tmp, f"header-{field}.timeline")
+    open(path, "wb").write(raw)
+    out_file = os.path.join(tmp, f"header-{field}.pickle")
+    code, out, err = run("snapshot", path, "-o", out_file)
+    one_line_error(f"header {field}", code, err)
+    check(f"header {field} named", f"header {field} {value} is out of range" in err, err)
+    check(f"header {field}: nothing written", not os.path.exists(out_file))
+
+# 10. A request over 1 TiB is an ordinary OOM (exit 0 for replay, reported),
+# not "not a plausible device allocation"; absurd and silently replaced
+# options are refused.
+big = os.path.join(tmp, "big.jsonl")
+open(big, "w").write('{"action":"alloc","id":1,"size":1099511627777}\n')
+code, out, err = run("replay", big, "--out", os.path.join(tmp, "big"))
+check("over 1 TiB: exit 0", code == 0, (code, err))
+check("over 1 TiB: the OOM", "CUDA out of memory. Tried to allocate 1024.00 GiB" in out, out[:400])
+check("over 1 TiB: recorded", os.path.exists(os.path.join(tmp, "big", "report.json")), err)
+for flag, value, message in (("--lr", "nan", "--lr nan: must be a positive finite float32 number (at most 3.4e+38)"),
+                             ("--lr", "-1", "--lr -1: must be a positive finite float32 number (at most 3.4e+38)"),
+                             ("--lr", "1e39", "--lr 1e+39: must be a positive finite float32 number (at most 3.4e+38)"),
+                             ("--momentum", "nan", "--momentum nan: must be a finite number >= 0"),
+                             ("--batch-size", "-8", "--batch-size -8: use 1 to 16777216"),
+                             ("--batch-size", "0", "--batch-size 0: use 1 to 16777216"),
+                             ("--batch-size", str(2**62), f"--batch-size {2**62}: use 1 to 16777216"),
+                             ("--seq-len", "0", "--seq-len 0: use 1 to 16777216"),
+                             ("--width", "-1", "--width -1: use 1 to 16777216"),
+                             ("--depth", "100000", "--depth 100000: use 1 to 65536"),
+                             ("--grad-accum", "0", "--grad-accum 0: use 1 to 16777216"),
+                             ("--timeout", "inf", "--timeout inf: use more than 0 and at most 604800 seconds"),
+                             ("--timeout", "0", "--timeout 0: use more than 0 and at most 604800 seconds"),
+                             ("--bucket-cap-mb", "inf", "--bucket-cap-mb inf: must be greater than 0 and at most 1 PiB"),
+                             ("--device-memory", "2048TiB", "--device-memory 2048TiB: at most 1 PiB")):
+    out_dir = os.path.join(tmp, "refused")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", flag, value, "--out", out_dir)
+    one_line_error(f"run {flag} {value}", code, err)
+    check(f"run {flag} {value} says", err == f"memscope run: {message}\n", err)
+check("refused runs write nothing", not os.path.exists(os.path.join(tmp, "refused")))
+for args in (["summary", good, "--rank", "-5"], ["compare", good, good, "--rank", "-1"]):
+    code, out, err = run(*args)
+    one_line_error(" ".join(args[:1] + args[2:]), code, err)
+    check(f"{args[0]} --rank negative named", "--rank: Value" in err and "not in range 0 to 131071" in err, err)
+    check(f"{args[0]} --rank negative: no output", out == "", out[:200])
+
+# 11. Escape sequences from inputs are printed escaped in error messages.
+esc_csv = os.path.join(tmp, "esc.csv")
+open(esc_csv, "wb").write(b"Thread,Time,Action,Pointer,Size,Stream\n1,2,\x1b[31mevil\x07,0x10,100,0\n")
+esc_jsonl = os.path.join(tmp, "esc.jsonl")
+open(esc_jsonl, "w").write('{"action":"\\u001b]0;pwned\\u0007\\nsecond line"}\n')
+for path, shown in ((esc_csv, "unknown Action '\\x1b[31mevil\\x07'"),
+                    (esc_jsonl, 'unknown action "\\x1b]0;pwned\\x07\\nsecond line"')):
+    code, out, err = run("replay", path, "--alloc-conf", "")
+    one_line_error(f"escaped {os.path.basename(path)}", code, err)
+    check(f"escaped {os.path.basename(path)}: shown", shown in err, repr(err))
+    check(f"escaped {os.path.basename(path)}: no control bytes",
+          not any(ord(c) < 0x20 and c != "\n" for c in err), repr(err))
+code, out, err = run("\x1b[2Jbogus")
+check("unknown command escaped", "unknown command '\\x1b[2Jbogus'" in err, repr(err))
+
+# 5. Two runs on one --out: the second is refused at once, naming the first.
+locked = os.path.join(tmp, "locked")
+first = subprocess.Popen([MEMSCOPE, "run", "--model", "gpt2", "--steps", "3", "--world-size", "2", "--out", locked],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+lock_file = os.path.join(locked, ".memscope-lock")
+for _ in range(200):  # the first run has taken the lock when the file names it
+    if os.path.exists(lock_file) and open(lock_file).read().startswith(f"pid {first.pid}:"):
+        break
+    subprocess.run(["sleep", "0.02"])
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", locked)
+first_err = first.communicate(timeout=120)[1]
+one_line_error("second run", code, err)
+check("second run names the first",
+      err == f"memscope run: '{locked}' is in use by another memscope run (pid {first.pid}: memscope run --model gpt2 "
+      f"--steps 3 --world-size 2 --out {locked}); wait for it or choose another --out\n", err)
+check("first run unharmed", first.returncode == 0, (first.returncode, first_err))
+run_json = json.loads(read(os.path.join(locked, "run.json")) or "{}")
+check("first run's run.json", run_json.get("model") == "gpt2" and run_json.get("world_size") == 2, run_json.get("model"))
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", locked)
+check("after the first: the lock is free", code == 0, (code, err))
+
+# 6. The cleanup removes only files memscope wrote; no output is written
+# through a symlink.
+mixed = os.path.join(tmp, "mixed")
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--out", mixed)
+check("mixed: 2 ranks", code == 0, err)
+open(os.path.join(mixed, "rank-5.log"), "w").write("the user's\n")
+open(os.path.join(mixed, "snapshot-rank-9.pickle"), "w").write("the user's\n")
+os.mkdir(os.path.join(mixed, "rank-3.json"))
+open(os.path.join(mixed, "rank-3.json", "inside"), "w").write("the user's\n")
+victim = os.path.join(tmp, "victim.txt")
+open(victim, "w").write("victim\n")
+for name in ("summary.txt", "report.json", "trace.json", "rank-0.timeline", "rank-0.log", "snapshot-rank-0.pickle",
+             "run.json"):
+    os.remove(os.path.join(mixed, name))
+    os.symlink(victim, os.path.join(mixed, name))
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", mixed)  # one rank now
+check("mixed: rerun", code == 0, err)
+check("mixed: victim untouched", read(victim) == "victim\n", (read(victim) or "")[:100])
+for name in ("summary.txt", "report.json", "trace.json", "rank-0.timeline", "snapshot-rank-0.pickle", "run.json"):
+    check(f"mixed: {name} replaced the symlink", not os.path.islink(os.path.join(mixed, name)) and
+          os.path.getsize(os.path.join(mixed, name)) > 0)
+check("mixed: the user's files stay", read(os.path.join(mixed, "rank-5.log")) == "the user's\n" and
+      read(os.path.join(mixed, "snapshot-rank-9.pickle")) == "the user's\n" and
+      read(os.path.join(mixed, "rank-3.json", "inside")) == "the user's\n", os.listdir(mixed))
+for name in ("rank-1.timeline", "rank-1.json", "rank-1.log", "snapshot-rank-1.pickle"):
+    check(f"mixed: the earlier run's {name} is removed", not os.path.exists(os.path.join(mixed, name)),
+          os.listdir(mixed))
+check("mixed: the earlier run's rank-0.log (a symlink now) is not followed", os.path.islink(os.path.join(mixed, "rank-0.log")))
+code, out, err = run("summary", mixed)
+check("mixed: one rank read back", code == 0 and "rank 1" not in out, (code, err))
+
+# 8. Full disks: every output that fits is written, each one that does not is
+# named with the system's reason, nothing half-written is left, and a rank's
+# failure reaches the launcher even when its log cannot be written.
+def on_tiny_disk(size, *args, full=False):
+    """memscope ARGS with --out on a tmpfs of SIZE (a private mount namespace: unshare -rm); `full`: filled
+    before the run (its directory exists, not one byte more fits)."""
+    mnt = tempfile.mkdtemp(prefix="tinyfs-", dir=tmp)
+    fill = 'mkdir "$1/r" && { cat /dev/zero > "$1/fill" 2>/dev/null; true; } && ' if full else ""
+    script = f'mount -t tmpfs -o size={size} tmpfs "$1" && {fill}shift && "$@"; code=$?; ls -A "$MNT/r"; exit $code'
+    p = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", mnt, MEMSCOPE, *args, "--out", f"{mnt}/r"],
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, MNT=mnt))
+    return p.returncode, p.stdout, p.stderr, f"{mnt}/r"
+
+code, out, err, r = on_tiny_disk("40k", "run", "--model", "mlp", "--steps", "1")
+listing = out.split()
+check("full disk: exit 2", code == 2, (code, err))
+for name in ("run.json", "rank-0.timeline", "rank-0.json", "snapshot-rank-0.pickle"):
+    check(f"full disk: {name} written", name in listing, listing)
+for name in ("trace.json", "report.json", "summary.txt", "report.html"):
+    check(f"full disk: {name} named", f"memscope run: cannot write '{r}/{name}': No space left on device\n" in err, err)
+check("full disk: no temporary left", not any(".tmp" in name for name in listing), listing)
+code, out, err, r = on_tiny_disk("20k", "run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--timeout", "2")
+check("full disk, 2 ranks: exit 4", code == 4, (code, err))
+check("full disk, 2 ranks: the rank's reason",
+      re.search(r"^memscope run: rank \d exited with status 4: cannot write .*: No space left on device", err, re.M),
+      err)
+code, out, err, r = on_tiny_disk("64k", "run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--timeout",
+                                 "2", full=True)
+check("disk full from the start, 2 ranks: exit 4", code == 4, (code, err))
+check("disk full from the start, 2 ranks: the rank's reason (its log is empty)",
+      re.search(r"^memscope run: rank \d exited with status 4: cannot write timeline '.*': No space left on device$",
+                err, re.M), err)
+check("full disk, 2 ranks: no empty line", "\n\n" not in err and not err.startswith("\n"), err)
+
+# 8 (and 6) for the commands' -o: written whole, never through a symlink; a
+# device is written in place, never replaced, and its error is named.
+for args in (["trace", good], ["snapshot", good], ["report", good]):
+    code, out, err = run(*args, "-o", "/dev/full")
+    one_line_error(f"{args[0]} -o /dev/full", code, err)
+    check(f"{args[0]} -o /dev/full: the reason", err == f"memscope {args[0]}: cannot write '/dev/full': No space left on "
+          "device\n", err)
+    check(f"{args[0]} -o /dev/full: still a device", os.path.exists("/dev/full") and not os.path.isfile("/dev/full"))
+    link = os.path.join(tmp, f"{args[0]}-link.out")
+    os.symlink(victim, link)
+    code, out, err = run(*args, "-o", link)
+    check(f"{args[0]} -o symlink: written", code == 0 and not os.path.islink(link) and os.path.getsize(link) > 0,
+          (code, err))
+    check(f"{args[0]} -o symlink: victim untouched", read(victim) == "victim\n")
+    open(victim, "w").write("victim\n")
+
+# 7. A rank that stops making progress (SIGSTOP) is named, within about one
+# timeout: the launcher kills it after half the timeout, its peers fail at once.
+def rank_pids(parent):
+    """{rank: pid} of the launcher's children."""
+    pids = {}
+    for task in os.listdir(f"/proc/{parent}/task"):
+        try:
+            children = open(f"/proc/{parent}/task/{task}/children").read().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            for e in env:
+                if e.startswith(b"RANK="):
+                    pids[int(e[5:])] = int(pid)
+    return pids
+
+hung = os.path.join(tmp, "hung")
+launcher = subprocess.Popen([MEMSCOPE, "run", "--model", "gpt2", "--steps", "100000", "--world-size", "2",
+                             "--timeout", "4", "--out", hung], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+pids = {}
+for _ in range(1200):
+    pids = rank_pids(launcher.pid)
+    if len(pids) == 2 and os.path.exists(os.path.join(hung, "rank-1.timeline")) and \
+            os.path.getsize(os.path.join(hung, "rank-1.timeline")) > 64 * 1024:  # training has begun
+        break
+    subprocess.run(["sleep", "0.05"])
+check("hung: two ranks found", len(pids) == 2, pids)
+stopped_at = time.monotonic()
+os.kill(pids.get(1, launcher.pid), signal.SIGSTOP if 1 in pids else signal.SIGKILL)
+err = launcher.communicate(timeout=120)[1]
+took = time.monotonic() - stopped_at
+check("hung: exit 4", launcher.returncode == 4, (launcher.returncode, err))
+# The launcher measured the stop (2 s: half the timeout); the whole run,
+# analysis included, ends long before the 3 x timeout it took before.
+check("hung: within about one timeout", took < 30, took)
+first_line = err.splitlines()[0] if err else ""
+check("hung: rank 1 named first", first_line.startswith("memscope run: rank 1 was stopped by signal 19 (SIGSTOP) and "
+                                                       "made no progress for 2 s; killed"), err)
+run_json = json.loads(read(os.path.join(hung, "run.json")) or "{}")
+check("hung: run.json's failure", run_json.get("failure", {}).get("rank") == 1, run_json.get("failure"))
+
+finish("hostile")
