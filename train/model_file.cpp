@@ -457,7 +457,7 @@ class Builder {
         for (std::size_t i = first_module; i < created_.size(); ++i) created_[i]->SetRequiresGrad(false);
       }
     }
-    if (c.pdtype != pdtype) {
+    if (c.pdtype != DType::kFloat32) {  // the file's or this layer's "dtype" (parameters start as float32)
       for (std::size_t i = first_module; i < created_.size(); ++i) created_[i]->SetParameterDType(c.pdtype);
     }
     if (spec.contains("checkpoint")) {
@@ -992,8 +992,8 @@ class Builder {
                                                  dim, pad);
       return &e;
     };
+    EmbeddingLayer* positions = table("positions");  // registered before token types, as BertEmbeddings does
     EmbeddingLayer* token_types = table("token_types");
-    EmbeddingLayer* positions = table("positions");
     if (positions != nullptr) {
       if (sig.shape.size() != 2) c.Fail(absl::StrCat("positions need (batch, tokens) ids, got ", ShapeOf(sig.shape)));
       const std::int64_t max = c.spec["positions"]["num"].get<std::int64_t>();

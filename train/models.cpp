@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/alloc_tag.h"
+#include "train/hf_config.h"
 #include "train/model_file.h"
 
 namespace memscope {
@@ -679,6 +680,10 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const 
   if (name.substr(0, 5) == "file:") {
     if (o.width > 0 || o.depth > 0) return absl::InvalidArgumentError("--width and --depth apply to mlp only");
     return LoadModelFile(name.substr(5), o);
+  }
+  if (name.substr(0, 3) == "hf:") {
+    if (o.width > 0 || o.depth > 0) return absl::InvalidArgumentError("--width and --depth apply to mlp only");
+    return LoadHfConfig(name.substr(3), o);
   }
   const std::vector<ModelInfo> zoo = ListModels();
   const ModelInfo* info = nullptr;

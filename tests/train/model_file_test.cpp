@@ -3,7 +3,11 @@
 // errors naming the layer and the field.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -144,6 +148,146 @@ TEST_CASE("all four GPT-2 example files have the zoo's parameter counts") {
     CHECK((*zoo)->NumParameters() == (*file)->NumParameters());
     CHECK((*zoo)->NumParameterTensors() == (*file)->NumParameterTensors());
   }
+}
+
+Recorded RunSpec(const nlohmann::json& spec) {
+  static int n = 0;
+  const std::string path = absl::StrCat("/tmp/memscope-model-file-test-", ::getpid(), "-", n++, ".json");
+  {
+    std::ofstream out(path);
+    out << spec.dump();
+  }
+  TrainOptions o;
+  o.model = "file:" + path;
+  o.steps = 1;
+  Recorded r = RunTraining(o);
+  std::remove(path.c_str());
+  return r;
+}
+
+std::int64_t Cat(const PhaseRow& row, Category c) { return row.by_category[static_cast<std::size_t>(c)]; }
+
+TEST_CASE("a small file: parameter bytes, a frozen layer and bfloat16 parameters, derived by hand") {
+  nlohmann::json spec = {
+      {"format", "memscope.model/1"},
+      {"batch_size", 4},
+      {"input", {{"shape", {100}}}},
+      {"target", {{"classes", 10}}},
+      {"layers",
+       {{{"type", "linear"}, {"name", "frozen"}, {"out", 200}, {"trainable", false}},
+        {{"type", "relu"}},
+        {{"type", "linear"}, {"name", "head"}, {"out", 10}}}}};
+  SECTION("float32") {
+    const Recorded r = RunSpec(spec);
+    REQUIRE(r.result.error.empty());
+    CHECK(r.result.parameters == 100 * 200 + 200 + 200 * 10 + 10);
+    // Blocks of 512 B: frozen.weight 80,000 B -> 80,384; frozen.bias 800 -> 1,024; head.weight 8,000 -> 8,192;
+    // head.bias 40 -> 512.
+    CHECK(Cat(Row(r.report, Phase::kModel, kNoStep), Category::kParameter) == 80'384 + 1'024 + 8'192 + 512);
+    // Only the head trains: its gradients (8,192 + 512) and Adam's two states of them.
+    const PhaseRow& step = Row(r.report, Phase::kStep, 0);
+    CHECK(Cat(step, Category::kGradient) == 8'704);
+    CHECK(Cat(step, Category::kOptimizerState) == 2 * 8'704);
+  }
+  SECTION("bfloat16 parameters (and input)") {
+    spec["param_dtype"] = "bfloat16";
+    const Recorded r = RunSpec(spec);
+    REQUIRE(r.result.error.empty());
+    // 40,000 -> 40,448; 400 -> 512; 4,000 -> 4,096; 20 -> 512.
+    CHECK(Cat(Row(r.report, Phase::kModel, kNoStep), Category::kParameter) == 40'448 + 512 + 4'096 + 512);
+    CHECK(Cat(Row(r.report, Phase::kStep, 0), Category::kOptimizerState) == 2 * (4'096 + 512));
+    // The input batch: 4 x 100 bfloat16 = 800 B -> 1,024; the int64 labels 32 B -> 512.
+    CHECK(Cat(Row(r.report, Phase::kZeroGrad, 0), Category::kInput) == 1'024 + 512);
+  }
+}
+
+TEST_CASE("tied weights are one parameter; a shared layer runs twice with one set of weights") {
+  nlohmann::json spec = {{"format", "memscope.model/1"},
+                         {"batch_size", 2},
+                         {"seq_len", 8},
+                         {"input", {{"shape", {"batch", "seq"}}, {"vocab", 1000}}},
+                         {"target", {{"from", "input"}}},
+                         {"loss", {{"type", "cross_entropy"}, {"shift", true}}},
+                         {"layers",
+                          {{{"type", "embedding"}, {"name", "emb"}, {"num", 1000}, {"dim", 64}},
+                           {{"type", "linear"}, {"name", "mix"}, {"out", 64}},
+                           {{"type", "shared"}, {"ref", "mix"}},
+                           {{"type", "linear"}, {"name", "out"}, {"out", 1000}, {"bias", false}, {"tie", "emb"}}}}};
+  const Recorded r = RunSpec(spec);
+  REQUIRE(r.result.error.empty());
+  CHECK(r.result.parameters == 1000 * 64 + 64 * 64 + 64);
+  // emb.weight 256,000 B (a multiple of 512), mix 16,384 + 256 -> 512.
+  CHECK(Cat(Row(r.report, Phase::kModel, kNoStep), Category::kParameter) == 256'000 + 16'384 + 512);
+  CHECK(Cat(Row(r.report, Phase::kStep, 0), Category::kGradient) == 256'000 + 16'384 + 512);
+}
+
+std::string Error(const nlohmann::json& spec, ModelOptions options = {}) {
+  absl::StatusOr<std::unique_ptr<Model>> m = ModelFromJson(spec, "m.json", options);
+  REQUIRE_FALSE(m.ok());
+  return std::string(m.status().message());
+}
+
+TEST_CASE("malformed model files are one-line errors naming the layer and the field") {
+  nlohmann::json base = {{"format", "memscope.model/1"},
+                         {"input", {{"shape", {16}}}},
+                         {"layers", {{{"type", "linear"}, {"name", "fc1"}, {"out", 8}}}}};
+  nlohmann::json s = base;
+  s["layers"][0]["type"] = "lineer";
+  CHECK(Error(s).find("model file m.json: layers[0] (lineer \"fc1\"): unknown layer type \"lineer\" (linear, ") == 0);
+  s = base;
+  s["layers"].push_back({{"type", "linear"}, {"name", "fc2"}, {"in", 16}, {"out", 4}});
+  CHECK(Error(s) ==
+        "model file m.json: layers[1] (linear \"fc2\"): field \"in\": 16 does not match the input's 8 (shape mismatch "
+        "with the layer before)");
+  s = base;
+  s["layers"][0].erase("out");
+  CHECK(Error(s) == "model file m.json: layers[0] (linear \"fc1\"): missing field \"out\"");
+  s = base;
+  s.erase("input");
+  CHECK(Error(s) == "model file m.json: missing field \"input\"");
+  s = base;
+  s["layers"] = {{{"type", "sequential"},
+                  {"name", "body"},
+                  {"layers", {{{"type", "conv2d"}, {"name", "c"}, {"out", 4}, {"kernel", 3}}}}}};
+  CHECK(Error(s) == "model file m.json: layers[0].layers[0] (conv2d \"body.c\"): needs a 4-d input (N, C, H, W), got "
+                    "[1, 16]");
+  s = base;
+  s["layers"] = {{{"type", "linear"}, {"name", "a"}, {"out", 16}, {"tie", "b"}},
+                 {{"type", "linear"}, {"name", "b"}, {"out", 16}, {"tie", "a"}}};
+  CHECK(Error(s) == "model file m.json: layers[0] (linear \"a\"): field \"tie\": a -> b -> a is a cycle");
+  s = base;
+  s["layers"][0]["stride"] = 2;
+  CHECK(Error(s) == "model file m.json: layers[0] (linear \"fc1\"): unknown field \"stride\"");
+  s = base;
+  s["layers"] = {{{"type", "linear"}, {"out", 8}}, {{"type", "linear"}, {"out", 8}}};
+  CHECK(Error(s) == "model file m.json: layers[1] (linear): parameter \"weight\" exists already (give the layer a "
+                    "\"name\")");
+  s = base;
+  s["layers"] = {{{"type", "residual"}, {"body", {{{"type", "linear"}, {"name", "x"}, {"out", 4}}}}}};
+  CHECK(Error(s) == "model file m.json: layers[0] (residual): shape mismatch: the body gives [1, 4] but the input is "
+                    "[1, 16]");
+  s = base;
+  s["target"] = {{"classes", 10}};
+  CHECK(Error(s) == "model file m.json: target: field \"classes\": 10 classes but the model's output [1, 8] has 8");
+  CHECK(Error(base, ModelOptions{.checkpoint_activations = true}) ==
+        "model file m.json: --checkpoint-activations: no layer is marked \"checkpoint\": true");
+  s = base;
+  s["format"] = "other";
+  CHECK(Error(s) == "model file m.json: field \"format\": expected \"memscope.model/1\"");
+}
+
+TEST_CASE("a model file that is not JSON or cannot be read is a one-line error") {
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadModelFile("/nonexistent/m.json", {});
+  CHECK(m.status().message() == "model file /nonexistent/m.json: cannot be read");
+  const std::string path = absl::StrCat("/tmp/memscope-model-file-test-bad-", ::getpid(), ".json");
+  {
+    std::ofstream out(path);
+    out << "{\"format\": ";
+  }
+  m = LoadModelFile(path, {});
+  std::remove(path.c_str());
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.status().message().find(absl::StrCat("model file ", path, ": not JSON: ")) == 0);
 }
 
 }  // namespace
