@@ -1,8 +1,10 @@
 // memscope plan: the largest batch per rank that fits a GPU, per strategy
 // combination (run/plan.h does the search); this file parses and prints.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -58,7 +60,8 @@ nlohmann::json ToJson(const PlanArgs& a, const PlanOptions& o, const PlanResult&
         {"micro_batch", row.micro_batch},
         {"grad_accum", row.grad_accum},
         {"min_device_memory_bytes", row.min_device_memory > 0 ? nlohmann::json(row.min_device_memory) : nlohmann::json()},
-        {"probes", row.probes}};
+        {"probes", row.probes},
+        {"error", row.error.empty() ? nlohmann::json() : nlohmann::json(row.error)}};
     rows.push_back(j);
   }
   return {{"schema", "memscope.plan/1"},
@@ -88,7 +91,15 @@ void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
             << "; micro x accum reaches it on this GPU, min GPU runs it in one step\n\n";
   std::cout << absl::StrFormat("%-20s %9s %12s %13s %12s %9s %14s %12s\n", "strategy", "max batch", "peak alloc",
                                "peak reserved", "lower bound", "frag@peak", "micro x accum", "min GPU");
+  std::vector<std::string> errors;
   for (const PlanRow& row : r.rows) {
+    if (!row.error.empty()) {  // the same error is said once
+      const auto it = std::find(errors.begin(), errors.end(), row.error);
+      if (it == errors.end()) errors.push_back(row.error);
+      std::cout << absl::StrFormat("%-20s %9s  (error %d below)\n", StrategyName(row.strategy), "-",
+                                   (it == errors.end() ? errors.size() : static_cast<std::size_t>(it - errors.begin()) + 1));
+      continue;
+    }
     const bool any = row.max_batch > 0;
     const std::string max = any ? absl::StrCat(row.max_batch, row.capped ? "+" : "") : "OOM";
     const std::string target =
@@ -99,6 +110,8 @@ void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
         any ? FormatSize(row.lower_bound) : "-", any ? absl::StrFormat("%.3f", row.fragmentation) : "-", target,
         row.min_device_memory > 0 ? FormatSize(row.min_device_memory) : "-");
   }
+  for (std::size_t i = 0; i < errors.size(); ++i) std::cout << "error " << i + 1 << ": " << errors[i] << "\n";
+  if (!errors.empty()) std::cout << "(memscope run with the strategy's flags shows the same error)\n";
   std::int64_t probes = 0;
   for (const PlanRow& row : r.rows) probes += row.probes;
   std::cout << "\n" << probes << " simulated runs of " << o.steps << " steps, " << absl::StrFormat("%.2f", r.seconds)

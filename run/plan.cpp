@@ -64,7 +64,7 @@ class Planner {
     }
     absl::StatusOr<TrainResult> r = Train(t, session.context(), recorder, comm.get());
     if (!r.ok()) return r.status();
-    if (!r->error.empty() && !r->oom) return absl::InternalError(r->error);
+    if (!r->error.empty() && !r->oom) return absl::AbortedError(r->error);  // the row's error, not the plan's
     Probe p;
     p.fits = !r->oom;
     if (record) {
@@ -194,6 +194,12 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& o) {
     row.strategy = s;
     const std::int64_t before = planner.probes();
     absl::StatusOr<std::pair<std::int64_t, bool>> max = planner.MaxBatch(s);
+    if (!max.ok() && absl::IsAborted(max.status())) {  // this strategy cannot train the model at all
+      row.error = std::string(max.status().message());
+      row.probes = planner.probes() - before;
+      result.rows.push_back(row);
+      continue;
+    }
     if (!max.ok()) return max.status();
     row.max_batch = max->first;
     row.capped = max->second;

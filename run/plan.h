@@ -63,6 +63,9 @@ struct PlanRow {
   std::int64_t micro_batch = 0, grad_accum = 0;
   std::uint64_t min_device_memory = 0;
   std::int64_t probes = 0;  // simulated runs this row took
+  // Set when the strategy fails for another reason than memory (e.g. DDP
+  // with reentrant checkpointing whose input needs no gradient); the rest is 0.
+  std::string error;
 };
 
 struct PlanResult {
