@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -82,25 +85,44 @@ class Planner {
     return p->fits;
   }
 
-  // The largest batch that fits: doubling, then bisection.
-  absl::StatusOr<std::pair<std::int64_t, bool>> MaxBatch(const PlanStrategy& s) {
-    absl::StatusOr<bool> one = Fits(s, 1);
-    if (!one.ok()) return one.status();
-    if (!*one) return std::pair<std::int64_t, bool>{0, false};
-    std::int64_t lo = 1, hi = 2;  // lo fits, hi is to be tried
-    while (true) {
-      if (hi > o_.max_batch) {
-        absl::StatusOr<bool> cap = Fits(s, o_.max_batch);
-        if (!cap.ok()) return cap.status();
-        if (*cap) return std::pair<std::int64_t, bool>{o_.max_batch, true};
-        hi = o_.max_batch;
-        break;
+  // The largest batch that fits: from `guess` (another row's answer),
+  // doubling up or halving down to bracket it, then bisection.
+  absl::StatusOr<std::pair<std::int64_t, bool>> MaxBatch(const PlanStrategy& s, std::int64_t guess) {
+    guess = std::clamp<std::int64_t>(guess, 1, o_.max_batch);
+    absl::StatusOr<bool> g = Fits(s, guess);
+    if (!g.ok()) return g.status();
+    std::int64_t lo = 0, hi = 0;  // lo fits (0: nothing known to), hi does not
+    if (*g) {
+      lo = guess;
+      hi = guess * 2;
+      while (true) {
+        if (hi > o_.max_batch) {
+          if (lo == o_.max_batch) return std::pair<std::int64_t, bool>{lo, true};
+          absl::StatusOr<bool> cap = Fits(s, o_.max_batch);
+          if (!cap.ok()) return cap.status();
+          if (*cap) return std::pair<std::int64_t, bool>{o_.max_batch, true};
+          hi = o_.max_batch;
+          break;
+        }
+        absl::StatusOr<bool> f = Fits(s, hi);
+        if (!f.ok()) return f.status();
+        if (!*f) break;
+        lo = hi;
+        hi *= 2;
       }
-      absl::StatusOr<bool> f = Fits(s, hi);
-      if (!f.ok()) return f.status();
-      if (!*f) break;
-      lo = hi;
-      hi *= 2;
+    } else {
+      hi = guess;
+      while (hi > 1) {
+        const std::int64_t down = hi / 2;
+        absl::StatusOr<bool> f = Fits(s, down);
+        if (!f.ok()) return f.status();
+        if (*f) {
+          lo = down;
+          break;
+        }
+        hi = down;
+      }
+      if (lo == 0) return std::pair<std::int64_t, bool>{0, false};
     }
     while (hi - lo > 1) {  // lo fits, hi does not
       const std::int64_t mid = lo + (hi - lo) / 2;
@@ -138,6 +160,53 @@ class Planner {
   const PlanOptions& o_;
   std::int64_t probes_ = 0;
 };
+
+// One row: the largest batch, a recorded run at it, the target batch on
+// this GPU and the smallest GPU for the target.
+absl::StatusOr<PlanRow> PlanOne(Planner& planner, const PlanOptions& o, const PlanStrategy& s, std::int64_t target,
+                                std::int64_t guess) {
+  PlanRow row;
+  row.strategy = s;
+  const std::int64_t before = planner.probes();
+  absl::StatusOr<std::pair<std::int64_t, bool>> max = planner.MaxBatch(s, guess);
+  if (!max.ok() && absl::IsAborted(max.status())) {  // this strategy cannot train the model at all
+    row.error = std::string(max.status().message());
+    row.probes = planner.probes() - before;
+    return row;
+  }
+  if (!max.ok()) return max.status();
+  row.max_batch = max->first;
+  row.capped = max->second;
+  if (row.max_batch > 0) {
+    absl::StatusOr<Probe> at = planner.Run(s, row.max_batch, 1, o.device_memory, true);
+    if (!at.ok()) return at.status();
+    const RankReport& r = *at->report;
+    row.peak_allocated = r.peak_allocated.bytes;
+    row.peak_reserved = r.peak_reserved.bytes;
+    row.lower_bound = r.lower_bound;
+    row.fragmentation = r.fragmentation_at_peak.fragmentation;
+  }
+  // The target on this GPU: the fewest accumulation steps (dividing it)
+  // whose micro-batches run, accumulation included (gradients then live
+  // through the next micro-batch's forward, so a micro-batch that fits
+  // alone may not fit accumulated).
+  for (std::int64_t a = 1; a <= target && row.max_batch > 0; ++a) {
+    if (target % a != 0 || target / a > row.max_batch) continue;
+    absl::StatusOr<Probe> p = planner.Run(s, target / a, a, o.device_memory, false);
+    if (!p.ok()) return p.status();
+    if (p->fits) {
+      row.micro_batch = target / a;
+      row.grad_accum = a;
+      break;
+    }
+  }
+  // The smallest GPU for the target batch in one step.
+  absl::StatusOr<std::uint64_t> min = planner.MinDevice(s, target, 1);
+  if (!min.ok()) return min.status();
+  row.min_device_memory = *min;
+  row.probes = planner.probes() - before;
+  return row;
+}
 
 }  // namespace
 
@@ -188,52 +257,43 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& o) {
       }
     }
   }
-  Planner planner(o);
-  for (const PlanStrategy& s : strategies) {
-    PlanRow row;
-    row.strategy = s;
-    const std::int64_t before = planner.probes();
-    absl::StatusOr<std::pair<std::int64_t, bool>> max = planner.MaxBatch(s);
-    if (!max.ok() && absl::IsAborted(max.status())) {  // this strategy cannot train the model at all
-      row.error = std::string(max.status().message());
-      row.probes = planner.probes() - before;
-      result.rows.push_back(row);
-      continue;
-    }
-    if (!max.ok()) return max.status();
-    row.max_batch = max->first;
-    row.capped = max->second;
-    if (row.max_batch > 0) {
-      absl::StatusOr<Probe> at = planner.Run(s, row.max_batch, 1, o.device_memory, true);
-      if (!at.ok()) return at.status();
-      const RankReport& r = *at->report;
-      row.peak_allocated = r.peak_allocated.bytes;
-      row.peak_reserved = r.peak_reserved.bytes;
-      row.lower_bound = r.lower_bound;
-      row.fragmentation = r.fragmentation_at_peak.fragmentation;
-    }
-    // The target on this GPU: the fewest accumulation steps (dividing it)
-    // whose micro-batches run, accumulation included (gradients then live
-    // through the next micro-batch's forward, so a micro-batch that fits
-    // alone may not fit accumulated).
-    const std::int64_t target = result.target_batch;
-    for (std::int64_t a = 1; a <= target && row.max_batch > 0; ++a) {
-      if (target % a != 0 || target / a > row.max_batch) continue;
-      absl::StatusOr<Probe> p = planner.Run(s, target / a, a, o.device_memory, false);
-      if (!p.ok()) return p.status();
-      if (p->fits) {
-        row.micro_batch = target / a;
-        row.grad_accum = a;
-        break;
+  // Rows run on worker threads (each simulated run is independent: its own
+  // session, model and thread-local autograd state); a row starts its
+  // search from a finished row's answer with the same checkpointing.
+  std::vector<PlanRow> rows(strategies.size());
+  std::vector<absl::Status> errors(strategies.size());
+  std::vector<std::int64_t> done(strategies.size(), -1);
+  std::mutex mu;
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    Planner planner(o);
+    for (std::size_t i = next++; i < strategies.size(); i = next++) {
+      std::int64_t guess = 1;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (std::size_t j = 0; j < strategies.size(); ++j) {
+          if (done[j] > 0 && strategies[j].checkpoint == strategies[i].checkpoint) guess = done[j];
+        }
+      }
+      absl::StatusOr<PlanRow> row = PlanOne(planner, o, strategies[i], result.target_batch, guess);
+      std::lock_guard<std::mutex> lock(mu);
+      if (row.ok()) {
+        rows[i] = std::move(*row);
+        done[i] = rows[i].max_batch;
+      } else {
+        errors[i] = row.status();
       }
     }
-    // The smallest GPU for the target batch in one step.
-    absl::StatusOr<std::uint64_t> min = planner.MinDevice(s, target, 1);
-    if (!min.ok()) return min.status();
-    row.min_device_memory = *min;
-    row.probes = planner.probes() - before;
-    result.rows.push_back(row);
+  };
+  const int threads = std::max(1, std::min<int>(o.threads, static_cast<int>(strategies.size())));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const absl::Status& e : errors) {
+    if (!e.ok()) return e;
   }
+  result.rows = std::move(rows);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }

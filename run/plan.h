@@ -39,6 +39,7 @@ struct PlanOptions {
   AllocatorConfig config;  // the base settings; rows with expandable segments add expandable_segments:True
   std::int64_t steps = 2;
   std::int64_t max_batch = 1 << 16;  // the search stops here
+  int threads = 2;                   // rows searched at once
 };
 
 struct PlanStrategy {
