@@ -59,7 +59,8 @@ nlohmann::json ToJson(const PlanArgs& a, const PlanOptions& o, const PlanResult&
         {"fragmentation_at_peak", row.max_batch > 0 ? nlohmann::json(row.fragmentation) : nlohmann::json()},
         {"micro_batch", row.micro_batch},
         {"grad_accum", row.grad_accum},
-        {"min_device_memory_bytes", row.min_device_memory > 0 ? nlohmann::json(row.min_device_memory) : nlohmann::json()},
+        {"min_device_memory_bytes",
+         row.min_device_memory > 0 ? nlohmann::json(row.min_device_memory) : nlohmann::json()},
         {"probes", row.probes},
         {"error", row.error.empty() ? nlohmann::json() : nlohmann::json(row.error)}};
     rows.push_back(j);
@@ -96,26 +97,27 @@ void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
     if (!row.error.empty()) {  // the same error is said once
       const auto it = std::find(errors.begin(), errors.end(), row.error);
       if (it == errors.end()) errors.push_back(row.error);
-      std::cout << absl::StrFormat("%-20s %9s  (error %d below)\n", StrategyName(row.strategy), "-",
-                                   (it == errors.end() ? errors.size() : static_cast<std::size_t>(it - errors.begin()) + 1));
+      std::cout << absl::StrFormat(
+          "%-20s %9s  (error %d below)\n", StrategyName(row.strategy), "-",
+          (it == errors.end() ? errors.size() : static_cast<std::size_t>(it - errors.begin()) + 1));
       continue;
     }
     const bool any = row.max_batch > 0;
     const std::string max = any ? absl::StrCat(row.max_batch, row.capped ? "+" : "") : "OOM";
     const std::string target =
         row.grad_accum > 0 ? absl::StrCat(row.micro_batch, " x ", row.grad_accum) : std::string("-");
-    std::cout << absl::StrFormat(
-        "%-20s %9s %12s %13s %12s %9s %14s %12s\n", StrategyName(row.strategy), max,
-        any ? FormatSize(row.peak_allocated) : "-", any ? FormatSize(row.peak_reserved) : "-",
-        any ? FormatSize(row.lower_bound) : "-", any ? absl::StrFormat("%.3f", row.fragmentation) : "-", target,
-        row.min_device_memory > 0 ? FormatSize(row.min_device_memory) : "-");
+    std::cout << absl::StrFormat("%-20s %9s %12s %13s %12s %9s %14s %12s\n", StrategyName(row.strategy), max,
+                                 any ? FormatSize(row.peak_allocated) : "-", any ? FormatSize(row.peak_reserved) : "-",
+                                 any ? FormatSize(row.lower_bound) : "-",
+                                 any ? absl::StrFormat("%.3f", row.fragmentation) : "-", target,
+                                 row.min_device_memory > 0 ? FormatSize(row.min_device_memory) : "-");
   }
   for (std::size_t i = 0; i < errors.size(); ++i) std::cout << "error " << i + 1 << ": " << errors[i] << "\n";
   if (!errors.empty()) std::cout << "(memscope run with the strategy's flags shows the same error)\n";
   std::int64_t probes = 0;
   for (const PlanRow& row : r.rows) probes += row.probes;
-  std::cout << "\n" << probes << " simulated runs of " << o.steps << " steps, " << absl::StrFormat("%.2f", r.seconds)
-            << " s\n";
+  std::cout << "\n"
+            << probes << " simulated runs of " << o.steps << " steps, " << absl::StrFormat("%.2f", r.seconds) << " s\n";
 }
 
 int Plan(const PlanArgs& a) {
@@ -128,7 +130,8 @@ int Plan(const PlanArgs& a) {
   o.device_memory = *device;
   if (a.world_size < 1 || a.world_size > 1 << 20) return Fail("--world-size must be at least 1");
   o.world_size = a.world_size;
-  if (a.global_batch < 0 || a.batch_size < 0 || a.seq_len < 0) return Fail("batch sizes and --seq-len must be positive");
+  if (a.global_batch < 0 || a.batch_size < 0 || a.seq_len < 0)
+    return Fail("batch sizes and --seq-len must be positive");
   if (a.global_batch > 0 && a.batch_size > 0) return Fail("give --global-batch or --batch-size, not both");
   o.global_batch = a.global_batch;
   o.batch_size = a.batch_size;

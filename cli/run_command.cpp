@@ -93,7 +93,8 @@ absl::StatusOr<std::pair<int, std::int64_t>> ParseFault(const std::string& flag,
 absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std::int64_t world_size) {
   Plan p;
   TrainOptions& t = p.train;
-  if (!a.model_file.empty() && a.model_given) return absl::InvalidArgumentError("give --model or --model-file, not both");
+  if (!a.model_file.empty() && a.model_given)
+    return absl::InvalidArgumentError("give --model or --model-file, not both");
   t.model = ModelName(a);
   t.steps = a.steps;
   t.grad_accum = a.grad_accum;

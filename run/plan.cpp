@@ -1,8 +1,8 @@
 #include "run/plan.h"
 
 #include <algorithm>
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -54,8 +54,9 @@ class Planner {
     so.device_memory = device;
     so.config = o_.config;
     if (s.expandable && !so.config.expandable_segments) {
-      absl::StatusOr<AllocatorConfig> c = AllocatorConfig::Parse(
-          o_.config.text.empty() ? "expandable_segments:True" : absl::StrCat(o_.config.text, ",expandable_segments:True"));
+      absl::StatusOr<AllocatorConfig> c =
+          AllocatorConfig::Parse(o_.config.text.empty() ? "expandable_segments:True"
+                                                        : absl::StrCat(o_.config.text, ",expandable_segments:True"));
       if (!c.ok()) return c.status();
       so.config = *c;
     }

@@ -64,7 +64,8 @@ json Gpt2(const json& c, const std::string& name) {
                     : act == "gelu"   ? json{{"type", "gelu"}}
                     : act == "relu"   ? json{{"type", "relu"}}
                                       : json();
-  if (activation.is_null()) throw ConfigError{absl::StrCat("field \"activation_function\": \"", act, "\" is not modelled")};
+  if (activation.is_null())
+    throw ConfigError{absl::StrCat("field \"activation_function\": \"", act, "\" is not modelled")};
   json block = {{"type", "block"},
                 {"checkpoint", true},
                 {"layers",
@@ -127,28 +128,29 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
   const std::string act = Str(c, "hidden_act", "silu");
   if (act != "silu") throw ConfigError{absl::StrCat("field \"hidden_act\": \"", act, "\" is not modelled (silu)")};
   const double attn_dropout = Num(c, "attention_dropout", 0);
-  json block = {{"type", "block"},
-                {"checkpoint", true},
-                {"layers",
-                 {{{"type", "residual"},
-                   {"order", "input_first"},
-                   {"body",
-                    {{{"type", "rms_norm"}, {"name", "input_layernorm"}, {"eps", eps}},
-                     {{"type", "attention"},
-                      {"name", "self_attn"},
-                      {"heads", heads},
-                      {"kv_heads", kv},
-                      {"head_dim", head_dim},
-                      {"rotary", true},
-                      {"causal", true},
-                      {"bias", qkv_bias},
-                      {"out_bias", o_bias},
-                      {"dropout", attn_dropout}}}}},
-                  {{"type", "residual"},
-                   {"order", "input_first"},
-                   {"body",
-                    {{{"type", "rms_norm"}, {"name", "post_attention_layernorm"}, {"eps", eps}},
-                     {{"type", "gated_mlp"}, {"name", "mlp"}, {"hidden", inner}, {"bias", Bool(c, "mlp_bias", false)}}}}}}}};
+  json block = {
+      {"type", "block"},
+      {"checkpoint", true},
+      {"layers",
+       {{{"type", "residual"},
+         {"order", "input_first"},
+         {"body",
+          {{{"type", "rms_norm"}, {"name", "input_layernorm"}, {"eps", eps}},
+           {{"type", "attention"},
+            {"name", "self_attn"},
+            {"heads", heads},
+            {"kv_heads", kv},
+            {"head_dim", head_dim},
+            {"rotary", true},
+            {"causal", true},
+            {"bias", qkv_bias},
+            {"out_bias", o_bias},
+            {"dropout", attn_dropout}}}}},
+        {{"type", "residual"},
+         {"order", "input_first"},
+         {"body",
+          {{{"type", "rms_norm"}, {"name", "post_attention_layernorm"}, {"eps", eps}},
+           {{"type", "gated_mlp"}, {"name", "mlp"}, {"hidden", inner}, {"bias", Bool(c, "mlp_bias", false)}}}}}}}};
   json head = {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}};
   if (tied) head["tie"] = "model.embed_tokens";
   json spec = Base(name, positions);
@@ -178,46 +180,44 @@ json Bert(const json& c, const std::string& name, bool roberta) {
   if (act != "gelu") throw ConfigError{absl::StrCat("field \"hidden_act\": \"", act, "\" is not modelled (gelu)")};
   json position_table = {{"name", "position_embeddings"}, {"num", positions}};
   if (roberta) position_table["padding_idx"] = pad;
-  json block = {
-      {"type", "block"},
-      {"checkpoint", true},
-      {"layers",
-       {{{"type", "residual"},
-         {"body",
-          {{{"type", "attention"},
-            {"name", "attention"},
-            {"heads", heads},
-            {"causal", false},
-            {"dropout", attn_p},
-            {"names", {{"q", "self.query"}, {"k", "self.key"}, {"v", "self.value"}, {"o", "output.dense"}}}},
-           {{"type", "dropout"}, {"p", p}}}}},
-        {{"type", "layer_norm"}, {"name", "attention.output.LayerNorm"}, {"eps", eps}},
-        {{"type", "residual"},
-         {"body",
-          {{{"type", "linear"}, {"name", "intermediate.dense"}, {"out", inner}},
-           {{"type", "gelu"}},
-           {{"type", "linear"}, {"name", "output.dense"}, {"out", d}},
-           {{"type", "dropout"}, {"p", p}}}}},
-        {{"type", "layer_norm"}, {"name", "output.LayerNorm"}, {"eps", eps}}}}};
-  json trunk = {
-      {"type", "sequential"},
-      {"name", prefix},
-      {"layers",
-       {{{"type", "block"},
-         {"name", "embeddings"},
-         {"layers",
-          {{{"type", "embedding"},
-            {"name", "word_embeddings"},
-            {"num", vocab},
-            {"dim", d},
-            {"padding_idx", pad},
-            {"positions", position_table},
-            {"token_types", {{"name", "token_type_embeddings"}, {"num", types}}}},
-           {{"type", "layer_norm"}, {"name", "LayerNorm"}, {"eps", eps}},
-           {{"type", "dropout"}, {"p", p}}}}},
-        {{"type", "sequential"},
-         {"name", "encoder"},
-         {"layers", {{{"type", "repeat"}, {"name", "layer"}, {"count", layers}, {"body", block}}}}}}}};
+  json block = {{"type", "block"},
+                {"checkpoint", true},
+                {"layers",
+                 {{{"type", "residual"},
+                   {"body",
+                    {{{"type", "attention"},
+                      {"name", "attention"},
+                      {"heads", heads},
+                      {"causal", false},
+                      {"dropout", attn_p},
+                      {"names", {{"q", "self.query"}, {"k", "self.key"}, {"v", "self.value"}, {"o", "output.dense"}}}},
+                     {{"type", "dropout"}, {"p", p}}}}},
+                  {{"type", "layer_norm"}, {"name", "attention.output.LayerNorm"}, {"eps", eps}},
+                  {{"type", "residual"},
+                   {"body",
+                    {{{"type", "linear"}, {"name", "intermediate.dense"}, {"out", inner}},
+                     {{"type", "gelu"}},
+                     {{"type", "linear"}, {"name", "output.dense"}, {"out", d}},
+                     {{"type", "dropout"}, {"p", p}}}}},
+                  {{"type", "layer_norm"}, {"name", "output.LayerNorm"}, {"eps", eps}}}}};
+  json trunk = {{"type", "sequential"},
+                {"name", prefix},
+                {"layers",
+                 {{{"type", "block"},
+                   {"name", "embeddings"},
+                   {"layers",
+                    {{{"type", "embedding"},
+                      {"name", "word_embeddings"},
+                      {"num", vocab},
+                      {"dim", d},
+                      {"padding_idx", pad},
+                      {"positions", position_table},
+                      {"token_types", {{"name", "token_type_embeddings"}, {"num", types}}}},
+                     {{"type", "layer_norm"}, {"name", "LayerNorm"}, {"eps", eps}},
+                     {{"type", "dropout"}, {"p", p}}}}},
+                  {{"type", "sequential"},
+                   {"name", "encoder"},
+                   {"layers", {{{"type", "repeat"}, {"name", "layer"}, {"count", layers}, {"body", block}}}}}}}};
   const std::string word = prefix + ".embeddings.word_embeddings";
   json mlm = {{{"type", "sequential"},
                {"name", roberta ? "lm_head" : "cls.predictions"},
@@ -235,12 +235,12 @@ json Bert(const json& c, const std::string& name, bool roberta) {
   if (!roberta) {
     // BertModel's pooler (first token, dense, tanh), then the next-sentence classifier.
     head_list.push_back({{"layers",
-                      {{{"type", "select_token"}, {"index", 0}},
-                       {{"type", "linear"}, {"name", "bert.pooler.dense"}, {"out", d}},
-                       {{"type", "tanh"}},
-                       {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
-                     {"target", {{"shape", {"batch"}}, {"classes", 2}}},
-                     {"loss", {{"type", "cross_entropy"}}}});
+                          {{{"type", "select_token"}, {"index", 0}},
+                           {{"type", "linear"}, {"name", "bert.pooler.dense"}, {"out", d}},
+                           {{"type", "tanh"}},
+                           {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
+                         {"target", {{"shape", {"batch"}}, {"classes", 2}}},
+                         {"loss", {{"type", "cross_entropy"}}}});
   }
   spec["layers"] = {trunk, {{"type", "heads"}, {"heads", head_list}}};
   return spec;

@@ -159,8 +159,8 @@ class AttentionModule final : public Module {
  public:
   AttentionModule(std::string path, std::int64_t mask_positions)
       : Module(std::move(path)),
-        mask_(mask_positions > 0 ? &Buffer("bias", {1, 1, mask_positions, mask_positions}, DType::kBool, 1)
-                                 : nullptr) {}
+        mask_(mask_positions > 0 ? &Buffer("bias", {1, 1, mask_positions, mask_positions}, DType::kBool, 1) : nullptr) {
+  }
   Tensor* mask() const { return mask_; }
 
  private:
@@ -438,12 +438,14 @@ class Builder {
         throw SpecError{absl::StrCat(where, " (", type, "): field \"name\": a repeat names its copies by index")};
       name = *forced_name;
     } else if (spec.contains("name")) {
-      if (!spec["name"].is_string()) throw SpecError{absl::StrCat(where, " (", type, "): field \"name\": expected a string")};
+      if (!spec["name"].is_string())
+        throw SpecError{absl::StrCat(where, " (", type, "): field \"name\": expected a string")};
       name = spec["name"].get<std::string>();
     }
     Ctx c{spec, where, type, name, parent, pdtype, ""};
     if (spec.contains("dtype")) {
-      const std::optional<DType> d = spec["dtype"].is_string() ? ParseDType(spec["dtype"].get<std::string>()) : std::nullopt;
+      const std::optional<DType> d =
+          spec["dtype"].is_string() ? ParseDType(spec["dtype"].get<std::string>()) : std::nullopt;
       if (!d || !IsFloating(*d)) c.Fail("field \"dtype\": use float32, float16 or bfloat16");
       c.pdtype = *d;
     }
@@ -483,8 +485,8 @@ class Builder {
         for (const std::string& seen : chain) {
           if (seen == target) {
             chain.push_back(target);
-            throw SpecError{absl::StrCat(tie.where, " (linear \"", path, "\"): field \"tie\": ",
-                                         absl::StrJoin(chain, " -> "), " is a cycle")};
+            throw SpecError{absl::StrCat(tie.where, " (linear \"", path,
+                                         "\"): field \"tie\": ", absl::StrJoin(chain, " -> "), " is a cycle")};
           }
         }
         chain.push_back(target);
@@ -494,12 +496,13 @@ class Builder {
       }
       auto w = weights_.find(target);
       if (w == weights_.end()) {
-        throw SpecError{absl::StrCat(tie.where, " (linear \"", path, "\"): field \"tie\": no linear or embedding layer \"",
-                                     tie.target, "\"")};
+        throw SpecError{absl::StrCat(tie.where, " (linear \"", path,
+                                     "\"): field \"tie\": no linear or embedding layer \"", tie.target, "\"")};
       }
       if (w->second.shape != tie.shape) {
-        throw SpecError{absl::StrCat(tie.where, " (linear \"", path, "\"): field \"tie\": \"", target, "\"'s weight is ",
-                                     ShapeOf(w->second.shape), ", this layer needs ", ShapeOf(tie.shape))};
+        throw SpecError{absl::StrCat(tie.where, " (linear \"", path, "\"): field \"tie\": \"", target,
+                                     "\"'s weight is ", ShapeOf(w->second.shape), ", this layer needs ",
+                                     ShapeOf(tie.shape))};
       }
       tie.module->weight = w->second.tensor;
     }
@@ -521,7 +524,8 @@ class Builder {
       } else if (e.is_number_integer() && e.get<std::int64_t>() > 0) {
         s.push_back(e.get<std::int64_t>());
       } else {
-        throw SpecError{absl::StrCat(what, ": ", e.dump(), " is not a size (a positive integer, \"batch\" or \"seq\")")};
+        throw SpecError{
+            absl::StrCat(what, ": ", e.dump(), " is not a size (a positive integer, \"batch\" or \"seq\")")};
       }
     }
     if (!batch && prepend_batch) s.insert(s.begin(), batch_);
@@ -644,7 +648,8 @@ class Builder {
   }
   void NeedFloat(Ctx& c, const Sig& sig) const {
     if (!IsFloating(sig.dtype))
-      c.Fail(absl::StrCat("needs a floating-point input, got ", std::string(DTypeName(sig.dtype)), " (token ids go to an embedding)"));
+      c.Fail(absl::StrCat("needs a floating-point input, got ", std::string(DTypeName(sig.dtype)),
+                          " (token ids go to an embedding)"));
   }
   std::int64_t CheckIn(Ctx& c, std::int64_t actual, const char* field) const {
     if (c.spec.contains(field)) {
@@ -746,7 +751,8 @@ class Builder {
       RunnerPtr body = BuildList(c.spec["body"], c.where + ".body", *m, body_sig, c.pdtype);
       Sig id_sig = in;
       RunnerPtr shortcut;
-      if (c.spec.contains("shortcut")) shortcut = BuildList(c.spec["shortcut"], c.where + ".shortcut", *m, id_sig, c.pdtype);
+      if (c.spec.contains("shortcut"))
+        shortcut = BuildList(c.spec["shortcut"], c.where + ".shortcut", *m, id_sig, c.pdtype);
       if (body_sig.shape != id_sig.shape) {
         c.Fail(absl::StrCat("shape mismatch: the body gives ", ShapeOf(body_sig.shape), " but the ",
                             shortcut ? "shortcut gives " : "input is ", ShapeOf(id_sig.shape)));
@@ -836,8 +842,7 @@ class Builder {
       NeedFloat(c, sig);
       const std::int64_t dim = CheckIn(c, sig.shape.back(), "dim");
       if (t == "layer_norm") {
-        LayerNormLayer& m =
-            Create<LayerNormLayer>(c, c.parent, c.name, dim, static_cast<float>(c.Num("eps", 1e-5)));
+        LayerNormLayer& m = Create<LayerNormLayer>(c, c.parent, c.name, dim, static_cast<float>(c.Num("eps", 1e-5)));
         c.module_path = m.path();
         LayerNormLayer* p = &m;
         return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
@@ -911,7 +916,8 @@ class Builder {
       }
       sig.shape[2] = oh;
       sig.shape[3] = ow;
-      return Functional(c, std::make_unique<FnRunner>([oh, ow](Tensor x) { return ops::AdaptiveAvgPool2d(x, oh, ow); }));
+      return Functional(c,
+                        std::make_unique<FnRunner>([oh, ow](Tensor x) { return ops::AdaptiveAvgPool2d(x, oh, ow); }));
     }
     if (t == "flatten") {
       c.Allow({"start_dim"});
@@ -988,8 +994,8 @@ class Builder {
         c.Fail(absl::StrCat("field \"", field, "\": expected {\"name\": ..., \"num\": ...}"));
       const std::int64_t pad =
           p.contains("padding_idx") && p["padding_idx"].is_number_integer() ? p["padding_idx"].get<std::int64_t>() : -1;
-      EmbeddingLayer& e = Create<EmbeddingLayer>(c, c.parent, p["name"].get<std::string>(), p["num"].get<std::int64_t>(),
-                                                 dim, pad);
+      EmbeddingLayer& e =
+          Create<EmbeddingLayer>(c, c.parent, p["name"].get<std::string>(), p["num"].get<std::int64_t>(), dim, pad);
       return &e;
     };
     EmbeddingLayer* positions = table("positions");  // registered before token types, as BertEmbeddings does
@@ -1184,7 +1190,8 @@ TargetSpec ParseTarget(const json& j, const std::string& where, const Builder& b
     t.shape = out.shape;
     t.dtype = out.dtype;
   } else {
-    if (out.shape.size() < 2) throw SpecError{absl::StrCat(where, ": cross_entropy needs (..., classes) outputs, got ", ShapeOf(out.shape))};
+    if (out.shape.size() < 2)
+      throw SpecError{absl::StrCat(where, ": cross_entropy needs (..., classes) outputs, got ", ShapeOf(out.shape))};
     t.shape = Shape(out.shape.begin(), out.shape.end() - 1);
     t.dtype = DType::kInt64;
   }
@@ -1200,7 +1207,8 @@ TargetSpec ParseTarget(const json& j, const std::string& where, const Builder& b
     } else {
       if (j.contains("shape")) t.shape = b.ParseShape(j["shape"], absl::StrCat(where, ": field \"shape\""), true);
       if (j.contains("dtype")) {
-        const std::optional<DType> d = j["dtype"].is_string() ? ParseDType(j["dtype"].get<std::string>()) : std::nullopt;
+        const std::optional<DType> d =
+            j["dtype"].is_string() ? ParseDType(j["dtype"].get<std::string>()) : std::nullopt;
         if (!d) throw SpecError{absl::StrCat(where, ": field \"dtype\": use float32, float16, bfloat16 or int64")};
         t.dtype = *d;
       }
@@ -1210,7 +1218,8 @@ TargetSpec ParseTarget(const json& j, const std::string& where, const Builder& b
         throw SpecError{absl::StrCat(where, ": field \"classes\": an integer, for cross_entropy")};
       if (j["classes"].get<std::int64_t>() != out.shape.back())
         throw SpecError{absl::StrCat(where, ": field \"classes\": ", j["classes"].get<std::int64_t>(),
-                                     " classes but the model's output ", ShapeOf(out.shape), " has ", out.shape.back())};
+                                     " classes but the model's output ", ShapeOf(out.shape), " has ",
+                                     out.shape.back())};
     }
   }
   if (loss.mse) {
@@ -1221,11 +1230,12 @@ TargetSpec ParseTarget(const json& j, const std::string& where, const Builder& b
     if (t.dtype != DType::kInt64) throw SpecError{absl::StrCat(where, ": cross_entropy needs int64 class ids")};
     if (loss.shift) {
       if (t.shape.size() != 2 || out.shape.size() != 3 || t.shape[0] != out.shape[0] || t.shape[1] != out.shape[1])
-        throw SpecError{absl::StrCat(where, ": \"shift\" needs (batch, tokens) labels and (batch, tokens, vocab) outputs; got ",
-                                     ShapeOf(t.shape), " and ", ShapeOf(out.shape))};
+        throw SpecError{
+            absl::StrCat(where, ": \"shift\" needs (batch, tokens) labels and (batch, tokens, vocab) outputs; got ",
+                         ShapeOf(t.shape), " and ", ShapeOf(out.shape))};
     } else if (NumElements(t.shape) * out.shape.back() != NumElements(out.shape)) {
-      throw SpecError{absl::StrCat(where, ": shape mismatch: ", ShapeOf(t.shape), " labels for outputs ",
-                                   ShapeOf(out.shape))};
+      throw SpecError{
+          absl::StrCat(where, ": shape mismatch: ", ShapeOf(t.shape), " labels for outputs ", ShapeOf(out.shape))};
     }
   }
   return t;
@@ -1238,9 +1248,10 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
   const std::string prefix = "model file " + std::string(source) + ": ";
   try {
     if (!spec.is_object()) throw SpecError{"expected a JSON object"};
-    CheckKeys(spec, {"format", "name", "batch_size", "seq_len", "param_dtype", "input", "target", "loss", "layers",
-                     "comment"},
-              "top level");
+    CheckKeys(
+        spec,
+        {"format", "name", "batch_size", "seq_len", "param_dtype", "input", "target", "loss", "layers", "comment"},
+        "top level");
     if (!spec.contains("format") || spec["format"] != "memscope.model/1")
       throw SpecError{"field \"format\": expected \"memscope.model/1\""};
     for (const char* f : {"input", "layers"}) {
@@ -1262,8 +1273,8 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
       if (!d || !IsFloating(*d)) throw SpecError{"field \"param_dtype\": use float32, float16 or bfloat16"};
       pdtype = *d;
     }
-    const std::string name = spec.contains("name") && spec["name"].is_string() ? spec["name"].get<std::string>()
-                                                                               : std::string(source);
+    const std::string name =
+        spec.contains("name") && spec["name"].is_string() ? spec["name"].get<std::string>() : std::string(source);
     auto model = std::make_unique<FileModel>(name);
     Builder b(*model, options, batch, seq, seq > 0);
 
@@ -1274,7 +1285,8 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
     model->input_dtype_ = pdtype;
     if (input.contains("vocab")) model->input_dtype_ = DType::kInt64;
     if (input.contains("dtype")) {
-      const std::optional<DType> d = input["dtype"].is_string() ? ParseDType(input["dtype"].get<std::string>()) : std::nullopt;
+      const std::optional<DType> d =
+          input["dtype"].is_string() ? ParseDType(input["dtype"].get<std::string>()) : std::nullopt;
       if (!d) throw SpecError{"input: field \"dtype\": use float32, float16, bfloat16 or int64"};
       model->input_dtype_ = *d;
     }
@@ -1295,8 +1307,8 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
     if (heads.is_null()) {
       Head h;
       h.loss = ParseLoss(spec.value("loss", json()), "loss");
-      h.target = ParseTarget(spec.value("target", json()), "target", b, sig, h.loss, model->input_shape_,
-                             model->input_dtype_);
+      h.target =
+          ParseTarget(spec.value("target", json()), "target", b, sig, h.loss, model->input_shape_, model->input_dtype_);
       model->heads_.push_back(std::move(h));
     } else {
       const std::string where = absl::StrCat("layers[", layers.size() - 1, "] (heads)");

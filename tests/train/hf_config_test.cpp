@@ -47,8 +47,8 @@ TEST_CASE("the GPT-2 config builds the zoo's gpt2: the same events") {
   for (std::size_t i = 0; i < zoo.timeline.events.size(); ++i) {
     const Event& a = zoo.timeline.events[i];
     const Event& b = hf.timeline.events[i];
-    same += a.type == b.type && a.size == b.size && a.addr == b.addr &&
-            zoo.timeline.str(a.name) == hf.timeline.str(b.name);
+    same +=
+        a.type == b.type && a.size == b.size && a.addr == b.addr && zoo.timeline.str(a.name) == hf.timeline.str(b.name);
   }
   CHECK(same == zoo.timeline.events.size());
 }

@@ -168,15 +168,14 @@ Recorded RunSpec(const nlohmann::json& spec) {
 std::int64_t Cat(const PhaseRow& row, Category c) { return row.by_category[static_cast<std::size_t>(c)]; }
 
 TEST_CASE("a small file: parameter bytes, a frozen layer and bfloat16 parameters, derived by hand") {
-  nlohmann::json spec = {
-      {"format", "memscope.model/1"},
-      {"batch_size", 4},
-      {"input", {{"shape", {100}}}},
-      {"target", {{"classes", 10}}},
-      {"layers",
-       {{{"type", "linear"}, {"name", "frozen"}, {"out", 200}, {"trainable", false}},
-        {{"type", "relu"}},
-        {{"type", "linear"}, {"name", "head"}, {"out", 10}}}}};
+  nlohmann::json spec = {{"format", "memscope.model/1"},
+                         {"batch_size", 4},
+                         {"input", {{"shape", {100}}}},
+                         {"target", {{"classes", 10}}},
+                         {"layers",
+                          {{{"type", "linear"}, {"name", "frozen"}, {"out", 200}, {"trainable", false}},
+                           {{"type", "relu"}},
+                           {{"type", "linear"}, {"name", "head"}, {"out", 10}}}}};
   SECTION("float32") {
     const Recorded r = RunSpec(spec);
     REQUIRE(r.result.error.empty());
@@ -249,8 +248,9 @@ TEST_CASE("malformed model files are one-line errors naming the layer and the fi
   s["layers"] = {{{"type", "sequential"},
                   {"name", "body"},
                   {"layers", {{{"type", "conv2d"}, {"name", "c"}, {"out", 4}, {"kernel", 3}}}}}};
-  CHECK(Error(s) == "model file m.json: layers[0].layers[0] (conv2d \"body.c\"): needs a 4-d input (N, C, H, W), got "
-                    "[1, 16]");
+  CHECK(Error(s) ==
+        "model file m.json: layers[0].layers[0] (conv2d \"body.c\"): needs a 4-d input (N, C, H, W), got "
+        "[1, 16]");
   s = base;
   s["layers"] = {{{"type", "linear"}, {"name", "a"}, {"out", 16}, {"tie", "b"}},
                  {{"type", "linear"}, {"name", "b"}, {"out", 16}, {"tie", "a"}}};
@@ -260,12 +260,14 @@ TEST_CASE("malformed model files are one-line errors naming the layer and the fi
   CHECK(Error(s) == "model file m.json: layers[0] (linear \"fc1\"): unknown field \"stride\"");
   s = base;
   s["layers"] = {{{"type", "linear"}, {"out", 8}}, {{"type", "linear"}, {"out", 8}}};
-  CHECK(Error(s) == "model file m.json: layers[1] (linear): parameter \"weight\" exists already (give the layer a "
-                    "\"name\")");
+  CHECK(Error(s) ==
+        "model file m.json: layers[1] (linear): parameter \"weight\" exists already (give the layer a "
+        "\"name\")");
   s = base;
   s["layers"] = {{{"type", "residual"}, {"body", {{{"type", "linear"}, {"name", "x"}, {"out", 4}}}}}};
-  CHECK(Error(s) == "model file m.json: layers[0] (residual): shape mismatch: the body gives [1, 4] but the input is "
-                    "[1, 16]");
+  CHECK(Error(s) ==
+        "model file m.json: layers[0] (residual): shape mismatch: the body gives [1, 4] but the input is "
+        "[1, 16]");
   s = base;
   s["target"] = {{"classes", 10}};
   CHECK(Error(s) == "model file m.json: target: field \"classes\": 10 classes but the model's output [1, 8] has 8");
