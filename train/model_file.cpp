@@ -724,6 +724,7 @@ class Builder {
     if (t == "repeat") {
       c.Allow({"count", "start", "body"});
       const std::int64_t count = c.Int("count");
+      if (count > 100000) c.Fail("field \"count\": at most 100000 copies");
       const std::int64_t start = c.Int("start", 0, 0);
       if (!c.spec.contains("body")) c.Fail("missing field \"body\"");
       Module* m = &c.parent;
