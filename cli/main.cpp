@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
   memscope::cli::RegisterRun(app, exit_status);
   memscope::cli::RegisterReport(app, exit_status);
   memscope::cli::RegisterCompare(app, exit_status);
+  memscope::cli::RegisterPlan(app, exit_status);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

@@ -40,6 +40,8 @@ namespace {
 
 struct RunArgs {
   std::string model = "gpt2";
+  std::string model_file;  // --model-file F: the same as --model file:F
+  bool model_given = false;
   std::int64_t world_size = 1;
   bool world_size_given = false;
   std::int64_t steps = 3;
@@ -81,6 +83,9 @@ int Fail(absl::string_view message) {
   ReportToLauncher(std::string(message));  // a rank of ours: its launcher says why (bad options, ...)
   return cli::Fail("run", message);
 }
+
+// --model, or file:F for --model-file F.
+std::string ModelName(const RunArgs& a) { return a.model_file.empty() ? a.model : "file:" + a.model_file; }
 
 // Everything a rank needs (run/rank.h), built from the flags.
 using Plan = RankPlan;
@@ -135,7 +140,9 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (absl::Status s = CheckOptionRanges(a); !s.ok()) return s;
   Plan p;
   TrainOptions& t = p.train;
-  t.model = a.model;
+  if (!a.model_file.empty() && a.model_given)
+    return absl::InvalidArgumentError("give --model or --model-file, not both");
+  t.model = ModelName(a);
   t.steps = a.steps;
   t.grad_accum = a.grad_accum;
   t.model_options.batch_size = a.batch_size;
@@ -253,7 +260,7 @@ RunRecord MakeRecord(const RunArgs& a, const Plan& plan, int world_size, const s
   run.exits = exits;
   run.first_failure = first_failure;
   TrainingManifest& t = run.training;
-  t.model = a.model;
+  t.model = ModelName(a);
   t.steps = a.steps;
   t.batch_size = a.batch_size;
   t.optimizer = a.optimizer;
@@ -429,7 +436,7 @@ std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
 std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   std::vector<std::string> v = {"run",
                                 "--model",
-                                a.model,
+                                ModelName(a),
                                 "--steps",
                                 absl::StrCat(a.steps),
                                 "--optimizer",
@@ -618,7 +625,11 @@ void RegisterRun(CLI::App& app, int& exit_status) {
       "run",
       "Run the reference training loop (a zoo model, optimizer, phases) on a simulated GPU and record every "
       "allocation into a run directory; prints the phase table. Exit 3 when the run hits OOM.");
-  cmd->add_option("--model", a->model, "zoo model (memscope models lists them; default gpt2)");
+  cmd->add_option("--model", a->model,
+                  "zoo model (memscope models lists them; default gpt2), file:MODEL.json, or hf:CONFIG.json "
+                  "(a Hugging Face config.json)")
+      ->each([a](const std::string&) { a->model_given = true; });
+  cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1; see README)");
   cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
       ->each([a](const std::string&) { a->world_size_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");

@@ -81,6 +81,8 @@ Tensor Gelu(const Tensor& x, bool tanh_approximation = false);
 Tensor GeluNew(const Tensor& x);  // HF's gelu_new, composed of 8 ops as in Python
 Tensor Tanh(const Tensor& x);
 Tensor Sigmoid(const Tensor& x);
+Tensor Silu(const Tensor& x);   // F.silu: saves its input
+Tensor Rsqrt(const Tensor& x);  // torch.rsqrt: saves its result
 // torch.where(condition, a, b); condition is bool.
 Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor Eq(const Tensor& a, float value);  // bool result, no autograd
@@ -104,6 +106,8 @@ Tensor Sqrt(const Tensor& x);  // no autograd (optimizer use)
 Tensor Sum(const Tensor& x);  // all elements, a 0-d tensor
 Tensor SumDims(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);
 Tensor Mean(const Tensor& x);
+// x.mean(dims, keepdim): one reduced tensor; backward expands the gradient (one full-size tensor).
+Tensor MeanDims(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);
 // Sums `grad` down to `sizes` (the gradient of a broadcast); `grad` itself when equal.
 Tensor SumTo(const Tensor& grad, const Shape& sizes);
 
@@ -129,6 +133,8 @@ Tensor NllLoss(const Tensor& log_probs, const Tensor& target, Reduction reductio
                std::int64_t ignore_index = -100);
 Tensor CrossEntropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::kMean,
                     std::int64_t ignore_index = -100);
+// F.mse_loss(x, target) with reduction mean: saves both; backward one x-sized tensor.
+Tensor MseLoss(const Tensor& x, const Tensor& target);
 Tensor Conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int stride = 1, int padding = 0);
 Tensor MaxPool2d(const Tensor& x, int kernel, int stride, int padding = 0);
 Tensor AdaptiveAvgPool2d(const Tensor& x, std::int64_t out_h, std::int64_t out_w);

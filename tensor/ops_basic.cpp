@@ -17,6 +17,9 @@ struct AutocastState {
   int depth = 0;
   // Casts of parameters, alive until the outermost autocast exits.
   absl::flat_hash_map<const TensorImpl*, Tensor> cache;
+  // The casts in the order they were made: the cache is released in this
+  // order, so that a run's frees do not depend on host pointer hashes.
+  std::vector<Tensor> order;
 };
 thread_local AutocastState autocast;
 
@@ -29,7 +32,10 @@ AutocastGuard::AutocastGuard(DType dtype) : prev_(autocast.dtype) {
 
 AutocastGuard::~AutocastGuard() {
   autocast.dtype = prev_;
-  if (--autocast.depth == 0) autocast.cache.clear();
+  if (--autocast.depth == 0) {
+    autocast.cache.clear();
+    autocast.order.clear();
+  }
 }
 
 std::optional<DType> AutocastGuard::current() { return autocast.dtype; }
@@ -93,7 +99,10 @@ Tensor AutocastLower(const Tensor& t) {
     if (it != autocast.cache.end()) return it->second;
   }
   Tensor cast = To(t, *autocast.dtype);
-  if (cacheable) autocast.cache.emplace(t.impl(), cast);
+  if (cacheable) {
+    autocast.cache.emplace(t.impl(), cast);
+    autocast.order.push_back(cast);
+  }
   return cast;
 }
 
@@ -685,6 +694,32 @@ Tensor Sigmoid(const Tensor& x) {
   return out;
 }
 
+Tensor Silu(const Tensor& x) {
+  Tensor out = Unary(x, "silu", [](float v) { return v / (1.f + std::exp(-v)); });
+  if (NeedsGrad({&x})) {
+    RecordOp("SiluBackward0", {&x}, {&out}, [self = x.Detach()](Node& n, TensorList& g) {
+      GradTag tag(n, 0);
+      return TensorList{Binary(g[0], self, g[0].dtype(), "silu_backward", [](float gr, float v) {
+        const float s = 1.f / (1.f + std::exp(-v));
+        return gr * s * (1 + v * (1 - s));
+      })};
+    });
+  }
+  return out;
+}
+
+Tensor Rsqrt(const Tensor& x) {
+  Tensor out = Unary(x, "rsqrt", [](float v) { return 1.f / std::sqrt(v); });
+  if (NeedsGrad({&x})) {
+    RecordOp("RsqrtBackward0", {&x}, {&out}, [result = out.Detach()](Node& n, TensorList& g) {
+      GradTag tag(n, 0);  // -0.5 * grad * result^3
+      return TensorList{Binary(g[0], result, g[0].dtype(), "rsqrt_backward",
+                               [](float gr, float y) { return -0.5f * gr * y * y * y; })};
+    });
+  }
+  return out;
+}
+
 Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   const Shape shape = BroadcastShape(condition.sizes(), BroadcastShape(a.sizes(), b.sizes()));
   Tensor out = Tensor::Empty(a.ctx(), shape, PromoteTypes(a.dtype(), b.dtype()));
@@ -860,6 +895,26 @@ Tensor Mean(const Tensor& x) {
       GradTag tag(node, 0);  // grad.expand(sizes) / numel: one full-size tensor
       Shape ones(in.size(), 1);
       return TensorList{DivScalar(Expand(View(g[0], ones), in), static_cast<float>(n))};
+    });
+  }
+  return s;
+}
+
+Tensor MeanDims(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+  Tensor s;
+  std::int64_t n = 1;
+  for (int d : dims) n *= x.sizes()[static_cast<std::size_t>(WrapDim(d, x.dim()))];
+  {
+    NoGradGuard no_grad;
+    s = SumDims(x, dims, keepdim);
+    DivInPlace(s, static_cast<float>(n));
+  }
+  if (NeedsGrad({&x})) {
+    Shape kept = x.sizes();
+    for (int d : dims) kept[static_cast<std::size_t>(WrapDim(d, x.dim()))] = 1;
+    RecordOp("MeanBackward1", {&x}, {&s}, [in = x.sizes(), kept, n](Node& node, TensorList& g) {
+      GradTag tag(node, 0);
+      return TensorList{DivScalar(Expand(View(g[0], kept), in), static_cast<float>(n))};
     });
   }
   return s;

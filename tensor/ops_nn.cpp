@@ -480,6 +480,33 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& target, Reduction reduct
   return NllLoss(LogSoftmax(logits, 1), target, reduction, ignore_index);
 }
 
+Tensor MseLoss(const Tensor& x, const Tensor& target) {
+  Tensor out = Tensor::Empty(x.ctx(), {}, x.dtype());
+  if (x.ctx().computes()) {
+    RequireCpuKernel("mse_loss", {&x, &target});
+    Tensor xc = Contiguous(x), tc = Contiguous(target);
+    double sum = 0;
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const double d = xc.data()[i] - tc.data()[i];
+      sum += d * d;
+    }
+    out.data()[0] = static_cast<float>(sum / static_cast<double>(x.numel()));
+  }
+  if (NeedsGrad({&x})) {
+    RecordOp("MseLossBackward0", {&x}, {&out}, [self = x.Detach(), t = target.Detach()](Node& n, TensorList& g) {
+      GradTag tag(n, 0);  // 2 * (self - target) * grad / numel
+      Tensor r = Tensor::Empty(g[0].ctx(), self.sizes(), self.dtype());
+      if (g[0].ctx().computes()) {
+        Tensor xc = Contiguous(self), tc = Contiguous(t);
+        const float scale = 2.f * g[0].data()[0] / static_cast<float>(self.numel());
+        for (std::int64_t i = 0; i < r.numel(); ++i) r.data()[i] = scale * (xc.data()[i] - tc.data()[i]);
+      }
+      return TensorList{r};
+    });
+  }
+  return out;
+}
+
 Tensor Conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, int stride, int padding) {
   const Tensor x = AutocastLower(x_in), weight = AutocastLower(weight_in), bias = AutocastLower(bias_in);
   if (x.dim() != 4 || weight.dim() != 4 || x.sizes()[1] != weight.sizes()[1]) {

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/alloc_tag.h"
+#include "train/hf_config.h"
+#include "train/model_file.h"
 
 namespace memscope {
 namespace {
@@ -129,8 +131,12 @@ class CifarNet final : public Model {
   }
 
   Tensor Forward(const Batch& batch) override {
-    Tensor x = ops::MaxPool2d(ops::Relu(conv1_.Forward(batch.input)), 2, 2);
-    x = ops::MaxPool2d(ops::Relu(conv2_.Forward(x)), 2, 2);
+    // x = self.pool(F.relu(self.conv1(x))): CPython frees the conv output as
+    // soon as relu has returned, before the pool runs.
+    Tensor x = ops::Relu(conv1_.Forward(batch.input));
+    x = ops::MaxPool2d(x, 2, 2);
+    x = ops::Relu(conv2_.Forward(x));
+    x = ops::MaxPool2d(x, 2, 2);
     x = ops::Flatten(x, 1);
     x = ops::Relu(fc1_.Forward(x));
     x = ops::Relu(fc2_.Forward(x));
@@ -671,6 +677,14 @@ std::vector<ModelInfo> ListModels() {
 
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& o) {
   auto or_default = [](std::int64_t v, std::int64_t d) { return v > 0 ? v : d; };
+  if (name.substr(0, 5) == "file:") {
+    if (o.width > 0 || o.depth > 0) return absl::InvalidArgumentError("--width and --depth apply to mlp only");
+    return LoadModelFile(name.substr(5), o);
+  }
+  if (name.substr(0, 3) == "hf:") {
+    if (o.width > 0 || o.depth > 0) return absl::InvalidArgumentError("--width and --depth apply to mlp only");
+    return LoadHfConfig(name.substr(3), o);
+  }
   const std::vector<ModelInfo> zoo = ListModels();
   const ModelInfo* info = nullptr;
   for (const ModelInfo& m : zoo) {

@@ -39,7 +39,7 @@ void Module::Materialize(DeviceContext& ctx) {
       } else if (ctx.computes() && IsFloating(slot->dtype)) {
         ops::FillInPlace(slot->tensor, slot->init.fill);
       }
-      if (parameters) slot->tensor.set_requires_grad(true);
+      if (parameters && slot->requires_grad) slot->tensor.set_requires_grad(true);
     }
   }
   OnMaterialized(ctx);
@@ -48,7 +48,7 @@ void Module::Materialize(DeviceContext& ctx) {
 std::vector<Tensor*> Module::Parameters() {
   std::vector<Tensor*> out;
   for (auto& slot : slots_) {
-    if (slot->parameter) out.push_back(&slot->tensor);
+    if (slot->parameter && slot->requires_grad) out.push_back(&slot->tensor);
   }
   for (auto& child : children_) {
     for (Tensor* p : child->Parameters()) out.push_back(p);
@@ -79,6 +79,54 @@ std::int64_t Module::NumParameterTensors() const {
   for (const auto& slot : slots_) n += slot->parameter ? 1 : 0;
   for (const auto& child : children_) n += child->NumParameterTensors();
   return n;
+}
+
+std::int64_t Module::NumTrainableParameters() const {
+  std::int64_t n = 0;
+  for (const auto& slot : slots_) n += slot->parameter && slot->requires_grad ? NumElements(slot->shape) : 0;
+  for (const auto& child : children_) n += child->NumTrainableParameters();
+  return n;
+}
+
+void Module::SetRequiresGrad(bool requires_grad) {
+  for (auto& slot : slots_) slot->requires_grad = requires_grad;
+  for (auto& child : children_) child->SetRequiresGrad(requires_grad);
+}
+
+void Module::SetParameterDType(DType dtype) {
+  for (auto& slot : slots_) {
+    if (slot->parameter) slot->dtype = dtype;
+  }
+  for (auto& child : children_) child->SetParameterDType(dtype);
+}
+
+Tensor* Module::FindParameter(const std::string& full_name) {
+  for (auto& slot : slots_) {
+    if (slot->parameter && slot->name == full_name) return &slot->tensor;
+  }
+  for (auto& child : children_) {
+    if (Tensor* t = child->FindParameter(full_name)) return t;
+  }
+  return nullptr;
+}
+
+Module* Module::FindChild(const std::string& name) {
+  const std::string full = Child(name);
+  for (auto& child : children_) {
+    if (child->path() == full) return child.get();
+  }
+  return nullptr;
+}
+
+std::vector<std::string> Module::ParameterNames() const {
+  std::vector<std::string> out;
+  for (const auto& slot : slots_) {
+    if (slot->parameter) out.push_back(slot->name);
+  }
+  for (const auto& child : children_) {
+    for (std::string& n : child->ParameterNames()) out.push_back(std::move(n));
+  }
+  return out;
 }
 
 namespace {
@@ -191,7 +239,7 @@ void CudnnRnnLayer::OnMaterialized(DeviceContext& ctx) {
   for (const Tensor* w : weights_) total += w->numel();
   {
     ScopedTag tag(Category::kParameter, path());
-    flat_ = Tensor::Empty(ctx, {total}, DType::kFloat32);
+    flat_ = Tensor::Empty(ctx, {total}, weights_.front()->dtype());  // the parameters' dtype
   }
   std::int64_t offset = 0;
   for (Tensor* w : weights_) {

@@ -30,15 +30,38 @@ class Module {
   // Full dotted path ("decoder.cell0"; "" for the root).
   const std::string& path() const { return path_; }
   void Materialize(DeviceContext& ctx);
-  // Parameters in named_parameters() order, and their total element count.
+  // Trainable parameters (requires_grad) in named_parameters() order: what
+  // the optimizer and DDP see. NumParameters counts frozen ones too.
   std::vector<Tensor*> Parameters();
   // Buffers in named_buffers() order (running stats, ...).
   std::vector<Tensor*> Buffers();
   std::int64_t NumParameters() const;
   std::int64_t NumParameterTensors() const;
+  std::int64_t NumTrainableParameters() const;
+  // Before Materialize: requires_grad of every parameter of this subtree
+  // (false: frozen, as in fine-tuning), and the dtype of its parameters.
+  void SetRequiresGrad(bool requires_grad);
+  void SetParameterDType(DType dtype);
+  // The parameter slot with this full name ("transformer.wte.weight") in
+  // this subtree, or null; its tensor is defined after Materialize.
+  Tensor* FindParameter(const std::string& full_name);
+  // The direct child of this name ("h", "0"), or null.
+  Module* FindChild(const std::string& name);
+  // Every full parameter name of this subtree, in named_parameters() order.
+  std::vector<std::string> ParameterNames() const;
   template <class M, class... Args>
   M& Add(const std::string& name, Args&&... args) {  // registers a child module
     auto m = std::make_unique<M>(Child(name), std::forward<Args>(args)...);
+    M& ref = *m;
+    children_.push_back(std::move(m));
+    return ref;
+  }
+
+  // Registers a child at this module's own path (a layer without a name of
+  // its own in a model file: its parameters are "<path>.weight").
+  template <class M, class... Args>
+  M& AddInline(Args&&... args) {
+    auto m = std::make_unique<M>(path_, std::forward<Args>(args)...);
     M& ref = *m;
     children_.push_back(std::move(m));
     return ref;
@@ -63,6 +86,7 @@ class Module {
     Shape shape;
     DType dtype = DType::kFloat32;
     bool parameter = true;
+    bool requires_grad = true;
     Init init;
     Tensor tensor;
   };

@@ -1,0 +1,91 @@
+// Hugging Face configs (train/hf_config.h): the published parameter counts of
+// the configs in examples/hf/, and a training step of each family.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "tests/train/train_test_util.h"
+#include "train/hf_config.h"
+
+namespace memscope {
+namespace {
+
+std::string Config(const std::string& name) {
+  return absl::StrCat(MEMSCOPE_SOURCE_DIR, "/examples/hf/", name, "/config.json");
+}
+
+std::int64_t Count(const std::string& name) {
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadHfConfig(Config(name), {});
+  INFO(name << ": " << m.status().message());
+  REQUIRE(m.ok());
+  return (*m)->NumParameters();
+}
+
+TEST_CASE("Hugging Face configs have the published parameter counts") {
+  // model.num_parameters() of each model in transformers.
+  CHECK(Count("gpt2") == 124'439'808);               // GPT2LMHeadModel, lm_head tied
+  CHECK(Count("bert-base-uncased") == 110'106'428);  // BertForPreTraining
+  CHECK(Count("roberta-base") == 124'697'433);       // RobertaForMaskedLM
+  CHECK(Count("Llama-2-7b-hf") == 6'738'415'616);
+  CHECK(Count("Meta-Llama-3-8B") == 8'030'261'248);  // grouped-query attention, 8 KV heads
+  CHECK(Count("Mistral-7B-v0.1") == 7'241'732'096);
+  CHECK(Count("Qwen2-0.5B") == 494'032'768);  // q/k/v biases, tied embeddings
+}
+
+TEST_CASE("the GPT-2 config builds the zoo's gpt2: the same events") {
+  TrainOptions o;
+  o.steps = 2;
+  o.model_options.batch_size = 1;
+  o.model_options.seq_len = 32;
+  o.model = "gpt2";
+  const Recorded zoo = RunTraining(o);
+  o.model = "hf:" + Config("gpt2");
+  const Recorded hf = RunTraining(o);
+  REQUIRE(zoo.timeline.events.size() == hf.timeline.events.size());
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < zoo.timeline.events.size(); ++i) {
+    const Event& a = zoo.timeline.events[i];
+    const Event& b = hf.timeline.events[i];
+    same +=
+        a.type == b.type && a.size == b.size && a.addr == b.addr && zoo.timeline.str(a.name) == hf.timeline.str(b.name);
+  }
+  CHECK(same == zoo.timeline.events.size());
+}
+
+TEST_CASE("a training step of each family runs, with parameters + gradients + Adam state at the end") {
+  for (const char* name : {"Qwen2-0.5B", "bert-base-uncased", "roberta-base"}) {
+    INFO(name);
+    TrainOptions o;
+    o.model = absl::StrCat("hf:", Config(name));
+    o.steps = 2;
+    o.model_options.batch_size = 2;
+    o.model_options.seq_len = 16;
+    const Recorded r = RunTraining(o);
+    REQUIRE(r.result.error.empty());
+    CHECK(r.result.steps_done == 2);
+    // After the step: parameters, gradients and Adam's two states are alive (4 x float32 parameters) plus
+    // small blocks and the last output; the blocks round each tensor up to 512 B.
+    const std::int64_t params = r.result.parameters * 4;
+    const std::int64_t end = Row(r.report, Phase::kStep, 1).allocated;
+    CHECK(end >= 4 * params);
+    CHECK(end < 4 * params + 64 * static_cast<std::int64_t>(kTestMiB));
+  }
+}
+
+TEST_CASE("Hugging Face config errors name the config and the field") {
+  auto error = [](const nlohmann::json& config) {
+    absl::StatusOr<nlohmann::json> s = HfConfigToModelSpec(config, "c.json");
+    REQUIRE_FALSE(s.ok());
+    return std::string(s.status().message());
+  };
+  CHECK(error({{"model_type", "t5"}}) ==
+        "Hugging Face config c.json: field \"model_type\": \"t5\" is not modelled (gpt2, llama, mistral, qwen2, bert, "
+        "roberta)");
+  CHECK(error({{"model_type", "llama"}, {"hidden_size", 64}}) ==
+        "Hugging Face config c.json: missing field \"num_hidden_layers\"");
+  CHECK(error(nlohmann::json::array()) == "Hugging Face config c.json: expected a JSON object");
+}
+
+}  // namespace
+}  // namespace memscope

@@ -1,0 +1,285 @@
+#include "train/hf_config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "train/model_file.h"
+
+namespace memscope {
+namespace {
+
+using json = nlohmann::json;
+
+struct ConfigError {
+  std::string message;
+};
+
+// A config field: an integer (required unless `def`).
+std::int64_t Int(const json& c, const char* field, std::optional<std::int64_t> def = std::nullopt) {
+  if (!c.contains(field) || c[field].is_null()) {
+    if (def) return *def;
+    throw ConfigError{absl::StrCat("missing field \"", field, "\"")};
+  }
+  if (!c[field].is_number_integer() || c[field].get<std::int64_t>() < 0)
+    throw ConfigError{absl::StrCat("field \"", field, "\": expected a non-negative integer")};
+  return c[field].get<std::int64_t>();
+}
+
+double Num(const json& c, const char* field, double def) {
+  if (!c.contains(field) || c[field].is_null()) return def;
+  if (!c[field].is_number()) throw ConfigError{absl::StrCat("field \"", field, "\": expected a number")};
+  return c[field].get<double>();
+}
+
+bool Bool(const json& c, const char* field, bool def) {
+  if (!c.contains(field) || c[field].is_null()) return def;
+  if (!c[field].is_boolean()) throw ConfigError{absl::StrCat("field \"", field, "\": expected true or false")};
+  return c[field].get<bool>();
+}
+
+std::string Str(const json& c, const char* field, const std::string& def) {
+  if (!c.contains(field) || c[field].is_null()) return def;
+  if (!c[field].is_string()) throw ConfigError{absl::StrCat("field \"", field, "\": expected a string")};
+  return c[field].get<std::string>();
+}
+
+json Base(const std::string& name, std::int64_t positions) {
+  return {{"format", "memscope.model/1"},
+          {"name", name},
+          {"batch_size", 1},
+          {"seq_len", std::min<std::int64_t>(1024, positions)}};
+}
+
+// GPT2LMHeadModel (transformers 4.4x, eager attention).
+json Gpt2(const json& c, const std::string& name) {
+  const std::int64_t d = Int(c, "n_embd"), layers = Int(c, "n_layer"), heads = Int(c, "n_head");
+  const std::int64_t positions = Int(c, "n_positions", 1024), vocab = Int(c, "vocab_size");
+  const std::int64_t inner = Int(c, "n_inner", 4 * d);
+  const double eps = Num(c, "layer_norm_epsilon", 1e-5);
+  const double resid = Num(c, "resid_pdrop", 0.1), embd = Num(c, "embd_pdrop", 0.1), attn = Num(c, "attn_pdrop", 0.1);
+  const std::string act = Str(c, "activation_function", "gelu_new");
+  json activation = act == "gelu_new" ? json{{"type", "gelu_new"}}
+                    : act == "gelu"   ? json{{"type", "gelu"}}
+                    : act == "relu"   ? json{{"type", "relu"}}
+                                      : json();
+  if (activation.is_null())
+    throw ConfigError{absl::StrCat("field \"activation_function\": \"", act, "\" is not modelled")};
+  json block = {{"type", "block"},
+                {"checkpoint", true},
+                {"layers",
+                 {{{"type", "residual"},
+                   {"body",
+                    {{{"type", "layer_norm"}, {"name", "ln_1"}, {"eps", eps}},
+                     {{"type", "attention"},
+                      {"name", "attn"},
+                      {"heads", heads},
+                      {"projection", "fused_conv1d"},
+                      {"mask", "buffer"},
+                      {"max_positions", positions},
+                      {"dropout", attn}},
+                     {{"type", "dropout"}, {"p", resid}}}}},
+                  {{"type", "residual"},
+                   {"order", "input_first"},
+                   {"body",
+                    {{{"type", "layer_norm"}, {"name", "ln_2"}, {"eps", eps}},
+                     {{"type", "sequential"},
+                      {"name", "mlp"},
+                      {"layers",
+                       {{{"type", "conv1d"}, {"name", "c_fc"}, {"out", inner}},
+                        activation,
+                        {{"type", "conv1d"}, {"name", "c_proj"}, {"out", d}}}}},
+                     {{"type", "dropout"}, {"p", resid}}}}}}}};
+  json spec = Base(name, positions);
+  spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
+  spec["target"] = {{"from", "input"}};
+  spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
+  spec["layers"] = {
+      {{"type", "sequential"},
+       {"name", "transformer"},
+       {"layers",
+        {{{"type", "block"},
+          {"layers",
+           {{{"type", "embedding"},
+             {"name", "wte"},
+             {"num", vocab},
+             {"dim", d},
+             {"positions", {{"name", "wpe"}, {"num", positions}}}},
+            {{"type", "dropout"}, {"p", embd}}}}},
+         {{"type", "repeat"}, {"name", "h"}, {"count", layers}, {"body", block}},
+         {{"type", "layer_norm"}, {"name", "ln_f"}, {"eps", eps}}}}},
+      {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}, {"tie", "transformer.wte"}}};
+  return spec;
+}
+
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (transformers 4.4x).
+json Llama(const json& c, const std::string& name, const std::string& type) {
+  const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
+  const std::int64_t heads = Int(c, "num_attention_heads"), kv = Int(c, "num_key_value_heads", heads);
+  const std::int64_t head_dim = Int(c, "head_dim", heads > 0 ? d / heads : 0);
+  const std::int64_t inner = Int(c, "intermediate_size"), vocab = Int(c, "vocab_size");
+  const std::int64_t positions = Int(c, "max_position_embeddings", 2048);
+  const double eps = Num(c, "rms_norm_eps", 1e-6);
+  const bool tied = Bool(c, "tie_word_embeddings", false);
+  // Qwen2 has biases on q, k and v (not o); Llama's attention_bias covers all four.
+  const bool qkv_bias = type == "qwen2" ? true : Bool(c, "attention_bias", false);
+  const bool o_bias = type == "qwen2" ? false : Bool(c, "attention_bias", false);
+  const std::string act = Str(c, "hidden_act", "silu");
+  if (act != "silu") throw ConfigError{absl::StrCat("field \"hidden_act\": \"", act, "\" is not modelled (silu)")};
+  const double attn_dropout = Num(c, "attention_dropout", 0);
+  json block = {
+      {"type", "block"},
+      {"checkpoint", true},
+      {"layers",
+       {{{"type", "residual"},
+         {"order", "input_first"},
+         {"body",
+          {{{"type", "rms_norm"}, {"name", "input_layernorm"}, {"eps", eps}},
+           {{"type", "attention"},
+            {"name", "self_attn"},
+            {"heads", heads},
+            {"kv_heads", kv},
+            {"head_dim", head_dim},
+            {"rotary", true},
+            {"causal", true},
+            {"bias", qkv_bias},
+            {"out_bias", o_bias},
+            {"dropout", attn_dropout}}}}},
+        {{"type", "residual"},
+         {"order", "input_first"},
+         {"body",
+          {{{"type", "rms_norm"}, {"name", "post_attention_layernorm"}, {"eps", eps}},
+           {{"type", "gated_mlp"}, {"name", "mlp"}, {"hidden", inner}, {"bias", Bool(c, "mlp_bias", false)}}}}}}}};
+  json head = {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}};
+  if (tied) head["tie"] = "model.embed_tokens";
+  json spec = Base(name, positions);
+  spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
+  spec["target"] = {{"from", "input"}};
+  spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
+  spec["layers"] = {{{"type", "sequential"},
+                     {"name", "model"},
+                     {"layers",
+                      {{{"type", "embedding"}, {"name", "embed_tokens"}, {"num", vocab}, {"dim", d}},
+                       {{"type", "repeat"}, {"name", "layers"}, {"count", layers}, {"body", block}},
+                       {{"type", "rms_norm"}, {"name", "norm"}, {"eps", eps}}}}},
+                    head};
+  return spec;
+}
+
+// BertForPreTraining (bert) and RobertaForMaskedLM (roberta), eager attention.
+json Bert(const json& c, const std::string& name, bool roberta) {
+  const std::string prefix = roberta ? "roberta" : "bert";
+  const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
+  const std::int64_t heads = Int(c, "num_attention_heads"), inner = Int(c, "intermediate_size");
+  const std::int64_t vocab = Int(c, "vocab_size"), positions = Int(c, "max_position_embeddings", 512);
+  const std::int64_t types = Int(c, "type_vocab_size", 2), pad = Int(c, "pad_token_id", roberta ? 1 : 0);
+  const double eps = Num(c, "layer_norm_eps", 1e-12), p = Num(c, "hidden_dropout_prob", 0.1);
+  const double attn_p = Num(c, "attention_probs_dropout_prob", 0.1);
+  const std::string act = Str(c, "hidden_act", "gelu");
+  if (act != "gelu") throw ConfigError{absl::StrCat("field \"hidden_act\": \"", act, "\" is not modelled (gelu)")};
+  json position_table = {{"name", "position_embeddings"}, {"num", positions}};
+  if (roberta) position_table["padding_idx"] = pad;
+  json block = {{"type", "block"},
+                {"checkpoint", true},
+                {"layers",
+                 {{{"type", "residual"},
+                   {"body",
+                    {{{"type", "attention"},
+                      {"name", "attention"},
+                      {"heads", heads},
+                      {"causal", false},
+                      {"dropout", attn_p},
+                      {"names", {{"q", "self.query"}, {"k", "self.key"}, {"v", "self.value"}, {"o", "output.dense"}}}},
+                     {{"type", "dropout"}, {"p", p}}}}},
+                  {{"type", "layer_norm"}, {"name", "attention.output.LayerNorm"}, {"eps", eps}},
+                  {{"type", "residual"},
+                   {"body",
+                    {{{"type", "linear"}, {"name", "intermediate.dense"}, {"out", inner}},
+                     {{"type", "gelu"}},
+                     {{"type", "linear"}, {"name", "output.dense"}, {"out", d}},
+                     {{"type", "dropout"}, {"p", p}}}}},
+                  {{"type", "layer_norm"}, {"name", "output.LayerNorm"}, {"eps", eps}}}}};
+  json trunk = {{"type", "sequential"},
+                {"name", prefix},
+                {"layers",
+                 {{{"type", "block"},
+                   {"name", "embeddings"},
+                   {"layers",
+                    {{{"type", "embedding"},
+                      {"name", "word_embeddings"},
+                      {"num", vocab},
+                      {"dim", d},
+                      {"padding_idx", pad},
+                      {"positions", position_table},
+                      {"token_types", {{"name", "token_type_embeddings"}, {"num", types}}}},
+                     {{"type", "layer_norm"}, {"name", "LayerNorm"}, {"eps", eps}},
+                     {{"type", "dropout"}, {"p", p}}}}},
+                  {{"type", "sequential"},
+                   {"name", "encoder"},
+                   {"layers", {{{"type", "repeat"}, {"name", "layer"}, {"count", layers}, {"body", block}}}}}}}};
+  const std::string word = prefix + ".embeddings.word_embeddings";
+  json mlm = {{{"type", "sequential"},
+               {"name", roberta ? "lm_head" : "cls.predictions"},
+               {"layers",
+                {{{"type", "linear"}, {"name", roberta ? "dense" : "transform.dense"}, {"out", d}},
+                 {{"type", "gelu"}},
+                 {{"type", "layer_norm"}, {"name", roberta ? "layer_norm" : "transform.LayerNorm"}, {"eps", eps}},
+                 {{"type", "linear"}, {"name", "decoder"}, {"out", vocab}, {"tie", word}}}}}};
+  json spec = Base(name, positions - (roberta ? 2 : 0));
+  spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
+  json mlm_head = {{"layers", mlm},
+                   {"target", {{"shape", {"batch", "seq"}}, {"classes", vocab}}},
+                   {"loss", {{"type", "cross_entropy"}}}};
+  json head_list = {mlm_head};
+  if (!roberta) {
+    // BertModel's pooler (first token, dense, tanh), then the next-sentence classifier.
+    head_list.push_back({{"layers",
+                          {{{"type", "select_token"}, {"index", 0}},
+                           {{"type", "linear"}, {"name", "bert.pooler.dense"}, {"out", d}},
+                           {{"type", "tanh"}},
+                           {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
+                         {"target", {{"shape", {"batch"}}, {"classes", 2}}},
+                         {"loss", {{"type", "cross_entropy"}}}});
+  }
+  spec["layers"] = {trunk, {{"type", "heads"}, {"heads", head_list}}};
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<json> HfConfigToModelSpec(const json& config, std::string_view source) {
+  const std::string prefix = "Hugging Face config " + std::string(source) + ": ";
+  try {
+    if (!config.is_object()) throw ConfigError{"expected a JSON object"};
+    if (!config.contains("model_type") || !config["model_type"].is_string())
+      throw ConfigError{"missing field \"model_type\""};
+    const std::string type = config["model_type"].get<std::string>();
+    const std::string name = absl::StrCat("hf:", std::string(source));
+    if (type == "gpt2") return Gpt2(config, name);
+    if (type == "llama" || type == "mistral" || type == "qwen2") return Llama(config, name, type);
+    if (type == "bert") return Bert(config, name, false);
+    if (type == "roberta") return Bert(config, name, true);
+    throw ConfigError{absl::StrCat("field \"model_type\": \"", type,
+                                   "\" is not modelled (gpt2, llama, mistral, qwen2, bert, roberta)")};
+  } catch (const ConfigError& e) {
+    return absl::InvalidArgumentError(prefix + e.message);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(prefix + e.what());
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadHfConfig(std::string_view path, const ModelOptions& options) {
+  const std::string p(path);
+  std::ifstream in(p);
+  if (!in) return absl::NotFoundError(absl::StrCat("Hugging Face config ", p, ": cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  json config = json::parse(text.str(), nullptr, false);
+  if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("Hugging Face config ", p, ": not JSON"));
+  absl::StatusOr<json> spec = HfConfigToModelSpec(config, p);
+  if (!spec.ok()) return spec.status();
+  return ModelFromJson(*spec, absl::StrCat("(from Hugging Face config ", p, ")"), options);
+}
+
+}  // namespace memscope
