@@ -162,7 +162,7 @@ class PickleDoc {
 // positions as "[N]".
 using PicklePath = std::vector<std::string>;
 
-inline constexpr std::size_t kMaxPickleStack = 1 << 20;
+inline constexpr std::size_t kMaxPickleStack = 1 << 17;
 
 struct PickleReadOptions {
   // Lists for which this returns true are streamed: each of their items is

@@ -151,6 +151,27 @@ write('shared_nested.canon', canon([nested, nested]))
 rec = []
 rec.append(rec)
 dump('recursive.pickle', rec, 4)
+# PyTorch's shape: one frames list object per traceback, handed to the block,
+# its alloc entry and its segment; frame dicts shared between tracebacks.
+tf = [{'filename': 'model%d.py' % (k % 7), 'line': k, 'name': 'fn%d' % k} for k in range(60)]
+stacks = [[tf[(s * 7 + j) % 60] for j in range(20)] for s in range(50)]
+tt, tb = [], []
+for k in range(20000):
+    st = stacks[k % 50]
+    addr = 0x7f0000000000 + k * 512
+    tt.append({'action': 'alloc', 'addr': addr, 'size': 512, 'stream': 0, 'time_us': k, 'frames': st,
+               'compile_context': 'N/A', 'user_metadata': '', 'pool_id': (0, 0)})
+    if k % 2:
+        tt.append({'action': 'free_requested', 'addr': addr, 'size': 512, 'stream': 0, 'time_us': k, 'frames': st})
+        tt.append({'action': 'free_completed', 'addr': addr, 'size': 512, 'stream': 0, 'time_us': k, 'frames': st})
+    elif k < 100:
+        tb.append({'address': addr, 'size': 512, 'requested_size': 512, 'state': 'active_allocated', 'frames': st})
+torch_snap = {'segments': [{'device': 0, 'address': 0x7f0000000000, 'total_size': 2**21, 'frames': stacks[0],
+                            'blocks': tb}],
+              'device_traces': [tt], 'allocator_settings': {}, 'external_annotations': []}
+dump('torch_p4.pickle', torch_snap, 4)
+write('torch_segments.canon', canon(torch_snap['segments']))
+write('torch_entry.canon', '\n'.join(canon(tt[k]) for k in (0, 1, 2, len(tt) - 1)) + '\n')
 deep = []
 for _ in range(50):
     deep = [deep]
@@ -518,4 +539,71 @@ TEST_CASE("pickle_reader: corrupted bytes give an error or a value, never a cras
   }
   CHECK(errors > 0);
   CHECK(errors + values == 6000);
+}
+
+TEST_CASE("pickle_reader: a snapshot in PyTorch's shape: shared frames lists read, stacks stored once, items released") {
+  const Fixture& f = Files();
+  std::vector<std::string> entries;
+  std::size_t n = 0;
+  PickleReadOptions o;
+  o.stream_list = [](const PicklePath& path) { return path == PicklePath{"device_traces", "[0]"}; };
+  o.on_item = [&](const PicklePath&, PyView item) {
+    if (n < 3 || n == 39999) entries.push_back(Canon(item));  // the first three and the last
+    ++n;
+    return absl::OkStatus();
+  };
+  PickleReadStats stats;
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "torch_p4.pickle", o, &stats);
+  INFO(v.status().ToString());
+  REQUIRE(v.ok());
+  CHECK(n == 40000);  // 20000 allocs, 10000 free_requested + free_completed pairs
+  CHECK(entries == Lines(ReadText(f / "torch_entry.canon")));
+  CHECK(Canon(v->root().Get("segments")) == ReadText(f / "torch_segments.canon"));
+  // 60 frame dicts, 50 stacks and the pool_id tuple are stored once each:
+  // the distinct containers, not one per entry.
+  CHECK(stats.shared_containers <= 60 + 50 + 2);
+  // What the streamed entries built is released after each batch: the reader
+  // holds far less than the input (which is what a tree of the entries would take).
+  INFO("input " << stats.input_bytes << " peak " << stats.peak_working_bytes);
+  CHECK(stats.peak_working_bytes < stats.input_bytes);
+}
+
+TEST_CASE("pickle_reader: hostile shapes are refused before they cost memory") {
+  PickleReadStats stats;
+  // 10^7 nested lists: refused when the 1001st is pushed.
+  absl::StatusOr<PickleDoc> v =
+      ReadBytes("\x80\x04" + std::string(10000000, ']') + "N" + std::string(10000000, 'a') + ".", {}, &stats);
+  REQUIRE(!v.ok());
+  CHECK(v.status().message() == "mem.pickle: offset 1002: nesting deeper than max_depth (1000)");
+  CHECK(stats.peak_working_bytes < (1u << 20));
+  // 10^7 empty lists waiting in one batch: refused at the stack's cap.
+  v = ReadBytes("\x80\x04(" + std::string(10000000, ']') + "l.", {}, &stats);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()),
+             Catch::StartsWith("mem.pickle: offset 131074: more than 131072 values waiting on the pickle stack"));
+  CHECK(stats.peak_working_bytes < (64u << 20));
+  // MARKs nest too.
+  v = ReadBytes("\x80\x04" + std::string(10000000, '('), {}, &stats);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("max_depth"));
+  // A valid list of 10^6 ints in batches of 1000 within a budget of 1 MiB +
+  // 2 bytes per input byte: each 2-byte BININT1 becomes a 16-byte element.
+  std::string ints = "\x80\x04](";
+  for (int k = 0; k < 1000000; ++k) {
+    ints += "K\x01";
+    if (k % 1000 == 999) ints += "e(";
+  }
+  ints += "e.";
+  PickleReadOptions tight;
+  tight.max_working_bytes_fixed = 1 << 20;
+  tight.max_working_bytes_per_input_byte = 2;
+  v = ReadBytes(ints, tight, &stats);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()),
+             Catch::Contains("needs more than 2 bytes of working memory per byte of input"));
+  // The default budget (256 MiB + 16 per byte) reads it.
+  v = ReadBytes(ints, {}, &stats);
+  REQUIRE(v.ok());
+  CHECK(v->root().size() == 1000000);
+  CHECK(stats.peak_working_bytes <= 16 * stats.input_bytes + (1u << 20));
 }
