@@ -81,6 +81,109 @@ bool IsDefaultPool(const PyView& pool) {
   return true;
 }
 
+// ---- Attribution from stacks (docs/snapshot-format.md, "Categories and
+// owners"). PyTorch's frames are innermost first.
+
+bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// A frame of PyTorch itself or of C++ (not the user's code).
+bool LibraryFrame(std::string_view file) {
+  return file.empty() || Contains(file, "/torch/") || Contains(file, "\\torch\\") || file.starts_with("torch/") ||
+         file.ends_with(".cpp") || file.ends_with(".h") || file.ends_with(".cu") || file.ends_with(".cuh") ||
+         file.starts_with("<") || file == "??";
+}
+
+// The category of an allocation from its stack: the first rule that any
+// frame matches, in this order.
+Category CategoryFromFrames(const PyView& frames) {
+  auto any = [&](auto&& pred) {
+    for (std::size_t k = 0; k < frames.size(); ++k) {
+      const std::string_view file = frames[k].Get("filename").AsString().value_or("");
+      const std::string_view name = frames[k].Get("name").AsString().value_or("");
+      if (pred(file, name)) return true;
+    }
+    return false;
+  };
+  if (any([](std::string_view f, std::string_view) { return Contains(f, "torch/optim/"); })) {
+    return Category::kOptimizerState;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(n, "Reducer") || Contains(n, "reducer") || Contains(n, "bucket") ||
+               (Contains(f, "torch/nn/parallel/distributed.py") && Contains(n, "_rebuild_buckets"));
+      })) {
+    return Category::kDdpBucket;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(f, "torch/distributed/") || Contains(n, "c10d::") || Contains(n, "_sync_module_states") ||
+               Contains(n, "_sync_buffers") || Contains(n, "_sync_params");
+      })) {
+    return Category::kCommTemp;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(f, "torch/autograd/") || Contains(n, "AccumulateGrad") || Contains(n, "autograd::Engine") ||
+               (Contains(f, "torch/_tensor.py") && n == "backward");
+      })) {
+    return Category::kGradient;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(f, "torch/nn/init.py") || n == "reset_parameters" ||
+               (Contains(f, "torch/nn/modules/module.py") && (n == "_apply" || n == "to" || n == "cuda"));
+      })) {
+    return Category::kParameter;
+  }
+  if (any([](std::string_view f, std::string_view) { return Contains(f, "torch/utils/data/"); })) {
+    return Category::kInput;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return n == "forward" || Contains(f, "torch/nn/modules/") || Contains(f, "torch/nn/functional.py");
+      })) {
+    return Category::kActivation;
+  }
+  return Category::kOther;
+}
+
+// "file:line function" of the innermost frame of the user's code ("" if none).
+std::string OwnerFromFrames(const PyView& frames) {
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    const std::string_view file = frames[k].Get("filename").AsString().value_or("");
+    if (LibraryFrame(file)) continue;
+    const std::string_view name = frames[k].Get("name").AsString().value_or("");
+    return absl::StrCat(std::string(file), ":", frames[k].Get("line").AsInt().value_or(0), " ", std::string(name));
+  }
+  return "";
+}
+
+// Category and owner per distinct stack: frames lists are shared nodes of the
+// pickle, so one computation serves every entry that holds the same stack.
+struct StackTags {
+  absl::flat_hash_map<std::uint64_t, std::pair<Category, std::uint32_t>> by_node;
+  std::uint64_t attributed = 0, from_frames = 0;
+
+  void Tag(const PyView& frames, Request& r, RequestTrace& trace) {
+    if (!frames.is_list() || frames.size() == 0) return;
+    ++from_frames;
+    const bool shared = (frames.ref().flags & kPyRefShared) != 0;
+    const std::uint64_t key = frames.ref().v * 2 + (frames.ref().n > 0 ? 1 : 0);
+    if (shared) {
+      if (auto it = by_node.find(key); it != by_node.end()) {
+        r.category = it->second.first;
+        r.text = it->second.second;
+        if (r.category != Category::kOther) ++attributed;
+        return;
+      }
+    }
+    r.category = CategoryFromFrames(frames);
+    std::string owner = OwnerFromFrames(frames);
+    r.text = 0;
+    if (!owner.empty()) {
+      trace.strings.push_back(std::move(owner));
+      r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
+    }
+    if (r.category != Category::kOther) ++attributed;
+    if (shared) by_node.emplace(key, std::make_pair(r.category, r.text));
+  }
+};
+
 // Builds one device's request trace from trace entries, in order.
 struct DeviceBuilder {
   ImportedTrace out;
@@ -92,6 +195,7 @@ struct DeviceBuilder {
   std::uint64_t ooms = 0;
   std::uint64_t entries = 0;
   std::uint64_t private_pool_allocs = 0;
+  StackTags tags;
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
   std::int64_t reserved = 0;  // the trace's own count of segment bytes (for an OOM's capacity)
@@ -145,7 +249,7 @@ struct DeviceBuilder {
       unknown_actions.Add("(no action)");
       return;
     }
-    PyView addr_v, size_v, stream_v, time_v;
+    PyView addr_v, size_v, stream_v, time_v, frames_v;
     for (std::size_t k = 0; k < e.size(); ++k) {
       const std::optional<std::string_view> key = e.key(k).AsString();
       if (!key) continue;
@@ -157,6 +261,8 @@ struct DeviceBuilder {
         stream_v = e.value(k);
       } else if (*key == "time_us") {
         time_v = e.value(k);
+      } else if (*key == "frames") {
+        frames_v = e.value(k);
       } else if (*key == "pool_id") {
         if (*action == "alloc" && !IsDefaultPool(e.value(k))) ++private_pool_allocs;
       } else if (*key == "compile_context") {
@@ -186,6 +292,7 @@ struct DeviceBuilder {
         live.erase(it);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
+      tags.Tag(frames_v, r, out.requests);
       live[addr] = r.slot;
       ever_allocated.insert(addr);
       Push(r, time_us);
@@ -319,7 +426,11 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   // Blocks alive at the snapshot that the trace never allocated were
   // allocated before the trace began: they start the replay. Segments the
   // trace never allocated count in the reserved bytes of an OOM's capacity.
-  std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> preexisting;  // device -> (addr, size)
+  struct Preexisting {
+    std::uint64_t addr, size;
+    PyView frames;
+  };
+  std::map<int, std::vector<Preexisting>> preexisting;
   std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
   std::map<int, std::map<std::string, std::uint64_t>> private_pools;  // device -> pool -> segments
   const PyView segments = root.Get("segments");
@@ -336,7 +447,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       const std::uint64_t addr = UIntOr0(block.Get("address"));
       std::uint64_t size = UIntOr0(block.Get("requested_size"));
       if (size == 0) size = UIntOr0(block.Get("size"));
-      preexisting[device].emplace_back(addr, size);
+      preexisting[device].push_back({addr, size, block.Get("frames")});
     }
   }
 
@@ -348,9 +459,11 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
-    for (const auto& [addr, size] : preexisting[device]) {
-      if (b.ever_allocated.contains(addr)) continue;
-      head.push_back(Request{RequestOp::kAlloc, b.Slot(addr), size, 0, 0});
+    for (const Preexisting& p : preexisting[device]) {
+      if (b.ever_allocated.contains(p.addr)) continue;
+      Request r{RequestOp::kAlloc, b.Slot(p.addr), p.size, 0, 0};
+      b.tags.Tag(p.frames, r, t.requests);
+      head.push_back(r);
     }
     if (!head.empty() || b.unknown_frees > 0) {
       t.notes.push_back(absl::StrCat("the trace of device ", device,
@@ -424,6 +537,11 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
           b.private_pool_allocs, " allocations of the trace",
           pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", absl::StrJoin(pools, ", ")),
           "; the replay serves them from the default pool"));
+    }
+    if (b.tags.from_frames > 0) {
+      t.notes.push_back(absl::StrCat("device ", device, ": ", b.tags.from_frames,
+                                     " allocations carry stacks; categories from them for ", b.tags.attributed,
+                                     " (the rest OTHER), owners from the innermost frame outside torch"));
     }
     if (b.compile_contexts > 0 || b.user_metadata > 0) {
       t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ",

@@ -170,6 +170,44 @@ try:
     code, out, err = run("summary", os.path.join(tmp, "two_devices-p2.pickle"), "--rank", "1", "--json")
     check("device 1", code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [1], (code, out[:200], err))
 
+    # Categories and owners from stacks (frames innermost first, as PyTorch
+    # records them): a parameter made by module.to(), an activation under a
+    # module's forward, a gradient from the autograd engine, Adam's state.
+    T = "/usr/lib/python3/dist-packages/torch/"
+    def fr(file, line, name):
+        return {"filename": file, "line": line, "name": name}
+    param = [fr(T + "nn/modules/module.py", 1160, "to"), fr("/work/train.py", 12, "main")]
+    act = [fr(T + "nn/functional.py", 2000, "linear"), fr(T + "nn/modules/linear.py", 116, "forward"),
+           fr(T + "nn/modules/module.py", 1527, "_call_impl"), fr("/work/model.py", 40, "forward"),
+           fr("/work/train.py", 20, "main")]
+    grad = [fr("torch/csrc/autograd/engine.cpp", 0, "torch::autograd::Engine::evaluate_function"),
+            fr(T + "autograd/__init__.py", 251, "backward"), fr(T + "_tensor.py", 492, "backward"),
+            fr("/work/train.py", 22, "main")]
+    adam = [fr(T + "optim/adam.py", 94, "_init_group"), fr(T + "optim/adam.py", 140, "step"),
+            fr("/work/train.py", 23, "main")]
+    other = [fr("/work/train.py", 30, "main")]
+    addrs = [BASE + k * 2 * MiB for k in range(5)]
+    tr = [entry("segment_alloc", BASE, 20 * MiB, 1, EMPTY)]
+    for k, (st, t) in enumerate([(param, 1), (act, 2), (grad, 3), (adam, 4), (other, 5)]):
+        tr.append(entry("alloc", addrs[k], (k + 1) * 512 * 1024 // 512 * 512, t, st))
+    path = os.path.join(tmp, "stacks.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snapshot([], [tr]), f, protocol=4)
+    code, out, err = run("summary", path, "--json")
+    check("stacks summary", code == 0, err)
+    if code == 0:
+        peak = json.loads(out)["ranks"][0]["peak"]["allocated"]
+        cats = {k: v for k, v in peak["by_category"].items() if v}
+        KiB = 1024
+        check("categories from stacks", cats == {"PARAMETER": 512 * KiB, "ACTIVATION": 1024 * KiB,
+                                                 "GRADIENT": 1536 * KiB, "OPTIMIZER_STATE": 2048 * KiB,
+                                                 "OTHER": 2560 * KiB}, cats)
+        owners = {o["owner"]: o["bytes"] for o in peak["top_owners"]}
+        check("owners from stacks", owners.get("/work/model.py:40 forward") == 1024 * KiB and
+              owners.get("/work/train.py:23 main") == 2048 * KiB and owners.get("/work/train.py:12 main") == 512 * KiB,
+              owners)
+        check("stacks note", "5 allocations carry stacks; categories from them for 4" in err, err)
+
     # Unknown actions and fields are counted and named in a note, never fatal.
     doc = shared_frames()
     doc["device_traces"][0].insert(0, {"action": "teleport", "addr": 0, "size": 0, "stream": 0, "time_us": 1,
