@@ -9,8 +9,13 @@
 //   absl::Status s = WriteSnapshot(timeline, model, n, SnapshotFormat::kPickle, out);
 //
 // The snapshot holds:
-// - "segments": the model's segments and blocks (address order), with empty
-//   "frames" (memscope records no stacks) and segment_pool_id (0, 0).
+// - "segments": the model's segments and blocks (address order) and
+//   segment_pool_id (0, 0). memscope records no stacks: an allocated block,
+//   and each alloc / free_requested / free_completed entry, carries one
+//   synthesised frame {filename: its owner ("??" for none), line: 0, name:
+//   "memscope CATEGORY"}, so PyTorch's viewers show who allocated and
+//   memscope reads the tags back; segments and segment actions have empty
+//   "frames".
 // - "device_traces": one list per device index 0..timeline.device_index
 //   (only the recording's own device has entries), one entry per allocator
 //   action in PyTorch's vocabulary (alloc, free_requested, free_completed,

@@ -96,6 +96,10 @@ bool LibraryFrame(std::string_view file) {
 // The category of an allocation from its stack: the first rule that any
 // frame matches, in this order.
 Category CategoryFromFrames(const PyView& frames) {
+  // memscope's own exports: one frame named "memscope CATEGORY".
+  if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
+    if (std::optional<Category> c = ParseCategory(name->substr(9))) return *c;
+  }
   auto any = [&](auto&& pred) {
     for (std::size_t k = 0; k < frames.size(); ++k) {
       const std::string_view file = frames[k].Get("filename").AsString().value_or("");
@@ -144,6 +148,10 @@ Category CategoryFromFrames(const PyView& frames) {
 
 // "file:line function" of the innermost frame of the user's code ("" if none).
 std::string OwnerFromFrames(const PyView& frames) {
+  if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
+    const std::string_view owner = frames[0].Get("filename").AsString().value_or("??");
+    return owner == "??" ? std::string() : std::string(owner);
+  }
   for (std::size_t k = 0; k < frames.size(); ++k) {
     const std::string_view file = frames[k].Get("filename").AsString().value_or("");
     if (LibraryFrame(file)) continue;

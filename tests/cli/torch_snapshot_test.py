@@ -208,6 +208,25 @@ try:
               owners)
         check("stacks note", "5 allocations carry stacks; categories from them for 4" in err, err)
 
+    # memscope's own snapshots carry a frame per allocation made of its owner
+    # and category, so a run's snapshot reads back with the run's categories
+    # and owners at the peak.
+    rundir = os.path.join(tmp, "run")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--out", rundir)
+    check("run", code == 0, err)
+    code, a, err = run("summary", rundir, "--json")
+    code2, b, err2 = run("summary", os.path.join(rundir, "snapshot-rank-0.pickle"), "--json")
+    check("own snapshot summary", code == 0 and code2 == 0, (err, err2))
+    if code == 0 and code2 == 0:
+        pa, pb = json.loads(a)["ranks"][0]["peak"]["allocated"], json.loads(b)["ranks"][0]["peak"]["allocated"]
+        check("categories round trip", pa["by_category"] == pb["by_category"], (pa, pb))
+        check("owners round trip", pa["top_owners"] == pb["top_owners"], (pa["top_owners"], pb["top_owners"]))
+    with open(os.path.join(rundir, "snapshot-rank-0.pickle"), "rb") as f:
+        own = pickle.load(f)
+    first = next(e for e in own["device_traces"][0] if e["action"] == "alloc")
+    check("own frames", len(first["frames"]) == 1 and first["frames"][0]["name"].startswith("memscope ") and
+          first["frames"][0]["line"] == 0, first)
+
     # Unknown actions and fields are counted and named in a note, never fatal.
     doc = shared_frames()
     doc["device_traces"][0].insert(0, {"action": "teleport", "addr": 0, "size": 0, "stream": 0, "time_us": 1,
