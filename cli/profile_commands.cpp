@@ -44,6 +44,7 @@ struct ReadArgs {
   std::string at = "end";
   std::string output;
   std::string format = "pickle";
+  std::size_t max_entries = 0;
   bool json = false;
   std::size_t max_samples = ChromeTraceOptions{}.max_counter_samples_per_rank;
 };
@@ -124,7 +125,7 @@ int Snapshot(const ReadArgs& a) {
   std::ofstream out(a.output, std::ios::binary | std::ios::trunc);
   if (!out) return Fail("snapshot", absl::StrCat("cannot write '", a.output, "'"));
   const SnapshotFormat format = a.format == "json" ? SnapshotFormat::kJson : SnapshotFormat::kPickle;
-  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out); !s.ok()) {
+  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out, a.max_entries); !s.ok()) {
     return Fail("snapshot", s.message());
   }
   out.close();
@@ -279,6 +280,8 @@ void RegisterProfileCommands(CLI::App& app, int& exit_status) {
   AddRunArgs(snapshot, *args, true);
   snapshot->add_option("-o,--output", args->output, "output file")->required();
   snapshot->add_option("--format", args->format, "pickle (default) or json");
+  snapshot->add_option("--max-entries", args->max_entries,
+                       "keep only the last N trace entries, like PyTorch's ring buffer (default: all)");
   snapshot->callback([args, &exit_status] { exit_status = Snapshot(*args); });
 
   CLI::App* frag = app.add_subcommand(

@@ -120,7 +120,7 @@ class SnapshotWriter {
  public:
   SnapshotWriter(W& w, const Timeline& timeline) : w_(w), timeline_(timeline) {}
 
-  void Write(const TraceModel& model, std::size_t events_until) {
+  void Write(const TraceModel& model, std::size_t events_until, std::size_t max_entries) {
     // The tags of the blocks alive at the snapshot, for their frames.
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
@@ -140,9 +140,22 @@ class SnapshotWriter {
       w_.EndList();
     }
     w_.BeginList();
+    // A ring buffer of max_entries, as _record_memory_history(max_entries=N):
+    // only the last entries are kept.
+    std::size_t skip = 0;
+    if (max_entries != 0) {
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < events_until; ++i) n += IsPytorchTraceAction(timeline_.events[i].type) ? 1 : 0;
+      skip = n > max_entries ? n - max_entries : 0;
+    }
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
-      if (IsPytorchTraceAction(e.type)) WriteTraceEntry(e);
+      if (!IsPytorchTraceAction(e.type)) continue;
+      if (skip > 0) {
+        --skip;
+        continue;
+      }
+      WriteTraceEntry(e);
     }
     w_.EndList();
     w_.EndList();
@@ -317,7 +330,7 @@ class SnapshotWriter {
 }  // namespace
 
 absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
-                           SnapshotFormat format, std::ostream& out) {
+                           SnapshotFormat format, std::ostream& out, std::size_t max_entries) {
   if (events_until > timeline.events.size()) {
     return absl::InvalidArgumentError("WriteSnapshot: events_until " + std::to_string(events_until) +
                                       " is past the timeline's " + std::to_string(timeline.events.size()) + " events");
@@ -327,11 +340,11 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
   }
   if (format == SnapshotFormat::kJson) {
     JsonWriter w(out);
-    SnapshotWriter<JsonWriter>(w, timeline).Write(model, events_until);
+    SnapshotWriter<JsonWriter>(w, timeline).Write(model, events_until, max_entries);
     return w.Finish();
   }
   PickleWriter w(out);
-  SnapshotWriter<PickleWriter>(w, timeline).Write(model, events_until);
+  SnapshotWriter<PickleWriter>(w, timeline).Write(model, events_until, max_entries);
   return w.Finish();
 }
 

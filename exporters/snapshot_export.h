@@ -62,12 +62,15 @@ enum class SnapshotFormat {
 // the trace and the annotations are taken from the same events. Times are
 // Unix microseconds (timeline.wall_start_us + time_ns / 1000).
 //
+// `max_entries` (0: all) keeps only the last that many trace entries, like
+// PyTorch's ring buffer (_record_memory_history(max_entries=N)).
+//
 // Returns InvalidArgument if events_until exceeds the number of events or the
 // device index is negative, DataLoss if the stream fails. Settings text that
 // AllocatorConfig::Parse rejects is not an error: the text is kept and the
 // values reported are the defaults.
 absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
-                           SnapshotFormat format, std::ostream& out);
+                           SnapshotFormat format, std::ostream& out, std::size_t max_entries = 0);
 
 // WriteSnapshot as a walk listener: writes the snapshot when the walk has
 // applied `events_until` events (at OnStart for 0), so a walk that writes
