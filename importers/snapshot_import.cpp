@@ -211,6 +211,7 @@ struct DeviceBuilder {
   std::uint64_t oom_size = 0;
   Unknowns unknown_actions, unknown_fields;
   double last_time = 0;
+  bool time_known = false;  // an entry had time_us
   // A free_requested whose completion is not known yet: if the next entry is
   // its free_completed, the block was freed at once (a plain free); otherwise
   // it waited on stream events (record_stream) until its free_completed.
@@ -246,6 +247,7 @@ struct DeviceBuilder {
   }
   void Push(Request r, double time_us) {
     r.line = entries;  // the entry's position in the device trace (1-based)
+    if (time_known) r.time_us = static_cast<std::int64_t>(time_us);
     out.requests.requests.push_back(r);
     times.push_back(time_us);
   }
@@ -287,6 +289,10 @@ struct DeviceBuilder {
     const std::uint64_t size = UIntOr0(size_v);
     const std::uint64_t stream = UIntOr0(stream_v);
     const double time_us = time_v.AsNumber().value_or(last_time);
+    if (time_v.AsNumber()) {
+      if (!time_known) out.requests.time_origin_us = static_cast<std::int64_t>(time_us);
+      time_known = true;
+    }
     last_time = time_us;
     if (held) {
       const bool completes_held = *action == "free_completed" && addr == held->addr;
@@ -471,6 +477,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       if (b.ever_allocated.contains(p.addr)) continue;
       Request r{RequestOp::kAlloc, b.Slot(p.addr), p.size, 0, 0};
       b.tags.Tag(p.frames, r, t.requests);
+      r.time_us = t.requests.time_origin_us;
       head.push_back(r);
     }
     if (!head.empty() || b.unknown_frees > 0) {
@@ -493,6 +500,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       const double time_us = a.Get("time_us").AsNumber().value_or(0);
       Request r{*stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd, 0, 0, 0, 0};
       AnnotationPhase(std::string(*name), r, t.requests);
+      if (b.time_known) r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
       marks.emplace_back(time_us, r);
     }
     std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
@@ -514,6 +522,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     if (b.ooms > 0) {
       if (b.last_oom_entry > b.last_alloc_entry && b.oom_size > 0) {
         Request r{RequestOp::kAlloc, b.Slot(0), b.oom_size, 0, b.last_oom_entry};
+        if (b.time_known) r.time_us = static_cast<std::int64_t>(b.last_time);
         merged.push_back(r);
       }
       std::uint64_t before_trace = 0;  // segments alive at the end that the trace never allocated

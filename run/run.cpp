@@ -106,6 +106,8 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
         absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device);
         if (!t.ok()) return t.status();
         t->device_capacity = memory;
+        // The snapshot's own clock: event times are its time_us (kept by the replay).
+        if (trace.requests.time_origin_us >= 0) t->wall_start_us = trace.requests.time_origin_us;
         t->notes = trace.notes;
         t->notes.insert(t->notes.begin(), absl::StrCat("device ", trace.device, " of ", path,
                                                        ": its trace was replayed under its own "

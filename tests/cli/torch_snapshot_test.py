@@ -170,6 +170,18 @@ try:
     code, out, err = run("summary", os.path.join(tmp, "two_devices-p2.pickle"), "--rank", "1", "--json")
     check("device 1", code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [1], (code, out[:200], err))
 
+    # The file's own times are kept: exported again, the trace has the same time_us.
+    back = os.path.join(tmp, "back.pickle")
+    code, out, err = run("snapshot", os.path.join(tmp, "shared-p4.pickle"), "-o", back)
+    check("snapshot of a snapshot", code == 0, err)
+    with open(back, "rb") as f:
+        again = pickle.load(f)
+    got = [(e["action"], e["time_us"]) for e in again["device_traces"][0]]
+    want = [(e["action"], e["time_us"]) for e in shared_frames()["device_traces"][0]]
+    check("time_us kept", got == want, (got, want))
+    check("annotation times kept", [(a["name"], a["stage"], a["time_us"]) for a in again["external_annotations"]] ==
+          [("forward:0", "START", 100), ("forward:0", "END", 120)], again["external_annotations"])
+
     # Categories and owners from stacks (frames innermost first, as PyTorch
     # records them): a parameter made by module.to(), an activation under a
     # module's forward, a gradient from the autograd engine, Adam's state.
