@@ -46,6 +46,7 @@ struct ReadArgs {
   std::string at = "end";
   std::string output;
   std::string format = "pickle";
+  std::size_t max_entries = 0;
   bool json = false;
   bool by_category = false;
   std::size_t max_samples = ChromeTraceOptions{}.max_counter_samples_per_rank;
@@ -130,7 +131,7 @@ int Snapshot(const ReadArgs& a) {
   if (!at.ok()) return Fail("snapshot", at.status().message());
   OutputFile out(a.output);  // whole or not at all, never through a symlink
   const SnapshotFormat format = a.format == "json" ? SnapshotFormat::kJson : SnapshotFormat::kPickle;
-  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out.stream()); !s.ok() && out.stream()) {
+  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out.stream(), a.max_entries); !s.ok() && out.stream()) {
     return Fail("snapshot", s.message());
   }
   if (absl::Status s = out.Commit(); !s.ok()) return Fail("snapshot", s.message());
@@ -289,6 +290,8 @@ void RegisterProfileCommands(CLI::App& app, int& exit_status) {
   AddRunArgs(snapshot, *args, true);
   snapshot->add_option("-o,--output", args->output, "output file")->required();
   snapshot->add_option("--format", args->format, "pickle (default) or json");
+  snapshot->add_option("--max-entries", args->max_entries,
+                       "keep only the last N trace entries, like PyTorch's ring buffer (default: all)");
   snapshot->callback([args, &exit_status] { exit_status = Snapshot(*args); });
 
   CLI::App* frag = app.add_subcommand(

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
@@ -221,28 +223,43 @@ absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args,
 }
 
 // --verify. Faithfulness: under the trace's own settings, memscope's
-// allocator must ask the device for the same segment sizes, in the same order.
+// allocator must do to the device what PyTorch did: the same segment_alloc,
+// segment_free, segment_map and segment_unmap, with the same sizes, in order.
 int Verify(const RequestTrace& trace, const std::optional<ImportedTrace>& snapshot, std::uint64_t device_memory) {
-  if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment_alloc sizes)");
+  if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment actions)");
   absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
   if (!own.ok()) return Fail(std::string(own.status().message()));
   absl::StatusOr<Timeline> t = RecordReplay(trace, *own, device_memory, snapshot->device);
   if (!t.ok()) return Fail(std::string(t.status().message()));
-  std::vector<std::uint64_t> mine;
+  std::vector<ImportedTrace::SegmentAction> mine;
   for (const Event& e : t->events) {
-    if (e.type == EventType::kSegmentAlloc) mine.push_back(e.size);
-  }
-  const std::vector<std::uint64_t>& theirs = snapshot->segment_alloc_sizes;
-  for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
-    if (i >= mine.size() || i >= theirs.size() || mine[i] != theirs[i]) {
-      std::cout << "verify: segment_alloc #" << i + 1 << " differs: PyTorch "
-                << (i < theirs.size() ? absl::StrCat(theirs[i], " B") : std::string("none")) << ", memscope "
-                << (i < mine.size() ? absl::StrCat(mine[i], " B") : std::string("none")) << " (of " << theirs.size()
-                << " in the trace, " << mine.size() << " in the replay)\n";
-      return kExitFailed;
+    if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree || e.type == EventType::kSegmentMap ||
+        e.type == EventType::kSegmentUnmap) {
+      mine.push_back({e.type, e.size});
     }
   }
-  std::cout << "verify: all " << theirs.size() << " segment_alloc sizes match, in order\n";
+  const std::vector<ImportedTrace::SegmentAction>& theirs = snapshot->segment_actions;
+  auto text = [](const std::vector<ImportedTrace::SegmentAction>& v, std::size_t i) {
+    return i < v.size() ? absl::StrCat(std::string(EventTypeName(v[i].type)), " of ", v[i].size, " B") : std::string("none");
+  };
+  std::map<EventType, std::size_t> counts;
+  for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+    if (i >= mine.size() || i >= theirs.size() || mine[i].type != theirs[i].type || mine[i].size != theirs[i].size) {
+      std::cout << "verify: segment action #" << i + 1 << " differs: PyTorch " << text(theirs, i) << ", memscope "
+                << text(mine, i) << " (of " << theirs.size() << " in the trace, " << mine.size()
+                << " in the replay)\n";
+      return kExitFailed;
+    }
+    ++counts[theirs[i].type];
+  }
+  if (theirs.empty()) {
+    std::cout << "verify: the trace has no segment actions to check (0 checked)\n";
+    return kExitOk;
+  }
+  std::vector<std::string> parts;
+  for (const auto& [type, n] : counts) parts.push_back(absl::StrCat(n, " ", std::string(EventTypeName(type))));
+  std::cout << "verify: all " << theirs.size() << " segment actions match, in order (" << absl::StrJoin(parts, ", ")
+            << ")\n";
   return kExitOk;
 }
 
@@ -313,9 +330,12 @@ int Run(const ReplayArgs& args) {
   absl::StatusOr<RequestTrace> read = ReadInput(args, snapshot, recording);
   absl::StatusOr<std::uint64_t> memory = DeviceMemory(args, recording);
   if (!memory.ok()) return Fail(memory.status().message());
-  const std::uint64_t device_memory = *memory;
+  std::uint64_t device_memory = *memory;
   if (!read.ok()) return Fail(read.status().message());
   const RequestTrace& trace = *read;
+  if (args.device_memory.empty() && snapshot && snapshot->device_capacity != 0) {
+    device_memory = snapshot->device_capacity;  // the capacity its OOM implies
+  }
   absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, snapshot, recording);
   if (!settings.ok()) return Fail(settings.status().message());
   const std::vector<AllocatorConfig>& configs = *settings;

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "allocator/snapshot.h"
@@ -118,7 +120,13 @@ class SnapshotWriter {
  public:
   SnapshotWriter(W& w, const Timeline& timeline) : w_(w), timeline_(timeline) {}
 
-  void Write(const TraceModel& model, std::size_t events_until) {
+  void Write(const TraceModel& model, std::size_t events_until, std::size_t max_entries) {
+    // The tags of the blocks alive at the snapshot, for their frames.
+    for (std::size_t i = 0; i < events_until; ++i) {
+      const Event& e = timeline_.events[i];
+      if (e.type == EventType::kAlloc) live_tags_[e.addr] = {e.category, e.name};
+      if (e.type == EventType::kFreeCompleted) live_tags_.erase(e.addr);
+    }
     w_.BeginDict();
     Key("segments");
     w_.BeginList();
@@ -132,9 +140,22 @@ class SnapshotWriter {
       w_.EndList();
     }
     w_.BeginList();
+    // A ring buffer of max_entries, as _record_memory_history(max_entries=N):
+    // only the last entries are kept.
+    std::size_t skip = 0;
+    if (max_entries != 0) {
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < events_until; ++i) n += IsPytorchTraceAction(timeline_.events[i].type) ? 1 : 0;
+      skip = n > max_entries ? n - max_entries : 0;
+    }
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
-      if (IsPytorchTraceAction(e.type)) WriteTraceEntry(e);
+      if (!IsPytorchTraceAction(e.type)) continue;
+      if (skip > 0) {
+        --skip;
+        continue;
+      }
+      WriteTraceEntry(e);
     }
     w_.EndList();
     w_.EndList();
@@ -162,6 +183,23 @@ class SnapshotWriter {
   void EmptyFrames() {
     Key("frames");
     w_.BeginList();
+    w_.EndList();
+  }
+  // memscope records no stacks: one frame made of the allocation's owner (as
+  // the file name) and category, so that PyTorch's viewers show who
+  // allocated, and memscope reads both back (docs/snapshot-format.md).
+  void TagFrames(Category category, std::uint32_t owner) {
+    Key("frames");
+    w_.BeginList();
+    w_.BeginDict();
+    Key("filename");
+    const std::string& text = timeline_.str(owner);
+    w_.String(text.empty() ? std::string_view("??") : std::string_view(text));
+    Key("line");
+    w_.Int(0);
+    Key("name");
+    w_.String(absl::StrCat("memscope ", std::string(CategoryName(category))));
+    w_.EndDict();
     w_.EndList();
   }
 
@@ -205,7 +243,11 @@ class SnapshotWriter {
       w_.UInt(b.requested_size);
       Key("state");
       w_.String(BlockStateName(b.state));
-      EmptyFrames();
+      if (auto it = live_tags_.find(b.address); b.state != BlockState::kInactive && it != live_tags_.end()) {
+        TagFrames(it->second.first, it->second.second);
+      } else {
+        EmptyFrames();
+      }
       w_.EndDict();
     }
     w_.EndList();
@@ -231,7 +273,11 @@ class SnapshotWriter {
     w_.UInt(e.stream);
     Key("time_us");
     w_.Int(TimeUs(timeline_, e));
-    EmptyFrames();
+    if (e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted) {
+      TagFrames(e.category, e.name);
+    } else {
+      EmptyFrames();
+    }
     w_.EndDict();
   }
 
@@ -278,12 +324,13 @@ class SnapshotWriter {
 
   W& w_;
   const Timeline& timeline_;
+  absl::flat_hash_map<std::uint64_t, std::pair<Category, std::uint32_t>> live_tags_;  // address -> tag
 };
 
 }  // namespace
 
 absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
-                           SnapshotFormat format, std::ostream& out) {
+                           SnapshotFormat format, std::ostream& out, std::size_t max_entries) {
   if (events_until > timeline.events.size()) {
     return absl::InvalidArgumentError("WriteSnapshot: events_until " + std::to_string(events_until) +
                                       " is past the timeline's " + std::to_string(timeline.events.size()) + " events");
@@ -293,11 +340,11 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
   }
   if (format == SnapshotFormat::kJson) {
     JsonWriter w(out);
-    SnapshotWriter<JsonWriter>(w, timeline).Write(model, events_until);
+    SnapshotWriter<JsonWriter>(w, timeline).Write(model, events_until, max_entries);
     return w.Finish();
   }
   PickleWriter w(out);
-  SnapshotWriter<PickleWriter>(w, timeline).Write(model, events_until);
+  SnapshotWriter<PickleWriter>(w, timeline).Write(model, events_until, max_entries);
   return w.Finish();
 }
 

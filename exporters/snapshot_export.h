@@ -9,8 +9,13 @@
 //   absl::Status s = WriteSnapshot(timeline, model, n, SnapshotFormat::kPickle, out);
 //
 // The snapshot holds:
-// - "segments": the model's segments and blocks (address order), with empty
-//   "frames" (memscope records no stacks) and segment_pool_id (0, 0).
+// - "segments": the model's segments and blocks (address order) and
+//   segment_pool_id (0, 0). memscope records no stacks: an allocated block,
+//   and each alloc / free_requested / free_completed entry, carries one
+//   synthesised frame {filename: its owner ("??" for none), line: 0, name:
+//   "memscope CATEGORY"}, so PyTorch's viewers show who allocated and
+//   memscope reads the tags back; segments and segment actions have empty
+//   "frames".
 // - "device_traces": one list per device index 0..timeline.device_index
 //   (only the recording's own device has entries), one entry per allocator
 //   action in PyTorch's vocabulary (alloc, free_requested, free_completed,
@@ -57,12 +62,15 @@ enum class SnapshotFormat {
 // the trace and the annotations are taken from the same events. Times are
 // Unix microseconds (timeline.wall_start_us + time_ns / 1000).
 //
+// `max_entries` (0: all) keeps only the last that many trace entries, like
+// PyTorch's ring buffer (_record_memory_history(max_entries=N)).
+//
 // Returns InvalidArgument if events_until exceeds the number of events or the
 // device index is negative, DataLoss if the stream fails. Settings text that
 // AllocatorConfig::Parse rejects is not an error: the text is kept and the
 // values reported are the defaults.
 absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
-                           SnapshotFormat format, std::ostream& out);
+                           SnapshotFormat format, std::ostream& out, std::size_t max_entries = 0);
 
 // WriteSnapshot as a walk listener: writes the snapshot when the walk has
 // applied `events_until` events (at OnStart for 0), so a walk that writes

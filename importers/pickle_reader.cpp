@@ -7,36 +7,98 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <unordered_map>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace memscope {
 
-const PyValue* PyValue::Get(std::string_view key) const {
-  if (kind != Kind::kDict) return nullptr;
-  for (const auto& [k, v] : dict) {
-    if (k.kind == Kind::kString && k.s == key) return &v;
+// ---- PyView.
+
+const PyRef* PyView::elements() const {
+  if (arena_ == nullptr) return nullptr;
+  const std::vector<PyRef>& pool = (ref_.flags & kPyRefShared) ? arena_->shared : arena_->tree;
+  return pool.data() + ref_.v;
+}
+
+std::optional<std::int64_t> PyView::AsInt() const {
+  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1 : 0;
+  if (ref_.kind != PyKind::kInt || is_unsigned()) return std::nullopt;
+  return static_cast<std::int64_t>(ref_.v);
+}
+
+std::optional<std::uint64_t> PyView::AsUInt() const {
+  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1u : 0u;
+  if (ref_.kind != PyKind::kInt) return std::nullopt;
+  if (is_unsigned()) return ref_.v;
+  if (static_cast<std::int64_t>(ref_.v) < 0) return std::nullopt;
+  return ref_.v;
+}
+
+std::optional<double> PyView::AsNumber() const {
+  if (ref_.kind == PyKind::kFloat) return float_value();
+  if (ref_.kind == PyKind::kInt) {
+    return is_unsigned() ? static_cast<double>(ref_.v) : static_cast<double>(static_cast<std::int64_t>(ref_.v));
   }
-  return nullptr;
+  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1.0 : 0.0;
+  return std::nullopt;
 }
 
-std::optional<std::int64_t> PyValue::AsInt() const {
-  if (kind == Kind::kBool) return b ? 1 : 0;
-  if (kind != Kind::kInt || is_unsigned) return std::nullopt;
-  return i;
+std::optional<bool> PyView::AsBool() const {
+  if (ref_.kind != PyKind::kBool) return std::nullopt;
+  return ref_.v != 0;
 }
 
-std::optional<std::uint64_t> PyValue::AsUInt() const {
-  if (kind == Kind::kBool) return b ? 1u : 0u;
-  if (kind != Kind::kInt) return std::nullopt;
-  if (is_unsigned) return u;
-  if (i < 0) return std::nullopt;
-  return static_cast<std::uint64_t>(i);
+std::optional<std::string_view> PyView::AsString() const {
+  if (ref_.kind != PyKind::kString) return std::nullopt;
+  return bytes();
 }
 
-const std::string* PyValue::AsString() const { return kind == Kind::kString ? &s : nullptr; }
+std::string_view PyView::bytes() const {
+  if ((ref_.kind != PyKind::kString && ref_.kind != PyKind::kBytes) || arena_ == nullptr) return {};
+  return std::string_view(arena_->chars.data() + ref_.v, ref_.n);
+}
+
+double PyView::float_value() const { return ref_.kind == PyKind::kFloat ? std::bit_cast<double>(ref_.v) : 0.0; }
+
+std::size_t PyView::size() const {
+  switch (ref_.kind) {
+    case PyKind::kList:
+    case PyKind::kTuple:
+    case PyKind::kDict: return ref_.n;
+    default: return 0;
+  }
+}
+
+PyView PyView::operator[](std::size_t i) const {
+  if ((ref_.kind != PyKind::kList && ref_.kind != PyKind::kTuple) || i >= ref_.n) return PyView();
+  return PyView(arena_, elements()[i]);
+}
+
+PyView PyView::key(std::size_t i) const {
+  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
+  return PyView(arena_, elements()[2 * i]);
+}
+
+PyView PyView::value(std::size_t i) const {
+  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
+  return PyView(arena_, elements()[2 * i + 1]);
+}
+
+PyView PyView::Get(std::string_view key) const {
+  if (ref_.kind != PyKind::kDict) return PyView();
+  const PyRef* e = elements();
+  for (std::uint32_t k = 0; k < ref_.n; ++k) {
+    const PyRef& kr = e[2 * k];
+    if (kr.kind == PyKind::kString && kr.n == key.size() &&
+        std::memcmp(arena_->chars.data() + kr.v, key.data(), key.size()) == 0) {
+      return PyView(arena_, e[2 * k + 1]);
+    }
+  }
+  return PyView();
+}
 
 namespace {
 
@@ -48,12 +110,15 @@ namespace {
   } while (0)
 
 constexpr std::size_t kBufferSize = 1 << 16;
-constexpr std::size_t kMaxLine = 1 << 20;            // text opcodes (protocol 0)
-constexpr std::size_t kMaxMemoFlatItems = 64;        // see the header's memo notes
-constexpr std::uint64_t kMemoBudget = 128ull << 20;  // estimated bytes of kept memo values
+constexpr std::size_t kMaxLine = 1 << 20;  // text opcodes (protocol 0)
 constexpr std::uint64_t kMaxLongBytes = 1 << 20;
-
-using Kind = PyValue::Kind;
+// Containers stored once per distinct content (see the header): lists and
+// tuples of scalars or of such containers, and dicts of scalars with at most
+// this many pairs (frame dicts have 3 to 6; trace entries hold a frames list
+// and are never shared).
+constexpr std::uint32_t kMaxSharedElements = 1024;
+constexpr std::uint32_t kMaxSharedDictPairs = 16;
+constexpr std::uint64_t kBudgetCheckEvery = 256;  // opcodes between working-memory checks
 
 const char* OpName(std::uint8_t op) {
   switch (op) {
@@ -134,9 +199,8 @@ std::string OpCode(std::uint8_t op) {
   return absl::StrFormat("0x%02x", op);
 }
 
-bool IsContainer(const PyValue& v) { return v.kind == Kind::kList || v.kind == Kind::kTuple || v.kind == Kind::kDict; }
 
-bool ValidUtf8(const std::string& s) {
+bool ValidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::size_t n = s.size(), k = 0;
   while (k < n) {
@@ -197,48 +261,28 @@ int HexDigit(char c) {
   return -1;
 }
 
-PyValue MakeInt(std::int64_t v) {
-  PyValue r;
-  r.kind = Kind::kInt;
-  r.i = v;
-  return r;
-}
 
-PyValue MakeUInt(std::uint64_t v) {
-  if (v <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    return MakeInt(static_cast<std::int64_t>(v));
-  }
-  PyValue r;
-  r.kind = Kind::kInt;
-  r.u = v;
-  r.is_unsigned = true;
-  return r;
-}
-
-PyValue MakeBool(bool v) {
-  PyValue r;
-  r.kind = Kind::kBool;
-  r.b = v;
-  return r;
-}
-
-PyValue MakeFloat(double v) {
-  PyValue r;
-  r.kind = Kind::kFloat;
-  r.f = v;
-  return r;
-}
-
-PyValue MakeStr(Kind kind, std::string s) {
-  PyValue r;
+PyRef ScalarRef(PyKind kind, std::uint64_t v, std::uint8_t flags = 0) {
+  PyRef r;
   r.kind = kind;
-  r.s = std::move(s);
+  r.flags = flags;
+  r.v = v;
   return r;
 }
+PyRef IntRef(std::int64_t v) { return ScalarRef(PyKind::kInt, static_cast<std::uint64_t>(v)); }
+PyRef UIntRef(std::uint64_t v) {
+  if (v <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return ScalarRef(PyKind::kInt, v);
+  return ScalarRef(PyKind::kInt, v, kPyRefUnsigned);
+}
+PyRef BoolRef(bool b) { return ScalarRef(PyKind::kBool, b ? 1 : 0); }
+PyRef FloatRef(double d) { return ScalarRef(PyKind::kFloat, std::bit_cast<std::uint64_t>(d)); }
 
-// Parses a decimal integer (optional sign) into a PyValue; false if it is not
-// one or is outside [-2^63, 2^64).
-bool ParseDecimal(std::string_view t, PyValue& out) {
+bool IsContainerKind(PyKind k) { return k == PyKind::kList || k == PyKind::kTuple || k == PyKind::kDict; }
+bool IsMutableKind(PyKind k) { return k == PyKind::kList || k == PyKind::kDict; }
+
+// Parses a decimal integer (optional sign); false if it is not one or is
+// outside [-2^63, 2^64).
+bool ParseDecimal(std::string_view t, PyRef& out) {
   bool neg = false;
   if (!t.empty() && (t[0] == '-' || t[0] == '+')) {
     neg = t[0] == '-';
@@ -249,102 +293,113 @@ bool ParseDecimal(std::string_view t, PyValue& out) {
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
   if (ec != std::errc() || p != t.data() + t.size()) return false;
   if (!neg) {
-    out = MakeUInt(v);
+    out = UIntRef(v);
     return true;
   }
   if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + 1) return false;
-  out = MakeInt(static_cast<std::int64_t>(0 - v));
+  out = IntRef(static_cast<std::int64_t>(0 - v));
   return true;
 }
 
 // Canonical text of a hashable key, equal for keys Python considers equal
 // (1 == 1.0 == True). False if the key is unhashable.
-bool KeyText(const PyValue& v, std::string& out) {
-  switch (v.kind) {
-    case Kind::kNone: out += 'N'; return true;
-    case Kind::kBool: out += v.b ? "i1;" : "i0;"; return true;
-    case Kind::kInt:
-      absl::StrAppend(&out, "i", v.is_unsigned ? absl::StrCat(v.u) : absl::StrCat(v.i), ";");
+bool KeyText(const PyView& v, std::string& out) {
+  switch (v.kind()) {
+    case PyKind::kMissing: return false;
+    case PyKind::kNone: out += 'N'; return true;
+    case PyKind::kBool: out += v.bool_value() ? "i1;" : "i0;"; return true;
+    case PyKind::kInt:
+      absl::StrAppend(&out, "i", v.is_unsigned() ? absl::StrCat(*v.AsUInt()) : absl::StrCat(*v.AsInt()), ";");
       return true;
-    case Kind::kFloat:
-      if (std::isfinite(v.f) && v.f == std::floor(v.f) && v.f >= -9223372036854775808.0 &&
-          v.f < 18446744073709551616.0) {
-        if (v.f < 0) {
-          absl::StrAppend(&out, "i", static_cast<std::int64_t>(v.f), ";");
+    case PyKind::kFloat: {
+      const double f = v.float_value();
+      if (std::isfinite(f) && f == std::floor(f) && f >= -9223372036854775808.0 && f < 18446744073709551616.0) {
+        if (f < 0) {
+          absl::StrAppend(&out, "i", static_cast<std::int64_t>(f), ";");
         } else {
-          PyValue n = MakeUInt(static_cast<std::uint64_t>(v.f));
-          return KeyText(n, out);
+          absl::StrAppend(&out, "i", static_cast<std::uint64_t>(f), ";");
         }
         return true;
       }
-      absl::StrAppend(&out, "f", std::bit_cast<std::uint64_t>(v.f), ";");
+      absl::StrAppend(&out, "f", std::bit_cast<std::uint64_t>(f), ";");
       return true;
-    case Kind::kString: absl::StrAppend(&out, "s", v.s.size(), ":", v.s); return true;
-    case Kind::kBytes: absl::StrAppend(&out, "b", v.s.size(), ":", v.s); return true;
-    case Kind::kTuple:
+    }
+    case PyKind::kString: absl::StrAppend(&out, "s", v.bytes().size(), ":"); out += v.bytes(); return true;
+    case PyKind::kBytes: absl::StrAppend(&out, "b", v.bytes().size(), ":"); out += v.bytes(); return true;
+    case PyKind::kTuple:
       out += '(';
-      for (const PyValue& e : v.items) {
-        if (!KeyText(e, out)) return false;
+      for (std::size_t k = 0; k < v.size(); ++k) {
+        if (!KeyText(v[k], out)) return false;
       }
       out += ')';
       return true;
-    default: return false;
+    case PyKind::kList:
+    case PyKind::kDict: return false;
   }
+  return false;
 }
 
-bool KeysEqual(const PyValue& a, const PyValue& b) {
+bool KeysEqual(const PyView& a, const PyView& b) {
+  // The common case first: two str keys (memoized keys are the same bytes).
+  if (a.kind() == PyKind::kString && b.kind() == PyKind::kString) return a.bytes() == b.bytes();
+  if (a.kind() == PyKind::kString || b.kind() == PyKind::kString) return false;
   std::string x, y;
   return KeyText(a, x) && KeyText(b, y) && x == y;
 }
 
-std::string KindName(Kind k) {
+const char* KindName(PyKind k) {
   switch (k) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kBytes: return "bytes";
-    case Kind::kList: return "list";
-    case Kind::kTuple: return "tuple";
-    case Kind::kDict: return "dict";
+    case PyKind::kMissing: return "missing";
+    case PyKind::kNone: return "None";
+    case PyKind::kBool: return "bool";
+    case PyKind::kInt: return "int";
+    case PyKind::kFloat: return "float";
+    case PyKind::kString: return "str";
+    case PyKind::kBytes: return "bytes";
+    case PyKind::kList: return "list";
+    case PyKind::kTuple: return "tuple";
+    case PyKind::kDict: return "dict";
   }
   return "?";
 }
 
-// Bookkeeping for a list or dict on the stack.
-struct ContainerState {
-  std::uint64_t token = 0;         // identifies it for pending memo entries
-  std::uint64_t appended = 0;      // items appended so far, streamed or kept
-  int streamed = -1;               // -1: not decided yet
-  std::optional<PicklePath> path;  // cached
+// A list or dict still being filled. Builders are pooled: their vectors keep
+// their capacity, so filling one allocates nothing in the steady state.
+struct Builder {
+  PyKind kind = PyKind::kList;
+  std::vector<PyRef> items;    // dicts: key, value, key, value...
+  std::uint64_t appended = 0;  // lists: items appended so far, streamed or kept
+  int streamed = -1;           // -1: not decided yet
+  bool has_path = false;
+  PicklePath path;  // cached
   std::vector<std::uint64_t> memo_ids;
-  std::unordered_map<std::string, std::size_t> key_index;  // large dicts only
+  std::uint64_t token = 0;      // tells a builder from a later use of the same slot
+  std::uint64_t tree_mark = 0;  // arena tree size when it was created (streamed lists release back to it)
+  std::uint16_t height = 1;
+  bool copied = false;  // a GET/DUP took a copy: growing after that means it is inside itself
+  absl::flat_hash_map<std::string, std::uint32_t> key_index;  // large dicts: key text -> pair index
 };
 
-struct Entry {
+struct Slot {
+  PyRef ref;  // for an open list/dict: kPyRefOpen, v = builder index
+  std::uint32_t level = 0;
   bool mark = false;
-  PyValue value;
-  std::uint64_t height = 0;  // nesting height: 0 for scalars
-  std::unique_ptr<ContainerState> state;
-  // Tokens of containers still on the stack that this value holds copies of
-  // (GET while pending): one going into itself is a recursive structure.
-  std::vector<std::uint64_t> pending_copies;
+  bool open() const { return (ref.flags & kPyRefOpen) != 0; }
 };
 
 struct MemoEntry {
-  enum class State { kValue, kPending } state = State::kValue;
-  PyValue value;
-  std::uint64_t height = 0;
-  std::uint64_t token = 0;
+  PyRef ref;               // the value; for a list/dict still open: kPyRefOpen and v = builder index
+  std::uint64_t token = 0;  // open: the builder's token
 };
+
+std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
 
 class Reader {
  public:
   Reader(std::istream& in, const std::string& source, const PickleReadOptions& options)
-      : in_(in), source_(source), options_(options), buf_(kBufferSize) {}
+      : in_(in), source_(source), options_(options), buf_(kBufferSize), arena_(std::make_shared<PickleArena>()) {}
 
-  absl::StatusOr<PyValue> Run();
+  absl::StatusOr<PickleDoc> Run(PickleReadStats* stats);
 
  private:
   absl::Status Error(const std::string& what) const {
@@ -373,6 +428,11 @@ class Reader {
     return true;
   }
   absl::Status ReadRaw(void* dst, std::size_t n) {
+    if (end_ - pos_ >= n) {
+      std::memcpy(dst, buf_.data() + pos_, n);
+      pos_ += n;
+      return absl::OkStatus();
+    }
     auto* d = static_cast<char*>(dst);
     while (n > 0) {
       if (pos_ == end_ && !Refill()) return Truncated();
@@ -384,15 +444,16 @@ class Reader {
     }
     return absl::OkStatus();
   }
-  // Reads n bytes, growing `out` only as data actually arrives.
-  absl::Status ReadString(std::uint64_t n, std::string& out) {
-    out.clear();
+  // Appends n bytes to `out`, growing it only as data actually arrives (and
+  // within the working-memory budget).
+  absl::Status AppendBytes(std::uint64_t n, std::string& out) {
     while (n > 0) {
       if (pos_ == end_ && !Refill()) return Truncated();
       std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, end_ - pos_));
       out.append(buf_.data() + pos_, k);
       pos_ += k;
       n -= k;
+      if (n > 0) MS_RETURN_IF_ERROR(CheckBudget());
     }
     return absl::OkStatus();
   }
@@ -416,24 +477,189 @@ class Reader {
     return absl::OkStatus();
   }
 
-  // ---- Stack.
-  absl::Status Push(PyValue v, std::uint64_t height = 0) {
-    Entry e;
-    e.height = (IsContainer(v) && height == 0) ? 1 : height;
-    if (v.kind == Kind::kList || v.kind == Kind::kDict) {
-      e.state = std::make_unique<ContainerState>();
-      e.state->token = ++next_token_;
-      e.state->appended = v.kind == Kind::kList ? v.items.size() : 0;
+  // ---- Working memory.
+  std::uint64_t WorkingBytes() const {
+    const PickleArena& a = *arena_;
+    return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
+           cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) +
+           memo_.capacity() * (sizeof(MemoEntry) + 9) + tree_memo_.capacity() * 16 +
+           builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ + marks_.capacity() * 8 +
+           scratch_.capacity() * sizeof(PyRef);
+  }
+  absl::Status CheckBudget() {
+    const std::uint64_t used = WorkingBytes();
+    peak_ = std::max(peak_, used);
+    const std::uint64_t read = base_ + pos_;
+    const std::uint64_t limit =
+        options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
+    if (used > limit) {
+      return Error(absl::StrCat("the pickle needs more than ", options_.max_working_bytes_per_input_byte,
+                                " bytes of working memory per byte of input (", used, " bytes after ", read,
+                                " bytes): refused"));
     }
-    e.value = std::move(v);
-    stack_.push_back(std::move(e));
     return absl::OkStatus();
   }
-  absl::Status CheckDepth(std::uint64_t height) const {
-    if (height > options_.max_depth) {
+
+  // ---- Builders.
+  std::uint32_t NewBuilder(PyKind kind) {
+    std::uint32_t b;
+    if (!free_builders_.empty()) {
+      b = free_builders_.back();
+      free_builders_.pop_back();
+    } else {
+      b = static_cast<std::uint32_t>(builders_.size());
+      builders_.push_back(std::make_unique<Builder>());
+    }
+    Builder& B = *builders_[b];
+    B.kind = kind;
+    B.items.clear();
+    B.appended = 0;
+    B.streamed = -1;
+    B.has_path = false;
+    B.path.clear();
+    B.memo_ids.clear();
+    B.token = ++next_token_;
+    B.tree_mark = arena_->tree.size();
+    B.height = 1;
+    B.copied = false;
+    B.key_index.clear();
+    return b;
+  }
+  void AddItem(Builder& B, const PyRef& r) {
+    const std::size_t cap = B.items.capacity();
+    B.items.push_back(r);
+    if (B.items.capacity() != cap) builder_bytes_ += (B.items.capacity() - cap) * sizeof(PyRef);
+  }
+  Builder& BuilderOf(const PyRef& r) { return *builders_[static_cast<std::size_t>(r.v)]; }
+
+  // Stores a finished container and returns its reference: small containers
+  // of scalars once per distinct content in the shared pool, others in the tree.
+  PyRef Store(PyKind kind, const PyRef* items, std::size_t count, std::uint16_t height) {
+    PyRef r;
+    r.kind = kind;
+    r.height = height;
+    r.n = static_cast<std::uint32_t>(kind == PyKind::kDict ? count / 2 : count);
+    PickleArena& a = *arena_;
+    if (count == 0) {
+      r.flags = kPyRefShared;
+      return r;
+    }
+    const bool shared = count <= kMaxSharedElements &&
+                        (kind == PyKind::kDict ? height == 1 && count <= 2 * kMaxSharedDictPairs : height <= 2);
+    if (!shared) {
+      r.v = a.tree.size();
+      a.tree.insert(a.tree.end(), items, items + count);
+      return r;
+    }
+    r.flags = kPyRefShared;
+    const std::size_t bytes = count * sizeof(PyRef);
+    const std::uint64_t h =
+        absl::HashOf(static_cast<std::uint8_t>(kind), std::string_view(reinterpret_cast<const char*>(items), bytes));
+    auto [it, inserted] = cons_head_.try_emplace(h, static_cast<std::uint32_t>(cons_refs_.size()));
+    if (!inserted) {
+      for (std::uint32_t k = it->second; k != kNoNext; k = cons_next_[k]) {
+        const PyRef& c = cons_refs_[k];
+        if (c.kind == kind && c.n == r.n && std::memcmp(a.shared.data() + c.v, items, bytes) == 0) return c;
+      }
+    }
+    r.v = a.shared.size();
+    a.shared.insert(a.shared.end(), items, items + count);
+    cons_next_.push_back(inserted ? kNoNext : it->second);
+    it->second = static_cast<std::uint32_t>(cons_refs_.size());
+    cons_refs_.push_back(r);
+    return r;
+  }
+
+  // Finishes an open list/dict: stores it, points its memo entries at it and
+  // returns the builder to the pool.
+  PyRef Freeze(const PyRef& open) {
+    const std::uint32_t b = static_cast<std::uint32_t>(open.v);
+    Builder& B = *builders_[b];
+    PyRef r = Store(B.kind, B.items.data(), B.items.size(), B.height);
+    for (std::uint64_t id : B.memo_ids) {
+      auto it = memo_.find(id);
+      if (it == memo_.end() || it->second.token != B.token) continue;
+      SetMemo(id, r);
+    }
+    free_builders_.push_back(b);
+    return r;
+  }
+  // A stack value as a finished reference (freezing an open list/dict).
+  PyRef Finish(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
+  void SetMemo(std::uint64_t id, const PyRef& r) {
+    MemoEntry& m = memo_[id];
+    m.ref = r;
+    m.token = 0;
+    if (IsContainerKind(r.kind) && r.n > 0 && !(r.flags & kPyRefShared)) tree_memo_.emplace_back(id, r.v);
+  }
+
+  // Releases what streamed items built in the tree (everything above `mark`),
+  // and the memo entries that point there.
+  void ReleaseTree(std::uint64_t mark) {
+    PickleArena& a = *arena_;
+    if (a.tree.size() <= mark) return;
+    while (!tree_memo_.empty() && tree_memo_.back().second >= mark) {
+      auto it = memo_.find(tree_memo_.back().first);
+      if (it != memo_.end() && it->second.token == 0 && IsContainerKind(it->second.ref.kind) &&
+          !(it->second.ref.flags & kPyRefShared) && it->second.ref.v >= mark) {
+        memo_.erase(it);
+      }
+      tree_memo_.pop_back();
+    }
+    a.tree.resize(mark);
+  }
+
+  // ---- Stack.
+  std::uint32_t NextLevel(bool for_mark) const {
+    if (stack_.empty()) return 1;
+    const Slot& p = stack_.back();
+    if (p.mark) return p.level + 1;
+    // After a list or dict with no MARK open: its element (a one-item APPEND
+    // or SETITEM). Inside a batch: the next element of the batch.
+    if (!for_mark && p.open() && marks_.empty()) return p.level + 1;
+    return p.level;
+  }
+  absl::Status CheckDepth(std::uint64_t depth) const {
+    if (depth > options_.max_depth) {
       return Error(absl::StrCat("nesting deeper than max_depth (", options_.max_depth, ")"));
     }
     return absl::OkStatus();
+  }
+  absl::Status Push(const PyRef& r) {
+    if (stack_.size() >= kMaxPickleStack) {
+      return Error(absl::StrCat("more than ", kMaxPickleStack,
+                                " values waiting on the pickle stack (a real snapshot needs a few thousand): refused"));
+    }
+    const std::uint32_t level = NextLevel(false);
+    MS_RETURN_IF_ERROR(CheckDepth(level));
+    if (IsContainerKind(r.kind)) MS_RETURN_IF_ERROR(CheckDepth(std::uint64_t{level} + r.height - 1));
+    Slot s;
+    s.ref = r;
+    s.level = level;
+    stack_.push_back(s);
+    return absl::OkStatus();
+  }
+  absl::Status PushNew(PyKind kind) {  // an empty list or dict, open for filling
+    if (stack_.size() >= kMaxPickleStack) return Push(PyRef());  // the same error
+    const std::uint32_t level = NextLevel(false);
+    MS_RETURN_IF_ERROR(CheckDepth(level));
+    PyRef r;
+    r.kind = kind;
+    r.flags = kPyRefOpen;
+    r.height = 1;
+    r.v = NewBuilder(kind);
+    Slot s;
+    s.ref = r;
+    s.level = level;
+    stack_.push_back(s);
+    return absl::OkStatus();
+  }
+  absl::Status PushString(PyKind kind, std::size_t start) {
+    const std::size_t n = arena_->chars.size() - start;
+    if (n > std::numeric_limits<std::uint32_t>::max()) return Error("string longer than 4 GiB: not supported");
+    PyRef r = ScalarRef(kind, start);
+    r.n = static_cast<std::uint32_t>(n);
+    return Push(r);
   }
   // The value entry at the top; error for an empty stack or a MARK.
   absl::Status CheckTopValue(std::size_t n = 1) const {
@@ -443,71 +669,44 @@ class Reader {
     }
     return absl::OkStatus();
   }
-  // Called when a value leaves the stack: a container memoized while it was
-  // being built gets its final memo entry.
-  void Complete(Entry& e) {
-    if (!e.state || e.state->memo_ids.empty()) return;
-    pending_.erase(e.state->token);
-    for (std::uint64_t id : e.state->memo_ids) {
-      auto it = memo_.find(id);
-      if (it == memo_.end() || it->second.state != MemoEntry::State::kPending || it->second.token != e.state->token) {
-        continue;
-      }
-      Keep(id, e.value, e.height);
-    }
-  }
-  static bool FlatSmall(const PyValue& v) {
-    std::size_t n = v.kind == Kind::kDict ? v.dict.size() : v.items.size();
-    if (n > kMaxMemoFlatItems) return false;
-    for (const PyValue& x : v.items) {
-      if (IsContainer(x)) return false;
-    }
-    for (const auto& [k, x] : v.dict) {
-      if (IsContainer(k) || IsContainer(x)) return false;
-    }
-    return true;
-  }
-  static std::uint64_t Cost(const PyValue& v) {
-    std::uint64_t c = sizeof(PyValue) + v.s.size();
-    for (const PyValue& x : v.items) c += Cost(x);
-    for (const auto& [k, x] : v.dict) c += Cost(k) + Cost(x);
-    return c;
-  }
-  // Keeps a copy of `v` under memo `id` if it is a scalar or a flat, small
-  // container and the budget allows; otherwise forgets the entry (a later GET
-  // of it is an error).
-  void Keep(std::uint64_t id, const PyValue& v, std::uint64_t height) {
-    if (!IsContainer(v) || FlatSmall(v)) {
-      std::uint64_t c = Cost(v) + 64;  // 64: the map node
-      if (memo_bytes_ + c <= kMemoBudget) {
-        memo_bytes_ += c;
-        MemoEntry& m = memo_[id];
-        m.state = MemoEntry::State::kValue;
-        m.value = v;
-        m.height = height;
-        return;
-      }
-    }
-    memo_.erase(id);
-  }
-  Entry PopEntry() {
-    Entry e = std::move(stack_.back());
+  PyRef PopFinished() {
+    Slot s = stack_.back();
     stack_.pop_back();
-    Complete(e);
-    return e;
+    return Finish(s);
+  }
+  // Takes the values above the topmost MARK (finished) into `out`, and the MARK.
+  absl::Status TakeFromMark(std::vector<PyRef>& out, std::uint32_t* mark_level = nullptr) {
+    if (marks_.empty()) return Error(absl::StrCat("no MARK for ", OpName(op_)));
+    std::size_t m = marks_.back();
+    marks_.pop_back();
+    if (mark_level != nullptr) *mark_level = stack_[m].level;
+    out.clear();
+    for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+    stack_.resize(m);
+    return absl::OkStatus();
+  }
+  // A copy of what an open list/dict holds now (GET or DUP of it while it is
+  // still on the stack).
+  PyRef CopyOpen(const PyRef& open) {
+    Builder& B = BuilderOf(open);
+    B.copied = true;
+    return Store(B.kind, B.items.data(), B.items.size(), B.height);
   }
 
   // ---- Paths (see the header).
-  std::string KeyLabel(const PyValue& k) const {
-    if (k.kind == Kind::kString) return k.s;
-    if (k.kind == Kind::kInt) return k.is_unsigned ? absl::StrCat(k.u) : absl::StrCat(k.i);
+  std::string KeyLabel(const PyRef& k) const {
+    PyView v(arena_.get(), k);
+    if (v.kind() == PyKind::kString) return std::string(v.bytes());
+    if (v.kind() == PyKind::kInt) return v.is_unsigned() ? absl::StrCat(*v.AsUInt()) : absl::StrCat(*v.AsInt());
     return "[?]";
   }
-  static bool IsMutable(const Entry& e) {
-    return !e.mark && (e.value.kind == Kind::kList || e.value.kind == Kind::kDict);
+  static bool IsMutable(const Slot& e) { return !e.mark && IsMutableKind(e.ref.kind); }
+  std::uint64_t Count(const Slot& e) const {
+    if (!e.open()) return e.ref.n;
+    const Builder& B = *builders_[static_cast<std::size_t>(e.ref.v)];
+    return B.kind == PyKind::kList ? B.appended : B.items.size() / 2;
   }
-  static std::uint64_t Count(const Entry& e) { return e.state ? e.state->appended : e.value.items.size(); }
-  PicklePath Unknown(PicklePath p) const {
+  static PicklePath Unknown(PicklePath p) {
     p.push_back("[?]");
     return p;
   }
@@ -518,11 +717,14 @@ class Reader {
       path_too_deep_ = true;
       return {};
     }
-    if (q < stack_.size() && !stack_[q].mark && stack_[q].state && stack_[q].state->path) {
-      return *stack_[q].state->path;
-    }
+    const bool cacheable = q < stack_.size() && !stack_[q].mark && stack_[q].open();
+    if (cacheable && BuilderOf(stack_[q].ref).has_path) return BuilderOf(stack_[q].ref).path;
     PicklePath p = ComputePath(q, level);
-    if (q < stack_.size() && !stack_[q].mark && stack_[q].state) stack_[q].state->path = p;
+    if (cacheable) {
+      Builder& B = BuilderOf(stack_[q].ref);
+      B.path = p;
+      B.has_path = true;
+    }
     return p;
   }
   PicklePath ComputePath(std::size_t q, std::uint64_t level) {
@@ -537,8 +739,8 @@ class Reader {
       p.push_back(absl::StrCat("[", q - lo, "]"));
       return p;
     }
-    const Entry& owner = stack_[m - 1];
-    if (owner.value.kind == Kind::kList) {
+    const Slot& owner = stack_[m - 1];
+    if (owner.ref.kind == PyKind::kList) {
       PicklePath p = PathAt(m - 1, level + 1);
       p.push_back(absl::StrCat("[", Count(owner) + (q - lo), "]"));
       return p;
@@ -548,7 +750,7 @@ class Reader {
       if (j >= q) return Unknown(PathAt(m - 1, level + 1));
       if (j + 1 == q) {
         PicklePath p = PathAt(m - 1, level + 1);
-        p.push_back(KeyLabel(stack_[j].value));
+        p.push_back(KeyLabel(stack_[j].ref));
         return p;
       }
       // A list or dict where a key should be cannot be a key: it belongs to
@@ -564,15 +766,15 @@ class Reader {
   PicklePath ChainPath(std::size_t c, std::size_t q, std::uint64_t level) {
     PicklePath p = PathAt(c, level + 1);
     for (;;) {
-      const Entry& e = stack_[c];
+      const Slot& e = stack_[c];
       if (!IsMutable(e)) return Unknown(std::move(p));
       std::size_t next;
-      if (e.value.kind == Kind::kList) {
+      if (e.ref.kind == PyKind::kList) {
         p.push_back(absl::StrCat("[", Count(e), "]"));
         next = c + 1;
       } else {
         if (c + 1 >= q) return Unknown(std::move(p));
-        p.push_back(KeyLabel(stack_[c + 1].value));
+        p.push_back(KeyLabel(stack_[c + 1].ref));
         next = c + 2;
       }
       if (next == q) return p;
@@ -582,50 +784,40 @@ class Reader {
   }
 
   // ---- Containers.
-  absl::Status AppendTo(std::size_t target, std::vector<Entry>& items);
-  absl::Status SetItems(std::size_t target, std::vector<Entry>& kv);
-  absl::Status TakeFromMark(std::vector<Entry>& out) {
-    if (marks_.empty()) return Error(absl::StrCat("no MARK for ", OpName(op_)));
-    std::size_t m = marks_.back();
-    marks_.pop_back();
-    out.clear();
-    out.reserve(stack_.size() - m - 1);
-    for (std::size_t k = m + 1; k < stack_.size(); ++k) {
-      out.push_back(std::move(stack_[k]));
-      Complete(out.back());
+  absl::Status OpenTarget(std::size_t target, PyKind kind) {
+    if (target >= stack_.size() || stack_[target].mark || stack_[target].ref.kind != kind) {
+      return Error(absl::StrCat(OpName(op_), " to something that is not a ", KindName(kind)));
     }
-    stack_.resize(m);
+    if (!stack_[target].open()) {
+      return Error(absl::StrCat(OpName(op_), " to a ", KindName(kind),
+                                " that is complete (a memo reference to it): not supported"));
+    }
+    if (BuilderOf(stack_[target].ref).copied) {
+      return Error(absl::StrCat(OpName(op_), ": a container inside itself (recursive structure): not supported"));
+    }
     return absl::OkStatus();
   }
-  absl::Status MakeSequence(Kind kind, std::vector<Entry>& items) {
-    PyValue v;
-    v.kind = kind;
-    std::uint64_t h = 1;
-    v.items.reserve(items.size());
-    std::vector<std::uint64_t> copies;
-    for (Entry& e : items) {
-      MS_RETURN_IF_ERROR(Absorb(copies, e, 0));
-      h = std::max(h, e.height + 1);
-      v.items.push_back(std::move(e.value));
+  absl::Status AppendTo(std::size_t target, std::vector<PyRef>& items);
+  absl::Status SetItems(std::size_t target, std::vector<PyRef>& kv);
+  absl::Status MakeTuple(std::vector<PyRef>& items, std::uint32_t level) {
+    std::uint16_t h = 1;
+    for (const PyRef& e : items) {
+      if (IsContainerKind(e.kind)) h = std::max<std::uint16_t>(h, AddHeight(e.height));
     }
     MS_RETURN_IF_ERROR(CheckDepth(h));
-    MS_RETURN_IF_ERROR(Push(std::move(v), h));
-    stack_.back().pending_copies = std::move(copies);
-    return absl::OkStatus();
-  }
-  absl::Status Absorb(std::vector<std::uint64_t>& into, const Entry& item, std::uint64_t target) {
-    for (std::uint64_t t : item.pending_copies) {
-      if (t == target) {
-        return Error(absl::StrCat(OpName(op_), ": a container inside itself (recursive structure): not supported"));
-      }
-      if (pending_.count(t) && std::find(into.begin(), into.end(), t) == into.end()) into.push_back(t);
-    }
+    PyRef r = Store(PyKind::kTuple, items.data(), items.size(), h);
+    Slot s;
+    s.ref = r;
+    s.level = level;
+    stack_.push_back(s);
     return absl::OkStatus();
   }
   absl::Status Memo(std::uint64_t id);
   absl::Status Get(std::uint64_t id);
-  absl::Status Long(const std::string& bytes);
+  absl::Status Long(const unsigned char* b, std::size_t n);
   absl::Status Step(std::uint8_t op);
+
+  static constexpr std::uint32_t kNoNext = ~std::uint32_t{0};
 
   std::istream& in_;
   const std::string& source_;
@@ -637,100 +829,109 @@ class Reader {
   std::uint64_t op_offset_ = 0;
   std::uint8_t op_ = 0;
 
-  std::vector<Entry> stack_;
+  std::shared_ptr<PickleArena> arena_;
+  std::vector<Slot> stack_;
   std::vector<std::size_t> marks_;  // positions of the MARKs in stack_
-  std::unordered_map<std::uint64_t, MemoEntry> memo_;
-  std::unordered_map<std::uint64_t, std::size_t> pending_;  // token -> stack position
-  std::uint64_t memo_bytes_ = 0;
-  std::uint64_t memo_count_ = 0;  // MEMOIZE's index: entries ever memoized
+  std::vector<std::unique_ptr<Builder>> builders_;
+  std::vector<std::uint32_t> free_builders_;
+  std::uint64_t builder_bytes_ = 0;
+  absl::flat_hash_map<std::uint64_t, MemoEntry> memo_;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> tree_memo_;  // (memo id, tree offset), ascending offsets
+  std::vector<PyRef> cons_refs_;                                     // shared containers
+  std::vector<std::uint32_t> cons_next_;                             // same-hash chain
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> cons_head_;      // content hash -> newest index
+  std::uint64_t memo_count_ = 0;                                     // MEMOIZE's index: entries ever memoized
   std::uint64_t next_token_ = 0;
+  std::uint64_t peak_ = 0;
   bool path_too_deep_ = false;
   bool stopped_ = false;
-  std::vector<Entry> scratch_;
+  std::vector<PyRef> scratch_;
+  std::string text_;  // protocol 0 text arguments
 };
 
-absl::Status Reader::AppendTo(std::size_t target, std::vector<Entry>& items) {
-  if (target >= stack_.size() || stack_[target].mark || stack_[target].value.kind != Kind::kList) {
-    return Error(absl::StrCat(OpName(op_), " to something that is not a list"));
-  }
+absl::Status Reader::AppendTo(std::size_t target, std::vector<PyRef>& items) {
+  MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kList));
   if (items.empty()) return absl::OkStatus();
-  Entry& list = stack_[target];
-  ContainerState& st = *list.state;
-  if (st.streamed < 0) {
-    st.streamed = 0;
+  Builder* B = &BuilderOf(stack_[target].ref);
+  if (B->streamed < 0) {
+    B->streamed = 0;
     if (options_.stream_list) {
       PicklePath p = PathAt(target, 0);
       if (path_too_deep_) return CheckDepth(options_.max_depth + 1);
-      st.path = std::move(p);
-      st.streamed = options_.stream_list(*st.path) ? 1 : 0;
+      B = &BuilderOf(stack_[target].ref);
+      B->path = std::move(p);
+      B->has_path = true;
+      B->streamed = options_.stream_list(B->path) ? 1 : 0;
     }
   }
-  for (Entry& e : items) {
-    MS_RETURN_IF_ERROR(CheckDepth(e.height + 1));
-    MS_RETURN_IF_ERROR(Absorb(list.pending_copies, e, st.token));
-    ++st.appended;
-    if (st.streamed == 1) {
-      if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(*st.path, std::move(e.value)));
+  for (const PyRef& e : items) {
+    const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
+    MS_RETURN_IF_ERROR(CheckDepth(h));
+    ++B->appended;
+    if (B->streamed == 1) {
+      if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
     } else {
-      list.height = std::max(list.height, e.height + 1);
-      list.value.items.push_back(std::move(e.value));
+      B->height = std::max(B->height, h);
+      AddItem(*B, e);
     }
   }
+  if (B->streamed == 1) ReleaseTree(B->tree_mark);
   items.clear();
   return absl::OkStatus();
 }
 
-absl::Status Reader::SetItems(std::size_t target, std::vector<Entry>& kv) {
-  if (target >= stack_.size() || stack_[target].mark || stack_[target].value.kind != Kind::kDict) {
-    return Error(absl::StrCat(OpName(op_), " to something that is not a dict"));
-  }
+absl::Status Reader::SetItems(std::size_t target, std::vector<PyRef>& kv) {
+  MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kDict));
   if (kv.size() % 2 != 0) return Error(absl::StrCat(OpName(op_), " with a key and no value"));
-  Entry& d = stack_[target];
-  ContainerState& st = *d.state;
+  Builder& B = BuilderOf(stack_[target].ref);
   std::string key_text;
   for (std::size_t k = 0; k < kv.size(); k += 2) {
-    Entry& key = kv[k];
-    Entry& val = kv[k + 1];
+    const PyView key(arena_.get(), kv[k]);
+    const PyRef& val = kv[k + 1];
     key_text.clear();
     // The key's text is needed to check a container key's hashability and to
     // index large dicts; small dicts with scalar keys (every dict of a
     // snapshot's trace entries) compare keys directly.
-    const bool scalar_key =
-        key.value.kind != Kind::kList && key.value.kind != Kind::kDict && key.value.kind != Kind::kTuple;
-    const bool need_text = !scalar_key || d.value.dict.size() >= 32 || !st.key_index.empty();
-    if (need_text && !KeyText(key.value, key_text)) {
-      return Error(absl::StrCat("unhashable dict key (", KindName(key.value.kind), ")"));
+    const bool scalar_key = !IsContainerKind(key.kind());
+    const std::size_t pairs = B.items.size() / 2;
+    const bool need_text = !scalar_key || pairs >= 32 || !B.key_index.empty();
+    if (need_text && !KeyText(key, key_text)) {
+      return Error(absl::StrCat("unhashable dict key (", KindName(key.kind()), ")"));
     }
-    MS_RETURN_IF_ERROR(Absorb(d.pending_copies, key, st.token));
-    MS_RETURN_IF_ERROR(Absorb(d.pending_copies, val, st.token));
-    std::uint64_t h = std::max(key.height, val.height) + 1;
+    std::uint16_t h = 1;
+    if (IsContainerKind(key.kind())) h = std::max(h, AddHeight(key.ref().height));
+    if (IsContainerKind(val.kind)) h = std::max(h, AddHeight(val.height));
     MS_RETURN_IF_ERROR(CheckDepth(h));
-    d.height = std::max(d.height, h);
-    auto& pairs = d.value.dict;
+    B.height = std::max(B.height, h);
     std::optional<std::size_t> existing;
-    if (pairs.size() < 32) {
-      for (std::size_t j = 0; j < pairs.size(); ++j) {
-        if (KeysEqual(pairs[j].first, key.value)) {
+    if (pairs < 32) {
+      for (std::size_t j = 0; j < pairs; ++j) {
+        if (KeysEqual(PyView(arena_.get(), B.items[2 * j]), key)) {
           existing = j;
           break;
         }
       }
     } else {
-      if (st.key_index.empty()) {
-        for (std::size_t j = 0; j < pairs.size(); ++j) {
+      if (B.key_index.empty()) {
+        for (std::size_t j = 0; j < pairs; ++j) {
           std::string t;
-          KeyText(pairs[j].first, t);
-          st.key_index.emplace(std::move(t), j);
+          KeyText(PyView(arena_.get(), B.items[2 * j]), t);
+          builder_bytes_ += t.size() + 48;
+          B.key_index.emplace(std::move(t), static_cast<std::uint32_t>(j));
         }
       }
-      auto it = st.key_index.find(key_text);
-      if (it != st.key_index.end()) existing = it->second;
+      auto it = B.key_index.find(key_text);
+      if (it != B.key_index.end()) existing = it->second;
     }
     if (existing) {
-      pairs[*existing].second = std::move(val.value);
+      B.items[2 * *existing + 1] = val;
     } else {
-      if (!st.key_index.empty()) st.key_index.emplace(key_text, pairs.size());
-      pairs.push_back(PyItem{std::move(key.value), std::move(val.value)});
+      if (!B.key_index.empty()) {
+        builder_bytes_ += key_text.size() + 48;
+        B.key_index.emplace(key_text, static_cast<std::uint32_t>(pairs));
+      }
+      AddItem(B, kv[k]);
+      AddItem(B, val);
     }
   }
   kv.clear();
@@ -740,16 +941,16 @@ absl::Status Reader::SetItems(std::size_t target, std::vector<Entry>& kv) {
 absl::Status Reader::Memo(std::uint64_t id) {
   MS_RETURN_IF_ERROR(CheckTopValue());
   memo_count_ = std::max(memo_count_, id + 1);
-  Entry& top = stack_.back();
-  if (top.state) {
+  const Slot& top = stack_.back();
+  if (top.open()) {
+    Builder& B = BuilderOf(top.ref);
+    if (B.memo_ids.size() >= 16) return Error("a list or dict memoized more than 16 times: not supported");
+    B.memo_ids.push_back(id);
     MemoEntry& m = memo_[id];
-    m.state = MemoEntry::State::kPending;
-    m.value = PyValue();
-    m.token = top.state->token;
-    top.state->memo_ids.push_back(id);
-    pending_[m.token] = stack_.size() - 1;
+    m.ref = top.ref;
+    m.token = B.token;
   } else {
-    Keep(id, top.value, top.height);  // scalars and tuples are complete when made
+    SetMemo(id, top.ref);
   }
   return absl::OkStatus();
 }
@@ -758,56 +959,39 @@ absl::Status Reader::Get(std::uint64_t id) {
   auto it = memo_.find(id);
   if (it == memo_.end()) {
     return Error(absl::StrCat("bad memo reference ", id,
-                              " (no such entry, or a shared container or memo beyond the budget "
-                              "that this reader does not keep)"));
+                              " (no such entry, or a container inside an item of a streamed list, "
+                              "which this reader releases)"));
   }
-  const MemoEntry& m = it->second;
-  switch (m.state) {
-    case MemoEntry::State::kPending: {
-      // Still on the stack: being built (a recursive reference), or complete
-      // but waiting in a MARK batch (a frame dict shared within one list).
-      auto pos = pending_.find(m.token);
-      if (pos != pending_.end() && FlatSmall(stack_[pos->second].value)) {
-        const Entry& e = stack_[pos->second];
-        MS_RETURN_IF_ERROR(CheckDepth(e.height));
-        MS_RETURN_IF_ERROR(Push(e.value, e.height));
-        stack_.back().pending_copies.push_back(m.token);
-        return absl::OkStatus();
-      }
-      return Error(absl::StrCat("memo reference ", id,
-                                " to a container still being built (recursive structure) or holding "
-                                "containers: not supported"));
-    }
-    case MemoEntry::State::kValue: break;
+  const MemoEntry m = it->second;
+  if (m.token != 0) {
+    // A list or dict still on the stack: complete and waiting in a MARK
+    // batch (PyTorch's segment frames shared with its first block), or being
+    // built (a recursive structure: refused when it grows again).
+    if (BuilderOf(m.ref).token != m.token) return Error(absl::StrCat("bad memo reference ", id));
+    return Push(CopyOpen(m.ref));
   }
-  MS_RETURN_IF_ERROR(CheckDepth(m.height));
-  return Push(m.value, m.height);
+  return Push(m.ref);
 }
 
-absl::Status Reader::Long(const std::string& bytes) {
+absl::Status Reader::Long(const unsigned char* b, std::size_t n) {
   // Little-endian two's complement.
-  std::string b = bytes;
-  if (b.empty()) return Push(MakeInt(0));
-  bool neg = (static_cast<unsigned char>(b.back()) & 0x80) != 0;
+  if (n == 0) return Push(IntRef(0));
+  bool neg = (b[n - 1] & 0x80) != 0;
   if (!neg) {
-    while (b.size() > 8 && b.back() == 0) b.pop_back();
-    if (b.size() > 8) return Error("integer too large (not in [-2^63, 2^64))");
+    while (n > 8 && b[n - 1] == 0) --n;
+    if (n > 8) return Error("integer too large (not in [-2^63, 2^64))");
     std::uint64_t v = 0;
-    for (std::size_t k = 0; k < b.size(); ++k)
-      v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[k])) << (8 * k);
-    return Push(MakeUInt(v));
+    for (std::size_t k = 0; k < n; ++k) v |= static_cast<std::uint64_t>(b[k]) << (8 * k);
+    return Push(UIntRef(v));
   }
-  while (b.size() > 8 && static_cast<unsigned char>(b.back()) == 0xff &&
-         (static_cast<unsigned char>(b[b.size() - 2]) & 0x80) != 0) {
-    b.pop_back();
-  }
-  if (b.size() > 8) return Error("integer too large (not in [-2^63, 2^64))");
+  while (n > 8 && b[n - 1] == 0xff && (b[n - 2] & 0x80) != 0) --n;
+  if (n > 8) return Error("integer too large (not in [-2^63, 2^64))");
   std::uint64_t v = ~std::uint64_t{0};
-  for (std::size_t k = 0; k < b.size(); ++k) {
+  for (std::size_t k = 0; k < n; ++k) {
     v &= ~(std::uint64_t{0xff} << (8 * k));
-    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b[k])) << (8 * k);
+    v |= static_cast<std::uint64_t>(b[k]) << (8 * k);
   }
-  return Push(MakeInt(static_cast<std::int64_t>(v)));
+  return Push(IntRef(static_cast<std::int64_t>(v)));
 }
 
 // The dispatch table of the reader: one case per pickle opcode (protocols 0
@@ -815,7 +999,7 @@ absl::Status Reader::Long(const std::string& bytes) {
 // switch so that a reader can hold it next to pickletools' table; the work of
 // each case lives in the helpers above.
 absl::Status Reader::Step(std::uint8_t op) {
-  std::string data;
+  std::string& chars = arena_->chars;
   switch (op) {
     // ---- Refused: they import, build objects or call code.
     case 'c':
@@ -853,128 +1037,132 @@ absl::Status Reader::Step(std::uint8_t op) {
       stopped_ = true;
       return absl::OkStatus();
     }
-    case '(':
+    case '(': {
+      if (stack_.size() >= kMaxPickleStack) return Push(PyRef());  // the stack's error
+      Slot mark;
+      mark.mark = true;
+      mark.level = NextLevel(true);
+      MS_RETURN_IF_ERROR(CheckDepth(mark.level));
       marks_.push_back(stack_.size());
-      {
-        Entry mark;
-        mark.mark = true;
-        stack_.push_back(std::move(mark));
-      }
+      stack_.push_back(mark);
       return absl::OkStatus();
+    }
     case '0':  // POP
       if (stack_.empty()) return Error("stack underflow in POP");
       if (stack_.back().mark) {
         stack_.pop_back();
         marks_.pop_back();
       } else {
-        PopEntry();
+        (void)PopFinished();
       }
       return absl::OkStatus();
     case '1':  // POP_MARK
       return TakeFromMark(scratch_);
     case '2': {  // DUP
       MS_RETURN_IF_ERROR(CheckTopValue());
-      if (IsContainer(stack_.back().value)) return Error("DUP of a container: not supported");
-      PyValue v = stack_.back().value;
-      return Push(std::move(v));
+      const Slot top = stack_.back();
+      return Push(top.open() ? CopyOpen(top.ref) : top.ref);
     }
-    case 'N': return Push(PyValue());
-    case 0x88: return Push(MakeBool(true));
-    case 0x89: return Push(MakeBool(false));
+    case 'N': return Push(ScalarRef(PyKind::kNone, 0));
+    case 0x88: return Push(BoolRef(true));
+    case 0x89: return Push(BoolRef(false));
 
     // ---- Integers.
     case 'I': {
-      MS_RETURN_IF_ERROR(ReadLine(data));
-      if (data == "01") return Push(MakeBool(true));
-      if (data == "00") return Push(MakeBool(false));
-      PyValue v;
-      if (!ParseDecimal(data, v)) return Error("INT: not an integer in [-2^63, 2^64)");
-      return Push(std::move(v));
+      MS_RETURN_IF_ERROR(ReadLine(text_));
+      if (text_ == "01") return Push(BoolRef(true));
+      if (text_ == "00") return Push(BoolRef(false));
+      PyRef v;
+      if (!ParseDecimal(text_, v)) return Error("INT: not an integer in [-2^63, 2^64)");
+      return Push(v);
     }
     case 'L': {
-      MS_RETURN_IF_ERROR(ReadLine(data));
-      if (!data.empty() && data.back() == 'L') data.pop_back();
-      PyValue v;
-      if (!ParseDecimal(data, v)) return Error("LONG: not an integer in [-2^63, 2^64)");
-      return Push(std::move(v));
+      MS_RETURN_IF_ERROR(ReadLine(text_));
+      if (!text_.empty() && text_.back() == 'L') text_.pop_back();
+      PyRef v;
+      if (!ParseDecimal(text_, v)) return Error("LONG: not an integer in [-2^63, 2^64)");
+      return Push(v);
     }
     case 'J': {
       std::int32_t v;
       MS_RETURN_IF_ERROR(ReadLE(v));
-      return Push(MakeInt(v));
+      return Push(IntRef(v));
     }
     case 'K': {
       std::uint8_t v;
       MS_RETURN_IF_ERROR(ReadLE(v));
-      return Push(MakeInt(v));
+      return Push(IntRef(v));
     }
     case 'M': {
       std::uint16_t v;
       MS_RETURN_IF_ERROR(ReadLE(v));
-      return Push(MakeInt(v));
+      return Push(IntRef(v));
     }
     case 0x8a: {
       std::uint8_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
-      MS_RETURN_IF_ERROR(ReadString(n, data));
-      return Long(data);
+      unsigned char b[255];
+      MS_RETURN_IF_ERROR(ReadRaw(b, n));
+      return Long(b, n);
     }
     case 0x8b: {
       std::int32_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
       if (n < 0) return Error("LONG4 with a negative length");
       if (static_cast<std::uint64_t>(n) > kMaxLongBytes) return Error("integer too large (not in [-2^63, 2^64))");
-      MS_RETURN_IF_ERROR(ReadString(static_cast<std::uint64_t>(n), data));
-      return Long(data);
+      text_.clear();
+      MS_RETURN_IF_ERROR(AppendBytes(static_cast<std::uint64_t>(n), text_));
+      return Long(reinterpret_cast<const unsigned char*>(text_.data()), text_.size());
     }
 
     // ---- Floats.
     case 'F': {
-      MS_RETURN_IF_ERROR(ReadLine(data));
+      MS_RETURN_IF_ERROR(ReadLine(text_));
       double d = 0;
-      auto [p, ec] = std::from_chars(data.data(), data.data() + data.size(), d);
-      if (ec != std::errc() || p != data.data() + data.size()) return Error("FLOAT: not a number");
-      return Push(MakeFloat(d));
+      auto [p, ec] = std::from_chars(text_.data(), text_.data() + text_.size(), d);
+      if (ec != std::errc() || p != text_.data() + text_.size()) return Error("FLOAT: not a number");
+      return Push(FloatRef(d));
     }
     case 'G': {
       unsigned char b[8];
       MS_RETURN_IF_ERROR(ReadRaw(b, 8));
       std::uint64_t x = 0;
       for (unsigned char c : b) x = (x << 8) | c;
-      return Push(MakeFloat(std::bit_cast<double>(x)));
+      return Push(FloatRef(std::bit_cast<double>(x)));
     }
 
     // ---- Bytes and strings.
     case 'S': {  // a Python 2 str literal, as bytes
-      MS_RETURN_IF_ERROR(ReadLine(data));
+      MS_RETURN_IF_ERROR(ReadLine(text_));
+      const std::string& data = text_;
       if (data.size() < 2 || (data[0] != '\'' && data[0] != '"') || data.back() != data[0]) {
         return Error("STRING: argument is not quoted");
       }
-      std::string out;
+      const std::size_t start = chars.size();
       for (std::size_t k = 1; k + 1 < data.size(); ++k) {
         char c = data[k];
         if (c != '\\') {
-          out += c;
+          chars += c;
           continue;
         }
         if (++k + 1 >= data.size()) return Error("STRING: bad escape");
         char e = data[k];
         switch (e) {
-          case 'n': out += '\n'; break;
-          case 't': out += '\t'; break;
-          case 'r': out += '\r'; break;
-          case 'a': out += '\a'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'v': out += '\v'; break;
+          case 'n': chars += '\n'; break;
+          case 't': chars += '\t'; break;
+          case 'r': chars += '\r'; break;
+          case 'a': chars += '\a'; break;
+          case 'b': chars += '\b'; break;
+          case 'f': chars += '\f'; break;
+          case 'v': chars += '\v'; break;
           case '\\':
           case '\'':
-          case '"': out += e; break;
+          case '"': chars += e; break;
           case 'x': {
             if (k + 2 >= data.size() - 1 || HexDigit(data[k + 1]) < 0 || HexDigit(data[k + 2]) < 0) {
               return Error("STRING: bad \\x escape");
             }
-            out += static_cast<char>(HexDigit(data[k + 1]) * 16 + HexDigit(data[k + 2]));
+            chars += static_cast<char>(HexDigit(data[k + 1]) * 16 + HexDigit(data[k + 2]));
             k += 2;
             break;
           }
@@ -984,45 +1172,50 @@ absl::Status Reader::Step(std::uint8_t op) {
               for (int d = 0; d < 2 && k + 2 < data.size() && data[k + 1] >= '0' && data[k + 1] <= '7'; ++d) {
                 v = v * 8 + (data[++k] - '0');
               }
-              out += static_cast<char>(v & 0xff);
+              chars += static_cast<char>(v & 0xff);
             } else {
-              out += '\\';
-              out += e;
+              chars += '\\';
+              chars += e;
             }
         }
       }
-      return Push(MakeStr(Kind::kBytes, std::move(out)));
+      return PushString(PyKind::kBytes, start);
     }
     case 'T': {
       std::int32_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
       if (n < 0) return Error("BINSTRING with a negative length");
-      MS_RETURN_IF_ERROR(ReadString(static_cast<std::uint64_t>(n), data));
-      return Push(MakeStr(Kind::kBytes, std::move(data)));
+      const std::size_t start = chars.size();
+      MS_RETURN_IF_ERROR(AppendBytes(static_cast<std::uint64_t>(n), chars));
+      return PushString(PyKind::kBytes, start);
     }
     case 'U':
     case 'C': {
       std::uint8_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
-      MS_RETURN_IF_ERROR(ReadString(n, data));
-      return Push(MakeStr(Kind::kBytes, std::move(data)));
+      const std::size_t start = chars.size();
+      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      return PushString(PyKind::kBytes, start);
     }
     case 'B': {
       std::uint32_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
-      MS_RETURN_IF_ERROR(ReadString(n, data));
-      return Push(MakeStr(Kind::kBytes, std::move(data)));
+      const std::size_t start = chars.size();
+      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      return PushString(PyKind::kBytes, start);
     }
     case 0x8e:
     case 0x96: {
       std::uint64_t n;
       MS_RETURN_IF_ERROR(ReadLE(n));
-      MS_RETURN_IF_ERROR(ReadString(n, data));
-      return Push(MakeStr(Kind::kBytes, std::move(data)));
+      const std::size_t start = chars.size();
+      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      return PushString(PyKind::kBytes, start);
     }
     case 'V': {  // raw-unicode-escape: latin-1 bytes with \uXXXX and \UXXXXXXXX
-      MS_RETURN_IF_ERROR(ReadLine(data));
-      std::string out;
+      MS_RETURN_IF_ERROR(ReadLine(text_));
+      const std::string& data = text_;
+      const std::size_t start = chars.size();
       for (std::size_t k = 0; k < data.size(); ++k) {
         unsigned char c = static_cast<unsigned char>(data[k]);
         if (c == '\\' && k + 1 < data.size() && (data[k + 1] == 'u' || data[k + 1] == 'U')) {
@@ -1037,13 +1230,13 @@ absl::Status Reader::Step(std::uint8_t op) {
             cp = cp * 16 + static_cast<std::uint32_t>(h);
           }
           if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return Error("invalid UTF-8: code point out of range");
-          AppendUtf8(out, cp);
+          AppendUtf8(chars, cp);
           k += 1 + digits;
         } else {
-          AppendUtf8(out, c);
+          AppendUtf8(chars, c);
         }
       }
-      return Push(MakeStr(Kind::kString, std::move(out)));
+      return PushString(PyKind::kString, start);
     }
     case 'X':
     case 0x8c:
@@ -1060,32 +1253,23 @@ absl::Status Reader::Step(std::uint8_t op) {
       } else {
         MS_RETURN_IF_ERROR(ReadLE(n));
       }
-      MS_RETURN_IF_ERROR(ReadString(n, data));
-      if (!ValidUtf8(data)) return Error(absl::StrCat("invalid UTF-8 in ", OpName(op)));
-      return Push(MakeStr(Kind::kString, std::move(data)));
+      const std::size_t start = chars.size();
+      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      if (!ValidUtf8(std::string_view(chars).substr(start))) {
+        return Error(absl::StrCat("invalid UTF-8 in ", OpName(op)));
+      }
+      return PushString(PyKind::kString, start);
     }
 
     // ---- Containers.
     case ']':
-    case 0x8f: {
-      PyValue v;
-      v.kind = Kind::kList;
-      return Push(std::move(v));
-    }
-    case '}': {
-      PyValue v;
-      v.kind = Kind::kDict;
-      return Push(std::move(v));
-    }
-    case ')': {
-      PyValue v;
-      v.kind = Kind::kTuple;
-      return Push(std::move(v), 1);
-    }
+    case 0x8f: return PushNew(PyKind::kList);
+    case '}': return PushNew(PyKind::kDict);
+    case ')': return Push(Store(PyKind::kTuple, nullptr, 0, 1));
     case 'a': {
       MS_RETURN_IF_ERROR(CheckTopValue(2));
       scratch_.clear();
-      scratch_.push_back(PopEntry());
+      scratch_.push_back(PopFinished());
       return AppendTo(stack_.size() - 1, scratch_);
     }
     case 'e':
@@ -1096,11 +1280,9 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 's': {
       MS_RETURN_IF_ERROR(CheckTopValue(3));
-      scratch_.clear();
-      Entry v = PopEntry();
-      Entry k = PopEntry();
-      scratch_.push_back(std::move(k));
-      scratch_.push_back(std::move(v));
+      scratch_.resize(2);
+      scratch_[1] = PopFinished();
+      scratch_[0] = PopFinished();
       return SetItems(stack_.size() - 1, scratch_);
     }
     case 'u': {
@@ -1109,41 +1291,46 @@ absl::Status Reader::Step(std::uint8_t op) {
       return SetItems(stack_.size() - 1, scratch_);
     }
     case 'l':
-    case 0x91: {
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
-      return MakeSequence(Kind::kList, scratch_);
+    case 0x91: {  // LIST, FROZENSET: a list holding the values above the MARK
+      std::uint32_t level = 0;
+      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, &level));
+      MS_RETURN_IF_ERROR(PushNew(PyKind::kList));
+      stack_.back().level = level;
+      return AppendTo(stack_.size() - 1, scratch_);
+    }
+    case 'd': {
+      std::uint32_t level = 0;
+      std::vector<PyRef> kv;
+      MS_RETURN_IF_ERROR(TakeFromMark(kv, &level));
+      MS_RETURN_IF_ERROR(PushNew(PyKind::kDict));
+      stack_.back().level = level;
+      return SetItems(stack_.size() - 1, kv);
     }
     case 't': {
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
-      return MakeSequence(Kind::kTuple, scratch_);
+      std::uint32_t level = 0;
+      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, &level));
+      return MakeTuple(scratch_, level);
     }
     case 0x85:
     case 0x86:
     case 0x87: {
       std::size_t n = op - 0x84u;
       MS_RETURN_IF_ERROR(CheckTopValue(n));
-      scratch_.clear();
-      for (std::size_t k = 0; k < n; ++k) scratch_.push_back(PopEntry());
-      std::reverse(scratch_.begin(), scratch_.end());
-      return MakeSequence(Kind::kTuple, scratch_);
-    }
-    case 'd': {
-      std::vector<Entry> kv;
-      MS_RETURN_IF_ERROR(TakeFromMark(kv));
-      PyValue v;
-      v.kind = Kind::kDict;
-      MS_RETURN_IF_ERROR(Push(std::move(v)));
-      return SetItems(stack_.size() - 1, kv);
+      const std::uint32_t level = stack_[stack_.size() - n].level;
+      scratch_.resize(n);
+      for (std::size_t k = n; k-- > 0;) scratch_[k] = PopFinished();
+      return MakeTuple(scratch_, level);
     }
 
     // ---- Memo.
     case 'p': {
-      MS_RETURN_IF_ERROR(ReadLine(data));
-      PyValue v;
-      if (!ParseDecimal(data, v) || v.kind != Kind::kInt || (!v.is_unsigned && v.i < 0)) {
+      MS_RETURN_IF_ERROR(ReadLine(text_));
+      PyRef v;
+      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt || (!(v.flags & kPyRefUnsigned) &&
+                                                                static_cast<std::int64_t>(v.v) < 0)) {
         return Error("PUT: bad memo index");
       }
-      return Memo(v.is_unsigned ? v.u : static_cast<std::uint64_t>(v.i));
+      return Memo(v.v);
     }
     case 'q': {
       std::uint8_t id;
@@ -1157,12 +1344,13 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 0x94: return Memo(memo_count_);
     case 'g': {
-      MS_RETURN_IF_ERROR(ReadLine(data));
-      PyValue v;
-      if (!ParseDecimal(data, v) || v.kind != Kind::kInt || (!v.is_unsigned && v.i < 0)) {
+      MS_RETURN_IF_ERROR(ReadLine(text_));
+      PyRef v;
+      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt || (!(v.flags & kPyRefUnsigned) &&
+                                                                static_cast<std::int64_t>(v.v) < 0)) {
         return Error("GET: bad memo index");
       }
-      return Get(v.is_unsigned ? v.u : static_cast<std::uint64_t>(v.i));
+      return Get(v.v);
     }
     case 'h': {
       std::uint8_t id;
@@ -1178,24 +1366,44 @@ absl::Status Reader::Step(std::uint8_t op) {
   }
 }
 
-absl::StatusOr<PyValue> Reader::Run() {
+absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
+  std::uint64_t ops = 0;
+  absl::Status status;
   while (!stopped_) {
     op_offset_ = base_ + pos_;
     if (!ReadByte(op_)) {
-      return Error(op_offset_ == 0 ? std::string("empty input: not a pickle")
-                                   : std::string("truncated input: no STOP opcode"));
+      status = Error(op_offset_ == 0 ? std::string("empty input: not a pickle")
+                                     : std::string("truncated input: no STOP opcode"));
+      break;
     }
-    MS_RETURN_IF_ERROR(Step(op_));
+    status = Step(op_);
+    if (!status.ok()) break;
+    if (++ops % kBudgetCheckEvery == 0) {
+      status = CheckBudget();
+      if (!status.ok()) break;
+    }
   }
-  Entry root = PopEntry();
-  return std::move(root.value);
+  PyRef root;
+  if (status.ok()) {
+    root = Finish(stack_.back());
+    stack_.clear();
+    status = CheckBudget();
+  }
+  if (stats != nullptr) {
+    stats->input_bytes = base_ + pos_;
+    stats->peak_working_bytes = std::max(peak_, WorkingBytes());
+    stats->shared_containers = cons_refs_.size();
+  }
+  if (!status.ok()) return status;
+  return PickleDoc(std::move(arena_), root);
 }
 
 }  // namespace
 
-absl::StatusOr<PyValue> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options) {
+absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options,
+                                     PickleReadStats* stats) {
   Reader r(in, source, options);
-  return r.Run();
+  return r.Run(stats);
 }
 
 }  // namespace memscope

@@ -9,46 +9,46 @@
 //   o.stream_list = [](const PicklePath& p) {
 //     return p.size() == 2 && p[0] == "device_traces";
 //   };
-//   o.on_item = [&](const PicklePath& p, PyValue&& trace) { ...; return absl::OkStatus(); };
-//   absl::StatusOr<PyValue> snapshot = ReadPickle(in, path, o);
+//   o.on_item = [&](const PicklePath& p, PyView trace) { ...; return absl::OkStatus(); };
+//   absl::StatusOr<PickleDoc> snapshot = ReadPickle(in, path, o);
+//   PyView root = snapshot->root();  // root.Get("segments")[0].Get("address").AsUInt()
 //
-// Safety: only the data opcodes of protocols 0 to 5 are accepted. Opcodes
-// that would import, build objects or call code (GLOBAL, STACK_GLOBAL,
-// REDUCE, BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX, EXT1/2/4, PERSID, BINPERSID,
-// NEXT_BUFFER, READONLY_BUFFER) are refused with an error naming them.
-// Malformed input (truncation, unknown opcodes, stack underflow, bad memo
-// references, invalid UTF-8, nesting deeper than max_depth, integers outside
-// [-2^63, 2^64)) gives an error, never a crash. Errors are one line:
-// "<source>: offset <byte offset of the opcode>: <what>".
+// Safety: only the data opcodes of protocols 0 to 5 are accepted (protocols 0
+// and 1 have no PROTO opcode: any pickle is read from its first opcode).
+// Opcodes that would import, build objects or call code (GLOBAL,
+// STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, NEWOBJ_EX, EXT1/2/4,
+// PERSID, BINPERSID, NEXT_BUFFER, READONLY_BUFFER) are refused with an error
+// naming them. Malformed input (truncation, unknown opcodes, stack underflow,
+// bad memo references, invalid UTF-8, nesting deeper than max_depth, integers
+// outside [-2^63, 2^64), a container inside itself) gives an error, never a
+// crash. Errors are one line: "<source>: offset <byte offset of the opcode>: <what>".
 //
-// Memory: the input is read through a 64 KiB buffer; strings are read in
-// chunks, so a declared length larger than the file costs nothing. Lists
-// selected by stream_list hand each item to on_item and keep nothing, so a
-// snapshot's device_traces cost one batch (CPython pickles lists in batches
-// of at most 1000 items) rather than the whole trace.
+// Values. A read pickle is an immutable DAG in one arena (PickleDoc): a value
+// is a 16-byte PyRef (scalars inline, strings and containers by offset), and
+// PyView reads it. A memo reference (GET / BINGET / LONG_BINGET) to a
+// container is the same node again, not a copy: PyTorch hands one frames
+// list to a block, its alloc trace entry and its segment, and one frame dict
+// to every stack that passes through it, and pickle writes each once and
+// refers back to it. Small containers of scalars and lists of them (frame
+// dicts, frames lists, tuples of numbers) are stored once per distinct
+// content, so a snapshot's million stacks cost what its distinct stacks cost.
+// A GET of a list or dict still on the stack (complete, waiting in its
+// batch) takes a copy of what it holds; one that grows after that was
+// referred to from inside itself: a recursive structure, refused.
 //
-// Memo (PUT / BINPUT / LONG_BINPUT / MEMOIZE, and GET / BINGET /
-// LONG_BINGET). CPython memoizes every string, list, dict and tuple it
-// writes and refers back with GET when the same object appears again
-// (PyTorch's snapshots repeat action names, file names, and share frame
-// dicts between traces). The memo here:
-// - keeps scalars (None, bool, int, float, str, bytes) by value, including
-//   those inside streamed items; GET pushes a copy.
-// - keeps a container only if it is "flat and small": all its elements
-//   are scalars and it has at most 64 of them (frame dicts
-//   {filename, line, name}, tuples of numbers), taking a copy when the
-//   container is complete (when it leaves the stack).
-// - keeps all of this within a budget of about 128 MiB (estimated) for the
-//   whole read; entries beyond it are forgotten, and a GET of a forgotten
-//   entry is an error (bounded memory wins over very large memos). GET of such a container pushes a copy: the result is
-//   a tree, not a graph sharing that object (equal by value to what Python reads, which is all data needs).
-// - does not keep other containers (ones holding containers, e.g. a trace
-//   entry with its frames list; large ones; ones beyond the budget), so an
-//   item of a streamed list is never retained by the memo. A GET of one is an
-//   error ("shared reference to a container ... not kept"). A flat container
-//   still on the stack (complete, waiting in a MARK batch) is copied from the
-//   stack; a container that would end up inside itself (a recursive
-//   structure) is an error.
+// Memory (bounded by the input, whatever it holds):
+// - the input is read through a 64 KiB buffer; strings are read as data
+//   arrives, so a declared length larger than the file costs nothing;
+// - nesting deeper than max_depth is refused when the deep value is pushed,
+//   before anything is built for it (10^7 nested lists cost nothing);
+// - at most kMaxPickleStack values may wait on the stack (a real snapshot
+//   needs a few thousand: CPython writes lists and dicts in batches of 1000);
+// - lists selected by stream_list hand each item to on_item and keep
+//   nothing: what an item built is released after on_item returns (the memo
+//   forgets containers released this way; a later GET of one is an error);
+// - everything the reader holds (stack, memo, strings, nodes) stays under
+//   max_working_bytes_fixed + max_working_bytes_per_input_byte x the bytes
+//   read so far; beyond it the read stops with an error naming the budget.
 //
 // Paths. stream_list sees the path of a list when it is first appended to.
 // Pickles carry no paths, so the reader infers them from the stack the way
@@ -63,19 +63,19 @@
 // (dicts, lists and scalars, tuples of scalars) are labelled exactly.
 //
 // Sets and frozensets are read as lists; STRING / BINSTRING /
-// SHORT_BINSTRING and BYTEARRAY8 are read as bytes. DUP is supported for
-// scalars only. Duplicate dict keys replace the earlier value in place, as in
-// Python (1, 1.0 and True are the same key).
+// SHORT_BINSTRING and BYTEARRAY8 are read as bytes. Duplicate dict keys
+// replace the earlier value in place, as in Python (1, 1.0 and True are the
+// same key).
 #ifndef MEMSCOPE_IMPORTERS_PICKLE_READER_H_
 #define MEMSCOPE_IMPORTERS_PICKLE_READER_H_
 
 #include <cstdint>
 #include <functional>
 #include <istream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -83,41 +83,86 @@
 
 namespace memscope {
 
-struct PyItem;
+enum class PyKind : std::uint8_t { kMissing, kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict };
 
-// A Python value made of data only.
-struct PyValue {
-  enum class Kind { kNone, kBool, kInt, kFloat, kString, kBytes, kList, kTuple, kDict };
-  Kind kind = Kind::kNone;
-  bool b = false;
-  std::int64_t i = 0;  // kInt (values above INT64_MAX but below 2^64 are stored
-                       // as uint64 bits in `u`, with `is_unsigned` true)
-  std::uint64_t u = 0;
-  bool is_unsigned = false;
-  double f = 0;
-  std::string s;               // kString (UTF-8) and kBytes
-  std::vector<PyValue> items;  // kList, kTuple
-  std::vector<PyItem> dict;    // kDict, insertion order
+// One value in a PickleArena: 16 bytes, no padding (compared with memcmp).
+struct PyRef {
+  PyKind kind = PyKind::kMissing;
+  std::uint8_t flags = 0;    // kPyRef* bits below
+  std::uint16_t height = 0;  // containers: nesting height (1 + the tallest element), saturating
+  std::uint32_t n = 0;       // strings: length; lists/tuples: items; dicts: pairs
+  std::uint64_t v = 0;       // bool/int: value bits; float: double bits; strings: offset in
+                             // chars; containers: offset of their first element in a pool
+};
+inline constexpr std::uint8_t kPyRefUnsigned = 1;  // kInt above INT64_MAX: v holds the uint64
+inline constexpr std::uint8_t kPyRefShared = 2;    // container stored in the shared (deduplicated) pool
+inline constexpr std::uint8_t kPyRefOpen = 4;      // reader-internal: a list/dict still being filled
 
-  // Helpers: the value under string key `key` of a dict, or nullptr.
-  const PyValue* Get(std::string_view key) const;
-  // Integer as int64/uint64 (kInt or kBool); nullopt otherwise (and when the
-  // value does not fit).
-  std::optional<std::int64_t> AsInt() const;
-  std::optional<std::uint64_t> AsUInt() const;
-  const std::string* AsString() const;  // kString only
+// The storage of one read: string bytes and the elements of containers.
+struct PickleArena {
+  std::string chars;
+  std::vector<PyRef> shared;  // distinct small containers, kept for the whole read
+  std::vector<PyRef> tree;    // everything else (streamed items are released from it)
 };
 
-// One key/value pair of a dict. (A named struct, not std::pair: a vector of an
-// incomplete type is fine, a std::pair of one is not, and clang says so.)
-struct PyItem {
-  PyValue first;
-  PyValue second;
+// Reads a value. Cheap to copy; valid while its arena lives and, for a
+// streamed item handed to on_item, only during that call. A missing dict key
+// gives a view whose kind() is kMissing, so lookups chain:
+//   root.Get("allocator_settings").Get("max_split_size").AsInt()
+class PyView {
+ public:
+  PyView() = default;
+  PyView(const PickleArena* arena, PyRef ref) : arena_(arena), ref_(ref) {}
+
+  PyKind kind() const { return ref_.kind; }
+  bool valid() const { return ref_.kind != PyKind::kMissing; }
+  bool is_list() const { return ref_.kind == PyKind::kList; }
+  bool is_dict() const { return ref_.kind == PyKind::kDict; }
+  const PyRef& ref() const { return ref_; }
+
+  // Integer as int64/uint64 (kInt or kBool); nullopt otherwise and when the
+  // value does not fit.
+  std::optional<std::int64_t> AsInt() const;
+  std::optional<std::uint64_t> AsUInt() const;
+  // kInt, kBool or kFloat as a double.
+  std::optional<double> AsNumber() const;
+  std::optional<bool> AsBool() const;                // kBool only
+  std::optional<std::string_view> AsString() const;  // kString only
+  std::string_view bytes() const;                    // kString and kBytes; empty otherwise
+  double float_value() const;                        // kFloat
+  bool bool_value() const { return ref_.kind == PyKind::kBool && ref_.v != 0; }
+  bool is_unsigned() const { return (ref_.flags & kPyRefUnsigned) != 0; }
+
+  // Lists and tuples: number of items; dicts: number of pairs; 0 otherwise.
+  std::size_t size() const;
+  PyView operator[](std::size_t i) const;  // list/tuple item i (missing if out of range)
+  PyView key(std::size_t i) const;         // dict pair i
+  PyView value(std::size_t i) const;
+  // The value under string key `key` of a dict; missing if none.
+  PyView Get(std::string_view key) const;
+
+ private:
+  const PyRef* elements() const;
+  const PickleArena* arena_ = nullptr;
+  PyRef ref_;
+};
+
+// A whole read pickle: its arena and root.
+class PickleDoc {
+ public:
+  PickleDoc(std::shared_ptr<const PickleArena> arena, PyRef root) : arena_(std::move(arena)), root_(root) {}
+  PyView root() const { return PyView(arena_.get(), root_); }
+
+ private:
+  std::shared_ptr<const PickleArena> arena_;
+  PyRef root_;
 };
 
 // Path of a container from the root: dict keys as their string, list/tuple
 // positions as "[N]".
 using PicklePath = std::vector<std::string>;
+
+inline constexpr std::size_t kMaxPickleStack = 1 << 17;
 
 struct PickleReadOptions {
   // Lists for which this returns true are streamed: each of their items is
@@ -126,8 +171,18 @@ struct PickleReadOptions {
   // which can hold millions of entries. An error from on_item stops the read
   // and is returned as is.
   std::function<bool(const PicklePath& list_path)> stream_list;
-  std::function<absl::Status(const PicklePath& list_path, PyValue&& item)> on_item;
+  std::function<absl::Status(const PicklePath& list_path, PyView item)> on_item;
   std::uint64_t max_depth = 1000;
+  // The working-memory budget (see the header comment).
+  std::uint64_t max_working_bytes_fixed = 256ull << 20;
+  std::uint64_t max_working_bytes_per_input_byte = 16;
+};
+
+// What a read cost: for tests and benchmarks.
+struct PickleReadStats {
+  std::uint64_t input_bytes = 0;          // bytes consumed up to STOP (or the error)
+  std::uint64_t peak_working_bytes = 0;   // the most the reader held at once (estimated from capacities)
+  std::uint64_t shared_containers = 0;    // distinct containers in the shared pool
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the
@@ -135,8 +190,9 @@ struct PickleReadOptions {
 // `source` and the byte offset): refused opcodes
 // ("trace.pickle: offset 17: opcode GLOBAL (c) builds objects or calls code: refused"),
 // unknown opcodes, truncated input, bad memo references, stack underflow,
-// depth beyond max_depth, invalid UTF-8, etc.
-absl::StatusOr<PyValue> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options = {});
+// depth beyond max_depth, invalid UTF-8, the working-memory budget, etc.
+absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source,
+                                     const PickleReadOptions& options = {}, PickleReadStats* stats = nullptr);
 
 }  // namespace memscope
 

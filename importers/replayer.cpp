@@ -29,6 +29,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   std::size_t live = 0;
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];
+    if (recorder != nullptr && trace.time_origin_us >= 0 && r.time_us >= 0) {
+      recorder->SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
+    }
     auto where = [&] { return absl::StrCat(trace.source, ":", r.line, ": "); };
     switch (r.op) {
       case RequestOp::kAlloc: {
@@ -98,6 +101,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
     if (result.oom.has_value()) break;
     result.requests_done = i + 1;
   }
+  if (recorder != nullptr) recorder->ClearTraceTime();
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
   return result;

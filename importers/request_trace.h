@@ -49,6 +49,7 @@ struct Request {
   Phase phase = Phase::kUser;            // phase marks
   std::int64_t step = kNoStep;           // phase marks
   std::uint32_t text = 0;                // index into strings: alloc owner, user phase label, mark text
+  std::int64_t time_us = -1;             // when the source says it happened (PyTorch's time_us); -1: unknown
 };
 
 struct RequestTrace {
@@ -56,6 +57,10 @@ struct RequestTrace {
   std::vector<std::string> ids;          // slot -> the id as written
   std::vector<std::string> strings{""};  // owners, labels, mark texts; 0 is ""
   std::string source;                    // file name, or "<embedded>"
+  // Unix microseconds of the source's first request when it has times (a
+  // PyTorch snapshot's time_us); -1 otherwise. A replay recorded with a
+  // recorder then keeps the source's times (relative to this origin).
+  std::int64_t time_origin_us = -1;
 };
 
 // Reads a JSON-lines request trace. Any malformed line is an error naming the

@@ -22,16 +22,196 @@
 namespace memscope {
 namespace {
 
+// "forward:0" and "model" are memscope's own names; anything else is a user phase.
+void AnnotationPhase(const std::string& name, Request& r, RequestTrace& trace) {
+  const std::size_t colon = name.rfind(':');
+  std::int64_t step = kNoStep;
+  std::string base = name;
+  if (colon != std::string::npos && absl::SimpleAtoi(name.substr(colon + 1), &step) && step >= 0) {
+    base = name.substr(0, colon);
+  } else {
+    step = kNoStep;
+  }
+  if (std::optional<Phase> p = ParsePhase(base); p && *p != Phase::kUser) {
+    r.phase = *p;
+    r.step = step;
+    return;
+  }
+  r.phase = Phase::kUser;
+  r.step = kNoStep;
+  trace.strings.push_back(name);
+  r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
+}
+
+// ---- Reading trace entries and segments (field names: docs/snapshot-format.md).
+
+std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
+
+// The trace entry and segment keys memscope knows (read or deliberately
+// ignored); any other key is counted and named in a note.
+bool KnownEntryKey(std::string_view k) {
+  static constexpr std::string_view kKeys[] = {"action",          "addr",          "size",       "stream",
+                                               "time_us",         "frames",        "device_free", "compile_context",
+                                               "user_metadata",   "pool_id",       "name",        "stage",
+                                               "device",          "requested_size", "real_size"};
+  for (std::string_view x : kKeys) {
+    if (x == k) return true;
+  }
+  return false;
+}
+
+// Counts of things a reader met but does not model, by name, for one note.
+struct Unknowns {
+  std::map<std::string, std::uint64_t> counts;
+  void Add(std::string_view name) {
+    if (counts.size() < 64 || counts.contains(std::string(name))) ++counts[std::string(name)];
+  }
+  std::string Text() const {
+    std::vector<std::string> parts;
+    for (const auto& [name, n] : counts) parts.push_back(absl::StrCat(name, " (", n, ")"));
+    return absl::StrJoin(parts, ", ");
+  }
+};
+
+bool IsDefaultPool(const PyView& pool) {
+  if (!pool.valid() || pool.kind() == PyKind::kNone) return true;
+  for (std::size_t k = 0; k < pool.size(); ++k) {
+    if (UIntOr0(pool[k]) != 0) return false;
+  }
+  return true;
+}
+
+// ---- Attribution from stacks (docs/snapshot-format.md, "Categories and
+// owners"). PyTorch's frames are innermost first.
+
+bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
+
+// A frame of PyTorch itself or of C++ (not the user's code).
+bool LibraryFrame(std::string_view file) {
+  return file.empty() || Contains(file, "/torch/") || Contains(file, "\\torch\\") || file.starts_with("torch/") ||
+         file.ends_with(".cpp") || file.ends_with(".h") || file.ends_with(".cu") || file.ends_with(".cuh") ||
+         file.starts_with("<") || file == "??";
+}
+
+// The category of an allocation from its stack: the first rule that any
+// frame matches, in this order.
+Category CategoryFromFrames(const PyView& frames) {
+  // memscope's own exports: one frame named "memscope CATEGORY".
+  if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
+    if (std::optional<Category> c = ParseCategory(name->substr(9))) return *c;
+  }
+  auto any = [&](auto&& pred) {
+    for (std::size_t k = 0; k < frames.size(); ++k) {
+      const std::string_view file = frames[k].Get("filename").AsString().value_or("");
+      const std::string_view name = frames[k].Get("name").AsString().value_or("");
+      if (pred(file, name)) return true;
+    }
+    return false;
+  };
+  if (any([](std::string_view f, std::string_view) { return Contains(f, "torch/optim/"); })) {
+    return Category::kOptimizerState;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(n, "Reducer") || Contains(n, "reducer") || Contains(n, "bucket") ||
+               (Contains(f, "torch/nn/parallel/distributed.py") && Contains(n, "_rebuild_buckets"));
+      })) {
+    return Category::kDdpBucket;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(f, "torch/distributed/") || Contains(n, "c10d::") || Contains(n, "_sync_module_states") ||
+               Contains(n, "_sync_buffers") || Contains(n, "_sync_params");
+      })) {
+    return Category::kCommTemp;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(f, "torch/autograd/") || Contains(n, "AccumulateGrad") || Contains(n, "autograd::Engine") ||
+               (Contains(f, "torch/_tensor.py") && n == "backward");
+      })) {
+    return Category::kGradient;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return Contains(f, "torch/nn/init.py") || n == "reset_parameters" ||
+               (Contains(f, "torch/nn/modules/module.py") && (n == "_apply" || n == "to" || n == "cuda"));
+      })) {
+    return Category::kParameter;
+  }
+  if (any([](std::string_view f, std::string_view) { return Contains(f, "torch/utils/data/"); })) {
+    return Category::kInput;
+  }
+  if (any([](std::string_view f, std::string_view n) {
+        return n == "forward" || Contains(f, "torch/nn/modules/") || Contains(f, "torch/nn/functional.py");
+      })) {
+    return Category::kActivation;
+  }
+  return Category::kOther;
+}
+
+// "file:line function" of the innermost frame of the user's code ("" if none).
+std::string OwnerFromFrames(const PyView& frames) {
+  if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
+    const std::string_view owner = frames[0].Get("filename").AsString().value_or("??");
+    return owner == "??" ? std::string() : std::string(owner);
+  }
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    const std::string_view file = frames[k].Get("filename").AsString().value_or("");
+    if (LibraryFrame(file)) continue;
+    const std::string_view name = frames[k].Get("name").AsString().value_or("");
+    return absl::StrCat(std::string(file), ":", frames[k].Get("line").AsInt().value_or(0), " ", std::string(name));
+  }
+  return "";
+}
+
+// Category and owner per distinct stack: frames lists are shared nodes of the
+// pickle, so one computation serves every entry that holds the same stack.
+struct StackTags {
+  absl::flat_hash_map<std::uint64_t, std::pair<Category, std::uint32_t>> by_node;
+  std::uint64_t attributed = 0, from_frames = 0;
+
+  void Tag(const PyView& frames, Request& r, RequestTrace& trace) {
+    if (!frames.is_list() || frames.size() == 0) return;
+    ++from_frames;
+    const bool shared = (frames.ref().flags & kPyRefShared) != 0;
+    const std::uint64_t key = frames.ref().v * 2 + (frames.ref().n > 0 ? 1 : 0);
+    if (shared) {
+      if (auto it = by_node.find(key); it != by_node.end()) {
+        r.category = it->second.first;
+        r.text = it->second.second;
+        if (r.category != Category::kOther) ++attributed;
+        return;
+      }
+    }
+    r.category = CategoryFromFrames(frames);
+    std::string owner = OwnerFromFrames(frames);
+    r.text = 0;
+    if (!owner.empty()) {
+      trace.strings.push_back(std::move(owner));
+      r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
+    }
+    if (r.category != Category::kOther) ++attributed;
+    if (shared) by_node.emplace(key, std::make_pair(r.category, r.text));
+  }
+};
+
 // Builds one device's request trace from trace entries, in order.
 struct DeviceBuilder {
   ImportedTrace out;
   std::vector<double> times;                               // time_us per request, for placing annotations
   absl::flat_hash_map<std::uint64_t, std::uint32_t> live;  // address -> slot
   absl::flat_hash_set<std::uint64_t> ever_allocated;
+  absl::flat_hash_set<std::uint64_t> trace_segments;  // segment addresses the trace allocated or mapped
   std::uint64_t unknown_frees = 0;
   std::uint64_t ooms = 0;
-  std::uint64_t skipped = 0;
+  std::uint64_t entries = 0;
+  std::uint64_t private_pool_allocs = 0;
+  StackTags tags;
+  std::uint64_t compile_contexts = 0;
+  std::uint64_t user_metadata = 0;
+  std::int64_t reserved = 0;  // the trace's own count of segment bytes (for an OOM's capacity)
+  std::uint64_t last_alloc_entry = 0, last_oom_entry = 0;
+  std::uint64_t oom_size = 0;
+  Unknowns unknown_actions, unknown_fields;
   double last_time = 0;
+  bool time_known = false;  // an entry had time_us
   // A free_requested whose completion is not known yet: if the next entry is
   // its free_completed, the block was freed at once (a plain free); otherwise
   // it waited on stream events (record_stream) until its free_completed.
@@ -66,24 +246,52 @@ struct DeviceBuilder {
     return static_cast<std::uint32_t>(out.requests.ids.size() - 1);
   }
   void Push(Request r, double time_us) {
-    r.line = out.requests.requests.size() + 1;  // the entry's position in the device trace
+    r.line = entries;  // the entry's position in the device trace (1-based)
+    if (time_known) r.time_us = static_cast<std::int64_t>(time_us);
     out.requests.requests.push_back(r);
     times.push_back(time_us);
   }
 
-  void Entry(const PyValue& e) {
-    const std::string* action = e.Get("action") ? e.Get("action")->AsString() : nullptr;
-    if (action == nullptr) {
-      ++skipped;
+  void Entry(const PyView& e) {
+    ++entries;
+    const std::optional<std::string_view> action = e.Get("action").AsString();
+    if (!action) {
+      unknown_actions.Add("(no action)");
       return;
     }
-    const std::uint64_t addr = e.Get("addr") && e.Get("addr")->AsUInt() ? *e.Get("addr")->AsUInt() : 0;
-    const std::uint64_t size = e.Get("size") && e.Get("size")->AsUInt() ? *e.Get("size")->AsUInt() : 0;
-    const std::uint64_t stream = e.Get("stream") && e.Get("stream")->AsUInt() ? *e.Get("stream")->AsUInt() : 0;
-    double time_us = last_time;
-    if (const PyValue* t = e.Get("time_us")) {
-      if (t->kind == PyValue::Kind::kFloat) time_us = t->f;
-      if (t->AsInt()) time_us = static_cast<double>(*t->AsInt());
+    PyView addr_v, size_v, stream_v, time_v, frames_v;
+    for (std::size_t k = 0; k < e.size(); ++k) {
+      const std::optional<std::string_view> key = e.key(k).AsString();
+      if (!key) continue;
+      if (*key == "addr") {
+        addr_v = e.value(k);
+      } else if (*key == "size") {
+        size_v = e.value(k);
+      } else if (*key == "stream") {
+        stream_v = e.value(k);
+      } else if (*key == "time_us") {
+        time_v = e.value(k);
+      } else if (*key == "frames") {
+        frames_v = e.value(k);
+      } else if (*key == "pool_id") {
+        if (*action == "alloc" && !IsDefaultPool(e.value(k))) ++private_pool_allocs;
+      } else if (*key == "compile_context") {
+        const std::optional<std::string_view> c = e.value(k).AsString();
+        if (c && *c != "N/A" && !c->empty()) ++compile_contexts;
+      } else if (*key == "user_metadata") {
+        const std::optional<std::string_view> m = e.value(k).AsString();
+        if (m && !m->empty()) ++user_metadata;
+      } else if (!KnownEntryKey(*key)) {
+        unknown_fields.Add(*key);
+      }
+    }
+    const std::uint64_t addr = UIntOr0(addr_v);
+    const std::uint64_t size = UIntOr0(size_v);
+    const std::uint64_t stream = UIntOr0(stream_v);
+    const double time_us = time_v.AsNumber().value_or(last_time);
+    if (time_v.AsNumber()) {
+      if (!time_known) out.requests.time_origin_us = static_cast<std::int64_t>(time_us);
+      time_known = true;
     }
     last_time = time_us;
     if (held) {
@@ -98,9 +306,11 @@ struct DeviceBuilder {
         live.erase(it);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
+      tags.Tag(frames_v, r, out.requests);
       live[addr] = r.slot;
       ever_allocated.insert(addr);
       Push(r, time_us);
+      last_alloc_entry = entries;
     } else if (*action == "free_requested") {
       auto it = live.find(addr);
       if (it == live.end()) {
@@ -114,57 +324,77 @@ struct DeviceBuilder {
         Push(Request{RequestOp::kSync, 0, 0, w->second, 0}, time_us);
         waiting.erase(w);
       }
-    } else if (*action == "segment_alloc") {
-      out.segment_alloc_sizes.push_back(size);
+    } else if (*action == "segment_alloc" || *action == "segment_map") {
+      out.segment_actions.push_back(
+          {*action == "segment_alloc" ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
+      reserved += static_cast<std::int64_t>(size);
+      trace_segments.insert(addr);
+    } else if (*action == "segment_free" || *action == "segment_unmap") {
+      // empty_cache() (or the release-all retry before an OOM): the replay
+      // empties its cache here too, once for the run of segment frees.
+      out.segment_actions.push_back(
+          {*action == "segment_free" ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
+      reserved -= static_cast<std::int64_t>(size);
+      if (out.requests.requests.empty() || out.requests.requests.back().op != RequestOp::kEmptyCache) {
+        Push(Request{RequestOp::kEmptyCache, 0, 0, 0, 0}, time_us);
+      }
     } else if (*action == "oom") {
       ++ooms;
-    } else if (*action != "segment_free" && *action != "segment_map" && *action != "segment_unmap" &&
-               *action != "snapshot") {
-      ++skipped;
+      last_oom_entry = entries;
+      oom_size = size;
+      const std::uint64_t device_free = UIntOr0(e.Get("device_free"));
+      if (out.device_capacity == 0 && reserved >= 0) {
+        out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
+      }
+    } else if (*action == "user_defined") {
+      // PyTorch 2.1-2.3: record_function annotations inside the trace.
+      const std::optional<std::string_view> name = e.Get("name").AsString();
+      const std::optional<std::string_view> stage = e.Get("stage").AsString();
+      if (name) {
+        Request r{RequestOp::kMark, 0, 0, 0, 0};
+        if (stage) r.op = *stage == "END" ? RequestOp::kPhaseEnd : RequestOp::kPhaseBegin;
+        AnnotationPhase(std::string(*name), r, out.requests);
+        if (r.op == RequestOp::kMark && r.phase != Phase::kUser) {
+          out.requests.strings.push_back(std::string(*name));
+          r.text = static_cast<std::uint32_t>(out.requests.strings.size() - 1);
+        }
+        Push(r, time_us);
+      }
+    } else if (*action != "snapshot") {
+      unknown_actions.Add(*action);
     }
   }
 };
 
-// "forward:0" and "model" are memscope's own names; anything else is a user phase.
-void AnnotationPhase(const std::string& name, Request& r, RequestTrace& trace) {
-  const std::size_t colon = name.rfind(':');
-  std::int64_t step = kNoStep;
-  std::string base = name;
-  if (colon != std::string::npos && absl::SimpleAtoi(name.substr(colon + 1), &step) && step >= 0) {
-    base = name.substr(0, colon);
-  } else {
-    step = kNoStep;
-  }
-  if (std::optional<Phase> p = ParsePhase(base); p && *p != Phase::kUser) {
-    r.phase = *p;
-    r.step = step;
-    return;
-  }
-  r.phase = Phase::kUser;
-  r.step = kNoStep;
-  trace.strings.push_back(name);
-  r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
-}
-
-std::string SettingsText(const PyValue* settings) {
-  if (settings == nullptr || settings->kind != PyValue::Kind::kDict) return "";
-  if (const PyValue* text = settings->Get("PYTORCH_CUDA_ALLOC_CONF"); text && text->AsString()) {
+std::string SettingsText(const PyView& settings) {
+  if (!settings.is_dict()) return "";
+  if (std::optional<std::string_view> text = settings.Get("PYTORCH_CUDA_ALLOC_CONF").AsString()) {
     // Accept it only if memscope can parse it (PyTorch may list keys memscope refuses).
-    if (AllocatorConfig::Parse(*text->AsString()).ok()) return *text->AsString();
+    if (AllocatorConfig::Parse(std::string(*text)).ok()) return std::string(*text);
   }
   std::vector<std::string> parts;
-  if (const PyValue* m = settings->Get("max_split_size"); m && m->AsInt() && *m->AsInt() > 0) {
-    const std::int64_t mb = *m->AsInt() / static_cast<std::int64_t>(kMiB);
+  if (std::optional<std::int64_t> m = settings.Get("max_split_size").AsInt(); m && *m > 0) {
+    const std::int64_t mb = *m / static_cast<std::int64_t>(kMiB);
     if (mb >= 20 && mb < (std::int64_t{1} << 40)) parts.push_back(absl::StrCat("max_split_size_mb:", mb));
   }
-  if (const PyValue* e = settings->Get("expandable_segments"); e && e->kind == PyValue::Kind::kBool && e->b) {
-    parts.push_back("expandable_segments:True");
-  }
-  if (const PyValue* g = settings->Get("garbage_collection_threshold");
-      g && g->kind == PyValue::Kind::kFloat && g->f > 0 && g->f < 1) {
-    parts.push_back(absl::StrCat("garbage_collection_threshold:", g->f));
+  if (settings.Get("expandable_segments").bool_value()) parts.push_back("expandable_segments:True");
+  if (const PyView g = settings.Get("garbage_collection_threshold"); g.kind() == PyKind::kFloat) {
+    if (g.float_value() > 0 && g.float_value() < 1) {
+      parts.push_back(absl::StrCat("garbage_collection_threshold:", g.float_value()));
+    }
   }
   return absl::StrJoin(parts, ",");
+}
+
+int DeviceOf(const PyView& v) {
+  const std::optional<std::int64_t> d = v.Get("device").AsInt();
+  return d && *d >= 0 && *d <= kMaxTimelineDeviceIndex ? static_cast<int>(*d) : 0;
+}
+
+std::string PoolText(const PyView& pool) {
+  std::vector<std::string> parts;
+  for (std::size_t k = 0; k < pool.size(); ++k) parts.push_back(absl::StrCat(UIntOr0(pool[k])));
+  return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
 }
 
 }  // namespace
@@ -177,7 +407,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   options.stream_list = [](const PicklePath& p) {
     return p.size() == 2 && p[0] == "device_traces" && p[1].size() > 2 && p[1].front() == '[';
   };
-  options.on_item = [&](const PicklePath& p, PyValue&& item) -> absl::Status {
+  options.on_item = [&](const PicklePath& p, PyView item) -> absl::Status {
     int device = 0;
     if (!absl::SimpleAtoi(p[1].substr(1, p[1].size() - 2), &device) || device < 0 ||
         device > kMaxTimelineDeviceIndex) {
@@ -185,43 +415,54 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     }
     DeviceBuilder& b = devices[device];
     b.out.device = device;
+    if (!item.is_dict()) {
+      b.unknown_actions.Add(absl::StrCat("(an entry that is a ", item.kind() == PyKind::kList ? "list" : "scalar",
+                                         ", not a dict)"));
+      return absl::OkStatus();
+    }
     b.Entry(item);
     return absl::OkStatus();
   };
-  absl::StatusOr<PyValue> root = ReadPickle(in, path, options);
-  if (!root.ok()) return root.status();
-  if (root->kind == PyValue::Kind::kList) {
+  absl::StatusOr<PickleDoc> doc = ReadPickle(in, path, options);
+  if (!doc.ok()) return doc.status();
+  const PyView root = doc->root();
+  if (root.is_list()) {
     return absl::FailedPreconditionError(absl::StrCat(
         path,
         ": a PyTorch 1.13 snapshot (a list of segments) has no trace of requests to replay; record one with "
         "torch.cuda.memory._record_memory_history() on PyTorch 2.x"));
   }
-  if (root->kind != PyValue::Kind::kDict || root->Get("segments") == nullptr) {
+  if (!root.is_dict() || !root.Get("segments").valid()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": not a PyTorch memory snapshot (expected a dict with \"segments\" and \"device_traces\")"));
   }
-  const std::string settings = SettingsText(root->Get("allocator_settings"));
+  const std::string settings = SettingsText(root.Get("allocator_settings"));
 
   // Blocks alive at the snapshot that the trace never allocated were
-  // allocated before the trace began: they start the replay.
-  std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> preexisting;  // device -> (addr, size)
-  if (const PyValue* segments = root->Get("segments"); segments && segments->kind == PyValue::Kind::kList) {
-    for (const PyValue& seg : segments->items) {
-      const int device =
-          seg.Get("device") && seg.Get("device")->AsInt() ? static_cast<int>(*seg.Get("device")->AsInt()) : 0;
-      const PyValue* blocks = seg.Get("blocks");
-      if (blocks == nullptr) continue;
-      for (const PyValue& block : blocks->items) {
-        const std::string* state = block.Get("state") ? block.Get("state")->AsString() : nullptr;
-        if (state == nullptr || *state != "active_allocated") continue;
-        const std::uint64_t addr =
-            block.Get("address") && block.Get("address")->AsUInt() ? *block.Get("address")->AsUInt() : 0;
-        std::uint64_t size = block.Get("requested_size") && block.Get("requested_size")->AsUInt()
-                                 ? *block.Get("requested_size")->AsUInt()
-                                 : 0;
-        if (size == 0 && block.Get("size") && block.Get("size")->AsUInt()) size = *block.Get("size")->AsUInt();
-        preexisting[device].emplace_back(addr, size);
-      }
+  // allocated before the trace began: they start the replay. Segments the
+  // trace never allocated count in the reserved bytes of an OOM's capacity.
+  struct Preexisting {
+    std::uint64_t addr, size;
+    PyView frames;
+  };
+  std::map<int, std::vector<Preexisting>> preexisting;
+  std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
+  std::map<int, std::map<std::string, std::uint64_t>> private_pools;  // device -> pool -> segments
+  const PyView segments = root.Get("segments");
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const PyView seg = segments[s];
+    const int device = DeviceOf(seg);
+    segments_at_end[device].emplace_back(UIntOr0(seg.Get("address")), UIntOr0(seg.Get("total_size")));
+    if (const PyView pool = seg.Get("segment_pool_id"); !IsDefaultPool(pool)) ++private_pools[device][PoolText(pool)];
+    const PyView blocks = seg.Get("blocks");
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      const PyView block = blocks[k];
+      const std::optional<std::string_view> state = block.Get("state").AsString();
+      if (!state || *state != "active_allocated") continue;
+      const std::uint64_t addr = UIntOr0(block.Get("address"));
+      std::uint64_t size = UIntOr0(block.Get("requested_size"));
+      if (size == 0) size = UIntOr0(block.Get("size"));
+      preexisting[device].push_back({addr, size, block.Get("frames")});
     }
   }
 
@@ -233,9 +474,12 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
-    for (const auto& [addr, size] : preexisting[device]) {
-      if (b.ever_allocated.contains(addr)) continue;
-      head.push_back(Request{RequestOp::kAlloc, b.Slot(addr), size, 0, 0});
+    for (const Preexisting& p : preexisting[device]) {
+      if (b.ever_allocated.contains(p.addr)) continue;
+      Request r{RequestOp::kAlloc, b.Slot(p.addr), p.size, 0, 0};
+      b.tags.Tag(p.frames, r, t.requests);
+      r.time_us = t.requests.time_origin_us;
+      head.push_back(r);
     }
     if (!head.empty() || b.unknown_frees > 0) {
       t.notes.push_back(absl::StrCat("the trace of device ", device,
@@ -248,22 +492,21 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     }
     // Annotations (record_function scopes, memscope's phase marks) as phase marks, placed by time.
     std::vector<std::pair<double, Request>> marks;
-    if (const PyValue* ann = root->Get("external_annotations"); ann && ann->kind == PyValue::Kind::kList) {
-      for (const PyValue& a : ann->items) {
-        const std::string* name = a.Get("name") ? a.Get("name")->AsString() : nullptr;
-        const std::string* stage = a.Get("stage") ? a.Get("stage")->AsString() : nullptr;
-        const std::int64_t dev = a.Get("device") && a.Get("device")->AsInt() ? *a.Get("device")->AsInt() : 0;
-        if (name == nullptr || stage == nullptr || dev != device) continue;
-        double time_us = 0;
-        if (const PyValue* tv = a.Get("time_us"))
-          time_us = tv->kind == PyValue::Kind::kFloat ? tv->f : tv->AsInt() ? static_cast<double>(*tv->AsInt()) : 0;
-        Request r{*stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd, 0, 0, 0, 0};
-        AnnotationPhase(*name, r, t.requests);
-        marks.emplace_back(time_us, r);
-      }
+    const PyView ann = root.Get("external_annotations");
+    for (std::size_t k = 0; k < ann.size(); ++k) {
+      const PyView a = ann[k];
+      const std::optional<std::string_view> name = a.Get("name").AsString();
+      const std::optional<std::string_view> stage = a.Get("stage").AsString();
+      if (!name || !stage || DeviceOf(a) != device) continue;
+      const double time_us = a.Get("time_us").AsNumber().value_or(0);
+      Request r{*stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd, 0, 0, 0, 0};
+      AnnotationPhase(std::string(*name), r, t.requests);
+      if (b.time_known) r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
+      marks.emplace_back(time_us, r);
     }
     std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<Request> merged = head;
+    merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
     std::size_t m = 0;
     for (std::size_t i = 0; i < t.requests.requests.size(); ++i) {
       // A scope's START goes before the entries of its microsecond, its END after them.
@@ -274,9 +517,54 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       merged.push_back(t.requests.requests[i]);
     }
     while (m < marks.size()) merged.push_back(marks[m++].second);
+    // An OOM that ended the trace's allocations (the snapshot was taken at
+    // it): the failing request is replayed too, on a device of the capacity
+    // the OOM implies.
+    if (b.ooms > 0) {
+      if (b.last_oom_entry > b.last_alloc_entry && b.oom_size > 0) {
+        Request r{RequestOp::kAlloc, b.Slot(0), b.oom_size, 0, b.last_oom_entry};
+        if (b.time_known) r.time_us = static_cast<std::int64_t>(b.last_time);
+        merged.push_back(r);
+      }
+      std::uint64_t before_trace = 0;  // segments alive at the end that the trace never allocated
+      for (const auto& [addr, size] : segments_at_end[device]) {
+        if (!b.trace_segments.contains(addr)) before_trace += size;
+      }
+      if (t.device_capacity != 0) t.device_capacity += before_trace;
+      t.notes.push_back(absl::StrCat(
+          "the trace of device ", device, " records ", b.ooms, " OOM(s)",
+          t.device_capacity != 0
+              ? absl::StrCat("; the first says the device had ", FormatSize(t.device_capacity),
+                             " for this process (reserved + device_free): the replay uses that capacity")
+              : std::string()));
+    }
     t.requests.requests = std::move(merged);
-    if (b.ooms > 0) t.notes.push_back(absl::StrCat("the trace of device ", device, " records ", b.ooms, " OOM(s)"));
-    if (b.skipped > 0) t.notes.push_back(absl::StrCat(b.skipped, " trace entries of unknown kinds were skipped"));
+    if (!b.unknown_actions.counts.empty()) {
+      t.notes.push_back(absl::StrCat("trace entries of device ", device,
+                                     " with actions memscope does not model were skipped: ",
+                                     b.unknown_actions.Text()));
+    }
+    if (!b.unknown_fields.counts.empty()) {
+      t.notes.push_back(absl::StrCat("trace entry fields memscope does not read: ", b.unknown_fields.Text()));
+    }
+    if (b.private_pool_allocs > 0 || !private_pools[device].empty()) {
+      std::vector<std::string> pools;
+      for (const auto& [pool, n] : private_pools[device]) pools.push_back(absl::StrCat(pool, ": ", n, " segments"));
+      t.notes.push_back(absl::StrCat(
+          "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ",
+          b.private_pool_allocs, " allocations of the trace",
+          pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", absl::StrJoin(pools, ", ")),
+          "; the replay serves them from the default pool"));
+    }
+    if (b.tags.from_frames > 0) {
+      t.notes.push_back(absl::StrCat("device ", device, ": ", b.tags.from_frames,
+                                     " allocations carry stacks; categories from them for ", b.tags.attributed,
+                                     " (the rest OTHER), owners from the innermost frame outside torch"));
+    }
+    if (b.compile_contexts > 0 || b.user_metadata > 0) {
+      t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ",
+                                     b.user_metadata, " a user_metadata (kept in the file, not shown)"));
+    }
     if (b.delayed_frees > 0) {
       t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device,
                                      " completed later than requested "
@@ -298,60 +586,60 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   PickleReadOptions options;  // the trace, if any, is not needed: stream and drop it
   options.stream_list = [](const PicklePath& p) { return p.size() == 2 && p[0] == "device_traces"; };
-  options.on_item = [](const PicklePath&, PyValue&&) { return absl::OkStatus(); };
-  absl::StatusOr<PyValue> root = ReadPickle(in, path, options);
-  if (!root.ok()) return root.status();
-  const PyValue* segments = root->kind == PyValue::Kind::kList ? &*root : root->Get("segments");
-  if (segments == nullptr || segments->kind != PyValue::Kind::kList) {
+  options.on_item = [](const PicklePath&, PyView) { return absl::OkStatus(); };
+  absl::StatusOr<PickleDoc> doc = ReadPickle(in, path, options);
+  if (!doc.ok()) return doc.status();
+  const PyView root = doc->root();
+  const PyView segments = root.is_list() ? root : root.Get("segments");
+  if (!segments.is_list()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a PyTorch memory snapshot (no segments)"));
   }
-  auto uint = [](const PyValue& v, const char* key) -> std::uint64_t {
-    const PyValue* x = v.Get(key);
-    return x != nullptr && x->AsUInt() ? *x->AsUInt() : 0;
-  };
   // Segments in address order, per device.
-  std::map<int, std::vector<const PyValue*>> by_device;
-  for (const PyValue& seg : segments->items) {
-    if (seg.kind != PyValue::Kind::kDict) continue;
-    const std::uint64_t device = uint(seg, "device");
-    if (device > static_cast<std::uint64_t>(kMaxTimelineDeviceIndex)) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": segment of device ", device, " (at most ",
-                                                     kMaxTimelineDeviceIndex, " devices are read)"));
+  std::map<int, std::vector<PyView>> by_device;
+  for (std::size_t k = 0; k < segments.size(); ++k) {
+    if (!segments[k].is_dict()) continue;
+    const std::optional<std::int64_t> device = segments[k].Get("device").AsInt();
+    if (device && (*device < 0 || *device > kMaxTimelineDeviceIndex)) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": segment of device ", *device, " (devices 0 to ",
+                                                     kMaxTimelineDeviceIndex, " are read)"));
     }
-    by_device[static_cast<int>(device)].push_back(&seg);
+    by_device[DeviceOf(segments[k])].push_back(segments[k]);
   }
   std::string settings;
-  if (root->kind == PyValue::Kind::kDict) settings = SettingsText(root->Get("allocator_settings"));
+  if (root.is_dict()) settings = SettingsText(root.Get("allocator_settings"));
   std::vector<Timeline> timelines;
   for (auto& [device, segs] : by_device) {
-    std::sort(segs.begin(), segs.end(),
-              [&](const PyValue* a, const PyValue* b) { return uint(*a, "address") < uint(*b, "address"); });
+    std::sort(segs.begin(), segs.end(), [](const PyView& a, const PyView& b) {
+      return UIntOr0(a.Get("address")) < UIntOr0(b.Get("address"));
+    });
     Timeline t;
     t.rank = device;
     t.device_index = device;
     t.alloc_conf = settings;
-    for (const PyValue* seg : segs) {
-      const std::string* type = seg->Get("segment_type") ? seg->Get("segment_type")->AsString() : nullptr;
-      const bool expandable = seg->Get("is_expandable") && seg->Get("is_expandable")->kind == PyValue::Kind::kBool &&
-                              seg->Get("is_expandable")->b;
+    std::map<std::string, std::uint64_t> pools;
+    for (const PyView& seg : segs) {
+      const std::optional<std::string_view> type = seg.Get("segment_type").AsString();
+      const bool expandable = seg.Get("is_expandable").bool_value();
+      if (const PyView pool = seg.Get("segment_pool_id"); !IsDefaultPool(pool)) ++pools[PoolText(pool)];
       Event e;
       e.type = expandable ? EventType::kSegmentMap : EventType::kSegmentAlloc;
-      e.set_small_pool(type != nullptr && *type == "small");
-      e.addr = uint(*seg, "address");
-      e.size = uint(*seg, "total_size");
-      e.stream = uint(*seg, "stream");
+      e.set_small_pool(type && *type == "small");
+      e.addr = UIntOr0(seg.Get("address"));
+      e.size = UIntOr0(seg.Get("total_size"));
+      e.stream = UIntOr0(seg.Get("stream"));
       t.events.push_back(e);
-      const PyValue* blocks = seg->Get("blocks");
+      const PyView blocks = seg.Get("blocks");
       std::uint64_t cursor = e.addr;
-      for (const PyValue& block : blocks != nullptr ? blocks->items : std::vector<PyValue>{}) {
-        const std::uint64_t size = uint(block, "size");
-        const std::uint64_t addr = block.Get("address") ? uint(block, "address") : cursor;
+      for (std::size_t k = 0; k < blocks.size(); ++k) {
+        const PyView block = blocks[k];
+        const std::uint64_t size = UIntOr0(block.Get("size"));
+        const std::uint64_t addr = block.Get("address").valid() ? UIntOr0(block.Get("address")) : cursor;
         cursor = addr + size;
-        const std::string* state = block.Get("state") ? block.Get("state")->AsString() : nullptr;
-        if (state == nullptr || *state == "inactive") continue;
-        std::uint64_t requested = uint(block, "requested_size");
-        if (const PyValue* history = block.Get("history"); requested == 0 && history && !history->items.empty()) {
-          requested = uint(history->items.back(), "real_size");  // 1.13
+        const std::optional<std::string_view> state = block.Get("state").AsString();
+        if (!state || *state == "inactive") continue;
+        std::uint64_t requested = UIntOr0(block.Get("requested_size"));
+        if (const PyView history = block.Get("history"); requested == 0 && history.size() > 0) {
+          requested = UIntOr0(history[history.size() - 1].Get("real_size"));  // 1.13
         }
         Event a;
         a.type = EventType::kAlloc;
@@ -369,6 +657,12 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
     }
     t.notes.push_back(absl::StrCat(path, " has no trace of device ", device, ": showing the state of its ", segs.size(),
                                    " segments at the snapshot (exact blocks, no history)"));
+    if (!pools.empty()) {
+      std::vector<std::string> parts;
+      for (const auto& [pool, n] : pools) parts.push_back(absl::StrCat(pool, ": ", n, " segments"));
+      t.notes.push_back(absl::StrCat("device ", device, " has segments in private pools (CUDA graphs or MemPool): ",
+                                     absl::StrJoin(parts, ", ")));
+    }
     timelines.push_back(std::move(t));
   }
   if (timelines.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": the snapshot has no segments"));
@@ -438,6 +732,14 @@ absl::StatusOr<InputKind> DetectInput(const std::string& path) {
   in.read(head, sizeof head);
   const std::string_view bytes(head, static_cast<std::size_t>(in.gcount()));
   if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80) return InputKind::kPickle;
+  // Protocols 0 and 1 have no PROTO opcode: a snapshot (a dict, or the 1.13
+  // list) starts with MARK then DICT/LIST (protocol 0) or EMPTY_DICT /
+  // EMPTY_LIST then a memo PUT or MARK (protocol 1).
+  if (bytes.size() >= 2 && (bytes.substr(0, 2) == "(d" || bytes.substr(0, 2) == "(l")) return InputKind::kPickle;
+  if (bytes.size() >= 2 && (bytes[0] == '}' || bytes[0] == ']') &&
+      (bytes[1] == '(' || bytes[1] == 'q' || bytes[1] == 'r' || bytes[1] == '.')) {
+    return InputKind::kPickle;
+  }
   if (bytes.size() >= 8 && bytes.substr(0, 8) == std::string_view(kTimelineMagic, 8)) return InputKind::kTimeline;
   if (bytes.rfind("Thread,Time,Action", 0) == 0) return InputKind::kRmmCsv;
   const std::size_t first = bytes.find_first_not_of(" \t\r\n");

@@ -25,15 +25,28 @@ struct ImportedTrace {
   RequestTrace requests;
   int device = 0;
   std::string alloc_conf;  // the snapshot's allocator settings, as PYTORCH_CUDA_ALLOC_CONF text
-  // Segment sizes of the trace's segment_alloc entries, in order (for --verify).
-  std::vector<std::uint64_t> segment_alloc_sizes;
+  // The trace's segment_alloc / segment_free / segment_map / segment_unmap
+  // entries, in order (for --verify): type and size.
+  struct SegmentAction {
+    EventType type;
+    std::uint64_t size;
+  };
+  std::vector<SegmentAction> segment_actions;
+  // The device capacity an `oom` entry implies (reserved bytes then +
+  // device_free), 0 without one: the replay's device size unless the user
+  // gives one.
+  std::uint64_t device_capacity = 0;
   // Things the user should know: a trace that does not start at the
   // beginning of the program, entries skipped, the legacy format.
   std::vector<std::string> notes;
 };
 
-// Reads a PyTorch snapshot pickle (2.x dict or 1.13 list format). One
-// ImportedTrace per device that has trace entries. A snapshot without trace
+// Reads a PyTorch snapshot pickle (2.x dict or 1.13 list format; the
+// fields and actions read are listed in docs/snapshot-format.md). One
+// ImportedTrace per device that has trace entries. segment_free and
+// segment_unmap entries (empty_cache) become an empty-cache request; an
+// `oom` that ended the trace becomes its failing request; unknown actions
+// and fields are counted and named in a note. A snapshot without trace
 // entries (the 1.13 format, or history not recorded) is FailedPrecondition:
 // read its state with ReadPytorchSnapshotState instead.
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path);
@@ -48,7 +61,8 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
 // Reads RMM's logging_resource_adaptor CSV (Thread,Time,Action,Pointer,Size,Stream).
 absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& source);
 
-// What a file is, from its first bytes: a pickle (0x80), a memscope timeline,
+// What a file is, from its first bytes: a pickle (protocols 2-5: 0x80;
+// protocols 0 and 1 of a dict or list: "(d", "(l", "}(", "}q", "](", "]q"), a memscope timeline,
 // an RMM CSV (its header), a JSON-lines request trace ('{' or '#'), or unknown
 // (an empty file counts as unknown).
 enum class InputKind { kPickle, kTimeline, kRmmCsv, kJsonl, kDirectory, kUnknown };

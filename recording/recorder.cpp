@@ -11,13 +11,13 @@ std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so ma
 
 Recorder::Recorder(EventSink& sink) : sink_(sink), start_ns_(SteadyNs()) {}
 
-std::int64_t Recorder::Now() const { return SteadyNs() - start_ns_; }
+std::int64_t Recorder::Now() const { return use_trace_time_ ? trace_time_ns_ : SteadyNs() - start_ns_; }
 
 void Recorder::OnEvent(const TraceEvent& e) {
   Event out;
   out.type = static_cast<EventType>(e.action);
   out.set_small_pool(e.small_pool);
-  out.time_ns = e.time_ns - start_ns_;
+  out.time_ns = use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
   out.addr = e.addr;
   out.size = e.size;
   out.requested_size = e.requested_size;

@@ -49,6 +49,15 @@ class Recorder final : public AllocatorObserver {
 
   EventSink& sink() { return sink_; }
 
+  // Replaying a trace that has its own times: events and marks from now on
+  // carry `ns` (since the recording's start) instead of the clock's time,
+  // until ClearTraceTime().
+  void SetTraceTime(std::int64_t ns) {
+    trace_time_ns_ = ns;
+    use_trace_time_ = true;
+  }
+  void ClearTraceTime() { use_trace_time_ = false; }
+
  private:
   std::int64_t Now() const;
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
@@ -58,6 +67,8 @@ class Recorder final : public AllocatorObserver {
   std::int64_t start_ns_;
   std::string last_owner_;           // the owner of the previous allocation...
   std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
+  bool use_trace_time_ = false;
+  std::int64_t trace_time_ns_ = 0;
 };
 
 }  // namespace memscope

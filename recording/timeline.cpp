@@ -231,9 +231,15 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
 absl::StatusOr<Timeline> ReadTimelineFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open timeline '", path, "'"));
+  // The magic first: anything else (/dev/zero, a FIFO of junk) is refused
+  // after 8 bytes instead of being read to its end.
+  std::string bytes(8, '\0');
+  in.read(bytes.data(), 8);
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
+  if (bytes.size() < 8 || std::memcmp(bytes.data(), kTimelineMagic, 8) != 0) return ParseTimeline(bytes, path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseTimeline(ss.str(), path);
+  return ParseTimeline(bytes + ss.str(), path);
 }
 
 }  // namespace memscope

@@ -98,14 +98,22 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
       for (const ImportedTrace& trace : *imported) {
         absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);
         if (!config.ok()) return config.status();
-        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, device_memory, trace.device);
+        // An OOM snapshot is replayed on the capacity its oom entry implies,
+        // unless the caller asked for a size.
+        const std::uint64_t memory =
+            trace.device_capacity != 0 && device_memory == kDefaultReplayDeviceMemory ? trace.device_capacity
+                                                                                      : device_memory;
+        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device);
         if (!t.ok()) return t.status();
+        t->device_capacity = memory;
+        // The snapshot's own clock: event times are its time_us (kept by the replay).
+        if (trace.requests.time_origin_us >= 0) t->wall_start_us = trace.requests.time_origin_us;
         t->notes = trace.notes;
         t->notes.insert(t->notes.begin(), absl::StrCat("device ", trace.device, " of ", path,
                                                        ": its trace was replayed under its own "
                                                        "allocator settings (",
                                                        trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
-                                                       ") on a simulated GPU of ", FormatSize(device_memory)));
+                                                       ") on a simulated GPU of ", FormatSize(memory)));
         timelines.push_back(std::move(*t));
       }
       return timelines;

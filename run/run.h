@@ -25,7 +25,11 @@ namespace memscope {
 // under the snapshot's own allocator settings on a simulated GPU of
 // `device_memory` bytes; one Timeline per device, rank = device). Errors name
 // the path and what is wrong.
-absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory = 80ULL << 30);
+// An OOM snapshot whose `oom` entry implies the device's capacity is replayed
+// on that capacity when `device_memory` is the default.
+inline constexpr std::uint64_t kDefaultReplayDeviceMemory = 80ULL << 30;
+absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path,
+                                              std::uint64_t device_memory = kDefaultReplayDeviceMemory);
 
 // A run's report and, when it was analysed here, the recording it analyses.
 struct LoadedReport {

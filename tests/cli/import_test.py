@@ -26,7 +26,7 @@ try:
     code, out, err = run("snapshot", rundir, "-o", snap)
     check("snapshot", code == 0, err)
     code, out, err = run("replay", snap, "--verify")
-    check("verify own", code == 0 and "all 3 segment_alloc sizes match" in out, (code, out, err))
+    check("verify own", code == 0 and "all 4 segment actions match, in order (3 segment_alloc, 1 segment_free)" in out, (code, out, err))
     # Commands take the snapshot directly: the same phase table as the run.
     code, out, err = run("summary", snap, "--json")
     check("summary of a snapshot", code == 0, err)
@@ -81,7 +81,7 @@ try:
     with open(path, "wb") as f:
         pickle.dump(delayed_doc, f, protocol=4)
     code, out, err = run("replay", path, "--verify")
-    check("delayed free verify", code == 0 and "all 2 segment_alloc sizes match" in out and
+    check("delayed free verify", code == 0 and "all 2 segment actions match, in order (2 segment_alloc)" in out and
           "1 frees of device 0 completed later than requested" in err, (code, out, err))
     # The same free completed at once: b reuses a's block, one segment in all
     # (treating it as delayed would give b a segment of its own).
@@ -91,7 +91,7 @@ try:
     with open(path, "wb") as f:
         pickle.dump(dict(delayed_doc, device_traces=[prompt]), f, protocol=4)
     code, out, err = run("replay", path, "--verify")
-    check("prompt free verify", code == 0 and "all 1 segment_alloc sizes match" in out and
+    check("prompt free verify", code == 0 and "all 1 segment actions match, in order (1 segment_alloc)" in out and
           "completed later" not in err, (code, out, err))
 
     # Snapshots without a trace show their state: the 1.13 list format (blocks

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -146,9 +147,31 @@ dump('bytes_p3.pickle', blobs[:3], 3)
 write('bytes3.canon', canon(blobs[:3]))
 nested = [[1], [2]]
 dump('shared_nested.pickle', [nested, nested], 4)
+write('shared_nested.canon', canon([nested, nested]))
 rec = []
 rec.append(rec)
 dump('recursive.pickle', rec, 4)
+# PyTorch's shape: one frames list object per traceback, handed to the block,
+# its alloc entry and its segment; frame dicts shared between tracebacks.
+tf = [{'filename': 'model%d.py' % (k % 7), 'line': k, 'name': 'fn%d' % k} for k in range(60)]
+stacks = [[tf[(s * 7 + j) % 60] for j in range(20)] for s in range(50)]
+tt, tb = [], []
+for k in range(20000):
+    st = stacks[k % 50]
+    addr = 0x7f0000000000 + k * 512
+    tt.append({'action': 'alloc', 'addr': addr, 'size': 512, 'stream': 0, 'time_us': k, 'frames': st,
+               'compile_context': 'N/A', 'user_metadata': '', 'pool_id': (0, 0)})
+    if k % 2:
+        tt.append({'action': 'free_requested', 'addr': addr, 'size': 512, 'stream': 0, 'time_us': k, 'frames': st})
+        tt.append({'action': 'free_completed', 'addr': addr, 'size': 512, 'stream': 0, 'time_us': k, 'frames': st})
+    elif k < 100:
+        tb.append({'address': addr, 'size': 512, 'requested_size': 512, 'state': 'active_allocated', 'frames': st})
+torch_snap = {'segments': [{'device': 0, 'address': 0x7f0000000000, 'total_size': 2**21, 'frames': stacks[0],
+                            'blocks': tb}],
+              'device_traces': [tt], 'allocator_settings': {}, 'external_annotations': []}
+dump('torch_p4.pickle', torch_snap, 4)
+write('torch_segments.canon', canon(torch_snap['segments']))
+write('torch_entry.canon', '\n'.join(canon(tt[k]) for k in (0, 1, 2, len(tt) - 1)) + '\n')
 deep = []
 for _ in range(50):
     deep = [deep]
@@ -165,28 +188,29 @@ std::string Hex(const std::string& s) {
   return r;
 }
 
-std::string Canon(const PyValue& v) {
-  switch (v.kind) {
-    case PyValue::Kind::kNone: return "N";
-    case PyValue::Kind::kBool: return v.b ? "T" : "F";
-    case PyValue::Kind::kInt: return v.is_unsigned ? absl::StrCat("i", v.u, ";") : absl::StrCat("i", v.i, ";");
-    case PyValue::Kind::kFloat: return absl::StrCat("f", std::bit_cast<std::uint64_t>(v.f), ";");
-    case PyValue::Kind::kString: return absl::StrCat("s", v.s.size(), ":", Hex(v.s));
-    case PyValue::Kind::kBytes: return absl::StrCat("b", v.s.size(), ":", Hex(v.s));
-    case PyValue::Kind::kList:
-    case PyValue::Kind::kTuple: {
-      std::string r = v.kind == PyValue::Kind::kList ? "[" : "(";
-      for (std::size_t k = 0; k < v.items.size(); ++k) {
+std::string Canon(const PyView& v) {
+  switch (v.kind()) {
+    case PyKind::kMissing: return "?";
+    case PyKind::kNone: return "N";
+    case PyKind::kBool: return v.bool_value() ? "T" : "F";
+    case PyKind::kInt: return v.is_unsigned() ? absl::StrCat("i", *v.AsUInt(), ";") : absl::StrCat("i", *v.AsInt(), ";");
+    case PyKind::kFloat: return absl::StrCat("f", std::bit_cast<std::uint64_t>(v.float_value()), ";");
+    case PyKind::kString: return absl::StrCat("s", v.bytes().size(), ":", Hex(std::string(v.bytes())));
+    case PyKind::kBytes: return absl::StrCat("b", v.bytes().size(), ":", Hex(std::string(v.bytes())));
+    case PyKind::kList:
+    case PyKind::kTuple: {
+      std::string r = v.is_list() ? "[" : "(";
+      for (std::size_t k = 0; k < v.size(); ++k) {
         if (k) r += ',';
-        r += Canon(v.items[k]);
+        r += Canon(v[k]);
       }
-      return r + (v.kind == PyValue::Kind::kList ? "]" : ")");
+      return r + (v.is_list() ? "]" : ")");
     }
-    case PyValue::Kind::kDict: {
+    case PyKind::kDict: {
       std::string r = "{";
-      for (std::size_t k = 0; k < v.dict.size(); ++k) {
+      for (std::size_t k = 0; k < v.size(); ++k) {
         if (k) r += ',';
-        r += Canon(v.dict[k].first) + ":" + Canon(v.dict[k].second);
+        r += Canon(v.key(k)) + ":" + Canon(v.value(k));
       }
       return r + "}";
     }
@@ -232,15 +256,17 @@ const Fixture& Files() {
   return f;
 }
 
-absl::StatusOr<PyValue> ReadFile(const std::filesystem::path& p, const PickleReadOptions& o = {}) {
+absl::StatusOr<PickleDoc> ReadFile(const std::filesystem::path& p, const PickleReadOptions& o = {},
+                                   PickleReadStats* stats = nullptr) {
   std::ifstream in(p, std::ios::binary);
   REQUIRE(in.good());
-  return ReadPickle(in, p.filename().string(), o);
+  return ReadPickle(in, p.filename().string(), o, stats);
 }
 
-absl::StatusOr<PyValue> ReadBytes(const std::string& bytes, const PickleReadOptions& o = {}) {
+absl::StatusOr<PickleDoc> ReadBytes(const std::string& bytes, const PickleReadOptions& o = {},
+                                    PickleReadStats* stats = nullptr) {
   std::istringstream in(bytes);
-  return ReadPickle(in, "mem.pickle", o);
+  return ReadPickle(in, "mem.pickle", o, stats);
 }
 
 }  // namespace
@@ -250,25 +276,26 @@ TEST_CASE("pickle_reader: Python's pickles of a 2.x snapshot read back exactly")
   std::string expected = ReadText(f / "snap.canon");
   for (int p = 0; p <= 5; ++p) {
     INFO("protocol " << p);
-    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"));
+    absl::StatusOr<PickleDoc> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"));
     INFO(v.status().ToString());
     REQUIRE(v.ok());
-    CHECK(Canon(*v) == expected);
+    CHECK(Canon(v->root()) == expected);
     // Helpers.
-    REQUIRE(v->Get("segments") != nullptr);
-    CHECK(v->Get("segments")->items.size() == 30);
-    CHECK(v->Get("nope") == nullptr);
-    const PyValue* ints = v->Get("misc")->Get("ints");
-    REQUIRE(ints != nullptr);
-    CHECK(ints->items[11].AsInt() == INT64_MAX);
-    CHECK(ints->items[13].AsUInt() == UINT64_MAX);
-    CHECK(!ints->items[13].AsInt());
-    CHECK(ints->items[23].AsInt() == INT64_MIN);
-    CHECK(!ints->items[23].AsUInt());
-    CHECK(v->Get("misc")->Get("bools")->items[0].AsInt() == 1);
-    const PyValue& t0 = v->Get("device_traces")->items[0].items[0];
-    REQUIRE(t0.Get("action")->AsString() != nullptr);
-    CHECK(t0.Get("addr")->AsUInt() == 0x7f0000000000u);
+    const PyView root = v->root();
+    REQUIRE(root.Get("segments").valid());
+    CHECK(root.Get("segments").size() == 30);
+    CHECK(!root.Get("nope").valid());
+    const PyView ints = root.Get("misc").Get("ints");
+    REQUIRE(ints.valid());
+    CHECK(ints[11].AsInt() == INT64_MAX);
+    CHECK(ints[13].AsUInt() == UINT64_MAX);
+    CHECK(!ints[13].AsInt());
+    CHECK(ints[23].AsInt() == INT64_MIN);
+    CHECK(!ints[23].AsUInt());
+    CHECK(root.Get("misc").Get("bools")[0].AsInt() == 1);
+    const PyView t0 = root.Get("device_traces")[0][0];
+    REQUIRE(t0.Get("action").AsString());
+    CHECK(t0.Get("addr").AsUInt() == 0x7f0000000000u);
   }
 }
 
@@ -291,17 +318,17 @@ TEST_CASE("pickle_reader: streamed device_traces") {
       asked.push_back(path);
       return path == PicklePath{"device_traces", "[0]"};
     };
-    o.on_item = [&](const PicklePath& path, PyValue&& item) {
+    o.on_item = [&](const PicklePath& path, PyView item) {
       CHECK(path == PicklePath{"device_traces", "[0]"});
       got.push_back(Canon(item));
       return absl::OkStatus();
     };
-    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
+    absl::StatusOr<PickleDoc> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
     INFO(v.status().ToString());
     REQUIRE(v.ok());
     CHECK(got == traces0);
-    CHECK(v->Get("device_traces")->items[0].items.empty());
-    CHECK(Canon(*v) == ReadText(f / "streamed0.canon"));
+    CHECK(v->root().Get("device_traces")[0].size() == 0);
+    CHECK(Canon(v->root()) == ReadText(f / "streamed0.canon"));
     // The paths seen are those of the snapshot's lists.
     std::set<PicklePath> seen(asked.begin(), asked.end());
     CHECK(seen.count({"segments"}) == 1);
@@ -326,15 +353,15 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     std::vector<std::string> got;
     PickleReadOptions o;
     o.stream_list = [](const PicklePath& path) { return path == PicklePath{"device_traces", "[2]"}; };
-    o.on_item = [&](const PicklePath&, PyValue&& item) {
+    o.on_item = [&](const PicklePath&, PyView item) {
       got.push_back(Canon(item));
       return absl::OkStatus();
     };
-    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
+    absl::StatusOr<PickleDoc> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
     INFO(v.status().ToString());
     REQUIRE(v.ok());
     CHECK(got == traces2);
-    CHECK(v->Get("device_traces")->items[0].items.size() == 2600);
+    CHECK(v->root().Get("device_traces")[0].size() == 2600);
 
     got.clear();
     o.stream_list = [](const PicklePath& path) { return path == PicklePath{"device_traces", "[0]"}; };
@@ -342,30 +369,30 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     INFO(v.status().ToString());
     REQUIRE(v.ok());
     CHECK(got == traces0);
-    REQUIRE(v->Get("device_traces")->items.size() == 1);
-    CHECK(v->Get("device_traces")->items[0].items.empty());
+    REQUIRE(v->root().Get("device_traces").size() == 1);
+    CHECK(v->root().Get("device_traces")[0].size() == 0);
   }
   // An error from on_item stops the read.
   PickleReadOptions o;
   o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
   int n = 0;
-  o.on_item = [&](const PicklePath&, PyValue&&) {
+  o.on_item = [&](const PicklePath&, PyView) {
     return ++n == 10 ? absl::CancelledError("enough") : absl::OkStatus();
   };
-  absl::StatusOr<PyValue> v = ReadFile(f / "snap_p4.pickle", o);
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "snap_p4.pickle", o);
   CHECK(absl::IsCancelled(v.status()));
   CHECK(n == 10);
 }
 
 TEST_CASE("pickle_reader: bytes and bytearray") {
   const Fixture& f = Files();
-  absl::StatusOr<PyValue> v = ReadFile(f / "bytes_p5.pickle");
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "bytes_p5.pickle");
   INFO(v.status().ToString());
   REQUIRE(v.ok());
-  CHECK(Canon(*v) == ReadText(f / "bytes.canon"));
+  CHECK(Canon(v->root()) == ReadText(f / "bytes.canon"));
   v = ReadFile(f / "bytes_p3.pickle");
   REQUIRE(v.ok());
-  CHECK(Canon(*v) == ReadText(f / "bytes3.canon"));
+  CHECK(Canon(v->root()) == ReadText(f / "bytes3.canon"));
   v = ReadFile(f / "bytes_p2.pickle");
   REQUIRE(!v.ok());
   CHECK_THAT(std::string(v.status().message()), Catch::Contains("GLOBAL (c)"));
@@ -374,18 +401,18 @@ TEST_CASE("pickle_reader: bytes and bytearray") {
 TEST_CASE("pickle_reader: PyTorch 1.13 list format") {
   const Fixture& f = Files();
   for (int p : {2, 4}) {
-    absl::StatusOr<PyValue> v = ReadFile(f / absl::StrCat("legacy_p", p, ".pickle"));
+    absl::StatusOr<PickleDoc> v = ReadFile(f / absl::StrCat("legacy_p", p, ".pickle"));
     INFO(v.status().ToString());
     REQUIRE(v.ok());
-    CHECK(Canon(*v) == ReadText(f / "legacy.canon"));
-    REQUIRE(v->kind == PyValue::Kind::kList);
-    CHECK(v->items[0].Get("blocks")->items[0].Get("history")->items.size() == 1);
+    CHECK(Canon(v->root()) == ReadText(f / "legacy.canon"));
+    REQUIRE(v->root().is_list());
+    CHECK(v->root()[0].Get("blocks")[0].Get("history").size() == 1);
   }
 }
 
 TEST_CASE("pickle_reader: objects and code are refused, naming the opcode") {
   const Fixture& f = Files();
-  absl::StatusOr<PyValue> v = ReadFile(f / "ordered_p2.pickle");
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "ordered_p2.pickle");
   REQUIRE(!v.ok());
   CHECK_THAT(std::string(v.status().message()),
              Catch::Contains("opcode GLOBAL (c) builds objects or calls code: refused"));
@@ -409,11 +436,14 @@ TEST_CASE("pickle_reader: objects and code are refused, naming the opcode") {
   }
 }
 
-TEST_CASE("pickle_reader: memo references") {
+TEST_CASE("pickle_reader: memo references to shared containers are the same value again") {
   const Fixture& f = Files();
-  absl::StatusOr<PyValue> v = ReadFile(f / "shared_nested.pickle");
-  REQUIRE(!v.ok());
-  CHECK_THAT(std::string(v.status().message()), Catch::Contains("memo reference"));
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "shared_nested.pickle");
+  INFO(v.status().ToString());
+  REQUIRE(v.ok());
+  CHECK(Canon(v->root()) == ReadText(f / "shared_nested.canon"));
+  // One node, referred to twice (not a copy).
+  CHECK(std::memcmp(&v->root()[0].ref(), &v->root()[1].ref(), sizeof(PyRef)) == 0);
   v = ReadFile(f / "recursive.pickle");
   REQUIRE(!v.ok());
   CHECK_THAT(std::string(v.status().message()), Catch::Contains("recursive"));
@@ -427,7 +457,7 @@ TEST_CASE("pickle_reader: malformed input") {
   const Fixture& f = Files();
   PickleReadOptions shallow;
   shallow.max_depth = 10;
-  absl::StatusOr<PyValue> v = ReadFile(f / "deep.pickle", shallow);
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "deep.pickle", shallow);
   REQUIRE(!v.ok());
   CHECK_THAT(std::string(v.status().message()), Catch::Contains("max_depth"));
   CHECK(ReadFile(f / "deep.pickle").ok());
@@ -460,11 +490,11 @@ TEST_CASE("pickle_reader: malformed input") {
   // Protocol 0 text opcodes and duplicate keys.
   v = ReadBytes("(dp0\nVk\np1\nI5\nsg1\nL7L\nsS'a\\x41\\n'\nF2.5\ns.");
   REQUIRE(v.ok());
-  REQUIRE(v->dict.size() == 2);
-  CHECK(v->Get("k")->AsInt() == 7);
-  CHECK(v->dict[1].first.kind == PyValue::Kind::kBytes);
-  CHECK(v->dict[1].first.s == "aA\n");
-  CHECK(v->dict[1].second.f == 2.5);
+  REQUIRE(v->root().size() == 2);
+  CHECK(v->root().Get("k").AsInt() == 7);
+  CHECK(v->root().key(1).kind() == PyKind::kBytes);
+  CHECK(v->root().key(1).bytes() == "aA\n");
+  CHECK(v->root().value(1).float_value() == 2.5);
 }
 
 TEST_CASE("pickle_reader: truncation at every offset is an error") {
@@ -475,10 +505,10 @@ TEST_CASE("pickle_reader: truncation at every offset is an error") {
     REQUIRE(ReadBytes(bytes).ok());
     PickleReadOptions o;
     o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
-    o.on_item = [](const PicklePath&, PyValue&&) { return absl::OkStatus(); };
+    o.on_item = [](const PicklePath&, PyView) { return absl::OkStatus(); };
     for (std::size_t n = 0; n < bytes.size(); ++n) {
       INFO("protocol " << p << " truncated to " << n);
-      absl::StatusOr<PyValue> v = ReadBytes(bytes.substr(0, n));
+      absl::StatusOr<PickleDoc> v = ReadBytes(bytes.substr(0, n));
       CHECK(!v.ok());
       CHECK_THAT(std::string(v.status().message()), Catch::StartsWith("mem.pickle: offset "));
       CHECK(!ReadBytes(bytes.substr(0, n), o).ok());
@@ -501,12 +531,79 @@ TEST_CASE("pickle_reader: corrupted bytes give an error or a value, never a cras
       PickleReadOptions o;
       if (seed % 2) {
         o.stream_list = [](const PicklePath& path) { return path.size() % 2 == 0; };
-        o.on_item = [](const PicklePath&, PyValue&&) { return absl::OkStatus(); };
+        o.on_item = [](const PicklePath&, PyView) { return absl::OkStatus(); };
       }
-      absl::StatusOr<PyValue> v = ReadBytes(b, o);
+      absl::StatusOr<PickleDoc> v = ReadBytes(b, o);
       (v.ok() ? values : errors)++;
     }
   }
   CHECK(errors > 0);
   CHECK(errors + values == 6000);
+}
+
+TEST_CASE("pickle_reader: a snapshot in PyTorch's shape: shared frames lists read, stacks stored once, items released") {
+  const Fixture& f = Files();
+  std::vector<std::string> entries;
+  std::size_t n = 0;
+  PickleReadOptions o;
+  o.stream_list = [](const PicklePath& path) { return path == PicklePath{"device_traces", "[0]"}; };
+  o.on_item = [&](const PicklePath&, PyView item) {
+    if (n < 3 || n == 39999) entries.push_back(Canon(item));  // the first three and the last
+    ++n;
+    return absl::OkStatus();
+  };
+  PickleReadStats stats;
+  absl::StatusOr<PickleDoc> v = ReadFile(f / "torch_p4.pickle", o, &stats);
+  INFO(v.status().ToString());
+  REQUIRE(v.ok());
+  CHECK(n == 40000);  // 20000 allocs, 10000 free_requested + free_completed pairs
+  CHECK(entries == Lines(ReadText(f / "torch_entry.canon")));
+  CHECK(Canon(v->root().Get("segments")) == ReadText(f / "torch_segments.canon"));
+  // 60 frame dicts, 50 stacks and the pool_id tuple are stored once each:
+  // the distinct containers, not one per entry.
+  CHECK(stats.shared_containers <= 60 + 50 + 2);
+  // What the streamed entries built is released after each batch: the reader
+  // holds far less than the input (which is what a tree of the entries would take).
+  INFO("input " << stats.input_bytes << " peak " << stats.peak_working_bytes);
+  CHECK(stats.peak_working_bytes < stats.input_bytes);
+}
+
+TEST_CASE("pickle_reader: hostile shapes are refused before they cost memory") {
+  PickleReadStats stats;
+  // 10^7 nested lists: refused when the 1001st is pushed.
+  absl::StatusOr<PickleDoc> v =
+      ReadBytes("\x80\x04" + std::string(10000000, ']') + "N" + std::string(10000000, 'a') + ".", {}, &stats);
+  REQUIRE(!v.ok());
+  CHECK(v.status().message() == "mem.pickle: offset 1002: nesting deeper than max_depth (1000)");
+  CHECK(stats.peak_working_bytes < (1u << 20));
+  // 10^7 empty lists waiting in one batch: refused at the stack's cap.
+  v = ReadBytes("\x80\x04(" + std::string(10000000, ']') + "l.", {}, &stats);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()),
+             Catch::StartsWith("mem.pickle: offset 131074: more than 131072 values waiting on the pickle stack"));
+  CHECK(stats.peak_working_bytes < (64u << 20));
+  // MARKs nest too.
+  v = ReadBytes("\x80\x04" + std::string(10000000, '('), {}, &stats);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()), Catch::Contains("max_depth"));
+  // A valid list of 10^6 ints in batches of 1000 within a budget of 1 MiB +
+  // 2 bytes per input byte: each 2-byte BININT1 becomes a 16-byte element.
+  std::string ints = "\x80\x04](";
+  for (int k = 0; k < 1000000; ++k) {
+    ints += "K\x01";
+    if (k % 1000 == 999) ints += "e(";
+  }
+  ints += "e.";
+  PickleReadOptions tight;
+  tight.max_working_bytes_fixed = 1 << 20;
+  tight.max_working_bytes_per_input_byte = 2;
+  v = ReadBytes(ints, tight, &stats);
+  REQUIRE(!v.ok());
+  CHECK_THAT(std::string(v.status().message()),
+             Catch::Contains("needs more than 2 bytes of working memory per byte of input"));
+  // The default budget (256 MiB + 16 per byte) reads it.
+  v = ReadBytes(ints, {}, &stats);
+  REQUIRE(v.ok());
+  CHECK(v->root().size() == 1000000);
+  CHECK(stats.peak_working_bytes <= 16 * stats.input_bytes + (1u << 20));
 }

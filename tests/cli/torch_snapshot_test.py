@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""PyTorch 2.x snapshots in PyTorch's exact shape, written by Python's pickle:
+frames lists shared between a block, its alloc entry and its segment (memo
+references), empty_cache (segment_free), expandable segments (segment_map /
+unmap), an OOM, two devices, protocols 0 to 5. Every subcommand reads each;
+reserved bytes at the end are checked against the file's own segment list.
+
+The traces follow PyTorch's allocator: a 1-10 MiB request gets a 20 MiB
+segment (kLargeBuffer), a larger one a segment of its own rounded to 2 MiB;
+empty_cache() releases the free segments smallest first (release_blocks walks
+the pool ordered by size); expandable segments map 20 MiB pages of the large
+pool."""
+import json
+import os
+import pickle
+import shutil
+import tempfile
+import time
+
+from clitest import MiB, check, finish, run  # noqa: E402
+
+BASE = 0x7F0000000000
+
+
+def entry(action, addr, size, t, frames, **extra):
+    e = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": frames,
+         "compile_context": "N/A", "user_metadata": "", "pool_id": (0, 0)}
+    e.update(extra)
+    return e
+
+
+# Frame dicts shared between stacks, one list object per traceback (as
+# torch/csrc/profiler/python/combined_traceback.cpp hands them out).
+FR = [{"filename": "train.py", "line": 10 + k, "name": f"fn{k}"} for k in range(4)]
+S1 = [FR[0], FR[1]]
+S2 = [FR[0], FR[2], FR[3]]
+EMPTY = []
+
+
+def block(addr, size, requested, state, frames):
+    return {"address": addr, "size": size, "requested_size": requested, "state": state, "frames": frames}
+
+
+def segment(addr, total, blocks, device=0, expandable=False, frames=EMPTY):
+    alloc = sum(b["size"] for b in blocks if b["state"] != "inactive")
+    return {"device": device, "address": addr, "total_size": total, "allocated_size": alloc, "active_size": alloc,
+            "requested_size": alloc, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+            "is_expandable": expandable, "frames": frames, "blocks": blocks}
+
+
+def snapshot(segments, traces, conf=None, annotations=()):
+    return {"segments": segments, "device_traces": traces,
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": conf, "max_split_size": -1,
+                                   "expandable_segments": bool(conf and "expandable" in conf),
+                                   "garbage_collection_threshold": 0.0, "roundup_power2_divisions": {"1": 0}},
+            "external_annotations": list(annotations)}
+
+
+def shared_frames():
+    # S1 is one object in the segment, its first block and the alloc entry.
+    tr = [entry("segment_alloc", BASE, 20 * MiB, 100, S1), entry("alloc", BASE, 6 * MiB, 100, S1),
+          entry("alloc", BASE + 6 * MiB, 4 * MiB, 110, S2),
+          entry("free_requested", BASE + 6 * MiB, 4 * MiB, 120, S2),
+          entry("free_completed", BASE + 6 * MiB, 4 * MiB, 120, S2)]
+    seg = segment(BASE, 20 * MiB, [block(BASE, 6 * MiB, 6 * MiB, "active_allocated", S1),
+                                   block(BASE + 6 * MiB, 14 * MiB, 0, "inactive", EMPTY)], frames=S1)
+    ann = [{"name": "forward:0", "stage": "START", "device": 0, "time_us": 100},
+           {"name": "forward:0", "stage": "END", "device": 0, "time_us": 120}]
+    return snapshot([seg], [tr], annotations=ann)
+
+
+def empty_cache():
+    a, b, c = BASE, BASE + 32 * MiB, BASE + 64 * MiB
+    tr = [entry("segment_alloc", a, 30 * MiB, 1, S1), entry("alloc", a, 30 * MiB, 1, S1),
+          entry("segment_alloc", b, 20 * MiB, 2, S2), entry("alloc", b, 6 * MiB, 2, S2),
+          entry("free_requested", a, 30 * MiB, 3, S1), entry("free_completed", a, 30 * MiB, 3, S1),
+          entry("free_requested", b, 6 * MiB, 4, S2), entry("free_completed", b, 6 * MiB, 4, S2),
+          entry("segment_free", b, 20 * MiB, 5, EMPTY), entry("segment_free", a, 30 * MiB, 5, EMPTY),
+          entry("segment_alloc", c, 20 * MiB, 6, S1), entry("alloc", c, 6 * MiB, 6, S1)]
+    seg = segment(c, 20 * MiB, [block(c, 6 * MiB, 6 * MiB, "active_allocated", S1),
+                                block(c + 6 * MiB, 14 * MiB, 0, "inactive", EMPTY)])
+    return snapshot([seg], [tr])
+
+
+def expandable():
+    tr = [entry("segment_map", BASE, 20 * MiB, 1, S1), entry("alloc", BASE, 6 * MiB, 1, S1),
+          entry("free_requested", BASE, 6 * MiB, 2, S1), entry("free_completed", BASE, 6 * MiB, 2, S1),
+          entry("segment_unmap", BASE, 20 * MiB, 3, EMPTY),
+          entry("segment_map", BASE, 40 * MiB, 4, S2), entry("alloc", BASE, 30 * MiB, 4, S2)]
+    seg = segment(BASE, 40 * MiB, [block(BASE, 30 * MiB, 30 * MiB, "active_allocated", S2),
+                                   block(BASE + 30 * MiB, 10 * MiB, 0, "inactive", EMPTY)], expandable=True)
+    return snapshot([seg], [tr], conf="expandable_segments:True")
+
+
+def oom():
+    # 60 MiB reserved and 20 MiB free on the device: a 40 MiB request fails.
+    tr = [entry("segment_alloc", BASE, 60 * MiB, 1, S1), entry("alloc", BASE, 60 * MiB, 1, S1),
+          {"action": "oom", "device_free": 20 * MiB, "size": 40 * MiB, "stream": 0, "time_us": 2, "frames": S2}]
+    seg = segment(BASE, 60 * MiB, [block(BASE, 60 * MiB, 60 * MiB, "active_allocated", S1)])
+    return snapshot([seg], [tr])
+
+
+def two_devices():
+    b1 = BASE + (1 << 36)
+    tr0 = [entry("segment_alloc", BASE, 20 * MiB, 1, S1), entry("alloc", BASE, 2 * MiB, 1, S1)]
+    tr1 = [entry("segment_alloc", b1, 40 * MiB, 1, S2), entry("alloc", b1, 40 * MiB, 1, S2)]
+    segs = [segment(BASE, 20 * MiB, [block(BASE, 2 * MiB, 2 * MiB, "active_allocated", S1),
+                                     block(BASE + 2 * MiB, 18 * MiB, 0, "inactive", EMPTY)]),
+            segment(b1, 40 * MiB, [block(b1, 40 * MiB, 40 * MiB, "active_allocated", S2)], device=1)]
+    for t in tr1:
+        t["device"] = 1
+    return snapshot(segs, [tr0, tr1])
+
+
+def reserved_by_device(doc):
+    out = {}
+    for s in doc["segments"]:
+        out[s["device"]] = out.get(s["device"], 0) + s["total_size"]
+    return out
+
+
+tmp = tempfile.mkdtemp(prefix="memscope-torch-")
+try:
+    cases = [("shared", shared_frames(), (2, 4, 5)), ("empty_cache", empty_cache(), (4,)),
+             ("expandable", expandable(), (5,)), ("oom", oom(), (4,)), ("two_devices", two_devices(), (2,))]
+    # (peak allocated per device, number of segment actions --verify checks)
+    expect = {"shared": ({0: 10 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)"),
+              "empty_cache": ({0: 36 * MiB}, "all 5 segment actions match, in order (3 segment_alloc, 2 segment_free)"),
+              "expandable": ({0: 30 * MiB}, "all 3 segment actions match, in order (2 segment_map, 1 segment_unmap)"),
+              "oom": ({0: 60 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)"),
+              "two_devices": ({0: 2 * MiB, 1: 40 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)")}
+    for name, doc, protocols in cases:
+        for proto in protocols:
+            path = os.path.join(tmp, f"{name}-p{proto}.pickle")
+            with open(path, "wb") as f:
+                pickle.dump(doc, f, protocol=proto)
+            tag = f"{name} p{proto}"
+            peaks, verify = expect[name]
+            code, out, err = run("summary", path, "--json")
+            check(f"{tag} summary", code == 0, err)
+            if code == 0:
+                ranks = json.loads(out)["ranks"]
+                got = {r["rank"]: r["peak"]["allocated"]["bytes"] for r in ranks}
+                check(f"{tag} peaks", got == peaks, got)
+            code, out, err = run("frag", path, "--json")
+            check(f"{tag} frag", code == 0, err)
+            if code == 0:
+                got = {r["rank"]: r["fragmentation"]["reserved_bytes"] for r in json.loads(out)["ranks"]}
+                check(f"{tag} reserved = the file's segment list", got == reserved_by_device(doc),
+                      (got, reserved_by_device(doc)))
+            code, out, err = run("replay", path, "--verify")
+            check(f"{tag} verify", code == 0 and verify in out, (code, out, err))
+            code, out, err = run("trace", path, "-o", os.path.join(tmp, f"{name}.json"))
+            check(f"{tag} trace", code == 0, err)
+            code, out, err = run("report", path, "-o", os.path.join(tmp, f"{name}.html"))
+            check(f"{tag} report", code == 0, err)
+            code, out, err = run("replay", path, "--json")
+            check(f"{tag} replay", code == 0, err)
+
+    path = os.path.join(tmp, "shared-p4.pickle")
+    code, out, err = run("summary", path, "--json")
+    if code == 0:
+        check("annotations as phases", [p["phase"] for p in json.loads(out)["ranks"][0]["phases"]] == ["forward"], out)
+    # The OOM snapshot replays on the capacity its oom entry implies (60 MiB
+    # reserved + 20 MiB free) and fails there, as PyTorch did.
+    code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"))
+    check("oom capacity note", "the device had 80.00 MiB for this process" in err and
+          "simulated GPU of 80.00 MiB" in err, err)
+    check("oom replayed", "OOM: request of 41943040 B; the device had 20971520 bytes free" in out, out)
+    code, out, err = run("summary", os.path.join(tmp, "two_devices-p2.pickle"), "--rank", "1", "--json")
+    check("device 1", code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [1], (code, out[:200], err))
+
+    # The file's own times are kept: exported again, the trace has the same time_us.
+    back = os.path.join(tmp, "back.pickle")
+    code, out, err = run("snapshot", os.path.join(tmp, "shared-p4.pickle"), "-o", back)
+    check("snapshot of a snapshot", code == 0, err)
+    with open(back, "rb") as f:
+        again = pickle.load(f)
+    got = [(e["action"], e["time_us"]) for e in again["device_traces"][0]]
+    want = [(e["action"], e["time_us"]) for e in shared_frames()["device_traces"][0]]
+    check("time_us kept", got == want, (got, want))
+    check("annotation times kept", [(a["name"], a["stage"], a["time_us"]) for a in again["external_annotations"]] ==
+          [("forward:0", "START", 100), ("forward:0", "END", 120)], again["external_annotations"])
+
+    # Categories and owners from stacks (frames innermost first, as PyTorch
+    # records them): a parameter made by module.to(), an activation under a
+    # module's forward, a gradient from the autograd engine, Adam's state.
+    T = "/usr/lib/python3/dist-packages/torch/"
+    def fr(file, line, name):
+        return {"filename": file, "line": line, "name": name}
+    param = [fr(T + "nn/modules/module.py", 1160, "to"), fr("/work/train.py", 12, "main")]
+    act = [fr(T + "nn/functional.py", 2000, "linear"), fr(T + "nn/modules/linear.py", 116, "forward"),
+           fr(T + "nn/modules/module.py", 1527, "_call_impl"), fr("/work/model.py", 40, "forward"),
+           fr("/work/train.py", 20, "main")]
+    grad = [fr("torch/csrc/autograd/engine.cpp", 0, "torch::autograd::Engine::evaluate_function"),
+            fr(T + "autograd/__init__.py", 251, "backward"), fr(T + "_tensor.py", 492, "backward"),
+            fr("/work/train.py", 22, "main")]
+    adam = [fr(T + "optim/adam.py", 94, "_init_group"), fr(T + "optim/adam.py", 140, "step"),
+            fr("/work/train.py", 23, "main")]
+    other = [fr("/work/train.py", 30, "main")]
+    addrs = [BASE + k * 2 * MiB for k in range(5)]
+    tr = [entry("segment_alloc", BASE, 20 * MiB, 1, EMPTY)]
+    for k, (st, t) in enumerate([(param, 1), (act, 2), (grad, 3), (adam, 4), (other, 5)]):
+        tr.append(entry("alloc", addrs[k], (k + 1) * 512 * 1024 // 512 * 512, t, st))
+    path = os.path.join(tmp, "stacks.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snapshot([], [tr]), f, protocol=4)
+    code, out, err = run("summary", path, "--json")
+    check("stacks summary", code == 0, err)
+    if code == 0:
+        peak = json.loads(out)["ranks"][0]["peak"]["allocated"]
+        cats = {k: v for k, v in peak["by_category"].items() if v}
+        KiB = 1024
+        check("categories from stacks", cats == {"PARAMETER": 512 * KiB, "ACTIVATION": 1024 * KiB,
+                                                 "GRADIENT": 1536 * KiB, "OPTIMIZER_STATE": 2048 * KiB,
+                                                 "OTHER": 2560 * KiB}, cats)
+        owners = {o["owner"]: o["bytes"] for o in peak["top_owners"]}
+        check("owners from stacks", owners.get("/work/model.py:40 forward") == 1024 * KiB and
+              owners.get("/work/train.py:23 main") == 2048 * KiB and owners.get("/work/train.py:12 main") == 512 * KiB,
+              owners)
+        check("stacks note", "5 allocations carry stacks; categories from them for 4" in err, err)
+
+    # memscope's own snapshots carry a frame per allocation made of its owner
+    # and category, so a run's snapshot reads back with the run's categories
+    # and owners at the peak.
+    rundir = os.path.join(tmp, "run")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--out", rundir)
+    check("run", code == 0, err)
+    code, a, err = run("summary", rundir, "--json")
+    code2, b, err2 = run("summary", os.path.join(rundir, "snapshot-rank-0.pickle"), "--json")
+    check("own snapshot summary", code == 0 and code2 == 0, (err, err2))
+    if code == 0 and code2 == 0:
+        pa, pb = json.loads(a)["ranks"][0]["peak"]["allocated"], json.loads(b)["ranks"][0]["peak"]["allocated"]
+        check("categories round trip", pa["by_category"] == pb["by_category"], (pa, pb))
+        check("owners round trip", pa["top_owners"] == pb["top_owners"], (pa["top_owners"], pb["top_owners"]))
+    with open(os.path.join(rundir, "snapshot-rank-0.pickle"), "rb") as f:
+        own = pickle.load(f)
+    first = next(e for e in own["device_traces"][0] if e["action"] == "alloc")
+    check("own frames", len(first["frames"]) == 1 and first["frames"][0]["name"].startswith("memscope ") and
+          first["frames"][0]["line"] == 0, first)
+
+    # --max-entries keeps the last N trace entries, like PyTorch's ring
+    # buffer; the truncated snapshot reads back, its missing head said.
+    ring = os.path.join(tmp, "ring.pickle")
+    code, out, err = run("snapshot", rundir, "-o", ring, "--max-entries", "10")
+    check("snapshot --max-entries", code == 0, err)
+    with open(ring, "rb") as f:
+        ring_doc = pickle.load(f)
+    code, out, err = run("snapshot", rundir, "-o", os.path.join(tmp, "full.pickle"))
+    with open(os.path.join(tmp, "full.pickle"), "rb") as f:
+        full = pickle.load(f)
+    check("ring buffer keeps the last 10", ring_doc["device_traces"][0] == full["device_traces"][0][-10:],
+          (len(ring_doc["device_traces"][0]), len(full["device_traces"][0])))
+    check("ring buffer keeps the segments", ring_doc["segments"] == full["segments"])
+    code, out, err = run("frag", ring, "--json")
+    check("truncated ring frag", code == 0 and "does not start at the beginning" in err, (code, err))
+
+    # Unknown actions and fields are counted and named in a note, never fatal.
+    doc = shared_frames()
+    doc["device_traces"][0].insert(0, {"action": "teleport", "addr": 0, "size": 0, "stream": 0, "time_us": 1,
+                                       "frames": [], "colour": "red"})
+    path = os.path.join(tmp, "unknown.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(doc, f, protocol=4)
+    code, out, err = run("summary", path)
+    check("unknown action note", code == 0 and "actions memscope does not model were skipped: teleport (1)" in err
+          and "fields memscope does not read: colour (1)" in err, (code, err))
+
+    # Protocols 0 and 1 (no PROTO opcode) are recognised as pickles.
+    for proto in (0, 1):
+        path = os.path.join(tmp, f"shared-p{proto}.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(shared_frames(), f, protocol=proto)
+        code, out, err = run("summary", path, "--json")
+        check(f"protocol {proto}", code == 0 and json.loads(out)["ranks"][0]["peak"]["allocated"]["bytes"] == 10 * MiB,
+              (code, err))
+
+    # Hostile pickles are refused cheaply, in one line naming the offset.
+    started = time.time()
+    lists = os.path.join(tmp, "lists.pickle")
+    with open(lists, "wb") as f:
+        f.write(b"\x80\x04(" + b"]" * (10 * 1000 * 1000) + b"l.")  # one list of 10^7 empty lists
+    code, out, err = run("summary", lists)
+    check("10 MB of empty lists", code == 2 and err.count("\n") == 1 and "offset 131074:" in err and
+          "values waiting on the pickle stack" in err, (code, err))
+    nested = os.path.join(tmp, "nested.pickle")
+    with open(nested, "wb") as f:
+        f.write(b"\x80\x04" + b"]" * (10 ** 7) + b"N" + b"a" * (10 ** 7) + b".")
+    code, out, err = run("summary", nested)
+    check("10^7 nested lists", code == 2 and "offset 1002: nesting deeper than max_depth (1000)" in err, (code, err))
+    check("refused cheaply", time.time() - started < 20, time.time() - started)
+    code, out, err = run("dump", "/dev/zero")
+    check("dump /dev/zero", code == 2 and "not a memscope timeline (bad magic)" in err, (code, err))
+finally:
+    shutil.rmtree(tmp)
+
+finish("cli torch snapshots")
