@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -259,31 +260,39 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& o) {
     }
   }
   // Rows run on worker threads (each simulated run is independent: its own
-  // session, model and thread-local autograd state); a row starts its
-  // search from a finished row's answer with the same checkpointing.
+  // session, model and thread-local autograd state). A row starts its search
+  // from the answer of the first row with the same checkpointing (its seed,
+  // handed out before it), so the searches, and the number of runs, do not
+  // depend on which thread finishes first.
   std::vector<PlanRow> rows(strategies.size());
   std::vector<absl::Status> errors(strategies.size());
-  std::vector<std::int64_t> done(strategies.size(), -1);
+  std::vector<std::int64_t> done(strategies.size(), -1);  // -1: not finished; 0: failed
   std::mutex mu;
+  std::condition_variable finished;
   std::atomic<std::size_t> next{0};
   auto worker = [&] {
     Planner planner(o);
     for (std::size_t i = next++; i < strategies.size(); i = next++) {
+      std::size_t seed = 0;
+      while (strategies[seed].checkpoint != strategies[i].checkpoint) ++seed;
       std::int64_t guess = 1;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        for (std::size_t j = 0; j < strategies.size(); ++j) {
-          if (done[j] > 0 && strategies[j].checkpoint == strategies[i].checkpoint) guess = done[j];
-        }
+      if (seed != i) {
+        std::unique_lock<std::mutex> lock(mu);
+        finished.wait(lock, [&] { return done[seed] >= 0; });
+        guess = std::max<std::int64_t>(1, done[seed]);
       }
       absl::StatusOr<PlanRow> row = PlanOne(planner, o, strategies[i], result.target_batch, guess);
-      std::lock_guard<std::mutex> lock(mu);
-      if (row.ok()) {
-        rows[i] = std::move(*row);
-        done[i] = rows[i].max_batch;
-      } else {
-        errors[i] = row.status();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (row.ok()) {
+          rows[i] = std::move(*row);
+          done[i] = rows[i].max_batch;
+        } else {
+          errors[i] = row.status();
+          done[i] = 0;
+        }
       }
+      finished.notify_all();
     }
   };
   const int threads = std::max(1, std::min<int>(o.threads, static_cast<int>(strategies.size())));

@@ -23,7 +23,7 @@ try:
     code, out, err = run("replay", os.path.join(DATA, "phases.jsonl"), "--out", rundir)
     check("record", code == 0, err)
     snap = os.path.join(tmp, "end.pickle")
-    code, out, err = run("snapshot", rundir, "-o", snap)
+    code, out, err = run("snapshot", rundir, "--at", "exit", "-o", snap)
     check("snapshot", code == 0, err)
     code, out, err = run("replay", snap, "--verify")
     check("verify own", code == 0 and "all 4 segment actions match, in order (3 segment_alloc, 1 segment_free)" in out, (code, out, err))

@@ -4,7 +4,7 @@
 Every fenced block of README.md whose first line starts with `$ memscope` is
 an example session: each `$ COMMAND` line is run with bash (memscope on PATH,
 in a scratch directory where the files of tests/cli/data are at hand and
-`tests/` points at the repository's; one bash per block, so `echo $?` works),
+`tests/` and `examples/` point at the repository's; one bash per block, so `echo $?` works),
 and the lines after it, up to the next `$ ` line, must be what it prints
 (stdout and stderr). A line `...`
 skips output: to the end, or up to the line that follows it. The blocks share
@@ -97,7 +97,8 @@ scratch = os.path.join(work, "scratch")
 os.makedirs(scratch)
 for name in os.listdir(DATA):
     os.symlink(os.path.join(DATA, name), os.path.join(scratch, name))
-os.symlink(os.path.join(REPO, "tests"), os.path.join(scratch, "tests"))
+for name in ("tests", "examples"):
+    os.symlink(os.path.join(REPO, name), os.path.join(scratch, name))
 env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
 env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 

@@ -166,7 +166,7 @@ try:
     code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"))
     check("oom capacity note", "the device had 80.00 MiB for this process" in err and
           "simulated GPU of 80.00 MiB" in err, err)
-    check("oom replayed", "OOM: request of 41943040 B; the device had 20971520 bytes free" in out, out)
+    check("oom replayed", "OOM: request of 40.00 MiB; the device had 20.00 MiB free" in out, out)
     code, out, err = run("summary", os.path.join(tmp, "two_devices-p2.pickle"), "--rank", "1", "--json")
     check("device 1", code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [1], (code, out[:200], err))
 
