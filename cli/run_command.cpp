@@ -418,17 +418,6 @@ int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir
 }
 
 // This process and its command line, for the lock of the run directory.
-std::string Holder() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!cmdline.empty() && cmdline.back() == '\0') cmdline.pop_back();
-  std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-  if (const std::size_t slash = cmdline.rfind('/', cmdline.find(' ')); slash != std::string::npos) {
-    cmdline.erase(0, slash + 1);  // the program's name, without its directory
-  }
-  return absl::StrCat("pid ", ::getpid(), ": ", cmdline);
-}
-
 // A double as text that parses back to the same value.
 std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
 
@@ -568,7 +557,7 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
   // One run at a time per directory; the ranks of ours run under this lock.
-  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(Holder());
+  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
   if (!lock.ok()) return Fail(lock.status().message());
   dir.RemoveRankFiles();  // what an earlier run in this directory left
   if (world_size == 1) {

@@ -43,6 +43,9 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
                                                const AllocatorConfig& config, std::uint64_t device_memory) {
   const RunDirectory run_dir(dir);
   if (absl::Status s = run_dir.Create(); !s.ok()) return s;
+  // One run at a time per directory, as for memscope run.
+  absl::StatusOr<RunDirectory::Lock> lock = run_dir.TakeLock(RunDirectory::ThisProcess());
+  if (!lock.ok()) return lock.status();
   RecordedReplay out;
   {
     RankSessionOptions options;

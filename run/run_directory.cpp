@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 
 #include "absl/strings/numbers.h"
@@ -106,6 +108,17 @@ void RunDirectory::RemoveRankFiles() const {
 
 RunDirectory::Lock::~Lock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+std::string RunDirectory::ThisProcess() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!cmdline.empty() && cmdline.back() == '\0') cmdline.pop_back();
+  std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+  if (const std::size_t slash = cmdline.rfind('/', cmdline.find(' ')); slash != std::string::npos) {
+    cmdline.erase(0, slash + 1);  // the program's name, without its directory
+  }
+  return absl::StrCat("pid ", ::getpid(), ": ", cmdline);
 }
 
 absl::StatusOr<RunDirectory::Lock> RunDirectory::TakeLock(const std::string& holder) const {

@@ -101,6 +101,8 @@ class RunDirectory {
   // this process's pid and command). Error when another run holds it: "'DIR'
   // is in use by another memscope run (pid 123: memscope run --model ...)".
   absl::StatusOr<Lock> TakeLock(const std::string& holder) const;
+  // This process as a lock's holder: "pid 123: memscope run --model ...".
+  static std::string ThisProcess();
 
  private:
   std::string root_;

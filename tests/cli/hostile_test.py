@@ -166,8 +166,12 @@ for _ in range(200):  # the first run has taken the lock when the file names it
         break
     subprocess.run(["sleep", "0.02"])
 code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", locked)
+replay_code, _, replay_err = run("replay", os.path.join(DATA, "phases.jsonl"), "--out", locked)
 first_err = first.communicate(timeout=120)[1]
 one_line_error("second run", code, err)
+one_line_error("replay --out into a run in progress", replay_code, replay_err)
+check("replay --out names the run in progress", f"'{locked}' is in use by another memscope run (pid {first.pid}:"
+      in replay_err, replay_err)
 check("second run names the first",
       err == f"memscope run: '{locked}' is in use by another memscope run (pid {first.pid}: memscope run --model gpt2 "
       f"--steps 3 --world-size 2 --out {locked}); wait for it or choose another --out\n", err)
