@@ -56,22 +56,21 @@ void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label, 
   (void)sink_.Flush();
 }
 
-void Recorder::CollectiveBegin(std::string_view kind, std::uint64_t bytes) {
+void Recorder::AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes) {
   Event e;
-  e.type = EventType::kCollectiveBegin;
+  e.type = type;
   e.name = sink_.Intern(kind);
   e.size = bytes;
   e.time_ns = Now();
   sink_.Append(e);
 }
 
+void Recorder::CollectiveBegin(std::string_view kind, std::uint64_t bytes) {
+  AppendCollective(EventType::kCollectiveBegin, kind, bytes);
+}
+
 void Recorder::CollectiveEnd(std::string_view kind, std::uint64_t bytes) {
-  Event e;
-  e.type = EventType::kCollectiveEnd;
-  e.name = sink_.Intern(kind);
-  e.size = bytes;
-  e.time_ns = Now();
-  sink_.Append(e);
+  AppendCollective(EventType::kCollectiveEnd, kind, bytes);
 }
 
 void Recorder::Mark(std::string_view text) { AppendMark(EventType::kMark, Phase::kUser, kNoStep, text); }

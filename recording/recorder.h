@@ -62,6 +62,7 @@ class Recorder final : public AllocatorObserver {
   std::int64_t Now() const;
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                   std::int64_t micro_batch = kNoMicroBatch);
+  void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);
 
   EventSink& sink_;
   std::int64_t start_ns_;
