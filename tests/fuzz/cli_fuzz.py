@@ -5,8 +5,8 @@ Where the libFuzzer targets (tests/fuzz/*_fuzz.cpp) cover the readers in
 process, this runs the real binary: every subcommand, on every kind of input
 (timelines and run directories, PyTorch snapshot pickles, JSON-lines and RMM
 CSV request traces, report.json, `run` options), mutated, each run under a
-time limit and a memory limit (RLIMIT_AS; not under ASan, which reserves
-terabytes of address space).
+time limit and a memory limit (RLIMIT_AS; under ASan, which reserves
+terabytes of address space, ASan's hard_rss_limit_mb instead).
 
 What counts as a finding:
   - a signal (a crash, an abort: an uncaught exception is SIGABRT);
@@ -50,8 +50,10 @@ INTERESTING_TEXT = ["\x1b[31m", "\x1b]0;t\x07", "\n", "\r", "\t", "\x00", "\u202
 
 
 def is_asan(binary):
+    """An ASan build links libasan dynamically: its binary names __asan_init (the
+    string "AddressSanitizer" is in libasan, not in the binary)."""
     with open(binary, "rb") as f:
-        return b"AddressSanitizer" in f.read()
+        return b"__asan_init" in f.read()
 
 
 def run_case(memscope, args, files, workdir, limit_memory):
@@ -71,6 +73,8 @@ def run_case(memscope, args, files, workdir, limit_memory):
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # 1 GiB per file written
 
     env = dict(os.environ)
+    if not limit_memory:  # under ASan its own limit takes RLIMIT_AS's place
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), f"hard_rss_limit_mb={MEMORY_LIMIT >> 20}"]))
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "RANK", "WORLD_SIZE", "MEMSCOPE_STORE"):
         env.pop(k, None)
     try:
