@@ -292,35 +292,6 @@ void PrintBuckets(const DdpBuckets& ddp) {
   }
 }
 
-// What the run directory holds: its files that exist, the per-rank ones
-// as "rank-{0..1}.timeline" when every rank has one.
-std::string ExistingListing(const std::string& out, int world_size) {
-  const RunDirectory dir(out);
-  auto exists = [](const std::string& path) {
-    std::error_code ec;
-    return std::filesystem::exists(path, ec);
-  };
-  std::vector<std::string> names;
-  auto per_rank = [&](const char* prefix, const char* suffix, std::string (RunDirectory::*path)(int) const) {
-    std::vector<int> ranks;
-    for (int r = 0; r < world_size; ++r) {
-      if (exists((dir.*path)(r))) ranks.push_back(r);
-    }
-    if (world_size > 1 && static_cast<int>(ranks.size()) == world_size) {
-      names.push_back(absl::StrCat(prefix, "{0..", world_size - 1, "}", suffix));
-    } else {
-      for (const int r : ranks) names.push_back(absl::StrCat(prefix, r, suffix));
-    }
-  };
-  if (exists(dir.Manifest())) names.push_back(RunDirectory::kManifest);
-  per_rank("rank-", ".timeline", &RunDirectory::Timeline);
-  for (const std::string& file : {dir.Report(), dir.Html(), dir.Summary(), dir.Trace()}) {
-    if (exists(file)) names.push_back(std::filesystem::path(file).filename().string());
-  }
-  per_rank("snapshot-rank-", ".pickle", &RunDirectory::Snapshot);
-  return absl::StrJoin(names, ", ");
-}
-
 // The tables of `memscope run`: the header line, each rank's phase table,
 // buckets and peak, the losses and where it was recorded. Only what
 // happened: a rank that never built its model (a failed rendezvous) has no
@@ -371,7 +342,7 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
                 << "--lr would keep it finite)\n";
     }
   }
-  std::cout << "recorded in " << a.out << "/ (" << ExistingListing(a.out, world_size) << ")\n";
+  std::cout << "recorded in " << a.out << "/ (" << RunDirectory(a.out).ExistingListing(world_size) << ")\n";
 }
 
 // Aggregates the finished ranks (run/aggregate.h), writes the run's outputs

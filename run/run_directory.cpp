@@ -12,9 +12,11 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "recording/timeline.h"
 
 namespace memscope {
@@ -50,6 +52,33 @@ std::string RunDirectory::Listing(int world_size) {
   };
   return absl::StrCat(kManifest, ", ", per_rank("rank-", ".timeline"), ", ", kReport, ", ", kHtml, ", ", kSummary, ", ",
                       kTrace, ", ", per_rank("snapshot-rank-", ".pickle"));
+}
+
+std::string RunDirectory::ExistingListing(int world_size) const {
+  const RunDirectory& dir = *this;
+  auto exists = [](const std::string& path) {
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
+  };
+  std::vector<std::string> names;
+  auto per_rank = [&](const char* prefix, const char* suffix, std::string (RunDirectory::*path)(int) const) {
+    std::vector<int> ranks;
+    for (int r = 0; r < world_size; ++r) {
+      if (exists((dir.*path)(r))) ranks.push_back(r);
+    }
+    if (world_size > 1 && static_cast<int>(ranks.size()) == world_size) {
+      names.push_back(absl::StrCat(prefix, "{0..", world_size - 1, "}", suffix));
+    } else {
+      for (const int r : ranks) names.push_back(absl::StrCat(prefix, r, suffix));
+    }
+  };
+  if (exists(dir.Manifest())) names.push_back(kManifest);
+  per_rank("rank-", ".timeline", &RunDirectory::Timeline);
+  for (const std::string& file : {dir.Report(), dir.Html(), dir.Summary(), dir.Trace()}) {
+    if (exists(file)) names.push_back(std::filesystem::path(file).filename().string());
+  }
+  per_rank("snapshot-rank-", ".pickle", &RunDirectory::Snapshot);
+  return absl::StrJoin(names, ", ");
 }
 
 absl::Status RunDirectory::Create() const {

@@ -67,6 +67,9 @@ class RunDirectory {
   // What a run directory holds, for the "recorded in DIR/ (...)" line:
   // "run.json, rank-0.timeline, report.json, ..." (rank-{0..N-1} for N ranks).
   static std::string Listing(int world_size);
+  // The same, of the files that exist (a failed run wrote fewer): the
+  // per-rank ones as "rank-{0..1}.timeline" only when every rank has one.
+  std::string ExistingListing(int world_size) const;
 
   // Creates the directory (and its parents). The error names the directory.
   absl::Status Create() const;
