@@ -3,6 +3,7 @@
 #ifndef MEMSCOPE_CLI_COMMANDS_H_
 #define MEMSCOPE_CLI_COMMANDS_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@ void RegisterReport(CLI::App& app, int& exit_status);
 void RegisterCompare(CLI::App& app, int& exit_status);
 // plan: the largest batch that fits a GPU, per strategy combination.
 void RegisterPlan(CLI::App& app, int& exit_status);
+
+// capture: a real PyTorch job run under memscope's start-up module. `job`:
+// the words after the first `--` of the command line (main removes them
+// from what CLI11 parses), or nullopt without one.
+void RegisterCapture(CLI::App& app, int& exit_status, const std::optional<std::vector<std::string>>& job);
 
 }  // namespace memscope::cli
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -102,6 +103,18 @@ int main(int argc, char** argv) {
   memscope::cli::RegisterReport(app, exit_status);
   memscope::cli::RegisterCompare(app, exit_status);
   memscope::cli::RegisterPlan(app, exit_status);
+  // memscope capture ... -- CMD ARGS: the job's words after `--` never reach CLI11.
+  std::optional<std::vector<std::string>> job;
+  if (argc > 1 && std::string_view(argv[1]) == "capture") {
+    for (int i = 2; i < argc; ++i) {
+      if (std::string_view(argv[i]) == "--") {
+        job.emplace(argv + i + 1, argv + argc);
+        argc = i;
+        break;
+      }
+    }
+  }
+  memscope::cli::RegisterCapture(app, exit_status, job);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -126,7 +139,8 @@ int main(int argc, char** argv) {
     // Point at the help of the command that was given, when there is one.
     std::string help = "memscope";
     for (const CLI::App* sub : app.get_subcommands()) help += " " + sub->get_name();
-    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", memscope::cli::EscapeForTerminal(e.what()).c_str(), help.c_str());
+    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", memscope::cli::EscapeForTerminal(e.what()).c_str(),
+                 help.c_str());
     return memscope::cli::kExitBadInput;
   }
   return memscope::cli::FinishOutput(exit_status);

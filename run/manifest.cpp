@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
@@ -143,9 +143,14 @@ std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buc
 }
 
 json RankStatus::ToJson() const {
-  json j = {{"rank", rank},       {"status", status},         {"exit_code", exit_code},
-            {"error", error},     {"parameters", parameters}, {"steps_done", steps_done},
-            {"seconds", seconds}, {"losses", LossesJson(losses)}};
+  json j = {{"rank", rank},
+            {"status", status},
+            {"exit_code", exit_code},
+            {"error", error},
+            {"parameters", parameters},
+            {"steps_done", steps_done},
+            {"seconds", seconds},
+            {"losses", LossesJson(losses)}};
   if (ddp) j["ddp"] = DdpJson(*ddp);
   return j;
 }
@@ -194,6 +199,12 @@ json RunManifest::ToJson() const {
             {"ranks", ranks_json}};
   if (training) PutTraining(j, *training);
   if (source) j["source"] = *source;
+  if (capture) {
+    j["capture"] = {{"argv", capture->argv},
+                    {"exit_status", capture->exit_status},
+                    {"signal", capture->signal ? json(*capture->signal) : json(nullptr)},
+                    {"max_entries", capture->max_entries}};
+  }
   if (failure) j["failure"] = {{"rank", failure->rank}, {"message", failure->message}};
   return j;
 }
@@ -212,6 +223,15 @@ absl::StatusOr<RunManifest> RunManifest::FromJson(const json& j) {
     for (const json& r : j.at("ranks")) m.ranks.push_back(ManifestRankFromJson(r));
     if (j.contains("model")) m.training = TrainingFromJson(j);
     GetOptional(j, "source", m.source);
+    if (j.contains("capture")) {
+      const json& c = j.at("capture");
+      CaptureManifest capture;
+      capture.argv = c.at("argv").get<std::vector<std::string>>();
+      capture.exit_status = c.at("exit_status").get<int>();
+      if (!c.at("signal").is_null()) capture.signal = c.at("signal").get<int>();
+      capture.max_entries = c.at("max_entries").get<std::uint64_t>();
+      m.capture = std::move(capture);
+    }
     if (j.contains("failure")) {
       m.failure = RunFailure{j["failure"].at("rank").get<int>(), j["failure"].at("message").get<std::string>()};
     }
@@ -221,7 +241,9 @@ absl::StatusOr<RunManifest> RunManifest::FromJson(const json& j) {
   }
 }
 
-absl::Status RunManifest::Write(const std::string& path) const { return WriteText(path, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"); }
+absl::Status RunManifest::Write(const std::string& path) const {
+  return WriteText(path, ToJson().dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
 
 absl::StatusOr<RunManifest> RunManifest::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

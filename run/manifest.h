@@ -1,6 +1,6 @@
 // The two JSON files that describe a run (DESIGN.md "The run directory"),
 // typed: run.json (`RunManifest`, schema memscope.run/1), written once by
-// `memscope run` or `memscope replay --out` after the ranks end, and
+// `memscope run`, `memscope replay --out` or `memscope capture` after the ranks end, and
 // rank-R.json (`RankStatus`), written by each rank as it ends and read by
 // the aggregation (run/aggregate.h). Both read back what they write (ToJson
 // then FromJson is the identity), and FromJson rejects a document that is not
@@ -104,16 +104,26 @@ struct RunFailure {
   bool operator==(const RunFailure&) const = default;
 };
 
+// What `memscope capture` ran (run.json's "capture", command "capture").
+struct CaptureManifest {
+  std::vector<std::string> argv;  // the job's command line
+  int exit_status = 0;            // as a shell says it: the job's exit code, or 128 + the signal that ended it
+  std::optional<int> signal;      // the signal that ended the job
+  std::uint64_t max_entries = 0;  // the ring of the memory history (_record_memory_history's max_entries)
+  bool operator==(const CaptureManifest&) const = default;
+};
+
 // run.json.
 struct RunManifest {
   std::string generator;  // kMemscopeVersion of the writer
-  std::string command;    // "run" or "replay"
+  std::string command;    // "run", "replay" or "capture"
   int world_size = 1;
   std::string alloc_conf;
   std::uint64_t device_memory = 0;
   std::vector<ManifestRank> ranks;
   std::optional<TrainingManifest> training;  // command "run"
   std::optional<std::string> source;         // command "replay": the request trace
+  std::optional<CaptureManifest> capture;    // command "capture"; its ranks' "timeline" is snapshot-rank-R.pickle
   std::optional<RunFailure> failure;
   bool operator==(const RunManifest&) const = default;
 

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
 #include "analysis/analysis.h"
 #include "exporters/report.h"
@@ -79,6 +80,90 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
   return out;
 }
 
+namespace {
+
+// The timelines of a PyTorch snapshot pickle, one per device: each device's
+// trace replayed under the snapshot's own settings, or, without a trace, the
+// state at the snapshot.
+absl::StatusOr<std::vector<Timeline>> LoadSnapshot(const std::string& path, std::uint64_t device_memory) {
+  absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(path);
+  if (absl::IsFailedPrecondition(imported.status())) {
+    // No trace (1.13, or history not recorded): the state at the snapshot.
+    absl::StatusOr<std::vector<Timeline>> state = ReadPytorchSnapshotState(path);
+    if (state.ok()) {
+      for (Timeline& t : *state) t.device_capacity = device_memory;
+    }
+    return state;
+  }
+  if (!imported.ok()) return imported.status();
+  std::vector<Timeline> timelines;
+  for (const ImportedTrace& trace : *imported) {
+    absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);
+    if (!config.ok()) return config.status();
+    // An OOM snapshot is replayed on the capacity its oom entry implies,
+    // unless the caller asked for a size.
+    const std::uint64_t memory = trace.device_capacity != 0 && device_memory == kDefaultReplayDeviceMemory
+                                     ? trace.device_capacity
+                                     : device_memory;
+    absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device);
+    if (!t.ok()) return t.status();
+    t->device_capacity = memory;
+    // The snapshot's own clock: event times are its time_us (kept by the replay).
+    if (trace.requests.time_origin_us >= 0) t->wall_start_us = trace.requests.time_origin_us;
+    t->notes = trace.notes;
+    t->notes.insert(t->notes.begin(), absl::StrCat("device ", trace.device, " of ", path,
+                                                   ": its trace was replayed under its own "
+                                                   "allocator settings (",
+                                                   trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
+                                                   ") on a simulated GPU of ", FormatSize(memory)));
+    timelines.push_back(std::move(*t));
+  }
+  return timelines;
+}
+
+// A `memscope capture` run directory: rank R is the snapshot its run.json
+// names (snapshot-rank-R.pickle, written by the job's rank R). A rank's
+// process normally uses one device; when its snapshot holds several, the
+// one with the most events is that rank (a note names the others).
+absl::StatusOr<std::vector<Timeline>> LoadCapture(const std::string& path, const RunManifest& manifest,
+                                                  std::uint64_t device_memory) {
+  std::vector<Timeline> timelines;
+  std::error_code ec;
+  for (const ManifestRank& r : manifest.ranks) {
+    if (r.timeline.empty()) continue;
+    const fs::path file = fs::path(path) / fs::path(r.timeline).filename();
+    if (!RunDirectory::IsRankFile(file.filename().string()) || !fs::is_regular_file(file, ec)) continue;
+    absl::StatusOr<std::vector<Timeline>> devices = LoadSnapshot(file.string(), device_memory);
+    if (!devices.ok()) return devices.status();
+    if (devices->empty()) continue;
+    auto rank = std::max_element(devices->begin(), devices->end(), [](const Timeline& a, const Timeline& b) {
+      return a.events.size() < b.events.size();
+    });
+    if (devices->size() > 1) {
+      std::vector<int> others;
+      for (const Timeline& t : *devices) {
+        if (&t != &*rank) others.push_back(t.rank);  // a snapshot's timelines: rank = device
+      }
+      rank->notes.push_back(absl::StrCat("rank ", r.rank, "'s snapshot also holds device(s) ",
+                                         absl::StrJoin(others, ", "), ": only device ", rank->rank,
+                                         " (the one with the most events) is read as rank ", r.rank));
+    }
+    Timeline t = std::move(*rank);
+    t.rank = r.rank;
+    t.world_size = manifest.world_size;
+    timelines.push_back(std::move(t));
+  }
+  if (timelines.empty()) {
+    return absl::NotFoundError(absl::StrCat("'", path,
+                                            "' is a capture whose job wrote no snapshot (no CUDA device, or it "
+                                            "never imported torch): there is no memory to show"));
+  }
+  std::sort(timelines.begin(), timelines.end(), [](const Timeline& a, const Timeline& b) { return a.rank < b.rank; });
+  return timelines;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint64_t device_memory) {
   std::error_code ec;
   const fs::file_status status = fs::status(path, ec);
@@ -87,40 +172,7 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
   if (!fs::is_directory(status)) {
     absl::StatusOr<InputKind> kind = DetectInput(path);
     if (!kind.ok()) return kind.status();
-    if (*kind == InputKind::kPickle) {
-      absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(path);
-      if (absl::IsFailedPrecondition(imported.status())) {
-        // No trace (1.13, or history not recorded): the state at the snapshot.
-        absl::StatusOr<std::vector<Timeline>> state = ReadPytorchSnapshotState(path);
-        if (state.ok()) {
-          for (Timeline& t : *state) t.device_capacity = device_memory;
-        }
-        return state;
-      }
-      if (!imported.ok()) return imported.status();
-      for (const ImportedTrace& trace : *imported) {
-        absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);
-        if (!config.ok()) return config.status();
-        // An OOM snapshot is replayed on the capacity its oom entry implies,
-        // unless the caller asked for a size.
-        const std::uint64_t memory =
-            trace.device_capacity != 0 && device_memory == kDefaultReplayDeviceMemory ? trace.device_capacity
-                                                                                      : device_memory;
-        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device);
-        if (!t.ok()) return t.status();
-        t->device_capacity = memory;
-        // The snapshot's own clock: event times are its time_us (kept by the replay).
-        if (trace.requests.time_origin_us >= 0) t->wall_start_us = trace.requests.time_origin_us;
-        t->notes = trace.notes;
-        t->notes.insert(t->notes.begin(), absl::StrCat("device ", trace.device, " of ", path,
-                                                       ": its trace was replayed under its own "
-                                                       "allocator settings (",
-                                                       trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
-                                                       ") on a simulated GPU of ", FormatSize(memory)));
-        timelines.push_back(std::move(*t));
-      }
-      return timelines;
-    }
+    if (*kind == InputKind::kPickle) return LoadSnapshot(path, device_memory);
     if (*kind == InputKind::kJsonl || *kind == InputKind::kRmmCsv) {
       return absl::InvalidArgumentError(absl::StrCat("'", path,
                                                      "' is a request trace, not a recording: record it with "
@@ -135,8 +187,9 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
   std::vector<std::pair<int, std::string>> files;
   // A run's run.json names its timelines: only those are read (a file of the
   // user's named like one, or a rank of an earlier, larger run, is not).
-  if (absl::StatusOr<RunManifest> manifest = RunManifest::Read(RunDirectory(path).Manifest());
-      manifest.ok() && !manifest->ranks.empty()) {
+  absl::StatusOr<RunManifest> manifest = RunManifest::Read(RunDirectory(path).Manifest());
+  if (manifest.ok() && manifest->command == "capture") return LoadCapture(path, *manifest, device_memory);
+  if (manifest.ok() && !manifest->ranks.empty()) {
     for (const ManifestRank& r : manifest->ranks) {
       const fs::path file = fs::path(path) / fs::path(r.timeline).filename();
       if (RunDirectory::TimelineRank(file.filename().string()) && fs::is_regular_file(file, ec)) {

@@ -12,6 +12,8 @@
 //   RUN/.memscope-store/           Gloo FileStore rendezvous of our launcher
 //   RUN/.memscope-files            the names of the per-rank files memscope wrote here
 //   RUN/.memscope-lock             held (flock) by the run writing here; says who
+//   RUN/.memscope-capture/         memscope capture: its Python start-up module
+//                                  (sitecustomize.py) and each rank's capture status (rank-R.json)
 #ifndef MEMSCOPE_RUN_RUN_DIRECTORY_H_
 #define MEMSCOPE_RUN_RUN_DIRECTORY_H_
 
@@ -42,6 +44,7 @@ class RunDirectory {
   static constexpr const char* kStore = ".memscope-store";
   static constexpr const char* kFileList = ".memscope-files";
   static constexpr const char* kLock = ".memscope-lock";
+  static constexpr const char* kCapture = ".memscope-capture";
 
   // Paths inside this directory.
   std::string Path(const std::string& name) const;  // ROOT/NAME
@@ -55,6 +58,7 @@ class RunDirectory {
   std::string Trace() const { return Path(kTrace); }
   std::string Html() const { return Path(kHtml); }
   std::string Store() const { return Path(kStore); }
+  std::string Capture() const { return Path(kCapture); }
 
   // The rank of a timeline file name ("rank-3.timeline" is 3); nullopt for any other name.
   static std::optional<int> TimelineRank(const std::string& name);

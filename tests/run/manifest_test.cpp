@@ -125,6 +125,35 @@ TEST_CASE("RunManifest of memscope replay --out has what replay wrote") {
   CHECK(*back == m);
 }
 
+TEST_CASE("RunManifest of memscope capture names the job, its exit status and each rank's snapshot") {
+  RunManifest m;
+  m.generator = "memscope 0.1.0";
+  m.command = "capture";
+  m.world_size = 2;
+  m.capture = CaptureManifest{{"python", "train.py", "--lr", "0.1"}, 137, 9, 1000000};
+  ManifestRank& r0 = m.ranks.emplace_back();
+  r0.rank = 0;
+  r0.timeline = "snapshot-rank-0.pickle";
+  r0.status = "ok";
+  r0.steps_done = 3;
+  ManifestRank& r1 = m.ranks.emplace_back();
+  r1.rank = 1;
+  r1.status = "no_snapshot";
+  const nlohmann::json j = m.ToJson();
+  CHECK(j["capture"] == nlohmann::json{{"argv", {"python", "train.py", "--lr", "0.1"}},
+                                       {"exit_status", 137},
+                                       {"signal", 9},
+                                       {"max_entries", 1000000}});
+  absl::StatusOr<RunManifest> back = RunManifest::FromJson(nlohmann::json::parse(j.dump()));
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+  m.capture->signal.reset();
+  CHECK(m.ToJson()["capture"]["signal"].is_null());
+  back = RunManifest::FromJson(m.ToJson());
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+}
+
 TEST_CASE("RunManifest rejects what is not a run manifest, in one line naming the file") {
   CHECK_FALSE(RunManifest::FromJson(nlohmann::json{{"schema", "memscope.report/1"}}).ok());
   CHECK_FALSE(RunManifest::FromJson(nlohmann::json::array()).ok());
