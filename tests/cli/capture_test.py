@@ -259,5 +259,14 @@ rc, out, err = run("frag", fake, "--rank", "1")
 check("frag of rank 1 at end: reserved as the pickle's segment list says",
       "reserved 50.00 MiB, allocated 20.00 MiB, reserved - allocated 30.00 MiB" in out.splitlines(), out)
 
+# --max-entries is the history's ring: the stand-in keeps the last N entries, as PyTorch does.
+ring = os.path.join(work, "ring")
+rc, out, err = run("capture", "--out", ring, "--max-entries", "5", "--", PY, data("fake_torch_job.py"),
+                   env={"PYTHONPATH": data("fake_torch")})
+snap = pickle.load(open(os.path.join(ring, "snapshot-rank-0.pickle"), "rb"))
+check("--max-entries 5: max_entries=5 reaches _record_memory_history, the trace keeps 5 entries",
+      (rc, len(snap["device_traces"][0]), json.load(open(os.path.join(ring, "run.json")))["capture"]["max_entries"])
+      == (0, 5, 5), (rc, err))
+
 shutil.rmtree(work, ignore_errors=True)
 finish("cli capture")
