@@ -147,10 +147,18 @@ std::vector<CapturedRank> ReadCapturedRanks(const std::string& capture_dir) {
 }
 
 // Prepares RUN for a capture: what an earlier run left (its per-rank files,
-// its ranks' capture status) is removed, the start-up module written.
+// its ranks' capture status, and, when run.json says memscope wrote here,
+// the analysis outputs a capture does not rewrite) is removed, the start-up
+// module written.
 absl::Status PrepareRunDirectory(const RunDirectory& dir) {
   dir.RemoveRankFiles();
   std::error_code ec;
+  if (RunManifest::Read(dir.Manifest()).ok()) {
+    for (const char* name :
+         {RunDirectory::kReport, RunDirectory::kSummary, RunDirectory::kTrace, RunDirectory::kHtml}) {
+      if (fs::is_regular_file(fs::symlink_status(dir.Path(name), ec))) fs::remove(dir.Path(name), ec);
+    }
+  }
   fs::create_directories(dir.Capture(), ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create '", dir.Capture(), "': ", ec.message()));
   for (const CapturedRank& r : ReadCapturedRanks(dir.Capture())) {

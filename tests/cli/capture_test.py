@@ -131,6 +131,17 @@ check("summary of a capture without snapshot: one line, exit 2",
       rc == 2 and err == f"memscope summary: '{run_dir}' is a capture whose job wrote no snapshot (no CUDA device, "
                          "or it never imported torch): there is no memory to show\n", (rc, err))
 
+# ---- A directory that held a memscope run: its outputs go, its ranks are not this run's.
+old = os.path.join(work, "old")
+rc, out, err = run("replay", data("phases.jsonl"), "--out", old)
+check("an earlier run wrote its outputs", rc == 0 and os.path.exists(os.path.join(old, "report.json")), err)
+rc, out, err = capture(old, "true")
+left = sorted(n for n in os.listdir(old) if not n.startswith("."))
+# (replay --out does not list its rank-0.timeline among the files a later run removes; it is not read here.)
+check("capturing into it removes the earlier outputs", left == ["rank-0.timeline", "run.json"], left)
+rc, out, err = run("summary", old)
+check("... and the directory reads as the capture, not the earlier run", rc == 2 and "is a capture" in err, (rc, err))
+
 # ---- Exit status, streams, signals, a missing command.
 rc, out, err = capture(os.path.join(work, "exit3"), PY, data("capture_train.py"), "3")
 check("exit 3 -> 3, stdout passes", (rc, out) == (3, "trained 3 steps\n"), (rc, out, err))
