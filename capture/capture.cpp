@@ -225,7 +225,15 @@ absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {
   int wait_status = 0;
   {
     JobSignals signals;
+    // SIGTERM / SIGHUP wait until the job's pid is known, then reach it.
+    sigset_t pass_on, before;
+    sigemptyset(&pass_on);
+    sigaddset(&pass_on, SIGTERM);
+    sigaddset(&pass_on, SIGHUP);
+    ::sigprocmask(SIG_BLOCK, &pass_on, &before);
     const auto [pid, error] = StartJob(options.command, JobEnvironment(module_dir, run_dir, options.max_entries));
+    g_job = pid > 0 ? pid : 0;
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
     if (pid < 0) {
       result.exit_status = error == ENOENT ? 127 : 126;
       result.start_error = error == ENOENT
@@ -233,7 +241,6 @@ absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {
                                : absl::StrCat("cannot run '", options.command[0], "': ", std::strerror(error));
       return result;
     }
-    g_job = pid;
     while (::waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
     }
     g_job = 0;

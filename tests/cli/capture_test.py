@@ -157,6 +157,15 @@ check("a job that is not Python: nothing recorded, said in a note",
 rc, out, err = capture(os.path.join(work, "signal"), "sh", "-c", "kill -TERM $$")
 check("killed by SIGTERM -> 143, as a shell says", rc == 143, (rc, err))
 check("... and said", "memscope capture: the job was killed by signal 15" in err, err)
+# SIGTERM to memscope reaches the job (the job's trap answers it).
+term = subprocess.Popen([MEMSCOPE, "capture", "--out", os.path.join(work, "term"), "--", "sh", "-c",
+                         'trap "echo got TERM; exit 7" TERM; echo ready; while :; do sleep 0.1; done'],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+check("job started", term.stdout.readline() == "ready\n")
+term.terminate()
+out, err = term.communicate(timeout=60)
+check("SIGTERM is passed on to the job; its status is memscope's", (term.returncode, out) == (7, "got TERM\n"),
+      (term.returncode, out, err))
 rc, out, err = capture(os.path.join(work, "missing"), "no-such-command-memscope")
 check("a missing command: 127 and one line",
       (rc, err) == (127, "memscope capture: 'no-such-command-memscope': command not found\n"), (rc, err))
