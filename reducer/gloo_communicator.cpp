@@ -654,8 +654,8 @@ class GlooCommunicator final : public Communicator {
   // Check #checks_: every rank's summary of its unchecked collectives, then,
   // if they differ, the lists, and a mismatch names the first that differs.
   void CheckDescriptors() {
-    FailIfPeerGone();
     in_check_ = true;
+    FailIfPeerGone();
     const auto tag = static_cast<std::uint32_t>(4 * checks_);
     const std::array<std::uint64_t, UncheckedCollectives::kSummaryWords> summary = unchecked_.Summary();
     std::vector<std::uint64_t> all;
