@@ -278,9 +278,9 @@ TEST_CASE("gloo meta collectives are checked at least every 256, so a rank that 
         "rank 1: broadcast #256 timed out after 1 s: rank 0 did not arrive (its last collective: broadcast #100)");
 }
 
-// A forked rank 1 calls three meta collectives and dies without a destructor:
-// rank 0's check names it and its last collective, read from the progress
-// file it wrote through its mapping.
+// A forked rank 1 calls a barrier and three meta collectives, and dies
+// without a destructor: rank 0's check names it and its last collective,
+// read from the progress file it wrote through its mapping.
 TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names it and its last collective") {
   TempDir dir;
   const pid_t child = ::fork();
@@ -289,6 +289,7 @@ TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names
     int code = 0;
     try {
       std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 1, 2, 10s));
+      comm->Barrier();  // both ends connected
       for (int i = 0; i < 3; ++i) comm->AllreduceSum(nullptr, 8, DType::kFloat32);
       comm.release();  // a crash: no destructor runs
     } catch (...) {
@@ -299,6 +300,7 @@ TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names
   std::string error;
   {
     std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 0, 2, 10s));
+    comm->Barrier();
     for (int i = 0; i < 3; ++i) comm->AllreduceSum(nullptr, 8, DType::kFloat32);
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);
@@ -310,8 +312,8 @@ TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names
     }
   }
   CHECK(error ==
-        "rank 0: rank 1 closed its connection (exited or was killed) during barrier #4 (its last collective: "
-        "allreduce #3)");
+        "rank 0: rank 1 closed its connection (exited or was killed) during barrier #5 (its last collective: "
+        "allreduce #4)");
 }
 
 TEST_CASE("gloo collective mismatch: rank 0 calls barrier while rank 1 calls allreduce") {
