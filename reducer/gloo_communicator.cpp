@@ -21,7 +21,8 @@
 // collectives check at the same ones. A check allgathers a summary (how many,
 // two 64-bit hashes, the last N), tagged by the check's own number so that
 // ranks that check at different collectives still meet. Equal summaries end
-// it; otherwise the lists are allgathered and every rank throws the same line
+// it (different batches with equal hashes, odds of about 2^-128, would
+// pass); otherwise the lists are allgathered and every rank throws the same line
 // after its "rank R: " for the first collective that differs ("collective
 // mismatch at collective #7: rank 0 called barrier, rank 1 called
 // allreduce(float32, 1234 elements)"). Then the payload moves (tag 2N+1):
