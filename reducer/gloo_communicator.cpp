@@ -392,7 +392,7 @@ class ProgressFile {
     std::memset(p, ' ', static_cast<std::size_t>(end - p));
     rec[kRecordBytes - 1] = '\n';
     const std::size_t message = std::min(failure.size(), kMaxMessageBytes - 1);
-    std::memcpy(rec.data() + kRecordBytes, failure.data(), message);
+    if (message > 0) std::memcpy(rec.data() + kRecordBytes, failure.data(), message);  // data() may be null
     rec[kRecordBytes + message] = '\0';
     const std::size_t bytes = kRecordBytes + (failure.empty() ? 0 : message + 1);
     if (map_ != nullptr) {
