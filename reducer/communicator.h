@@ -2,15 +2,18 @@
 // (GlooCommunicator), NCCL on GPUs (NcclCommunicator, built with CUDA), and a
 // single-rank LocalCommunicator.
 //
-// Every collective is checked: before its payload moves, the ranks exchange a
-// small descriptor (sequence number, collective, dtype, count, root) and a
-// mismatch throws CommError naming the ranks and what each called, as PyTorch
-// does with TORCH_DISTRIBUTED_DEBUG=DETAIL (a rank that skips a barrier).
-// A rank that does not arrive within the timeout, or whose connection drops,
-// is a CommError naming it: never a silent hang.
+// Every collective is checked: the ranks compare small descriptors (sequence
+// number, collective, dtype, count, root) and a mismatch throws CommError
+// naming the ranks and what each called, as PyTorch does with
+// TORCH_DISTRIBUTED_DEBUG=DETAIL (a rank that skips a barrier). A collective
+// that moves data is checked before its data moves; ones that move none are
+// checked in batches (at the next barrier, data-moving collective or
+// CheckNow(), or after 256 of them). A rank that does not arrive within the
+// timeout, or whose connection drops, is a CommError naming it: never a
+// silent hang.
 //
-// `data == nullptr` (meta execution: shapes, no bytes) runs the check only, so
-// ranks stay in lockstep and mismatches are still found without moving bytes.
+// `data == nullptr` (meta execution: shapes, no bytes) moves nothing: the
+// call is only checked, so mismatches are still found without moving bytes.
 #ifndef MEMSCOPE_REDUCER_COMMUNICATOR_H_
 #define MEMSCOPE_REDUCER_COMMUNICATOR_H_
 
@@ -45,6 +48,10 @@ class Communicator {
   // Each rank's `count` elements of `in` into out[rank * count ...].
   virtual void Allgather(const void* in, void* out, std::size_t count, DType dtype) = 0;
   virtual void Barrier() = 0;
+  // Checks every collective called so far against the other ranks, now (a
+  // mismatch or a lost peer throws). For a caller about to move data by other
+  // means (NCCL); a no-op where every collective is checked as it is called.
+  virtual void CheckNow() {}
 };
 
 // World size 1: every collective is a no-op (allgather copies in to out).

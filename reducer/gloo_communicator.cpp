@@ -12,35 +12,50 @@
 // Timeouts. `options.timeout` is gloo's context timeout (pair connects, store
 // waits) and the end-to-end timeout of every collective.
 //
-// Checked collectives. Collective #N first allgathers a fixed-size descriptor
-// {N, kind, dtype, count, root, meta} (tag 2N). Every rank sees every
-// descriptor, so on a difference every rank throws the same line after its
-// "rank R: " ("collective mismatch at collective #7: rank 0 called barrier,
-// rank 1 called allreduce(float32, 1234 elements)"). Only then does the
-// payload move (tag 2N+1): gloo::broadcast, gloo::allgather, and for
-// allreduce a ring (reduce-scatter, allgather) over gloo's unbound buffers.
-// Barrier is the descriptor exchange alone; null data (meta) stops after it.
+// Checked collectives, in batches. Each collective #N has a fixed-size
+// descriptor {N, kind, dtype, count, root, meta}. A rank keeps the
+// descriptors of the collectives it called since its last check, and checks
+// them at a barrier, at a collective that moves data (before the data moves),
+// at one whose arguments are to be rejected, and at the 256th unchecked one:
+// rules that depend on the descriptors alone, so ranks that called the same
+// collectives check at the same ones. A check allgathers a summary (how many,
+// two 64-bit hashes, the last N), tagged by the check's own number so that
+// ranks that check at different collectives still meet. Equal summaries end
+// it (different batches with equal hashes, odds of about 2^-128, would
+// pass); otherwise the lists are allgathered and every rank throws the same line
+// after its "rank R: " for the first collective that differs ("collective
+// mismatch at collective #7: rank 0 called barrier, rank 1 called
+// allreduce(float32, 1234 elements)"). Then the payload moves (tag 2N+1):
+// gloo::broadcast, gloo::allgather, and for allreduce a ring (reduce-scatter,
+// allgather) over gloo's unbound buffers. Barrier is a check alone; null data
+// (meta) never moves anything, so a meta run exchanges one small summary per
+// 256 collectives instead of a descriptor per collective.
 //
-// Error naming. On entering collective #N a rank writes "N entered <kind>" to
-// its progress file, and holds that file's lock while its communicator lives:
-// a peer that can take the lock knows the rank is gone (exited, killed or
-// communicator destroyed). Each collective starts by testing the peers' locks
-// (one flock() each), and while gloo runs a watchdog thread tests them every
-// 50 ms and, if a peer is gone, aborts the waits on the call's buffers. Gloo
-// alone would sometimes wait for the whole timeout: an operation half sent
+// Error naming. On entering collective #N a rank records "N entered <kind>
+// <checks>" in its progress file, through a shared mapping (no system call),
+// and holds that file's lock while its communicator lives: a peer that can
+// take the lock knows the rank is gone (exited, killed or communicator
+// destroyed). Each check starts by testing the peers' locks (one flock()
+// each), and while gloo runs a watchdog thread tests them every 50 ms and, if
+// a peer is gone, aborts the waits on the call's buffers. So a dead rank is
+// named at the next check, not at the next collective. Gloo alone would
+// sometimes wait for the whole timeout: an operation half sent
 // or received when its pair breaks is not failed, and a send can match a
 // receive the dead rank posted before dying (this is also why allreduce is
 // our own ring: gloo::allreduce waits on an internal buffer). When a call
 // fails the rank reads every peer's progress file and names, in this order,
 // the peers that are gone ("rank 1 closed its connection (exited or was
-// killed) during allreduce #12"), the live peers that never entered #N
-// ("allreduce #12 timed out after 2 s: rank 1 did not arrive (its last
-// collective: barrier #11)"), peers that destroyed their communicator, and
-// peers that failed first (quoting the message they recorded). The failing
-// rank records "failed" and its message; after a transport error it closes its
-// connections, so peers blocked on it fail now rather than at their timeout.
-// After a CommError the communicator is unusable: every call throws at once.
-// A fork() while a communicator is alive shares its lock with the child.
+// killed) during allreduce #12"), the live peers that never entered our
+// check, or the payload of #N ("allreduce #12 timed out after 2 s: rank 1 did
+// not arrive (its last collective: barrier #11)"), peers that destroyed their
+// communicator, and peers that failed first (quoting the message they
+// recorded). The failing rank records "failed" and its message; after a
+// transport error it closes its connections, so peers blocked on it fail now
+// rather than at their timeout. After a CommError the communicator is
+// unusable: every call throws at once. Collectives called after the last
+// check are not checked when the communicator is destroyed (a barrier first
+// checks them). A fork() while a communicator is alive shares its lock with
+// the child.
 //
 // SIGPIPE. Gloo writes with writev() and does not ignore SIGPIPE. As a
 // precaution (the tests, which kill ranks mid-transfer, have not provoked it)
@@ -53,6 +68,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -71,6 +87,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -188,9 +205,10 @@ struct Descriptor {
   }
 };
 
-// One line naming what each group of ranks called, the same on every rank.
-std::string MismatchMessage(const std::vector<Descriptor>& all) {
-  const std::uint64_t seq = all[0].seq;
+// One line naming what each group of ranks called at collective #seq (all[r]
+// is rank r's), the same on every rank. A descriptor of kind 0 stands for a
+// rank whose check came earlier: it called nothing more before checking.
+std::string MismatchMessage(const std::vector<Descriptor>& all, std::uint64_t seq) {
   std::vector<std::pair<Descriptor, std::vector<int>>> groups;
   for (std::size_t r = 0; r < all.size(); ++r) {
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == all[r]; });
@@ -203,18 +221,66 @@ std::string MismatchMessage(const std::vector<Descriptor>& all) {
   std::string out = "collective mismatch at collective #" + std::to_string(seq) + ": ";
   for (std::size_t g = 0; g < groups.size(); ++g) {
     if (g > 0) out += ", ";
+    if (groups[g].first.kind == 0) {
+      out += FormatRanks(groups[g].second) + " checked its collectives before calling it";
+      continue;
+    }
     out += FormatRanks(groups[g].second) + " called " + groups[g].first.Call();
     if (groups[g].first.seq != seq) out += " as its collective #" + std::to_string(groups[g].first.seq);
   }
   return out;
 }
 
+// The collectives a rank called since its last check, with two running
+// hashes of their descriptors. A check compares the summaries (count, hashes,
+// last sequence number) of every rank; only when they differ are the lists
+// themselves exchanged, to name the first collective that differs.
+class UncheckedCollectives {
+ public:
+  static constexpr std::size_t kSummaryWords = 4;
+
+  void Add(const Descriptor& d) {
+    for (const std::uint64_t w : d.Encode()) {
+      h1_ = Mix(h1_ ^ w);
+      h2_ = Mix(std::rotl(h2_, 23) + w * 0xd6e8feb86659fd93ULL);
+    }
+    list_.push_back(d);
+  }
+  std::size_t size() const { return list_.size(); }
+  const std::vector<Descriptor>& list() const { return list_; }
+  std::array<std::uint64_t, kSummaryWords> Summary() const {
+    return {list_.size(), h1_, h2_, list_.empty() ? 0 : list_.back().seq};
+  }
+  void Clear() {
+    list_.clear();
+    h1_ = kSeed1;
+    h2_ = kSeed2;
+  }
+
+ private:
+  // splitmix64's finalizer: a bijection that mixes every bit.
+  static std::uint64_t Mix(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  static constexpr std::uint64_t kSeed1 = 0x6d656d73636f7065ULL;  // "memscope"
+  static constexpr std::uint64_t kSeed2 = 0x9e3779b97f4a7c15ULL;
+  std::vector<Descriptor> list_;
+  std::uint64_t h1_ = kSeed1;
+  std::uint64_t h2_ = kSeed2;
+};
+
 // ---------------------------------------------------------------------------
-// Progress files: "<seq> <state> <kind>" padded to kRecordBytes, then the
-// failure message if the state is "failed".
+// Progress files: "<seq> <state> <kind> <checks>" padded to kRecordBytes, then
+// the failure message (NUL-terminated) if the state is "failed". The file has
+// a fixed size, its blocks reserved at open, and its owner writes it through
+// a shared mapping: updating it on every collective costs no system call, and
+// peers read it with pread() (the page cache is the same).
 
 constexpr std::size_t kRecordBytes = 64;
 constexpr std::size_t kMaxMessageBytes = 4096;
+constexpr std::size_t kFileBytes = kRecordBytes + kMaxMessageBytes;
 
 std::string ProgressPath(const std::string& dir, int rank) { return dir + "/progress-rank-" + std::to_string(rank); }
 // Left by a process that found its rank already taken (two processes started
@@ -227,8 +293,9 @@ struct PeerStatus {
   bool exists = false;  // the progress file exists (the rank started)
   bool alive = false;   // its owner still holds the lock
   std::uint64_t seq = 0;
-  std::string state;  // joining, ready, entered, failed, closed
-  std::string kind;   // the kind of collective #seq
+  std::string state;         // joining, ready, entered, failed, closed
+  std::string kind;          // the kind of collective #seq
+  std::uint64_t checks = 0;  // descriptor checks it has entered
   std::string failure;
 
   std::string LastCollective() const {
@@ -250,13 +317,19 @@ PeerStatus ReadPeer(int fd, int rank) {
   if (fd < 0) return s;
   s.exists = true;
   s.alive = !Unlocked(fd);
-  std::string buf(kRecordBytes + kMaxMessageBytes, '\0');
+  std::string buf(kFileBytes, '\0');
   const ssize_t n = ::pread(fd, buf.data(), buf.size(), 0);
   if (n <= 0) return s;
   buf.resize(static_cast<std::size_t>(n));
-  std::istringstream record(buf.substr(0, std::min(buf.size(), kRecordBytes)));
-  record >> s.seq >> s.state >> s.kind;
-  if (buf.size() > kRecordBytes) s.failure = OneLine(buf.substr(kRecordBytes));
+  std::string record = buf.substr(0, std::min(buf.size(), kRecordBytes));
+  record.resize(std::min(record.size(), record.find('\0')));
+  std::istringstream in(record);
+  in >> s.seq >> s.state >> s.kind >> s.checks;
+  if (s.state == "failed" && buf.size() > kRecordBytes) {
+    std::string message = buf.substr(kRecordBytes);
+    message.resize(std::min(message.size(), message.find('\0')));
+    s.failure = OneLine(message);
+  }
   return s;
 }
 
@@ -268,6 +341,7 @@ class ProgressFile {
   ProgressFile(const ProgressFile&) = delete;
   ProgressFile& operator=(const ProgressFile&) = delete;
   ~ProgressFile() {
+    if (map_ != nullptr) ::munmap(map_, kFileBytes);
     if (fd_ >= 0) ::close(fd_);  // releases the lock
   }
 
@@ -286,23 +360,51 @@ class ProgressFile {
       }
       return "cannot lock " + path + ": " + std::strerror(err);
     }
+    // Blocks reserved first: a store on a full disk must not turn a write
+    // into the mapping into SIGBUS. Without them, writes go through pwrite().
+    if (::ftruncate(fd_, 0) == 0 && ::posix_fallocate(fd_, 0, static_cast<off_t>(kFileBytes)) == 0) {
+      void* map = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+      if (map != MAP_FAILED) map_ = static_cast<char*>(map);
+    }
     return "";
   }
 
-  void Write(std::uint64_t seq, std::string_view state, std::string_view kind = "-", std::string_view failure = {}) {
+  // Best effort: progress only improves error messages.
+  void Write(std::uint64_t seq, std::string_view state, std::string_view kind, std::uint64_t checks,
+             std::string_view failure = {}) {
     if (fd_ < 0) return;
-    std::string rec = std::to_string(seq) + " " + std::string(state) + " " + std::string(kind);
-    rec.resize(kRecordBytes - 1, ' ');
-    rec += '\n';
-    if (!failure.empty()) rec += failure.substr(0, kMaxMessageBytes);
-    // Best effort: progress only improves error messages.
-    if (::pwrite(fd_, rec.data(), rec.size(), 0) == static_cast<ssize_t>(rec.size())) {
-      [[maybe_unused]] const int rc = ::ftruncate(fd_, static_cast<off_t>(rec.size()));
+    std::array<char, kFileBytes> rec;
+    char* p = rec.data();
+    char* const end = p + kRecordBytes - 1;
+    const auto put = [&](std::string_view text) {
+      const std::size_t n = std::min(text.size(), static_cast<std::size_t>(end - p));
+      std::memcpy(p, text.data(), n);
+      p += n;
+    };
+    const auto number = [&](std::uint64_t v) { p = std::to_chars(p, end, v).ptr; };
+    number(seq);
+    put(" ");
+    put(state);
+    put(" ");
+    put(kind.empty() ? "-" : kind);
+    put(" ");
+    number(checks);
+    std::memset(p, ' ', static_cast<std::size_t>(end - p));
+    rec[kRecordBytes - 1] = '\n';
+    const std::size_t message = std::min(failure.size(), kMaxMessageBytes - 1);
+    if (message > 0) std::memcpy(rec.data() + kRecordBytes, failure.data(), message);  // data() may be null
+    rec[kRecordBytes + message] = '\0';
+    const std::size_t bytes = kRecordBytes + (failure.empty() ? 0 : message + 1);
+    if (map_ != nullptr) {
+      std::memcpy(map_, rec.data(), bytes);
+    } else {
+      [[maybe_unused]] const ssize_t n = ::pwrite(fd_, rec.data(), bytes, 0);
     }
   }
 
  private:
   int fd_ = -1;
+  char* map_ = nullptr;  // the file, shared; null when it could not be mapped
 };
 
 // ---------------------------------------------------------------------------
@@ -354,6 +456,10 @@ std::uint16_t FloatToBf16(float f) {
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
 }
 
+// Collectives that need no data moved are checked in batches of at most this
+// many (fewer at a barrier or a collective that moves data).
+constexpr std::size_t kMaxUnchecked = 256;
+
 // Slots of the ring allreduce (gloo's own prefixes are 0x01-0x08).
 constexpr std::uint8_t kRingAllreduceSlotPrefix = 0x4d;
 
@@ -382,7 +488,7 @@ class GlooCommunicator final : public Communicator {
         timeout_(options.timeout) {}
 
   ~GlooCommunicator() override {
-    progress_.Write(seq_, "closed", last_kind_);
+    progress_.Write(seq_, "closed", LastKind(), checks_);
     if (watchdog_.joinable()) {
       {
         std::lock_guard<std::mutex> lock(wd_mu_);
@@ -472,6 +578,14 @@ class GlooCommunicator final : public Communicator {
     Checked(Kind::kBarrier, DType::kFloat32, 0, -1, true, [](std::uint32_t) {});
   }
 
+  void CheckNow() override {
+    if (!broken_.empty()) ThrowBroken();
+    if (unchecked_.size() == 0) return;  // the last collective was checked
+    ++checks_;
+    progress_.Write(seq_, "entered", LastKind(), checks_);
+    CheckDescriptors();
+  }
+
  private:
   [[noreturn]] void ThrowBroken() const {
     throw CommError("rank " + std::to_string(rank_) + ": communicator unusable after an earlier error: " + broken_);
@@ -482,7 +596,7 @@ class GlooCommunicator final : public Communicator {
   [[noreturn]] void Fail(std::string message, bool close_connections) {
     message = OneLine(std::move(message));
     broken_ = message;
-    progress_.Write(seq_, "failed", last_kind_, message);
+    progress_.Write(seq_, "failed", LastKind(), checks_, message);
     if (close_connections) {
       SigpipeGuard guard;
       context_.reset();
@@ -490,13 +604,29 @@ class GlooCommunicator final : public Communicator {
     throw CommError(message);
   }
 
+  // Why the call is rejected (empty if it is not). Every rank that passed the
+  // same arguments rejects them alike, after the check.
+  std::string Invalid(Kind kind, DType dtype, int root) const {
+    if (kind == Kind::kAllreduce && dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16 &&
+        dtype != DType::kInt32 && dtype != DType::kInt64) {
+      return "cannot sum " + std::string(DTypeName(dtype)) + " (float32, float16, bfloat16, int32, int64)";
+    }
+    if (kind == Kind::kBroadcast && (root < 0 || root >= world_size_)) {
+      return "root " + std::to_string(root) + " is not a rank of world size " + std::to_string(world_size_);
+    }
+    return "";
+  }
+
+  // Collective #seq: its descriptor joins the unchecked ones; they are checked
+  // across ranks now if this call moves data, is a barrier, is to be rejected,
+  // or is the kMaxUnchecked-th unchecked one. Each of these is a function of
+  // the descriptors alone, so ranks that called the same collectives check at
+  // the same ones.
   template <typename Payload>
   void Checked(Kind kind, DType dtype, std::size_t count, int root, bool meta, Payload&& payload) {
     if (!broken_.empty()) ThrowBroken();
     const std::uint64_t seq = ++seq_;
-    last_kind_ = std::string(KindName(static_cast<std::uint64_t>(kind)));
-    progress_.Write(seq, "entered", last_kind_);
-    const std::string what = last_kind_ + " #" + std::to_string(seq);
+    kind_ = kind;
 
     Descriptor mine;
     mine.seq = seq;
@@ -507,36 +637,82 @@ class GlooCommunicator final : public Communicator {
       mine.root = kind == Kind::kBroadcast ? root : -1;
       mine.meta = meta ? 1 : 0;
     }
-
-    std::vector<Descriptor> all;
-    if (world_size_ == 1) {
-      all.push_back(mine);
-    } else {
-      FailIfPeerGone(what);
-      GlooCall(what, [&] { all = ExchangeDescriptors(mine, static_cast<std::uint32_t>(2 * seq)); });
+    const std::string invalid = Invalid(kind, dtype, root);
+    const bool moves = !meta && count != 0 && (world_size_ > 1 || kind == Kind::kAllgather);
+    bool check = false;
+    if (world_size_ > 1) {
+      unchecked_.Add(mine);
+      check = kind == Kind::kBarrier || moves || !invalid.empty() || unchecked_.size() >= kMaxUnchecked;
+      if (check) ++checks_;
     }
-    for (const Descriptor& d : all) {
-      if (!(d == all[0])) Fail("rank " + std::to_string(rank_) + ": " + MismatchMessage(all), false);
-    }
-
-    // Every rank passed the same arguments, so every rank rejects them alike.
-    const auto reject = [&](const std::string& why) {
-      Fail("rank " + std::to_string(rank_) + ": " + what + ": " + why, false);
-    };
-    if (kind == Kind::kAllreduce && dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16 &&
-        dtype != DType::kInt32 && dtype != DType::kInt64) {
-      reject("cannot sum " + std::string(DTypeName(dtype)) + " (float32, float16, bfloat16, int32, int64)");
-    }
-    if (kind == Kind::kBroadcast && (root < 0 || root >= world_size_)) {
-      reject("root " + std::to_string(root) + " is not a rank of world size " + std::to_string(world_size_));
-    }
-    if (meta || count == 0) return;
-    if (world_size_ == 1 && kind != Kind::kAllgather) return;  // allgather copies, without gloo
-    GlooCall(what, [&] { payload(static_cast<std::uint32_t>(2 * seq + 1)); });
+    progress_.Write(seq, "entered", LastKind(), checks_);
+    if (check) CheckDescriptors();
+    if (!invalid.empty()) Fail("rank " + std::to_string(rank_) + ": " + What() + ": " + invalid, false);
+    if (!moves) return;
+    GlooCall([&] { payload(static_cast<std::uint32_t>(2 * seq + 1)); });
   }
 
+  // Check #checks_: every rank's summary of its unchecked collectives, then,
+  // if they differ, the lists, and a mismatch names the first that differs.
+  void CheckDescriptors() {
+    in_check_ = true;
+    FailIfPeerGone();
+    const auto tag = static_cast<std::uint32_t>(4 * checks_);
+    const std::array<std::uint64_t, UncheckedCollectives::kSummaryWords> summary = unchecked_.Summary();
+    std::vector<std::uint64_t> all;
+    GlooCall([&] { all = AllgatherWords(summary.data(), summary.size(), tag); });
+    std::size_t longest = 0;
+    bool same = true;
+    for (int r = 0; r < world_size_; ++r) {
+      const std::uint64_t* theirs = &all[summary.size() * static_cast<std::size_t>(r)];
+      same = same && std::equal(summary.begin(), summary.end(), theirs);
+      longest = std::max(longest, static_cast<std::size_t>(theirs[0]));
+    }
+    if (same) {
+      in_check_ = false;
+      unchecked_.Clear();
+      return;
+    }
+    std::vector<std::uint64_t> mine(longest * Descriptor::kWords, 0);
+    for (std::size_t i = 0; i < unchecked_.size(); ++i) {
+      const std::array<std::uint64_t, Descriptor::kWords> words = unchecked_.list()[i].Encode();
+      std::copy(words.begin(), words.end(), mine.begin() + static_cast<std::ptrdiff_t>(i * Descriptor::kWords));
+    }
+    GlooCall([&] { all = AllgatherWords(mine.data(), mine.size(), tag + 2); });
+    in_check_ = false;
+    const std::uint64_t first_seq = unchecked_.list().front().seq;
+    for (std::size_t i = 0; i < longest; ++i) {
+      std::vector<Descriptor> column;
+      for (int r = 0; r < world_size_; ++r) {
+        column.push_back(Descriptor::Decode(&all[(static_cast<std::size_t>(r) * longest + i) * Descriptor::kWords]));
+      }
+      if (std::any_of(column.begin(), column.end(), [&](const Descriptor& d) { return !(d == column[0]); })) {
+        Fail("rank " + std::to_string(rank_) + ": " + MismatchMessage(column, first_seq + i), false);
+      }
+    }
+    Fail("rank " + std::to_string(rank_) + ": " + What() + ": the ranks' descriptor hashes differ, their lists do not",
+         false);
+  }
+
+  // Each rank's `count` words of `in`, rank by rank.
+  std::vector<std::uint64_t> AllgatherWords(const std::uint64_t* in, std::size_t count, std::uint32_t tag) {
+    std::vector<std::uint64_t> out(count * static_cast<std::size_t>(world_size_));
+    gloo::AllgatherOptions opts(context_);
+    Watched watched(*this);
+    opts.setInput(const_cast<std::uint64_t*>(in), count);
+    opts.setOutput<std::uint64_t>(watched.Buffer(out.data(), out.size() * sizeof(std::uint64_t)));
+    opts.setTag(tag);
+    opts.setTimeout(timeout_);
+    gloo::allgather(opts);
+    return out;
+  }
+
+  // "allreduce #12": the collective this rank is in.
+  std::string What() const { return std::string(LastKind()) + " #" + std::to_string(seq_); }
+  std::string_view LastKind() const { return seq_ == 0 ? "-" : KindName(static_cast<std::uint64_t>(kind_)); }
+
   template <typename Fn>
-  void GlooCall(const std::string& what, Fn&& fn) {
+  void GlooCall(Fn&& fn) {
     std::string error;
     {
       SigpipeGuard guard;
@@ -557,7 +733,7 @@ class GlooCommunicator final : public Communicator {
       in_flight_ = false;
       if (aborted_) error = "aborted by the watchdog: a peer is gone";  // the payload may be garbage
     }
-    if (!error.empty()) Fail(DescribeFailure(what, GlooMessage(error)), true);
+    if (!error.empty()) Fail(DescribeFailure(What(), GlooMessage(error)), true);
   }
 
   // The watchdog: while a gloo call is in flight it tests every 50 ms whether
@@ -668,21 +844,6 @@ class GlooCommunicator final : public Communicator {
     for (std::size_t s = 0; s + 1 < n; ++s) step((me + 1 + n - s) % n, (me + n - s) % n, false);
   }
 
-  std::vector<Descriptor> ExchangeDescriptors(const Descriptor& mine, std::uint32_t tag) {
-    std::array<std::uint64_t, Descriptor::kWords> in = mine.Encode();
-    std::vector<std::uint64_t> out(Descriptor::kWords * static_cast<std::size_t>(world_size_));
-    gloo::AllgatherOptions opts(context_);
-    Watched watched(*this);
-    opts.setInput(in.data(), in.size());
-    opts.setOutput<std::uint64_t>(watched.Buffer(out.data(), out.size() * sizeof(std::uint64_t)));
-    opts.setTag(tag);
-    opts.setTimeout(timeout_);
-    gloo::allgather(opts);
-    std::vector<Descriptor> all;
-    for (int r = 0; r < world_size_; ++r) all.push_back(Descriptor::Decode(&out[Descriptor::kWords * r]));
-    return all;
-  }
-
   std::vector<PeerStatus> ReadPeers() const {
     std::vector<PeerStatus> peers;
     for (int r = 0; r < world_size_; ++r) {
@@ -702,9 +863,9 @@ class GlooCommunicator final : public Communicator {
   // or killed, or communicator destroyed) fails the collective at once. Gloo
   // itself may not notice: a send can match a receive the dead rank posted
   // before it died and then wait for the full timeout.
-  void FailIfPeerGone(const std::string& what) {
+  void FailIfPeerGone() {
     for (int r = 0; r < world_size_; ++r) {
-      if (r != rank_ && peer_fds_[r] >= 0 && Unlocked(peer_fds_[r])) Fail(DescribeFailure(what, ""), true);
+      if (r != rank_ && peer_fds_[r] >= 0 && Unlocked(peer_fds_[r])) Fail(DescribeFailure(What(), ""), true);
     }
   }
 
@@ -712,7 +873,6 @@ class GlooCommunicator final : public Communicator {
   std::string DescribeFailure(const std::string& what, const std::string& gloo_message) const {
     const std::string me = "rank " + std::to_string(rank_) + ": ";
     const bool timeout = IsTimeout(gloo_message);
-    const std::uint64_t seq = seq_;
 
     std::vector<int> gone, missing, closed, failed;
     std::vector<PeerStatus> peers;
@@ -734,7 +894,7 @@ class GlooCommunicator final : public Communicator {
           continue;  // cannot happen after rendezvous
         } else if (!p.alive) {
           gone.push_back(p.rank);
-        } else if (p.seq < seq) {
+        } else if (in_check_ ? p.checks < checks_ : p.seq < seq_) {  // not in our check, or behind our payload
           missing.push_back(p.rank);
         }
       }
@@ -798,8 +958,11 @@ class GlooCommunicator final : public Communicator {
   bool aborted_ = false;    // a peer is gone: the watchdog aborts every wait
   std::vector<gloo::transport::UnboundBuffer*> watched_;
   std::thread watchdog_;
-  std::uint64_t seq_ = 0;
-  std::string last_kind_ = "-";
+  std::uint64_t seq_ = 0;     // collectives called
+  Kind kind_{};               // the kind of collective #seq_
+  std::uint64_t checks_ = 0;  // checks entered
+  bool in_check_ = false;     // a check's exchange is running
+  UncheckedCollectives unchecked_;
   std::string broken_;  // non-empty after a CommError
 };
 
@@ -818,7 +981,7 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     }
     throw CommError(me + OneLine(err));
   }
-  progress_.Write(0, "joining");
+  progress_.Write(0, "joining", "-", 0);
 
   const Clock::time_point deadline = Clock::now() + timeout_;
   try {
@@ -839,17 +1002,17 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
       }
       if (missing.empty()) break;
       if (Clock::now() >= deadline) {
-        std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " +
-                          FormatRanks(missing) + " never joined";
+        std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " + FormatRanks(missing) +
+                          " never joined";
         for (int r = 0; r < world_size_; ++r) {
           std::error_code exists_ec;
           if (std::filesystem::exists(DuplicatePath(store_dir_, r), exists_ec)) {
-            msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" +
-                   std::to_string(r) + ")";
+            msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" + std::to_string(r) +
+                   ")";
           }
         }
         msg += where;
-        progress_.Write(0, "failed", "rendezvous", msg);
+        progress_.Write(0, "failed", "rendezvous", 0, msg);
         throw CommError(msg);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -877,7 +1040,7 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     msg += " (gloo: " + GlooMessage(e.what()) + ")" + where;
     context_.reset();
     device_.reset();
-    progress_.Write(0, "failed", "rendezvous", msg);
+    progress_.Write(0, "failed", "rendezvous", 0, msg);
     throw CommError(msg);
   }
   peer_fds_.assign(static_cast<std::size_t>(world_size_), -1);
@@ -885,7 +1048,7 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     if (r != rank_) peer_fds_[r] = OpenPeer(store_dir_, r);
   }
   if (world_size_ > 1) watchdog_ = std::thread([this] { WatchdogLoop(); });
-  progress_.Write(0, "ready");
+  progress_.Write(0, "ready", "-", 0);
 }
 
 }  // namespace

@@ -70,7 +70,8 @@ class NcclCommunicator final : public Communicator {
 
   void AllreduceSum(void* data, std::size_t count, DType dtype) override {
     Begin();
-    gloo_->AllreduceSum(nullptr, count, dtype);  // the descriptor check (rejects dtypes it cannot sum)
+    gloo_->AllreduceSum(nullptr, count, dtype);  // the descriptor (rejects dtypes it cannot sum)
+    gloo_->CheckNow();                           // checked before NCCL moves anything
     if (data == nullptr || count == 0) return;
     Run("allreduce", ncclAllReduce(data, data, count, NcclType(dtype), ncclSum, comm_, stream_));
   }
@@ -78,6 +79,7 @@ class NcclCommunicator final : public Communicator {
   void Broadcast(void* data, std::size_t count, DType dtype, int root) override {
     Begin();
     gloo_->Broadcast(nullptr, count, dtype, root);
+    gloo_->CheckNow();
     if (data == nullptr || count == 0) return;
     Run("broadcast", ncclBroadcast(data, data, count, NcclType(dtype), root, comm_, stream_));
   }
@@ -85,6 +87,7 @@ class NcclCommunicator final : public Communicator {
   void Allgather(const void* in, void* out, std::size_t count, DType dtype) override {
     Begin();
     gloo_->Allgather(nullptr, nullptr, count, dtype);
+    gloo_->CheckNow();
     if (in == nullptr || out == nullptr || count == 0) return;
     Run("allgather", ncclAllGather(in, out, count, NcclType(dtype), comm_, stream_));
   }

@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "recording/recorder.h"
 #include "reducer/communicator.h"
-#include "tensor/tensor.h"
 #include "run/aggregate.h"
 #include "run/rank_session.h"
+#include "tensor/tensor.h"
 
 namespace memscope {
 namespace {
@@ -75,6 +75,7 @@ class RecordingCommunicator final : public reducer::Communicator {
     Scope s(recorder_, "barrier", 0);
     inner_->Barrier();
   }
+  void CheckNow() override { inner_->CheckNow(); }
 
  private:
   // The end is recorded even when the collective throws (a peer gone).

@@ -224,6 +224,98 @@ TEST_CASE("gloo meta collectives with null data check and move nothing and keep 
   CHECK(sums[1] == std::vector<float>(4, 3.0F));
 }
 
+// Collectives that move no data are checked in batches: a rank does not wait
+// for its peers at each one, only at the next check.
+TEST_CASE("gloo meta collectives do not wait for the peers until the next barrier") {
+  std::latch rank1_ahead(1);
+  CheckNoErrors(RunRanks(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 0) rank1_ahead.wait();  // rank 0 starts only once rank 1 is 100 collectives ahead
+        for (int i = 0; i < 100; ++i) comm.AllreduceSum(nullptr, 1000 + i, DType::kFloat32);
+        if (comm.rank() == 1) rank1_ahead.count_down();
+        comm.Barrier();
+      },
+      2s));
+}
+
+TEST_CASE("gloo meta mismatch is named at the next check with the number of the collective that differs") {
+  const std::vector<std::string> errors = RunRanks(4, [](Communicator& comm) {
+    for (int i = 1; i <= 10; ++i) {
+      const std::size_t count = comm.rank() == 2 && i == 5 ? 11 : 10;
+      comm.AllreduceSum(nullptr, count, DType::kFloat32);
+    }
+    comm.Barrier();
+  });
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[r] == "rank " + std::to_string(r) +
+                           ": collective mismatch at collective #5: ranks 0, 1, 3 called allreduce(float32, 10 "
+                           "elements, meta), rank 2 called allreduce(float32, 11 elements, meta)");
+  }
+}
+
+// 256 unchecked collectives are a check: rank 1, which calls 300, waits there
+// for rank 0, which called 100 and stopped, and names it.
+TEST_CASE("gloo meta collectives are checked at least every 256, so a rank that stops calling them is named") {
+  std::promise<void> rank1_done;
+  std::shared_future<void> done = rank1_done.get_future().share();
+  const std::vector<std::string> errors = RunRanks(
+      2,
+      [&](Communicator& comm) {
+        const int calls = comm.rank() == 0 ? 100 : 300;
+        try {
+          for (int i = 0; i < calls; ++i) comm.Broadcast(nullptr, 4, DType::kInt64, 0);
+        } catch (const CommError&) {
+          rank1_done.set_value();
+          throw;
+        }
+        if (comm.rank() == 0) done.wait();  // alive, but calls nothing more
+      },
+      1s);
+  CHECK(errors[0] == "");
+  CHECK(errors[1] ==
+        "rank 1: broadcast #256 timed out after 1 s: rank 0 did not arrive (its last collective: broadcast #100)");
+}
+
+// A forked rank 1 calls a barrier and three meta collectives, and dies
+// without a destructor: rank 0's check names it and its last collective,
+// read from the progress file it wrote through its mapping.
+TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names it and its last collective") {
+  TempDir dir;
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 0;
+    try {
+      std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 1, 2, 10s));
+      comm->Barrier();  // both ends connected
+      for (int i = 0; i < 3; ++i) comm->AllreduceSum(nullptr, 8, DType::kFloat32);
+      comm.release();  // a crash: no destructor runs
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  std::string error;
+  {
+    std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 0, 2, 10s));
+    comm->Barrier();
+    for (int i = 0; i < 3; ++i) comm->AllreduceSum(nullptr, 8, DType::kFloat32);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    try {
+      comm->Barrier();
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+  }
+  CHECK(error ==
+        "rank 0: rank 1 closed its connection (exited or was killed) during barrier #5 (its last collective: "
+        "allreduce #4)");
+}
+
 TEST_CASE("gloo collective mismatch: rank 0 calls barrier while rank 1 calls allreduce") {
   std::vector<double> later(2, -1);
   std::vector<std::string> later_errors(2);
@@ -262,6 +354,9 @@ TEST_CASE("gloo collective mismatch: rank 0 calls barrier while rank 1 calls all
   }
 }
 
+// Rank 2's meta broadcast is not checked at once (it moves no data), the
+// others' are: rank 2 joins their check at its barrier, and every rank names
+// collective #1.
 TEST_CASE("gloo mismatch in dtype count root or meta names what each rank called") {
   const std::vector<std::string> errors = RunRanks(4, [](Communicator& comm) {
     std::vector<std::int64_t> v(8, 1);
@@ -272,6 +367,7 @@ TEST_CASE("gloo mismatch in dtype count root or meta names what each rank called
     } else {
       comm.Broadcast(v.data(), 8, DType::kInt64, 1);
     }
+    comm.Barrier();
   });
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
