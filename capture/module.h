@@ -1,5 +1,5 @@
 // memscope capture's Python start-up module (capture/sitecustomize.py),
-// embedded into the binary at build time (capture/embed.cmake). `memscope
+// embedded into the binary at build time (cmake/embed.cmake). `memscope
 // capture` writes it into the run directory as
 // RUN/.memscope-capture/sitecustomize.py; what it does is said at its top.
 #ifndef MEMSCOPE_CAPTURE_MODULE_H_

@@ -1,5 +1,5 @@
 // The HTML report's page files (viewer/report.html, report.css, report.js),
-// embedded into the binary at build time (viewer/embed.cmake). The template
+// embedded into the binary at build time (cmake/embed.cmake). The template
 // holds three markers that viewer/html_report.cpp replaces: the CSS, the
 // script, and the report data (JSON).
 #ifndef MEMSCOPE_VIEWER_ASSETS_H_
