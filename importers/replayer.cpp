@@ -27,8 +27,14 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   result.device_memory = device.capacity();
   result.requests_total = trace.requests.size();
   std::size_t live = 0;
+  const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
+  if (planned) {
+    device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
+    device.PausePlan(trace.planned_from_request > 0);
+  }
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];
+    if (planned && i == trace.planned_from_request && i > 0) device.PausePlan(false);
     if (recorder != nullptr && trace.time_origin_us >= 0 && r.time_us >= 0) {
       recorder->SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
     }
@@ -102,6 +108,11 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
     result.requests_done = i + 1;
   }
   if (recorder != nullptr) recorder->ClearTraceTime();
+  if (planned) {
+    result.planned_taken = device.planned_taken();
+    result.planned_missed = device.planned_missed();
+    device.PlanAddresses({}, {});
+  }
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
   return result;

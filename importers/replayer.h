@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
@@ -33,6 +35,10 @@ struct ReplayResult {
   DeviceStats stats;                // at the end (or at the OOM)
   std::size_t peak_live_bytes = 0;  // peak of live requested bytes: the lower bound
   std::string memory_summary;       // torch.cuda.memory_summary() at the end
+  // The source's addresses (RequestTrace::planned_*): how many segments got
+  // theirs, and how many did not (the replay's calls differed from the source's there).
+  std::uint64_t planned_taken = 0;
+  std::uint64_t planned_missed = 0;
 };
 
 // Replays `trace` with `config` on a SimDevice of `device_memory` bytes. An

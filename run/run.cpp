@@ -103,10 +103,11 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
         if (!config.ok()) return config.status();
         // An OOM snapshot is replayed on the capacity its oom entry implies,
         // unless the caller asked for a size.
-        const std::uint64_t memory =
-            trace.device_capacity != 0 && device_memory == kDefaultReplayDeviceMemory ? trace.device_capacity
-                                                                                      : device_memory;
-        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device);
+        const std::uint64_t memory = trace.device_capacity != 0 && device_memory == kDefaultReplayDeviceMemory
+                                         ? trace.device_capacity
+                                         : device_memory;
+        ReplayResult replayed;
+        absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device, &replayed);
         if (!t.ok()) return t.status();
         t->device_capacity = memory;
         // The snapshot's own clock: event times are its time_us (kept by the replay).
@@ -117,6 +118,13 @@ absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path, std::uint
                                                        "allocator settings (",
                                                        trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
                                                        ") on a simulated GPU of ", FormatSize(memory)));
+        if (replayed.planned_missed > 0) {
+          t->notes.push_back(absl::StrCat(
+              "device ", trace.device, ": ", replayed.planned_missed, " of the trace's ",
+              trace.requests.planned_mallocs.size() + trace.requests.planned_reservations.size(),
+              " segment addresses were not taken by the replay (its device calls differ from the trace's there): "
+              "those segments have memscope's own addresses"));
+        }
         timelines.push_back(std::move(*t));
       }
       return timelines;

@@ -182,6 +182,49 @@ try:
     check("annotation times kept", [(a["name"], a["stage"], a["time_us"]) for a in again["external_annotations"]] ==
           [("forward:0", "START", 100), ("forward:0", "END", 120)], again["external_annotations"])
 
+    # The file's own addresses: segments where its segment_alloc / segment_map
+    # entries put them, so the allocator's splits give every block the
+    # address of its alloc entry (a base unlike memscope's own 0x7f0000000000,
+    # two segments 1 GiB apart, a reused block, an expandable segment).
+    A, B = 0x7F3A00000000, 0x7F3A40000000
+    tr = [entry("segment_alloc", A, 20 * MiB, 1, S1), entry("alloc", A, 6 * MiB, 1, S1),
+          entry("alloc", A + 6 * MiB, 4 * MiB, 2, S2), entry("segment_alloc", B, 30 * MiB, 3, S1),
+          entry("alloc", B, 30 * MiB, 3, S1), entry("free_requested", A, 6 * MiB, 4, S1),
+          entry("free_completed", A, 6 * MiB, 4, S1), entry("alloc", A, 4 * MiB, 5, S2)]
+    segs = [segment(A, 20 * MiB, [block(A, 4 * MiB, 4 * MiB, "active_allocated", S2),
+                                  block(A + 4 * MiB, 2 * MiB, 0, "inactive", EMPTY),
+                                  block(A + 6 * MiB, 4 * MiB, 4 * MiB, "active_allocated", S2),
+                                  block(A + 10 * MiB, 10 * MiB, 0, "inactive", EMPTY)]),
+            segment(B, 30 * MiB, [block(B, 30 * MiB, 30 * MiB, "active_allocated", S1)])]
+    E = 0x7F3B00000000
+    etr = [entry("segment_map", E, 20 * MiB, 1, S1), entry("alloc", E, 6 * MiB, 1, S1),
+           entry("alloc", E + 6 * MiB, 20 * MiB, 2, S2), entry("segment_map", E + 20 * MiB, 20 * MiB, 2, S2)]
+    etr[2], etr[3] = etr[3], etr[2]  # PyTorch maps the page before it hands out the block
+    esegs = [segment(E, 40 * MiB, [block(E, 6 * MiB, 6 * MiB, "active_allocated", S1),
+                                   block(E + 6 * MiB, 20 * MiB, 20 * MiB, "active_allocated", S2),
+                                   block(E + 26 * MiB, 14 * MiB, 0, "inactive", EMPTY)], expandable=True)]
+    for name, doc in (("addresses", snapshot(segs, [tr])),
+                      ("expandable addresses", snapshot(esegs, [etr], conf="expandable_segments:True"))):
+        path = os.path.join(tmp, "addr.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(doc, f, protocol=4)
+        back = os.path.join(tmp, "addr-back.pickle")
+        code, out, err = run("snapshot", path, "-o", back, "--at", "exit")
+        check(f"{name}: snapshot", code == 0, err)
+        with open(back, "rb") as f:
+            again = pickle.load(f)
+        got = [(e["action"], e["addr"], e["size"]) for e in again["device_traces"][0]]
+        want = [(e["action"], e["addr"], e["size"]) for e in doc["device_traces"][0]]
+        check(f"{name}: trace addresses are the file's", got == want, (got, want))
+        got = [(s["address"], s["total_size"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
+               for s in again["segments"]]
+        want = [(s["address"], s["total_size"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
+                for s in doc["segments"]]
+        check(f"{name}: segments and blocks at the file's addresses", got == want, (got, want))
+        check(f"{name}: no address note", "addresses were not taken" not in err, err)
+        code, out, err = run("replay", path, "--verify")
+        check(f"{name}: verify", code == 0, (out, err))
+
     # Categories and owners from stacks (frames innermost first, as PyTorch
     # records them): a parameter made by module.to(), an activation under a
     # module's forward, a gradient from the autograd engine, Adam's state.
