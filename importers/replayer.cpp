@@ -64,6 +64,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
           }
           break;
         }
+        if (*p != 0 && trace.stacks.size() > 1) result.alloc_stacks.emplace_back(*p, r.stack);
         ptrs[r.slot] = *p;
         sizes[r.slot] = r.size;
         live += r.size;
@@ -116,6 +117,21 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
   return result;
+}
+
+void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
+  if (trace.stacks.size() <= 1 || result.alloc_stacks.empty()) return;
+  std::vector<std::uint32_t> stacks(timeline.events.size(), 0);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < timeline.events.size(); ++i) {
+    const Event& e = timeline.events[i];
+    if (e.type != EventType::kAlloc) continue;
+    if (k >= result.alloc_stacks.size() || result.alloc_stacks[k].first != e.addr) return;
+    stacks[i] = result.alloc_stacks[k++].second;
+  }
+  if (k != result.alloc_stacks.size()) return;
+  timeline.stacks = trace.stacks;
+  timeline.event_stacks = std::move(stacks);
 }
 
 }  // namespace memscope

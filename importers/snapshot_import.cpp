@@ -160,10 +160,41 @@ std::string OwnerFromFrames(const PyView& frames) {
   return "";
 }
 
-// Category and owner per distinct stack: frames lists are shared nodes of the
-// pickle, so one computation serves every entry that holds the same stack.
+std::string FrameText(std::string_view file, std::int64_t line, std::string_view name) {
+  return absl::StrCat(std::string(file), ":", line, " ", std::string(name));
+}
+
+// The frames as read, and the site: the user's frames from the innermost
+// outwards (the innermost frame when none is the user's).
+AllocStack StackFromFrames(const PyView& frames) {
+  AllocStack stack;
+  stack.frames.reserve(frames.size());
+  std::vector<std::string> user;
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    const PyView f = frames[k];
+    StackFrame& frame = stack.frames.emplace_back();
+    frame.filename = std::string(f.Get("filename").AsString().value_or(""));
+    frame.line = f.Get("line").AsInt().value_or(0);
+    frame.name = std::string(f.Get("name").AsString().value_or(""));
+    if (!LibraryFrame(frame.filename)) user.push_back(FrameText(frame.filename, frame.line, frame.name));
+  }
+  if (user.empty() && !stack.frames.empty()) {
+    user.push_back(FrameText(stack.frames[0].filename, stack.frames[0].line, stack.frames[0].name));
+  }
+  stack.site = absl::StrJoin(user, " <- ");
+  return stack;
+}
+
+// Category, owner and stack per distinct stack: frames lists are shared nodes
+// of the pickle, so one computation serves every entry that holds the same
+// stack; equal stacks in separate lists share one stack too.
 struct StackTags {
-  absl::flat_hash_map<std::uint64_t, std::pair<Category, std::uint32_t>> by_node;
+  struct Tags {
+    Category category;
+    std::uint32_t owner, stack;
+  };
+  absl::flat_hash_map<std::uint64_t, Tags> by_node;
+  absl::flat_hash_map<std::string, std::uint32_t> by_content;  // frames as text -> stack
   std::uint64_t attributed = 0, from_frames = 0;
 
   void Tag(const PyView& frames, Request& r, RequestTrace& trace) {
@@ -173,8 +204,9 @@ struct StackTags {
     const std::uint64_t key = frames.ref().v * 2 + (frames.ref().n > 0 ? 1 : 0);
     if (shared) {
       if (auto it = by_node.find(key); it != by_node.end()) {
-        r.category = it->second.first;
-        r.text = it->second.second;
+        r.category = it->second.category;
+        r.text = it->second.owner;
+        r.stack = it->second.stack;
         if (r.category != Category::kOther) ++attributed;
         return;
       }
@@ -186,8 +218,19 @@ struct StackTags {
       trace.strings.push_back(std::move(owner));
       r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
     }
+    r.stack = 0;
+    // memscope's own exports carry tags, not stacks: their site is category and owner.
+    const std::optional<std::string_view> first = frames[0].Get("name").AsString();
+    if (!(first && first->starts_with("memscope "))) {
+      AllocStack stack = StackFromFrames(frames);
+      std::string content;
+      for (const StackFrame& f : stack.frames) absl::StrAppend(&content, f.filename, "\n", f.line, "\n", f.name, "\n");
+      auto [it, added] = by_content.try_emplace(std::move(content), static_cast<std::uint32_t>(trace.stacks.size()));
+      if (added) trace.stacks.push_back(std::move(stack));
+      r.stack = it->second;
+    }
     if (r.category != Category::kOther) ++attributed;
-    if (shared) by_node.emplace(key, std::make_pair(r.category, r.text));
+    if (shared) by_node.emplace(key, Tags{r.category, r.text, r.stack});
   }
 };
 

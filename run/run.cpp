@@ -35,8 +35,11 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
   absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());
   if (!r.ok()) return r.status();
   if (absl::Status s = session.Finish(); !s.ok()) return s;
+  Timeline timeline = std::move(session.timeline());
+  AttachStacks(trace, *r, timeline);
+  r->alloc_stacks.clear();
   if (result != nullptr) *result = std::move(*r);
-  return std::move(session.timeline());
+  return timeline;
 }
 
 absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
