@@ -262,6 +262,51 @@ try:
               owners.get("/work/train.py:23 main") == 2048 * KiB and owners.get("/work/train.py:12 main") == 512 * KiB,
               owners)
         check("stacks note", "5 allocations carry stacks; categories from them for 4" in err, err)
+        # The top allocation sites at the peak: bytes by stack, the user's
+        # frames innermost first (memray's table).
+        sites = [(s["site"], s["bytes"], s["allocations"]) for s in peak["top_sites"]]
+        check("top sites from stacks", sites == [("/work/train.py:30 main", 2560 * KiB, 1),
+                                                 ("/work/train.py:23 main", 2048 * KiB, 1),
+                                                 ("/work/train.py:22 main", 1536 * KiB, 1),
+                                                 ("/work/model.py:40 forward <- /work/train.py:20 main", 1024 * KiB, 1),
+                                                 ("/work/train.py:12 main", 512 * KiB, 1)], sites)
+    code, out, err = run("summary", path)
+    check("top sites in summary", code == 0 and
+          "  top allocation sites at the peak (bytes, allocations, site):\n"
+          "      2.50 MiB       1  /work/train.py:30 main\n"
+          "      2.00 MiB       1  /work/train.py:23 main\n"
+          "      1.50 MiB       1  /work/train.py:22 main\n"
+          "   1024.00 KiB       1  /work/model.py:40 forward <- /work/train.py:20 main\n"
+          "    512.00 KiB       1  /work/train.py:12 main\n" in out, out)
+    # Exported again, each allocation carries its own frames, unchanged.
+    back = os.path.join(tmp, "stacks-back.pickle")
+    code, out, err = run("snapshot", path, "-o", back, "--at", "exit")
+    check("stacks snapshot", code == 0, err)
+    with open(back, "rb") as f:
+        again = pickle.load(f)
+    got = [(e["size"], e["frames"]) for e in again["device_traces"][0] if e["action"] == "alloc"]
+    want = [(e["size"], e["frames"]) for e in tr if e["action"] == "alloc"]
+    check("frames written back unchanged", got == want, (got, want))
+    blocks = sorted((b["requested_size"], b["frames"]) for s in again["segments"] for b in s["blocks"]
+                    if b["state"] != "inactive")
+    check("block frames written back", blocks == want, blocks)
+    code, out, err = run("summary", back, "--json")
+    if code == 0:
+        peak2 = json.loads(out)["ranks"][0]["peak"]["allocated"]
+        check("stacks round trip", peak2["top_sites"] == peak["top_sites"] and
+              peak2["by_category"] == peak["by_category"], (peak2, peak))
+
+    # At an OOM: who held the memory when it ran out, and frag's who-pins by stack.
+    code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"), "--json")
+    if code == 0:
+        oom_sites = json.loads(out)["ranks"][0]["oom"]["top_sites"]
+        check("top sites at the OOM", oom_sites == [{"site": "train.py:10 fn0 <- train.py:11 fn1", "bytes": 60 * MiB,
+                                                     "allocations": 1}], oom_sites)
+    code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"))
+    check("top sites at the OOM in summary", "  top allocation sites at the OOM (bytes, allocations, site):\n"
+          "     60.00 MiB       1  train.py:10 fn0 <- train.py:11 fn1\n" in out, out)
+    code, out, err = run("frag", os.path.join(tmp, "shared-p4.pickle"), "--at", "exit")
+    check("frag pinned by stack", "pinned by OTHER train.py:10 fn0 <- train.py:11 fn1 6.00 MiB" in out, out)
 
     # memscope's own snapshots carry a frame per allocation made of its owner
     # and category, so a run's snapshot reads back with the run's categories
