@@ -137,11 +137,15 @@ DevicePtr SimDevice::TakePlanned(const std::vector<PlannedAddress>& plan, std::s
 
 void SimDevice::PlanAddresses(std::vector<PlannedAddress> mallocs, std::vector<PlannedAddress> reservations) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A reservation's size is the device's choice (expandable segments reserve
+  // more than the device holds): room for twice the capacity after its base.
+  const std::size_t reservation_room = std::max<std::size_t>(options_.capacity, kSmallBuffer) * 2;
   for (const std::vector<PlannedAddress>* plan : {&mallocs, &reservations}) {
     for (const PlannedAddress& a : *plan) {
-      if (a.addr <= ~DevicePtr{0} - a.size - kSmallBuffer) {
+      const std::size_t size = plan == &mallocs ? a.size : std::max(a.size, reservation_room);
+      if (a.addr <= ~DevicePtr{0} - size - kSmallBuffer) {
         next_address_ =
-            std::max<DevicePtr>(next_address_, (a.addr + a.size + kSmallBuffer) / kSmallBuffer * kSmallBuffer);
+            std::max<DevicePtr>(next_address_, (a.addr + size + kSmallBuffer) / kSmallBuffer * kSmallBuffer);
       }
     }
   }
