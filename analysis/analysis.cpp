@@ -190,7 +190,10 @@ class SecondWalk final : public WalkListener {
       r_.peak_allocated.top_sites = TopSites(walk.model(), walk.timeline());
       r_.fragmentation_at_peak = walk.model().Fragmentation();
     }
-    if (i == r_.peak_reserved.event_index) r_.peak_reserved.top_owners = TopOwners(walk.model(), walk.timeline());
+    if (i == r_.peak_reserved.event_index) {
+      r_.peak_reserved.top_owners = TopOwners(walk.model(), walk.timeline());
+      r_.peak_reserved.top_sites = TopSites(walk.model(), walk.timeline());
+    }
   }
 
  private:
