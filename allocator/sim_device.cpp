@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "allocator/sizes.h"
 
@@ -54,7 +56,8 @@ absl::StatusOr<DevicePtr> SimDevice::Malloc(std::size_t size) {
     region.host = MapHost(size);
     if (region.host == nullptr) return absl::ResourceExhaustedError("host backing: mmap failed");
   }
-  const DevicePtr p = BumpAddress(size, kMinBlockSize);
+  DevicePtr p = TakePlanned(planned_mallocs_, &next_planned_malloc_, size, /*match_size=*/true);
+  if (p == 0) p = BumpAddress(size, kMinBlockSize);
   regions_.emplace(p, region);
   used_ += size;
   return p;
@@ -85,7 +88,8 @@ absl::StatusOr<DevicePtr> SimDevice::ReserveAddress(std::size_t size) {
     region.host = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (region.host == MAP_FAILED) return absl::ResourceExhaustedError("host backing: mmap failed");
   }
-  const DevicePtr p = BumpAddress(size, kSmallBuffer);
+  DevicePtr p = TakePlanned(planned_reservations_, &next_planned_reservation_, size, /*match_size=*/false);
+  if (p == 0) p = BumpAddress(size, kSmallBuffer);
   regions_.emplace(p, region);
   return p;
 }
@@ -107,6 +111,65 @@ absl::Status SimDevice::ReleaseAddress(DevicePtr ptr, std::size_t size) {
   if (it->second.host != nullptr) munmap(it->second.host, it->second.size);
   regions_.erase(it);
   return absl::OkStatus();
+}
+
+bool SimDevice::Overlaps(DevicePtr ptr, std::size_t size) const {
+  auto it = regions_.lower_bound(ptr + (size == 0 ? 1 : size));
+  if (it == regions_.begin()) return false;
+  --it;
+  return it->first + std::max<std::size_t>(it->second.size, 1) > ptr;
+}
+
+DevicePtr SimDevice::TakePlanned(const std::vector<PlannedAddress>& plan, std::size_t* next, std::size_t size,
+                                 bool match_size) {
+  if (plan_paused_ || *next >= plan.size() || (match_size && plan[*next].size != size)) return 0;
+  const DevicePtr p = plan[(*next)++].addr;
+  // A range already in use (the replay went its own way) or one that wraps: the device's own address.
+  if (p == 0 || p > ~DevicePtr{0} - size || Overlaps(p, size)) {
+    ++planned_missed_;
+    return 0;
+  }
+  ++planned_taken_;
+  const DevicePtr end = p + (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  if (end > next_address_) next_address_ = end;
+  return p;
+}
+
+void SimDevice::PlanAddresses(std::vector<PlannedAddress> mallocs, std::vector<PlannedAddress> reservations) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A reservation's size is the device's choice (expandable segments reserve
+  // more than the device holds): room for twice the capacity after its base.
+  const std::size_t reservation_room = std::max<std::size_t>(options_.capacity, kSmallBuffer) * 2;
+  for (const std::vector<PlannedAddress>* plan : {&mallocs, &reservations}) {
+    for (const PlannedAddress& a : *plan) {
+      const std::size_t size = plan == &mallocs ? a.size : std::max(a.size, reservation_room);
+      if (a.addr <= ~DevicePtr{0} - size - kSmallBuffer) {
+        next_address_ =
+            std::max<DevicePtr>(next_address_, (a.addr + size + kSmallBuffer) / kSmallBuffer * kSmallBuffer);
+      }
+    }
+  }
+  planned_mallocs_ = std::move(mallocs);
+  planned_reservations_ = std::move(reservations);
+  next_planned_malloc_ = next_planned_reservation_ = 0;
+  planned_taken_ = planned_missed_ = 0;
+  plan_paused_ = false;
+}
+
+void SimDevice::PausePlan(bool paused) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  plan_paused_ = paused;
+}
+
+std::uint64_t SimDevice::planned_taken() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return planned_taken_;
+}
+
+std::uint64_t SimDevice::planned_missed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return planned_missed_ + (planned_mallocs_.size() - next_planned_malloc_) +
+         (planned_reservations_.size() - next_planned_reservation_);
 }
 
 const SimDevice::Region* SimDevice::FindRegion(DevicePtr ptr, DevicePtr* base) const {

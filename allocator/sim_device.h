@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "allocator/device.h"
@@ -23,6 +24,14 @@
 namespace memscope {
 
 inline constexpr std::size_t kGiB = 1024ULL * 1024 * 1024;
+
+// An address another device gave (a PyTorch snapshot's segment_alloc or the
+// first segment_map of an expandable segment): a replay on a SimDevice hands
+// it out again when its calls come in the same order (see PlanAddresses).
+struct PlannedAddress {
+  std::size_t size = 0;  // cudaMalloc: the size it must match; reservations: the bytes mapped from it (extent)
+  DevicePtr addr = 0;
+};
 
 struct SimDeviceOptions {
   std::size_t capacity = 80 * kGiB;
@@ -53,6 +62,21 @@ class SimDevice final : public Device {
   // Makes the `n`-th device allocation from now (Malloc or MapPage, 1-based)
   // fail with ResourceExhausted, as if the device were full. 0 disables.
   void FailNthAllocation(std::uint64_t n);
+  // The addresses to hand out, so that a replay of a PyTorch snapshot places
+  // its segments (and so, by the allocator's splits, its blocks) where the
+  // file says. The n-th Malloc takes the next planned malloc address when its
+  // size equals the plan's and the range is free; a Malloc of another size
+  // gets an address of the device's own and leaves the plan where it is (a
+  // segment the trace did not record). ReserveAddress takes the next planned
+  // reservation base the same way (sizes are the device's own). The device's
+  // own addresses start above every planned range.
+  void PlanAddresses(std::vector<PlannedAddress> mallocs, std::vector<PlannedAddress> reservations);
+  // While paused, calls get the device's own addresses and leave the plan as it is.
+  void PausePlan(bool paused);
+  // Planned addresses handed out so far, and those the replay did not take.
+  std::uint64_t planned_taken() const;
+  std::uint64_t planned_missed() const;
+
   // Marks all work queued so far on `stream` (or on every stream) complete.
   void CompleteStream(StreamId stream);
   void CompleteAll();
@@ -84,6 +108,9 @@ class SimDevice final : public Device {
   bool ConsumeAllocationCall();  // false when fault injection says fail
   DevicePtr BumpAddress(std::size_t size, std::size_t alignment);
   const Region* FindRegion(DevicePtr ptr, DevicePtr* base) const;
+  bool Overlaps(DevicePtr ptr, std::size_t size) const;
+  // The planned address for a call of `size` from `plan` at `*next`, or 0.
+  DevicePtr TakePlanned(const std::vector<PlannedAddress>& plan, std::size_t* next, std::size_t size, bool match_size);
 
   const SimDeviceOptions options_;
   mutable std::mutex mutex_;
@@ -97,6 +124,10 @@ class SimDevice final : public Device {
   absl::flat_hash_map<StreamId, std::uint64_t> completed_;  // ... and completed
   absl::flat_hash_map<EventId, Event> events_;
   EventId next_event_ = 1;
+  std::vector<PlannedAddress> planned_mallocs_, planned_reservations_;
+  std::size_t next_planned_malloc_ = 0, next_planned_reservation_ = 0;
+  std::uint64_t planned_taken_ = 0, planned_missed_ = 0;
+  bool plan_paused_ = false;
 };
 
 }  // namespace memscope

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,9 +25,7 @@ std::string FormatDeltaInUnit(std::int64_t bytes, TableUnit unit) {
   return absl::StrCat(bytes < 0 ? "-" : "+", FormatInUnit(magnitude, unit));
 }
 
-std::string PhaseRowName(const PhaseRow& row) {
-  return PhaseMarkName(row.phase, row.step, row.label, row.micro_batch);
-}
+std::string PhaseRowName(const PhaseRow& row) { return PhaseMarkName(row.phase, row.step, row.label, row.micro_batch); }
 
 namespace {
 
@@ -50,6 +49,48 @@ std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& mo
   if (owners.size() > 5) owners.resize(5);
   return owners;
 }
+
+}  // namespace
+
+std::string SiteOf(const TraceModel::Block& block, const Timeline& t) {
+  if (block.stack != 0 && block.stack < t.stacks.size()) return t.stacks[block.stack].site;
+  return absl::StrCat(std::string(CategoryName(block.category)), " ",
+                      block.owner == 0 ? "(untagged)" : t.str(block.owner));
+}
+
+std::vector<SiteBytes> TopSites(const TraceModel& model, const Timeline& t, std::size_t n) {
+  // Sum per (stack) or (category, owner) first, then per site text: distinct
+  // stacks may have the same user frames.
+  absl::flat_hash_map<std::uint64_t, std::pair<std::int64_t, std::uint64_t>> by_key;
+  absl::flat_hash_map<std::uint64_t, const TraceModel::Block*> example;
+  for (const auto& [addr, b] : model.blocks()) {
+    if (b.pending_free) continue;
+    const std::uint64_t key =
+        b.stack != 0 ? (std::uint64_t{1} << 63) | b.stack : (static_cast<std::uint64_t>(b.category) << 32) | b.owner;
+    auto& [bytes, count] = by_key[key];
+    bytes += static_cast<std::int64_t>(b.size);
+    ++count;
+    example.try_emplace(key, &b);
+  }
+  absl::flat_hash_map<std::string, SiteBytes> by_site;
+  for (const auto& [key, sum] : by_key) {
+    std::string site = SiteOf(*example[key], t);
+    SiteBytes& row = by_site[site];
+    row.site = std::move(site);
+    row.bytes += sum.first;
+    row.allocations += sum.second;
+  }
+  std::vector<SiteBytes> rows;
+  rows.reserve(by_site.size());
+  for (auto& [site, row] : by_site) rows.push_back(std::move(row));
+  std::sort(rows.begin(), rows.end(), [](const SiteBytes& a, const SiteBytes& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.site < b.site;
+  });
+  if (rows.size() > n) rows.resize(n);
+  return rows;
+}
+
+namespace {
 
 // The first walk: the phase table, the peaks (where and what), the first OOM
 // and the state at the end.
@@ -129,6 +170,7 @@ class FirstWalk final : public WalkListener {
                       : absl::StrCat("the device had ", FormatSize(oom.device_free), " free and the cache ",
                                      FormatSize(oom.fragmentation.free_in_segments), "; the request needed ",
                                      FormatSize(oom.rounded), ": capacity caused this OOM");
+    oom.top_sites = TopSites(walk.model(), walk.timeline());
     return oom;
   }
 
@@ -145,9 +187,13 @@ class SecondWalk final : public WalkListener {
     const std::size_t i = walk.applied() - 1;
     if (i == r_.peak_allocated.event_index) {
       r_.peak_allocated.top_owners = TopOwners(walk.model(), walk.timeline());
+      r_.peak_allocated.top_sites = TopSites(walk.model(), walk.timeline());
       r_.fragmentation_at_peak = walk.model().Fragmentation();
     }
-    if (i == r_.peak_reserved.event_index) r_.peak_reserved.top_owners = TopOwners(walk.model(), walk.timeline());
+    if (i == r_.peak_reserved.event_index) {
+      r_.peak_reserved.top_owners = TopOwners(walk.model(), walk.timeline());
+      r_.peak_reserved.top_sites = TopSites(walk.model(), walk.timeline());
+    }
   }
 
  private:
@@ -261,8 +307,7 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
         break;
       }
       if (moment.kind == Moment::Kind::kPhaseEnd && e.type == EventType::kPhaseEnd && e.phase == moment.phase &&
-          e.step() == moment.step &&
-          (moment.micro_batch == kNoMicroBatch || e.micro_batch() == moment.micro_batch)) {
+          e.step() == moment.step && (moment.micro_batch == kNoMicroBatch || e.micro_batch() == moment.micro_batch)) {
         found = i + 1;
       }
     }
@@ -283,8 +328,8 @@ std::string PhaseTableText(const RankReport& r) {
                                     "max allocated", "reserved", "max reserved", "peak in phase");
   std::uint64_t largest = 0;
   for (const PhaseRow& row : r.phases) {
-    largest = std::max({largest, row.allocated, row.max_allocated, row.reserved, row.max_reserved,
-                        row.peak_allocated_in_phase});
+    largest = std::max(
+        {largest, row.allocated, row.max_allocated, row.reserved, row.max_reserved, row.peak_allocated_in_phase});
   }
   const TableUnit unit = TableUnitFor(largest);
   for (const PhaseRow& row : r.phases) {
@@ -320,8 +365,7 @@ std::string PhaseCategoryTableText(const RankReport& r) {
     absl::StrAppendFormat(&out, "%-5s %-14s", StepText(row), name);
     for (const int c : shown) {
       absl::StrAppendFormat(
-          &out, " %15s",
-          FormatInUnit(static_cast<std::uint64_t>(std::max<std::int64_t>(row.by_category[c], 0)), unit));
+          &out, " %15s", FormatInUnit(static_cast<std::uint64_t>(std::max<std::int64_t>(row.by_category[c], 0)), unit));
     }
     out += "\n";
   }

@@ -42,6 +42,24 @@ struct PhaseRow {
 // "forward:0", "backward:0.1" (micro-batch 1), "model", or a user phase's label with its step.
 std::string PhaseRowName(const PhaseRow& row);
 
+// The bytes of one allocation site at a moment, like memray's table: for an
+// allocation with a stack (an imported PyTorch snapshot) the site is its
+// stack, the user's frames innermost first (AllocStack::site); otherwise its
+// category and owner ("GRADIENT fc", "OTHER (untagged)").
+struct SiteBytes {
+  std::string site;
+  std::int64_t bytes = 0;         // allocated bytes (block sizes)
+  std::uint64_t allocations = 0;  // blocks
+  bool operator==(const SiteBytes&) const = default;
+};
+inline constexpr std::size_t kTopSites = 10;
+
+// The site of a block of `model` recorded in `timeline`.
+std::string SiteOf(const TraceModel::Block& block, const Timeline& timeline);
+// The sites holding the most allocated bytes (largest first, then by name),
+// at most `n`.
+std::vector<SiteBytes> TopSites(const TraceModel& model, const Timeline& timeline, std::size_t n = kTopSites);
+
 // Where a peak happened and what made it up.
 struct PeakInfo {
   std::uint64_t bytes = 0;
@@ -50,6 +68,7 @@ struct PeakInfo {
   std::string phase;                                       // the innermost phase open at the peak ("backward:1"), or ""
   std::array<std::int64_t, kNumCategories> by_category{};  // allocated bytes by category
   std::vector<std::pair<std::string, std::int64_t>> top_owners;  // largest first, at most 5
+  std::vector<SiteBytes> top_sites;                              // largest first, at most kTopSites
 };
 
 struct OomReport {
@@ -64,6 +83,7 @@ struct OomReport {
   // "N bytes free in segments but the largest free block is M" (fragmentation)
   // or "the device had N bytes free; the request needed M" (capacity).
   std::string verdict;
+  std::vector<SiteBytes> top_sites;  // who held the memory when it ran out
 };
 
 // One DDP gradient bucket as the Reducer assigned it: its position, its size,

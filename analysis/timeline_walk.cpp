@@ -23,7 +23,7 @@ absl::Status TimelineWalk::Run(const std::vector<WalkListener*>& listeners, std:
   }
   while (applied_ < end) {
     const Event& e = events[applied_];
-    if (absl::Status s = model_.Apply(e); !s.ok()) {
+    if (absl::Status s = model_.Apply(e, timeline_.stack_of(applied_)); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("rank ", timeline_.rank, ": event ", applied_, ": ", s.message()));
     }
     first_ns_ = std::min(first_ns_, e.time_ns);

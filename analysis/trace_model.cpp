@@ -66,7 +66,7 @@ std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(std::uint64_t se
   return {piece_count - whole_count, piece_bytes - whole_bytes};
 }
 
-absl::Status TraceModel::ApplyAlloc(const Event& e) {
+absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
   const bool small = e.small_pool();
   const auto size = static_cast<std::int64_t>(e.size);
   auto seg = FindSegment(e.addr, e.size);
@@ -87,7 +87,7 @@ absl::Status TraceModel::ApplyAlloc(const Event& e) {
     }
   }
   const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size);
-  blocks_.emplace(e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false});
+  blocks_.emplace(e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack});
   Change(stats_.inactive_split, small, split_delta);
   Change(stats_.inactive_split_bytes, small, split_bytes_delta);
   Change(stats_.allocation, small, 1);
@@ -233,7 +233,7 @@ absl::Status TraceModel::ApplySegmentUnmap(const Event& e) {
   return absl::OkStatus();
 }
 
-absl::Status TraceModel::Apply(const Event& e) {
+absl::Status TraceModel::Apply(const Event& e, std::uint32_t stack) {
   // Events come from files: sizes beyond any device, or address ranges that
   // wrap around, would overflow the stats arithmetic. Refuse them. Requests
   // that did not change memory (an OOM, a retry, of any size) are counted only.
@@ -243,7 +243,7 @@ absl::Status TraceModel::Apply(const Event& e) {
                                                    Hex(e.addr), " is not a plausible device allocation"));
   }
   switch (e.type) {
-    case EventType::kAlloc: return ApplyAlloc(e);
+    case EventType::kAlloc: return ApplyAlloc(e, stack);
     case EventType::kFreeRequested: return ApplyFreeRequested(e);
     case EventType::kFreeCompleted: return ApplyFreeCompleted(e);
     case EventType::kSegmentAlloc: return ApplySegmentAlloc(e);

@@ -57,6 +57,7 @@ class TraceModel {
     Category category = Category::kOther;
     std::uint32_t owner = 0;
     bool pending_free = false;  // free requested, waiting on stream events
+    std::uint32_t stack = 0;    // Timeline::stacks index of an imported allocation (0: none)
   };
   struct Segment {
     std::uint64_t size = 0;
@@ -70,7 +71,8 @@ class TraceModel {
   // Applies one event. Phase marks and marks change nothing here. Errors
   // describe an inconsistent trace (e.g. a free of an address never
   // allocated); the model is unchanged by a failed Apply.
-  absl::Status Apply(const Event& event);
+  // `stack` is the allocation's Timeline::stacks index (alloc events).
+  absl::Status Apply(const Event& event, std::uint32_t stack = 0);
 
   const DeviceStats& stats() const { return stats_; }
   std::uint64_t allocated() const { return static_cast<std::uint64_t>(All(stats_.allocated_bytes).current); }
@@ -94,7 +96,7 @@ class TraceModel {
 
  private:
   // Apply, one event type each.
-  absl::Status ApplyAlloc(const Event& e);
+  absl::Status ApplyAlloc(const Event& e, std::uint32_t stack);
   absl::Status ApplyFreeRequested(const Event& e);
   absl::Status ApplyFreeCompleted(const Event& e);
   absl::Status ApplySegmentAlloc(const Event& e);

@@ -131,7 +131,8 @@ int Snapshot(const ReadArgs& a) {
   if (!at.ok()) return Fail("snapshot", at.status().message());
   OutputFile out(a.output);  // whole or not at all, never through a symlink
   const SnapshotFormat format = a.format == "json" ? SnapshotFormat::kJson : SnapshotFormat::kPickle;
-  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out.stream(), a.max_entries); !s.ok() && out.stream()) {
+  if (absl::Status s = WriteSnapshot(t, at->first, at->second, format, out.stream(), a.max_entries);
+      !s.ok() && out.stream()) {
     return Fail("snapshot", s.message());
   }
   if (absl::Status s = out.Commit(); !s.ok()) return Fail("snapshot", s.message());
@@ -153,6 +154,7 @@ nlohmann::json SegmentMapJson(const Timeline& t, const TraceModel& model) {
                         {"size", it->second.size},
                         {"category", std::string(CategoryName(it->second.category))},
                         {"owner", t.str(it->second.owner)},
+                        {"site", SiteOf(it->second, t)},
                         {"state", it->second.pending_free ? "active_pending_free" : "active_allocated"}});
     }
     segments.push_back({{"address", addr},
@@ -196,10 +198,14 @@ int Frag(const ReadArgs& a) {
       absl::StrAppendFormat(&text, "  0x%x %s (%s pool): %s free, pinned by", s["address"].get<std::uint64_t>(),
                             FormatSize(s["size"].get<std::uint64_t>()), s["pool"].get<std::string>(),
                             FormatSize(s["free_bytes"].get<std::uint64_t>()));
-      // Group the pinning blocks by category and owner, largest first.
+      // Group the pinning blocks by category and owner, largest first; a
+      // block with a stack (an imported snapshot) by its site, the stack.
       std::map<std::pair<std::string, std::string>, std::pair<std::uint64_t, int>> groups;
       for (const nlohmann::json& b : s["blocks"]) {
-        auto& g = groups[{b["category"].get<std::string>(), b["owner"].get<std::string>()}];
+        const std::string category = b["category"].get<std::string>();
+        const std::string site = b["site"].get<std::string>();
+        const bool from_stack = !site.starts_with(category + " ");
+        auto& g = groups[{category, from_stack ? site : b["owner"].get<std::string>()}];
         g.first += b["size"].get<std::uint64_t>();
         ++g.second;
       }

@@ -28,6 +28,16 @@ std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by
   return out;
 }
 
+std::string SitesText(std::string_view title, const std::vector<SiteBytes>& sites) {
+  if (sites.empty()) return "";
+  std::string out = absl::StrCat("  ", std::string(title), " (bytes, allocations, site):\n");
+  for (const SiteBytes& s : sites) {
+    absl::StrAppendFormat(&out, "  %12s %7d  %s\n", FormatSize(static_cast<std::uint64_t>(s.bytes)), s.allocations,
+                          s.site);
+  }
+  return out;
+}
+
 std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel& at_moment,
                         const std::string& moment_text, bool by_category) {
   std::string out = absl::StrCat(
@@ -51,6 +61,7 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
     }
     out.back() = '\n';
   }
+  absl::StrAppend(&out, SitesText("top allocation sites at the peak", r.peak_allocated.top_sites));
   absl::StrAppend(&out, "peak reserved ", FormatSize(r.peak_reserved.bytes),
                   r.peak_reserved.phase.empty() ? "" : absl::StrCat(" in ", r.peak_reserved.phase), "\n");
   absl::StrAppend(&out, "lower bound (peak live requested bytes) ", FormatSize(r.lower_bound), "; peak reserved is ",
@@ -58,6 +69,7 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
   if (r.oom) {
     absl::StrAppend(&out, "OOM", r.oom->phase.empty() ? "" : absl::StrCat(" in ", r.oom->phase), ": request of ",
                     FormatSize(r.oom->requested), "; ", r.oom->verdict, "\n");
+    absl::StrAppend(&out, SitesText("top allocation sites at the OOM", r.oom->top_sites));
   }
   absl::StrAppend(&out, "\nfragmentation at ", moment_text, ":\n", FragmentationText(at_moment.Fragmentation()));
   absl::StrAppend(&out, "\nmemory_summary() at ", moment_text, ":\n", MemorySummary(at_moment.stats(), t.device_index));

@@ -13,13 +13,16 @@
 //                  "peak_allocated_bytes_in_phase", "by_category": {CATEGORY: bytes}}],
 //      "peak": {"allocated": PEAK, "reserved": PEAK},
 //         PEAK = {"bytes", "time_us", "phase" ("" when none was open), "by_category": {...},
-//                 "top_owners": [{"owner", "bytes"}]}
+//                 "top_owners": [{"owner", "bytes"}], "top_sites": [SITE]}
+//         SITE = {"site", "bytes", "allocations"}: allocated bytes by allocation site, largest
+//                first, at most 10 (analysis.h SiteBytes: an imported allocation's stack, the user's
+//                frames innermost first joined by " <- "; else "CATEGORY owner")
 //      "fragmentation": {"end": FRAG, "peak": FRAG, "oom": FRAG or null},
 //         FRAG = {"reserved_bytes", "allocated_bytes", "reserved_minus_allocated_bytes",
 //                 "inactive_split_bytes", "free_in_segments_bytes", "largest_free_block_bytes",
 //                 "fragmentation", "segments", "free_blocks"}
 //      "oom": null or {"time_us", "phase", "requested_bytes", "rounded_bytes", "device_free_bytes",
-//                      "caused_by_fragmentation", "verdict"},
+//                      "caused_by_fragmentation", "verdict", "top_sites": [SITE] (who held the memory)},
 //      "memory_stats": {every torch.cuda.memory_stats() key, flattened},
 //      "lower_bound_bytes", "peak_reserved_bytes" (= peak.reserved.bytes),
 //      "overhead_bytes" (peak_reserved_bytes - lower_bound_bytes, at least 0),
@@ -44,6 +47,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -110,6 +114,10 @@ std::string ReportPhaseName(const PhaseRow& row);
 // of `total`. "" when nothing is allocated.
 std::string CategoryBreakdown(const std::array<std::int64_t, kNumCategories>& by_category, std::uint64_t total,
                               std::size_t max_parts = kNumCategories);
+
+// The top allocation sites as `summary` and `frag` print them: a title line,
+// then one line per site (bytes, allocations, site). "" when there are none.
+std::string SitesText(std::string_view title, const std::vector<SiteBytes>& sites);
 
 // The text of `memscope summary` for one rank: header, phase table, peaks,
 // lower bound, fragmentation and memory_summary() at `moment`. With

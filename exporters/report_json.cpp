@@ -31,14 +31,20 @@ double TimeUs(std::int64_t wall_start_us, std::int64_t time_ns) {
   return static_cast<double>(wall_start_us) + static_cast<double>(time_ns) / 1000.0;
 }
 
+json SitesJson(const std::vector<SiteBytes>& sites) {
+  json out = json::array();
+  for (const SiteBytes& s : sites) {
+    out.push_back({{"site", s.site}, {"bytes", s.bytes}, {"allocations", s.allocations}});
+  }
+  return out;
+}
+
 json PeakJson(const RankReport& r, const PeakInfo& p) {
   json owners = json::array();
   for (const auto& [owner, bytes] : p.top_owners) owners.push_back({{"owner", owner}, {"bytes", bytes}});
-  return {{"bytes", p.bytes},
-          {"time_us", TimeUs(r.wall_start_us, p.time_ns)},
-          {"phase", p.phase},
-          {"by_category", ByCategoryJson(p.by_category)},
-          {"top_owners", owners}};
+  return {{"bytes", p.bytes},     {"time_us", TimeUs(r.wall_start_us, p.time_ns)},
+          {"phase", p.phase},     {"by_category", ByCategoryJson(p.by_category)},
+          {"top_owners", owners}, {"top_sites", SitesJson(p.top_sites)}};
 }
 
 json PhasesJson(const std::vector<PhaseRow>& rows) {
@@ -65,7 +71,8 @@ json OomJson(const RankReport& r) {
           {"rounded_bytes", r.oom->rounded},
           {"device_free_bytes", r.oom->device_free},
           {"caused_by_fragmentation", r.oom->caused_by_fragmentation},
-          {"verdict", r.oom->verdict}};
+          {"verdict", r.oom->verdict},
+          {"top_sites", SitesJson(r.oom->top_sites)}};
 }
 
 json BucketsJson(const std::vector<DdpBucket>& buckets) {
@@ -270,6 +277,21 @@ absl::Status ReadPhases(const Fields& rank, std::vector<PhaseRow>& out) {
   return absl::OkStatus();
 }
 
+// "top_sites" (optional: older reports have none).
+absl::Status ReadSites(const Fields& f, std::vector<SiteBytes>& out) {
+  absl::StatusOr<const json*> sites = f.Array("top_sites");
+  if (!sites.ok()) return sites.status();
+  for (std::size_t i = 0; i < (*sites)->size(); ++i) {
+    const Fields o((**sites)[i], absl::StrCat(f.where(), ".top_sites[", i, "]"));
+    SiteBytes site;
+    MEMSCOPE_RETURN_IF_ERROR(o.String("site", site.site, /*required=*/true));
+    MEMSCOPE_RETURN_IF_ERROR(o.Bytes("bytes", site.bytes, /*required=*/true));
+    MEMSCOPE_RETURN_IF_ERROR(o.Bytes("allocations", site.allocations));
+    out.push_back(std::move(site));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadPeak(const Fields& f, std::int64_t wall_start_us, bool allocated, PeakInfo& out) {
   MEMSCOPE_RETURN_IF_ERROR(f.Bytes("bytes", out.bytes, /*required=*/true));
   MEMSCOPE_RETURN_IF_ERROR(f.TimeNs(wall_start_us, out.time_ns));
@@ -284,7 +306,7 @@ absl::Status ReadPeak(const Fields& f, std::int64_t wall_start_us, bool allocate
     MEMSCOPE_RETURN_IF_ERROR(o.Bytes("bytes", owner.second, /*required=*/true));
     out.top_owners.push_back(std::move(owner));
   }
-  return absl::OkStatus();
+  return ReadSites(f, out.top_sites);
 }
 
 // "peak": both objects, and the wall clock the rank's times count from.
@@ -342,6 +364,7 @@ absl::Status ReadFragmentationAndOom(const Fields& rank, RankReport& r) {
   MEMSCOPE_RETURN_IF_ERROR(f.Bytes("device_free_bytes", o.device_free));
   MEMSCOPE_RETURN_IF_ERROR(f.Bool("caused_by_fragmentation", o.caused_by_fragmentation));
   MEMSCOPE_RETURN_IF_ERROR(f.String("verdict", o.verdict));
+  MEMSCOPE_RETURN_IF_ERROR(ReadSites(f, o.top_sites));
   r.oom = std::move(o);
   return absl::OkStatus();
 }

@@ -124,7 +124,7 @@ class SnapshotWriter {
     // The tags of the blocks alive at the snapshot, for their frames.
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
-      if (e.type == EventType::kAlloc) live_tags_[e.addr] = {e.category, e.name};
+      if (e.type == EventType::kAlloc) live_tags_[e.addr] = {e.category, e.name, timeline_.stack_of(i)};
       if (e.type == EventType::kFreeCompleted) live_tags_.erase(e.addr);
     }
     w_.BeginDict();
@@ -151,11 +151,20 @@ class SnapshotWriter {
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
       if (!IsPytorchTraceAction(e.type)) continue;
+      // The stack of each live allocation, for its alloc and free entries.
+      if (e.type == EventType::kAlloc) {
+        if (const std::uint32_t stack = timeline_.stack_of(i); stack != 0) {
+          trace_stacks_[e.addr] = stack;
+        } else {
+          trace_stacks_.erase(e.addr);
+        }
+      }
       if (skip > 0) {
         --skip;
-        continue;
+      } else {
+        WriteTraceEntry(e);
       }
-      WriteTraceEntry(e);
+      if (e.type == EventType::kFreeCompleted) trace_stacks_.erase(e.addr);
     }
     w_.EndList();
     w_.EndList();
@@ -185,10 +194,28 @@ class SnapshotWriter {
     w_.BeginList();
     w_.EndList();
   }
-  // memscope records no stacks: one frame made of the allocation's owner (as
-  // the file name) and category, so that PyTorch's viewers show who
-  // allocated, and memscope reads both back (docs/snapshot-format.md).
-  void TagFrames(Category category, std::uint32_t owner) {
+  // An allocation's frames: those of its stack when it was read from a
+  // PyTorch snapshot, written back unchanged; otherwise (memscope records no
+  // stacks) one frame made of its owner (as the file name) and category, so
+  // that PyTorch's viewers show who allocated, and memscope reads both back
+  // (docs/snapshot-format.md).
+  void TagFrames(Category category, std::uint32_t owner, std::uint32_t stack) {
+    if (stack != 0 && stack < timeline_.stacks.size()) {
+      Key("frames");
+      w_.BeginList();
+      for (const StackFrame& f : timeline_.stacks[stack].frames) {
+        w_.BeginDict();
+        Key("filename");
+        w_.String(f.filename);
+        Key("line");
+        w_.Int(f.line);
+        Key("name");
+        w_.String(f.name);
+        w_.EndDict();
+      }
+      w_.EndList();
+      return;
+    }
     Key("frames");
     w_.BeginList();
     w_.BeginDict();
@@ -244,7 +271,7 @@ class SnapshotWriter {
       Key("state");
       w_.String(BlockStateName(b.state));
       if (auto it = live_tags_.find(b.address); b.state != BlockState::kInactive && it != live_tags_.end()) {
-        TagFrames(it->second.first, it->second.second);
+        TagFrames(it->second.category, it->second.owner, it->second.stack);
       } else {
         EmptyFrames();
       }
@@ -274,7 +301,9 @@ class SnapshotWriter {
     Key("time_us");
     w_.Int(TimeUs(timeline_, e));
     if (e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted) {
-      TagFrames(e.category, e.name);
+      // A free carries the frames of its allocation (memscope keeps no stack of the free itself).
+      const auto it = trace_stacks_.find(e.addr);
+      TagFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
     } else {
       EmptyFrames();
     }
@@ -324,7 +353,12 @@ class SnapshotWriter {
 
   W& w_;
   const Timeline& timeline_;
-  absl::flat_hash_map<std::uint64_t, std::pair<Category, std::uint32_t>> live_tags_;  // address -> tag
+  struct Tag {
+    Category category;
+    std::uint32_t owner, stack;
+  };
+  absl::flat_hash_map<std::uint64_t, Tag> live_tags_;               // address -> tag of the blocks at the snapshot
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> trace_stacks_;  // address -> stack, while writing the trace
 };
 
 }  // namespace

@@ -27,8 +27,14 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   result.device_memory = device.capacity();
   result.requests_total = trace.requests.size();
   std::size_t live = 0;
+  const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
+  if (planned) {
+    device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
+    device.PausePlan(trace.planned_from_request > 0);
+  }
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];
+    if (planned && i == trace.planned_from_request && i > 0) device.PausePlan(false);
     if (recorder != nullptr && trace.time_origin_us >= 0 && r.time_us >= 0) {
       recorder->SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
     }
@@ -58,6 +64,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
           }
           break;
         }
+        if (*p != 0 && trace.stacks.size() > 1) result.alloc_stacks.emplace_back(*p, r.stack);
         ptrs[r.slot] = *p;
         sizes[r.slot] = r.size;
         live += r.size;
@@ -102,9 +109,29 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
     result.requests_done = i + 1;
   }
   if (recorder != nullptr) recorder->ClearTraceTime();
+  if (planned) {
+    result.planned_taken = device.planned_taken();
+    result.planned_missed = device.planned_missed();
+    device.PlanAddresses({}, {});
+  }
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
   return result;
+}
+
+void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
+  if (trace.stacks.size() <= 1 || result.alloc_stacks.empty()) return;
+  std::vector<std::uint32_t> stacks(timeline.events.size(), 0);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < timeline.events.size(); ++i) {
+    const Event& e = timeline.events[i];
+    if (e.type != EventType::kAlloc) continue;
+    if (k >= result.alloc_stacks.size() || result.alloc_stacks[k].first != e.addr) return;
+    stacks[i] = result.alloc_stacks[k++].second;
+  }
+  if (k != result.alloc_stacks.size()) return;
+  timeline.stacks = trace.stacks;
+  timeline.event_stacks = std::move(stacks);
 }
 
 }  // namespace memscope

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
@@ -33,7 +35,19 @@ struct ReplayResult {
   DeviceStats stats;                // at the end (or at the OOM)
   std::size_t peak_live_bytes = 0;  // peak of live requested bytes: the lower bound
   std::string memory_summary;       // torch.cuda.memory_summary() at the end
+  // The source's addresses (RequestTrace::planned_*): how many segments got
+  // theirs, and how many did not (the replay's calls differed from the source's there).
+  std::uint64_t planned_taken = 0;
+  std::uint64_t planned_missed = 0;
+  // When the trace has stacks: per allocation that got a block, in order,
+  // its address and its stack (RequestTrace::stacks), for AttachStacks.
+  std::vector<std::pair<DevicePtr, std::uint32_t>> alloc_stacks;
 };
+
+// Gives `timeline` (the recording of the replay that produced `result`) the
+// trace's stacks: each alloc event the stack of its request. Leaves the
+// timeline without stacks when its alloc events do not follow the replay's.
+void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline);
 
 // Replays `trace` with `config` on a SimDevice of `device_memory` bytes. An
 // out-of-memory stops the replay and is part of the result (not an error);

@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/device.h"
+#include "allocator/sim_device.h"
 #include "recording/event.h"
 
 namespace memscope {
@@ -49,6 +50,7 @@ struct Request {
   Phase phase = Phase::kUser;            // phase marks
   std::int64_t step = kNoStep;           // phase marks
   std::uint32_t text = 0;                // index into strings: alloc owner, user phase label, mark text
+  std::uint32_t stack = 0;               // alloc: index into stacks (a PyTorch snapshot's frames), 0 for none
   std::int64_t time_us = -1;             // when the source says it happened (PyTorch's time_us); -1: unknown
 };
 
@@ -61,6 +63,17 @@ struct RequestTrace {
   // PyTorch snapshot's time_us); -1 otherwise. A replay recorded with a
   // recorder then keeps the source's times (relative to this origin).
   std::int64_t time_origin_us = -1;
+  // The allocations' stacks (a PyTorch snapshot's frames); 0 is none.
+  std::vector<AllocStack> stacks{AllocStack{}};
+  // The addresses the source's device gave, in order (a PyTorch snapshot's
+  // segment_alloc entries; the first segment_map of each expandable
+  // segment): a replay places its segments there while its calls follow the
+  // source's (SimDevice::PlanAddresses), so its blocks get the file's addresses.
+  std::vector<PlannedAddress> planned_mallocs;
+  std::vector<PlannedAddress> planned_reservations;
+  // The plan applies from this request on (the requests before it recreate
+  // blocks the trace never allocated: their segments are not in the plan).
+  std::size_t planned_from_request = 0;
 };
 
 // Reads a JSON-lines request trace. Any malformed line is an error naming the

@@ -50,10 +50,9 @@ std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
 // The trace entry and segment keys memscope knows (read or deliberately
 // ignored); any other key is counted and named in a note.
 bool KnownEntryKey(std::string_view k) {
-  static constexpr std::string_view kKeys[] = {"action",          "addr",          "size",       "stream",
-                                               "time_us",         "frames",        "device_free", "compile_context",
-                                               "user_metadata",   "pool_id",       "name",        "stage",
-                                               "device",          "requested_size", "real_size"};
+  static constexpr std::string_view kKeys[] = {
+      "action",        "addr",    "size", "stream", "time_us", "frames",         "device_free", "compile_context",
+      "user_metadata", "pool_id", "name", "stage",  "device",  "requested_size", "real_size"};
   for (std::string_view x : kKeys) {
     if (x == k) return true;
   }
@@ -164,10 +163,41 @@ std::string OwnerFromFrames(const PyView& frames) {
   return "";
 }
 
-// Category and owner per distinct stack: frames lists are shared nodes of the
-// pickle, so one computation serves every entry that holds the same stack.
+std::string FrameText(std::string_view file, std::int64_t line, std::string_view name) {
+  return absl::StrCat(std::string(file), ":", line, " ", std::string(name));
+}
+
+// The frames as read, and the site: the user's frames from the innermost
+// outwards (the innermost frame when none is the user's).
+AllocStack StackFromFrames(const PyView& frames) {
+  AllocStack stack;
+  stack.frames.reserve(frames.size());
+  std::vector<std::string> user;
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    const PyView f = frames[k];
+    StackFrame& frame = stack.frames.emplace_back();
+    frame.filename = std::string(f.Get("filename").AsString().value_or(""));
+    frame.line = f.Get("line").AsInt().value_or(0);
+    frame.name = std::string(f.Get("name").AsString().value_or(""));
+    if (!LibraryFrame(frame.filename)) user.push_back(FrameText(frame.filename, frame.line, frame.name));
+  }
+  if (user.empty() && !stack.frames.empty()) {
+    user.push_back(FrameText(stack.frames[0].filename, stack.frames[0].line, stack.frames[0].name));
+  }
+  stack.site = absl::StrJoin(user, " <- ");
+  return stack;
+}
+
+// Category, owner and stack per distinct stack: frames lists are shared nodes
+// of the pickle, so one computation serves every entry that holds the same
+// stack; equal stacks in separate lists share one stack too.
 struct StackTags {
-  absl::flat_hash_map<std::uint64_t, std::pair<Category, std::uint32_t>> by_node;
+  struct Tags {
+    Category category;
+    std::uint32_t owner, stack;
+  };
+  absl::flat_hash_map<std::uint64_t, Tags> by_node;
+  absl::flat_hash_map<std::string, std::uint32_t> by_content;  // frames as text -> stack
   std::uint64_t attributed = 0, from_frames = 0;
 
   void Tag(const PyView& frames, Request& r, RequestTrace& trace) {
@@ -177,8 +207,9 @@ struct StackTags {
     const std::uint64_t key = frames.ref().v * 2 + (frames.ref().n > 0 ? 1 : 0);
     if (shared) {
       if (auto it = by_node.find(key); it != by_node.end()) {
-        r.category = it->second.first;
-        r.text = it->second.second;
+        r.category = it->second.category;
+        r.text = it->second.owner;
+        r.stack = it->second.stack;
         if (r.category != Category::kOther) ++attributed;
         return;
       }
@@ -190,8 +221,19 @@ struct StackTags {
       trace.strings.push_back(std::move(owner));
       r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
     }
+    r.stack = 0;
+    // memscope's own exports carry tags, not stacks: their site is category and owner.
+    const std::optional<std::string_view> first = frames[0].Get("name").AsString();
+    if (!(first && first->starts_with("memscope "))) {
+      AllocStack stack = StackFromFrames(frames);
+      std::string content;
+      for (const StackFrame& f : stack.frames) absl::StrAppend(&content, f.filename, "\n", f.line, "\n", f.name, "\n");
+      auto [it, added] = by_content.try_emplace(std::move(content), static_cast<std::uint32_t>(trace.stacks.size()));
+      if (added) trace.stacks.push_back(std::move(stack));
+      r.stack = it->second;
+    }
     if (r.category != Category::kOther) ++attributed;
-    if (shared) by_node.emplace(key, std::make_pair(r.category, r.text));
+    if (shared) by_node.emplace(key, Tags{r.category, r.text, r.stack});
   }
 };
 
@@ -226,6 +268,28 @@ struct DeviceBuilder {
   std::optional<Held> held;
   absl::flat_hash_map<std::uint64_t, StreamId> waiting;  // address -> its synthetic stream
   std::uint64_t delayed_frees = 0;
+  // Expandable segments seen so far: base and the end of the furthest range mapped in them.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations;
+
+  // The file's addresses for the replay: every segment_alloc, and the first
+  // segment_map of each expandable segment (one that starts outside every
+  // range mapped so far; PyTorch maps an expandable segment from its base).
+  void PlanSegment(bool map, std::uint64_t addr, std::uint64_t size) {
+    if (!map) {
+      out.requests.planned_mallocs.push_back({size, addr});
+      return;
+    }
+    for (std::size_t k = 0; k < reservations.size(); ++k) {
+      auto& [base, end] = reservations[k];
+      if (addr >= base && addr <= end) {
+        end = std::max(end, addr + size);
+        out.requests.planned_reservations[k].size = end - base;
+        return;
+      }
+    }
+    reservations.emplace_back(addr, addr + size);
+    out.requests.planned_reservations.push_back({size, addr});
+  }
 
   // Each delayed free waits on a stream of its own, so that its
   // free_completed can complete exactly that block.
@@ -332,6 +396,7 @@ struct DeviceBuilder {
           {*action == "segment_alloc" ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
+      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(*action == "segment_map", addr, size);
     } else if (*action == "segment_free" || *action == "segment_unmap") {
       // empty_cache() (or the release-all retry before an OOM): the replay
       // empties its cache here too, once for the run of segment frees.
@@ -412,15 +477,14 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   };
   options.on_item = [&](const PicklePath& p, PyView item) -> absl::Status {
     int device = 0;
-    if (!absl::SimpleAtoi(p[1].substr(1, p[1].size() - 2), &device) || device < 0 ||
-        device > kMaxTimelineDeviceIndex) {
+    if (!absl::SimpleAtoi(p[1].substr(1, p[1].size() - 2), &device) || device < 0 || device > kMaxTimelineDeviceIndex) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
     }
     DeviceBuilder& b = devices[device];
     b.out.device = device;
     if (!item.is_dict()) {
-      b.unknown_actions.Add(absl::StrCat("(an entry that is a ", item.kind() == PyKind::kList ? "list" : "scalar",
-                                         ", not a dict)"));
+      b.unknown_actions.Add(
+          absl::StrCat("(an entry that is a ", item.kind() == PyKind::kList ? "list" : "scalar", ", not a dict)"));
       return absl::OkStatus();
     }
     b.Entry(item);
@@ -450,7 +514,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   };
   std::map<int, std::vector<Preexisting>> preexisting;
   std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
-  std::map<int, std::map<std::string, std::uint64_t>> private_pools;  // device -> pool -> segments
+  std::map<int, std::map<std::string, std::uint64_t>> private_pools;                    // device -> pool -> segments
   const PyView segments = root.Get("segments");
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const PyView seg = segments[s];
@@ -504,10 +568,12 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       const double time_us = a.Get("time_us").AsNumber().value_or(0);
       Request r{*stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd, 0, 0, 0, 0};
       AnnotationPhase(std::string(*name), r, t.requests);
-      if (b.time_known) r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
+      if (b.time_known)
+        r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
       marks.emplace_back(time_us, r);
     }
     std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
     std::vector<Request> merged = head;
     merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
     std::size_t m = 0;
@@ -534,18 +600,17 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
         if (!b.trace_segments.contains(addr)) before_trace += size;
       }
       if (t.device_capacity != 0) t.device_capacity += before_trace;
-      t.notes.push_back(absl::StrCat(
-          "the trace of device ", device, " records ", b.ooms, " OOM(s)",
-          t.device_capacity != 0
-              ? absl::StrCat("; the first says the device had ", FormatSize(t.device_capacity),
-                             " for this process (reserved + device_free): the replay uses that capacity")
-              : std::string()));
+      t.notes.push_back(
+          absl::StrCat("the trace of device ", device, " records ", b.ooms, " OOM(s)",
+                       t.device_capacity != 0
+                           ? absl::StrCat("; the first says the device had ", FormatSize(t.device_capacity),
+                                          " for this process (reserved + device_free): the replay uses that capacity")
+                           : std::string()));
     }
     t.requests.requests = std::move(merged);
     if (!b.unknown_actions.counts.empty()) {
       t.notes.push_back(absl::StrCat("trace entries of device ", device,
-                                     " with actions memscope does not model were skipped: ",
-                                     b.unknown_actions.Text()));
+                                     " with actions memscope does not model were skipped: ", b.unknown_actions.Text()));
     }
     if (!b.unknown_fields.counts.empty()) {
       t.notes.push_back(absl::StrCat("trace entry fields memscope does not read: ", b.unknown_fields.Text()));
@@ -554,8 +619,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       std::vector<std::string> pools;
       for (const auto& [pool, n] : private_pools[device]) pools.push_back(absl::StrCat(pool, ": ", n, " segments"));
       t.notes.push_back(absl::StrCat(
-          "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ",
-          b.private_pool_allocs, " allocations of the trace",
+          "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ", b.private_pool_allocs,
+          " allocations of the trace",
           pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", absl::StrJoin(pools, ", ")),
           "; the replay serves them from the default pool"));
     }
@@ -565,8 +630,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
                                      " (the rest OTHER), owners from the innermost frame outside torch"));
     }
     if (b.compile_contexts > 0 || b.user_metadata > 0) {
-      t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ",
-                                     b.user_metadata, " a user_metadata (kept in the file, not shown)"));
+      t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ", b.user_metadata,
+                                     " a user_metadata (kept in the file, not shown)"));
     }
     if (b.delayed_frees > 0) {
       t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device,
@@ -612,9 +677,8 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
   if (root.is_dict()) settings = SettingsText(root.Get("allocator_settings"));
   std::vector<Timeline> timelines;
   for (auto& [device, segs] : by_device) {
-    std::sort(segs.begin(), segs.end(), [](const PyView& a, const PyView& b) {
-      return UIntOr0(a.Get("address")) < UIntOr0(b.Get("address"));
-    });
+    std::sort(segs.begin(), segs.end(),
+              [](const PyView& a, const PyView& b) { return UIntOr0(a.Get("address")) < UIntOr0(b.Get("address")); });
     Timeline t;
     t.rank = device;
     t.device_index = device;
@@ -663,8 +727,8 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
     if (!pools.empty()) {
       std::vector<std::string> parts;
       for (const auto& [pool, n] : pools) parts.push_back(absl::StrCat(pool, ": ", n, " segments"));
-      t.notes.push_back(absl::StrCat("device ", device, " has segments in private pools (CUDA graphs or MemPool): ",
-                                     absl::StrJoin(parts, ", ")));
+      t.notes.push_back(absl::StrCat(
+          "device ", device, " has segments in private pools (CUDA graphs or MemPool): ", absl::StrJoin(parts, ", ")));
     }
     timelines.push_back(std::move(t));
   }

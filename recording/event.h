@@ -110,6 +110,24 @@ static_assert(std::is_trivially_copyable_v<Event>);
 inline constexpr std::int64_t kNoStep = -1;
 inline constexpr std::int64_t kNoMicroBatch = -1;
 
+// One frame of an allocation's stack, as PyTorch records it
+// (torch.cuda.memory._snapshot() "frames" entries, innermost first).
+struct StackFrame {
+  std::string filename;
+  std::int64_t line = 0;
+  std::string name;
+  bool operator==(const StackFrame&) const = default;
+};
+
+// The stack of an allocation read from a PyTorch snapshot, and its site: the
+// frames of the user's code from the innermost one outwards ("file:line
+// function", joined by " <- "; the innermost frame when none is the user's),
+// the key by which bytes are summed by stack.
+struct AllocStack {
+  std::vector<StackFrame> frames;
+  std::string site;
+};
+
 // A recording of one rank: what the timeline file holds.
 struct Timeline {
   int rank = 0;
@@ -122,6 +140,13 @@ struct Timeline {
   std::vector<Event> events;
   std::uint64_t torn_bytes = 0;    // bytes of an incomplete last record, ignored
   std::vector<std::string> notes;  // what the reader wants the user to know (not stored in files)
+  // The stacks of allocations, when the recording was replayed from a
+  // PyTorch snapshot that has them (not stored in timeline files): stacks[0]
+  // is none; event_stacks is empty or holds, per event, the index of its
+  // allocation's stack (0 for every other event).
+  std::vector<AllocStack> stacks{AllocStack{}};
+  std::vector<std::uint32_t> event_stacks;
+  std::uint32_t stack_of(std::size_t event) const { return event < event_stacks.size() ? event_stacks[event] : 0; }
 
   const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
 };

@@ -36,8 +36,11 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
   absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());
   if (!r.ok()) return r.status();
   if (absl::Status s = session.Finish(); !s.ok()) return s;
+  Timeline timeline = std::move(session.timeline());
+  AttachStacks(trace, *r, timeline);
+  r->alloc_stacks.clear();
   if (result != nullptr) *result = std::move(*r);
-  return std::move(session.timeline());
+  return timeline;
 }
 
 absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
@@ -105,7 +108,8 @@ absl::StatusOr<std::vector<Timeline>> LoadSnapshot(const std::string& path, std:
     const std::uint64_t memory = trace.device_capacity != 0 && device_memory == kDefaultReplayDeviceMemory
                                      ? trace.device_capacity
                                      : device_memory;
-    absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device);
+    ReplayResult replayed;
+    absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device, &replayed);
     if (!t.ok()) return t.status();
     t->device_capacity = memory;
     // The snapshot's own clock: event times are its time_us (kept by the replay).
@@ -116,6 +120,13 @@ absl::StatusOr<std::vector<Timeline>> LoadSnapshot(const std::string& path, std:
                                                    "allocator settings (",
                                                    trace.alloc_conf.empty() ? "defaults" : trace.alloc_conf,
                                                    ") on a simulated GPU of ", FormatSize(memory)));
+    if (replayed.planned_missed > 0) {
+      t->notes.push_back(absl::StrCat(
+          "device ", trace.device, ": ", replayed.planned_missed, " of the trace's ",
+          trace.requests.planned_mallocs.size() + trace.requests.planned_reservations.size(),
+          " segment addresses were not taken by the replay (its device calls differ from the trace's there): "
+          "those segments have memscope's own addresses"));
+    }
     timelines.push_back(std::move(*t));
   }
   return timelines;

@@ -613,6 +613,21 @@
     return { root, draw };
   }
 
+  // ---------------------------------------------------------------- allocation sites
+
+  // The top allocation sites (bytes by stack, like memray's table): at the
+  // peak and at an OOM. A site is an imported allocation's stack (the user's
+  // frames, innermost first) or, for memscope's own runs, category and owner.
+  function SitesTable(title, sites, key) {
+    const body = el('tbody', {}, ...sites.map((s) => el('tr', {},
+      el('td', { text: fmtSize(s.bytes) }), el('td', { text: String(s.allocations) }),
+      el('td', { class: 'name site', text: s.site, title: s.site.split(' <- ').join('\n') }))));
+    const head = el('thead', {}, el('tr', {}, el('th', { text: 'bytes' }), el('th', { text: 'allocations' }),
+      el('th', { class: 'name', text: 'site' })));
+    return el('div', { class: 'sites', 'data-key': key }, el('h3', { text: title }),
+      el('div', { class: 'table-wrap' }, el('table', { class: 'sites' }, head, body)));
+  }
+
   // ---------------------------------------------------------------- one rank
 
   function RankView(run, ri, rk, yMax) {
@@ -638,6 +653,14 @@
     const table = PhaseTable(rk, st);
     const seg = SegmentMap(rk, st);
     sec.append(tl.root, el('div', { class: 'lower' }, table.root, seg.root));
+    const sites = el('div', { class: 'lower sites-row' });
+    if ((pa.top_sites || []).length) {
+      sites.append(SitesTable('Top allocation sites at the peak', pa.top_sites, 'sites_peak'));
+    }
+    if (rep.oom && (rep.oom.top_sites || []).length) {
+      sites.append(SitesTable('Top allocation sites at the OOM', rep.oom.top_sites, 'sites_oom'));
+    }
+    if (sites.children.length) sec.append(sites);
     return { root: sec, draw: () => { tl.draw(); seg.draw(); } };
   }
 

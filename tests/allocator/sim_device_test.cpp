@@ -78,3 +78,40 @@ TEST_CASE("a host-backed device has real bytes behind every address") {
   auto q = plain.Malloc(1024);
   CHECK(plain.HostPointer(*q) == nullptr);
 }
+
+TEST_CASE("planned addresses go to the calls that match them, in order") {
+  SimDevice gpu({.capacity = 1ULL << 30});
+  constexpr DevicePtr kA = 0x7f3a00000000, kB = 0x7f3a40000000, kR = 0x7f3b00000000;
+  gpu.PlanAddresses({{20 << 20, kA}, {30 << 20, kB}, {20 << 20, kA}}, {{40 << 20, kR}});
+  // A call of another size is not in the plan: the device's own address, above every planned range.
+  auto other = gpu.Malloc(2 << 20);
+  REQUIRE(other.ok());
+  CHECK(*other >= kR + (2ULL << 30));  // room for a reservation of twice the capacity
+  auto a = gpu.Malloc(20 << 20);
+  auto b = gpu.Malloc(30 << 20);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(*a == kA);
+  CHECK(*b == kB);
+  // kA is still in use: the third planned address is not taken.
+  auto c = gpu.Malloc(20 << 20);
+  REQUIRE(c.ok());
+  CHECK(*c != kA);
+  CHECK(*c >= kR + (2ULL << 30));
+  auto r = gpu.ReserveAddress(64 << 20);
+  REQUIRE(r.ok());
+  CHECK(*r == kR);
+  CHECK(gpu.MapPage(kR, 2 << 20).ok());
+  CHECK(gpu.planned_taken() == 3);
+  CHECK(gpu.planned_missed() == 1);
+  // Paused, the plan is left as it is.
+  gpu.PlanAddresses({{4 << 20, 0x7f3c00000000}}, {});
+  gpu.PausePlan(true);
+  auto d = gpu.Malloc(4 << 20);
+  REQUIRE(d.ok());
+  CHECK(*d != 0x7f3c00000000);
+  gpu.PausePlan(false);
+  auto e = gpu.Malloc(4 << 20);
+  REQUIRE(e.ok());
+  CHECK(*e == 0x7f3c00000000);
+}

@@ -182,6 +182,49 @@ try:
     check("annotation times kept", [(a["name"], a["stage"], a["time_us"]) for a in again["external_annotations"]] ==
           [("forward:0", "START", 100), ("forward:0", "END", 120)], again["external_annotations"])
 
+    # The file's own addresses: segments where its segment_alloc / segment_map
+    # entries put them, so the allocator's splits give every block the
+    # address of its alloc entry (a base unlike memscope's own 0x7f0000000000,
+    # two segments 1 GiB apart, a reused block, an expandable segment).
+    A, B = 0x7F3A00000000, 0x7F3A40000000
+    tr = [entry("segment_alloc", A, 20 * MiB, 1, S1), entry("alloc", A, 6 * MiB, 1, S1),
+          entry("alloc", A + 6 * MiB, 4 * MiB, 2, S2), entry("segment_alloc", B, 30 * MiB, 3, S1),
+          entry("alloc", B, 30 * MiB, 3, S1), entry("free_requested", A, 6 * MiB, 4, S1),
+          entry("free_completed", A, 6 * MiB, 4, S1), entry("alloc", A, 4 * MiB, 5, S2)]
+    segs = [segment(A, 20 * MiB, [block(A, 4 * MiB, 4 * MiB, "active_allocated", S2),
+                                  block(A + 4 * MiB, 2 * MiB, 0, "inactive", EMPTY),
+                                  block(A + 6 * MiB, 4 * MiB, 4 * MiB, "active_allocated", S2),
+                                  block(A + 10 * MiB, 10 * MiB, 0, "inactive", EMPTY)]),
+            segment(B, 30 * MiB, [block(B, 30 * MiB, 30 * MiB, "active_allocated", S1)])]
+    E = 0x7F3B00000000
+    etr = [entry("segment_map", E, 20 * MiB, 1, S1), entry("alloc", E, 6 * MiB, 1, S1),
+           entry("alloc", E + 6 * MiB, 20 * MiB, 2, S2), entry("segment_map", E + 20 * MiB, 20 * MiB, 2, S2)]
+    etr[2], etr[3] = etr[3], etr[2]  # PyTorch maps the page before it hands out the block
+    esegs = [segment(E, 40 * MiB, [block(E, 6 * MiB, 6 * MiB, "active_allocated", S1),
+                                   block(E + 6 * MiB, 20 * MiB, 20 * MiB, "active_allocated", S2),
+                                   block(E + 26 * MiB, 14 * MiB, 0, "inactive", EMPTY)], expandable=True)]
+    for name, doc in (("addresses", snapshot(segs, [tr])),
+                      ("expandable addresses", snapshot(esegs, [etr], conf="expandable_segments:True"))):
+        path = os.path.join(tmp, "addr.pickle")
+        with open(path, "wb") as f:
+            pickle.dump(doc, f, protocol=4)
+        back = os.path.join(tmp, "addr-back.pickle")
+        code, out, err = run("snapshot", path, "-o", back, "--at", "exit")
+        check(f"{name}: snapshot", code == 0, err)
+        with open(back, "rb") as f:
+            again = pickle.load(f)
+        got = [(e["action"], e["addr"], e["size"]) for e in again["device_traces"][0]]
+        want = [(e["action"], e["addr"], e["size"]) for e in doc["device_traces"][0]]
+        check(f"{name}: trace addresses are the file's", got == want, (got, want))
+        got = [(s["address"], s["total_size"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
+               for s in again["segments"]]
+        want = [(s["address"], s["total_size"], [(b["address"], b["size"], b["state"]) for b in s["blocks"]])
+                for s in doc["segments"]]
+        check(f"{name}: segments and blocks at the file's addresses", got == want, (got, want))
+        check(f"{name}: no address note", "addresses were not taken" not in err, err)
+        code, out, err = run("replay", path, "--verify")
+        check(f"{name}: verify", code == 0, (out, err))
+
     # Categories and owners from stacks (frames innermost first, as PyTorch
     # records them): a parameter made by module.to(), an activation under a
     # module's forward, a gradient from the autograd engine, Adam's state.
@@ -219,6 +262,51 @@ try:
               owners.get("/work/train.py:23 main") == 2048 * KiB and owners.get("/work/train.py:12 main") == 512 * KiB,
               owners)
         check("stacks note", "5 allocations carry stacks; categories from them for 4" in err, err)
+        # The top allocation sites at the peak: bytes by stack, the user's
+        # frames innermost first (memray's table).
+        sites = [(s["site"], s["bytes"], s["allocations"]) for s in peak["top_sites"]]
+        check("top sites from stacks", sites == [("/work/train.py:30 main", 2560 * KiB, 1),
+                                                 ("/work/train.py:23 main", 2048 * KiB, 1),
+                                                 ("/work/train.py:22 main", 1536 * KiB, 1),
+                                                 ("/work/model.py:40 forward <- /work/train.py:20 main", 1024 * KiB, 1),
+                                                 ("/work/train.py:12 main", 512 * KiB, 1)], sites)
+    code, out, err = run("summary", path)
+    check("top sites in summary", code == 0 and
+          "  top allocation sites at the peak (bytes, allocations, site):\n"
+          "      2.50 MiB       1  /work/train.py:30 main\n"
+          "      2.00 MiB       1  /work/train.py:23 main\n"
+          "      1.50 MiB       1  /work/train.py:22 main\n"
+          "   1024.00 KiB       1  /work/model.py:40 forward <- /work/train.py:20 main\n"
+          "    512.00 KiB       1  /work/train.py:12 main\n" in out, out)
+    # Exported again, each allocation carries its own frames, unchanged.
+    back = os.path.join(tmp, "stacks-back.pickle")
+    code, out, err = run("snapshot", path, "-o", back, "--at", "exit")
+    check("stacks snapshot", code == 0, err)
+    with open(back, "rb") as f:
+        again = pickle.load(f)
+    got = [(e["size"], e["frames"]) for e in again["device_traces"][0] if e["action"] == "alloc"]
+    want = [(e["size"], e["frames"]) for e in tr if e["action"] == "alloc"]
+    check("frames written back unchanged", got == want, (got, want))
+    blocks = sorted((b["requested_size"], b["frames"]) for s in again["segments"] for b in s["blocks"]
+                    if b["state"] != "inactive")
+    check("block frames written back", blocks == want, blocks)
+    code, out, err = run("summary", back, "--json")
+    if code == 0:
+        peak2 = json.loads(out)["ranks"][0]["peak"]["allocated"]
+        check("stacks round trip", peak2["top_sites"] == peak["top_sites"] and
+              peak2["by_category"] == peak["by_category"], (peak2, peak))
+
+    # At an OOM: who held the memory when it ran out, and frag's who-pins by stack.
+    code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"), "--json")
+    if code == 0:
+        oom_sites = json.loads(out)["ranks"][0]["oom"]["top_sites"]
+        check("top sites at the OOM", oom_sites == [{"site": "train.py:10 fn0 <- train.py:11 fn1", "bytes": 60 * MiB,
+                                                     "allocations": 1}], oom_sites)
+    code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"))
+    check("top sites at the OOM in summary", "  top allocation sites at the OOM (bytes, allocations, site):\n"
+          "     60.00 MiB       1  train.py:10 fn0 <- train.py:11 fn1\n" in out, out)
+    code, out, err = run("frag", os.path.join(tmp, "shared-p4.pickle"), "--at", "exit")
+    check("frag pinned by stack", "pinned by OTHER train.py:10 fn0 <- train.py:11 fn1 6.00 MiB" in out, out)
 
     # memscope's own snapshots carry a frame per allocation made of its owner
     # and category, so a run's snapshot reads back with the run's categories
