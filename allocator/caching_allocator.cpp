@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "allocator/address_map.h"
 #include "allocator/expandable_segment.h"
 #include "allocator/fast_clock.h"
 #include "allocator/free_block_set.h"
@@ -101,6 +102,9 @@ struct BlockPool {
   }
   FreeBlocks& Get(StreamId stream) {
     if (FreeBlocks* set = Find(stream)) return *set;
+    return AddStream(stream);
+  }
+  FreeBlocks& AddStream(StreamId stream) {
     auto it = std::lower_bound(streams.begin(), streams.end(), stream,
                                [](const auto& entry, StreamId s) { return entry.first < s; });
     return *streams.emplace(it, stream, std::make_unique<FreeBlocks>())->second;
@@ -197,7 +201,7 @@ struct CachingAllocator::Impl {
   DeviceStats stats;
   BlockPool large_blocks{false};
   BlockPool small_blocks{true};
-  absl::flat_hash_map<DevicePtr, Block*> allocated_blocks;
+  AddressMap<Block> allocated_blocks;
   absl::flat_hash_set<Block*> pending_free;  // freed, waiting on stream events
   std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events;
   absl::flat_hash_map<DevicePtr, std::size_t> segments;  // cudaMalloc'd: base -> size
@@ -367,7 +371,7 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
 
   block->allocated = true;
   block->requested_size = orig_size;
-  allocated_blocks.emplace(block->ptr, block);
+  allocated_blocks.Insert(block->ptr, block);
   Trace(TraceAction::kAlloc, pool, block->ptr, block->size, orig_size, block->stream);
 
   Increase(stats.allocation, pool, 1);
@@ -578,12 +582,10 @@ void CachingAllocator::Impl::ReleaseExpandableSegment(Block* block) {
 }
 
 absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
-  auto it = allocated_blocks.find(ptr);
-  if (it == allocated_blocks.end()) {
+  Block* block = allocated_blocks.Erase(ptr);
+  if (block == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("invalid device pointer: 0x", absl::Hex(ptr)));
   }
-  Block* block = it->second;
-  allocated_blocks.erase(it);
   block->allocated = false;
   BlockPool& pool = *block->pool;
   Decrease(stats.allocation, pool, 1);
@@ -886,7 +888,7 @@ std::vector<const Block*> CachingAllocator::Impl::AllBlocks() const {
   for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
     pool->ForEach([&](const Block* b) { all.push_back(b); });
   }
-  for (const auto& [ptr, b] : allocated_blocks) all.push_back(b);
+  allocated_blocks.ForEach([&](DevicePtr, const Block* b) { all.push_back(b); });
   for (const Block* b : pending_free) all.push_back(b);
   return all;
 }
@@ -1091,11 +1093,10 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, StreamId stream) {
   std::lock_guard<FastMutex> lock(mutex_);
-  auto it = impl_->allocated_blocks.find(ptr);
-  if (it == impl_->allocated_blocks.end()) {
+  Block* block = impl_->allocated_blocks.Find(ptr);
+  if (block == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("record_stream: invalid device pointer: 0x", absl::Hex(ptr)));
   }
-  Block* block = it->second;
   if (stream == block->stream) return absl::OkStatus();  // uses on the allocation stream need no event
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
     block->stream_uses.push_back(stream);
@@ -1181,8 +1182,8 @@ std::optional<OutOfMemoryInfo> CachingAllocator::last_oom() const {
 
 std::size_t CachingAllocator::BlockSize(DevicePtr ptr) const {
   std::lock_guard<FastMutex> lock(mutex_);
-  auto it = impl_->allocated_blocks.find(ptr);
-  return it == impl_->allocated_blocks.end() ? 0 : it->second->size;
+  const Block* block = impl_->allocated_blocks.Find(ptr);
+  return block == nullptr ? 0 : block->size;
 }
 
 void CachingAllocator::SetObserver(AllocatorObserver* observer) {

@@ -177,7 +177,7 @@ class FreeBlockSet {
         std::uint32_t j = i;
         while (j > 0 && i - j < kNear && key < e[j - 1].key) --j;
         if (j > 0 && i - j == kNear) j = LowerBoundIn(e, j, key);
-        std::memmove(&e[j + 1], &e[j], (i - j) * sizeof(Entry));
+        Move(&e[j + 1], &e[j], i - j);
         e[j] = Entry{key, value};
         lasts_[c] = e[chunk.size - 1].key;
         hint_c_ = c;
@@ -188,7 +188,7 @@ class FreeBlockSet {
       std::uint32_t j = i + 1;  // the first entry not less than key, in (i, size]
       while (j < chunk.size && j - i <= kNear && e[j].key < key) ++j;
       if (j < chunk.size && j - i > kNear) j += LowerBoundIn(e + j, chunk.size - j, key);
-      std::memmove(&e[i], &e[i + 1], (j - i - 1) * sizeof(Entry));
+      Move(&e[i], &e[i + 1], j - i - 1);
       e[j - 1] = Entry{key, value};
       lasts_[c] = e[chunk.size - 1].key;
       hint_c_ = c;
@@ -227,6 +227,18 @@ class FreeBlockSet {
       }
     }
     return lo;
+  }
+
+  // memmove of n entries; a few are copied inline (a split or a merge
+  // usually moves its entry by a few places).
+  static void Move(Entry* dst, const Entry* src, std::uint32_t n) {
+    if (n > 4) {
+      std::memmove(dst, src, n * sizeof(Entry));
+    } else if (dst < src) {
+      for (std::uint32_t k = 0; k < n; ++k) dst[k] = src[k];
+    } else {
+      for (std::uint32_t k = n; k-- > 0;) dst[k] = src[k];
+    }
   }
 
   // The index of the first of entries[0, n) not less than `key`.

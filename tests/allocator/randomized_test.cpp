@@ -5,8 +5,10 @@
 #include <catch2/catch.hpp>
 #include <map>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
+#include "allocator/address_map.h"
 #include "allocator/free_block_set.h"
 #include "test_util.h"
 
@@ -157,5 +159,43 @@ TEST_CASE("randomized: FreeBlockSet orders like std::map", "[randomized]") {
         REQUIRE(expected == oracle.end());
       }
     }
+  }
+}
+
+// The allocated-block map against std::unordered_map: inserts, lookups and
+// erases (backward shift) of 512-aligned addresses, through rehashes.
+TEST_CASE("randomized: AddressMap finds what std::unordered_map finds", "[randomized]") {
+  for (const std::uint64_t addresses : {16, 1000, 100000}) {
+    INFO("addresses " << addresses);
+    std::mt19937_64 rng(addresses);
+    std::vector<int> values(addresses);
+    AddressMap<int> map;
+    std::unordered_map<std::uint64_t, int*> oracle;
+    for (int op = 0; op < 200000; ++op) {
+      const std::uint64_t index = rng() % addresses;
+      const std::uint64_t key = 0x7f0000000000ULL + 512 * index;
+      switch (rng() % 3) {
+        case 0:
+          if (oracle.emplace(key, &values[index]).second) map.Insert(key, &values[index]);
+          break;
+        case 1: {
+          auto it = oracle.find(key);
+          REQUIRE(map.Erase(key) == (it == oracle.end() ? nullptr : it->second));
+          if (it != oracle.end()) oracle.erase(it);
+          break;
+        }
+        default: {
+          auto it = oracle.find(key);
+          REQUIRE(map.Find(key) == (it == oracle.end() ? nullptr : it->second));
+        }
+      }
+      REQUIRE(map.size() == oracle.size());
+    }
+    std::size_t seen = 0;
+    map.ForEach([&](std::uint64_t key, int* value) {
+      REQUIRE(oracle.at(key) == value);
+      ++seen;
+    });
+    REQUIRE(seen == oracle.size());
   }
 }
