@@ -154,7 +154,19 @@ class BlockArena {
     return b;
   }
   void Delete(Block* b) {
-    *b = Block{};
+    // Field by field: keeps stream_uses' buffer (empty) for the next user.
+    b->ptr = 0;
+    b->size = 0;
+    b->requested_size = 0;
+    b->stream = 0;
+    b->pool = nullptr;
+    b->prev = b->next = nullptr;
+    b->expandable = nullptr;
+    b->stream_uses.clear();
+    b->gc_count_base = 0;
+    b->event_count = 0;
+    b->allocated = false;
+    b->mapped = true;
     free_.push_back(b);
   }
 
@@ -234,7 +246,8 @@ struct CachingAllocator::Impl {
   static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
     a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Increase(amount);
     Stat& all = a[static_cast<int>(StatType::kAll)];
-    all.peak = std::max(all.peak, AllCurrent(a));
+    const std::int64_t current = AllCurrent(a);
+    if (current > all.peak) all.peak = current;
   }
   static void Decrease(StatArray& a, const BlockPool& pool, std::int64_t amount) {
     a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Decrease(amount);

@@ -164,7 +164,7 @@ class FreeBlockSet {
   // present: an erase and an insert in one move of the entries between the
   // old and the new position when both are in the same chunk (as when a
   // block is split or merged: its key changes, its neighbours do not).
-  void Replace(Iterator it, const FreeKey& key, T value) {
+  [[gnu::always_inline]] void Replace(Iterator it, const FreeKey& key, T value) {
     const std::size_t c = it.c_;
     Chunk& chunk = *chunks_[c];
     Entry* e = chunk.entries;
@@ -179,7 +179,7 @@ class FreeBlockSet {
         if (j > 0 && i - j == kNear) j = LowerBoundIn(e, j, key);
         Move(&e[j + 1], &e[j], i - j);
         e[j] = Entry{key, value};
-        lasts_[c] = e[chunk.size - 1].key;
+        if (i + 1 == chunk.size) lasts_[c] = e[i].key;
         hint_c_ = c;
         hint_i_ = j;
         return;
@@ -190,11 +190,15 @@ class FreeBlockSet {
       if (j < chunk.size && j - i > kNear) j += LowerBoundIn(e + j, chunk.size - j, key);
       Move(&e[i], &e[i + 1], j - i - 1);
       e[j - 1] = Entry{key, value};
-      lasts_[c] = e[chunk.size - 1].key;
+      if (j == chunk.size) lasts_[c] = key;
       hint_c_ = c;
       hint_i_ = j - 1;
       return;
     }
+    ReplaceFar(it, key, value);
+  }
+  // Replace when the new place is in another chunk.
+  void ReplaceFar(Iterator it, const FreeKey& key, T value) {
     Erase(it);
     Insert(key, value);
   }
