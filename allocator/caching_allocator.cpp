@@ -407,7 +407,7 @@ bool CachingAllocator::Impl::GetFreeBlock(AllocParams& p) {
   if (set_fraction && config.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;
   FreeBlocks* set = pool.Find(p.stream);
   if (set == nullptr) return false;
-  auto it = set->LowerBound(FreeKey{p.size, 0});
+  auto it = set->LowerBoundSize(p.size);
   if (it == set->end()) return false;
 
   if (it->value->expandable != nullptr) {

@@ -102,6 +102,23 @@ class FreeBlockSet {
     return Iterator(this, c, LowerBoundIn(chunk.entries, chunk.size, key));
   }
 
+  // LowerBound({size, 0}): the best fit for `size`, the smallest entry of
+  // at least that size (lowest address first). Compares sizes only.
+  Iterator LowerBoundSize(std::uint64_t size) const {
+    const std::size_t c = ChunkFor(FreeKey{size, 0});
+    if (c == chunks_.size()) return end();
+    const Chunk& chunk = *chunks_[c];
+    const Entry* first = chunk.entries;
+    std::uint32_t count = chunk.size;
+    while (count > 1) {
+      const std::uint32_t half = count / 2;
+      first = first[half - 1].key.size < size ? first + half : first;
+      count -= half;
+    }
+    if (count == 1 && first->key.size < size) ++first;
+    return Iterator(this, c, static_cast<std::uint32_t>(first - chunk.entries));
+  }
+
   // The entry with `key`, or end(). Tries first where the last Replace put
   // its entry: a block split off at allocation is often the one merged
   // back at free.
@@ -219,8 +236,13 @@ class FreeBlockSet {
 
   // The first chunk whose last key is not less than `key`; chunks_.size() if none.
   std::size_t ChunkFor(const FreeKey& key) const {
-    std::size_t lo = 0;
     std::size_t n = lasts_.size();
+    if (n <= 4) {  // a pool of up to ~200 blocks: a scan beats a search
+      std::size_t c = 0;
+      while (c < n && lasts_[c] < key) ++c;
+      return c;
+    }
+    std::size_t lo = 0;
     while (n > 0) {
       const std::size_t half = n / 2;
       if (lasts_[lo + half] < key) {

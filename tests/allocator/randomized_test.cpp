@@ -141,6 +141,7 @@ TEST_CASE("randomized: FreeBlockSet orders like std::map", "[randomized]") {
       } else {
         auto expected = oracle.lower_bound(key);
         auto actual = set.LowerBound(key);
+        REQUIRE(set.LowerBoundSize(key.size) == set.LowerBound(FreeKey{key.size, 0}));
         REQUIRE((actual == set.end()) == (expected == oracle.end()));
         if (expected != oracle.end()) {
           REQUIRE(actual->key == expected->first);
