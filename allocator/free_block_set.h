@@ -41,7 +41,7 @@ class FreeBlockSet {
     FreeKey key;
     T value;
   };
-  static constexpr std::uint32_t kChunk = 64;
+  static constexpr std::uint32_t kChunk = 32;
 
   // A position: chunk index and index inside it; end() is {chunks, 0}.
   class Iterator {
@@ -237,7 +237,7 @@ class FreeBlockSet {
   // The first chunk whose last key is not less than `key`; chunks_.size() if none.
   std::size_t ChunkFor(const FreeKey& key) const {
     std::size_t n = lasts_.size();
-    if (n <= 4) {  // a pool of up to ~200 blocks: a scan beats a search
+    if (n <= 4) {  // up to ~100 blocks: a scan beats a search
       std::size_t c = 0;
       while (c < n && lasts_[c] < key) ++c;
       return c;
