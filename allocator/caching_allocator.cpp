@@ -66,6 +66,15 @@ struct Block {
   int event_count = 0;                // outstanding stream events
   bool allocated = false;
   bool mapped = true;  // false only for unmapped ranges of expandable segments
+  // Where the block was put in its pool's FreeBlockSet (a hint for FindNear).
+  std::uint32_t pool_chunk = 0;
+  std::uint32_t pool_index = 0;
+
+  template <typename It>
+  void set_pool_position(const It& it) {
+    pool_chunk = it.chunk();
+    pool_index = it.index();
+  }
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
@@ -114,10 +123,13 @@ struct BlockPool {
   // erased before its size or address changes and inserted again after.
   void Insert(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
-    Get(b->stream).Insert(KeyOf(b), b);
+    b->set_pool_position(Get(b->stream).Insert(KeyOf(b), b));
   }
   void Erase(Block* b) {
-    if (FreeBlocks* set = Find(b->stream)) set->Erase(KeyOf(b));
+    FreeBlocks* set = Find(b->stream);
+    if (set == nullptr) return;
+    auto it = set->FindNear(KeyOf(b), b->pool_chunk, b->pool_index);
+    if (it != set->end()) set->Erase(it);
   }
   bool Contains(const Block* b) const {
     const FreeBlocks* set = Find(b->stream);
@@ -167,6 +179,7 @@ class BlockArena {
     b->event_count = 0;
     b->allocated = false;
     b->mapped = true;
+    b->pool_chunk = b->pool_index = 0;
     free_.push_back(b);
   }
 
@@ -364,7 +377,7 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
     if (p.found_in != nullptr) {
       // The remainder takes the found block's place in the pool.
       remaining->gc_count_base = pool.get_free_blocks_call_count;
-      p.found_in->Replace(p.found_at, KeyOf(remaining), remaining);
+      remaining->set_pool_position(p.found_in->Replace(p.found_at, KeyOf(remaining), remaining));
     } else {
       pool.Insert(remaining);
     }
@@ -623,7 +636,9 @@ void CachingAllocator::Impl::FreeBlock(Block* block) {
   // The merged block takes the place of the first neighbour it absorbs in
   // the pool (one move instead of an erase and an insert).
   bool replaces = false;
-  FreeKey replaced_key;
+  FreeKey replaced_key;  // the absorbed neighbour's key and place (it is recycled by the merge)
+  std::uint32_t replaced_chunk = 0;
+  std::uint32_t replaced_index = 0;
   Block* const merge_candidates[2] = {block->prev, block->next};
   for (Block* candidate : merge_candidates) {
     if (!CanMerge(block, candidate)) continue;
@@ -632,6 +647,8 @@ void CachingAllocator::Impl::FreeBlock(Block* block) {
     } else {
       replaces = true;
       replaced_key = KeyOf(candidate);
+      replaced_chunk = candidate->pool_chunk;
+      replaced_index = candidate->pool_index;
     }
     const std::size_t subsumed = MergeBlocks(block, candidate);
     net_inactive_blocks -= 1;
@@ -641,7 +658,8 @@ void CachingAllocator::Impl::FreeBlock(Block* block) {
   if (replaces) {
     FreeBlocks& set = pool.Get(block->stream);
     block->gc_count_base = pool.get_free_blocks_call_count;
-    set.Replace(set.Find(replaced_key), KeyOf(block), block);
+    auto at = set.FindNear(replaced_key, replaced_chunk, replaced_index);
+    block->set_pool_position(set.Replace(at, KeyOf(block), block));
   } else {
     pool.Insert(block);
   }

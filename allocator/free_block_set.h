@@ -76,6 +76,9 @@ class FreeBlockSet {
       return old;
     }
     bool operator==(const Iterator& o) const { return c_ == o.c_ && i_ == o.i_; }
+    // Where the entry is now: a hint for FindNear after later changes.
+    std::uint32_t chunk() const { return static_cast<std::uint32_t>(c_); }
+    std::uint32_t index() const { return i_; }
 
    private:
     friend class FreeBlockSet;
@@ -130,15 +133,28 @@ class FreeBlockSet {
     return it != end() && it->key == key ? it : end();
   }
 
-  // Inserts `key` (not already present) with `value`.
-  void Insert(const FreeKey& key, T value) {
+  // Find, trying first where the entry was (Iterator::chunk() and index()
+  // when it was inserted) and the places next to it (one insert or erase
+  // before it in its chunk since).
+  Iterator FindNear(const FreeKey& key, std::uint32_t chunk, std::uint32_t index) const {
+    if (chunk < chunks_.size()) {
+      const Chunk& ch = *chunks_[chunk];
+      if (index < ch.size && ch.entries[index].key == key) return Iterator(this, chunk, index);
+      if (index + 1 < ch.size && ch.entries[index + 1].key == key) return Iterator(this, chunk, index + 1);
+      if (index > 0 && index - 1 < ch.size && ch.entries[index - 1].key == key) return Iterator(this, chunk, index - 1);
+    }
+    return Find(key);
+  }
+
+  // Inserts `key` (not already present) with `value`; returns where.
+  Iterator Insert(const FreeKey& key, T value) {
     ++size_;
     if (chunks_.empty()) {
       chunks_.push_back(NewChunk());
       lasts_.push_back(key);
       chunks_[0]->entries[0] = Entry{key, value};
       chunks_[0]->size = 1;
-      return;
+      return begin();
     }
     std::size_t c = ChunkFor(key);
     if (c == chunks_.size()) c = chunks_.size() - 1;  // above every key: append to the last chunk
@@ -152,6 +168,7 @@ class FreeBlockSet {
     chunk.entries[i] = Entry{key, value};
     ++chunk.size;
     if (i + 1 == chunk.size) lasts_[c] = key;
+    return Iterator(this, c, i);
   }
 
   // Erases the entry at `it`; other iterators are invalidated.
@@ -181,7 +198,7 @@ class FreeBlockSet {
   // present: an erase and an insert in one move of the entries between the
   // old and the new position when both are in the same chunk (as when a
   // block is split or merged: its key changes, its neighbours do not).
-  [[gnu::always_inline]] void Replace(Iterator it, const FreeKey& key, T value) {
+  [[gnu::always_inline]] Iterator Replace(Iterator it, const FreeKey& key, T value) {
     const std::size_t c = it.c_;
     Chunk& chunk = *chunks_[c];
     Entry* e = chunk.entries;
@@ -199,7 +216,7 @@ class FreeBlockSet {
         if (i + 1 == chunk.size) lasts_[c] = e[i].key;
         hint_c_ = c;
         hint_i_ = j;
-        return;
+        return Iterator(this, c, j);
       }
     } else if (c + 1 == chunks_.size() || key < chunks_[c + 1]->entries[0].key) {
       std::uint32_t j = i + 1;  // the first entry not less than key, in (i, size]
@@ -210,14 +227,14 @@ class FreeBlockSet {
       if (j == chunk.size) lasts_[c] = key;
       hint_c_ = c;
       hint_i_ = j - 1;
-      return;
+      return Iterator(this, c, j - 1);
     }
-    ReplaceFar(it, key, value);
+    return ReplaceFar(it, key, value);
   }
   // Replace when the new place is in another chunk.
-  void ReplaceFar(Iterator it, const FreeKey& key, T value) {
+  Iterator ReplaceFar(Iterator it, const FreeKey& key, T value) {
     Erase(it);
-    Insert(key, value);
+    return Insert(key, value);
   }
 
   // Erases `key` if present; returns whether it was.
