@@ -252,10 +252,12 @@ struct CachingAllocator::Impl {
     observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
   }
 
-  // `stats` keeps each pool's Stat in full but of the aggregate ("all")
-  // only its peak: its current value and totals are the sums of the pools',
-  // filled in by Stats(). A change touches one Stat and, when it grows, the
-  // aggregate's peak.
+  // `stats` keeps of each pool's Stat its current value, peak and
+  // allocated total, and in `freed` the current value at the last
+  // ResetAccumulatedStats (so freed = allocated - (current - that)); of the
+  // aggregate ("all") only its peak: its current value and totals are the
+  // sums of the pools'. Stats() fills all of them in. An increase touches
+  // one Stat and, when it grows, the aggregate's peak; a decrease one value.
   static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
     a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Increase(amount);
     Stat& all = a[static_cast<int>(StatType::kAll)];
@@ -263,7 +265,7 @@ struct CachingAllocator::Impl {
     if (current > all.peak) all.peak = current;
   }
   static void Decrease(StatArray& a, const BlockPool& pool, std::int64_t amount) {
-    a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Decrease(amount);
+    a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].current -= amount;
   }
   static std::int64_t AllCurrent(const StatArray& a) {
     return a[static_cast<int>(StatType::kSmallPool)].current + a[static_cast<int>(StatType::kLargePool)].current;
@@ -280,8 +282,9 @@ struct CachingAllocator::Impl {
     DeviceStats s = stats;
     ForEachStatArray(s, [](StatArray& a) {
       Stat& all = a[static_cast<int>(StatType::kAll)];
-      const Stat& small = a[static_cast<int>(StatType::kSmallPool)];
-      const Stat& large = a[static_cast<int>(StatType::kLargePool)];
+      Stat& small = a[static_cast<int>(StatType::kSmallPool)];
+      Stat& large = a[static_cast<int>(StatType::kLargePool)];
+      for (Stat* pool : {&small, &large}) pool->freed = pool->allocated - (pool->current - pool->freed);
       all.current = small.current + large.current;
       all.allocated = small.allocated + large.allocated;
       all.freed = small.freed + large.freed;
@@ -1190,7 +1193,10 @@ void CachingAllocator::ResetAccumulatedStats() {
   std::lock_guard<FastMutex> lock(mutex_);
   DeviceStats& s = impl_->stats;
   Impl::ForEachStatArray(s, [](StatArray& a) {
-    for (Stat& stat : a) stat.ResetAccumulated();
+    for (Stat& stat : a) {
+      stat.allocated = 0;
+      stat.freed = stat.current;  // see Impl::Increase: the base that freed is derived from
+    }
   });
   s.oversize_allocations.ResetAccumulated();
   s.oversize_segments.ResetAccumulated();
