@@ -203,6 +203,8 @@ constexpr std::size_t kOneExaByte = 1152921504606846976ULL;
 struct CachingAllocator::Impl {
   Impl(Device& d, const AllocatorConfig& c) : device(d), config(c) {
     stats.max_split_size = static_cast<std::int64_t>(config.max_split_size);
+    plain_rounding = std::all_of(config.roundup_power2_divisions.begin(), config.roundup_power2_divisions.end(),
+                                 [](std::size_t divisions) { return divisions <= 1; });
   }
   ~Impl();
 
@@ -239,6 +241,14 @@ struct CachingAllocator::Impl {
   BlockArena arena;
 
   bool large_split_limit(std::size_t size) const { return size >= config.max_split_size; }
+
+  // No roundup_power2_divisions: round_size is plain 512 B rounding, without
+  // the table lookup.
+  bool plain_rounding = true;
+  std::size_t RoundSize(std::size_t size) const {
+    if (!plain_rounding) return config.RoundSize(size);
+    return size < kMinBlockSize ? kMinBlockSize : (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  }
 
   // The time of the public call in progress, read once on its first event:
   // the events of one call (free_requested + free_completed, segment_alloc +
@@ -332,7 +342,7 @@ CachingAllocator::Impl::~Impl() {
 
 absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, StreamId stream) {
   ProcessEvents();
-  const std::size_t size = config.RoundSize(orig_size);
+  const std::size_t size = RoundSize(orig_size);
   BlockPool& pool = size <= kSmallSize ? small_blocks : large_blocks;
   AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, nullptr, {}, absl::OkStatus()};
 
