@@ -302,11 +302,11 @@ struct CachingAllocator::Impl {
     return s;
   }
 
-  absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream);
-  absl::Status Free(DevicePtr ptr);
+  [[gnu::always_inline]] inline absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream);
+  [[gnu::always_inline]] inline absl::Status Free(DevicePtr ptr);
   Block* AllocFoundBlock(AllocParams& p, std::size_t orig_size, bool split_remainder);
   bool ShouldSplit(const Block* block, std::size_t size) const;
-  bool GetFreeBlock(AllocParams& p);
+  [[gnu::always_inline]] inline bool GetFreeBlock(AllocParams& p);
   void GarbageCollectCachedBlocks();
   bool AllocBlock(AllocParams& p, bool is_retry);
   bool ReleaseAvailableCachedBlocks(const AllocParams& p);
@@ -314,7 +314,7 @@ struct CachingAllocator::Impl {
   void ReleaseBlocks(BlockPool& pool);
   void ReleaseBlock(Block* block);
   void ReleaseExpandableSegment(Block* block);
-  void FreeBlock(Block* block);
+  [[gnu::always_inline]] inline void FreeBlock(Block* block);
   std::size_t TryMergeBlocks(Block* dst, Block* src, BlockPool& pool);
   static bool CanMerge(const Block* dst, const Block* src);
   std::size_t MergeBlocks(Block* dst, Block* src);
