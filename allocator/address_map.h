@@ -1,5 +1,5 @@
 // Address -> pointer map for the allocator's allocated blocks: open
-// addressing with linear probing over a power-of-two table at most half
+// addressing with linear probing over a power-of-two table at most a quarter
 // full, Fibonacci hashing of the address, and deletion by backward shift (no
 // tombstones). A lookup is a multiply, a shift and usually one probe; the
 // values are non-null pointers and nullptr marks an empty slot.
@@ -30,7 +30,7 @@ class AddressMap {
 
   // Inserts `key` (not present) -> `value` (not null).
   void Insert(std::uint64_t key, T* value) {
-    if (2 * (size_ + 1) > slots_.size()) Rehash(2 * slots_.size());
+    if (4 * (size_ + 1) > slots_.size()) Rehash(2 * slots_.size());
     Place(key, value);
     ++size_;
   }

@@ -156,11 +156,8 @@ struct BlockPool {
 // Recycles Block objects so that splitting a block does not call the heap.
 class BlockArena {
  public:
-  Block* New() {
-    if (free_.empty()) {
-      chunks_.push_back(std::make_unique<Block[]>(kChunk));
-      for (std::size_t i = 0; i < kChunk; ++i) free_.push_back(&chunks_.back()[kChunk - 1 - i]);
-    }
+  [[gnu::always_inline]] Block* New() {
+    if (free_.empty()) Grow();
     Block* b = free_.back();
     free_.pop_back();
     return b;
@@ -184,6 +181,11 @@ class BlockArena {
   }
 
  private:
+  [[gnu::noinline]] void Grow() {
+    chunks_.push_back(std::make_unique<Block[]>(kChunk));
+    for (std::size_t i = 0; i < kChunk; ++i) free_.push_back(&chunks_.back()[kChunk - 1 - i]);
+  }
+
   static constexpr std::size_t kChunk = 256;
   std::vector<std::unique_ptr<Block[]>> chunks_;
   std::vector<Block*> free_;
@@ -317,7 +319,7 @@ struct CachingAllocator::Impl {
   [[gnu::always_inline]] inline void FreeBlock(Block* block);
   std::size_t TryMergeBlocks(Block* dst, Block* src, BlockPool& pool);
   static bool CanMerge(const Block* dst, const Block* src);
-  std::size_t MergeBlocks(Block* dst, Block* src);
+  [[gnu::always_inline]] inline std::size_t MergeBlocks(Block* dst, Block* src);
   void InsertEvents(Block* block);
   void ProcessEvents();
   void SynchronizeAndFreeEvents();
