@@ -238,11 +238,15 @@ struct CachingAllocator::Impl {
   std::size_t total_allocated_memory = 0;  // device memory held
   std::size_t allowed_memory_maximum = 0;
   bool set_fraction = false;
+  // Garbage collection is on (a threshold and a memory fraction): lookups age blocks.
+  bool count_free_block_lookups = false;
   AllocatorObserver* observer = nullptr;
   std::optional<OutOfMemoryInfo> last_oom;
   BlockArena arena;
 
-  bool large_split_limit(std::size_t size) const { return size >= config.max_split_size; }
+  // config.max_split_size, read on every request: a copy saves a load.
+  const std::size_t max_split_size = config.max_split_size;
+  bool large_split_limit(std::size_t size) const { return size >= max_split_size; }
 
   // No roundup_power2_divisions: round_size is plain 512 B rounding, without
   // the table lookup.
@@ -427,12 +431,12 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
 bool CachingAllocator::Impl::ShouldSplit(const Block* block, std::size_t size) const {
   const std::size_t remaining = block->size - size;
   if (block->pool->is_small || config.expandable_segments) return remaining >= kMinBlockSize;
-  return size < config.max_split_size && remaining > kSmallSize;
+  return size < max_split_size && remaining > kSmallSize;
 }
 
 bool CachingAllocator::Impl::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
-  if (set_fraction && config.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;
+  if (count_free_block_lookups) ++pool.get_free_blocks_call_count;
   FreeBlocks* set = pool.Find(p.stream);
   if (set == nullptr) return false;
   auto it = set->LowerBoundSize(p.size);
@@ -461,9 +465,9 @@ bool CachingAllocator::Impl::GetFreeBlock(AllocParams& p) {
 
   const std::size_t block_size = it->value->size;
   // Do not return an oversize block for a request below max_split_size...
-  if (p.size < config.max_split_size && block_size >= config.max_split_size) return false;
+  if (p.size < max_split_size && block_size >= max_split_size) return false;
   // ...and round an oversize request up only within max_non_split_rounding.
-  if (p.size >= config.max_split_size && block_size >= p.size + config.max_non_split_rounding_size) return false;
+  if (p.size >= max_split_size && block_size >= p.size + config.max_non_split_rounding_size) return false;
   p.block = it->value;
   p.found_in = set;
   p.found_at = it;
@@ -1165,6 +1169,7 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
   impl_->allowed_memory_maximum =
       static_cast<std::size_t>(fraction * static_cast<double>(device_.MemoryInfo().total_bytes));
   impl_->set_fraction = true;
+  impl_->count_free_block_lookups = config_.garbage_collection_threshold > 0.0;
   return absl::OkStatus();
 }
 
