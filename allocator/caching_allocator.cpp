@@ -8,14 +8,17 @@
 #include <compare>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "allocator/address_map.h"
 #include "allocator/expandable_segment.h"
 #include "allocator/fast_clock.h"
+#include "allocator/free_block_set.h"
 
 namespace memscope {
 
@@ -63,39 +66,89 @@ struct Block {
   int event_count = 0;                // outstanding stream events
   bool allocated = false;
   bool mapped = true;  // false only for unmapped ranges of expandable segments
+  // Where the block was put in its pool's FreeBlockSet (a hint for FindNear).
+  std::uint32_t pool_chunk = 0;
+  std::uint32_t pool_index = 0;
+
+  template <typename It>
+  void set_pool_position(const It& it) {
+    pool_chunk = it.chunk();
+    pool_index = it.index();
+  }
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
-// Free blocks are ordered by (stream, size, address): lower_bound finds the
-// best fit on a stream. Keys are stored by value so that the search walks
-// contiguous btree nodes instead of chasing Block pointers.
-struct SizeKey {
-  StreamId stream;
-  std::size_t size;
-  DevicePtr ptr;
-  auto operator<=>(const SizeKey&) const = default;
-};
+// Free blocks are ordered by (stream, size, address), PyTorch's order: the
+// first block not below (stream, size, 0) is the best fit on that stream.
+// Each stream has its own FreeBlockSet ordered by (size, address), so a
+// search reads only that stream's keys, stored by value.
 struct AddressKey {
   StreamId stream;
   DevicePtr ptr;
   auto operator<=>(const AddressKey&) const = default;
 };
 
+using FreeBlocks = FreeBlockSet<Block*>;
+
+inline FreeKey KeyOf(const Block* b) { return FreeKey{b->size, b->ptr}; }
+
 struct BlockPool {
   explicit BlockPool(bool small) : is_small(small) {}
-  absl::btree_map<SizeKey, Block*> blocks;       // free, mapped blocks
+  // Free, mapped blocks: one set per stream, in stream order.
+  std::vector<std::pair<StreamId, std::unique_ptr<FreeBlocks>>> streams;
   absl::btree_map<AddressKey, Block*> unmapped;  // unmapped expandable ranges
   const bool is_small;
   std::int64_t get_free_blocks_call_count = 0;  // ages blocks for GC
+
+  // The free blocks of `stream`, or nullptr if it never had any.
+  FreeBlocks* Find(StreamId stream) const {
+    if (!streams.empty() && streams.front().first == stream) return streams.front().second.get();  // the usual case
+    for (const auto& [s, set] : streams) {
+      if (s == stream) return set.get();
+    }
+    return nullptr;
+  }
+  FreeBlocks& Get(StreamId stream) {
+    if (FreeBlocks* set = Find(stream)) return *set;
+    return AddStream(stream);
+  }
+  FreeBlocks& AddStream(StreamId stream) {
+    auto it = std::lower_bound(streams.begin(), streams.end(), stream,
+                               [](const auto& entry, StreamId s) { return entry.first < s; });
+    return *streams.emplace(it, stream, std::make_unique<FreeBlocks>())->second;
+  }
 
   // Invariant: a block's key is taken from its fields, so a block must be
   // erased before its size or address changes and inserted again after.
   void Insert(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
-    blocks.emplace(SizeKey{b->stream, b->size, b->ptr}, b);
+    b->set_pool_position(Get(b->stream).Insert(KeyOf(b), b));
   }
-  void Erase(Block* b) { blocks.erase(SizeKey{b->stream, b->size, b->ptr}); }
+  void Erase(Block* b) {
+    FreeBlocks* set = Find(b->stream);
+    if (set == nullptr) return;
+    auto it = set->FindNear(KeyOf(b), b->pool_chunk, b->pool_index);
+    if (it != set->end()) set->Erase(it);
+  }
+  bool Contains(const Block* b) const {
+    const FreeBlocks* set = Find(b->stream);
+    if (set == nullptr) return false;
+    auto it = set->Find(KeyOf(b));
+    return it != set->end() && it->value == b;
+  }
+  std::size_t size() const {
+    std::size_t n = 0;
+    for (const auto& entry : streams) n += entry.second->size();
+    return n;
+  }
+  // Calls f(Block*) for every free block in (stream, size, address) order.
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const auto& entry : streams) {
+      for (const auto& e : *entry.second) f(e.value);
+    }
+  }
   void InsertUnmapped(Block* b) { unmapped.emplace(AddressKey{b->stream, b->ptr}, b); }
   void EraseUnmapped(Block* b) { unmapped.erase(AddressKey{b->stream, b->ptr}); }
 };
@@ -103,21 +156,36 @@ struct BlockPool {
 // Recycles Block objects so that splitting a block does not call the heap.
 class BlockArena {
  public:
-  Block* New() {
-    if (free_.empty()) {
-      chunks_.push_back(std::make_unique<Block[]>(kChunk));
-      for (std::size_t i = 0; i < kChunk; ++i) free_.push_back(&chunks_.back()[kChunk - 1 - i]);
-    }
+  [[gnu::always_inline]] Block* New() {
+    if (free_.empty()) Grow();
     Block* b = free_.back();
     free_.pop_back();
     return b;
   }
   void Delete(Block* b) {
-    *b = Block{};
+    // Field by field: keeps stream_uses' buffer (empty) for the next user.
+    b->ptr = 0;
+    b->size = 0;
+    b->requested_size = 0;
+    b->stream = 0;
+    b->pool = nullptr;
+    b->prev = b->next = nullptr;
+    b->expandable = nullptr;
+    b->stream_uses.clear();
+    b->gc_count_base = 0;
+    b->event_count = 0;
+    b->allocated = false;
+    b->mapped = true;
+    b->pool_chunk = b->pool_index = 0;
     free_.push_back(b);
   }
 
  private:
+  [[gnu::noinline]] void Grow() {
+    chunks_.push_back(std::make_unique<Block[]>(kChunk));
+    for (std::size_t i = 0; i < kChunk; ++i) free_.push_back(&chunks_.back()[kChunk - 1 - i]);
+  }
+
   static constexpr std::size_t kChunk = 256;
   std::vector<std::unique_ptr<Block[]>> chunks_;
   std::vector<Block*> free_;
@@ -137,6 +205,8 @@ constexpr std::size_t kOneExaByte = 1152921504606846976ULL;
 struct CachingAllocator::Impl {
   Impl(Device& d, const AllocatorConfig& c) : device(d), config(c) {
     stats.max_split_size = static_cast<std::int64_t>(config.max_split_size);
+    plain_rounding = std::all_of(config.roundup_power2_divisions.begin(), config.roundup_power2_divisions.end(),
+                                 [](std::size_t divisions) { return divisions <= 1; });
   }
   ~Impl();
 
@@ -146,6 +216,10 @@ struct CachingAllocator::Impl {
     BlockPool* pool;
     std::size_t alloc_size;
     Block* block = nullptr;
+    // Where GetFreeBlock found `block`: it stays in its pool until
+    // AllocFoundBlock erases it or replaces it by the split remainder.
+    FreeBlocks* found_in = nullptr;
+    FreeBlocks::Iterator found_at;
     absl::Status err;
     // A device error other than out-of-memory ends the request at once.
     bool fatal() const { return !err.ok() && !absl::IsResourceExhausted(err); }
@@ -156,7 +230,7 @@ struct CachingAllocator::Impl {
   DeviceStats stats;
   BlockPool large_blocks{false};
   BlockPool small_blocks{true};
-  absl::flat_hash_map<DevicePtr, Block*> allocated_blocks;
+  AddressMap<Block> allocated_blocks;
   absl::flat_hash_set<Block*> pending_free;  // freed, waiting on stream events
   std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events;
   absl::flat_hash_map<DevicePtr, std::size_t> segments;  // cudaMalloc'd: base -> size
@@ -164,11 +238,23 @@ struct CachingAllocator::Impl {
   std::size_t total_allocated_memory = 0;  // device memory held
   std::size_t allowed_memory_maximum = 0;
   bool set_fraction = false;
+  // Garbage collection is on (a threshold and a memory fraction): lookups age blocks.
+  bool count_free_block_lookups = false;
   AllocatorObserver* observer = nullptr;
   std::optional<OutOfMemoryInfo> last_oom;
   BlockArena arena;
 
-  bool large_split_limit(std::size_t size) const { return size >= config.max_split_size; }
+  // config.max_split_size, read on every request: a copy saves a load.
+  const std::size_t max_split_size = config.max_split_size;
+  bool large_split_limit(std::size_t size) const { return size >= max_split_size; }
+
+  // No roundup_power2_divisions: round_size is plain 512 B rounding, without
+  // the table lookup.
+  bool plain_rounding = true;
+  std::size_t RoundSize(std::size_t size) const {
+    if (!plain_rounding) return config.RoundSize(size);
+    return size < kMinBlockSize ? kMinBlockSize : (size + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+  }
 
   // The time of the public call in progress, read once on its first event:
   // the events of one call (free_requested + free_completed, segment_alloc +
@@ -182,20 +268,51 @@ struct CachingAllocator::Impl {
     observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
   }
 
+  // `stats` keeps of each pool's Stat its current value, peak and
+  // allocated total, and in `freed` the current value at the last
+  // ResetAccumulatedStats (so freed = allocated - (current - that)); of the
+  // aggregate ("all") only its peak: its current value and totals are the
+  // sums of the pools'. Stats() fills all of them in. An increase touches
+  // one Stat and, when it grows, the aggregate's peak; a decrease one value.
   static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
-    a[static_cast<int>(StatType::kAll)].Increase(amount);
     a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Increase(amount);
+    Stat& all = a[static_cast<int>(StatType::kAll)];
+    const std::int64_t current = AllCurrent(a);
+    if (current > all.peak) all.peak = current;
   }
   static void Decrease(StatArray& a, const BlockPool& pool, std::int64_t amount) {
-    a[static_cast<int>(StatType::kAll)].Decrease(amount);
-    a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Decrease(amount);
+    a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].current -= amount;
+  }
+  static std::int64_t AllCurrent(const StatArray& a) {
+    return a[static_cast<int>(StatType::kSmallPool)].current + a[static_cast<int>(StatType::kLargePool)].current;
+  }
+  template <typename S, typename F>
+  static void ForEachStatArray(S& s, F&& f) {
+    for (auto* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
+                    &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
+      f(*a);
+    }
+  }
+  // torch.cuda.memory_stats(): `stats` with the aggregates filled in.
+  DeviceStats Stats() const {
+    DeviceStats s = stats;
+    ForEachStatArray(s, [](StatArray& a) {
+      Stat& all = a[static_cast<int>(StatType::kAll)];
+      Stat& small = a[static_cast<int>(StatType::kSmallPool)];
+      Stat& large = a[static_cast<int>(StatType::kLargePool)];
+      for (Stat* pool : {&small, &large}) pool->freed = pool->allocated - (pool->current - pool->freed);
+      all.current = small.current + large.current;
+      all.allocated = small.allocated + large.allocated;
+      all.freed = small.freed + large.freed;
+    });
+    return s;
   }
 
-  absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream);
-  absl::Status Free(DevicePtr ptr);
+  [[gnu::always_inline]] inline absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream);
+  [[gnu::always_inline]] inline absl::Status Free(DevicePtr ptr);
   Block* AllocFoundBlock(AllocParams& p, std::size_t orig_size, bool split_remainder);
   bool ShouldSplit(const Block* block, std::size_t size) const;
-  bool GetFreeBlock(AllocParams& p);
+  [[gnu::always_inline]] inline bool GetFreeBlock(AllocParams& p);
   void GarbageCollectCachedBlocks();
   bool AllocBlock(AllocParams& p, bool is_retry);
   bool ReleaseAvailableCachedBlocks(const AllocParams& p);
@@ -203,8 +320,10 @@ struct CachingAllocator::Impl {
   void ReleaseBlocks(BlockPool& pool);
   void ReleaseBlock(Block* block);
   void ReleaseExpandableSegment(Block* block);
-  void FreeBlock(Block* block);
+  [[gnu::always_inline]] inline void FreeBlock(Block* block);
   std::size_t TryMergeBlocks(Block* dst, Block* src, BlockPool& pool);
+  static bool CanMerge(const Block* dst, const Block* src);
+  [[gnu::always_inline]] inline std::size_t MergeBlocks(Block* dst, Block* src);
   void InsertEvents(Block* block);
   void ProcessEvents();
   void SynchronizeAndFreeEvents();
@@ -229,9 +348,9 @@ CachingAllocator::Impl::~Impl() {
 
 absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, StreamId stream) {
   ProcessEvents();
-  const std::size_t size = config.RoundSize(orig_size);
+  const std::size_t size = RoundSize(orig_size);
   BlockPool& pool = size <= kSmallSize ? small_blocks : large_blocks;
-  AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, absl::OkStatus()};
+  AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, nullptr, {}, absl::OkStatus()};
 
   bool found = GetFreeBlock(p);
   if (!found) {
@@ -259,6 +378,7 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
   BlockPool& pool = *p.pool;
   Block* block = p.block;
   const bool already_split = block->is_split();
+  if (!split_remainder && p.found_in != nullptr) p.found_in->Erase(p.found_at);
   if (split_remainder) {
     Block* remaining = block;
     block = arena.New();
@@ -273,7 +393,13 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
     remaining->prev = block;
     remaining->ptr += size;
     remaining->size -= size;
-    pool.Insert(remaining);
+    if (p.found_in != nullptr) {
+      // The remainder takes the found block's place in the pool.
+      remaining->gc_count_base = pool.get_free_blocks_call_count;
+      remaining->set_pool_position(p.found_in->Replace(p.found_at, KeyOf(remaining), remaining));
+    } else {
+      pool.Insert(remaining);
+    }
     if (already_split && block->expandable == nullptr) {
       // An inactive split shrinks by `size`.
       Decrease(stats.inactive_split_bytes, pool, static_cast<std::int64_t>(size));
@@ -290,7 +416,7 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
 
   block->allocated = true;
   block->requested_size = orig_size;
-  allocated_blocks.emplace(block->ptr, block);
+  allocated_blocks.Insert(block->ptr, block);
   Trace(TraceAction::kAlloc, pool, block->ptr, block->size, orig_size, block->stream);
 
   Increase(stats.allocation, pool, 1);
@@ -305,16 +431,18 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
 bool CachingAllocator::Impl::ShouldSplit(const Block* block, std::size_t size) const {
   const std::size_t remaining = block->size - size;
   if (block->pool->is_small || config.expandable_segments) return remaining >= kMinBlockSize;
-  return size < config.max_split_size && remaining > kSmallSize;
+  return size < max_split_size && remaining > kSmallSize;
 }
 
 bool CachingAllocator::Impl::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
-  if (set_fraction && config.garbage_collection_threshold > 0.0) ++pool.get_free_blocks_call_count;
-  auto it = pool.blocks.lower_bound(SizeKey{p.stream, p.size, 0});
-  if (it == pool.blocks.end() || it->first.stream != p.stream) return false;
+  if (count_free_block_lookups) ++pool.get_free_blocks_call_count;
+  FreeBlocks* set = pool.Find(p.stream);
+  if (set == nullptr) return false;
+  auto it = set->LowerBoundSize(p.size);
+  if (it == set->end()) return false;
 
-  if (it->second->expandable != nullptr) {
+  if (it->value->expandable != nullptr) {
     if (config.expandable_segments) {
       // A free block at the end of an expandable segment can grow into the
       // unmapped range after it: best fit compares what blocks can become.
@@ -322,26 +450,27 @@ bool CachingAllocator::Impl::GetFreeBlock(AllocParams& p) {
         return b->size + (b->next != nullptr && !b->next->mapped ? b->next->size : 0);
       };
       auto next = std::next(it);
-      while (it->second->expandable != nullptr && next != pool.blocks.end() && next->first.stream == p.stream &&
-             expandable_size(next->second) < expandable_size(it->second)) {
+      while (it->value->expandable != nullptr && next != set->end() &&
+             expandable_size(next->value) < expandable_size(it->value)) {
         it = next++;
       }
     } else {
       // Expandable segments were turned off after some were made: skip them.
       do {
         ++it;
-      } while (it != pool.blocks.end() && it->second->expandable != nullptr && it->first.stream == p.stream);
-      if (it == pool.blocks.end() || it->first.stream != p.stream) return false;
+      } while (it != set->end() && it->value->expandable != nullptr);
+      if (it == set->end()) return false;
     }
   }
 
-  const std::size_t block_size = it->second->size;
+  const std::size_t block_size = it->value->size;
   // Do not return an oversize block for a request below max_split_size...
-  if (p.size < config.max_split_size && block_size >= config.max_split_size) return false;
+  if (p.size < max_split_size && block_size >= max_split_size) return false;
   // ...and round an oversize request up only within max_non_split_rounding.
-  if (p.size >= config.max_split_size && block_size >= p.size + config.max_non_split_rounding_size) return false;
-  p.block = it->second;
-  pool.blocks.erase(it);
+  if (p.size >= max_split_size && block_size >= p.size + config.max_non_split_rounding_size) return false;
+  p.block = it->value;
+  p.found_in = set;
+  p.found_at = it;
   return true;
 }
 
@@ -359,12 +488,12 @@ void CachingAllocator::Impl::GarbageCollectCachedBlocks() {
 
   std::int64_t total_age = 0;
   int freeable_block_count = 0;
-  for (const auto& [key, b] : large_blocks.blocks) {
+  large_blocks.ForEach([&](const Block* b) {
     if (freeable(b)) {
       total_age += age(b);
       ++freeable_block_count;
     }
-  }
+  });
   if (freeable_block_count == 0) return;
 
   bool block_freed = true;
@@ -372,9 +501,9 @@ void CachingAllocator::Impl::GarbageCollectCachedBlocks() {
     const double age_threshold = static_cast<double>(total_age) / freeable_block_count;
     block_freed = false;
     std::vector<Block*> victims;
-    for (const auto& [key, b] : large_blocks.blocks) {
+    large_blocks.ForEach([&](Block* b) {
       if (freeable(b) && static_cast<double>(age(b)) >= age_threshold) victims.push_back(b);
-    }
+    });
     for (Block* b : victims) {
       block_freed = true;
       gc_reclaimed += b->size;
@@ -430,24 +559,25 @@ bool CachingAllocator::Impl::ReleaseAvailableCachedBlocks(const AllocParams& p) 
   BlockPool& pool = *p.pool;
   const std::size_t key_size = std::max(p.size, config.max_split_size);
   auto releasable = [](const Block* b) { return !b->is_split() && b->expandable == nullptr; };
-  auto it = pool.blocks.lower_bound(SizeKey{p.stream, key_size, 0});
-  if (it == pool.blocks.end() || it->first.stream != p.stream) {
-    if (it == pool.blocks.begin()) return false;
+  FreeBlocks* set = pool.Find(p.stream);
+  if (set == nullptr) return false;
+  auto it = set->LowerBound(FreeKey{key_size, 0});
+  if (it == set->end()) {
+    if (it == set->begin()) return false;
     std::size_t total_released = 0;
-    std::vector<Block*> victims;  // collected first: erasing invalidates btree iterators
+    std::vector<Block*> victims;  // collected first: erasing invalidates iterators
     --it;
-    while (total_released < key_size && it->second->size >= config.max_split_size && it->first.stream == p.stream &&
-           releasable(it->second)) {
-      total_released += it->second->size;
-      victims.push_back(it->second);
-      if (it == pool.blocks.begin()) break;
+    while (total_released < key_size && it->value->size >= config.max_split_size && releasable(it->value)) {
+      total_released += it->value->size;
+      victims.push_back(it->value);
+      if (it == set->begin()) break;
       --it;
     }
     for (Block* b : victims) ReleaseBlock(b);
     return total_released >= key_size;
   }
-  if (!releasable(it->second)) return false;
-  ReleaseBlock(it->second);
+  if (!releasable(it->value)) return false;
+  ReleaseBlock(it->value);
   return true;
 }
 
@@ -460,13 +590,13 @@ void CachingAllocator::Impl::ReleaseCachedBlocks() {
 void CachingAllocator::Impl::ReleaseBlocks(BlockPool& pool) {
   std::vector<Block*> to_release;
   std::vector<Block*> to_unmap;
-  for (const auto& [key, b] : pool.blocks) {
+  pool.ForEach([&](Block* b) {
     if (b->expandable != nullptr) {
       to_unmap.push_back(b);
     } else if (!b->is_split()) {
       to_release.push_back(b);
     }
-  }
+  });
   for (Block* b : to_release) ReleaseBlock(b);
   for (Block* b : to_unmap) {
     UnmapBlock(b);
@@ -497,12 +627,10 @@ void CachingAllocator::Impl::ReleaseExpandableSegment(Block* block) {
 }
 
 absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
-  auto it = allocated_blocks.find(ptr);
-  if (it == allocated_blocks.end()) {
+  Block* block = allocated_blocks.Erase(ptr);
+  if (block == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("invalid device pointer: 0x", absl::Hex(ptr)));
   }
-  Block* block = it->second;
-  allocated_blocks.erase(it);
   block->allocated = false;
   BlockPool& pool = *block->pool;
   Decrease(stats.allocation, pool, 1);
@@ -524,16 +652,36 @@ void CachingAllocator::Impl::FreeBlock(Block* block) {
   const std::size_t requested_size = block->requested_size;
   std::int64_t net_inactive_blocks = 0;
   std::int64_t net_inactive_bytes = 0;
+  // The merged block takes the place of the first neighbour it absorbs in
+  // the pool (one move instead of an erase and an insert).
+  bool replaces = false;
+  FreeKey replaced_key;  // the absorbed neighbour's key and place (it is recycled by the merge)
+  std::uint32_t replaced_chunk = 0;
+  std::uint32_t replaced_index = 0;
   Block* const merge_candidates[2] = {block->prev, block->next};
   for (Block* candidate : merge_candidates) {
-    const std::size_t subsumed = TryMergeBlocks(block, candidate, pool);
-    if (subsumed > 0) {
-      net_inactive_blocks -= 1;
-      net_inactive_bytes -= static_cast<std::int64_t>(subsumed);
+    if (!CanMerge(block, candidate)) continue;
+    if (replaces) {
+      pool.Erase(candidate);
+    } else {
+      replaces = true;
+      replaced_key = KeyOf(candidate);
+      replaced_chunk = candidate->pool_chunk;
+      replaced_index = candidate->pool_index;
     }
+    const std::size_t subsumed = MergeBlocks(block, candidate);
+    net_inactive_blocks -= 1;
+    net_inactive_bytes -= static_cast<std::int64_t>(subsumed);
   }
-  pending_free.erase(block);
-  pool.Insert(block);
+  if (!pending_free.empty()) pending_free.erase(block);  // a hash lookup saved on the common path
+  if (replaces) {
+    FreeBlocks& set = pool.Get(block->stream);
+    block->gc_count_base = pool.get_free_blocks_call_count;
+    auto at = set.FindNear(replaced_key, replaced_chunk, replaced_index);
+    block->set_pool_position(set.Replace(at, KeyOf(block), block));
+  } else {
+    pool.Insert(block);
+  }
   if (block->is_split()) {
     net_inactive_blocks += 1;
     net_inactive_bytes += static_cast<std::int64_t>(block->size);
@@ -551,16 +699,23 @@ void CachingAllocator::Impl::FreeBlock(Block* block) {
   Decrease(stats.requested_bytes, pool, static_cast<std::int64_t>(requested_size));
 }
 
+bool CachingAllocator::Impl::CanMerge(const Block* dst, const Block* src) {
+  return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
+         dst->mapped == src->mapped;
+}
+
 std::size_t CachingAllocator::Impl::TryMergeBlocks(Block* dst, Block* src, BlockPool& pool) {
-  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
-      dst->mapped != src->mapped) {
-    return 0;
-  }
+  if (!CanMerge(dst, src)) return 0;
   if (src->mapped) {
     pool.Erase(src);
   } else {
     pool.EraseUnmapped(src);
   }
+  return MergeBlocks(dst, src);
+}
+
+// Absorbs free neighbour `src` (already out of its pool) into `dst`; returns its size.
+std::size_t CachingAllocator::Impl::MergeBlocks(Block* dst, Block* src) {
   if (dst->prev == src) {  // [src dst]
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -744,16 +899,16 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
   info.small_pool = p.pool->is_small;
   info.device_free = mem.free_bytes;
   info.device_total = mem.total_bytes;
-  info.allocated = static_cast<std::size_t>(All(stats.allocated_bytes).current);
-  info.reserved = static_cast<std::size_t>(All(stats.reserved_bytes).current);
-  info.inactive_split = static_cast<std::size_t>(All(stats.inactive_split_bytes).current);
+  info.allocated = static_cast<std::size_t>(AllCurrent(stats.allocated_bytes));
+  info.reserved = static_cast<std::size_t>(AllCurrent(stats.reserved_bytes));
+  info.inactive_split = static_cast<std::size_t>(AllCurrent(stats.inactive_split_bytes));
   std::size_t free_blocks = 0;
   for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
-    for (const auto& [key, b] : pool->blocks) {
+    pool->ForEach([&](const Block* b) {
       info.cached_free += b->size;
       info.largest_free_block = std::max(info.largest_free_block, b->size);
       ++free_blocks;
-    }
+    });
   }
   const std::string allowed_info =
       set_fraction ? absl::StrCat(FormatSize(allowed_memory_maximum), " allowed; ") : std::string();
@@ -766,9 +921,9 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
   info.diagnosis = absl::StrCat("memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (",
                                 p.pool->is_small ? "small" : "large", " pool, stream ", p.stream, "); the cache holds ",
-                                FormatSize(info.cached_free), " free in ", Counted(free_blocks, "block"), ", the largest ",
-                                FormatSize(info.largest_free_block), ", and ", FormatSize(info.inactive_split),
-                                " of it is non-releasable (inactive split).");
+                                FormatSize(info.cached_free), " free in ", Counted(free_blocks, "block"),
+                                ", the largest ", FormatSize(info.largest_free_block), ", and ",
+                                FormatSize(info.inactive_split), " of it is non-releasable (inactive split).");
   if (info.cached_free >= p.size) {
     absl::StrAppend(&info.diagnosis, " Fragmentation, not capacity: enough bytes are free but no free block fits.");
   } else if (set_fraction && mem.free_bytes >= p.alloc_size) {
@@ -781,9 +936,9 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
 std::vector<const Block*> CachingAllocator::Impl::AllBlocks() const {
   std::vector<const Block*> all;
   for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
-    for (const auto& [key, b] : pool->blocks) all.push_back(b);
+    pool->ForEach([&](const Block* b) { all.push_back(b); });
   }
-  for (const auto& [ptr, b] : allocated_blocks) all.push_back(b);
+  allocated_blocks.ForEach([&](DevicePtr, const Block* b) { all.push_back(b); });
   for (const Block* b : pending_free) all.push_back(b);
   return all;
 }
@@ -850,8 +1005,7 @@ absl::Status CachingAllocator::Impl::CheckInvariants() const {
       if (b->mapped) mapped += b->size;
       const bool active = b->allocated || b->event_count > 0 || !b->stream_uses.empty();
       if (b->mapped && !active) {
-        auto it = b->pool->blocks.find(SizeKey{b->stream, b->size, b->ptr});
-        if (it == b->pool->blocks.end() || it->second != b) {
+        if (!b->pool->Contains(b)) {
           return fail("free block at 0x", absl::Hex(b->ptr), " is missing from its pool");
         }
         if (b->next != nullptr && b->next->mapped && !b->next->allocated && b->next->event_count == 0 &&
@@ -913,7 +1067,7 @@ absl::Status CachingAllocator::Impl::CheckInvariants() const {
   // Every cudaMalloc'd segment must have been reached from some block.
   if (segments.size() + expandables_seen.size() != heads.size()) return fail("a segment has no blocks");
   std::size_t pool_entries = 0;
-  for (const BlockPool* pool : {&small_blocks, &large_blocks}) pool_entries += pool->blocks.size();
+  for (const BlockPool* pool : {&small_blocks, &large_blocks}) pool_entries += pool->size();
   std::size_t free_blocks = 0;
   for (const Block* head : heads) {
     for (const Block* b = head; b != nullptr; b = b->next) {
@@ -929,6 +1083,7 @@ absl::Status CachingAllocator::Impl::CheckInvariants() const {
 // The allocator's stats against a recount from its blocks: every current
 // value equal, no peak below its current value.
 absl::Status CachingAllocator::Impl::CheckStatsMatch(const DeviceStats& recount) const {
+  const DeviceStats mine = Stats();
   auto fail = [](auto&&... parts) { return absl::InternalError(absl::StrCat(parts...)); };
   auto check_array = [&](const char* name, const StatArray& actual, const StatArray& expected) -> absl::Status {
     for (std::size_t t = 0; t < kNumStatTypes; ++t) {
@@ -942,22 +1097,22 @@ absl::Status CachingAllocator::Impl::CheckStatsMatch(const DeviceStats& recount)
     return absl::OkStatus();
   };
   for (auto [name, a, e] :
-       {std::tuple{"allocation", &stats.allocation, &recount.allocation},
-        std::tuple{"segment", &stats.segment, &recount.segment}, std::tuple{"active", &stats.active, &recount.active},
-        std::tuple{"inactive_split", &stats.inactive_split, &recount.inactive_split},
-        std::tuple{"allocated_bytes", &stats.allocated_bytes, &recount.allocated_bytes},
-        std::tuple{"reserved_bytes", &stats.reserved_bytes, &recount.reserved_bytes},
-        std::tuple{"active_bytes", &stats.active_bytes, &recount.active_bytes},
-        std::tuple{"inactive_split_bytes", &stats.inactive_split_bytes, &recount.inactive_split_bytes},
-        std::tuple{"requested_bytes", &stats.requested_bytes, &recount.requested_bytes}}) {
+       {std::tuple{"allocation", &mine.allocation, &recount.allocation},
+        std::tuple{"segment", &mine.segment, &recount.segment}, std::tuple{"active", &mine.active, &recount.active},
+        std::tuple{"inactive_split", &mine.inactive_split, &recount.inactive_split},
+        std::tuple{"allocated_bytes", &mine.allocated_bytes, &recount.allocated_bytes},
+        std::tuple{"reserved_bytes", &mine.reserved_bytes, &recount.reserved_bytes},
+        std::tuple{"active_bytes", &mine.active_bytes, &recount.active_bytes},
+        std::tuple{"inactive_split_bytes", &mine.inactive_split_bytes, &recount.inactive_split_bytes},
+        std::tuple{"requested_bytes", &mine.requested_bytes, &recount.requested_bytes}}) {
     if (absl::Status s = check_array(name, *a, *e); !s.ok()) return s;
   }
-  if (stats.oversize_allocations.current != recount.oversize_allocations.current) {
-    return fail("oversize_allocations ", stats.oversize_allocations.current,
+  if (mine.oversize_allocations.current != recount.oversize_allocations.current) {
+    return fail("oversize_allocations ", mine.oversize_allocations.current,
                 " != ", recount.oversize_allocations.current);
   }
-  if (stats.oversize_segments.current != recount.oversize_segments.current) {
-    return fail("oversize_segments ", stats.oversize_segments.current, " != ", recount.oversize_segments.current);
+  if (mine.oversize_segments.current != recount.oversize_segments.current) {
+    return fail("oversize_segments ", mine.oversize_segments.current, " != ", recount.oversize_segments.current);
   }
   return absl::OkStatus();
 }
@@ -974,25 +1129,24 @@ absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId st
   if (size >= kOneExaByte) {
     return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   impl_->call_time = 0;
   return impl_->Malloc(size, stream);
 }
 
 absl::Status CachingAllocator::Free(DevicePtr ptr) {
   if (ptr == 0) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   impl_->call_time = 0;
   return impl_->Free(ptr);
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, StreamId stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = impl_->allocated_blocks.find(ptr);
-  if (it == impl_->allocated_blocks.end()) {
+  std::lock_guard<FastMutex> lock(mutex_);
+  Block* block = impl_->allocated_blocks.Find(ptr);
+  if (block == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("record_stream: invalid device pointer: 0x", absl::Hex(ptr)));
   }
-  Block* block = it->second;
   if (stream == block->stream) return absl::OkStatus();  // uses on the allocation stream need no event
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
     block->stream_uses.push_back(stream);
@@ -1001,7 +1155,7 @@ absl::Status CachingAllocator::RecordStream(DevicePtr ptr, StreamId stream) {
 }
 
 void CachingAllocator::EmptyCache() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   impl_->call_time = 0;
   impl_->Trace(TraceAction::kEmptyCache, impl_->large_blocks, 0, 0, 0, 0);
   impl_->ReleaseCachedBlocks();
@@ -1011,53 +1165,56 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("invalid memory fraction ", fraction, ": must be in [0, 1]"));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   impl_->allowed_memory_maximum =
       static_cast<std::size_t>(fraction * static_cast<double>(device_.MemoryInfo().total_bytes));
   impl_->set_fraction = true;
+  impl_->count_free_block_lookups = config_.garbage_collection_threshold > 0.0;
   return absl::OkStatus();
 }
 
 DeviceStats CachingAllocator::GetStats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return impl_->stats;
+  std::lock_guard<FastMutex> lock(mutex_);
+  return impl_->Stats();
 }
 
 std::size_t CachingAllocator::memory_allocated() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<std::size_t>(All(impl_->stats.allocated_bytes).current);
+  std::lock_guard<FastMutex> lock(mutex_);
+  return static_cast<std::size_t>(Impl::AllCurrent(impl_->stats.allocated_bytes));
 }
 std::size_t CachingAllocator::max_memory_allocated() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   return static_cast<std::size_t>(All(impl_->stats.allocated_bytes).peak);
 }
 std::size_t CachingAllocator::memory_reserved() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<std::size_t>(All(impl_->stats.reserved_bytes).current);
+  std::lock_guard<FastMutex> lock(mutex_);
+  return static_cast<std::size_t>(Impl::AllCurrent(impl_->stats.reserved_bytes));
 }
 std::size_t CachingAllocator::max_memory_reserved() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   return static_cast<std::size_t>(All(impl_->stats.reserved_bytes).peak);
 }
 
 void CachingAllocator::ResetPeakStats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   DeviceStats& s = impl_->stats;
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
-    for (Stat& stat : *a) stat.ResetPeak();
-  }
+  Impl::ForEachStatArray(s, [](StatArray& a) {
+    for (Stat& stat : a) stat.ResetPeak();
+    All(a).peak = Impl::AllCurrent(a);  // the aggregate's current value is not kept
+  });
   s.oversize_allocations.ResetPeak();
   s.oversize_segments.ResetPeak();
 }
 
 void CachingAllocator::ResetAccumulatedStats() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   DeviceStats& s = impl_->stats;
-  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes, &s.reserved_bytes,
-                       &s.active_bytes, &s.inactive_split_bytes, &s.requested_bytes}) {
-    for (Stat& stat : *a) stat.ResetAccumulated();
-  }
+  Impl::ForEachStatArray(s, [](StatArray& a) {
+    for (Stat& stat : a) {
+      stat.allocated = 0;
+      stat.freed = stat.current;  // see Impl::Increase: the base that freed is derived from
+    }
+  });
   s.oversize_allocations.ResetAccumulated();
   s.oversize_segments.ResetAccumulated();
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = s.num_device_alloc = s.num_device_free = 0;
@@ -1068,28 +1225,28 @@ std::string CachingAllocator::MemorySummary(bool abbreviated) const {
 }
 
 std::vector<SegmentInfo> CachingAllocator::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   return impl_->Snapshot();
 }
 
 std::optional<OutOfMemoryInfo> CachingAllocator::last_oom() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   return impl_->last_oom;
 }
 
 std::size_t CachingAllocator::BlockSize(DevicePtr ptr) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = impl_->allocated_blocks.find(ptr);
-  return it == impl_->allocated_blocks.end() ? 0 : it->second->size;
+  std::lock_guard<FastMutex> lock(mutex_);
+  const Block* block = impl_->allocated_blocks.Find(ptr);
+  return block == nullptr ? 0 : block->size;
 }
 
 void CachingAllocator::SetObserver(AllocatorObserver* observer) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   impl_->observer = observer;
 }
 
 absl::Status CachingAllocator::CheckInvariants() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<FastMutex> lock(mutex_);
   return impl_->CheckInvariants();
 }
 

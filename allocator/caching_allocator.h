@@ -35,14 +35,14 @@
 //   empty_cache or before an OOM.
 //
 // Thread safety: one mutex per allocator (PyTorch has one per device); every
-// public method takes it. An attached observer is called under it.
+// public method takes it (a FastMutex: one atomic instruction when uncontended). An attached observer is called under
+// it.
 #ifndef MEMSCOPE_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define MEMSCOPE_ALLOCATOR_CACHING_ALLOCATOR_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
 #include "allocator/device.h"
+#include "allocator/fast_mutex.h"
 #include "allocator/observer.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
@@ -143,7 +144,7 @@ class CachingAllocator {
  private:
   Device& device_;
   const AllocatorConfig config_;
-  mutable std::mutex mutex_;
+  mutable FastMutex mutex_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,9 +1,13 @@
 // alloc_bench: replays one deterministic, training-like allocation trace
 // through an allocator and reports ns per alloc+free pair and peak memory.
 //
-//   alloc_bench caching [--alloc-conf STR] [--runs N] [--json]
+//   alloc_bench caching [--alloc-conf STR] [--runs N] [--json] [--dump-stats FILE]
 //       memscope::CachingAllocator on a SimDevice (80 GiB, not host-backed).
-//       Also reports the "cached path": Malloc+Free of sizes the cache holds.
+//       Also reports the "cached path": Malloc+Free of sizes the cache holds,
+//       and a hash of memory_stats() and of the snapshot after the replay
+//       (the allocator's decisions: equal hashes before and after a change to
+//       the allocator mean it decided the same); --dump-stats writes the
+//       flattened memory_stats() to FILE, one "key value" a line.
 //   alloc_bench system --label NAME [--runs N] [--json]
 //       the process's malloc/free (glibc, or whatever LD_PRELOAD puts first).
 //
@@ -420,6 +424,7 @@ struct Options {
   // and re-faults pages; the peak is reached within the first few steps.
   std::uint32_t footprint_steps = 40;
   bool json = false;
+  std::string dump_stats;  // caching: file for the flattened memory_stats()
 };
 
 struct Result {
@@ -472,6 +477,52 @@ void Report(const Options& o, const Result& r) {
 // ---------------------------------------------------------------------------
 // caching: memscope::CachingAllocator on a SimDevice.
 
+// FNV-1a, 64 bits: a stable fingerprint of the allocator's state.
+class Fnv1a {
+ public:
+  void Add(std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h_ = (h_ ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ULL;
+    }
+  }
+  void Add(const std::string& s) {
+    for (unsigned char c : s) h_ = (h_ ^ c) * 0x100000001b3ULL;
+    Add(s.size());
+  }
+  std::uint64_t value() const { return h_; }
+
+ private:
+  std::uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+// Every key and value of memory_stats(), in key order.
+std::uint64_t StatsHash(const memscope::DeviceStats& stats) {
+  Fnv1a h;
+  for (const auto& [key, value] : memscope::FlattenStats(stats)) {
+    h.Add(key);
+    h.Add(static_cast<std::uint64_t>(value));
+  }
+  return h.value();
+}
+
+// Every segment and block: address, size, requested size, state.
+std::uint64_t SnapshotHash(const std::vector<memscope::SegmentInfo>& segments) {
+  Fnv1a h;
+  for (const memscope::SegmentInfo& seg : segments) {
+    h.Add(seg.address);
+    h.Add(seg.stream);
+    h.Add(seg.total_size);
+    h.Add(static_cast<std::uint64_t>(seg.is_large) | static_cast<std::uint64_t>(seg.is_expandable) << 1);
+    for (const memscope::BlockInfo& b : seg.blocks) {
+      h.Add(b.address);
+      h.Add(b.size);
+      h.Add(b.requested_size);
+      h.Add(static_cast<std::uint64_t>(b.state));
+    }
+  }
+  return h.value();
+}
+
 double ReplayCaching(const Trace& t, memscope::CachingAllocator& a, std::vector<memscope::DevicePtr>& slots) {
   const double t0 = NowSeconds();
   for (const Op& op : t.ops) {
@@ -519,6 +570,8 @@ int RunCaching(const Options& o, const Trace& t) {
   memscope::DeviceStats stats;
   std::int64_t cached_device_allocs = 0;
   std::size_t cached_blocks = 0;
+  std::uint64_t stats_hash = 0;
+  std::uint64_t snapshot_hash = 0;
   for (int run = 0; run < o.runs; ++run) {
     memscope::SimDevice device({.capacity = 80 * kGiB, .index = 0, .host_backed = false});
     memscope::CachingAllocator allocator(device, *config);
@@ -527,8 +580,16 @@ int RunCaching(const Options& o, const Trace& t) {
     stats = allocator.GetStats();
     if (run == 0) {
       // What the cached-path loop searches: the free blocks left in the pools.
-      for (const memscope::SegmentInfo& seg : allocator.Snapshot()) {
+      const std::vector<memscope::SegmentInfo> snapshot = allocator.Snapshot();
+      for (const memscope::SegmentInfo& seg : snapshot) {
         for (const memscope::BlockInfo& blk : seg.blocks) cached_blocks += blk.state == memscope::BlockState::kInactive;
+      }
+      stats_hash = StatsHash(stats);
+      snapshot_hash = SnapshotHash(snapshot);
+      if (!o.dump_stats.empty()) {
+        std::ofstream out(o.dump_stats);
+        for (const auto& [key, value] : memscope::FlattenStats(stats)) out << key << ' ' << value << '\n';
+        if (!out) Die("cannot write " + o.dump_stats);
       }
     }
     if (o.cached_iters > 0) {
@@ -540,23 +601,26 @@ int RunCaching(const Options& o, const Trace& t) {
   const auto all = static_cast<int>(memscope::StatType::kAll);
   r.peak_reserved = static_cast<std::uint64_t>(stats.reserved_bytes[all].peak);
   r.peak_live = static_cast<std::uint64_t>(stats.requested_bytes[all].peak);
-  char buf[512];
+  char buf[1024];
   std::snprintf(buf, sizeof buf,
                 ", \"alloc_conf\": %s, \"peak_allocated_bytes\": %llu, \"num_device_alloc\": %lld, "
                 "\"num_device_free\": %lld, \"num_alloc_retries\": %lld, \"peak_inactive_split_bytes\": %llu, "
-                "\"cached_path_device_allocs\": %lld, \"free_blocks_after_replay\": %zu",
+                "\"cached_path_device_allocs\": %lld, \"free_blocks_after_replay\": %zu, "
+                "\"memory_stats_hash\": \"%016llx\", \"snapshot_hash\": \"%016llx\"",
                 JsonString(o.alloc_conf).c_str(), static_cast<unsigned long long>(stats.allocated_bytes[all].peak),
                 static_cast<long long>(stats.num_device_alloc), static_cast<long long>(stats.num_device_free),
                 static_cast<long long>(stats.num_alloc_retries),
                 static_cast<unsigned long long>(stats.inactive_split_bytes[all].peak),
-                static_cast<long long>(cached_device_allocs), cached_blocks);
+                static_cast<long long>(cached_device_allocs), cached_blocks,
+                static_cast<unsigned long long>(stats_hash), static_cast<unsigned long long>(snapshot_hash));
   r.extra_json = buf;
   std::snprintf(buf, sizeof buf,
                 "  [device allocs %lld, peak allocated (rounded) %s, peak inactive split %s, %zu free blocks cached "
-                "after the replay]",
+                "after the replay; memory_stats hash %016llx, snapshot hash %016llx]",
                 static_cast<long long>(stats.num_device_alloc),
                 Bytes(static_cast<std::uint64_t>(stats.allocated_bytes[all].peak)).c_str(),
-                Bytes(static_cast<std::uint64_t>(stats.inactive_split_bytes[all].peak)).c_str(), cached_blocks);
+                Bytes(static_cast<std::uint64_t>(stats.inactive_split_bytes[all].peak)).c_str(), cached_blocks,
+                static_cast<unsigned long long>(stats_hash), static_cast<unsigned long long>(snapshot_hash));
   r.extra_text = buf;
   if (cached_device_allocs != 0) {
     std::fprintf(stderr, "alloc_bench: note: the cached-path loop made %lld device allocations (not all hits)\n",
@@ -754,7 +818,7 @@ int RunRecord(const Options& o, const Trace& t) {
 
 void Usage() {
   std::fprintf(stderr,
-               "usage: alloc_bench caching [--alloc-conf STR] [--cached-iters N] [options]\n"
+               "usage: alloc_bench caching [--alloc-conf STR] [--cached-iters N] [--dump-stats FILE] [options]\n"
                "       alloc_bench system [--footprint-steps N (40; 0 = all)] [options]\n"
                "       alloc_bench record [--alloc-conf STR] [options]   (recording overhead, export times)\n"
                "options: --runs N (5)  --label NAME  --json  --pairs N (minimum trace pairs, 1000000)\n");
@@ -800,6 +864,8 @@ int main(int argc, char** argv) {
       o.runs = static_cast<int>(std::max<std::uint64_t>(1, ParseNumber(arg, value())));
     } else if (arg == "--pairs") {
       o.min_pairs = ParseNumber(arg, value());
+    } else if (arg == "--dump-stats") {
+      o.dump_stats = value();
     } else if (arg == "--cached-iters") {
       o.cached_iters = ParseNumber(arg, value());
     } else if (arg == "--footprint-steps") {

@@ -402,6 +402,31 @@ TEST_CASE("reset_peak_memory_stats sets every peak to current; accumulated count
   CHECK(s.reserved_bytes[kAll].current == static_cast<std::int64_t>(30 * MiB));
 }
 
+TEST_CASE("after reset_accumulated_memory_stats, frees count from zero and current values stay") {
+  SimDevice gpu;
+  CachingAllocator a(gpu);
+  const DevicePtr big = MustMalloc(a, 3 * MiB);  // a 3 MiB block of a 20 MiB large segment
+  MustFree(a, MustMalloc(a, 1000));              // 1024 B of the small pool, allocated and freed
+  a.ResetAccumulatedStats();
+  MustFree(a, big);
+  MustFree(a, MustMalloc(a, 1000));
+  const DeviceStats s = a.GetStats();
+  CHECK(s.allocated_bytes[kLarge].allocated == 0);
+  CHECK(s.allocated_bytes[kLarge].freed == static_cast<std::int64_t>(3 * MiB));
+  CHECK(s.allocated_bytes[kSmall].allocated == 1024);
+  CHECK(s.allocated_bytes[kSmall].freed == 1024);
+  CHECK(s.allocated_bytes[kAll].allocated == 1024);
+  CHECK(s.allocated_bytes[kAll].freed == static_cast<std::int64_t>(3 * MiB + 1024));
+  CHECK(s.allocated_bytes[kAll].current == 0);
+  CHECK(s.allocation[kAll].freed == 2);
+  CHECK(s.requested_bytes[kAll].freed == static_cast<std::int64_t>(3 * MiB + 1000));
+  // The cached segments stay: reserved moved neither way since the reset.
+  CHECK(s.reserved_bytes[kAll].current == static_cast<std::int64_t>(22 * MiB));
+  CHECK(s.reserved_bytes[kAll].allocated == 0);
+  CHECK(s.reserved_bytes[kAll].freed == 0);
+  CHECK(s.allocated_bytes[kAll].peak == static_cast<std::int64_t>(3 * MiB + 1024));
+}
+
 TEST_CASE("memory_stats keys are PyTorch's flattened names, sorted") {
   SimDevice gpu;
   CachingAllocator a(gpu);

@@ -3,9 +3,13 @@
 // segments, pools hold exactly the free blocks, and every stat equals a
 // brute-force recount. The device is small, so OOMs and retries happen.
 #include <catch2/catch.hpp>
+#include <map>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
+#include "allocator/address_map.h"
+#include "allocator/free_block_set.h"
 #include "test_util.h"
 
 using namespace memscope;
@@ -103,4 +107,96 @@ TEST_CASE("randomized: roundup_power2_divisions and max_non_split_rounding", "[r
 
 TEST_CASE("randomized: garbage collection under a memory fraction", "[randomized]") {
   RunRandomized("garbage_collection_threshold:0.6", 5, 100000, 1024 * MiB, 0.5);
+}
+
+// The pools' container against std::map (PyTorch's pools are a std::set in
+// the same order): the same entries, the same order, the same lower_bound,
+// through inserts, erases and replacements, chunk splits and merges, at sizes from one chunk to hundreds.
+TEST_CASE("randomized: FreeBlockSet orders like std::map", "[randomized]") {
+  struct Less {
+    bool operator()(const FreeKey& a, const FreeKey& b) const { return a < b; }
+  };
+  for (const std::uint64_t addresses : {8, 100, 1000, 20000}) {
+    INFO("addresses " << addresses);
+    std::mt19937_64 rng(addresses);
+    FreeBlockSet<std::uint64_t> set;
+    std::map<FreeKey, std::uint64_t, Less> oracle;
+    for (int op = 0; op < 100000; ++op) {
+      const FreeKey key{512 * (rng() % 64), 4096 * (rng() % addresses)};
+      const unsigned kind = rng() % 10;
+      if (kind < 5) {
+        if (oracle.emplace(key, key.ptr + 1).second) set.Insert(key, key.ptr + 1);
+      } else if (kind < 7) {
+        REQUIRE(set.Erase(key) == (oracle.erase(key) == 1));
+      } else if (kind < 8) {
+        // Replace the entry at or after `key` by one with another key.
+        const FreeKey other{512 * (rng() % 64), 4096 * (rng() % addresses)};
+        auto at = oracle.lower_bound(key);
+        if (at != oracle.end() && oracle.count(other) == 0) {
+          set.Replace(set.LowerBound(key), other, other.ptr + 2);
+          oracle.erase(at);
+          oracle.emplace(other, other.ptr + 2);
+          REQUIRE(set.Find(other)->value == other.ptr + 2);
+        }
+      } else {
+        auto expected = oracle.lower_bound(key);
+        auto actual = set.LowerBound(key);
+        REQUIRE(set.LowerBoundSize(key.size) == set.LowerBound(FreeKey{key.size, 0}));
+        REQUIRE((actual == set.end()) == (expected == oracle.end()));
+        if (expected != oracle.end()) {
+          REQUIRE(actual->key == expected->first);
+          REQUIRE(actual->value == expected->second);
+          if (expected != oracle.begin()) REQUIRE((--actual)->key == (--expected)->first);
+        }
+      }
+      REQUIRE(set.size() == oracle.size());
+      if (op % 997 == 0) {
+        auto expected = oracle.begin();
+        for (const auto& entry : set) {
+          REQUIRE(expected != oracle.end());
+          REQUIRE(entry.key == expected->first);
+          ++expected;
+        }
+        REQUIRE(expected == oracle.end());
+      }
+    }
+  }
+}
+
+// The allocated-block map against std::unordered_map: inserts, lookups and
+// erases (backward shift) of 512-aligned addresses, through rehashes.
+TEST_CASE("randomized: AddressMap finds what std::unordered_map finds", "[randomized]") {
+  for (const std::uint64_t addresses : {16, 1000, 100000}) {
+    INFO("addresses " << addresses);
+    std::mt19937_64 rng(addresses);
+    std::vector<int> values(addresses);
+    AddressMap<int> map;
+    std::unordered_map<std::uint64_t, int*> oracle;
+    for (int op = 0; op < 200000; ++op) {
+      const std::uint64_t index = rng() % addresses;
+      const std::uint64_t key = 0x7f0000000000ULL + 512 * index;
+      switch (rng() % 3) {
+        case 0:
+          if (oracle.emplace(key, &values[index]).second) map.Insert(key, &values[index]);
+          break;
+        case 1: {
+          auto it = oracle.find(key);
+          REQUIRE(map.Erase(key) == (it == oracle.end() ? nullptr : it->second));
+          if (it != oracle.end()) oracle.erase(it);
+          break;
+        }
+        default: {
+          auto it = oracle.find(key);
+          REQUIRE(map.Find(key) == (it == oracle.end() ? nullptr : it->second));
+        }
+      }
+      REQUIRE(map.size() == oracle.size());
+    }
+    std::size_t seen = 0;
+    map.ForEach([&](std::uint64_t key, int* value) {
+      REQUIRE(oracle.at(key) == value);
+      ++seen;
+    });
+    REQUIRE(seen == oracle.size());
+  }
 }
