@@ -92,8 +92,9 @@ PyView PyView::Get(std::string_view key) const {
   const PyRef* e = elements();
   for (std::uint32_t k = 0; k < ref_.n; ++k) {
     const PyRef& kr = e[2 * k];
-    if (kr.kind == PyKind::kString && kr.n == key.size() &&
-        std::memcmp(arena_->chars.data() + kr.v, key.data(), key.size()) == 0) {
+    if (kr.kind != PyKind::kString || kr.n != key.size()) continue;
+    const char* c = arena_->chars.data() + kr.v;
+    if (key.empty() || (c[0] == key[0] && std::memcmp(c, key.data(), key.size()) == 0)) {
       return PyView(arena_, e[2 * k + 1]);
     }
   }
@@ -199,7 +200,6 @@ std::string OpCode(std::uint8_t op) {
   return absl::StrFormat("0x%02x", op);
 }
 
-
 bool ValidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::size_t n = s.size(), k = 0;
@@ -260,7 +260,6 @@ int HexDigit(char c) {
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
 }
-
 
 PyRef ScalarRef(PyKind kind, std::uint64_t v, std::uint8_t flags = 0) {
   PyRef r;
@@ -324,8 +323,14 @@ bool KeyText(const PyView& v, std::string& out) {
       absl::StrAppend(&out, "f", std::bit_cast<std::uint64_t>(f), ";");
       return true;
     }
-    case PyKind::kString: absl::StrAppend(&out, "s", v.bytes().size(), ":"); out += v.bytes(); return true;
-    case PyKind::kBytes: absl::StrAppend(&out, "b", v.bytes().size(), ":"); out += v.bytes(); return true;
+    case PyKind::kString:
+      absl::StrAppend(&out, "s", v.bytes().size(), ":");
+      out += v.bytes();
+      return true;
+    case PyKind::kBytes:
+      absl::StrAppend(&out, "b", v.bytes().size(), ":");
+      out += v.bytes();
+      return true;
     case PyKind::kTuple:
       out += '(';
       for (std::size_t k = 0; k < v.size(); ++k) {
@@ -388,8 +393,48 @@ struct Slot {
 };
 
 struct MemoEntry {
-  PyRef ref;               // the value; for a list/dict still open: kPyRefOpen and v = builder index
+  PyRef ref;                // the value; for a list/dict still open: kPyRefOpen and v = builder index
   std::uint64_t token = 0;  // open: the builder's token
+};
+
+// The memo: ids as CPython's pickler writes them (0, 1, 2... in order) in a
+// vector indexed by id, others (sparse ids from other picklers or hostile
+// input) in a hash map. The vector only grows to ids below half the bytes
+// read so far (every memoized value costs at least two bytes of input: its
+// opcode and a PUT or MEMOIZE), so it stays within the reader's budget.
+class MemoTable {
+ public:
+  // The entry for `id`, or nullptr.
+  const MemoEntry* Find(std::uint64_t id) const {
+    if (id < dense_.size()) return dense_[id].ref.kind == PyKind::kMissing ? nullptr : &dense_[id];
+    auto it = sparse_.find(id);
+    return it == sparse_.end() ? nullptr : &it->second;
+  }
+  MemoEntry& Insert(std::uint64_t id, std::uint64_t bytes_read) {
+    if (id < dense_.size()) return dense_[id];
+    if (id < bytes_read / 2 + 4096) {
+      std::size_t n = std::max<std::size_t>(dense_.size() * 2, 1024);
+      n = std::max<std::size_t>(std::min<std::size_t>(n, bytes_read / 2 + 4096), id + 1);
+      dense_.reserve(n);  // exactly n: resize alone may double
+      dense_.resize(n);
+      return dense_[id];
+    }
+    return sparse_[id];
+  }
+  void Erase(std::uint64_t id) {
+    if (id < dense_.size()) {
+      dense_[id] = MemoEntry();
+    } else {
+      sparse_.erase(id);
+    }
+  }
+  std::uint64_t Bytes() const {
+    return dense_.capacity() * sizeof(MemoEntry) + sparse_.capacity() * (sizeof(MemoEntry) + 9);
+  }
+
+ private:
+  std::vector<MemoEntry> dense_;
+  absl::flat_hash_map<std::uint64_t, MemoEntry> sparse_;
 };
 
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
@@ -470,7 +515,12 @@ class Reader {
   template <typename T>
   absl::Status ReadLE(T& v) {
     unsigned char b[sizeof(T)];
-    MS_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
+    if (end_ - pos_ >= sizeof(T)) {  // the common case: in the buffer
+      std::memcpy(b, buf_.data() + pos_, sizeof(T));
+      pos_ += sizeof(T);
+    } else {
+      MS_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
+    }
     std::uint64_t x = 0;
     for (std::size_t k = 0; k < sizeof(T); ++k) x |= static_cast<std::uint64_t>(b[k]) << (8 * k);
     v = static_cast<T>(x);
@@ -481,17 +531,15 @@ class Reader {
   std::uint64_t WorkingBytes() const {
     const PickleArena& a = *arena_;
     return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
-           cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) +
-           memo_.capacity() * (sizeof(MemoEntry) + 9) + tree_memo_.capacity() * 16 +
-           builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ + marks_.capacity() * 8 +
-           scratch_.capacity() * sizeof(PyRef);
+           cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
+           tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
+           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef);
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
     peak_ = std::max(peak_, used);
     const std::uint64_t read = base_ + pos_;
-    const std::uint64_t limit =
-        options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
+    const std::uint64_t limit = options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
     if (used > limit) {
       return Error(absl::StrCat("the pickle needs more than ", options_.max_working_bytes_per_input_byte,
                                 " bytes of working memory per byte of input (", used, " bytes after ", read,
@@ -577,8 +625,8 @@ class Reader {
     Builder& B = *builders_[b];
     PyRef r = Store(B.kind, B.items.data(), B.items.size(), B.height);
     for (std::uint64_t id : B.memo_ids) {
-      auto it = memo_.find(id);
-      if (it == memo_.end() || it->second.token != B.token) continue;
+      const MemoEntry* m = memo_.Find(id);
+      if (m == nullptr || m->token != B.token) continue;
       SetMemo(id, r);
     }
     free_builders_.push_back(b);
@@ -587,7 +635,7 @@ class Reader {
   // A stack value as a finished reference (freezing an open list/dict).
   PyRef Finish(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
   void SetMemo(std::uint64_t id, const PyRef& r) {
-    MemoEntry& m = memo_[id];
+    MemoEntry& m = memo_.Insert(id, base_ + pos_);
     m.ref = r;
     m.token = 0;
     if (IsContainerKind(r.kind) && r.n > 0 && !(r.flags & kPyRefShared)) tree_memo_.emplace_back(id, r.v);
@@ -599,10 +647,11 @@ class Reader {
     PickleArena& a = *arena_;
     if (a.tree.size() <= mark) return;
     while (!tree_memo_.empty() && tree_memo_.back().second >= mark) {
-      auto it = memo_.find(tree_memo_.back().first);
-      if (it != memo_.end() && it->second.token == 0 && IsContainerKind(it->second.ref.kind) &&
-          !(it->second.ref.flags & kPyRefShared) && it->second.ref.v >= mark) {
-        memo_.erase(it);
+      const std::uint64_t id = tree_memo_.back().first;
+      const MemoEntry* m = memo_.Find(id);
+      if (m != nullptr && m->token == 0 && IsContainerKind(m->ref.kind) && !(m->ref.flags & kPyRefShared) &&
+          m->ref.v >= mark) {
+        memo_.Erase(id);
       }
       tree_memo_.pop_back();
     }
@@ -631,15 +680,31 @@ class Reader {
                                 " values waiting on the pickle stack (a real snapshot needs a few thousand): refused"));
     }
     const std::uint32_t level = NextLevel(false);
-    MS_RETURN_IF_ERROR(CheckDepth(level));
-    if (IsContainerKind(r.kind)) MS_RETURN_IF_ERROR(CheckDepth(std::uint64_t{level} + r.height - 1));
+    const std::uint64_t depth = IsContainerKind(r.kind) ? std::uint64_t{level} + r.height - 1 : level;
+    if (depth > options_.max_depth) return CheckDepth(depth);
     Slot s;
     s.ref = r;
     s.level = level;
     stack_.push_back(s);
     return absl::OkStatus();
   }
-  absl::Status PushNew(PyKind kind) {  // an empty list or dict, open for filling
+  // The common memo reference, a finished value pushed where nothing needs
+  // checking; false leaves everything (errors included) to Get.
+  [[gnu::always_inline]] bool PushMemoFast(std::uint64_t id) {
+    const MemoEntry* m = memo_.Find(id);
+    if (m == nullptr || m->token != 0 || stack_.size() >= kMaxPickleStack || stack_.size() == stack_.capacity()) {
+      return false;
+    }
+    const std::uint32_t level = NextLevel(false);
+    const std::uint64_t depth = IsContainerKind(m->ref.kind) ? std::uint64_t{level} + m->ref.height - 1 : level;
+    if (depth > options_.max_depth) return false;
+    Slot s;
+    s.ref = m->ref;
+    s.level = level;
+    stack_.push_back(s);
+    return true;
+  }
+  absl::Status PushNew(PyKind kind) {                            // an empty list or dict, open for filling
     if (stack_.size() >= kMaxPickleStack) return Push(PyRef());  // the same error
     const std::uint32_t level = NextLevel(false);
     MS_RETURN_IF_ERROR(CheckDepth(level));
@@ -835,12 +900,12 @@ class Reader {
   std::vector<std::unique_ptr<Builder>> builders_;
   std::vector<std::uint32_t> free_builders_;
   std::uint64_t builder_bytes_ = 0;
-  absl::flat_hash_map<std::uint64_t, MemoEntry> memo_;
+  MemoTable memo_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> tree_memo_;  // (memo id, tree offset), ascending offsets
-  std::vector<PyRef> cons_refs_;                                     // shared containers
-  std::vector<std::uint32_t> cons_next_;                             // same-hash chain
-  absl::flat_hash_map<std::uint64_t, std::uint32_t> cons_head_;      // content hash -> newest index
-  std::uint64_t memo_count_ = 0;                                     // MEMOIZE's index: entries ever memoized
+  std::vector<PyRef> cons_refs_;                                    // shared containers
+  std::vector<std::uint32_t> cons_next_;                            // same-hash chain
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> cons_head_;     // content hash -> newest index
+  std::uint64_t memo_count_ = 0;                                    // MEMOIZE's index: entries ever memoized
   std::uint64_t next_token_ = 0;
   std::uint64_t peak_ = 0;
   bool path_too_deep_ = false;
@@ -904,7 +969,20 @@ absl::Status Reader::SetItems(std::size_t target, std::vector<PyRef>& kv) {
     MS_RETURN_IF_ERROR(CheckDepth(h));
     B.height = std::max(B.height, h);
     std::optional<std::size_t> existing;
-    if (pairs < 32) {
+    if (pairs < 32 && key.kind() == PyKind::kString) {
+      // A str key equals only a str key with the same bytes (a memoized key
+      // is the very same bytes: same offset).
+      const PyRef& kr = kv[k];
+      const char* chars = arena_->chars.data();
+      for (std::size_t j = 0; j < pairs; ++j) {
+        const PyRef& e = B.items[2 * j];
+        if (e.kind == PyKind::kString && e.n == kr.n &&
+            (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
+          existing = j;
+          break;
+        }
+      }
+    } else if (pairs < 32) {
       for (std::size_t j = 0; j < pairs; ++j) {
         if (KeysEqual(PyView(arena_.get(), B.items[2 * j]), key)) {
           existing = j;
@@ -946,7 +1024,7 @@ absl::Status Reader::Memo(std::uint64_t id) {
     Builder& B = BuilderOf(top.ref);
     if (B.memo_ids.size() >= 16) return Error("a list or dict memoized more than 16 times: not supported");
     B.memo_ids.push_back(id);
-    MemoEntry& m = memo_[id];
+    MemoEntry& m = memo_.Insert(id, base_ + pos_);
     m.ref = top.ref;
     m.token = B.token;
   } else {
@@ -956,13 +1034,13 @@ absl::Status Reader::Memo(std::uint64_t id) {
 }
 
 absl::Status Reader::Get(std::uint64_t id) {
-  auto it = memo_.find(id);
-  if (it == memo_.end()) {
+  const MemoEntry* found = memo_.Find(id);
+  if (found == nullptr) {
     return Error(absl::StrCat("bad memo reference ", id,
                               " (no such entry, or a container inside an item of a streamed list, "
                               "which this reader releases)"));
   }
-  const MemoEntry m = it->second;
+  const MemoEntry m = *found;
   if (m.token != 0) {
     // A list or dict still on the stack: complete and waiting in a MARK
     // batch (PyTorch's segment frames shared with its first block), or being
@@ -1326,8 +1404,8 @@ absl::Status Reader::Step(std::uint8_t op) {
     case 'p': {
       MS_RETURN_IF_ERROR(ReadLine(text_));
       PyRef v;
-      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt || (!(v.flags & kPyRefUnsigned) &&
-                                                                static_cast<std::int64_t>(v.v) < 0)) {
+      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt ||
+          (!(v.flags & kPyRefUnsigned) && static_cast<std::int64_t>(v.v) < 0)) {
         return Error("PUT: bad memo index");
       }
       return Memo(v.v);
@@ -1346,8 +1424,8 @@ absl::Status Reader::Step(std::uint8_t op) {
     case 'g': {
       MS_RETURN_IF_ERROR(ReadLine(text_));
       PyRef v;
-      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt || (!(v.flags & kPyRefUnsigned) &&
-                                                                static_cast<std::int64_t>(v.v) < 0)) {
+      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt ||
+          (!(v.flags & kPyRefUnsigned) && static_cast<std::int64_t>(v.v) < 0)) {
         return Error("GET: bad memo index");
       }
       return Get(v.v);
@@ -1355,11 +1433,13 @@ absl::Status Reader::Step(std::uint8_t op) {
     case 'h': {
       std::uint8_t id;
       MS_RETURN_IF_ERROR(ReadLE(id));
+      if (PushMemoFast(id)) return absl::OkStatus();
       return Get(id);
     }
     case 'j': {
       std::uint32_t id;
       MS_RETURN_IF_ERROR(ReadLE(id));
+      if (PushMemoFast(id)) return absl::OkStatus();
       return Get(id);
     }
     default: return Error(absl::StrFormat("unknown opcode 0x%02x", op));
