@@ -15,91 +15,7 @@
 
 namespace memscope {
 
-// ---- PyView.
-
-const PyRef* PyView::elements() const {
-  if (arena_ == nullptr) return nullptr;
-  const std::vector<PyRef>& pool = (ref_.flags & kPyRefShared) ? arena_->shared : arena_->tree;
-  return pool.data() + ref_.v;
-}
-
-std::optional<std::int64_t> PyView::AsInt() const {
-  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1 : 0;
-  if (ref_.kind != PyKind::kInt || is_unsigned()) return std::nullopt;
-  return static_cast<std::int64_t>(ref_.v);
-}
-
-std::optional<std::uint64_t> PyView::AsUInt() const {
-  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1u : 0u;
-  if (ref_.kind != PyKind::kInt) return std::nullopt;
-  if (is_unsigned()) return ref_.v;
-  if (static_cast<std::int64_t>(ref_.v) < 0) return std::nullopt;
-  return ref_.v;
-}
-
-std::optional<double> PyView::AsNumber() const {
-  if (ref_.kind == PyKind::kFloat) return float_value();
-  if (ref_.kind == PyKind::kInt) {
-    return is_unsigned() ? static_cast<double>(ref_.v) : static_cast<double>(static_cast<std::int64_t>(ref_.v));
-  }
-  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1.0 : 0.0;
-  return std::nullopt;
-}
-
-std::optional<bool> PyView::AsBool() const {
-  if (ref_.kind != PyKind::kBool) return std::nullopt;
-  return ref_.v != 0;
-}
-
-std::optional<std::string_view> PyView::AsString() const {
-  if (ref_.kind != PyKind::kString) return std::nullopt;
-  return bytes();
-}
-
-std::string_view PyView::bytes() const {
-  if ((ref_.kind != PyKind::kString && ref_.kind != PyKind::kBytes) || arena_ == nullptr) return {};
-  return std::string_view(arena_->chars.data() + ref_.v, ref_.n);
-}
-
-double PyView::float_value() const { return ref_.kind == PyKind::kFloat ? std::bit_cast<double>(ref_.v) : 0.0; }
-
-std::size_t PyView::size() const {
-  switch (ref_.kind) {
-    case PyKind::kList:
-    case PyKind::kTuple:
-    case PyKind::kDict: return ref_.n;
-    default: return 0;
-  }
-}
-
-PyView PyView::operator[](std::size_t i) const {
-  if ((ref_.kind != PyKind::kList && ref_.kind != PyKind::kTuple) || i >= ref_.n) return PyView();
-  return PyView(arena_, elements()[i]);
-}
-
-PyView PyView::key(std::size_t i) const {
-  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
-  return PyView(arena_, elements()[2 * i]);
-}
-
-PyView PyView::value(std::size_t i) const {
-  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
-  return PyView(arena_, elements()[2 * i + 1]);
-}
-
-PyView PyView::Get(std::string_view key) const {
-  if (ref_.kind != PyKind::kDict) return PyView();
-  const PyRef* e = elements();
-  for (std::uint32_t k = 0; k < ref_.n; ++k) {
-    const PyRef& kr = e[2 * k];
-    if (kr.kind != PyKind::kString || kr.n != key.size()) continue;
-    const char* c = arena_->chars.data() + kr.v;
-    if (key.empty() || (c[0] == key[0] && std::memcmp(c, key.data(), key.size()) == 0)) {
-      return PyView(arena_, e[2 * k + 1]);
-    }
-  }
-  return PyView();
-}
+// PyView's accessors are inline in the header (the importer calls them per trace entry).
 
 namespace {
 
@@ -368,11 +284,48 @@ const char* KindName(PyKind k) {
   return "?";
 }
 
+// A growable array of trivially copyable values whose push_back is always
+// inlined (the reader pushes a value per opcode; std::vector's is an
+// out-of-line call there). capacity() is what it holds in memory.
+template <typename T>
+class FastVec {
+ public:
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::size_t capacity() const { return buf_.size(); }
+  T* data() { return buf_.data(); }
+  const T* data() const { return buf_.data(); }
+  T* begin() { return buf_.data(); }
+  T* end() { return buf_.data() + size_; }
+  T& operator[](std::size_t i) { return buf_[i]; }
+  const T& operator[](std::size_t i) const { return buf_[i]; }
+  T& back() { return buf_[size_ - 1]; }
+  const T& back() const { return buf_[size_ - 1]; }
+  [[gnu::always_inline]] void push_back(const T& v) {
+    if (size_ == buf_.size()) [[unlikely]]
+      Grow(size_ + 1);
+    buf_[size_++] = v;
+  }
+  void pop_back() { --size_; }
+  void clear() { size_ = 0; }
+  // Shrinks, or grows with default values.
+  void resize(std::size_t n) {
+    if (n > buf_.size()) Grow(n);
+    for (std::size_t k = size_; k < n; ++k) buf_[k] = T();
+    size_ = n;
+  }
+
+ private:
+  [[gnu::noinline]] void Grow(std::size_t need) { buf_.resize(std::max<std::size_t>({need, 2 * buf_.size(), 8})); }
+  std::vector<T> buf_;  // its size is the capacity
+  std::size_t size_ = 0;
+};
+
 // A list or dict still being filled. Builders are pooled: their vectors keep
 // their capacity, so filling one allocates nothing in the steady state.
 struct Builder {
   PyKind kind = PyKind::kList;
-  std::vector<PyRef> items;    // dicts: key, value, key, value...
+  FastVec<PyRef> items;        // dicts: key, value, key, value...
   std::uint64_t appended = 0;  // lists: items appended so far, streamed or kept
   int streamed = -1;           // -1: not decided yet
   bool has_path = false;
@@ -381,7 +334,9 @@ struct Builder {
   std::uint64_t token = 0;      // tells a builder from a later use of the same slot
   std::uint64_t tree_mark = 0;  // arena tree size when it was created (streamed lists release back to it)
   std::uint16_t height = 1;
-  bool copied = false;  // a GET/DUP took a copy: growing after that means it is inside itself
+  bool copied = false;             // a GET/DUP took a copy: growing after that means it is inside itself
+  std::uint64_t str_key_bits = 0;  // dicts: StrKeyBit of every str key held (a str key whose bit is
+                                   // clear is new: no duplicate scan)
   absl::flat_hash_map<std::string, std::uint32_t> key_index;  // large dicts: key text -> pair index
 };
 
@@ -436,6 +391,13 @@ class MemoTable {
   std::vector<MemoEntry> dense_;
   absl::flat_hash_map<std::uint64_t, MemoEntry> sparse_;
 };
+
+// One of 64 bits for a str key, from its length and last byte: equal keys
+// have the same bit.
+std::uint64_t StrKeyBit(const char* chars, const PyRef& k) {
+  const unsigned last = k.n == 0 ? 0u : static_cast<unsigned char>(chars[k.v + k.n - 1]);
+  return std::uint64_t{1} << ((k.n * 7 + last) & 63);
+}
 
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
 
@@ -570,6 +532,7 @@ class Reader {
     B.tree_mark = arena_->tree.size();
     B.height = 1;
     B.copied = false;
+    B.str_key_bits = 0;
     B.key_index.clear();
     return b;
   }
@@ -692,7 +655,7 @@ class Reader {
   // checking; false leaves everything (errors included) to Get.
   [[gnu::always_inline]] bool PushMemoFast(std::uint64_t id) {
     const MemoEntry* m = memo_.Find(id);
-    if (m == nullptr || m->token != 0 || stack_.size() >= kMaxPickleStack || stack_.size() == stack_.capacity()) {
+    if (m == nullptr || m->token != 0 || stack_.size() >= kMaxPickleStack) {
       return false;
     }
     const std::uint32_t level = NextLevel(false);
@@ -740,11 +703,13 @@ class Reader {
     return Finish(s);
   }
   // Takes the values above the topmost MARK (finished) into `out`, and the MARK.
-  absl::Status TakeFromMark(std::vector<PyRef>& out, std::uint32_t* mark_level = nullptr) {
+  absl::Status TakeFromMark(FastVec<PyRef>& out, std::uint32_t* mark_level = nullptr) {
     if (marks_.empty()) return Error(absl::StrCat("no MARK for ", OpName(op_)));
     std::size_t m = marks_.back();
     marks_.pop_back();
     if (mark_level != nullptr) *mark_level = stack_[m].level;
+    const std::size_t n = stack_.size() - m - 1;
+    if (out.capacity() < n) out.resize(n);
     out.clear();
     for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
     stack_.resize(m);
@@ -862,9 +827,9 @@ class Reader {
     }
     return absl::OkStatus();
   }
-  absl::Status AppendTo(std::size_t target, std::vector<PyRef>& items);
-  absl::Status SetItems(std::size_t target, std::vector<PyRef>& kv);
-  absl::Status MakeTuple(std::vector<PyRef>& items, std::uint32_t level) {
+  absl::Status AppendTo(std::size_t target, FastVec<PyRef>& items);
+  absl::Status SetItems(std::size_t target, FastVec<PyRef>& kv);
+  absl::Status MakeTuple(FastVec<PyRef>& items, std::uint32_t level) {
     std::uint16_t h = 1;
     for (const PyRef& e : items) {
       if (IsContainerKind(e.kind)) h = std::max<std::uint16_t>(h, AddHeight(e.height));
@@ -895,7 +860,7 @@ class Reader {
   std::uint8_t op_ = 0;
 
   std::shared_ptr<PickleArena> arena_;
-  std::vector<Slot> stack_;
+  FastVec<Slot> stack_;
   std::vector<std::size_t> marks_;  // positions of the MARKs in stack_
   std::vector<std::unique_ptr<Builder>> builders_;
   std::vector<std::uint32_t> free_builders_;
@@ -910,11 +875,11 @@ class Reader {
   std::uint64_t peak_ = 0;
   bool path_too_deep_ = false;
   bool stopped_ = false;
-  std::vector<PyRef> scratch_;
+  FastVec<PyRef> scratch_;
   std::string text_;  // protocol 0 text arguments
 };
 
-absl::Status Reader::AppendTo(std::size_t target, std::vector<PyRef>& items) {
+absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
   MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kList));
   if (items.empty()) return absl::OkStatus();
   Builder* B = &BuilderOf(stack_[target].ref);
@@ -945,7 +910,7 @@ absl::Status Reader::AppendTo(std::size_t target, std::vector<PyRef>& items) {
   return absl::OkStatus();
 }
 
-absl::Status Reader::SetItems(std::size_t target, std::vector<PyRef>& kv) {
+absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
   MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kDict));
   if (kv.size() % 2 != 0) return Error(absl::StrCat(OpName(op_), " with a key and no value"));
   Builder& B = BuilderOf(stack_[target].ref);
@@ -974,7 +939,10 @@ absl::Status Reader::SetItems(std::size_t target, std::vector<PyRef>& kv) {
       // is the very same bytes: same offset).
       const PyRef& kr = kv[k];
       const char* chars = arena_->chars.data();
-      for (std::size_t j = 0; j < pairs; ++j) {
+      const std::uint64_t bit = StrKeyBit(chars, kr);
+      const bool maybe_held = (B.str_key_bits & bit) != 0;
+      B.str_key_bits |= bit;
+      for (std::size_t j = 0; maybe_held && j < pairs; ++j) {
         const PyRef& e = B.items[2 * j];
         if (e.kind == PyKind::kString && e.n == kr.n &&
             (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
@@ -1378,7 +1346,7 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 'd': {
       std::uint32_t level = 0;
-      std::vector<PyRef> kv;
+      FastVec<PyRef> kv;
       MS_RETURN_IF_ERROR(TakeFromMark(kv, &level));
       MS_RETURN_IF_ERROR(PushNew(PyKind::kDict));
       stack_.back().level = level;
