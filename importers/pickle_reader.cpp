@@ -348,24 +348,58 @@ struct Slot {
 };
 
 struct MemoEntry {
-  PyRef ref;                // the value; for a list/dict still open: kPyRefOpen and v = builder index
+  PyRef ref;                // kMissing: no entry; for a list/dict still open: kPyRefOpen and v = builder index
   std::uint64_t token = 0;  // open: the builder's token
 };
 
 // The memo: ids as CPython's pickler writes them (0, 1, 2... in order) in a
-// vector indexed by id, others (sparse ids from other picklers or hostile
-// input) in a hash map. The vector only grows to ids below half the bytes
-// read so far (every memoized value costs at least two bytes of input: its
-// opcode and a PUT or MEMOIZE), so it stays within the reader's budget.
+// vector of 16-byte values indexed by id, others (sparse ids from other
+// picklers or hostile input) in a hash map. An open list/dict's entry holds
+// its builder's token in the fields an open reference does not use (n and
+// height: 48 bits, more builders than any input can make). The vector only
+// grows to ids below half the bytes read so far (every memoized value costs
+// at least two bytes of input: its opcode and a PUT or MEMOIZE), so it
+// stays within the reader's budget.
 class MemoTable {
  public:
-  // The entry for `id`, or nullptr.
-  const MemoEntry* Find(std::uint64_t id) const {
-    if (id < dense_.size()) return dense_[id].ref.kind == PyKind::kMissing ? nullptr : &dense_[id];
-    auto it = sparse_.find(id);
-    return it == sparse_.end() ? nullptr : &it->second;
+  static constexpr std::uint64_t kTokenMask = (std::uint64_t{1} << 48) - 1;
+
+  // The entry for `id` (ref.kind kMissing if none).
+  MemoEntry Find(std::uint64_t id) const {
+    MemoEntry m;
+    if (id < dense_.size()) {
+      m.ref = dense_[id];
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      m.ref = it->second;
+    }
+    if (m.ref.flags & kPyRefOpen) {
+      m.token = m.ref.n | (std::uint64_t{m.ref.height} << 32);
+      if (m.token == 0) m.token = ~std::uint64_t{0};  // never a builder's: stays open, matches none
+      m.ref.n = 0;
+      m.ref.height = 1;
+    }
+    return m;
   }
-  MemoEntry& Insert(std::uint64_t id, std::uint64_t bytes_read) {
+  // A finished value; or an open list/dict (kPyRefOpen) with its builder's
+  // token (compare tokens masked with kTokenMask).
+  void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
+    if (ref.flags & kPyRefOpen) {
+      ref.n = static_cast<std::uint32_t>(token);
+      ref.height = static_cast<std::uint16_t>((token & kTokenMask) >> 32);
+    }
+    Entry(id, bytes_read) = ref;
+  }
+  void Erase(std::uint64_t id) {
+    if (id < dense_.size()) {
+      dense_[id] = PyRef();
+    } else {
+      sparse_.erase(id);
+    }
+  }
+  std::uint64_t Bytes() const { return dense_.capacity() * sizeof(PyRef) + sparse_.capacity() * (sizeof(PyRef) + 9); }
+
+ private:
+  PyRef& Entry(std::uint64_t id, std::uint64_t bytes_read) {
     if (id < dense_.size()) return dense_[id];
     if (id < bytes_read / 2 + 4096) {
       std::size_t n = std::max<std::size_t>(dense_.size() * 2, 1024);
@@ -376,20 +410,8 @@ class MemoTable {
     }
     return sparse_[id];
   }
-  void Erase(std::uint64_t id) {
-    if (id < dense_.size()) {
-      dense_[id] = MemoEntry();
-    } else {
-      sparse_.erase(id);
-    }
-  }
-  std::uint64_t Bytes() const {
-    return dense_.capacity() * sizeof(MemoEntry) + sparse_.capacity() * (sizeof(MemoEntry) + 9);
-  }
-
- private:
-  std::vector<MemoEntry> dense_;
-  absl::flat_hash_map<std::uint64_t, MemoEntry> sparse_;
+  std::vector<PyRef> dense_;
+  absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
 };
 
 // One of 64 bits for a str key, from its length and last byte: equal keys
@@ -588,8 +610,8 @@ class Reader {
     Builder& B = *builders_[b];
     PyRef r = Store(B.kind, B.items.data(), B.items.size(), B.height);
     for (std::uint64_t id : B.memo_ids) {
-      const MemoEntry* m = memo_.Find(id);
-      if (m == nullptr || m->token != B.token) continue;
+      const MemoEntry m = memo_.Find(id);
+      if (m.ref.kind == PyKind::kMissing || m.token != (B.token & MemoTable::kTokenMask)) continue;
       SetMemo(id, r);
     }
     free_builders_.push_back(b);
@@ -598,9 +620,7 @@ class Reader {
   // A stack value as a finished reference (freezing an open list/dict).
   PyRef Finish(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
   void SetMemo(std::uint64_t id, const PyRef& r) {
-    MemoEntry& m = memo_.Insert(id, base_ + pos_);
-    m.ref = r;
-    m.token = 0;
+    memo_.Set(id, r, 0, base_ + pos_);
     if (IsContainerKind(r.kind) && r.n > 0 && !(r.flags & kPyRefShared)) tree_memo_.emplace_back(id, r.v);
   }
 
@@ -611,9 +631,8 @@ class Reader {
     if (a.tree.size() <= mark) return;
     while (!tree_memo_.empty() && tree_memo_.back().second >= mark) {
       const std::uint64_t id = tree_memo_.back().first;
-      const MemoEntry* m = memo_.Find(id);
-      if (m != nullptr && m->token == 0 && IsContainerKind(m->ref.kind) && !(m->ref.flags & kPyRefShared) &&
-          m->ref.v >= mark) {
+      const MemoEntry m = memo_.Find(id);
+      if (m.token == 0 && IsContainerKind(m.ref.kind) && !(m.ref.flags & kPyRefShared) && m.ref.v >= mark) {
         memo_.Erase(id);
       }
       tree_memo_.pop_back();
@@ -654,15 +673,15 @@ class Reader {
   // The common memo reference, a finished value pushed where nothing needs
   // checking; false leaves everything (errors included) to Get.
   [[gnu::always_inline]] bool PushMemoFast(std::uint64_t id) {
-    const MemoEntry* m = memo_.Find(id);
-    if (m == nullptr || m->token != 0 || stack_.size() >= kMaxPickleStack) {
+    const MemoEntry m = memo_.Find(id);
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || stack_.size() >= kMaxPickleStack) {
       return false;
     }
     const std::uint32_t level = NextLevel(false);
-    const std::uint64_t depth = IsContainerKind(m->ref.kind) ? std::uint64_t{level} + m->ref.height - 1 : level;
+    const std::uint64_t depth = IsContainerKind(m.ref.kind) ? std::uint64_t{level} + m.ref.height - 1 : level;
     if (depth > options_.max_depth) return false;
     Slot s;
-    s.ref = m->ref;
+    s.ref = m.ref;
     s.level = level;
     stack_.push_back(s);
     return true;
@@ -992,9 +1011,7 @@ absl::Status Reader::Memo(std::uint64_t id) {
     Builder& B = BuilderOf(top.ref);
     if (B.memo_ids.size() >= 16) return Error("a list or dict memoized more than 16 times: not supported");
     B.memo_ids.push_back(id);
-    MemoEntry& m = memo_.Insert(id, base_ + pos_);
-    m.ref = top.ref;
-    m.token = B.token;
+    memo_.Set(id, top.ref, B.token, base_ + pos_);
   } else {
     SetMemo(id, top.ref);
   }
@@ -1002,18 +1019,18 @@ absl::Status Reader::Memo(std::uint64_t id) {
 }
 
 absl::Status Reader::Get(std::uint64_t id) {
-  const MemoEntry* found = memo_.Find(id);
-  if (found == nullptr) {
+  const MemoEntry m = memo_.Find(id);
+  if (m.ref.kind == PyKind::kMissing) {
     return Error(absl::StrCat("bad memo reference ", id,
                               " (no such entry, or a container inside an item of a streamed list, "
                               "which this reader releases)"));
   }
-  const MemoEntry m = *found;
   if (m.token != 0) {
     // A list or dict still on the stack: complete and waiting in a MARK
     // batch (PyTorch's segment frames shared with its first block), or being
     // built (a recursive structure: refused when it grows again).
-    if (BuilderOf(m.ref).token != m.token) return Error(absl::StrCat("bad memo reference ", id));
+    if ((BuilderOf(m.ref).token & MemoTable::kTokenMask) != m.token)
+      return Error(absl::StrCat("bad memo reference ", id));
     return Push(CopyOpen(m.ref));
   }
   return Push(m.ref);
