@@ -406,6 +406,14 @@ class MemoTable {
       n = std::max<std::size_t>(std::min<std::size_t>(n, bytes_read / 2 + 4096), id + 1);
       dense_.reserve(n);  // exactly n: resize alone may double
       dense_.resize(n);
+      for (auto it = sparse_.begin(); it != sparse_.end();) {  // ids now in the vector's range move there
+        if (it->first < n) {
+          dense_[it->first] = it->second;
+          sparse_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
       return dense_[id];
     }
     return sparse_[id];
