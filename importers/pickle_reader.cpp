@@ -15,90 +15,7 @@
 
 namespace memscope {
 
-// ---- PyView.
-
-const PyRef* PyView::elements() const {
-  if (arena_ == nullptr) return nullptr;
-  const std::vector<PyRef>& pool = (ref_.flags & kPyRefShared) ? arena_->shared : arena_->tree;
-  return pool.data() + ref_.v;
-}
-
-std::optional<std::int64_t> PyView::AsInt() const {
-  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1 : 0;
-  if (ref_.kind != PyKind::kInt || is_unsigned()) return std::nullopt;
-  return static_cast<std::int64_t>(ref_.v);
-}
-
-std::optional<std::uint64_t> PyView::AsUInt() const {
-  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1u : 0u;
-  if (ref_.kind != PyKind::kInt) return std::nullopt;
-  if (is_unsigned()) return ref_.v;
-  if (static_cast<std::int64_t>(ref_.v) < 0) return std::nullopt;
-  return ref_.v;
-}
-
-std::optional<double> PyView::AsNumber() const {
-  if (ref_.kind == PyKind::kFloat) return float_value();
-  if (ref_.kind == PyKind::kInt) {
-    return is_unsigned() ? static_cast<double>(ref_.v) : static_cast<double>(static_cast<std::int64_t>(ref_.v));
-  }
-  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1.0 : 0.0;
-  return std::nullopt;
-}
-
-std::optional<bool> PyView::AsBool() const {
-  if (ref_.kind != PyKind::kBool) return std::nullopt;
-  return ref_.v != 0;
-}
-
-std::optional<std::string_view> PyView::AsString() const {
-  if (ref_.kind != PyKind::kString) return std::nullopt;
-  return bytes();
-}
-
-std::string_view PyView::bytes() const {
-  if ((ref_.kind != PyKind::kString && ref_.kind != PyKind::kBytes) || arena_ == nullptr) return {};
-  return std::string_view(arena_->chars.data() + ref_.v, ref_.n);
-}
-
-double PyView::float_value() const { return ref_.kind == PyKind::kFloat ? std::bit_cast<double>(ref_.v) : 0.0; }
-
-std::size_t PyView::size() const {
-  switch (ref_.kind) {
-    case PyKind::kList:
-    case PyKind::kTuple:
-    case PyKind::kDict: return ref_.n;
-    default: return 0;
-  }
-}
-
-PyView PyView::operator[](std::size_t i) const {
-  if ((ref_.kind != PyKind::kList && ref_.kind != PyKind::kTuple) || i >= ref_.n) return PyView();
-  return PyView(arena_, elements()[i]);
-}
-
-PyView PyView::key(std::size_t i) const {
-  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
-  return PyView(arena_, elements()[2 * i]);
-}
-
-PyView PyView::value(std::size_t i) const {
-  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
-  return PyView(arena_, elements()[2 * i + 1]);
-}
-
-PyView PyView::Get(std::string_view key) const {
-  if (ref_.kind != PyKind::kDict) return PyView();
-  const PyRef* e = elements();
-  for (std::uint32_t k = 0; k < ref_.n; ++k) {
-    const PyRef& kr = e[2 * k];
-    if (kr.kind == PyKind::kString && kr.n == key.size() &&
-        std::memcmp(arena_->chars.data() + kr.v, key.data(), key.size()) == 0) {
-      return PyView(arena_, e[2 * k + 1]);
-    }
-  }
-  return PyView();
-}
+// PyView's accessors are inline in the header (the importer calls them per trace entry).
 
 namespace {
 
@@ -199,7 +116,6 @@ std::string OpCode(std::uint8_t op) {
   return absl::StrFormat("0x%02x", op);
 }
 
-
 bool ValidUtf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::size_t n = s.size(), k = 0;
@@ -260,7 +176,6 @@ int HexDigit(char c) {
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   return -1;
 }
-
 
 PyRef ScalarRef(PyKind kind, std::uint64_t v, std::uint8_t flags = 0) {
   PyRef r;
@@ -324,8 +239,14 @@ bool KeyText(const PyView& v, std::string& out) {
       absl::StrAppend(&out, "f", std::bit_cast<std::uint64_t>(f), ";");
       return true;
     }
-    case PyKind::kString: absl::StrAppend(&out, "s", v.bytes().size(), ":"); out += v.bytes(); return true;
-    case PyKind::kBytes: absl::StrAppend(&out, "b", v.bytes().size(), ":"); out += v.bytes(); return true;
+    case PyKind::kString:
+      absl::StrAppend(&out, "s", v.bytes().size(), ":");
+      out += v.bytes();
+      return true;
+    case PyKind::kBytes:
+      absl::StrAppend(&out, "b", v.bytes().size(), ":");
+      out += v.bytes();
+      return true;
     case PyKind::kTuple:
       out += '(';
       for (std::size_t k = 0; k < v.size(); ++k) {
@@ -363,11 +284,48 @@ const char* KindName(PyKind k) {
   return "?";
 }
 
+// A growable array of trivially copyable values whose push_back is always
+// inlined (the reader pushes a value per opcode; std::vector's is an
+// out-of-line call there). capacity() is what it holds in memory.
+template <typename T>
+class FastVec {
+ public:
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  std::size_t capacity() const { return buf_.size(); }
+  T* data() { return buf_.data(); }
+  const T* data() const { return buf_.data(); }
+  T* begin() { return buf_.data(); }
+  T* end() { return buf_.data() + size_; }
+  T& operator[](std::size_t i) { return buf_[i]; }
+  const T& operator[](std::size_t i) const { return buf_[i]; }
+  T& back() { return buf_[size_ - 1]; }
+  const T& back() const { return buf_[size_ - 1]; }
+  [[gnu::always_inline]] void push_back(const T& v) {
+    if (size_ == buf_.size()) [[unlikely]]
+      Grow(size_ + 1);
+    buf_[size_++] = v;
+  }
+  void pop_back() { --size_; }
+  void clear() { size_ = 0; }
+  // Shrinks, or grows with default values.
+  void resize(std::size_t n) {
+    if (n > buf_.size()) Grow(n);
+    for (std::size_t k = size_; k < n; ++k) buf_[k] = T();
+    size_ = n;
+  }
+
+ private:
+  [[gnu::noinline]] void Grow(std::size_t need) { buf_.resize(std::max<std::size_t>({need, 2 * buf_.size(), 8})); }
+  std::vector<T> buf_;  // its size is the capacity
+  std::size_t size_ = 0;
+};
+
 // A list or dict still being filled. Builders are pooled: their vectors keep
 // their capacity, so filling one allocates nothing in the steady state.
 struct Builder {
   PyKind kind = PyKind::kList;
-  std::vector<PyRef> items;    // dicts: key, value, key, value...
+  FastVec<PyRef> items;        // dicts: key, value, key, value...
   std::uint64_t appended = 0;  // lists: items appended so far, streamed or kept
   int streamed = -1;           // -1: not decided yet
   bool has_path = false;
@@ -376,7 +334,9 @@ struct Builder {
   std::uint64_t token = 0;      // tells a builder from a later use of the same slot
   std::uint64_t tree_mark = 0;  // arena tree size when it was created (streamed lists release back to it)
   std::uint16_t height = 1;
-  bool copied = false;  // a GET/DUP took a copy: growing after that means it is inside itself
+  bool copied = false;             // a GET/DUP took a copy: growing after that means it is inside itself
+  std::uint64_t str_key_bits = 0;  // dicts: StrKeyBit of every str key held (a str key whose bit is
+                                   // clear is new: no duplicate scan)
   absl::flat_hash_map<std::string, std::uint32_t> key_index;  // large dicts: key text -> pair index
 };
 
@@ -388,9 +348,86 @@ struct Slot {
 };
 
 struct MemoEntry {
-  PyRef ref;               // the value; for a list/dict still open: kPyRefOpen and v = builder index
+  PyRef ref;                // kMissing: no entry; for a list/dict still open: kPyRefOpen and v = builder index
   std::uint64_t token = 0;  // open: the builder's token
 };
+
+// The memo: ids as CPython's pickler writes them (0, 1, 2... in order) in a
+// vector of 16-byte values indexed by id, others (sparse ids from other
+// picklers or hostile input) in a hash map. An open list/dict's entry holds
+// its builder's token in the fields an open reference does not use (n and
+// height: 48 bits, more builders than any input can make). The vector only
+// grows to ids below half the bytes read so far (every memoized value costs
+// at least two bytes of input: its opcode and a PUT or MEMOIZE), so it
+// stays within the reader's budget.
+class MemoTable {
+ public:
+  static constexpr std::uint64_t kTokenMask = (std::uint64_t{1} << 48) - 1;
+
+  // The entry for `id` (ref.kind kMissing if none).
+  MemoEntry Find(std::uint64_t id) const {
+    MemoEntry m;
+    if (id < dense_.size()) {
+      m.ref = dense_[id];
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      m.ref = it->second;
+    }
+    if (m.ref.flags & kPyRefOpen) {
+      m.token = m.ref.n | (std::uint64_t{m.ref.height} << 32);
+      if (m.token == 0) m.token = ~std::uint64_t{0};  // never a builder's: stays open, matches none
+      m.ref.n = 0;
+      m.ref.height = 1;
+    }
+    return m;
+  }
+  // A finished value; or an open list/dict (kPyRefOpen) with its builder's
+  // token (compare tokens masked with kTokenMask).
+  void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
+    if (ref.flags & kPyRefOpen) {
+      ref.n = static_cast<std::uint32_t>(token);
+      ref.height = static_cast<std::uint16_t>((token & kTokenMask) >> 32);
+    }
+    Entry(id, bytes_read) = ref;
+  }
+  void Erase(std::uint64_t id) {
+    if (id < dense_.size()) {
+      dense_[id] = PyRef();
+    } else {
+      sparse_.erase(id);
+    }
+  }
+  std::uint64_t Bytes() const { return dense_.capacity() * sizeof(PyRef) + sparse_.capacity() * (sizeof(PyRef) + 9); }
+
+ private:
+  PyRef& Entry(std::uint64_t id, std::uint64_t bytes_read) {
+    if (id < dense_.size()) return dense_[id];
+    if (id < bytes_read / 2 + 4096) {
+      std::size_t n = std::max<std::size_t>(dense_.size() * 2, 1024);
+      n = std::max<std::size_t>(std::min<std::size_t>(n, bytes_read / 2 + 4096), id + 1);
+      dense_.reserve(n);  // exactly n: resize alone may double
+      dense_.resize(n);
+      for (auto it = sparse_.begin(); it != sparse_.end();) {  // ids now in the vector's range move there
+        if (it->first < n) {
+          dense_[it->first] = it->second;
+          sparse_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      return dense_[id];
+    }
+    return sparse_[id];
+  }
+  std::vector<PyRef> dense_;
+  absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
+};
+
+// One of 64 bits for a str key, from its length and last byte: equal keys
+// have the same bit.
+std::uint64_t StrKeyBit(const char* chars, const PyRef& k) {
+  const unsigned last = k.n == 0 ? 0u : static_cast<unsigned char>(chars[k.v + k.n - 1]);
+  return std::uint64_t{1} << ((k.n * 7 + last) & 63);
+}
 
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
 
@@ -470,7 +507,12 @@ class Reader {
   template <typename T>
   absl::Status ReadLE(T& v) {
     unsigned char b[sizeof(T)];
-    MS_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
+    if (end_ - pos_ >= sizeof(T)) {  // the common case: in the buffer
+      std::memcpy(b, buf_.data() + pos_, sizeof(T));
+      pos_ += sizeof(T);
+    } else {
+      MS_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
+    }
     std::uint64_t x = 0;
     for (std::size_t k = 0; k < sizeof(T); ++k) x |= static_cast<std::uint64_t>(b[k]) << (8 * k);
     v = static_cast<T>(x);
@@ -481,17 +523,15 @@ class Reader {
   std::uint64_t WorkingBytes() const {
     const PickleArena& a = *arena_;
     return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
-           cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) +
-           memo_.capacity() * (sizeof(MemoEntry) + 9) + tree_memo_.capacity() * 16 +
-           builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ + marks_.capacity() * 8 +
-           scratch_.capacity() * sizeof(PyRef);
+           cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
+           tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
+           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef);
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
     peak_ = std::max(peak_, used);
     const std::uint64_t read = base_ + pos_;
-    const std::uint64_t limit =
-        options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
+    const std::uint64_t limit = options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
     if (used > limit) {
       return Error(absl::StrCat("the pickle needs more than ", options_.max_working_bytes_per_input_byte,
                                 " bytes of working memory per byte of input (", used, " bytes after ", read,
@@ -522,6 +562,7 @@ class Reader {
     B.tree_mark = arena_->tree.size();
     B.height = 1;
     B.copied = false;
+    B.str_key_bits = 0;
     B.key_index.clear();
     return b;
   }
@@ -577,8 +618,8 @@ class Reader {
     Builder& B = *builders_[b];
     PyRef r = Store(B.kind, B.items.data(), B.items.size(), B.height);
     for (std::uint64_t id : B.memo_ids) {
-      auto it = memo_.find(id);
-      if (it == memo_.end() || it->second.token != B.token) continue;
+      const MemoEntry m = memo_.Find(id);
+      if (m.ref.kind == PyKind::kMissing || m.token != (B.token & MemoTable::kTokenMask)) continue;
       SetMemo(id, r);
     }
     free_builders_.push_back(b);
@@ -587,9 +628,7 @@ class Reader {
   // A stack value as a finished reference (freezing an open list/dict).
   PyRef Finish(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
   void SetMemo(std::uint64_t id, const PyRef& r) {
-    MemoEntry& m = memo_[id];
-    m.ref = r;
-    m.token = 0;
+    memo_.Set(id, r, 0, base_ + pos_);
     if (IsContainerKind(r.kind) && r.n > 0 && !(r.flags & kPyRefShared)) tree_memo_.emplace_back(id, r.v);
   }
 
@@ -599,10 +638,10 @@ class Reader {
     PickleArena& a = *arena_;
     if (a.tree.size() <= mark) return;
     while (!tree_memo_.empty() && tree_memo_.back().second >= mark) {
-      auto it = memo_.find(tree_memo_.back().first);
-      if (it != memo_.end() && it->second.token == 0 && IsContainerKind(it->second.ref.kind) &&
-          !(it->second.ref.flags & kPyRefShared) && it->second.ref.v >= mark) {
-        memo_.erase(it);
+      const std::uint64_t id = tree_memo_.back().first;
+      const MemoEntry m = memo_.Find(id);
+      if (m.token == 0 && IsContainerKind(m.ref.kind) && !(m.ref.flags & kPyRefShared) && m.ref.v >= mark) {
+        memo_.Erase(id);
       }
       tree_memo_.pop_back();
     }
@@ -631,15 +670,31 @@ class Reader {
                                 " values waiting on the pickle stack (a real snapshot needs a few thousand): refused"));
     }
     const std::uint32_t level = NextLevel(false);
-    MS_RETURN_IF_ERROR(CheckDepth(level));
-    if (IsContainerKind(r.kind)) MS_RETURN_IF_ERROR(CheckDepth(std::uint64_t{level} + r.height - 1));
+    const std::uint64_t depth = IsContainerKind(r.kind) ? std::uint64_t{level} + r.height - 1 : level;
+    if (depth > options_.max_depth) return CheckDepth(depth);
     Slot s;
     s.ref = r;
     s.level = level;
     stack_.push_back(s);
     return absl::OkStatus();
   }
-  absl::Status PushNew(PyKind kind) {  // an empty list or dict, open for filling
+  // The common memo reference, a finished value pushed where nothing needs
+  // checking; false leaves everything (errors included) to Get.
+  [[gnu::always_inline]] bool PushMemoFast(std::uint64_t id) {
+    const MemoEntry m = memo_.Find(id);
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || stack_.size() >= kMaxPickleStack) {
+      return false;
+    }
+    const std::uint32_t level = NextLevel(false);
+    const std::uint64_t depth = IsContainerKind(m.ref.kind) ? std::uint64_t{level} + m.ref.height - 1 : level;
+    if (depth > options_.max_depth) return false;
+    Slot s;
+    s.ref = m.ref;
+    s.level = level;
+    stack_.push_back(s);
+    return true;
+  }
+  absl::Status PushNew(PyKind kind) {                            // an empty list or dict, open for filling
     if (stack_.size() >= kMaxPickleStack) return Push(PyRef());  // the same error
     const std::uint32_t level = NextLevel(false);
     MS_RETURN_IF_ERROR(CheckDepth(level));
@@ -675,11 +730,13 @@ class Reader {
     return Finish(s);
   }
   // Takes the values above the topmost MARK (finished) into `out`, and the MARK.
-  absl::Status TakeFromMark(std::vector<PyRef>& out, std::uint32_t* mark_level = nullptr) {
+  absl::Status TakeFromMark(FastVec<PyRef>& out, std::uint32_t* mark_level = nullptr) {
     if (marks_.empty()) return Error(absl::StrCat("no MARK for ", OpName(op_)));
     std::size_t m = marks_.back();
     marks_.pop_back();
     if (mark_level != nullptr) *mark_level = stack_[m].level;
+    const std::size_t n = stack_.size() - m - 1;
+    if (out.capacity() < n) out.resize(n);
     out.clear();
     for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
     stack_.resize(m);
@@ -797,9 +854,9 @@ class Reader {
     }
     return absl::OkStatus();
   }
-  absl::Status AppendTo(std::size_t target, std::vector<PyRef>& items);
-  absl::Status SetItems(std::size_t target, std::vector<PyRef>& kv);
-  absl::Status MakeTuple(std::vector<PyRef>& items, std::uint32_t level) {
+  absl::Status AppendTo(std::size_t target, FastVec<PyRef>& items);
+  absl::Status SetItems(std::size_t target, FastVec<PyRef>& kv);
+  absl::Status MakeTuple(FastVec<PyRef>& items, std::uint32_t level) {
     std::uint16_t h = 1;
     for (const PyRef& e : items) {
       if (IsContainerKind(e.kind)) h = std::max<std::uint16_t>(h, AddHeight(e.height));
@@ -830,26 +887,26 @@ class Reader {
   std::uint8_t op_ = 0;
 
   std::shared_ptr<PickleArena> arena_;
-  std::vector<Slot> stack_;
+  FastVec<Slot> stack_;
   std::vector<std::size_t> marks_;  // positions of the MARKs in stack_
   std::vector<std::unique_ptr<Builder>> builders_;
   std::vector<std::uint32_t> free_builders_;
   std::uint64_t builder_bytes_ = 0;
-  absl::flat_hash_map<std::uint64_t, MemoEntry> memo_;
+  MemoTable memo_;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> tree_memo_;  // (memo id, tree offset), ascending offsets
-  std::vector<PyRef> cons_refs_;                                     // shared containers
-  std::vector<std::uint32_t> cons_next_;                             // same-hash chain
-  absl::flat_hash_map<std::uint64_t, std::uint32_t> cons_head_;      // content hash -> newest index
-  std::uint64_t memo_count_ = 0;                                     // MEMOIZE's index: entries ever memoized
+  std::vector<PyRef> cons_refs_;                                    // shared containers
+  std::vector<std::uint32_t> cons_next_;                            // same-hash chain
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> cons_head_;     // content hash -> newest index
+  std::uint64_t memo_count_ = 0;                                    // MEMOIZE's index: entries ever memoized
   std::uint64_t next_token_ = 0;
   std::uint64_t peak_ = 0;
   bool path_too_deep_ = false;
   bool stopped_ = false;
-  std::vector<PyRef> scratch_;
+  FastVec<PyRef> scratch_;
   std::string text_;  // protocol 0 text arguments
 };
 
-absl::Status Reader::AppendTo(std::size_t target, std::vector<PyRef>& items) {
+absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
   MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kList));
   if (items.empty()) return absl::OkStatus();
   Builder* B = &BuilderOf(stack_[target].ref);
@@ -880,7 +937,7 @@ absl::Status Reader::AppendTo(std::size_t target, std::vector<PyRef>& items) {
   return absl::OkStatus();
 }
 
-absl::Status Reader::SetItems(std::size_t target, std::vector<PyRef>& kv) {
+absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
   MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kDict));
   if (kv.size() % 2 != 0) return Error(absl::StrCat(OpName(op_), " with a key and no value"));
   Builder& B = BuilderOf(stack_[target].ref);
@@ -904,7 +961,23 @@ absl::Status Reader::SetItems(std::size_t target, std::vector<PyRef>& kv) {
     MS_RETURN_IF_ERROR(CheckDepth(h));
     B.height = std::max(B.height, h);
     std::optional<std::size_t> existing;
-    if (pairs < 32) {
+    if (pairs < 32 && key.kind() == PyKind::kString) {
+      // A str key equals only a str key with the same bytes (a memoized key
+      // is the very same bytes: same offset).
+      const PyRef& kr = kv[k];
+      const char* chars = arena_->chars.data();
+      const std::uint64_t bit = StrKeyBit(chars, kr);
+      const bool maybe_held = (B.str_key_bits & bit) != 0;
+      B.str_key_bits |= bit;
+      for (std::size_t j = 0; maybe_held && j < pairs; ++j) {
+        const PyRef& e = B.items[2 * j];
+        if (e.kind == PyKind::kString && e.n == kr.n &&
+            (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
+          existing = j;
+          break;
+        }
+      }
+    } else if (pairs < 32) {
       for (std::size_t j = 0; j < pairs; ++j) {
         if (KeysEqual(PyView(arena_.get(), B.items[2 * j]), key)) {
           existing = j;
@@ -946,9 +1019,7 @@ absl::Status Reader::Memo(std::uint64_t id) {
     Builder& B = BuilderOf(top.ref);
     if (B.memo_ids.size() >= 16) return Error("a list or dict memoized more than 16 times: not supported");
     B.memo_ids.push_back(id);
-    MemoEntry& m = memo_[id];
-    m.ref = top.ref;
-    m.token = B.token;
+    memo_.Set(id, top.ref, B.token, base_ + pos_);
   } else {
     SetMemo(id, top.ref);
   }
@@ -956,18 +1027,18 @@ absl::Status Reader::Memo(std::uint64_t id) {
 }
 
 absl::Status Reader::Get(std::uint64_t id) {
-  auto it = memo_.find(id);
-  if (it == memo_.end()) {
+  const MemoEntry m = memo_.Find(id);
+  if (m.ref.kind == PyKind::kMissing) {
     return Error(absl::StrCat("bad memo reference ", id,
                               " (no such entry, or a container inside an item of a streamed list, "
                               "which this reader releases)"));
   }
-  const MemoEntry m = it->second;
   if (m.token != 0) {
     // A list or dict still on the stack: complete and waiting in a MARK
     // batch (PyTorch's segment frames shared with its first block), or being
     // built (a recursive structure: refused when it grows again).
-    if (BuilderOf(m.ref).token != m.token) return Error(absl::StrCat("bad memo reference ", id));
+    if ((BuilderOf(m.ref).token & MemoTable::kTokenMask) != m.token)
+      return Error(absl::StrCat("bad memo reference ", id));
     return Push(CopyOpen(m.ref));
   }
   return Push(m.ref);
@@ -1300,7 +1371,7 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 'd': {
       std::uint32_t level = 0;
-      std::vector<PyRef> kv;
+      FastVec<PyRef> kv;
       MS_RETURN_IF_ERROR(TakeFromMark(kv, &level));
       MS_RETURN_IF_ERROR(PushNew(PyKind::kDict));
       stack_.back().level = level;
@@ -1326,8 +1397,8 @@ absl::Status Reader::Step(std::uint8_t op) {
     case 'p': {
       MS_RETURN_IF_ERROR(ReadLine(text_));
       PyRef v;
-      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt || (!(v.flags & kPyRefUnsigned) &&
-                                                                static_cast<std::int64_t>(v.v) < 0)) {
+      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt ||
+          (!(v.flags & kPyRefUnsigned) && static_cast<std::int64_t>(v.v) < 0)) {
         return Error("PUT: bad memo index");
       }
       return Memo(v.v);
@@ -1346,8 +1417,8 @@ absl::Status Reader::Step(std::uint8_t op) {
     case 'g': {
       MS_RETURN_IF_ERROR(ReadLine(text_));
       PyRef v;
-      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt || (!(v.flags & kPyRefUnsigned) &&
-                                                                static_cast<std::int64_t>(v.v) < 0)) {
+      if (!ParseDecimal(text_, v) || v.kind != PyKind::kInt ||
+          (!(v.flags & kPyRefUnsigned) && static_cast<std::int64_t>(v.v) < 0)) {
         return Error("GET: bad memo index");
       }
       return Get(v.v);
@@ -1355,11 +1426,13 @@ absl::Status Reader::Step(std::uint8_t op) {
     case 'h': {
       std::uint8_t id;
       MS_RETURN_IF_ERROR(ReadLE(id));
+      if (PushMemoFast(id)) return absl::OkStatus();
       return Get(id);
     }
     case 'j': {
       std::uint32_t id;
       MS_RETURN_IF_ERROR(ReadLE(id));
+      if (PushMemoFast(id)) return absl::OkStatus();
       return Get(id);
     }
     default: return Error(absl::StrFormat("unknown opcode 0x%02x", op));

@@ -69,7 +69,9 @@
 #ifndef MEMSCOPE_IMPORTERS_PICKLE_READER_H_
 #define MEMSCOPE_IMPORTERS_PICKLE_READER_H_
 
+#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <istream>
 #include <memory>
@@ -147,6 +149,90 @@ class PyView {
   PyRef ref_;
 };
 
+inline const PyRef* PyView::elements() const {
+  if (arena_ == nullptr) return nullptr;
+  const std::vector<PyRef>& pool = (ref_.flags & kPyRefShared) ? arena_->shared : arena_->tree;
+  return pool.data() + ref_.v;
+}
+
+inline std::optional<std::int64_t> PyView::AsInt() const {
+  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1 : 0;
+  if (ref_.kind != PyKind::kInt || is_unsigned()) return std::nullopt;
+  return static_cast<std::int64_t>(ref_.v);
+}
+
+inline std::optional<std::uint64_t> PyView::AsUInt() const {
+  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1u : 0u;
+  if (ref_.kind != PyKind::kInt) return std::nullopt;
+  if (is_unsigned()) return ref_.v;
+  if (static_cast<std::int64_t>(ref_.v) < 0) return std::nullopt;
+  return ref_.v;
+}
+
+inline std::optional<double> PyView::AsNumber() const {
+  if (ref_.kind == PyKind::kFloat) return float_value();
+  if (ref_.kind == PyKind::kInt) {
+    return is_unsigned() ? static_cast<double>(ref_.v) : static_cast<double>(static_cast<std::int64_t>(ref_.v));
+  }
+  if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1.0 : 0.0;
+  return std::nullopt;
+}
+
+inline std::optional<bool> PyView::AsBool() const {
+  if (ref_.kind != PyKind::kBool) return std::nullopt;
+  return ref_.v != 0;
+}
+
+inline std::optional<std::string_view> PyView::AsString() const {
+  if (ref_.kind != PyKind::kString) return std::nullopt;
+  return bytes();
+}
+
+inline std::string_view PyView::bytes() const {
+  if ((ref_.kind != PyKind::kString && ref_.kind != PyKind::kBytes) || arena_ == nullptr) return {};
+  return std::string_view(arena_->chars.data() + ref_.v, ref_.n);
+}
+
+inline double PyView::float_value() const { return ref_.kind == PyKind::kFloat ? std::bit_cast<double>(ref_.v) : 0.0; }
+
+inline std::size_t PyView::size() const {
+  switch (ref_.kind) {
+    case PyKind::kList:
+    case PyKind::kTuple:
+    case PyKind::kDict: return ref_.n;
+    default: return 0;
+  }
+}
+
+inline PyView PyView::operator[](std::size_t i) const {
+  if ((ref_.kind != PyKind::kList && ref_.kind != PyKind::kTuple) || i >= ref_.n) return PyView();
+  return PyView(arena_, elements()[i]);
+}
+
+inline PyView PyView::key(std::size_t i) const {
+  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
+  return PyView(arena_, elements()[2 * i]);
+}
+
+inline PyView PyView::value(std::size_t i) const {
+  if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
+  return PyView(arena_, elements()[2 * i + 1]);
+}
+
+inline PyView PyView::Get(std::string_view key) const {
+  if (ref_.kind != PyKind::kDict) return PyView();
+  const PyRef* e = elements();
+  for (std::uint32_t k = 0; k < ref_.n; ++k) {
+    const PyRef& kr = e[2 * k];
+    if (kr.kind != PyKind::kString || kr.n != key.size()) continue;
+    const char* c = arena_->chars.data() + kr.v;
+    if (key.empty() || (c[0] == key[0] && std::memcmp(c, key.data(), key.size()) == 0)) {
+      return PyView(arena_, e[2 * k + 1]);
+    }
+  }
+  return PyView();
+}
+
 // A whole read pickle: its arena and root.
 class PickleDoc {
  public:
@@ -180,9 +266,9 @@ struct PickleReadOptions {
 
 // What a read cost: for tests and benchmarks.
 struct PickleReadStats {
-  std::uint64_t input_bytes = 0;          // bytes consumed up to STOP (or the error)
-  std::uint64_t peak_working_bytes = 0;   // the most the reader held at once (estimated from capacities)
-  std::uint64_t shared_containers = 0;    // distinct containers in the shared pool
+  std::uint64_t input_bytes = 0;         // bytes consumed up to STOP (or the error)
+  std::uint64_t peak_working_bytes = 0;  // the most the reader held at once (estimated from capacities)
+  std::uint64_t shared_containers = 0;   // distinct containers in the shared pool
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the
@@ -191,8 +277,8 @@ struct PickleReadStats {
 // ("trace.pickle: offset 17: opcode GLOBAL (c) builds objects or calls code: refused"),
 // unknown opcodes, truncated input, bad memo references, stack underflow,
 // depth beyond max_depth, invalid UTF-8, the working-memory budget, etc.
-absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source,
-                                     const PickleReadOptions& options = {}, PickleReadStats* stats = nullptr);
+absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options = {},
+                                     PickleReadStats* stats = nullptr);
 
 }  // namespace memscope
 

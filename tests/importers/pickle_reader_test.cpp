@@ -193,7 +193,8 @@ std::string Canon(const PyView& v) {
     case PyKind::kMissing: return "?";
     case PyKind::kNone: return "N";
     case PyKind::kBool: return v.bool_value() ? "T" : "F";
-    case PyKind::kInt: return v.is_unsigned() ? absl::StrCat("i", *v.AsUInt(), ";") : absl::StrCat("i", *v.AsInt(), ";");
+    case PyKind::kInt:
+      return v.is_unsigned() ? absl::StrCat("i", *v.AsUInt(), ";") : absl::StrCat("i", *v.AsInt(), ";");
     case PyKind::kFloat: return absl::StrCat("f", std::bit_cast<std::uint64_t>(v.float_value()), ";");
     case PyKind::kString: return absl::StrCat("s", v.bytes().size(), ":", Hex(std::string(v.bytes())));
     case PyKind::kBytes: return absl::StrCat("b", v.bytes().size(), ":", Hex(std::string(v.bytes())));
@@ -376,9 +377,7 @@ TEST_CASE("pickle_reader: streamed device_traces") {
   PickleReadOptions o;
   o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
   int n = 0;
-  o.on_item = [&](const PicklePath&, PyView) {
-    return ++n == 10 ? absl::CancelledError("enough") : absl::OkStatus();
-  };
+  o.on_item = [&](const PicklePath&, PyView) { return ++n == 10 ? absl::CancelledError("enough") : absl::OkStatus(); };
   absl::StatusOr<PickleDoc> v = ReadFile(f / "snap_p4.pickle", o);
   CHECK(absl::IsCancelled(v.status()));
   CHECK(n == 10);
@@ -451,6 +450,37 @@ TEST_CASE("pickle_reader: memo references to shared containers are the same valu
   REQUIRE(!v.ok());
   CHECK_THAT(std::string(v.status().message()),
              Catch::StartsWith("mem.pickle: offset 2: bad memo reference 5 (no such entry"));
+}
+
+TEST_CASE("pickle_reader: memo ids in any order, sparse, overwritten") {
+  const auto le32 = [](std::uint32_t v) {
+    std::string b(4, '\0');
+    for (int k = 0; k < 4; ++k) b[k] = static_cast<char>((v >> (8 * k)) & 0xff);
+    return b;
+  };
+  // (1, 7, 9, 8, 7, 9, 8, 1, 5, 5, [1, 2], [1, 2]): ids 0, 5000 (ahead of the input read so far), 4500 and
+  // 4600 (read later), 4000000000, and id 0 written again.
+  const auto byte = [](unsigned v) { return std::string(1, static_cast<char>(v)); };
+  std::string b = "\x80" + byte(2) + "(K" + byte(1) + "q" + byte(0) + "K" + byte(7) + "r" + le32(5000);
+  b += "X" + le32(10000) + std::string(10000, 'a') + "0";  // a string, popped: 10 kB more input
+  b += "K" + byte(9) + "r" + le32(4500) + "K" + byte(8) + "r" + le32(4600);
+  b += "j" + le32(5000) + "j" + le32(4500) + "j" + le32(4600) + "h" + byte(0);
+  b += "K" + byte(5) + "r" + le32(4000000000u) + "j" + le32(4000000000u);
+  b += "]q" + byte(0) + "(K" + byte(1) + "K" + byte(2) + "eh" + byte(0) + "t.";
+  absl::StatusOr<PickleDoc> v = ReadBytes(b);
+  INFO(v.status().ToString());
+  REQUIRE(v.ok());
+  const PyView t = v->root();
+  REQUIRE(t.kind() == PyKind::kTuple);
+  REQUIRE(t.size() == 12);
+  const std::int64_t want[] = {1, 7, 9, 8, 7, 9, 8, 1, 5, 5};
+  for (std::size_t k = 0; k < 10; ++k) CHECK(t[k].AsInt() == want[k]);
+  for (std::size_t k : {10u, 11u}) {
+    REQUIRE(t[k].is_list());
+    REQUIRE(t[k].size() == 2);
+    CHECK(t[k][0].AsInt() == 1);
+    CHECK(t[k][1].AsInt() == 2);
+  }
 }
 
 TEST_CASE("pickle_reader: malformed input") {
@@ -541,7 +571,8 @@ TEST_CASE("pickle_reader: corrupted bytes give an error or a value, never a cras
   CHECK(errors + values == 6000);
 }
 
-TEST_CASE("pickle_reader: a snapshot in PyTorch's shape: shared frames lists read, stacks stored once, items released") {
+TEST_CASE(
+    "pickle_reader: a snapshot in PyTorch's shape: shared frames lists read, stacks stored once, items released") {
   const Fixture& f = Files();
   std::vector<std::string> entries;
   std::size_t n = 0;
