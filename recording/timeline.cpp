@@ -301,24 +301,36 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
     e.type = static_cast<EventType>(type);
     if (!KnownEventType(e.type)) return UnknownType(source, i, type);
     e.flags = static_cast<std::uint8_t>(tag >> 6);
-    if (in.p == in.end) {
+    if (in.end - in.p < 4) {
       t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
       break;
     }
-    const auto presence = static_cast<std::uint8_t>(*in.p++);
-    if ((presence & 0x80) != 0) return corrupt(i, "has presence bit 7 set");
-    const std::uint64_t d_time = (presence & 1) != 0 ? in.Delta() : 0;
-    const std::uint64_t d_addr = (presence & 2) != 0 ? in.Delta() : 0;
-    const std::uint64_t d_size = (presence & 4) != 0 ? in.Delta() : 0;
-    const std::uint64_t d_requested = (presence & 8) != 0 ? in.Delta() : 0;
-    const std::uint64_t d_stream = (presence & 16) != 0 ? in.Delta() : 0;
-    const std::uint64_t d_name = (presence & 32) != 0 ? in.Delta() : 0;
-    const std::uint64_t kinds = (presence & 64) != 0 ? in.Varint() : TimelineWriter::kDefaultKinds;
+    const auto lengths = Get<std::uint32_t>(in.p);
+    in.p += 4;
+    if ((lengths >> 28) != 0 || ((lengths >> 24) & 15) > 1) return corrupt(i, "has a bad field length");
+    std::uint64_t fields[7];
+    for (int f = 0; f < 7; ++f) {
+      const unsigned n = (lengths >> (4 * f)) & 15;
+      if (n > 8) return corrupt(i, "has a bad field length");
+      fields[f] = 0;
+      if (static_cast<std::size_t>(in.end - in.p) < n) {
+        in.ok = false;
+        break;
+      }
+      std::memcpy(&fields[f], in.p, n);  // little-endian
+      in.p += n;
+    }
     if (!in.ok) {
-      if (in.overlong) return corrupt(i, "has an overlong varint");
       t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
       break;
     }
+    const std::uint64_t d_time = VarReader::UnZigZag(fields[0]);
+    const std::uint64_t d_addr = VarReader::UnZigZag(fields[1]);
+    const std::uint64_t d_size = VarReader::UnZigZag(fields[2]);
+    const std::uint64_t d_requested = VarReader::UnZigZag(fields[3]);
+    const std::uint64_t d_stream = VarReader::UnZigZag(fields[4]);
+    const std::uint64_t d_name = VarReader::UnZigZag(fields[5]);
+    const std::uint64_t kinds = ((lengths >> 24) & 15) != 0 ? fields[6] : TimelineWriter::kDefaultKinds;
     time += d_time;
     addr += d_addr;
     size += d_size;

@@ -70,11 +70,9 @@ def patch_strings(path, byte):
         elif kind == 41:  # config: three varints
             for _ in range(3):
                 _, off = varint(raw, off)
-        else:  # event: a presence byte, then one varint per bit set
-            presence = raw[off]
-            off += 1
-            for _ in range(bin(presence).count("1")):
-                _, off = varint(raw, off)
+        else:  # event: a uint32 of 4-bit field lengths, then the fields
+            lengths = struct.unpack_from("<I", raw, off)[0]
+            off += 4 + sum((lengths >> (4 * i)) & 15 for i in range(7))
     open(path, "wb").write(raw)
     return patched
 

@@ -173,15 +173,15 @@ TEST_CASE("version 3 records: the bytes of an alloc and its free that completes 
   }
   const std::string bytes = ReadAll(path);
   // config: tag 41, settings id 0, capacity 1024 (varint 80 08), device 0.
-  // alloc: tag 0, presence time|addr|size|requested|kinds = 0x4f, zigzag(5) = 10,
-  //   zigzag(4096) = 8192 (80 40), zigzag(512) = 1024 (80 08), zigzag(500 - 512) = 23,
-  //   ACTIVATION (3) | phase user (7) << 4 = 0x73.
-  // free_requested, folded (bit 7): tag 0x81, presence requested = 0x08, 23.
+  // alloc: tag 0, lengths 0x01001221 (time 1 byte, addr 2, size 2, requested 1, kinds 1),
+  //   zigzag(5) = 0a, zigzag(4096) = 8192 (00 20), zigzag(512) = 1024 (00 04), zigzag(500 - 512) = 23 (17),
+  //   ACTIVATION (3) | phase user (7) << 4 = 73.
+  // free_requested, folded (bit 7): tag 81, lengths 0x1000 (requested 1 byte), 17.
   const std::string want(
       "\x29\x00\x80\x08\x00"
-      "\x00\x4f\x0a\x80\x40\x80\x08\x17\x73"
-      "\x81\x08\x17",
-      17);
+      "\x00\x21\x12\x00\x01\x0a\x00\x20\x00\x04\x17\x73"
+      "\x81\x00\x10\x00\x00\x17",
+      23);
   CHECK(bytes.substr(64) == want);
   auto t = ParseTimeline(bytes, "x");
   REQUIRE(t.ok());
@@ -224,8 +224,8 @@ TEST_CASE("a timeline cut at any byte of its last records keeps every complete r
   CHECK(full->torn_bytes == 0);
   // Cut at every byte after the header: each prefix reads, its events are
   // the full file's first ones, and the bytes not read are only the torn
-  // last record (shorter than the longest record, 72 bytes; a string's is
-  // its text's length plus at most 11).
+  // last record (shorter than the longest event record, 58 bytes; a
+  // string's is its text's length plus at most 21).
   std::size_t previous_events = 0;
   for (std::size_t cut = 64; cut <= bytes.size(); ++cut) {
     auto t = ParseTimeline(std::string_view(bytes).substr(0, cut), path);
@@ -234,14 +234,14 @@ TEST_CASE("a timeline cut at any byte of its last records keeps every complete r
     REQUIRE(t->events.size() <= full->events.size());
     CheckSameEvents(*t, *full, t->events.size());
     CHECK(t->events.size() >= previous_events);
-    CHECK(t->torn_bytes < 80);
+    CHECK(t->torn_bytes < 90);
     previous_events = t->events.size();
   }
-  // Cutting one byte off the end tears the last record (the mark: tag, presence, time, name).
+  // Cutting one byte off the end tears the last record (the mark: tag, lengths, time, name).
   auto cut1 = ParseTimeline(std::string_view(bytes).substr(0, bytes.size() - 1), path);
   REQUIRE(cut1.ok());
   CHECK(cut1->events.size() == full->events.size() - 1);
-  CHECK(cut1->torn_bytes >= 2);
+  CHECK(cut1->torn_bytes >= 5);
   CHECK(cut1->torn_bytes < 80);
   std::filesystem::remove_all(dir);
 }
@@ -260,10 +260,12 @@ TEST_CASE("bad timeline files are one-line errors naming the file") {
   v3[20] = 1;  // world_size 1
   CHECK(ParseTimeline(v3 + "\x0f\x00", "x").status().message() == "x: record 0 has unknown type 15 (corrupt file)");
   CHECK(ParseTimeline(v3 + "\x2a\x00", "x").status().message() == "x: record 0 has unknown type 42 (corrupt file)");
-  CHECK(ParseTimeline(v3 + std::string("\x00\x80", 2), "x").status().message() ==
-        "x: record 0 has presence bit 7 set (corrupt file)");
-  CHECK(ParseTimeline(v3 + std::string("\x00\x01", 2) + std::string(11, '\x80') + "\x01", "x").status().message() ==
-        "x: record 0 has an overlong varint (corrupt file)");
+  CHECK(ParseTimeline(v3 + std::string("\x00\x09\x00\x00\x00", 5), "x").status().message() ==
+        "x: record 0 has a bad field length (corrupt file)");  // 9 bytes for the time
+  CHECK(ParseTimeline(v3 + std::string("\x00\x00\x00\x00\x20", 5), "x").status().message() ==
+        "x: record 0 has a bad field length (corrupt file)");  // bits 28-31 set
+  CHECK(ParseTimeline(v3 + "\x28" + std::string(11, '\x80') + "\x01", "x").status().message() ==
+        "x: record 0 has an overlong varint (corrupt file)");  // a string's id
   v3[12] = 48;
   CHECK(ParseTimeline(v3, "x").status().message() == "x: record size 48, expected 0 in version 3");
   std::string bad_type = header;
