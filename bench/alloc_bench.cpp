@@ -424,7 +424,8 @@ struct Options {
   // and re-faults pages; the peak is reached within the first few steps.
   std::uint32_t footprint_steps = 40;
   bool json = false;
-  std::string dump_stats;  // caching: file for the flattened memory_stats()
+  std::string dump_stats;      // caching: file for the flattened memory_stats()
+  bool export_outputs = true;  // record: export the recording to every format
 };
 
 struct Result {
@@ -723,6 +724,36 @@ int RunSystem(const Options& o, const Trace& t) {
 // record: the cost of recording (Recorder + timeline file) on the replay, and
 // the time to export the recorded events to every format.
 
+// One replay on a fresh allocator without a recorder. Not inlined, so that
+// callgrind reports its instructions apart (bench/record_bench).
+[[gnu::noinline]] double PlainReplay(const Trace& t, const memscope::AllocatorConfig& conf) {
+  memscope::SimDevice device({.capacity = 80ULL << 30});
+  memscope::CachingAllocator a(device, conf);
+  std::vector<memscope::DevicePtr> slots(t.slots, 0);
+  return ReplayCaching(t, a, slots);
+}
+
+// The same replay with a Recorder writing a timeline file to `path`,
+// creating and flushing the file included.
+[[gnu::noinline]] double RecordedReplay(const Trace& t, const memscope::AllocatorConfig& conf, const Options& o,
+                                        const std::string& path) {
+  memscope::SimDevice device({.capacity = 80ULL << 30});
+  memscope::CachingAllocator a(device, conf);
+  std::vector<memscope::DevicePtr> slots(t.slots, 0);
+  const double t0 = NowSeconds();
+  memscope::Timeline header;
+  header.device_capacity = 80ULL << 30;
+  header.alloc_conf = o.alloc_conf;
+  auto writer = memscope::TimelineWriter::Create(path, header);
+  if (!writer.ok()) Die(std::string(writer.status().message()));
+  memscope::Recorder recorder(**writer);
+  a.SetObserver(&recorder);
+  ReplayCaching(t, a, slots);
+  if (!(*writer)->Flush().ok()) Die("timeline flush failed");
+  a.SetObserver(nullptr);
+  return NowSeconds() - t0;
+}
+
 int RunRecord(const Options& o, const Trace& t) {
   namespace fs = std::filesystem;
   char tmpl[] = "/tmp/memscope-bench-XXXXXX";
@@ -733,31 +764,8 @@ int RunRecord(const Options& o, const Trace& t) {
   if (!conf.ok()) Die(std::string(conf.status().message()));
   std::vector<double> plain, recorded;
   for (int run = 0; run < o.runs; ++run) {
-    for (const bool record : {false, true}) {
-      memscope::SimDevice device({.capacity = 80ULL << 30});
-      memscope::CachingAllocator a(device, *conf);
-      std::vector<memscope::DevicePtr> slots(t.slots, 0);
-      std::unique_ptr<memscope::TimelineWriter> writer;
-      std::unique_ptr<memscope::Recorder> recorder;
-      if (record) {
-        memscope::Timeline header;
-        header.device_capacity = 80ULL << 30;
-        header.alloc_conf = o.alloc_conf;
-        auto w = memscope::TimelineWriter::Create(timeline_path, header);
-        if (!w.ok()) Die(std::string(w.status().message()));
-        writer = std::move(*w);
-        recorder = std::make_unique<memscope::Recorder>(*writer);
-        a.SetObserver(recorder.get());
-      }
-      double seconds = ReplayCaching(t, a, slots);
-      if (record) {
-        const double t0 = NowSeconds();
-        if (!writer->Flush().ok()) Die("timeline flush failed");
-        seconds += NowSeconds() - t0;
-        a.SetObserver(nullptr);
-      }
-      (record ? recorded : plain).push_back(seconds * 1e9 / static_cast<double>(t.pairs));
-    }
+    plain.push_back(PlainReplay(t, *conf) * 1e9 / static_cast<double>(t.pairs));
+    recorded.push_back(RecordedReplay(t, *conf, o, timeline_path) * 1e9 / static_cast<double>(t.pairs));
   }
   const double overhead = Median(recorded) / Median(plain) - 1.0;
   std::printf("record: replay %.1f ns/pair without the recorder, %.1f with it (median of %d): %+.1f%%\n", Median(plain),
@@ -778,8 +786,19 @@ int RunRecord(const Options& o, const Trace& t) {
     std::printf("export %-22s %7.2f s  %8.1f MB\n", name, secs, static_cast<double>(fs::file_size(path)) / 1e6);
     return secs;
   };
-  std::printf("timeline: %zu events, %.1f MB, read in %.2f s\n", events,
-              static_cast<double>(fs::file_size(timeline_path)) / 1e6, read_s);
+  const auto file_bytes = static_cast<double>(fs::file_size(timeline_path));
+  std::printf("timeline: %zu events, %.1f MB (%.2f bytes per event), read in %.2f s\n", events, file_bytes / 1e6,
+              file_bytes / static_cast<double>(events), read_s);
+  if (!o.export_outputs) {
+    if (o.json) {
+      std::printf(
+          "{\"name\": \"record\", \"events\": %zu, \"timeline_bytes\": %.0f, \"replay_ns_per_pair\": %.2f, "
+          "\"recorded_ns_per_pair\": %.2f, \"overhead\": %.4f, \"read_s\": %.3f}\n",
+          events, file_bytes, Median(plain), Median(recorded), overhead, read_s);
+    }
+    fs::remove_all(dir);
+    return 0;
+  }
   const double report_s = timed("report.json (analysis)", dir / "report.json", [&](std::ostream& out) {
     auto r = memscope::AnalyzeRank(*timeline);
     if (!r.ok()) return r.status();
@@ -817,11 +836,12 @@ int RunRecord(const Options& o, const Trace& t) {
 }
 
 void Usage() {
-  std::fprintf(stderr,
-               "usage: alloc_bench caching [--alloc-conf STR] [--cached-iters N] [--dump-stats FILE] [options]\n"
-               "       alloc_bench system [--footprint-steps N (40; 0 = all)] [options]\n"
-               "       alloc_bench record [--alloc-conf STR] [options]   (recording overhead, export times)\n"
-               "options: --runs N (5)  --label NAME  --json  --pairs N (minimum trace pairs, 1000000)\n");
+  std::fprintf(
+      stderr,
+      "usage: alloc_bench caching [--alloc-conf STR] [--cached-iters N] [--dump-stats FILE] [options]\n"
+      "       alloc_bench system [--footprint-steps N (40; 0 = all)] [options]\n"
+      "       alloc_bench record [--alloc-conf STR] [--no-export] [options]   (recording overhead, export times)\n"
+      "options: --runs N (5)  --label NAME  --json  --pairs N (minimum trace pairs, 1000000)\n");
 }
 
 std::uint64_t ParseNumber(const std::string& flag, const char* text) {
@@ -856,6 +876,8 @@ int main(int argc, char** argv) {
     };
     if (arg == "--json") {
       o.json = true;
+    } else if (arg == "--no-export") {
+      o.export_outputs = false;
     } else if (arg == "--alloc-conf") {
       o.alloc_conf = value();
     } else if (arg == "--label") {

@@ -1,6 +1,6 @@
 // What memscope records: allocator actions and phase marks, one fixed-size
-// 48-byte Event each. The same struct is the record of the timeline file
-// (timeline.h), so recording is a copy into a buffer.
+// 48-byte Event each in memory. Timeline files (timeline.h) store them
+// delta-encoded since version 3 (versions 1 and 2 stored this struct as is).
 #ifndef MEMSCOPE_RECORDING_EVENT_H_
 #define MEMSCOPE_RECORDING_EVENT_H_
 

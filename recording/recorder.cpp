@@ -9,7 +9,8 @@ std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so ma
 
 }  // namespace
 
-Recorder::Recorder(EventSink& sink) : sink_(sink), start_ns_(SteadyNs()) {}
+Recorder::Recorder(EventSink& sink)
+    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()) {}
 
 std::int64_t Recorder::Now() const { return use_trace_time_ ? trace_time_ns_ : SteadyNs() - start_ns_; }
 
@@ -32,7 +33,13 @@ void Recorder::OnEvent(const TraceEvent& e) {
     }
     out.name = last_owner_id_;
   }
-  sink_.Append(out);
+  // A timeline file's writer is called directly (it is final: the call is
+  // not virtual and its encoder is inlined here).
+  if (writer_ != nullptr) {
+    writer_->Append(out);
+  } else {
+    sink_.Append(out);
+  }
 }
 
 void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,

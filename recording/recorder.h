@@ -65,6 +65,7 @@ class Recorder final : public AllocatorObserver {
   void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);
 
   EventSink& sink_;
+  TimelineWriter* writer_;  // sink_ when it is a timeline file's writer, else null
   std::int64_t start_ns_;
   std::string last_owner_;           // the owner of the previous allocation...
   std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)

@@ -26,25 +26,6 @@ T Get(const char* p) {
   return v;
 }
 
-// Emits `text` as string-chunk records.
-template <typename AppendFn>
-void EmitString(std::uint32_t id, std::string_view text, AppendFn append) {
-  std::size_t offset = 0;
-  do {
-    const std::size_t n = std::min(kChunk, text.size() - offset);
-    char raw[sizeof(Event)] = {};
-    raw[0] = static_cast<char>(kRecordString);
-    raw[2] = offset + n == text.size() ? 1 : 0;
-    raw[3] = static_cast<char>(n);
-    Put<std::uint32_t>(raw + 4, id);
-    std::memcpy(raw + 8, text.data() + offset, n);
-    Event e;
-    std::memcpy(&e, raw, sizeof(Event));
-    append(e);
-    offset += n;
-  } while (offset < text.size());
-}
-
 absl::Status WriteAll(int fd, const char* data, std::size_t size, const std::string& path) {
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
@@ -77,7 +58,7 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
   char raw[kTimelineHeaderSize] = {};
   std::memcpy(raw, kTimelineMagic, 8);
   Put<std::uint32_t>(raw + 8, kTimelineVersion);
-  Put<std::uint32_t>(raw + 12, sizeof(Event));
+  Put<std::uint32_t>(raw + 12, 0);  // variable-length records
   Put<std::int32_t>(raw + 16, header.rank);
   Put<std::int32_t>(raw + 20, header.world_size);
   Put<std::int32_t>(raw + 24, header.device_index);
@@ -89,15 +70,20 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
     return s;
   }
   std::unique_ptr<TimelineWriter> w(new TimelineWriter(path, fd));
-  Event config;
-  config.type = static_cast<EventType>(kRecordConfig);
-  config.name = w->Intern(header.alloc_conf);
-  config.size = header.device_capacity;
-  config.addr = static_cast<std::uint64_t>(header.device_index);
-  w->Append(config);
+  const std::uint32_t conf_id = w->Intern(header.alloc_conf);
+  char config[1 + 3 * 10];
+  char* p = config;
+  *p++ = static_cast<char>(kRecordConfig);
+  p = PutVarint(p, conf_id);
+  p = PutVarint(p, header.device_capacity);
+  p = PutVarint(p, static_cast<std::uint64_t>(header.device_index));
+  w->AppendRaw(std::string_view(config, static_cast<std::size_t>(p - config)));
   if (absl::Status s = w->Flush(); !s.ok()) return s;
   return w;
 }
+
+TimelineWriter::TimelineWriter(std::string path, int fd)
+    : path_(std::move(path)), fd_(fd), buffer_(new char[kBufferBytes]) {}
 
 TimelineWriter::~TimelineWriter() {
   (void)Flush();
@@ -109,16 +95,36 @@ std::uint32_t TimelineWriter::Intern(std::string_view text) {
   auto [it, inserted] = ids_.emplace(std::string(text), next_id_);
   if (inserted) {
     ++next_id_;
-    EmitString(it->second, text, [this](const Event& e) { Append(e); });
+    char head[1 + 2 * 10];
+    char* p = head;
+    *p++ = static_cast<char>(kRecordString);
+    p = PutVarint(p, it->second);
+    p = PutVarint(p, text.size());
+    AppendRaw(std::string_view(head, static_cast<std::size_t>(p - head)));
+    AppendRaw(text);
   }
   return it->second;
 }
 
-absl::Status TimelineWriter::Flush() {
-  if (!buffer_.empty() && error_.ok()) {
-    error_ = WriteAll(fd_, reinterpret_cast<const char*>(buffer_.data()), buffer_.size() * sizeof(Event), path_);
+void TimelineWriter::AppendRaw(std::string_view bytes) {
+  last_free_requested_ = kNone;  // a free_completed after this is not folded
+  while (!bytes.empty()) {
+    if (used_ == kBufferBytes) WriteBuffer();
+    const std::size_t n = std::min(bytes.size(), kBufferBytes - used_);
+    std::memcpy(buffer_.get() + used_, bytes.data(), n);
+    used_ += n;
+    bytes.remove_prefix(n);
   }
-  buffer_.clear();
+}
+
+void TimelineWriter::WriteBuffer() {
+  if (used_ != 0 && error_.ok()) error_ = WriteAll(fd_, buffer_.get(), used_, path_);
+  used_ = 0;
+  last_free_requested_ = kNone;  // written: its tag can no longer be changed
+}
+
+absl::Status TimelineWriter::Flush() {
+  WriteBuffer();
   return error_;
 }
 
@@ -146,6 +152,206 @@ absl::Status ValidateTimelineHeader(const Timeline& t, const std::string& source
   return absl::OkStatus();
 }
 
+namespace {
+
+bool KnownEventType(EventType type) {
+  return IsAllocatorAction(type) || type == EventType::kPhaseBegin || type == EventType::kPhaseEnd ||
+         type == EventType::kMark || type == EventType::kCollectiveBegin || type == EventType::kCollectiveEnd;
+}
+
+absl::Status UnknownType(const std::string& source, std::size_t record, unsigned type) {
+  return absl::DataLossError(absl::StrCat(source, ": record ", record, " has unknown type ", type, " (corrupt file)"));
+}
+
+// File string ids mapped to a Timeline's ids (they are equal for files
+// memscope wrote, but a reader must not trust that).
+class StringIds {
+ public:
+  explicit StringIds(Timeline& t) : t_(t) {}
+  // A string (or, in versions 1 and 2, a chunk of one) read from the file.
+  void Add(std::uint32_t id, std::string_view text, bool last) {
+    partial_[id].append(text);
+    if (last && !id_map_.contains(id)) {
+      t_.strings.push_back(std::move(partial_[id]));
+      partial_.erase(id);
+      id_map_[id] = static_cast<std::uint32_t>(t_.strings.size() - 1);
+    }
+  }
+  std::uint32_t Resolve(std::uint32_t file_id) {
+    if (file_id == 0) return 0;
+    auto it = id_map_.find(file_id);
+    if (it != id_map_.end()) return it->second;
+    auto p = partial_.find(file_id);  // a string whose last chunk never came
+    t_.strings.push_back(p != partial_.end() ? p->second : std::string());
+    return id_map_[file_id] = static_cast<std::uint32_t>(t_.strings.size() - 1);
+  }
+
+ private:
+  Timeline& t_;
+  absl::flat_hash_map<std::uint32_t, std::uint32_t> id_map_;
+  absl::flat_hash_map<std::uint32_t, std::string> partial_;
+};
+
+// Adds `e` (as read, fields resolved) to `t`, and its free_completed when
+// the record carried kEventCompletedAtOnce.
+void PushEvent(Timeline& t, Event e) {
+  if (static_cast<int>(e.category) >= kNumCategories) e.category = Category::kOther;
+  if (static_cast<int>(e.phase) >= kNumPhases) e.phase = Phase::kUser;
+  const bool folded = e.type == EventType::kFreeRequested && (e.flags & kEventCompletedAtOnce) != 0;
+  e.flags &= kEventSmallPool;
+  t.events.push_back(e);
+  if (folded) {
+    e.type = EventType::kFreeCompleted;
+    t.events.push_back(e);
+  }
+}
+
+// Versions 1 and 2: 48-byte records.
+absl::Status ParseFixedRecords(std::string_view body, Timeline& t, const std::string& source) {
+  const std::size_t records = body.size() / sizeof(Event);
+  t.torn_bytes = body.size() % sizeof(Event);
+  StringIds ids(t);
+  t.events.reserve(records);
+  for (std::size_t i = 0; i < records; ++i) {
+    const char* r = body.data() + i * sizeof(Event);
+    const auto type = static_cast<std::uint8_t>(r[0]);
+    if (type == kRecordString) {
+      const std::size_t n = std::min<std::size_t>(static_cast<std::uint8_t>(r[3]), kChunk);
+      ids.Add(Get<std::uint32_t>(r + 4), std::string_view(r + 8, n), r[2] == 1);
+      continue;
+    }
+    Event e;
+    std::memcpy(&e, r, sizeof(Event));
+    if (type == kRecordConfig) {
+      t.alloc_conf = t.str(ids.Resolve(e.name));
+      continue;
+    }
+    if (!KnownEventType(e.type)) return UnknownType(source, i, type);
+    e.name = ids.Resolve(e.name);
+    PushEvent(t, e);
+  }
+  return absl::OkStatus();
+}
+
+// Reads version 3's varints; `ok` turns false (and stays) when one runs
+// past the end (a torn tail) or is longer than 10 bytes (corrupt).
+struct VarReader {
+  const char* p;
+  const char* end;
+  bool ok = true;
+  bool overlong = false;
+
+  std::uint64_t Varint() {
+    std::uint64_t v = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+      if (p == end) {
+        ok = false;
+        return 0;
+      }
+      const auto b = static_cast<std::uint8_t>(*p++);
+      v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return v;
+    }
+    ok = false;
+    overlong = true;
+    return 0;
+  }
+  static std::uint64_t UnZigZag(std::uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }
+  std::uint64_t Delta() { return UnZigZag(Varint()); }
+};
+
+// Version 3: variable-length, delta-encoded records (timeline.h).
+absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::string& source) {
+  StringIds ids(t);
+  VarReader in{body.data(), body.data() + body.size()};
+  std::uint64_t time = 0, addr = 0, size = 0, stream = 0, name = 0;
+  auto corrupt = [&](std::size_t record, absl::string_view what) {
+    return absl::DataLossError(absl::StrCat(source, ": record ", record, " ", what, " (corrupt file)"));
+  };
+  for (std::size_t i = 0; in.p != in.end; ++i) {
+    const char* const record_start = in.p;
+    const auto tag = static_cast<std::uint8_t>(*in.p++);
+    const unsigned type = tag & 63u;
+    if (type == kRecordString) {
+      const auto id = static_cast<std::uint32_t>(in.Varint());
+      const std::uint64_t n = in.Varint();
+      if (in.ok && n > static_cast<std::uint64_t>(in.end - in.p)) in.ok = false;  // torn inside the text
+      if (!in.ok) {
+        if (in.overlong) return corrupt(i, "has an overlong varint");
+        t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+        break;
+      }
+      ids.Add(id, std::string_view(in.p, n), true);
+      in.p += n;
+      continue;
+    }
+    if (type == kRecordConfig) {
+      const auto conf = static_cast<std::uint32_t>(in.Varint());
+      (void)in.Varint();  // capacity and device index: the header's
+      (void)in.Varint();
+      if (!in.ok) {
+        if (in.overlong) return corrupt(i, "has an overlong varint");
+        t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+        break;
+      }
+      t.alloc_conf = t.str(ids.Resolve(conf));
+      continue;
+    }
+    Event e;
+    e.type = static_cast<EventType>(type);
+    if (!KnownEventType(e.type)) return UnknownType(source, i, type);
+    e.flags = static_cast<std::uint8_t>(tag >> 6);
+    if (in.end - in.p < 4) {
+      t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+      break;
+    }
+    const auto lengths = Get<std::uint32_t>(in.p);
+    in.p += 4;
+    if ((lengths >> 28) != 0 || ((lengths >> 24) & 15) > 1) return corrupt(i, "has a bad field length");
+    std::uint64_t fields[7];
+    for (int f = 0; f < 7; ++f) {
+      const unsigned n = (lengths >> (4 * f)) & 15;
+      if (n > 8) return corrupt(i, "has a bad field length");
+      fields[f] = 0;
+      if (static_cast<std::size_t>(in.end - in.p) < n) {
+        in.ok = false;
+        break;
+      }
+      std::memcpy(&fields[f], in.p, n);  // little-endian
+      in.p += n;
+    }
+    if (!in.ok) {
+      t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+      break;
+    }
+    const std::uint64_t d_time = VarReader::UnZigZag(fields[0]);
+    const std::uint64_t d_addr = VarReader::UnZigZag(fields[1]);
+    const std::uint64_t d_size = VarReader::UnZigZag(fields[2]);
+    const std::uint64_t d_requested = VarReader::UnZigZag(fields[3]);
+    const std::uint64_t d_stream = VarReader::UnZigZag(fields[4]);
+    const std::uint64_t d_name = VarReader::UnZigZag(fields[5]);
+    const std::uint64_t kinds = ((lengths >> 24) & 15) != 0 ? fields[6] : TimelineWriter::kDefaultKinds;
+    time += d_time;
+    addr += d_addr;
+    size += d_size;
+    stream += d_stream;
+    name += d_name;
+    e.time_ns = static_cast<std::int64_t>(time);
+    e.addr = addr;
+    e.size = size;
+    e.requested_size = size + d_requested;
+    e.stream = stream;
+    e.category = static_cast<Category>(kinds & 15);
+    e.phase = static_cast<Phase>((kinds >> 4) & 15);
+    // A name beyond 32 bits is no string of this file: it reads as "".
+    e.name = name <= 0xffffffffu ? ids.Resolve(static_cast<std::uint32_t>(name)) : ids.Resolve(0xffffffffu);
+    PushEvent(t, e);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string& source) {
   if (bytes.size() < kTimelineHeaderSize || std::memcmp(bytes.data(), kTimelineMagic, 8) != 0) {
     if (bytes.size() >= 8 && std::memcmp(bytes.data(), kTimelineMagic, 8) == 0) {
@@ -161,8 +367,10 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
                                                    " is not supported (this memscope reads versions ",
                                                    kOldestTimelineVersion, " to ", kTimelineVersion, ")"));
   }
-  if (record_size != sizeof(Event)) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": record size ", record_size, ", expected 48"));
+  const std::uint32_t expected_size = version >= 3 ? 0 : sizeof(Event);
+  if (record_size != expected_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": record size ", record_size, ", expected ", expected_size, " in version ", version));
   }
   Timeline t;
   t.rank = Get<std::int32_t>(h + 16);
@@ -172,59 +380,8 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
   t.wall_start_us = Get<std::int64_t>(h + 40);
   if (absl::Status s = ValidateTimelineHeader(t, source); !s.ok()) return s;
   const std::string_view body = bytes.substr(kTimelineHeaderSize);
-  const std::size_t records = body.size() / sizeof(Event);
-  t.torn_bytes = body.size() % sizeof(Event);
-  // File string ids are mapped to this Timeline's ids (they are equal for
-  // files memscope wrote, but a reader must not trust that).
-  absl::flat_hash_map<std::uint32_t, std::uint32_t> id_map;
-  absl::flat_hash_map<std::uint32_t, std::string> partial;
-  auto resolve = [&](std::uint32_t file_id) -> std::uint32_t {
-    if (file_id == 0) return 0;
-    auto it = id_map.find(file_id);
-    if (it != id_map.end()) return it->second;
-    auto p = partial.find(file_id);  // a string whose last chunk never came
-    t.strings.push_back(p != partial.end() ? p->second : std::string());
-    return id_map[file_id] = static_cast<std::uint32_t>(t.strings.size() - 1);
-  };
-  t.events.reserve(records);
-  for (std::size_t i = 0; i < records; ++i) {
-    const char* r = body.data() + i * sizeof(Event);
-    const auto type = static_cast<std::uint8_t>(r[0]);
-    if (type == kRecordString) {
-      const auto id = Get<std::uint32_t>(r + 4);
-      const std::size_t n = std::min<std::size_t>(static_cast<std::uint8_t>(r[3]), kChunk);
-      partial[id].append(r + 8, n);
-      if (r[2] == 1 && !id_map.contains(id)) {
-        t.strings.push_back(std::move(partial[id]));
-        partial.erase(id);
-        id_map[id] = static_cast<std::uint32_t>(t.strings.size() - 1);
-      }
-      continue;
-    }
-    Event e;
-    std::memcpy(&e, r, sizeof(Event));
-    if (type == kRecordConfig) {
-      t.alloc_conf = t.str(resolve(e.name));
-      continue;
-    }
-    const bool known = IsAllocatorAction(e.type) || e.type == EventType::kPhaseBegin ||
-                       e.type == EventType::kPhaseEnd || e.type == EventType::kMark ||
-                       e.type == EventType::kCollectiveBegin || e.type == EventType::kCollectiveEnd;
-    if (!known) {
-      return absl::DataLossError(
-          absl::StrCat(source, ": record ", i, " has unknown type ", static_cast<int>(type), " (corrupt file)"));
-    }
-    if (static_cast<int>(e.category) >= kNumCategories) e.category = Category::kOther;
-    if (static_cast<int>(e.phase) >= kNumPhases) e.phase = Phase::kUser;
-    e.name = resolve(e.name);
-    const bool folded = e.type == EventType::kFreeRequested && (e.flags & kEventCompletedAtOnce) != 0;
-    e.flags &= kEventSmallPool;
-    t.events.push_back(e);
-    if (folded) {
-      e.type = EventType::kFreeCompleted;
-      t.events.push_back(e);
-    }
-  }
+  absl::Status s = version >= 3 ? ParseVarRecords(body, t, source) : ParseFixedRecords(body, t, source);
+  if (!s.ok()) return s;
   return t;
 }
 

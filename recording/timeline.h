@@ -1,40 +1,54 @@
 // The per-rank timeline file (RUN/rank-R.timeline): memscope's recording.
 //
-// Format, version 2, little-endian:
+// Format, version 3, little-endian:
 //
 //   header, 64 bytes:
 //     char     magic[8]     "MSCOPETL"
-//     uint32   version      2 (readers also take 1)
-//     uint32   record_size  48
+//     uint32   version      3 (readers also take 1 and 2)
+//     uint32   record_size  0: records have variable length (48 in versions 1 and 2)
 //     int32    rank, world_size, device_index
 //     uint32   reserved (0)
 //     uint64   device_capacity    bytes
 //     int64    wall_start_us      Unix time of the start
 //     uint8    reserved[16] (0)
-//   then 48-byte records, each an Event (event.h): byte 0 the type, byte 1
-//   the flags, then category, phase, name, time_ns, addr, size,
-//   requested_size, stream. Flags:
-//     bit 0 (kEventSmallPool)        the block or segment is in the small pool
-//     bit 1 (kEventCompletedAtOnce)  on a free_requested: its free_completed,
-//                                    with the same fields, follows at once and
-//                                    is not written; the reader restores it
-//   Version 1 files are the same records; version 2 only documents the
-//   flags byte that version 1 already wrote. Phase marks carry a micro-batch
-//   (requested_size = index + 1, 0 when none) and the record types 35/36,
-//   collective_begin/_end, were added within version 2: an older reader
-//   rejects a file that has them, and every older file reads unchanged.
-//   Two record types exist only in
-//   the file:
-//     type 40, string chunk: bytes 4..7 = string id, byte 2 = 1 on the last
-//       chunk, byte 3 = chunk length (<= 40), bytes 8..47 = the chunk's text.
-//       A string's chunks come in order, before any record that uses its id.
-//     type 41, config: name = id of the allocator settings text,
-//       size = device capacity, addr = device index.
+//   then records. "varint" is LEB128 (7 bits a byte, low first, high bit =
+//   more follows; at most 10 bytes); "zigzag" maps a signed delta to
+//   unsigned (0, -1, 1, -2 -> 0, 1, 2, 3). Each record starts with a tag
+//   byte: bits 0-5 the type, bit 6 kEventSmallPool, bit 7
+//   kEventCompletedAtOnce (on a free_requested: its free_completed, with the
+//   same fields, follows at once and is not written; the reader restores it).
+//   Event records (every type of event.h) then have a uint32 of field
+//   lengths, 4 bits per field (field i in bits 4i..4i+3; bits 28-31 are 0),
+//   and the fields in order, each as that many little-endian bytes (0 to
+//   8; 0 bytes = the value 0):
+//     0  time_ns         zigzag(time_ns - previous event's time_ns)
+//     1  addr            zigzag(addr - previous event's addr)
+//     2  size            zigzag(size - previous event's size)
+//     3  requested_size  zigzag(requested_size - this event's size)
+//     4  stream          zigzag(stream - previous event's stream)
+//     5  name            zigzag(name - previous event's name)
+//     6  category | phase << 4 (0 or 1 byte; 0 bytes = kOther, kUser)
+//   "Previous" values are all 0 before the first event.
+//   String: tag 40, varint id, varint length, the text. It comes before any
+//     record that uses its id.
+//   Config: tag 41, varint id of the allocator settings text, varint device
+//     capacity, varint device index.
+//   Strings and configs do not move the "previous event". An alloc and its
+//   free thus take about 30 bytes (10 per event) instead of 96.
+//
+// Versions 1 and 2: 48-byte records, each an Event (event.h): byte 0 the
+// type, byte 1 the flags (as the tag's bits 6 and 7), then category, phase,
+// name, time_ns, addr, size, requested_size, stream. A string is a run of
+// chunk records: type 40, bytes 4..7 = string id, byte 2 = 1 on the last
+// chunk, byte 3 = chunk length (<= 40), bytes 8..47 = the text; type 41 is
+// the config (name = settings id, size = capacity, addr = device index).
+// Version 2 only documented the flags byte that version 1 already wrote.
 //
 // The file is append-only and written in large blocks, flushed at phase
 // ends. A reader keeps every complete record and ignores a torn tail (a last
-// record cut short by a crash); a string whose last chunk is missing is read
-// as the chunks present.
+// record cut short by a crash: in version 3, one whose bytes run past the
+// end of the file); in versions 1 and 2 a string whose last chunk is missing
+// is read as the chunks present.
 #ifndef MEMSCOPE_RECORDING_TIMELINE_H_
 #define MEMSCOPE_RECORDING_TIMELINE_H_
 
@@ -52,7 +66,7 @@
 namespace memscope {
 
 inline constexpr char kTimelineMagic[8] = {'M', 'S', 'C', 'O', 'P', 'E', 'T', 'L'};
-inline constexpr std::uint32_t kTimelineVersion = 2;
+inline constexpr std::uint32_t kTimelineVersion = 3;
 inline constexpr std::uint32_t kOldestTimelineVersion = 1;  // still read
 inline constexpr std::size_t kTimelineHeaderSize = 64;
 inline constexpr std::uint8_t kRecordString = 40;
@@ -82,7 +96,9 @@ class MemorySink final : public EventSink {
   absl::flat_hash_map<std::string, std::uint32_t> ids_;
 };
 
-// Writes a timeline file. Not thread-safe (one writer per rank process).
+// Writes a timeline file (version 3). Not thread-safe (one writer per rank
+// process). Append encodes the event into a buffer at once (inline: the
+// Recorder calls it directly); the buffer is written when full and at Flush.
 class TimelineWriter final : public EventSink {
  public:
   // Creates (truncates) `path` and writes the header and the config record.
@@ -90,29 +106,110 @@ class TimelineWriter final : public EventSink {
   ~TimelineWriter() override;  // flushes and closes
 
   std::uint32_t Intern(std::string_view text) override;
-  void Append(const Event& event) override {
-    if (event.type == EventType::kFreeCompleted && !buffer_.empty()) {
-      Event& last = buffer_.back();
-      if (last.type == EventType::kFreeRequested && last.addr == event.addr && last.time_ns == event.time_ns &&
-          last.size == event.size && last.requested_size == event.requested_size && last.stream == event.stream &&
-          (last.flags & kEventCompletedAtOnce) == 0) {
-        last.flags |= kEventCompletedAtOnce;
-        return;
-      }
+  [[gnu::always_inline]] void Append(const Event& event) override {
+    if (event.type == EventType::kFreeCompleted && FoldsIntoLast(event)) {
+      buffer_[last_free_requested_] = static_cast<char>(buffer_[last_free_requested_] | kEventCompletedAtOnce << 6);
+      last_free_requested_ = kNone;
+      return;
     }
-    buffer_.push_back(event);
-    if (buffer_.size() == kBufferRecords) (void)Flush();
+    if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
+    // Branch-free: each field's zigzag delta is stored as 8 bytes and the
+    // cursor moves by the bytes it needs (0 when unchanged). Locals, not
+    // members, while encoding: stores through char* may alias anything.
+    char* const start = buffer_.get() + used_;
+    char* p = start + 5;
+    std::uint32_t lengths = 0;
+    auto field = [&](std::uint64_t zigzag, int index) {
+      const unsigned n = ByteCount(zigzag);
+      std::memcpy(p, &zigzag, 8);
+      p += n;
+      lengths |= n << (4 * index);
+    };
+    Previous prev = prev_;
+    field(ZigZag(static_cast<std::uint64_t>(event.time_ns) - prev.time), 0);
+    field(ZigZag(event.addr - prev.addr), 1);
+    field(ZigZag(event.size - prev.size), 2);
+    field(ZigZag(event.requested_size - event.size), 3);
+    // Stream and name rarely change: a branch is cheaper than the bytes' count.
+    if (event.stream != prev.stream) field(ZigZag(event.stream - prev.stream), 4);
+    if (event.name != prev.name) field(ZigZag(event.name - prev.name), 5);
+    const unsigned kinds = static_cast<unsigned>(event.category) | static_cast<unsigned>(event.phase) << 4;
+    *p = static_cast<char>(kinds);
+    const unsigned has_kinds = kinds != kDefaultKinds ? 1u : 0u;
+    p += has_kinds;
+    lengths |= has_kinds << 24;
+    start[0] = static_cast<char>(static_cast<unsigned>(event.type) | (event.flags & kEventSmallPool) << 6);
+    std::memcpy(start + 1, &lengths, 4);
+    prev_ = Previous{static_cast<std::uint64_t>(event.time_ns),
+                     event.addr,
+                     event.size,
+                     event.requested_size,
+                     event.stream,
+                     event.name};
+    last_free_requested_ = event.type == EventType::kFreeRequested ? used_ : kNone;
+    last_kinds_ = kinds;
+    used_ = static_cast<std::size_t>(p - buffer_.get());
   }
   absl::Status Flush() override;
   const std::string& path() const { return path_; }
 
+  // The encoding's pieces, shared with the reader.
+  static std::uint64_t ZigZag(std::uint64_t delta) {
+    return (delta << 1) ^ static_cast<std::uint64_t>(static_cast<std::int64_t>(delta) >> 63);
+  }
+  static char* PutVarint(char* p, std::uint64_t v) {
+    if (v < 0x80) {
+      *p = static_cast<char>(v);
+      return p + 1;
+    }
+    if (v < 0x4000) {
+      p[0] = static_cast<char>(v | 0x80);
+      p[1] = static_cast<char>(v >> 7);
+      return p + 2;
+    }
+    while (v >= 0x80) {
+      *p++ = static_cast<char>(v | 0x80);
+      v >>= 7;
+    }
+    *p++ = static_cast<char>(v);
+    return p;
+  }
+  // Bytes of `v` up to its highest non-zero one (0 for 0).
+  static unsigned ByteCount(std::uint64_t v) {
+    return v == 0 ? 0u : static_cast<unsigned>(71 - __builtin_clzll(v)) >> 3;
+  }
+  static constexpr unsigned kDefaultKinds =
+      static_cast<unsigned>(Category::kOther) | static_cast<unsigned>(Phase::kUser) << 4;
+
  private:
-  static constexpr std::size_t kBufferRecords = 16384;  // 768 KiB per write
-  TimelineWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) { buffer_.reserve(kBufferRecords); }
+  static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;  // 1 MiB per write
+  static constexpr std::size_t kMaxEventBytes = 5 + 6 * 8 + 8;       // tag, lengths, fields, an 8-byte store's slack
+  static constexpr std::size_t kNone = ~std::size_t{0};
+  TimelineWriter(std::string path, int fd);
+
+  // Whether `e` (a free_completed) repeats every field of the last record, a
+  // free_requested still in the buffer.
+  bool FoldsIntoLast(const Event& e) const {
+    return last_free_requested_ != kNone && static_cast<std::uint64_t>(e.time_ns) == prev_.time &&
+           e.addr == prev_.addr && e.size == prev_.size && e.requested_size == prev_.requested &&
+           e.stream == prev_.stream && e.name == prev_.name &&
+           (static_cast<unsigned>(e.category) | static_cast<unsigned>(e.phase) << 4) == last_kinds_ &&
+           (e.flags & kEventSmallPool) == ((static_cast<std::uint8_t>(buffer_[last_free_requested_]) >> 6) & 1u);
+  }
+  void WriteBuffer();                      // writes the buffer's bytes (errors kept in error_)
+  void AppendRaw(std::string_view bytes);  // a string or config record
+
+  struct Previous {
+    std::uint64_t time = 0, addr = 0, size = 0, requested = 0, stream = 0, name = 0;
+  };
 
   std::string path_;
   int fd_;
-  std::vector<Event> buffer_;
+  std::unique_ptr<char[]> buffer_;
+  std::size_t used_ = 0;
+  Previous prev_;
+  std::size_t last_free_requested_ = kNone;  // buffer offset of the last record if it is an unfolded free_requested
+  unsigned last_kinds_ = kDefaultKinds;
   absl::flat_hash_map<std::string, std::uint32_t> ids_;
   std::uint32_t next_id_ = 1;
   absl::Status error_;
@@ -120,7 +217,7 @@ class TimelineWriter final : public EventSink {
 
 // What a real run can hold; a header beyond these is corrupt or hostile
 // (a device index of 2^31-1 would make a snapshot of 2^31 device lists).
-inline constexpr std::int32_t kMaxTimelineWorldSize = 1 << 17;     // ranks
+inline constexpr std::int32_t kMaxTimelineWorldSize = 1 << 17;  // ranks
 inline constexpr std::int32_t kMaxTimelineDeviceIndex = (1 << 17) - 1;
 inline constexpr std::uint64_t kMaxTimelineDeviceCapacity = std::uint64_t{1} << 50;  // 1 PiB
 inline constexpr std::int64_t kMaxTimelineWallStartUs = 32503680000000000;           // 3000-01-01

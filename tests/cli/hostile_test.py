@@ -37,15 +37,42 @@ def read(path):
         return None
 
 
+def varint(raw, off):
+    """(value, offset after it) of the LEB128 varint at raw[off]."""
+    value = shift = 0
+    while True:
+        b = raw[off]
+        off += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, off
+
+
 def patch_strings(path, byte):
-    """Sets the first text byte of every string-chunk record (type 40) of a
-    timeline to `byte`: every owner, mark and label becomes invalid UTF-8."""
+    """Sets the first text byte of every string record (type 40) of a version
+    3 timeline (recording/timeline.h) to `byte`: every owner, mark and label
+    becomes invalid UTF-8."""
     raw = bytearray(open(path, "rb").read())
+    assert raw[8] == 3, "a version 3 timeline"
     patched = 0
-    for off in range(64, len(raw) - 47, 48):
-        if raw[off] == 40 and raw[off + 3] > 0:
-            raw[off + 8] = byte
-            patched += 1
+    off = 64
+    while off < len(raw):
+        kind = raw[off] & 63
+        off += 1
+        if kind == 40:  # string: id, length, text
+            _, off = varint(raw, off)
+            n, off = varint(raw, off)
+            if n > 0:
+                raw[off] = byte
+                patched += 1
+            off += n
+        elif kind == 41:  # config: three varints
+            for _ in range(3):
+                _, off = varint(raw, off)
+        else:  # event: a uint32 of 4-bit field lengths, then the fields
+            lengths = struct.unpack_from("<I", raw, off)[0]
+            off += 4 + sum((lengths >> (4 * i)) & 15 for i in range(7))
     open(path, "wb").write(raw)
     return patched
 

@@ -111,9 +111,11 @@ try:
     # A torn timeline still reads; bad input is one line and exit 2.
     torn = os.path.join(tmp, "torn.timeline")
     data = open(os.path.join(out_dir, "rank-0.timeline"), "rb").read()
-    open(torn, "wb").write(data[:-20])
+    open(torn, "wb").write(data[:-1])  # the last record (variable length, at least 2 bytes) loses its last byte
     code, out, err = run("dump", torn)
-    check("torn", code == 0 and json.loads(out.splitlines()[0])["torn_bytes"] == 28, (code, err))
+    torn_header = json.loads(out.splitlines()[0]) if code == 0 else {}
+    check("torn", code == 0 and 1 <= torn_header["torn_bytes"] < 80 and torn_header["events"] < lines[0]["events"],
+          (code, err, torn_header))
     garbage = os.path.join(tmp, "garbage.timeline")
     open(garbage, "wb").write(b"not a timeline at all, really not")
     for args, expect in [(["summary", garbage], "not a memscope timeline"),

@@ -1,5 +1,7 @@
-// The timeline file: a versioned header, 48-byte records, strings in chunks;
-// a torn tail is ignored and everything before it is kept.
+// The timeline file: a versioned header, then (version 3) variable-length,
+// delta-encoded records, or (versions 1 and 2, still read) 48-byte records
+// with strings in chunks; a torn tail is ignored and everything before it is
+// kept.
 #include "recording/timeline.h"
 
 #include <catch2/catch.hpp>
@@ -72,6 +74,55 @@ Timeline RecordSample(const std::string& path) {
   return memory;
 }
 
+// `t` as a version 2 file (48-byte records, strings in 40-byte chunks), as
+// memscope wrote them before version 3.
+std::string EncodeVersion2(const Timeline& t) {
+  std::string out(64, '\0');
+  std::memcpy(out.data(), kTimelineMagic, 8);
+  auto put = [&](std::size_t at, auto v) { std::memcpy(out.data() + at, &v, sizeof(v)); };
+  put(8, std::uint32_t{2});
+  put(12, std::uint32_t{48});
+  put(16, std::int32_t{t.rank});
+  put(20, std::int32_t{t.world_size});
+  put(24, std::int32_t{t.device_index});
+  put(32, t.device_capacity);
+  put(40, t.wall_start_us);
+  for (std::uint32_t id = 1; id < t.strings.size(); ++id) {
+    const std::string& text = t.strings[id];
+    for (std::size_t offset = 0; offset < text.size(); offset += 40) {
+      char raw[48] = {};
+      const std::size_t n = std::min<std::size_t>(40, text.size() - offset);
+      raw[0] = 40;
+      raw[2] = offset + n == text.size() ? 1 : 0;
+      raw[3] = static_cast<char>(n);
+      std::memcpy(raw + 4, &id, 4);
+      std::memcpy(raw + 8, text.data() + offset, n);
+      out.append(raw, 48);
+    }
+  }
+  for (const Event& e : t.events) out.append(reinterpret_cast<const char*>(&e), sizeof(Event));
+  return out;
+}
+
+// `with_times`: false for two Recorders of the same run, whose clocks start apart.
+void CheckSameEvents(const Timeline& x, const Timeline& y, std::size_t count, bool with_times = true) {
+  for (std::size_t i = 0; i < count; ++i) {
+    INFO("event " << i);
+    const Event& a = x.events[i];
+    const Event& b = y.events[i];
+    CHECK(a.type == b.type);
+    CHECK(a.flags == b.flags);
+    CHECK(a.category == b.category);
+    CHECK(a.phase == b.phase);
+    CHECK(x.str(a.name) == y.str(b.name));
+    if (with_times) CHECK(a.time_ns == b.time_ns);
+    CHECK(a.addr == b.addr);
+    CHECK(a.size == b.size);
+    CHECK(a.requested_size == b.requested_size);
+    CHECK(a.stream == b.stream);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a timeline file reads back exactly what was recorded") {
@@ -88,40 +139,78 @@ TEST_CASE("a timeline file reads back exactly what was recorded") {
   CHECK(read->alloc_conf == "max_split_size_mb:20,expandable_segments:False");
   CHECK(read->torn_bytes == 0);
   REQUIRE(read->events.size() == memory.events.size());
-  for (std::size_t i = 0; i < memory.events.size(); ++i) {
-    const Event& x = read->events[i];
-    const Event& y = memory.events[i];
-    CHECK(x.type == y.type);
-    CHECK(x.addr == y.addr);
-    CHECK(x.size == y.size);
-    CHECK(x.requested_size == y.requested_size);
-    CHECK(x.category == y.category);
-    CHECK(read->str(x.name) == memory.str(y.name));
-  }
-  CHECK(read->str(read->events[2].name) ==
-        "encoder.layers.11.self_attention.out_projection.weight_grad_buffer");  // a string of 3 chunks
+  CheckSameEvents(*read, memory, memory.events.size(), /*with_times=*/false);
+  CHECK(read->str(read->events[2].name) == "encoder.layers.11.self_attention.out_projection.weight_grad_buffer");
   CHECK(read->str(read->events.back().name) == "checkpoint saved");
-  // header (64) + config + strings + events, all 48-byte records
-  CHECK((std::filesystem::file_size(path) - 64) % 48 == 0);
+  const std::string bytes = ReadAll(path);
+  CHECK(bytes[8] == 3);   // version 3
+  CHECK(bytes[12] == 0);  // variable-length records
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("a version 1 file (flags byte undocumented, same records) reads as the version 2 file does") {
+TEST_CASE("version 3 records: the bytes of an alloc and its free that completes at once") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/rank-0.timeline";
+  Timeline header;
+  header.device_capacity = 1024;
+  {
+    auto writer = TimelineWriter::Create(path, header);
+    REQUIRE(writer.ok());
+    Event alloc;
+    alloc.type = EventType::kAlloc;
+    alloc.time_ns = 5;
+    alloc.addr = 4096;
+    alloc.size = 512;
+    alloc.requested_size = 500;
+    alloc.category = Category::kActivation;
+    (*writer)->Append(alloc);
+    Event free = alloc;
+    free.type = EventType::kFreeRequested;
+    free.category = Category::kOther;
+    (*writer)->Append(free);
+    free.type = EventType::kFreeCompleted;
+    (*writer)->Append(free);
+  }
+  const std::string bytes = ReadAll(path);
+  // config: tag 41, settings id 0, capacity 1024 (varint 80 08), device 0.
+  // alloc: tag 0, lengths 0x01001221 (time 1 byte, addr 2, size 2, requested 1, kinds 1),
+  //   zigzag(5) = 0a, zigzag(4096) = 8192 (00 20), zigzag(512) = 1024 (00 04), zigzag(500 - 512) = 23 (17),
+  //   ACTIVATION (3) | phase user (7) << 4 = 73.
+  // free_requested, folded (bit 7): tag 81, lengths 0x1000 (requested 1 byte), 17.
+  const std::string want(
+      "\x29\x00\x80\x08\x00"
+      "\x00\x21\x12\x00\x01\x0a\x00\x20\x00\x04\x17\x73"
+      "\x81\x00\x10\x00\x00\x17",
+      23);
+  CHECK(bytes.substr(64) == want);
+  auto t = ParseTimeline(bytes, "x");
+  REQUIRE(t.ok());
+  REQUIRE(t->events.size() == 3);
+  CHECK(t->events[0].category == Category::kActivation);
+  CHECK(t->events[2].type == EventType::kFreeCompleted);
+  CHECK(t->events[2].requested_size == 500);
+  CHECK(t->events[2].addr == 4096);
+  CHECK(t->events[2].time_ns == 5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("version 1 and 2 files (48-byte records) read as the version 3 file of the same recording") {
   const std::string dir = TempDir();
   const std::string path = dir + "/rank-3.timeline";
   RecordSample(path);
-  std::string bytes = ReadAll(path);
-  REQUIRE(bytes[8] == 2);  // this memscope writes version 2
+  auto v3 = ReadTimelineFile(path);
+  REQUIRE(v3.ok());
+  std::string bytes = EncodeVersion2(*v3);
   auto v2 = ParseTimeline(bytes, "v2");
   bytes[8] = 1;
   auto v1 = ParseTimeline(bytes, "v1");
-  REQUIRE(v2.ok());
-  REQUIRE(v1.ok());
-  REQUIRE(v1->events.size() == v2->events.size());
-  for (std::size_t i = 0; i < v1->events.size(); ++i) {
-    CHECK(std::memcmp(&v1->events[i], &v2->events[i], sizeof(Event)) == 0);
+  for (const auto* old : {&v2, &v1}) {
+    REQUIRE(old->ok());
+    REQUIRE((*old)->events.size() == v3->events.size());
+    CheckSameEvents(**old, *v3, v3->events.size());
+    CHECK((*old)->rank == 3);
+    CHECK((*old)->device_capacity == 40 * MiB);
   }
-  CHECK(v1->strings == v2->strings);
   std::filesystem::remove_all(dir);
 }
 
@@ -132,18 +221,28 @@ TEST_CASE("a timeline cut at any byte of its last records keeps every complete r
   const std::string bytes = ReadAll(path);
   auto full = ParseTimeline(bytes, path);
   REQUIRE(full.ok());
-  const std::size_t records_end = bytes.size();
-  // Cut inside each of the last five records (and at their boundaries).
-  for (std::size_t cut = records_end - 5 * 48; cut <= records_end; ++cut) {
+  CHECK(full->torn_bytes == 0);
+  // Cut at every byte after the header: each prefix reads, its events are
+  // the full file's first ones, and the bytes not read are only the torn
+  // last record (shorter than the longest event record, 58 bytes; a
+  // string's is its text's length plus at most 21).
+  std::size_t previous_events = 0;
+  for (std::size_t cut = 64; cut <= bytes.size(); ++cut) {
     auto t = ParseTimeline(std::string_view(bytes).substr(0, cut), path);
     INFO("cut at " << cut);
     REQUIRE(t.ok());
-    CHECK(t->torn_bytes == (cut - 64) % 48);
-    const std::size_t complete_records = (cut - 64) / 48;
-    const std::size_t lost = (records_end - 64) / 48 - complete_records;
-    CHECK(t->events.size() + lost >= full->events.size());
-    for (std::size_t i = 0; i < t->events.size(); ++i) CHECK(t->events[i].addr == full->events[i].addr);
+    REQUIRE(t->events.size() <= full->events.size());
+    CheckSameEvents(*t, *full, t->events.size());
+    CHECK(t->events.size() >= previous_events);
+    CHECK(t->torn_bytes < 90);
+    previous_events = t->events.size();
   }
+  // Cutting one byte off the end tears the last record (the mark: tag, lengths, time, name).
+  auto cut1 = ParseTimeline(std::string_view(bytes).substr(0, bytes.size() - 1), path);
+  REQUIRE(cut1.ok());
+  CHECK(cut1->events.size() == full->events.size() - 1);
+  CHECK(cut1->torn_bytes >= 5);
+  CHECK(cut1->torn_bytes < 80);
   std::filesystem::remove_all(dir);
 }
 
@@ -152,10 +251,23 @@ TEST_CASE("bad timeline files are one-line errors naming the file") {
   std::string header(64, '\0');
   std::memcpy(header.data(), kTimelineMagic, 8);
   CHECK(ParseTimeline(header.substr(0, 30), "x").status().message() == "x: timeline header is truncated (30 bytes)");
+  std::string v4 = header;
+  v4[8] = 4;
+  CHECK(ParseTimeline(v4, "x").status().message() ==
+        "x: timeline version 4 is not supported (this memscope reads versions 1 to 3)");
   std::string v3 = header;
   v3[8] = 3;
-  CHECK(ParseTimeline(v3, "x").status().message() ==
-        "x: timeline version 3 is not supported (this memscope reads versions 1 to 2)");
+  v3[20] = 1;  // world_size 1
+  CHECK(ParseTimeline(v3 + "\x0f\x00", "x").status().message() == "x: record 0 has unknown type 15 (corrupt file)");
+  CHECK(ParseTimeline(v3 + "\x2a\x00", "x").status().message() == "x: record 0 has unknown type 42 (corrupt file)");
+  CHECK(ParseTimeline(v3 + std::string("\x00\x09\x00\x00\x00", 5), "x").status().message() ==
+        "x: record 0 has a bad field length (corrupt file)");  // 9 bytes for the time
+  CHECK(ParseTimeline(v3 + std::string("\x00\x00\x00\x00\x20", 5), "x").status().message() ==
+        "x: record 0 has a bad field length (corrupt file)");  // bits 28-31 set
+  CHECK(ParseTimeline(v3 + "\x28" + std::string(11, '\x80') + "\x01", "x").status().message() ==
+        "x: record 0 has an overlong varint (corrupt file)");  // a string's id
+  v3[12] = 48;
+  CHECK(ParseTimeline(v3, "x").status().message() == "x: record size 48, expected 0 in version 3");
   std::string bad_type = header;
   bad_type[8] = 1;
   bad_type[12] = 48;
@@ -180,7 +292,8 @@ TEST_CASE("a timeline header beyond what a real run can hold is refused, field b
         "x: header device_index 2147483647 is out of range (0 to 131071; corrupt file)");
   bad = t;
   bad.world_size = 0;
-  CHECK(ValidateTimelineHeader(bad, "x").message() == "x: header world_size 0 is out of range (1 to 131072; corrupt file)");
+  CHECK(ValidateTimelineHeader(bad, "x").message() ==
+        "x: header world_size 0 is out of range (1 to 131072; corrupt file)");
   bad = t;
   bad.rank = -1;
   CHECK(ValidateTimelineHeader(bad, "x").message() == "x: header rank -1 is out of range (0 to 131071; corrupt file)");
@@ -217,8 +330,6 @@ TEST_CASE("a free that completes at once is one record in the file and two event
     MustMalloc(a, 512);  // processes the event: p's free_completed
     a.SetObserver(nullptr);
   }
-  // header + config + 6 records (segment_alloc, alloc, free_requested, alloc, folded free, free_completed, alloc)
-  CHECK(std::filesystem::file_size(path) == 64 + 48 * (1 + 7));
   auto t = ReadTimelineFile(path);
   REQUIRE(t.ok());
   std::vector<std::string> names;
