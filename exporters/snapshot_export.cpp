@@ -200,34 +200,27 @@ class SnapshotWriter {
   // that PyTorch's viewers show who allocated, and memscope reads both back
   // (docs/snapshot-format.md).
   void TagFrames(Category category, std::uint32_t owner, std::uint32_t stack) {
-    if (stack != 0 && stack < timeline_.stacks.size()) {
-      Key("frames");
-      w_.BeginList();
-      for (const StackFrame& f : timeline_.stacks[stack].frames) {
-        w_.BeginDict();
-        Key("filename");
-        w_.String(f.filename);
-        Key("line");
-        w_.Int(f.line);
-        Key("name");
-        w_.String(f.name);
-        w_.EndDict();
-      }
-      w_.EndList();
-      return;
-    }
     Key("frames");
     w_.BeginList();
+    if (stack != 0 && stack < timeline_.stacks.size()) {
+      for (const StackFrame& f : timeline_.stacks[stack].frames) WriteFrame(f.filename, f.line, f.name);
+    } else {
+      const std::string& text = timeline_.str(owner);
+      WriteFrame(text.empty() ? std::string_view("??") : std::string_view(text), 0,
+                 absl::StrCat("memscope ", std::string(CategoryName(category))));
+    }
+    w_.EndList();
+  }
+
+  void WriteFrame(std::string_view filename, std::int64_t line, std::string_view name) {
     w_.BeginDict();
     Key("filename");
-    const std::string& text = timeline_.str(owner);
-    w_.String(text.empty() ? std::string_view("??") : std::string_view(text));
+    w_.String(filename);
     Key("line");
-    w_.Int(0);
+    w_.Int(line);
     Key("name");
-    w_.String(absl::StrCat("memscope ", std::string(CategoryName(category))));
+    w_.String(name);
     w_.EndDict();
-    w_.EndList();
   }
 
   void WriteSegment(const SegmentInfo& s) {

@@ -278,25 +278,36 @@ TEST_CASE("gloo meta collectives are checked at least every 256, so a rank that 
         "rank 1: broadcast #256 timed out after 1 s: rank 0 did not arrive (its last collective: broadcast #100)");
 }
 
-// A forked rank 1 calls a barrier and three meta collectives, and dies
-// without a destructor: rank 0's check names it and its last collective,
-// read from the progress file it wrote through its mapping.
-TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names it and its last collective") {
-  TempDir dir;
+// Forks rank 1 of a 2-rank world that connects, runs `body` on its
+// communicator and then dies without a destructor (a crash): exit 0, or 3 when
+// a call threw. Returns the child's pid.
+template <typename Body>
+pid_t ForkRankThatCrashes(const TempDir& dir, Body body) {
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     int code = 0;
     try {
       std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 1, 2, 10s));
-      comm->Barrier();  // both ends connected
-      for (int i = 0; i < 3; ++i) comm->AllreduceSum(nullptr, 8, DType::kFloat32);
+      body(*comm);
       comm.release();  // a crash: no destructor runs
     } catch (...) {
       code = 3;
     }
     ::_exit(code);
   }
+  return child;
+}
+
+// A forked rank 1 calls a barrier and three meta collectives, and dies
+// without a destructor: rank 0's check names it and its last collective,
+// read from the progress file it wrote through its mapping.
+TEST_CASE("gloo dead rank after unchecked meta collectives: the next check names it and its last collective") {
+  TempDir dir;
+  const pid_t child = ForkRankThatCrashes(dir, [](Communicator& comm) {
+    comm.Barrier();  // both ends connected
+    for (int i = 0; i < 3; ++i) comm.AllreduceSum(nullptr, 8, DType::kFloat32);
+  });
   std::string error;
   {
     std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 0, 2, 10s));
@@ -452,19 +463,7 @@ TEST_CASE("gloo missing rank on 4 ranks names the rank that stays behind") {
 // A forked rank 1 that exits right after the rendezvous (and one barrier).
 TEST_CASE("gloo dead rank: rank 0's next collective names the rank that exited well before the timeout") {
   TempDir dir;
-  const pid_t child = ::fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
-    int code = 0;
-    try {
-      std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, 1, 2, 10s));
-      comm->Barrier();
-      comm.release();  // a crash: no destructor runs
-    } catch (...) {
-      code = 3;
-    }
-    ::_exit(code);
-  }
+  const pid_t child = ForkRankThatCrashes(dir, [](Communicator& comm) { comm.Barrier(); });
   std::string error;
   double elapsed = -1;
   {
