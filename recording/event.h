@@ -98,8 +98,9 @@ struct Event {
   void set_step(std::int64_t step) { addr = static_cast<std::uint64_t>(step); }
   // phase_begin / phase_end: the micro-batch (--grad-accum), kNoMicroBatch
   // when the phase runs once per step.
-  std::int64_t micro_batch() const { return static_cast<std::int64_t>(requested_size) - 1; }
-  void set_micro_batch(std::int64_t micro) { requested_size = static_cast<std::uint64_t>(micro + 1); }
+  // (Unsigned arithmetic: a file may hold any value here, and 2^63 - 1 must not overflow.)
+  std::int64_t micro_batch() const { return static_cast<std::int64_t>(requested_size - 1); }
+  void set_micro_batch(std::int64_t micro) { requested_size = static_cast<std::uint64_t>(micro) + 1; }
   // oom: the bytes the device had free when the allocation failed.
   std::uint64_t device_free() const { return addr; }
   void set_device_free(std::uint64_t bytes) { addr = bytes; }
