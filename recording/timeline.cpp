@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -265,8 +266,9 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
   StringIds ids(t);
   // Records average about 9 bytes per event (README, "Recording overhead"):
   // one allocation of about the final size instead of doubling from empty,
-  // which copies the events and touches twice the memory.
-  t.events.reserve(body.size() / 8);
+  // which copies the events and touches twice the memory. Capped (16M events,
+  // 768 MB) so that a large file of other records cannot reserve gigabytes.
+  t.events.reserve(std::min<std::size_t>(body.size() / 8, std::size_t{1} << 24));
   VarReader in{body.data(), body.data() + body.size()};
   std::uint64_t time = 0, addr = 0, size = 0, stream = 0, name = 0;
   auto corrupt = [&](std::size_t record, absl::string_view what) {
