@@ -15,6 +15,11 @@ Masked on both sides, because they change from run to run: durations ("0.02
 s"), an HTML page's size ("50.2 KB"), wall-clock and event times in `dump`
 ("wall_start_us", "time_ns"). Trailing blanks are ignored. Blocks that do not
 start with `$ memscope` (usage lines, excerpts, JSON schemas) are not run.
+
+With README_UPDATE=1 in the environment, a session whose expected output has
+no `...` line and differs is rewritten in README.md with what memscope printed
+(for an intended change of output; read the diff before committing it);
+sessions with `...` are only reported.
 """
 import os
 import re
@@ -102,7 +107,10 @@ for name in ("tests", "examples"):
 env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
 env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 
-found = blocks(open(README).read())
+readme_text = open(README).read()
+found = blocks(readme_text)
+UPDATE = os.environ.get("README_UPDATE") == "1"
+replacements = []  # (first line number of the expected output, its length, the new lines)
 check("README has example sessions", len(found) >= 5, len(found))
 MARK = "@@memscope-readme-test@@"
 for start, lines in found:
@@ -112,10 +120,22 @@ for start, lines in found:
     p = subprocess.run(["bash", "-c", script], cwd=scratch, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, timeout=120)
     outputs = p.stdout.split(MARK + "\n")
+    line = start
     for k, (command, expected) in enumerate(steps):
         printed = outputs[k] if k < len(outputs) else ""
         difference = matches(expected, printed.splitlines())
+        if UPDATE and difference is not None and "..." not in expected:
+            replacements.append((line + 1, len(expected), [x.rstrip() for x in printed.splitlines()]))
+            difference = None
+        line += 1 + len(expected)
         check(f"README.md:{start}: $ {command}", difference is None,
               f"{difference}\n--- memscope printed:\n{printed}")
+if replacements:
+    text_lines = readme_text.splitlines()
+    for first, count, new in sorted(replacements, reverse=True):
+        text_lines[first - 1:first - 1 + count] = new
+    with open(README, "w") as f:
+        f.write("\n".join(text_lines) + "\n")
+    print(f"README_UPDATE: rewrote {len(replacements)} session(s) in {README}")
 shutil.rmtree(work, ignore_errors=True)
 finish(f"README examples ({len(found)} blocks)")
