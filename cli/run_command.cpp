@@ -33,6 +33,7 @@
 #include "run/rank.h"
 #include "run/run.h"
 #include "run/run_directory.h"
+#include "train/data_parallel.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {
@@ -603,6 +604,9 @@ int RunDataParallelCommand(const RunArgs& a) {
   absl::StatusOr<Plan> plan = MakePlan(a, "off", 1);
   if (!plan.ok()) return Fail(plan.status().message());
   plan->ddp = "dp";
+  if (absl::Status s = CheckDataParallelOptions(plan->train, static_cast<int>(a.dp), plan->cpu); !s.ok()) {
+    return Fail(s.message());
+  }
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());

@@ -278,29 +278,6 @@ Tensor GatherOutputs(const std::vector<Tensor>& outputs, const std::vector<Devic
   return result;
 }
 
-absl::Status CheckOptions(const TrainOptions& options, std::size_t devices, const Model& model, DeviceContext& ctx) {
-  if (devices < 2) return absl::InvalidArgumentError("--dp needs at least 2 devices");
-  if (options.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
-  if (options.ddp) return absl::InvalidArgumentError("--dp is DataParallel: it does not combine with DDP");
-  if (options.grad_accum != 1) return absl::InvalidArgumentError("--dp with --grad-accum is not modelled");
-  if (options.record_values) return absl::InvalidArgumentError("--dp does not record parameter values");
-  if (model.ContainsCudnnRnn()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dp: ", std::string(model.name()),
-                     " has cuDNN RNN layers, whose flattened weights DataParallel's replicas do not "
-                     "model here; use a model without GRU/LSTM layers"));
-  }
-  if (ctx.computes()) {
-    bool cpu = false;
-    for (const ModelInfo& m : ListModels()) cpu = cpu || (m.name == options.model && m.cpu);
-    if (!cpu)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--exec cpu runs mlp and cifar-net; ", options.model, " needs --exec meta"));
-    if (options.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
-  }
-  return absl::OkStatus();
-}
-
 // The replicas of one step: a model per used device (its batch is that
 // device's chunk) whose parameter and buffer slots are set to the copies.
 struct Replicas {
@@ -430,6 +407,38 @@ std::vector<std::int64_t> ChunkSizes(std::int64_t n, int chunks) {
   return out;
 }
 
+namespace {
+absl::Status CheckOptions(const TrainOptions& options, std::size_t devices, const Model& model, bool cpu) {
+  if (devices < 2) return absl::InvalidArgumentError("--dp needs at least 2 devices");
+  if (options.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
+  if (options.ddp) return absl::InvalidArgumentError("--dp is DataParallel: it does not combine with DDP");
+  if (options.grad_accum != 1) return absl::InvalidArgumentError("--dp with --grad-accum is not modelled");
+  if (options.record_values) return absl::InvalidArgumentError("--dp does not record parameter values");
+  if (model.ContainsCudnnRnn()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dp: ", std::string(model.name()),
+                     " has cuDNN RNN layers, whose flattened weights DataParallel's replicas do not "
+                     "model here; use a model without GRU/LSTM layers"));
+  }
+  if (cpu) {
+    bool kernels = false;
+    for (const ModelInfo& m : ListModels()) kernels = kernels || (m.name == options.model && m.cpu);
+    if (!kernels)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--exec cpu runs mlp and cifar-net; ", options.model, " needs --exec meta"));
+    if (options.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckDataParallelOptions(const TrainOptions& options, int devices, bool cpu) {
+  absl::StatusOr<std::unique_ptr<Model>> created = CreateModel(options.model, options.model_options);
+  if (!created.ok()) return created.status();
+  return CheckOptions(options, static_cast<std::size_t>(std::max(devices, 0)), **created, cpu);
+}
+
 absl::StatusOr<DataParallelResult> TrainDataParallel(const TrainOptions& options,
                                                      const std::vector<DeviceContext*>& devices,
                                                      const std::vector<Recorder*>& recorders) {
@@ -437,7 +446,7 @@ absl::StatusOr<DataParallelResult> TrainDataParallel(const TrainOptions& options
   if (!created.ok()) return created.status();
   Model& module = **created;
   if (devices.empty()) return absl::InvalidArgumentError("--dp needs at least 2 devices");
-  if (absl::Status s = CheckOptions(options, devices.size(), module, *devices[0]); !s.ok()) return s;
+  if (absl::Status s = CheckOptions(options, devices.size(), module, devices[0]->computes()); !s.ok()) return s;
   DataParallelResult out;
   out.chunk_sizes = ChunkSizes(module.batch_size(), static_cast<int>(devices.size()));
   absl::StatusOr<Replicas> replicas = MakeReplicaModels(options, out.chunk_sizes);

@@ -45,6 +45,10 @@ struct DataParallelResult {
 // fewer than `chunks` when n is small (DataParallel then uses fewer devices).
 std::vector<std::int64_t> ChunkSizes(std::int64_t n, int chunks);
 
+// The errors TrainDataParallel would return for these options, before
+// anything is allocated or recorded.
+absl::Status CheckDataParallelOptions(const TrainOptions& options, int devices, bool cpu);
+
 // Trains `options` (the model, optimizer, amp, steps; --batch-size is the
 // global batch DataParallel scatters) under DataParallel over `devices`
 // (device 0 holds the module), marking phases on every recorder (one per
