@@ -414,6 +414,11 @@ absl::Status CheckOptions(const TrainOptions& options, std::size_t devices, cons
   if (options.ddp) return absl::InvalidArgumentError("--dp is DataParallel: it does not combine with DDP");
   if (options.grad_accum != 1) return absl::InvalidArgumentError("--dp with --grad-accum is not modelled");
   if (options.record_values) return absl::InvalidArgumentError("--dp does not record parameter values");
+  if (options.model_options.checkpoint_activations) {
+    // Reentrant checkpoint's backward reruns the block and backpropagates
+    // through it at once, which reaches the replicas' Broadcast node.
+    return absl::InvalidArgumentError("--dp with --checkpoint-activations is not modelled");
+  }
   if (model.ContainsCudnnRnn()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--dp: ", std::string(model.name()),

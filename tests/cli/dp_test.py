@@ -88,6 +88,7 @@ try:
         (["--dp", "2", "--world-size", "2"], "does not combine with --world-size 2"),
         (["--dp", "2", "--ddp", "view"], "--dp does not combine with --ddp view"),
         (["--dp", "2", "--grad-accum", "2"], "--dp with --grad-accum is not modelled"),
+        (["--dp", "2", "--checkpoint-activations"], "--dp with --checkpoint-activations is not modelled"),
         (["--dp", "2", "--model", "bilstm"], "bilstm has cuDNN RNN layers"),
     ]:
         bad = os.path.join(tmp, "bad")

@@ -203,6 +203,9 @@ TEST_CASE("DataParallel: options it does not model are refused") {
   TrainOptions accum = Mlp(1);
   accum.grad_accum = 2;
   CHECK_FALSE(TrainDataParallel(accum, contexts, recorders).ok());
+  TrainOptions checkpoint = Mlp(1);
+  checkpoint.model_options.checkpoint_activations = true;
+  CHECK_FALSE(TrainDataParallel(checkpoint, contexts, recorders).ok());
   CHECK_FALSE(TrainDataParallel(Mlp(1), {contexts[0]}, {nullptr}).ok());
 }
 
