@@ -296,10 +296,18 @@ void PrintBuckets(const DdpBuckets& ddp) {
   }
 }
 
-// "DataParallel over 2 GPUs (batch 64 scattered 32+32)".
+// "DataParallel over 2 GPUs (batch 64 scattered 32+32)"; more than four
+// chunks as "7 x 9 + 1" (torch.chunk: equal chunks, the last smaller).
 std::string DataParallelHeader(const TrainingManifest::DataParallel& dp) {
+  const std::vector<std::int64_t>& c = dp.chunk_sizes;
+  std::string chunks = absl::StrJoin(c, "+");
+  if (c.size() > 4) {
+    const bool last_differs = c.back() != c.front();
+    chunks = absl::StrCat(c.size() - (last_differs ? 1 : 0), " x ", c.front(),
+                          last_differs ? absl::StrCat(" + ", c.back()) : "");
+  }
   return absl::StrCat("DataParallel over ", dp.device_ids.size(), " GPUs (batch ", dp.global_batch, " scattered ",
-                      absl::StrJoin(dp.chunk_sizes, "+"), ")");
+                      chunks, ")");
 }
 
 std::string SignedDelta(double bytes) {

@@ -58,6 +58,10 @@ try:
     l1, l2 = load(one, "run.json")["losses"], load(two, "run.json")["losses"]
     check("DataParallel losses equal one device's", len(l1) == 3 and all(abs(a - b) < 1e-5 for a, b in zip(l1, l2)),
           (l1, l2))
+    code, out, err = run("run", "--model", "mlp", "--dp", "6", "--batch-size", "64", "--steps", "1", "--out",
+                         os.path.join(tmp, "six"))
+    check("6 chunks of torch.chunk in the header", code == 0 and "DataParallel over 6 GPUs (batch 64 scattered 5 x 11 + 9)"
+          in out, (code, out[:300], err))
     check("chunks 22+22+20", load(two, "run.json")["data_parallel"]["chunk_sizes"] == [22, 22, 20],
           load(two, "run.json")["data_parallel"])
 
