@@ -83,7 +83,7 @@ try:
     # compare DP against DDP on the same model.
     code, out, err = run("compare", dpd, ddpd)
     check("compare DP vs DDP exit 0", code == 0, (code, err))
-    check("compare headers", "ddp dp, world size 2" in out and "ddp copy, world size 2" in out, out[:400])
+    check("compare headers", "DataParallel, world size 2" in out and "ddp copy, world size 2" in out, out[:400])
     check("compare: both devices/ranks", "== rank 0" in out and "== rank 1" in out, out[:200])
 
     # Refused: one line, exit 2, nothing written.
