@@ -120,8 +120,7 @@ absl::Status CheckOptionRanges(const RunArgs& a) {
     }
   }
   if (a.lr_given && !(a.lr > 0 && a.lr <= std::numeric_limits<float>::max())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
+    return absl::InvalidArgumentError(absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
   }
   if (!(a.momentum >= 0 && a.momentum <= std::numeric_limits<float>::max())) {
     return absl::InvalidArgumentError(absl::StrCat("--momentum ", a.momentum, ": must be a finite number >= 0"));
