@@ -427,9 +427,8 @@ int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir
   absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
   if (!status.ok()) {
     if (world_size == 1) return Fail(status.status().message());
-    const std::string line =
-        absl::StrCat("memscope run: rank ", rank, ": ",
-                     EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
+    const std::string line = absl::StrCat("memscope run: rank ", rank, ": ",
+                                          EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
     ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
     std::cerr << line << "\n";
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
@@ -688,17 +687,14 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "batch it scatters); the devices are the run's ranks")
       ->each([a](const std::string&) { a->dp_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");
-  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")->each([a](const std::string&) {
-    a->sizes_given[0] = true;
-  });
+  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")
+      ->each([a](const std::string&) { a->sizes_given[0] = true; });
   cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)")
       ->each([a](const std::string&) { a->sizes_given[1] = true; });
-  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")->each([a](const std::string&) {
-    a->sizes_given[2] = true;
-  });
-  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")->each([a](const std::string&) {
-    a->sizes_given[3] = true;
-  });
+  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")
+      ->each([a](const std::string&) { a->sizes_given[2] = true; });
+  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")
+      ->each([a](const std::string&) { a->sizes_given[3] = true; });
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd");
   cmd->add_option("--optimizer-impl", a->optimizer_impl, "foreach (default, as on GPUs), for-loop or fused");
   cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)")
