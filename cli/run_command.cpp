@@ -33,6 +33,7 @@
 #include "run/rank.h"
 #include "run/run.h"
 #include "run/run_directory.h"
+#include "train/data_parallel.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {
@@ -77,6 +78,8 @@ struct RunArgs {
   bool json = false;
   std::string fault_kill;          // "RANK:STEP": that rank SIGKILLs itself as backward of STEP begins
   std::string fault_skip_barrier;  // "RANK:STEP": every other rank calls a barrier after STEP
+  std::int64_t dp = 0;             // --dp N: DataParallel over N simulated GPUs in this process
+  bool dp_given = false;
 };
 
 int Fail(absl::string_view message) {
@@ -292,6 +295,49 @@ void PrintBuckets(const DdpBuckets& ddp) {
   }
 }
 
+// "DataParallel over 2 GPUs (batch 64 scattered 32+32)"; more than four
+// chunks as "7 x 9 + 1" (torch.chunk: equal chunks, the last smaller).
+std::string DataParallelHeader(const TrainingManifest::DataParallel& dp) {
+  const std::vector<std::int64_t>& c = dp.chunk_sizes;
+  std::string chunks = absl::StrJoin(c, "+");
+  if (c.size() > 4) {
+    const bool last_differs = c.back() != c.front();
+    chunks = absl::StrCat(c.size() - (last_differs ? 1 : 0), " x ", c.front(),
+                          last_differs ? absl::StrCat(" + ", c.back()) : "");
+  }
+  return absl::StrCat("DataParallel over ", dp.device_ids.size(), " GPUs (batch ", dp.global_batch, " scattered ",
+                      chunks, ")");
+}
+
+std::string SignedDelta(double bytes) {
+  const std::uint64_t magnitude = static_cast<std::uint64_t>(bytes < 0 ? -bytes : bytes);
+  return absl::StrCat(bytes < 0 ? "-" : "+", FormatSize(magnitude));
+}
+
+// DataParallel's imbalance: each device's peaks against the mean of the devices.
+void PrintImbalance(const std::vector<RankReport>& reports) {
+  if (reports.empty()) return;
+  double mean_alloc = 0, mean_res = 0;
+  for (const RankReport& r : reports) {
+    mean_alloc += static_cast<double>(r.peak_allocated.bytes);
+    mean_res += static_cast<double>(r.peak_reserved.bytes);
+  }
+  mean_alloc /= static_cast<double>(reports.size());
+  mean_res /= static_cast<double>(reports.size());
+  std::cout << "\nDataParallel imbalance (output_device cuda:0 gathers the outputs and holds the loss, the reduced "
+               "gradients and the optimizer state):\n";
+  std::cout << absl::StrFormat("%-8s %15s %12s %15s %12s\n", "device", "peak allocated", "vs mean", "peak reserved",
+                               "vs mean");
+  for (const RankReport& r : reports) {
+    std::cout << absl::StrFormat(
+        "%-8s %15s %12s %15s %12s\n", absl::StrCat("cuda:", r.rank), FormatSize(r.peak_allocated.bytes),
+        SignedDelta(static_cast<double>(r.peak_allocated.bytes) - mean_alloc), FormatSize(r.peak_reserved.bytes),
+        SignedDelta(static_cast<double>(r.peak_reserved.bytes) - mean_res));
+  }
+  std::cout << absl::StrFormat("%-8s %15s %12s %15s\n", "mean", FormatSize(static_cast<std::uint64_t>(mean_alloc)), "",
+                               FormatSize(static_cast<std::uint64_t>(mean_res)));
+}
+
 // The tables of `memscope run`: the header line, each rank's phase table,
 // buckets and peak, the losses and where it was recorded. Only what
 // happened: a rank that never built its model (a failed rendezvous) has no
@@ -301,14 +347,17 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
   const int world_size = out.manifest.world_size;
   std::cout << "memscope run: " << t.model
             << (t.parameters > 0 ? absl::StrCat(" (", t.parameters, " parameters)") : std::string()) << ", "
-            << t.steps_done << " of "
-            << t.steps << " steps, --exec " << t.exec << ", "
-            << (world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "") << "--ddp " << t.ddp
+            << t.steps_done << " of " << t.steps << " steps, --exec " << t.exec << ", "
+            << (t.data_parallel
+                    ? DataParallelHeader(*t.data_parallel)
+                    : absl::StrCat(world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "", "--ddp ", t.ddp))
             << ", simulated GPU of " << FormatSize(out.manifest.device_memory) << ", "
             << absl::StrFormat("%.2f", t.seconds) << " s\n";
   for (const RankReport& r : out.reports) {
     std::cout << "\n";
-    if (world_size > 1) std::cout << "rank " << r.rank << " (" << r.events << " events)\n";
+    if (world_size > 1) {
+      std::cout << (t.data_parallel ? "cuda:" : "rank ") << r.rank << " (" << r.events << " events)\n";
+    }
     if (r.phases.empty()) {
       std::cout << "(no phase recorded" << (r.status.empty() || r.status == "ok" ? "" : absl::StrCat(": ", r.status))
                 << ")\n";
@@ -330,6 +379,7 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
       }
     }
   }
+  if (t.data_parallel) PrintImbalance(out.reports);
   if (!t.losses.empty()) {
     std::cout << "loss:";
     for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
@@ -349,8 +399,11 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
 // and prints them. `exits` are the launcher's (empty for one in-process
 // rank). The outcome goes to `kept` when given.
 int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits, int first_failure,
-             std::optional<RunOutcome>* kept = nullptr) {
-  absl::StatusOr<RunOutcome> out = AggregateRun(MakeRecord(a, plan, world_size, exits, first_failure));
+             std::optional<RunOutcome>* kept = nullptr,
+             const std::optional<TrainingManifest::DataParallel>& data_parallel = std::nullopt) {
+  RunRecord record = MakeRecord(a, plan, world_size, exits, first_failure);
+  record.training.data_parallel = data_parallel;
+  absl::StatusOr<RunOutcome> out = AggregateRun(record);
   if (!out.ok()) return Fail(out.status().message());
   if (a.json) {
     std::ifstream in(RunDirectory(a.out).Report());
@@ -539,7 +592,44 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   return LaunchAndFinalize(a, ddp_mode, *plan, static_cast<int>(world_size), kept);
 }
 
+// `memscope run --dp N`: DataParallel over N simulated GPUs in this process
+// (run/rank.h RunDataParallel), the devices recorded as ranks, then the run
+// aggregated and printed with the imbalance table.
+int RunDataParallelCommand(const RunArgs& a) {
+  if (a.dp < 2 || a.dp > 64)
+    return Fail(absl::StrCat("--dp ", a.dp, ": use 2 to 64 devices (DataParallel over N GPUs)"));
+  if (a.world_size_given && a.world_size > 1) {
+    return Fail(absl::StrCat("--dp is DataParallel in one process; it does not combine with --world-size ",
+                             a.world_size, " (DDP); use one or the other"));
+  }
+  if (a.ddp != "auto" && a.ddp != "off") return Fail(absl::StrCat("--dp does not combine with --ddp ", a.ddp));
+  if (std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
+    return Fail("--dp runs one process over N GPUs; it cannot be a rank of a launcher (RANK and WORLD_SIZE are set)");
+  }
+  if (a.grad_accum != 1) return Fail("--dp with --grad-accum is not modelled");
+  absl::StatusOr<Plan> plan = MakePlan(a, "off", 1);
+  if (!plan.ok()) return Fail(plan.status().message());
+  plan->ddp = "dp";
+  if (absl::Status s = CheckDataParallelOptions(plan->train, static_cast<int>(a.dp), plan->cpu); !s.ok()) {
+    return Fail(s.message());
+  }
+  const RunDirectory dir(a.out);
+  if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
+  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
+  if (!lock.ok()) return Fail(lock.status().message());
+  dir.RemoveRankFiles();
+  const int devices = static_cast<int>(a.dp);
+  absl::StatusOr<DataParallelRun> run = RunDataParallel(*plan, devices, dir);
+  if (!run.ok()) return Fail(run.status().message());
+  TrainingManifest::DataParallel dp;
+  for (int d = 0; d < devices; ++d) dp.device_ids.push_back(d);
+  dp.chunk_sizes = run->chunk_sizes;
+  for (std::int64_t c : dp.chunk_sizes) dp.global_batch += c;
+  return Finalize(a, *plan, devices, {}, -1, nullptr, dp);
+}
+
 int Run(const RunArgs& a) {
+  if (a.dp_given) return RunDataParallelCommand(a);
   if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp);
   // Both modes, each in its own directory, then the comparison.
   int worst = kExitOk;
@@ -592,6 +682,10 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1; see README)");
   cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
       ->each([a](const std::string&) { a->world_size_given = true; });
+  cmd->add_option("--dp", a->dp,
+                  "DataParallel over N simulated GPUs in one process (torch.nn.DataParallel; --batch-size is the "
+                  "batch it scatters); the devices are the run's ranks")
+      ->each([a](const std::string&) { a->dp_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");
   cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")
       ->each([a](const std::string&) { a->sizes_given[0] = true; });

@@ -237,6 +237,8 @@ std::string RunHeader(const char* name, const ComparedRun& run) {
         parts.push_back(absl::StrCat(value, " steps"));
       } else if (std::string_view(key) == "world_size") {
         parts.push_back(absl::StrCat("world size ", value));
+      } else if (std::string_view(key) == "ddp" && value == "dp") {
+        parts.push_back("DataParallel");  // memscope run --dp
       } else if (std::string_view(key) == "alloc_conf") {
         have_alloc_conf = true;
         parts.push_back(absl::StrCat("alloc_conf ", value.empty() ? "(defaults)" : absl::StrCat("\"", value, "\"")));

@@ -89,8 +89,10 @@ void Judge(const RunRecord& run, RunOutcome& out) {
     for (std::size_t r = 0; r < out.statuses.size(); ++r) {
       const std::optional<RankStatus>& st = out.statuses[r];
       if (!st || st->status != "oom") continue;
-      absl::StrAppend(&err, "memscope run: rank ", r, " out of memory in step ", st->steps_done, ":\n", st->error,
-                      "\n");
+      // Under DataParallel the ranks are the devices of one process.
+      const std::string who =
+          run.training.data_parallel ? absl::StrCat("DataParallel device cuda:", r) : absl::StrCat("rank ", r);
+      absl::StrAppend(&err, "memscope run: ", who, " out of memory in step ", st->steps_done, ":\n", st->error, "\n");
       for (const RankReport& rep : out.reports) {
         if (rep.rank == static_cast<int>(r) && rep.oom) absl::StrAppend(&err, rep.oom->verdict, "\n");
       }

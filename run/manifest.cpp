@@ -100,6 +100,13 @@ void PutTraining(json& j, const TrainingManifest& t) {
     j["comm_hook"] = d.comm_hook;
     j["broadcast_buffers"] = d.broadcast_buffers;
   }
+  if (t.data_parallel) {
+    const TrainingManifest::DataParallel& d = *t.data_parallel;
+    j["data_parallel"] = {
+        {"module", "torch.nn.DataParallel"}, {"device_ids", d.device_ids},
+        {"output_device", d.output_device},  {"global_batch", d.global_batch},
+        {"chunk_sizes", d.chunk_sizes},      {"ranks", "rank R is device cuda:R of this one process"}};
+  }
 }
 
 TrainingManifest TrainingFromJson(const json& j) {
@@ -128,6 +135,15 @@ TrainingManifest TrainingFromJson(const json& j) {
     d.comm_hook = j.at("comm_hook").get<std::string>();
     d.broadcast_buffers = j.at("broadcast_buffers").get<bool>();
     t.ddp_options = d;
+  }
+  if (j.contains("data_parallel")) {
+    const json& dp = j.at("data_parallel");
+    TrainingManifest::DataParallel d;
+    d.device_ids = dp.at("device_ids").get<std::vector<int>>();
+    d.output_device = dp.at("output_device").get<int>();
+    d.global_batch = dp.at("global_batch").get<std::int64_t>();
+    d.chunk_sizes = dp.at("chunk_sizes").get<std::vector<std::int64_t>>();
+    t.data_parallel = std::move(d);
   }
   return t;
 }

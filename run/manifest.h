@@ -94,6 +94,16 @@ struct TrainingManifest {
     bool operator==(const Ddp&) const = default;
   };
   std::optional<Ddp> ddp_options;
+  // torch.nn.DataParallel (ddp "dp"): one process over `device_ids`; rank R
+  // of the run is device cuda:R. run.json's "data_parallel".
+  struct DataParallel {
+    std::vector<int> device_ids;
+    int output_device = 0;
+    std::int64_t global_batch = 0;
+    std::vector<std::int64_t> chunk_sizes;  // the batch scattered: one chunk per device used
+    bool operator==(const DataParallel&) const = default;
+  };
+  std::optional<DataParallel> data_parallel;
   bool operator==(const TrainingManifest&) const = default;
 };
 

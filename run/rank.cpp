@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "run/aggregate.h"
 #include "run/rank_session.h"
 #include "tensor/tensor.h"
+#include "train/data_parallel.h"
 
 namespace memscope {
 namespace {
@@ -155,6 +157,57 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
     return absl::Status(s.code(), absl::StrCat(s.message(), " (after: ", status.error, ")"));
   }
   return status;
+}
+
+absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int devices, const RunDirectory& dir) {
+  std::vector<std::unique_ptr<RankSession>> sessions;
+  for (int d = 0; d < devices; ++d) {
+    RankSessionOptions options;
+    options.rank = d;
+    options.world_size = devices;
+    options.device_index = d;
+    options.device_memory = plan.device_memory;
+    options.config = plan.config;
+    options.exec = plan.cpu ? ExecMode::kCpu : ExecMode::kMeta;
+    options.timeline_path = dir.Timeline(d);
+    dir.RecordFile(RunDirectory::TimelineName(d));
+    dir.RecordFile(RunDirectory::RankStatusName(d));
+    sessions.push_back(std::make_unique<RankSession>(options));
+  }
+  std::vector<DeviceContext*> contexts;
+  std::vector<Recorder*> recorders;
+  for (std::unique_ptr<RankSession>& s : sessions) {
+    if (absl::Status st = s->Start(); !st.ok()) return st;
+    contexts.push_back(&s->context());
+    recorders.push_back(&s->recorder());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<DataParallelResult> result = TrainDataParallel(plan.train, contexts, recorders);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!result.ok()) return result.status();
+  TrainResult& train = result->train;
+  for (std::unique_ptr<RankSession>& s : sessions) {
+    if (absl::Status st = s->Finish(); !st.ok() && train.error.empty()) train.error = std::string(st.message());
+  }
+  DataParallelRun run;
+  run.chunk_sizes = result->chunk_sizes;
+  // A failure that is not an OOM of one device is the module's, on device 0.
+  const int failed = train.oom ? std::max(result->oom_device, 0) : 0;
+  for (int d = 0; d < devices; ++d) {
+    RankStatus status;
+    status.rank = d;
+    const bool here = !train.error.empty() && d == failed;
+    status.exit_code = !here ? 0 : train.oom ? kExitOutOfMemory : kExitRankFailed;
+    status.status = !here ? "ok" : train.oom ? "oom" : "error";
+    if (here) status.error = train.error;
+    status.parameters = train.parameters;
+    status.steps_done = train.steps_done;
+    status.seconds = seconds;
+    if (d == 0) status.losses = train.losses;
+    if (absl::Status s = status.Write(dir.RankStatus(d)); !s.ok()) return s;
+    run.statuses.push_back(std::move(status));
+  }
+  return run;
 }
 
 absl::StatusOr<LaunchResult> LaunchRankProcesses(const RunDirectory& dir, std::vector<std::string> args, int world_size,

@@ -38,6 +38,19 @@ struct RankPlan {
 // cannot be written, or the plan is invalid.
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir);
 
+// `memscope run --dp N`: DataParallel in this process over N simulated GPUs
+// (train/data_parallel.h), each with its own allocator and recorder, so that
+// the run reads as N ranks: rank R is device cuda:R, recorded in
+// rank-R.timeline, its status in rank-R.json (an OOM is on the device whose
+// allocation failed; the losses are device 0's). Returns the statuses and
+// the chunk sizes of the batch. Errors: a timeline or status cannot be
+// written, or the options do not fit DataParallel.
+struct DataParallelRun {
+  std::vector<RankStatus> statuses;
+  std::vector<std::int64_t> chunk_sizes;
+};
+absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int devices, const RunDirectory& dir);
+
 // Starts `world_size` ranks as processes of this executable with `args`
 // (the rank's own command line) under our launcher (run/launcher.h): logs in
 // dir's rank-R.log, rendezvous in dir's store (removed afterwards), the

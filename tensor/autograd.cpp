@@ -95,8 +95,14 @@ const AccumulateGrad* ParameterTarget(const Node& node, std::size_t input) {
 namespace {
 ScopedTag TagForGradient(const Node& node, std::size_t input) {
   const AccumulateGrad* parameter = ParameterTarget(node, input);
-  return parameter ? ScopedTag(Category::kGradient, parameter->param_name())
-                   : ScopedTag(Category::kAutogradDetail, node.owner());
+  if (parameter) return ScopedTag(Category::kGradient, parameter->param_name());
+  // DataParallel: a replica's parameter gradient goes to the Broadcast that
+  // made the replica (it is reduced onto the module's .grad there).
+  if (input < node.next_edges.size()) {
+    const Node* target = GradientTarget(node.next_edges[input].fn.get());
+    if (target != nullptr && target->name() == "BroadcastBackward") return ScopedTag(Category::kGradient, node.owner());
+  }
+  return ScopedTag(Category::kAutogradDetail, node.owner());
 }
 }  // namespace
 

@@ -67,6 +67,25 @@ std::vector<Tensor*> Module::Buffers() {
   return out;
 }
 
+std::vector<Tensor*> Module::AllParameters() {
+  std::vector<Tensor*> out;
+  for (auto& slot : slots_) {
+    if (slot->parameter) out.push_back(&slot->tensor);
+  }
+  for (auto& child : children_) {
+    for (Tensor* p : child->AllParameters()) out.push_back(p);
+  }
+  return out;
+}
+
+bool Module::ContainsCudnnRnn() const {
+  if (dynamic_cast<const CudnnRnnLayer*>(this) != nullptr) return true;
+  for (const auto& child : children_) {
+    if (child->ContainsCudnnRnn()) return true;
+  }
+  return false;
+}
+
 std::int64_t Module::NumParameters() const {
   std::int64_t n = 0;
   for (const auto& slot : slots_) n += slot->parameter ? NumElements(slot->shape) : 0;

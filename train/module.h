@@ -35,6 +35,12 @@ class Module {
   std::vector<Tensor*> Parameters();
   // Buffers in named_buffers() order (running stats, ...).
   std::vector<Tensor*> Buffers();
+  // Every parameter slot, frozen ones too, in named_parameters() order
+  // (module.parameters(): what DataParallel's replicate() broadcasts).
+  std::vector<Tensor*> AllParameters();
+  // Whether this subtree holds a cuDNN RNN (its flattened weights are not
+  // modelled under DataParallel's replicate()).
+  bool ContainsCudnnRnn() const;
   std::int64_t NumParameters() const;
   std::int64_t NumParameterTensors() const;
   std::int64_t NumTrainableParameters() const;

@@ -103,6 +103,25 @@ TEST_CASE("RunManifest of memscope run round-trips through run.json") {
   CHECK(*back == m);
 }
 
+TEST_CASE("RunManifest of memscope run --dp round-trips its data_parallel") {
+  RunManifest m = SomeRun();
+  m.failure.reset();
+  TrainingManifest& t = *m.training;
+  t.ddp = "dp";
+  t.ddp_options.reset();
+  t.data_parallel = TrainingManifest::DataParallel{{0, 1, 2}, 0, 64, {22, 22, 20}};
+  const nlohmann::json j = m.ToJson();
+  CHECK(j["ddp"] == "dp");
+  CHECK(j["data_parallel"]["module"] == "torch.nn.DataParallel");
+  CHECK(j["data_parallel"]["device_ids"] == nlohmann::json{0, 1, 2});
+  CHECK(j["data_parallel"]["chunk_sizes"] == nlohmann::json{22, 22, 20});
+  CHECK_FALSE(j.contains("comm_hook"));
+  absl::StatusOr<RunManifest> back = RunManifest::FromJson(nlohmann::json::parse(j.dump()));
+  REQUIRE(back.ok());
+  CHECK(*back == m);
+  CHECK_FALSE(SomeRun().ToJson().contains("data_parallel"));
+}
+
 TEST_CASE("RunManifest of memscope replay --out has what replay wrote") {
   RunManifest m;
   m.generator = "memscope 0.1.0";
