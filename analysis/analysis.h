@@ -133,6 +133,9 @@ struct RankReport {
   // What `memscope run` adds:
   std::optional<DdpBuckets> ddp;  // the rank trained under DDP
   std::string status;             // "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"; "" outside a run
+  // This rank's losses on its own shard of the batch, one per micro-batch
+  // (--exec cpu; a meta run computes no values). NaN when it diverged.
+  std::vector<float> losses;
   // Why the run failed, set only on the rank whose failure was the first
   // ("rank 1 was killed by signal 9 (SIGKILL)"); report.json writes it as the
   // run's top-level "failure".

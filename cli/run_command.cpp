@@ -309,6 +309,32 @@ void PrintBuckets(const DdpBuckets& ddp) {
   }
 }
 
+// The losses of a multi-rank run, one line per rank (each rank's loss on its
+// own shard of the batch, as each process of a DDP job prints it), then
+// their mean over the steps every rank has: with a mean-reduced loss and
+// equal shards, the loss of the whole batch.
+void PrintRankLosses(const std::vector<std::optional<RankStatus>>& statuses) {
+  std::size_t steps = std::numeric_limits<std::size_t>::max();
+  for (std::size_t r = 0; r < statuses.size(); ++r) {
+    if (!statuses[r]) {
+      steps = 0;
+      continue;
+    }
+    steps = std::min(steps, statuses[r]->losses.size());
+    std::cout << "loss (rank " << r << "):";
+    for (float l : statuses[r]->losses) std::cout << absl::StrFormat(" %.4f", l);
+    std::cout << "\n";
+  }
+  if (steps == 0 || steps == std::numeric_limits<std::size_t>::max()) return;
+  std::cout << "loss (mean):";
+  for (std::size_t i = 0; i < steps; ++i) {
+    double sum = 0;
+    for (const std::optional<RankStatus>& st : statuses) sum += st->losses[i];
+    std::cout << absl::StrFormat(" %.4f", sum / static_cast<double>(statuses.size()));
+  }
+  std::cout << "\n";
+}
+
 // The tables of `memscope run`: the header line, each rank's phase table,
 // buckets and peak, the losses and where it was recorded. Only what
 // happened: a rank that never built its model (a failed rendezvous) has no
@@ -348,9 +374,13 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
     }
   }
   if (!t.losses.empty()) {
-    std::cout << "loss:";
-    for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
-    std::cout << "\n";
+    if (world_size > 1) {
+      PrintRankLosses(out.statuses);
+    } else {
+      std::cout << "loss:";
+      for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
+      std::cout << "\n";
+    }
     if (const auto diverged = FirstDivergedLoss(t.losses)) {
       // One loss per micro-batch: --grad-accum of them per step.
       const std::int64_t accum = std::max<std::int64_t>(1, t.grad_accum);

@@ -27,7 +27,9 @@
 //      "lower_bound_bytes", "peak_reserved_bytes" (= peak.reserved.bytes),
 //      "overhead_bytes" (peak_reserved_bytes - lower_bound_bytes, at least 0),
 //      "status"   (memscope run: "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"),
-//      "ddp"      (memscope run, DDP ranks: DDP below)}]}
+//      "ddp"      (memscope run, DDP ranks: DDP below),
+//      "losses"   (memscope run --exec cpu: this rank's loss on its shard of the batch, one per
+//                  micro-batch, null where it diverged; absent when no values were computed)}]}
 //   DDP = {"mode": "copy" or "view", "buckets": [BUCKET], "rebuilt_buckets": [BUCKET]}
 //      BUCKET = {"index", "bytes", "dtype", "params": [parameter names, in the bucket's order]}
 //   CATEGORY: every allocator category ("PARAMETER", "ACTIVATION", ...).

@@ -3,6 +3,7 @@
 // one writer and one reader.
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -409,6 +410,13 @@ absl::StatusOr<RankReport> ReadRank(const json& entry, const std::string& where)
     if (!d.ok()) return d.status();
     r.ddp = std::move(*d);
   }
+  if (const json* losses = f.Find("losses"); losses != nullptr) {
+    if (!losses->is_array()) return f.Bad("\"losses\" (an array of numbers or null)");
+    for (const json& l : *losses) {
+      if (!l.is_null() && !l.is_number()) return f.Bad("\"losses\" (an array of numbers or null)");
+      r.losses.push_back(l.is_null() ? std::numeric_limits<float>::quiet_NaN() : l.get<float>());
+    }
+  }
   return r;
 }
 
@@ -517,6 +525,11 @@ json RankReportJson(const RankReport& r) {
   if (r.stats_known) j["memory_stats"] = std::move(stats);
   if (!r.status.empty()) j["status"] = r.status;
   if (r.ddp) j["ddp"] = DdpJson(*r.ddp);
+  if (!r.losses.empty()) {
+    json losses = json::array();
+    for (float l : r.losses) losses.push_back(std::isfinite(l) ? json(l) : json(nullptr));
+    j["losses"] = std::move(losses);
+  }
   return j;
 }
 

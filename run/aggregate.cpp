@@ -191,6 +191,7 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
       if (r.rank < 0 || r.rank >= world_size) continue;
       const std::optional<RankStatus>& st = statuses[static_cast<std::size_t>(r.rank)];
       if (st && st->ddp) r.ddp = st->ddp;
+      if (st) r.losses = st->losses;
       r.status = ranks[static_cast<std::size_t>(r.rank)].status;
       if (out.manifest.failure && out.manifest.failure->rank == r.rank) r.failure = out.manifest.failure->message;
     }

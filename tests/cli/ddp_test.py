@@ -56,6 +56,26 @@ try:
         check(f"rank {r['rank']}: phase ddp after model", phases[:2] == ["model", "ddp"], phases)
     code, out2, err2 = run("summary", d, "--rank", "1")
     check("summary --rank 1", code == 0 and "ddp" in out2, (code, err2))
+    check("meta run: no loss printed (nothing computed)", not any(l.startswith("loss") for l in out.splitlines()) and "losses" not in report["ranks"][0], out)
+
+    # --exec cpu: every rank's loss on its own shard, labeled, and their mean;
+    # report.json has each rank's losses, as the ranks recorded them.
+    d = os.path.join(tmp, "cpu-losses")
+    code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--exec", "cpu", "--out", d)
+    check("cpu 2 ranks exit 0", code == 0, (code, err))
+    lines = {l.split(":")[0]: [float(x) for x in l.split(":")[1].split()] for l in out.splitlines()
+             if l.startswith("loss (")}
+    check("cpu: a loss line per rank and the mean", sorted(lines) == ["loss (mean)", "loss (rank 0)", "loss (rank 1)"]
+          and all(len(v) == 3 for v in lines.values()), out)
+    report = load(d, "report.json")
+    for r in (0, 1):
+        own = load(d, f"rank-{r}.json")["losses"]
+        check(f"cpu: report.json rank {r} losses are its own", report["ranks"][r]["losses"] == own, (report["ranks"][r].get("losses"), own))
+        check(f"cpu: rank {r}'s printed losses", lines[f"loss (rank {r})"] == [round(x, 4) for x in own], lines)
+    mean = [(a + b) / 2 for a, b in zip(report["ranks"][0]["losses"], report["ranks"][1]["losses"])]
+    check("cpu: the printed mean is the mean of the ranks' losses", lines["loss (mean)"] == [round(x, 4) for x in mean],
+          (lines, mean))
+    check("cpu: the ranks' shards differ", report["ranks"][0]["losses"][0] != report["ranks"][1]["losses"][0], report)
 
     # --ddp copy,view: both runs, then the comparison. The view run's steady
     # state has no GRADIENT of its own: one model size less.

@@ -3,6 +3,9 @@
 // and a report that is not usable is an error naming the rank and the field.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "../recording/recording_session.h"
 #include "exporters/report.h"
 
@@ -61,7 +64,10 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     REQUIRE(ranks[0].oom.has_value());
     AddRunFields(ranks[1]);
     ranks[1].failure = "rank 1 ran out of memory";
+    ranks[1].losses = {2.5f, std::numeric_limits<float>::quiet_NaN()};
     const json written = ReportToJson(MakeReport(2, ranks));
+    CHECK(written["ranks"][1]["losses"] == json::array({2.5, nullptr}));
+    CHECK_FALSE(written["ranks"][0].contains("losses"));
     CHECK(written["failure"] == json{{"rank", 1}, {"message", "rank 1 ran out of memory"}});
     CHECK(written["ranks"][1]["status"] == "oom");
     CHECK_FALSE(written["ranks"][0].contains("status"));
@@ -76,6 +82,10 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     const RankReport& r1 = read->ranks[1];
     CHECK(r1.failure == "rank 1 ran out of memory");
     CHECK(read->ranks[0].failure.empty());
+    REQUIRE(r1.losses.size() == 2);
+    CHECK(r1.losses[0] == 2.5f);
+    CHECK(std::isnan(r1.losses[1]));
+    CHECK(read->ranks[0].losses.empty());
     REQUIRE(r1.ddp.has_value());
     CHECK(r1.ddp->rebuilt_buckets[1].params == std::vector<std::string>{"fc.weight"});
     // The typed fields, not only the document, come back.
@@ -155,6 +165,9 @@ TEST_CASE("report.json: a report that is not usable is an error naming the rank 
   bad = good;
   bad["ranks"][1]["ddp"]["rebuilt_buckets"][1].erase("bytes");
   CHECK(ReadError(bad) == usable + "rank 1 ddp.rebuilt_buckets[1] has no \"bytes\" (bytes)");
+  bad = good;
+  bad["ranks"][1]["losses"] = json::array({1.5, "x"});
+  CHECK(ReadError(bad) == usable + "rank 1 has no \"losses\" (an array of numbers or null)");
   bad = good;
   bad["ranks"][0]["oom"]["verdict"] = 3;
   CHECK(ReadError(bad) == usable + "rank 0 oom has no string \"verdict\"");
