@@ -109,7 +109,7 @@ struct DdpBuckets {
 
 // Everything report.json says about one rank (exporters/report.h has the
 // schema): the recording's header and its analyses, which AnalyzeRank fills,
-// and what only `memscope run` knows (ddp, status, failure), which it adds.
+// and what only `memscope run` knows (ddp, status, losses), which it adds.
 struct RankReport {
   int rank = 0;
   int device_index = 0;
@@ -136,10 +136,6 @@ struct RankReport {
   // This rank's losses on its own shard of the batch, one per micro-batch
   // (--exec cpu; a meta run computes no values). NaN when it diverged.
   std::vector<float> losses;
-  // Why the run failed, set only on the rank whose failure was the first
-  // ("rank 1 was killed by signal 9 (SIGKILL)"); report.json writes it as the
-  // run's top-level "failure".
-  std::string failure;
   // How much the actual peak reserved exceeds the lower bound.
   std::uint64_t overhead_bytes() const {
     return peak_reserved.bytes > lower_bound ? peak_reserved.bytes - lower_bound : 0;

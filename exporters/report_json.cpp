@@ -459,11 +459,11 @@ absl::StatusOr<Report> ReadBody(const json& j) {
     std::string message;
     MEMSCOPE_RETURN_IF_ERROR(f.Int("rank", rank));
     MEMSCOPE_RETURN_IF_ERROR(f.String("message", message, /*required=*/true));
-    auto it = index.find(rank);
-    if (it == index.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("failure names rank ", rank, ", which the report does not have"));
+    if (rank >= report.world_size && !index.contains(rank)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failure names rank ", rank, ", not a rank of world_size ", report.world_size));
     }
-    report.ranks[it->second].failure = std::move(message);
+    report.failure = ReportFailure{rank, std::move(message)};
   }
   return report;
 }
@@ -547,11 +547,7 @@ json ReportToJson(const Report& report) {
             {"generator", report.generator},
             {"world_size", report.world_size},
             {"ranks", std::move(ranks)}};
-  for (const RankReport& r : report.ranks) {
-    if (r.failure.empty()) continue;
-    j["failure"] = {{"rank", r.rank}, {"message", r.failure}};
-    break;
-  }
+  if (report.failure) j["failure"] = {{"rank", report.failure->rank}, {"message", report.failure->message}};
   return j;
 }
 

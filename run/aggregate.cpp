@@ -184,16 +184,16 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
   std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
   const std::vector<std::optional<RankStatus>>& statuses = out.statuses;
   const std::vector<ManifestRank>& ranks = out.manifest.ranks;
-  // report.json also gets each rank's status and DDP buckets, and the run's
-  // first failure on the rank that failed first.
-  auto amend = [&](std::vector<RankReport>& reports) {
-    for (RankReport& r : reports) {
+  // report.json also gets each rank's status, DDP buckets and losses, and
+  // the run's first failure (whose rank may have recorded nothing).
+  auto amend = [&](Report& report) {
+    if (out.manifest.failure) report.failure = ReportFailure{out.manifest.failure->rank, out.manifest.failure->message};
+    for (RankReport& r : report.ranks) {
       if (r.rank < 0 || r.rank >= world_size) continue;
       const std::optional<RankStatus>& st = statuses[static_cast<std::size_t>(r.rank)];
       if (st && st->ddp) r.ddp = st->ddp;
       if (st) r.losses = st->losses;
       r.status = ranks[static_cast<std::size_t>(r.rank)].status;
-      if (out.manifest.failure && out.manifest.failure->rank == r.rank) r.failure = out.manifest.failure->message;
     }
   };
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors);

@@ -63,9 +63,10 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     std::vector<RankReport> ranks = {Analyzed(Recording(0, wall_start_us)), Analyzed(Recording(1, wall_start_us))};
     REQUIRE(ranks[0].oom.has_value());
     AddRunFields(ranks[1]);
-    ranks[1].failure = "rank 1 ran out of memory";
     ranks[1].losses = {2.5f, std::numeric_limits<float>::quiet_NaN()};
-    const json written = ReportToJson(MakeReport(2, ranks));
+    Report report = MakeReport(2, ranks);
+    report.failure = ReportFailure{1, "rank 1 ran out of memory"};
+    const json written = ReportToJson(report);
     CHECK(written["ranks"][1]["losses"] == json::array({2.5, nullptr}));
     CHECK_FALSE(written["ranks"][0].contains("losses"));
     CHECK(written["failure"] == json{{"rank", 1}, {"message", "rank 1 ran out of memory"}});
@@ -80,8 +81,7 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     CHECK(read->world_size == 2);
     CHECK(read->generator == kMemscopeVersion);
     const RankReport& r1 = read->ranks[1];
-    CHECK(r1.failure == "rank 1 ran out of memory");
-    CHECK(read->ranks[0].failure.empty());
+    CHECK(read->failure == ReportFailure{1, "rank 1 ran out of memory"});
     REQUIRE(r1.losses.size() == 2);
     CHECK(r1.losses[0] == 2.5f);
     CHECK(std::isnan(r1.losses[1]));
@@ -96,6 +96,18 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     CHECK(r1.oom->requested == 12 * MiB);
     CHECK(r1.oom->fragmentation.largest_free_block == ranks[1].oom->fragmentation.largest_free_block);
   }
+}
+
+TEST_CASE("report.json: the run's failure reads back when its rank has no entry (it recorded nothing)") {
+  Report report = MakeReport(3, {Analyzed(Recording(0, 0)), Analyzed(Recording(2, 0))});
+  report.failure = ReportFailure{1, "rank 1 was killed by signal 9 (SIGKILL)"};
+  const json written = ReportToJson(report);
+  CHECK(written["failure"] == json{{"rank", 1}, {"message", "rank 1 was killed by signal 9 (SIGKILL)"}});
+  absl::StatusOr<Report> read = ReportFromJson(json::parse(written.dump()));
+  INFO(read.status().ToString());
+  REQUIRE(read.ok());
+  CHECK(read->failure == report.failure);
+  CHECK(ReportToJson(*read) == written);
 }
 
 TEST_CASE("report.json: memory_stats come back into DeviceStats key by key") {
@@ -125,7 +137,7 @@ TEST_CASE("report.json: a report from an older memscope (no status, ddp, failure
   const RankReport& r = read->ranks[0];
   CHECK(r.status.empty());
   CHECK_FALSE(r.ddp.has_value());
-  CHECK(r.failure.empty());
+  CHECK_FALSE(read->failure.has_value());
   CHECK(r.torn_bytes == 0);
   CHECK(r.peak_allocated.top_owners.empty());
   CHECK(r.peak_allocated.bytes == rank["peak"]["allocated"]["bytes"].get<std::uint64_t>());
@@ -179,7 +191,7 @@ TEST_CASE("report.json: a report that is not usable is an error naming the rank 
   CHECK(ReadError(bad) == usable + "ranks[1] has no \"rank\" (a rank number)");
   bad = good;
   bad["failure"] = {{"rank", 7}, {"message", "rank 7 was killed"}};
-  CHECK(ReadError(bad) == usable + "failure names rank 7, which the report does not have");
+  CHECK(ReadError(bad) == usable + "failure names rank 7, not a rank of world_size 2");
 
   // DDP as a rank of memscope run records it in rank-R.json.
   absl::StatusOr<DdpBuckets> ddp = DdpFromJson(DdpJson(*ranks[1].ddp));
