@@ -109,7 +109,7 @@ struct DdpBuckets {
 
 // Everything report.json says about one rank (exporters/report.h has the
 // schema): the recording's header and its analyses, which AnalyzeRank fills,
-// and what only `memscope run` knows (ddp, status, failure), which it adds.
+// and what only `memscope run` knows (ddp, status, losses), which it adds.
 struct RankReport {
   int rank = 0;
   int device_index = 0;
@@ -133,10 +133,9 @@ struct RankReport {
   // What `memscope run` adds:
   std::optional<DdpBuckets> ddp;  // the rank trained under DDP
   std::string status;             // "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"; "" outside a run
-  // Why the run failed, set only on the rank whose failure was the first
-  // ("rank 1 was killed by signal 9 (SIGKILL)"); report.json writes it as the
-  // run's top-level "failure".
-  std::string failure;
+  // This rank's losses on its own shard of the batch, one per micro-batch
+  // (--exec cpu; a meta run computes no values). NaN when it diverged.
+  std::vector<float> losses;
   // How much the actual peak reserved exceeds the lower bound.
   std::uint64_t overhead_bytes() const {
     return peak_reserved.bytes > lower_bound ? peak_reserved.bytes - lower_bound : 0;

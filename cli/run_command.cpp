@@ -76,9 +76,8 @@ struct RunArgs {
   std::string attention = "math";
   std::string out = "memscope-run";
   bool json = false;
-  std::string fault_kill;          // "RANK:STEP": that rank SIGKILLs itself as backward of STEP begins
-  std::string fault_skip_barrier;  // "RANK:STEP": every other rank calls a barrier after STEP
-  std::int64_t dp = 0;             // --dp N: DataParallel over N simulated GPUs in this process
+  std::string scenario;  // --scenario NAME:RANK[:STEP] (run/rank.h Scenario)
+  std::int64_t dp = 0;   // --dp N: DataParallel over N simulated GPUs in this process
   bool dp_given = false;
 };
 
@@ -93,15 +92,35 @@ std::string ModelName(const RunArgs& a) { return a.model_file.empty() ? a.model 
 // Everything a rank needs (run/rank.h), built from the flags.
 using Plan = RankPlan;
 
-absl::StatusOr<std::pair<int, std::int64_t>> ParseFault(const std::string& flag, const std::string& text) {
-  std::pair<int, std::int64_t> f{-1, -1};
-  if (text.empty()) return f;
-  const std::size_t colon = text.find(':');
-  if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(0, colon), &f.first) ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &f.second) || f.first < 0 || f.second < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, " '", text, "': use RANK:STEP"));
+constexpr const char* kScenarioUsage =
+    "use kill:RANK:STEP, skip-barrier:RANK:STEP, only-barrier:RANK:STEP or extra-step:RANK";
+
+// --scenario NAME:RANK[:STEP] of a run of `world_size` ranks and `steps` steps.
+absl::StatusOr<Scenario> ParseScenario(const std::string& text, std::int64_t world_size, std::int64_t steps) {
+  Scenario sc;
+  if (text.empty()) return sc;
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  const std::string& name = parts[0];
+  const std::size_t fields = name == "extra-step" ? 2 : 3;
+  sc.kind = name == "kill"           ? Scenario::Kind::kKill
+            : name == "skip-barrier" ? Scenario::Kind::kSkipBarrier
+            : name == "only-barrier" ? Scenario::Kind::kOnlyBarrier
+            : name == "extra-step"   ? Scenario::Kind::kExtraStep
+                                     : Scenario::Kind::kNone;
+  if (sc.kind == Scenario::Kind::kNone || parts.size() != fields || !absl::SimpleAtoi(parts[1], &sc.rank) ||
+      (fields == 3 && !absl::SimpleAtoi(parts[2], &sc.step))) {
+    return absl::InvalidArgumentError(absl::StrCat("--scenario '", text, "': ", kScenarioUsage));
   }
-  return f;
+  if (world_size < 2) return absl::InvalidArgumentError("--scenario needs --world-size 2 or more");
+  if (sc.rank < 0 || sc.rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scenario '", text, "': rank ", parts[1], " is not a rank of --world-size ", world_size));
+  }
+  if (fields == 3 && (sc.step < 0 || sc.step >= steps)) {
+    return absl::InvalidArgumentError(absl::StrCat("--scenario '", text, "': step ", parts[2],
+                                                   " is not a step of --steps ", steps, " (0 to ", steps - 1, ")"));
+  }
+  return sc;
 }
 
 // Bounds of the numeric options: far beyond any real run, small enough that
@@ -133,6 +152,7 @@ absl::Status CheckOptionRanges(const RunArgs& a) {
     return absl::InvalidArgumentError(
         absl::StrCat("--bucket-cap-mb ", a.bucket_cap_mb, ": must be greater than 0 and at most 1 PiB"));
   }
+  if (a.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
   if (a.grad_accum < 1 || a.grad_accum > kMaxDimension) {
     return absl::InvalidArgumentError(absl::StrCat("--grad-accum ", a.grad_accum, ": use 1 to ", kMaxDimension));
   }
@@ -218,12 +238,9 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
         "--comm-hook, --no-broadcast-buffers) need --ddp copy or view");
   }
   p.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
-  absl::StatusOr<std::pair<int, std::int64_t>> kill = ParseFault("--fault-kill", a.fault_kill);
-  if (!kill.ok()) return kill.status();
-  absl::StatusOr<std::pair<int, std::int64_t>> skip = ParseFault("--fault-skip-barrier", a.fault_skip_barrier);
-  if (!skip.ok()) return skip.status();
-  p.fault_kill = *kill;
-  p.fault_skip_barrier = *skip;
+  absl::StatusOr<Scenario> scenario = ParseScenario(a.scenario, world_size, a.steps);
+  if (!scenario.ok()) return scenario.status();
+  p.scenario = *scenario;
   absl::StatusOr<std::uint64_t> device_memory = ParseSize(a.device_memory);
   if (!device_memory.ok())
     return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", device_memory.status().message()));
@@ -338,6 +355,32 @@ void PrintImbalance(const std::vector<RankReport>& reports) {
                                FormatSize(static_cast<std::uint64_t>(mean_res)));
 }
 
+// The losses of a multi-rank run, one line per rank (each rank's loss on its
+// own shard of the batch, as each process of a DDP job prints it), then
+// their mean over the steps every rank has: with a mean-reduced loss and
+// equal shards, the loss of the whole batch.
+void PrintRankLosses(const std::vector<std::optional<RankStatus>>& statuses) {
+  std::size_t steps = std::numeric_limits<std::size_t>::max();
+  for (std::size_t r = 0; r < statuses.size(); ++r) {
+    if (!statuses[r]) {
+      steps = 0;
+      continue;
+    }
+    steps = std::min(steps, statuses[r]->losses.size());
+    std::cout << "loss (rank " << r << "):";
+    for (float l : statuses[r]->losses) std::cout << absl::StrFormat(" %.4f", l);
+    std::cout << "\n";
+  }
+  if (steps == 0 || steps == std::numeric_limits<std::size_t>::max()) return;
+  std::cout << "loss (mean):";
+  for (std::size_t i = 0; i < steps; ++i) {
+    double sum = 0;
+    for (const std::optional<RankStatus>& st : statuses) sum += st->losses[i];
+    std::cout << absl::StrFormat(" %.4f", sum / static_cast<double>(statuses.size()));
+  }
+  std::cout << "\n";
+}
+
 // The tables of `memscope run`: the header line, each rank's phase table,
 // buckets and peak, the losses and where it was recorded. Only what
 // happened: a rank that never built its model (a failed rendezvous) has no
@@ -381,9 +424,13 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
   }
   if (t.data_parallel) PrintImbalance(out.reports);
   if (!t.losses.empty()) {
-    std::cout << "loss:";
-    for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
-    std::cout << "\n";
+    if (world_size > 1) {
+      PrintRankLosses(out.statuses);
+    } else {
+      std::cout << "loss:";
+      for (float l : t.losses) std::cout << absl::StrFormat(" %.4f", l);
+      std::cout << "\n";
+    }
     if (const auto diverged = FirstDivergedLoss(t.losses)) {
       // One loss per micro-batch: --grad-accum of them per step.
       const std::int64_t accum = std::max<std::int64_t>(1, t.grad_accum);
@@ -495,8 +542,7 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
   if (a.checkpoint) v.push_back("--checkpoint-activations");
   if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
-  if (!a.fault_kill.empty()) v.insert(v.end(), {"--fault-kill", a.fault_kill});
-  if (!a.fault_skip_barrier.empty()) v.insert(v.end(), {"--fault-skip-barrier", a.fault_skip_barrier});
+  if (!a.scenario.empty()) v.insert(v.end(), {"--scenario", a.scenario});
   return v;
 }
 
@@ -711,12 +757,11 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--comm-hook", a->comm_hook, "none (default), fp16 or bf16 (the compression hooks)");
   cmd->add_flag("--no-broadcast-buffers", a->no_broadcast_buffers, "DDP broadcast_buffers=False");
   cmd->add_option("--timeout", a->timeout, "collective timeout in seconds (default 60)");
-  cmd->add_option("--fault-kill", a->fault_kill,
-                  "testing: RANK:STEP, that rank kills itself (SIGKILL) as backward begins")
-      ->group("");
-  cmd->add_option("--fault-skip-barrier", a->fault_skip_barrier,
-                  "testing: RANK:STEP, every other rank calls a barrier after that step")
-      ->group("");
+  cmd->add_option("--scenario", a->scenario,
+                  "a DDP mistake one rank makes, to see how the run fails: kill:R:S (rank R killed as step S's "
+                  "backward begins), skip-barrier:R:S (every rank but R calls dist.barrier() after step S), "
+                  "only-barrier:R:S (only rank R does, as inside `if rank == 0:`), extra-step:R (rank R trains one "
+                  "step more: uneven inputs)");
   cmd->add_option("--zero-grad", a->zero_grad, "none (set_to_none=True, the default) or zeros");
   cmd->add_option("--alloc-conf", a->alloc_conf, "allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });

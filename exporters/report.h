@@ -5,7 +5,8 @@
 // validates it (exporters/report_json.cpp holds both, so they cannot drift).
 //
 //   {"schema": "memscope.report/1", "generator": "memscope 0.1.0", "world_size": N,
-//    "failure": {"rank", "message"}   (memscope run, only when a rank failed: the first failure)
+//    "failure": {"rank", "message"}   (memscope run, only when a rank failed: the run's first failure;
+//                                      its rank may have no entry in "ranks": a rank that recorded nothing)
 //    "ranks": [{
 //      "rank", "device_index", "device_capacity", "alloc_conf", "events", "torn_bytes",
 //      "phases": [{"step" (null before the first step), "phase" (its name, or a user phase's label),
@@ -27,7 +28,9 @@
 //      "lower_bound_bytes", "peak_reserved_bytes" (= peak.reserved.bytes),
 //      "overhead_bytes" (peak_reserved_bytes - lower_bound_bytes, at least 0),
 //      "status"   (memscope run: "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"),
-//      "ddp"      (memscope run, DDP ranks: DDP below)}]}
+//      "ddp"      (memscope run, DDP ranks: DDP below),
+//      "losses"   (memscope run --exec cpu: this rank's loss on its shard of the batch, one per
+//                  micro-batch, null where it diverged; absent when no values were computed)}]}
 //   DDP = {"mode": "copy" or "view", "buckets": [BUCKET], "rebuilt_buckets": [BUCKET]}
 //      BUCKET = {"index", "bytes", "dtype", "params": [parameter names, in the bucket's order]}
 //   CATEGORY: every allocator category ("PARAMETER", "ACTIVATION", ...).
@@ -40,12 +43,14 @@
 // memscope or by hand (numbers read as 0, "oom" as none, "memory_stats" as
 // unknown). A field that is there must have its type (bytes non-negative,
 // categories and memory_stats keys known); peak_reserved_bytes, when there,
-// equals peak.reserved.bytes; "failure" names one of the ranks.
+// equals peak.reserved.bytes; "failure" names a rank of the run (below
+// world_size).
 #ifndef MEMSCOPE_EXPORTERS_REPORT_H_
 #define MEMSCOPE_EXPORTERS_REPORT_H_
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,20 +65,30 @@ namespace memscope {
 inline constexpr const char* kReportSchema = "memscope.report/1";
 inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";
 
+// The first failure of a run (memscope run): the rank that failed first and
+// what was said about it ("rank 1 was killed by signal 9 (SIGKILL)").
+struct ReportFailure {
+  int rank = 0;
+  std::string message;
+  bool operator==(const ReportFailure&) const = default;
+};
+
 // report.json as a value.
 struct Report {
   std::string schema = kReportSchema;
   std::string generator = kMemscopeVersion;  // what wrote it; "" when a read report does not say
   int world_size = 0;
   std::vector<RankReport> ranks;  // memscope writes them by rank; a read report keeps the file's order
+  // memscope run: the run's first failure. Run-level, since the rank that
+  // failed first may have recorded nothing (no timeline, no entry in `ranks`).
+  std::optional<ReportFailure> failure;
 };
 
 // The report of `ranks` (AnalyzeRank's, amended or not) of a run of
 // `world_size` ranks, by this memscope.
 Report MakeReport(int world_size, std::vector<RankReport> ranks);
 
-// report.json's document. The run's "failure" is that of the first rank
-// (in `ranks` order) whose `failure` is set.
+// report.json's document.
 nlohmann::json ReportToJson(const Report& report);
 
 // One rank's object of report.json.

@@ -3,6 +3,7 @@
 // one writer and one reader.
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -409,6 +410,13 @@ absl::StatusOr<RankReport> ReadRank(const json& entry, const std::string& where)
     if (!d.ok()) return d.status();
     r.ddp = std::move(*d);
   }
+  if (const json* losses = f.Find("losses"); losses != nullptr) {
+    if (!losses->is_array()) return f.Bad("\"losses\" (an array of numbers or null)");
+    for (const json& l : *losses) {
+      if (!l.is_null() && !l.is_number()) return f.Bad("\"losses\" (an array of numbers or null)");
+      r.losses.push_back(l.is_null() ? std::numeric_limits<float>::quiet_NaN() : l.get<float>());
+    }
+  }
   return r;
 }
 
@@ -451,11 +459,11 @@ absl::StatusOr<Report> ReadBody(const json& j) {
     std::string message;
     MEMSCOPE_RETURN_IF_ERROR(f.Int("rank", rank));
     MEMSCOPE_RETURN_IF_ERROR(f.String("message", message, /*required=*/true));
-    auto it = index.find(rank);
-    if (it == index.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("failure names rank ", rank, ", which the report does not have"));
+    if (rank >= report.world_size && !index.contains(rank)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failure names rank ", rank, ", not a rank of world_size ", report.world_size));
     }
-    report.ranks[it->second].failure = std::move(message);
+    report.failure = ReportFailure{rank, std::move(message)};
   }
   return report;
 }
@@ -517,6 +525,11 @@ json RankReportJson(const RankReport& r) {
   if (r.stats_known) j["memory_stats"] = std::move(stats);
   if (!r.status.empty()) j["status"] = r.status;
   if (r.ddp) j["ddp"] = DdpJson(*r.ddp);
+  if (!r.losses.empty()) {
+    json losses = json::array();
+    for (float l : r.losses) losses.push_back(std::isfinite(l) ? json(l) : json(nullptr));
+    j["losses"] = std::move(losses);
+  }
   return j;
 }
 
@@ -534,11 +547,7 @@ json ReportToJson(const Report& report) {
             {"generator", report.generator},
             {"world_size", report.world_size},
             {"ranks", std::move(ranks)}};
-  for (const RankReport& r : report.ranks) {
-    if (r.failure.empty()) continue;
-    j["failure"] = {{"rank", r.rank}, {"message", r.failure}};
-    break;
-  }
+  if (report.failure) j["failure"] = {{"rank", report.failure->rank}, {"message", report.failure->message}};
   return j;
 }
 

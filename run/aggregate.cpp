@@ -65,6 +65,49 @@ RunManifest BuildManifest(const RunRecord& run, const std::vector<std::optional<
   return m;
 }
 
+// What a collective mismatch means for the user's job, said once after it.
+constexpr const char* kMismatchHint =
+    "memscope run: in PyTorch this hangs until the process group's timeout: every rank "
+    "must call the same collectives in the same order. Usual causes: a dist.barrier() only some ranks reach "
+    "(inside `if rank == 0:`), or ranks with different numbers of batches (DistributedSampler(drop_last=True), or "
+    "DDP's join() context manager).";
+
+// "rank 1", "ranks 0 and 1", "ranks 0, 2 and 3".
+std::string RanksText(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
+    absl::StrAppend(&out, ranks[i]);
+  }
+  return out;
+}
+
+// The stderr lines of a run with a first failure: that rank's line first,
+// then the other ranks that did not end well. Ranks that failed alike share a
+// line ("ranks 0 and 1 exited with status 4: collective mismatch at ..."), so
+// which of them noticed first does not change what is printed.
+std::string FailureLines(const std::vector<ManifestRank>& ranks, int first_failure) {
+  std::vector<std::pair<std::string, std::vector<int>>> lines;  // what happened, to which ranks
+  auto add = [&lines](const ManifestRank& r) {
+    const std::string what = absl::StrCat(r.how.value_or("failed"), r.error->empty() ? "" : ": " + *r.error);
+    for (auto& [text, who] : lines) {
+      if (text == what) {
+        who.push_back(r.rank);
+        std::sort(who.begin(), who.end());
+        return;
+      }
+    }
+    lines.push_back({what, {r.rank}});
+  };
+  add(ranks[static_cast<std::size_t>(first_failure)]);
+  for (const ManifestRank& r : ranks) {
+    if (r.rank != first_failure && r.status != "ok") add(r);
+  }
+  std::string out;
+  for (const auto& [text, who] : lines) absl::StrAppend(&out, "memscope run: ", RanksText(who), " ", text, "\n");
+  return out;
+}
+
 // The exit status and the stderr lines about the ranks that did not end well.
 void Judge(const RunRecord& run, RunOutcome& out) {
   const std::vector<ManifestRank>& ranks = out.manifest.ranks;
@@ -76,14 +119,11 @@ void Judge(const RunRecord& run, RunOutcome& out) {
     if (!run.exits.empty()) failed = failed || !run.exits[static_cast<std::size_t>(r)].ok();
   }
   std::string& err = out.diagnostics;
-  if (out.manifest.failure) {
-    absl::StrAppend(&err, "memscope run: ", out.manifest.failure->message, "\n");
-    for (const ManifestRank& r : ranks) {
-      if (r.rank != run.first_failure && r.status != "ok") {
-        absl::StrAppend(&err, "memscope run: rank ", r.rank, " ", r.how.value_or("failed"),
-                        r.error->empty() ? "" : ": " + *r.error, "\n");
-      }
-    }
+  if (out.manifest.failure) err += FailureLines(ranks, run.first_failure);
+  for (const ManifestRank& r : ranks) {
+    if (r.error->find("collective mismatch") == std::string::npos) continue;
+    absl::StrAppend(&err, kMismatchHint, "\n");
+    break;
   }
   if (oom) {
     for (std::size_t r = 0; r < out.statuses.size(); ++r) {
@@ -146,15 +186,16 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
   std::erase_if(*recorded, [world_size](const Timeline& t) { return t.rank < 0 || t.rank >= world_size; });
   const std::vector<std::optional<RankStatus>>& statuses = out.statuses;
   const std::vector<ManifestRank>& ranks = out.manifest.ranks;
-  // report.json also gets each rank's status and DDP buckets, and the run's
-  // first failure on the rank that failed first.
-  auto amend = [&](std::vector<RankReport>& reports) {
-    for (RankReport& r : reports) {
+  // report.json also gets each rank's status, DDP buckets and losses, and
+  // the run's first failure (whose rank may have recorded nothing).
+  auto amend = [&](Report& report) {
+    if (out.manifest.failure) report.failure = ReportFailure{out.manifest.failure->rank, out.manifest.failure->message};
+    for (RankReport& r : report.ranks) {
       if (r.rank < 0 || r.rank >= world_size) continue;
       const std::optional<RankStatus>& st = statuses[static_cast<std::size_t>(r.rank)];
       if (st && st->ddp) r.ddp = st->ddp;
+      if (st) r.losses = st->losses;
       r.status = ranks[static_cast<std::size_t>(r.rank)].status;
-      if (out.manifest.failure && out.manifest.failure->rank == r.rank) r.failure = out.manifest.failure->message;
     }
   };
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors);

@@ -51,9 +51,9 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
 // snapshot and takes the viewer's segment maps as it passes the moments.
 // Every output is an OutputFile (written whole or not at all); one that
 // cannot be written does not stop the others.
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
-    const std::string& dir, const std::vector<Timeline>& timelines,
-    const std::function<void(std::vector<RankReport>& reports)>& amend, std::vector<absl::Status>* write_errors) {
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
+                                                        const std::function<void(Report& report)>& amend,
+                                                        std::vector<absl::Status>* write_errors) {
   const RunDirectory run_dir(dir);
   OutputFile trace_out(run_dir.Trace());  // renamed into place only when complete
   ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out.stream());
@@ -75,16 +75,12 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   if (absl::Status s = trace.Finish(); !s.ok() && trace_out.stream()) return s;
   if (absl::Status s = trace_out.Commit(); !s.ok()) errors.push_back(s);
 
-  std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
-  for (std::size_t i = 0; i < timelines.size(); ++i) {
-    ptrs.push_back(&timelines[i]);
-    reports.push_back(std::move(analyses[i]->report()));
-  }
-  if (amend) amend(reports);
-  const nlohmann::json report = ReportJson(ptrs, reports);
-  if (absl::Status s = WriteOutputFile(run_dir.Report(),
-                                       report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  for (std::size_t i = 0; i < timelines.size(); ++i) reports.push_back(std::move(analyses[i]->report()));
+  Report report = MakeReport(timelines.empty() ? 0 : timelines.front().world_size, std::move(reports));
+  if (amend) amend(report);
+  if (absl::Status s = WriteOutputFile(
+          run_dir.Report(), ReportToJson(report).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       !s.ok()) {
     errors.push_back(s);
   }
@@ -105,7 +101,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     if (errors.size() > 1) absl::StrAppend(&message, " (and ", errors.size() - 1, " more outputs)");
     return absl::InternalError(message);
   }
-  return reports;
+  return std::move(report.ranks);
 }
 
 }  // namespace memscope

@@ -96,6 +96,31 @@ class RecordingCommunicator final : public reducer::Communicator {
   Recorder& recorder_;
 };
 
+// The scenario's mistake, made by this rank: a phase hook, or one more step.
+void ApplyScenario(const Scenario& sc, int rank, reducer::Communicator* c, TrainOptions& train) {
+  using Kind = Scenario::Kind;
+  switch (sc.kind) {
+    case Kind::kNone: return;
+    case Kind::kExtraStep:
+      if (rank == sc.rank) ++train.steps;
+      return;
+    case Kind::kKill:
+      if (rank != sc.rank) return;
+      train.phase_hook = [sc](Phase phase, std::int64_t step, bool end) {
+        if (!end && phase == Phase::kBackward && step == sc.step) ::raise(SIGKILL);
+      };
+      return;
+    case Kind::kSkipBarrier:
+    case Kind::kOnlyBarrier:
+      // Does this rank call the barrier? Every rank but sc.rank, or sc.rank alone.
+      if (c == nullptr || (rank == sc.rank) == (sc.kind == Kind::kSkipBarrier)) return;
+      train.phase_hook = [sc, c](Phase phase, std::int64_t step, bool end) {
+        if (end && phase == Phase::kStep && step == sc.step) c->Barrier();
+      };
+      return;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
@@ -121,12 +146,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
     // The recorder exists from Start on.
     if (comm) comm = std::make_unique<RecordingCommunicator>(std::move(comm), session.recorder());
     reducer::Communicator* c = comm.get();
-    const auto kill = plan.fault_kill;
-    const auto skip = plan.fault_skip_barrier;
-    plan.train.phase_hook = [c, rank, kill, skip](Phase phase, std::int64_t step, bool end) {
-      if (!end && phase == Phase::kBackward && rank == kill.first && step == kill.second) ::raise(SIGKILL);
-      if (end && c != nullptr && step == skip.second && rank != skip.first) c->Barrier();
-    };
+    ApplyScenario(plan.scenario, rank, c, plan.train);
     result = Train(plan.train, session.context(), &session.recorder(), c);
   } catch (const reducer::CommError& e) {  // rendezvous
     result = TrainResult{};

@@ -19,6 +19,23 @@
 
 namespace memscope {
 
+// A scenario of `memscope run --scenario`: a mistake from users' DDP jobs,
+// made by one rank, so that the run shows how it fails (a collective
+// mismatch or a lost peer, named; never a hang).
+struct Scenario {
+  enum class Kind {
+    kNone,
+    kKill,         // kill:R:S      rank R is killed (SIGKILL) as backward of step S begins
+    kSkipBarrier,  // skip-barrier:R:S  every rank but R calls dist.barrier() after step S
+    kOnlyBarrier,  // only-barrier:R:S  only rank R calls dist.barrier() after step S
+                   //                   (a barrier inside `if rank == 0:`)
+    kExtraStep,    // extra-step:R  rank R trains one step more than the others (uneven inputs)
+  };
+  Kind kind = Kind::kNone;
+  int rank = -1;
+  std::int64_t step = -1;  // -1 for extra-step
+};
+
 // Everything a rank needs, checked before anything is written.
 struct RankPlan {
   TrainOptions train;
@@ -27,8 +44,7 @@ struct RankPlan {
   bool cpu = false;                          // --exec cpu: real float math on a host-backed device
   std::string ddp;                           // "off", "copy" or "view"
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
-  // Testing (--fault-kill, --fault-skip-barrier): {RANK, STEP}, -1 when off.
-  std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};
+  Scenario scenario;                         // --scenario
 };
 
 // Trains rank `rank` of `world_size` into `dir` (its rendezvous: $MEMSCOPE_STORE

@@ -77,6 +77,9 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
   (void)manifest.Write(run_dir.Manifest());  // as before: the outputs below say whether the directory is writable
   absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(dir);
   if (!recorded.ok()) return recorded.status();
+  // A timeline file holds no stacks: the snapshot's are attached to what was
+  // just recorded, so the outputs (top sites, summary, snapshot) carry them.
+  if (recorded->size() == 1) AttachStacks(trace, out.replay, recorded->front());
   absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(dir, *recorded);
   if (!reports.ok()) return reports.status();
   out.reports = std::move(*reports);

@@ -74,16 +74,15 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
 // each rank's peak) and report.html into `dir` for these timelines, in two
 // walks over each rank's events (analysis/timeline_walk.h). Returns the
 // analyses, amended. `amend`, when given, fills what only the caller knows (a
-// run's status, DDP buckets and failure: RankReport's fields for them) before
-// report.json is written. Each file is written whole or not at all (a
+// run's first failure, and each rank's status, DDP buckets and losses:
+// Report's and RankReport's fields for them) before report.json is written. Each file is written whole or not at all (a
 // temporary name, then renamed; run/output_file.h); one that cannot be
 // written does not stop the others. Its error ("cannot write 'PATH':
 // REASON") goes to `write_errors` when given; else the first is returned
 // (naming how many more failed) after every output was tried.
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
-    const std::string& dir, const std::vector<Timeline>& timelines,
-    const std::function<void(std::vector<RankReport>& reports)>& amend = {},
-    std::vector<absl::Status>* write_errors = nullptr);
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
+                                                        const std::function<void(Report& report)>& amend = {},
+                                                        std::vector<absl::Status>* write_errors = nullptr);
 
 }  // namespace memscope
 

@@ -56,6 +56,26 @@ try:
         check(f"rank {r['rank']}: phase ddp after model", phases[:2] == ["model", "ddp"], phases)
     code, out2, err2 = run("summary", d, "--rank", "1")
     check("summary --rank 1", code == 0 and "ddp" in out2, (code, err2))
+    check("meta run: no loss printed (nothing computed)", not any(l.startswith("loss") for l in out.splitlines()) and "losses" not in report["ranks"][0], out)
+
+    # --exec cpu: every rank's loss on its own shard, labeled, and their mean;
+    # report.json has each rank's losses, as the ranks recorded them.
+    d = os.path.join(tmp, "cpu-losses")
+    code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--exec", "cpu", "--out", d)
+    check("cpu 2 ranks exit 0", code == 0, (code, err))
+    lines = {l.split(":")[0]: [float(x) for x in l.split(":")[1].split()] for l in out.splitlines()
+             if l.startswith("loss (")}
+    check("cpu: a loss line per rank and the mean", sorted(lines) == ["loss (mean)", "loss (rank 0)", "loss (rank 1)"]
+          and all(len(v) == 3 for v in lines.values()), out)
+    report = load(d, "report.json")
+    for r in (0, 1):
+        own = load(d, f"rank-{r}.json")["losses"]
+        check(f"cpu: report.json rank {r} losses are its own", report["ranks"][r]["losses"] == own, (report["ranks"][r].get("losses"), own))
+        check(f"cpu: rank {r}'s printed losses", lines[f"loss (rank {r})"] == [round(x, 4) for x in own], lines)
+    mean = [(a + b) / 2 for a, b in zip(report["ranks"][0]["losses"], report["ranks"][1]["losses"])]
+    check("cpu: the printed mean is the mean of the ranks' losses", lines["loss (mean)"] == [round(x, 4) for x in mean],
+          (lines, mean))
+    check("cpu: the ranks' shards differ", report["ranks"][0]["losses"][0] != report["ranks"][1]["losses"][0], report)
 
     # --ddp copy,view: both runs, then the comparison. The view run's steady
     # state has no GRADIENT of its own: one model size less.
@@ -79,7 +99,7 @@ try:
     # names the dead rank, every timeline reads up to the failure.
     d = os.path.join(tmp, "kill")
     code, out, err, elapsed = timed_run("run", "--model", "mlp", "--world-size", "4", "--steps", "3", "--timeout", "20",
-                                        "--fault-kill", "1:1", "--out", d)
+                                        "--scenario", "kill:1:1", "--out", d)
     check("killed rank: exit 4", code == 4, (code, err))
     check("killed rank: well within the timeout", elapsed < 20, elapsed)
     check("killed rank named", "rank 1 was killed by signal 9 (SIGKILL)" in err, err)
@@ -101,7 +121,7 @@ try:
     # statuses are still collected.
     d = os.path.join(tmp, "kill-sigign")
     p = subprocess.run([MEMSCOPE, "run", "--model", "mlp", "--world-size", "2", "--steps", "2", "--timeout", "20",
-                        "--fault-kill", "1:0", "--out", d], capture_output=True, text=True, timeout=120,
+                        "--scenario", "kill:1:0", "--out", d], capture_output=True, text=True, timeout=120,
                        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
     check("SIGCHLD ignored: exit 4, rank 1 named", p.returncode == 4 and "rank 1 was killed by signal 9" in p.stderr,
           (p.returncode, p.stderr))
@@ -110,11 +130,38 @@ try:
     # collectives, not a hang.
     d = os.path.join(tmp, "mismatch")
     code, out, err, elapsed = timed_run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--timeout", "20",
-                                        "--fault-skip-barrier", "1:1", "--out", d)
+                                        "--scenario", "skip-barrier:1:1", "--out", d)
     check("mismatch: exit 4", code == 4, (code, err))
     check("mismatch: well within the timeout", elapsed < 20, elapsed)
     check("mismatch named", "collective mismatch" in err and "rank 0 called barrier" in err
           and "rank 1 called allreduce" in err, err)
+    # Both ranks notice it; one line names them both, whichever noticed first.
+    mismatch = ("memscope run: ranks 0 and 1 exited with status 4: collective mismatch at collective #7: "
+                "rank 0 called barrier, rank 1 called allreduce(float32, 267786 elements, meta)")
+    check("mismatch: one line for both ranks, then the hint", err.splitlines()[:1] == [mismatch]
+          and err.splitlines()[1].startswith("memscope run: in PyTorch this hangs"), err)
+
+    # The other scenarios of users' reports, with 4 ranks: a barrier only
+    # rank 0 reaches (inside `if rank == 0:`), and a rank with one batch more.
+    d = os.path.join(tmp, "only-barrier")
+    code, out, err = run("run", "--model", "mlp", "--world-size", "4", "--steps", "3", "--timeout", "20",
+                         "--scenario", "only-barrier:0:1", "--out", d)
+    check("only-barrier: exit 4, named", code == 4 and err.splitlines()[0] ==
+          "memscope run: ranks 0, 1, 2 and 3 exited with status 4: collective mismatch at collective #7: "
+          "rank 0 called barrier, ranks 1-3 called allreduce(float32, 267786 elements, meta)", (code, err))
+    d = os.path.join(tmp, "extra-step")
+    code, out, err = run("run", "--model", "mlp", "--world-size", "4", "--steps", "2", "--timeout", "20",
+                         "--exec", "cpu", "--scenario", "extra-step:2", "--out", d)
+    check("extra-step: exit 4, named", code == 4 and err.splitlines()[0] ==
+          "memscope run: ranks 0, 1, 2 and 3 exited with status 4: collective mismatch at collective #7: "
+          "ranks 0, 1, 3 called barrier, rank 2 called allreduce(float32, 267786 elements)", (code, err))
+    for bad, message in [("kill:1", "--scenario 'kill:1': use kill:RANK:STEP, skip-barrier:RANK:STEP, "
+                                    "only-barrier:RANK:STEP or extra-step:RANK"),
+                         ("kill:2:0", "--scenario 'kill:2:0': rank 2 is not a rank of --world-size 2"),
+                         ("skip-barrier:1:3", "--scenario 'skip-barrier:1:3': step 3 is not a step of --steps 3 (0 to 2)")]:
+        code, out, err = run("run", "--model", "mlp", "--world-size", "2", "--steps", "3", "--scenario", bad,
+                             "--out", os.path.join(tmp, "bad-scenario"))
+        check(f"--scenario {bad}: one line, exit 2", code == 2 and err == f"memscope run: {message}\n", (code, err))
 
     # Ranks started by an external launcher (torchrun's variables).
     d = os.path.join(tmp, "torchrun")

@@ -296,7 +296,26 @@ try:
         check("stacks round trip", peak2["top_sites"] == peak["top_sites"] and
               peak2["by_category"] == peak["by_category"], (peak2, peak))
 
-    # At an OOM: who held the memory when it ran out, and frag's who-pins by stack.
+    # replay --out records the snapshot into a run directory: its outputs
+    # (report.json, summary.txt, the snapshot at the peak) carry the
+    # snapshot's stacks as `summary` of the file does (issue 15).
+    rundir = os.path.join(tmp, "stacks-run")
+    code, out, err = run("replay", path, "--out", rundir, "--no-search")
+    check("stacks replay --out", code == 0, err)
+    with open(os.path.join(rundir, "report.json")) as f:
+        peak3 = json.load(f)["ranks"][0]["peak"]["allocated"]
+    check("replay --out: report.json top sites from the stacks", peak3["top_sites"] == peak["top_sites"],
+          (peak3["top_sites"], peak["top_sites"]))
+    with open(os.path.join(rundir, "summary.txt")) as f:
+        summary_text = f.read()
+    check("replay --out: summary.txt top sites", "      2.50 MiB       1  /work/train.py:30 main\n" in summary_text,
+          summary_text)
+    with open(os.path.join(rundir, "snapshot-rank-0.pickle"), "rb") as f:
+        at_peak = pickle.load(f)
+    got = [(e["size"], e["frames"]) for e in at_peak["device_traces"][0] if e["action"] == "alloc"]
+    check("replay --out: the snapshot's allocations carry their frames", len(got) == len(want) and got == want,
+          (got, want))
+
     code, out, err = run("summary", os.path.join(tmp, "oom-p4.pickle"), "--json")
     if code == 0:
         oom_sites = json.loads(out)["ranks"][0]["oom"]["top_sites"]

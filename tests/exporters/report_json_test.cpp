@@ -3,6 +3,9 @@
 // and a report that is not usable is an error naming the rank and the field.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "../recording/recording_session.h"
 #include "exporters/report.h"
 
@@ -60,8 +63,12 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     std::vector<RankReport> ranks = {Analyzed(Recording(0, wall_start_us)), Analyzed(Recording(1, wall_start_us))};
     REQUIRE(ranks[0].oom.has_value());
     AddRunFields(ranks[1]);
-    ranks[1].failure = "rank 1 ran out of memory";
-    const json written = ReportToJson(MakeReport(2, ranks));
+    ranks[1].losses = {2.5f, std::numeric_limits<float>::quiet_NaN()};
+    Report report = MakeReport(2, ranks);
+    report.failure = ReportFailure{1, "rank 1 ran out of memory"};
+    const json written = ReportToJson(report);
+    CHECK(written["ranks"][1]["losses"] == json::array({2.5, nullptr}));
+    CHECK_FALSE(written["ranks"][0].contains("losses"));
     CHECK(written["failure"] == json{{"rank", 1}, {"message", "rank 1 ran out of memory"}});
     CHECK(written["ranks"][1]["status"] == "oom");
     CHECK_FALSE(written["ranks"][0].contains("status"));
@@ -74,8 +81,11 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     CHECK(read->world_size == 2);
     CHECK(read->generator == kMemscopeVersion);
     const RankReport& r1 = read->ranks[1];
-    CHECK(r1.failure == "rank 1 ran out of memory");
-    CHECK(read->ranks[0].failure.empty());
+    CHECK(read->failure == ReportFailure{1, "rank 1 ran out of memory"});
+    REQUIRE(r1.losses.size() == 2);
+    CHECK(r1.losses[0] == 2.5f);
+    CHECK(std::isnan(r1.losses[1]));
+    CHECK(read->ranks[0].losses.empty());
     REQUIRE(r1.ddp.has_value());
     CHECK(r1.ddp->rebuilt_buckets[1].params == std::vector<std::string>{"fc.weight"});
     // The typed fields, not only the document, come back.
@@ -86,6 +96,18 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     CHECK(r1.oom->requested == 12 * MiB);
     CHECK(r1.oom->fragmentation.largest_free_block == ranks[1].oom->fragmentation.largest_free_block);
   }
+}
+
+TEST_CASE("report.json: the run's failure reads back when its rank has no entry (it recorded nothing)") {
+  Report report = MakeReport(3, {Analyzed(Recording(0, 0)), Analyzed(Recording(2, 0))});
+  report.failure = ReportFailure{1, "rank 1 was killed by signal 9 (SIGKILL)"};
+  const json written = ReportToJson(report);
+  CHECK(written["failure"] == json{{"rank", 1}, {"message", "rank 1 was killed by signal 9 (SIGKILL)"}});
+  absl::StatusOr<Report> read = ReportFromJson(json::parse(written.dump()));
+  INFO(read.status().ToString());
+  REQUIRE(read.ok());
+  CHECK(read->failure == report.failure);
+  CHECK(ReportToJson(*read) == written);
 }
 
 TEST_CASE("report.json: memory_stats come back into DeviceStats key by key") {
@@ -115,7 +137,7 @@ TEST_CASE("report.json: a report from an older memscope (no status, ddp, failure
   const RankReport& r = read->ranks[0];
   CHECK(r.status.empty());
   CHECK_FALSE(r.ddp.has_value());
-  CHECK(r.failure.empty());
+  CHECK_FALSE(read->failure.has_value());
   CHECK(r.torn_bytes == 0);
   CHECK(r.peak_allocated.top_owners.empty());
   CHECK(r.peak_allocated.bytes == rank["peak"]["allocated"]["bytes"].get<std::uint64_t>());
@@ -156,6 +178,9 @@ TEST_CASE("report.json: a report that is not usable is an error naming the rank 
   bad["ranks"][1]["ddp"]["rebuilt_buckets"][1].erase("bytes");
   CHECK(ReadError(bad) == usable + "rank 1 ddp.rebuilt_buckets[1] has no \"bytes\" (bytes)");
   bad = good;
+  bad["ranks"][1]["losses"] = json::array({1.5, "x"});
+  CHECK(ReadError(bad) == usable + "rank 1 has no \"losses\" (an array of numbers or null)");
+  bad = good;
   bad["ranks"][0]["oom"]["verdict"] = 3;
   CHECK(ReadError(bad) == usable + "rank 0 oom has no string \"verdict\"");
   bad = good;
@@ -166,7 +191,7 @@ TEST_CASE("report.json: a report that is not usable is an error naming the rank 
   CHECK(ReadError(bad) == usable + "ranks[1] has no \"rank\" (a rank number)");
   bad = good;
   bad["failure"] = {{"rank", 7}, {"message", "rank 7 was killed"}};
-  CHECK(ReadError(bad) == usable + "failure names rank 7, which the report does not have");
+  CHECK(ReadError(bad) == usable + "failure names rank 7, not a rank of world_size 2");
 
   // DDP as a rank of memscope run records it in rank-R.json.
   absl::StatusOr<DdpBuckets> ddp = DdpFromJson(DdpJson(*ranks[1].ddp));

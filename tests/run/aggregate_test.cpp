@@ -1,7 +1,9 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 
+#include "exporters/report.h"
 #include "run/aggregate.h"
 #include "run/rank_session.h"
 
@@ -116,6 +118,29 @@ TEST_CASE("AggregateRun: the launcher's first failure is the run's, the others f
         "memscope run: rank 0 exited with status 4: the peer rank 1 is gone\n");
   CHECK(out->manifest.ranks[1].status == "killed");
   CHECK(out->manifest.ranks[0].error == "the peer rank 1 is gone");
+}
+
+TEST_CASE("AggregateRun: report.json keeps the run's failure when the rank that failed first recorded nothing") {
+  FakeRun run("memscope-aggregate-no-timeline",
+              {Status(0, "comm_error", kExitRankFailed, "rank 0: the peer rank 1 is gone"), std::nullopt});
+  std::filesystem::remove(run.dir.Timeline(1));  // killed before its timeline existed
+  RankExit r0{
+      .rank = 0, .exit_code = kExitRankFailed, .signal = 0, .stopped_by_launcher = false, .seconds = 2, .message = ""};
+  RankExit r1{.rank = 1, .exit_code = 0, .signal = 9, .stopped_by_launcher = false, .seconds = 1, .message = ""};
+  run.record.exits = {r0, r1};
+  run.record.first_failure = 1;
+  absl::StatusOr<RunOutcome> out = AggregateRun(run.record);
+  REQUIRE(out.ok());
+  CHECK(out->exit_code == kExitRankFailed);
+  REQUIRE(out->reports.size() == 1);  // rank 0 only
+  std::ifstream in(run.dir.Report());
+  const nlohmann::json report = nlohmann::json::parse(in);
+  CHECK(report["world_size"] == 2);
+  CHECK(report["ranks"].size() == 1);
+  CHECK(report["failure"] == nlohmann::json{{"rank", 1}, {"message", "rank 1 was killed by signal 9 (SIGKILL)"}});
+  absl::StatusOr<Report> read = ReportFromJson(report);
+  REQUIRE(read.ok());
+  CHECK(read->failure == ReportFailure{1, "rank 1 was killed by signal 9 (SIGKILL)"});
 }
 
 }  // namespace

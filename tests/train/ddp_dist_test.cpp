@@ -115,5 +115,49 @@ TEST_CASE(
   CheckEquivalence("cifar-net", 4, true);
 }
 
+// A rank of `world_size` that trains alone on its shard of the batch (no
+// DDP: the loop calls nothing but the final barrier).
+class ShardOnly final : public reducer::Communicator {
+ public:
+  ShardOnly(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "shard-only"; }
+  void AllreduceSum(void*, std::size_t, DType) override { FAIL("no collective expected"); }
+  void Broadcast(void*, std::size_t, DType, int) override { FAIL("no collective expected"); }
+  void Allgather(const void*, void*, std::size_t, DType) override { FAIL("no collective expected"); }
+  void Barrier() override {}
+
+ private:
+  int rank_, world_size_;
+};
+
+TEST_CASE("DDP world size 2, --exec cpu: each rank's loss is its shard's, and their mean is the whole batch's") {
+  constexpr std::int64_t kBatch = 4;
+  TrainOptions o = CpuOptions("mlp", kBatch);
+  o.ddp = reducer::DdpOptions{};
+  std::vector<TrainResult> ranks = TrainRanks(o, 2);
+  TrainResult single = TrainOn(CpuOptions("mlp", 2 * kBatch), nullptr);
+  REQUIRE(single.error.empty());
+  for (int r = 0; r < 2; ++r) {
+    const TrainResult& rank = ranks[static_cast<std::size_t>(r)];
+    INFO(rank.error);
+    REQUIRE(rank.losses.size() == 3);
+    // Step 0, before any update: the same parameters on its shard alone give the same loss, bit for bit.
+    ShardOnly shard(r, 2);
+    TrainResult alone = TrainOn(CpuOptions("mlp", kBatch), &shard);
+    REQUIRE(alone.error.empty());
+    CHECK(rank.losses[0] == alone.losses[0]);
+  }
+  // The shards are different samples: different losses.
+  CHECK(ranks[0].losses[0] != ranks[1].losses[0]);
+  // Every step: the mean of the ranks' mean-reduced losses is the loss of
+  // one process on the whole batch (same parameters, DDP's equivalence).
+  for (std::size_t step = 0; step < 3; ++step) {
+    const double mean = (static_cast<double>(ranks[0].losses[step]) + ranks[1].losses[step]) / 2;
+    CHECK(mean == Approx(single.losses[step]).epsilon(0).margin(1e-6));
+  }
+}
+
 }  // namespace
 }  // namespace memscope
