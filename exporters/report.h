@@ -52,6 +52,7 @@
 
 #include "absl/status/statusor.h"
 #include "analysis/analysis.h"
+#include "exporters/json_writer.h"
 #include "nlohmann/json.hpp"
 #include "recording/event.h"
 
@@ -99,8 +100,10 @@ absl::StatusOr<Report> ReportFromJson(const nlohmann::json& json);
 nlohmann::json DdpJson(const DdpBuckets& ddp);
 absl::StatusOr<DdpBuckets> DdpFromJson(const nlohmann::json& json);
 
-// FRAG above.
+// FRAG above; the Write form streams the same object (keys sorted, as
+// nlohmann's dump prints them).
 nlohmann::json FragmentationJson(const FragmentationInfo& f);
+void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f);
 
 // {CATEGORY: bytes} for every category, as report.json's "by_category".
 nlohmann::json ByCategoryJson(const std::array<std::int64_t, kNumCategories>& by_category);

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "exporters/report.h"
 #include "nlohmann/json.hpp"
 
 using namespace memscope;
@@ -157,4 +158,26 @@ TEST_CASE("json writer: containers, keys and numbers as nlohmann dumps a tree") 
   }
   expected += "]";
   CHECK(stream.str() == expected);
+}
+
+TEST_CASE("json writer: the fragmentation object streamed is report.json's FRAG") {
+  FragmentationInfo f;
+  f.reserved = 20971520;
+  f.allocated = 6291456;
+  f.reserved_minus_allocated = 14680064;
+  f.inactive_split_bytes = 14680064;
+  f.free_in_segments = 14680064;
+  f.largest_free_block = 8388608;
+  f.fragmentation = 1.0 - 8388608.0 / 14680064.0;
+  f.segments = 1;
+  f.free_blocks = 2;
+  std::string out;
+  JsonWriter w(out);
+  WriteFragmentationJson(w, f);
+  w.Finish();
+  CHECK(out == Dumped(FragmentationJson(f)));
+  CHECK(out ==
+        "{\"allocated_bytes\":6291456,\"fragmentation\":0.4285714285714286,\"free_blocks\":2,"
+        "\"free_in_segments_bytes\":14680064,\"inactive_split_bytes\":14680064,\"largest_free_block_bytes\":8388608,"
+        "\"reserved_bytes\":20971520,\"reserved_minus_allocated_bytes\":14680064,\"segments\":1}");
 }
