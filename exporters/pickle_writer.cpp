@@ -318,7 +318,9 @@ void PickleWriter::Float(double value) {
 void PickleWriter::String(std::string_view utf8) {
   if (!BeforeValue()) return;
   std::string fixed;
-  if (!IsValidUtf8(utf8)) {
+  unsigned char high = 0;  // ASCII (most keys and values) is valid UTF-8: no decoding
+  for (const char c : utf8) high |= static_cast<unsigned char>(c);
+  if (high >= 0x80 && !IsValidUtf8(utf8)) {
     fixed = ReplaceInvalidUtf8(utf8);
     utf8 = fixed;
   }
