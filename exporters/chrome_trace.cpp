@@ -154,14 +154,12 @@ class EventWriter {
   }
   std::string& raw() { return buf_; }
 
-  // Raw writing for the hot path: Open returns where to write at most
-  // `max_bytes` (an event's separator and "{\"ts\":" already there, unless
-  // `first_event` is false: then nothing); Close takes the end of what was
-  // written.
+  // Raw writing for the hot path: Open returns room for `max_bytes`,
+  // EventStart writes an event's separator and "{\"ts\":" there, and Close
+  // appends what was written, up to `end`, to the trace.
   char* Open(std::size_t max_bytes) {
-    raw_start_ = buf_.size();
-    buf_.resize(raw_start_ + max_bytes);
-    return buf_.data() + raw_start_;
+    if (scratch_.size() < max_bytes) scratch_.resize(max_bytes);
+    return scratch_.data();
   }
   char* EventStart(char* p) {
     p = PutText(p, first_ ? std::string_view("\n{\"ts\":") : std::string_view(",\n{\"ts\":"));
@@ -169,7 +167,7 @@ class EventWriter {
     return p;
   }
   void Close(const char* end) {
-    buf_.resize(static_cast<std::size_t>(end - buf_.data()));
+    buf_.append(scratch_.data(), static_cast<std::size_t>(end - scratch_.data()));
     if (buf_.size() >= kFlushAt) Flush();
   }
   std::int64_t offset_ns() const { return offset_ns_; }
@@ -182,7 +180,7 @@ class EventWriter {
   static constexpr std::size_t kFlushAt = 1 << 16;
   std::ostream& out_;
   std::string buf_;
-  std::size_t raw_start_ = 0;
+  std::string scratch_;  // Open's room
   bool first_ = true;
 };
 

@@ -48,7 +48,7 @@ class JsonWriter {
   void BeginObject() {
     Separate();
     Put('{');
-    first_.push_back(true);
+    first_.push_back(1);
   }
   void EndObject() {
     first_.pop_back();
@@ -57,7 +57,7 @@ class JsonWriter {
   void BeginArray() {
     Separate();
     Put('[');
-    first_.push_back(true);
+    first_.push_back(1);
   }
   void EndArray() {
     first_.pop_back();
@@ -109,7 +109,7 @@ class JsonWriter {
     }
     if (!first_.empty()) {
       if (!first_.back()) Put(',');
-      first_.back() = false;
+      first_.back() = 0;
     }
   }
   void Reserve(std::size_t n) {
@@ -135,7 +135,7 @@ class JsonWriter {
   std::size_t cap_ = 0;
   bool escape_lt_ = false;
   bool after_key_ = false;
-  std::vector<bool> first_;  // per open container: nothing written in it yet
+  std::vector<unsigned char> first_;  // per open container: 1 while nothing is written in it
 };
 
 }  // namespace memscope
