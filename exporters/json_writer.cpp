@@ -174,6 +174,16 @@ void JsonWriter::Double(double v) {
 
 void JsonWriter::Quoted(std::string_view s) {
   Reserve(s.size() + 2);
+  const bool* plain = escape_lt_ ? kPlainHtml.plain : kPlain.plain;
+  std::size_t i = 0;
+  while (i < s.size() && plain[static_cast<unsigned char>(s[i])]) ++i;
+  if (i == s.size()) {  // nothing to escape (keys, most values): copied
+    data_[pos_] = '"';
+    std::memcpy(data_ + pos_ + 1, s.data(), s.size());
+    data_[pos_ + 1 + s.size()] = '"';
+    pos_ += s.size() + 2;
+    return;
+  }
   data_[pos_++] = '"';
   Escape(s, escape_lt_, [this](const char* p, std::size_t n) { Put(p, n); });
   Put('"');

@@ -42,8 +42,8 @@
 #ifndef MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_
 #define MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <ostream>
@@ -144,7 +144,7 @@ class PickleWriter {
   void Fail(absl::Status status);
 
   std::ostream& out_;
-  std::string frame_;           // the current frame: its first frame_size_ bytes (the rest is room)
+  std::string frame_;  // the current frame: its first frame_size_ bytes (the rest is room)
   std::size_t frame_size_ = 0;
   std::vector<Open> open_;
   std::uint64_t bytes_written_ = 0;

@@ -52,11 +52,12 @@
 
 #include "absl/status/statusor.h"
 #include "analysis/analysis.h"
-#include "exporters/json_writer.h"
 #include "nlohmann/json.hpp"
 #include "recording/event.h"
 
 namespace memscope {
+
+class JsonWriter;  // exporters/json_writer.h
 
 inline constexpr const char* kReportSchema = "memscope.report/1";
 inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";

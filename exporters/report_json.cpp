@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/stats.h"
+#include "exporters/json_writer.h"
 #include "exporters/report.h"
 
 namespace memscope {
