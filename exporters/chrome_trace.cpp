@@ -4,7 +4,9 @@
 #include <array>
 #include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,29 @@ void AppendMicros(std::string& out, bool negative, std::uint64_t abs_ns) {
 }
 void AppendMicros(std::string& out, std::int64_t ns) {
   AppendMicros(out, ns < 0, ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns));
+}
+
+// The same three, written at `p` (room for them reserved): the hot path of
+// the counter samples.
+char* PutText(char* p, std::string_view text) {
+  std::memcpy(p, text.data(), text.size());
+  return p + text.size();
+}
+template <typename T>
+char* PutNumber(char* p, T v) {
+  return std::to_chars(p, p + 24, v).ptr;
+}
+char* PutMicros(char* p, std::int64_t ns) {
+  const bool negative = ns < 0;
+  const std::uint64_t abs_ns = negative ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
+  if (negative) *p++ = '-';
+  p = PutNumber(p, abs_ns / 1000);
+  const auto frac = static_cast<unsigned>(abs_ns % 1000);
+  p[0] = '.';
+  p[1] = static_cast<char>('0' + frac / 100);
+  p[2] = static_cast<char>('0' + frac / 10 % 10);
+  p[3] = static_cast<char>('0' + frac % 10);
+  return p + 4;
 }
 
 // A JSON string literal. Invalid UTF-8 bytes become U+FFFD, so any text
@@ -128,6 +153,24 @@ class EventWriter {
     buf_.clear();
   }
   std::string& raw() { return buf_; }
+
+  // Raw writing for the hot path: Open returns room for `max_bytes`,
+  // EventStart writes an event's separator and "{\"ts\":" there, and Close
+  // appends what was written, up to `end`, to the trace.
+  char* Open(std::size_t max_bytes) {
+    if (scratch_.size() < max_bytes) scratch_.resize(max_bytes);
+    return scratch_.data();
+  }
+  char* EventStart(char* p) {
+    p = PutText(p, first_ ? std::string_view("\n{\"ts\":") : std::string_view(",\n{\"ts\":"));
+    first_ = false;
+    return p;
+  }
+  void Close(const char* end) {
+    buf_.append(scratch_.data(), static_cast<std::size_t>(end - scratch_.data()));
+    if (buf_.size() >= kFlushAt) Flush();
+  }
+  std::int64_t offset_ns() const { return offset_ns_; }
   // Added to every event's time but metadata's: the rank's start on the
   // run's common clock.
   void set_offset_ns(std::int64_t offset) { offset_ns_ = offset; }
@@ -137,6 +180,7 @@ class EventWriter {
   static constexpr std::size_t kFlushAt = 1 << 16;
   std::ostream& out_;
   std::string buf_;
+  std::string scratch_;  // Open's room
   bool first_ = true;
 };
 
@@ -189,9 +233,25 @@ class ChromeTraceWriter::RankPlan final : public WalkListener {
 class ChromeTraceWriter::RankWriter final : public WalkListener {
  public:
   RankWriter(const RankPlan& plan, EventWriter& w) : plan_(plan), tl_(plan.timeline), w_(w) {
-    for (int c = 0; c < kNumCategories; ++c) {
-      AppendString(category_names_[c], CategoryName(static_cast<Category>(c)));
+    // A counter sample's text between its numbers (OnSample), written once.
+    const std::string common = absl::StrCat(",\"ph\":\"C\",\"pid\":", tl_.rank, ",\"tid\":1,\"name\":");
+    for (std::size_t k = 0; k < kTracks.size(); ++k) {
+      track_text_[k] = common;
+      AppendString(track_text_[k], kTracks[k]);
+      track_text_[k] += ",\"cat\":\"memory\",\"args\":{\"bytes\":";
     }
+    category_text_[0] = common;
+    AppendString(category_text_[0], std::string_view("memory by category"));
+    category_text_[0] += ",\"cat\":\"memory\",\"args\":{";
+    for (int c = 0; c < kNumCategories; ++c) {
+      if (c > 0) category_text_[c] += ',';
+      AppendString(category_text_[c], CategoryName(static_cast<Category>(c)));
+      category_text_[c] += ':';
+    }
+    sample_bytes_ = 0;  // at most: 4 events of separator, ts, texts, numbers and "}}"
+    for (const std::string& t : track_text_) sample_bytes_ += t.size();
+    for (const std::string& t : category_text_) sample_bytes_ += t.size();
+    sample_bytes_ += 4 * (16 + 32 + 2) + (kTracks.size() + kNumCategories) * 24;
   }
 
   void OnStart(const TimelineWalk& /*walk*/) override { WriteMetadata(); }
@@ -252,10 +312,9 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
     std::string& b = w_.Begin(begin.time_ns, "X", tl_.rank, 2, tl_.str(begin.name));
     b += ",\"cat\":\"communication\",\"dur\":";
     // In unsigned arithmetic: corrupt times must not overflow.
-    AppendMicros(b, false,
-                 end_ns > begin.time_ns
-                     ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(begin.time_ns)
-                     : 0);
+    AppendMicros(
+        b, false,
+        end_ns > begin.time_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(begin.time_ns) : 0);
     b += ",\"args\":{\"bytes\":";
     AppendNumber(b, begin.size);
     if (unfinished) b += ",\"unfinished\":true";
@@ -266,9 +325,28 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
   void OnSample(const TraceModel& model, const Event& e);
 
   const RankPlan& plan_;
+  static constexpr std::array<std::string_view, 3> kTracks = {"allocated", "reserved", "active"};
   const Timeline& tl_;
   EventWriter& w_;
-  std::string category_names_[kNumCategories];
+  std::array<std::string, 3> track_text_;                  // after "ts": up to the track's bytes
+  std::array<std::string, kNumCategories> category_text_;  // the category event's, before each category's bytes
+  std::size_t sample_bytes_ = 0;                           // the most one sample's four events take
+  // The text of each of a sample's numbers, kept from the sample before:
+  // between two samples most categories do not change.
+  struct NumberText {
+    char* Put(char* p, std::int64_t v) {
+      if (len == 0 || v != value) {
+        value = v;
+        len = static_cast<std::size_t>(PutNumber(text, v) - text);
+      }
+      std::memcpy(p, text, sizeof text);  // the room for it is reserved (sample_bytes_)
+      return p + len;
+    }
+    std::int64_t value = 0;
+    std::size_t len = 0;
+    char text[24];
+  };
+  std::array<NumberText, 3 + kNumCategories> numbers_;
   // Phases the walk closed because an outer phase ended around them: the
   // trace keeps a phase open until its own end (or the end of the timeline).
   std::vector<OpenPhase> pending_;
@@ -324,7 +402,8 @@ void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const E
 }
 
 void ChromeTraceWriter::RankWriter::WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished) {
-  std::string& b = w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label), p.micro_batch));
+  std::string& b =
+      w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label), p.micro_batch));
   b += ",\"cat\":\"phase\",\"dur\":";
   // In unsigned arithmetic: corrupt times must not overflow.
   AppendMicros(b, false,
@@ -360,28 +439,28 @@ void ChromeTraceWriter::RankWriter::OnSample(const TraceModel& model, const Even
     if (next_keep_ == plan_.keep.size() || plan_.keep[next_keep_] != this_sample) return;
     ++next_keep_;
   }
-  const int pid = tl_.rank;
-  const DeviceStats& st = model.stats();
   // One counter track each: in one event, trace viewers draw them stacked.
-  for (const auto& [name, stat] : {std::pair{"allocated", &st.allocated_bytes},
-                                   std::pair{"reserved", &st.reserved_bytes}, std::pair{"active", &st.active_bytes}}) {
-    std::string& m = w_.Begin(e.time_ns, "C", pid, 1, name);
-    m += ",\"cat\":\"memory\",\"args\":{\"bytes\":";
-    AppendNumber(m, All(*stat).current);
-    m += '}';
-    w_.End();
+  // The texts are ready (constructor); only the time and the numbers are
+  // formatted here.
+  char ts[32];
+  const std::size_t ts_len = static_cast<std::size_t>(PutMicros(ts, e.time_ns + w_.offset_ns()) - ts);
+  const std::string_view time(ts, ts_len);
+  const DeviceStats& st = model.stats();
+  const std::array<std::int64_t, 3> values = {All(st.allocated_bytes).current, All(st.reserved_bytes).current,
+                                              All(st.active_bytes).current};
+  char* p = w_.Open(sample_bytes_);
+  for (std::size_t k = 0; k < kTracks.size(); ++k) {
+    p = PutText(w_.EventStart(p), time);
+    p = numbers_[k].Put(PutText(p, track_text_[k]), values[k]);
+    p = PutText(p, "}}");
   }
-  std::string& c = w_.Begin(e.time_ns, "C", pid, 1, "memory by category");
-  c += ",\"cat\":\"memory\",\"args\":{";
+  p = PutText(w_.EventStart(p), time);
   const auto& by_category = model.allocated_by_category();
-  for (int k = 0; k < kNumCategories; ++k) {
-    if (k > 0) c += ',';
-    c += category_names_[k];
-    c += ':';
-    AppendNumber(c, by_category[static_cast<std::size_t>(k)]);
+  for (std::size_t k = 0; k < kNumCategories; ++k) {
+    p = numbers_[kTracks.size() + k].Put(PutText(p, category_text_[k]), by_category[k]);
   }
-  c += '}';
-  w_.End();
+  p = PutText(p, "}}");
+  w_.Close(p);
 }
 
 // ---------------------------------------------------------------------------

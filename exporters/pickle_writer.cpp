@@ -1,6 +1,7 @@
 #include "exporters/pickle_writer.h"
 
 #include <bit>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -41,6 +42,19 @@ constexpr std::size_t kFrameSizeMin = 4;
 // Little-endian bytes of the low `n` bytes of `v`.
 void PutLittleEndian(std::string& out, std::uint64_t v, int n) {
   for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+// Whether `s` is ASCII (and so valid UTF-8), eight bytes at a time.
+bool IsAscii(std::string_view s) {
+  std::uint64_t high = 0;
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, s.data() + i, 8);
+    high |= word;
+  }
+  for (; i < s.size(); ++i) high |= static_cast<unsigned char>(s[i]);
+  return (high & 0x8080808080808080ULL) == 0;
 }
 
 // Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes
@@ -102,7 +116,7 @@ bool IsValidUtf8(std::string_view s) {
 }  // namespace
 
 PickleWriter::PickleWriter(std::ostream& out) : out_(out) {
-  frame_.reserve(kFrameSizeTarget + 1024);
+  frame_.resize(kFrameSizeTarget + 1024);
   // PROTO goes before the first frame, as CPython writes it.
   const char header[2] = {static_cast<char>(kProto), static_cast<char>(kProtocol)};
   out_.write(header, 2);
@@ -113,7 +127,7 @@ void PickleWriter::Fail(absl::Status status) {
   if (status_.ok()) status_ = std::move(status);
 }
 
-bool PickleWriter::BeforeValue() {
+bool PickleWriter::BeforeValueSlow() {
   if (finished_) {
     Fail(absl::FailedPreconditionError("PickleWriter: a value was written after Finish()"));
     return false;
@@ -155,20 +169,20 @@ void PickleWriter::AfterValue() {
 }
 
 void PickleWriter::OpcodeBoundary() {
-  if (frame_.size() >= kFrameSizeTarget) CommitFrame();
+  if (frame_size_ >= kFrameSizeTarget) CommitFrame();
 }
 
 void PickleWriter::CommitFrame() {
-  if (frame_.empty()) return;
-  if (frame_.size() >= kFrameSizeMin) {
+  if (frame_size_ == 0) return;
+  if (frame_size_ >= kFrameSizeMin) {
     std::string header(1, static_cast<char>(kFrame));
-    PutLittleEndian(header, frame_.size(), 8);
+    ::memscope::PutLittleEndian(header, frame_size_, 8);
     out_.write(header.data(), static_cast<std::streamsize>(header.size()));
     bytes_written_ += header.size();
   }
-  out_.write(frame_.data(), static_cast<std::streamsize>(frame_.size()));
-  bytes_written_ += frame_.size();
-  frame_.clear();
+  out_.write(frame_.data(), static_cast<std::streamsize>(frame_size_));
+  bytes_written_ += frame_size_;
+  frame_size_ = 0;
   // Stop early rather than format gigabytes into a stream that failed.
   if (!out_) Fail(absl::DataLossError("PickleWriter: writing to the output stream failed"));
 }
@@ -265,13 +279,13 @@ void PickleWriter::Int(std::int64_t value) {
   if (!BeforeValue()) return;
   if (value >= 0 && value <= 0xff) {
     Op(kBinInt1);
-    PutLittleEndian(frame_, static_cast<std::uint64_t>(value), 1);
+    PutLittleEndian(static_cast<std::uint64_t>(value), 1);
   } else if (value >= 0 && value <= 0xffff) {
     Op(kBinInt2);
-    PutLittleEndian(frame_, static_cast<std::uint64_t>(value), 2);
+    PutLittleEndian(static_cast<std::uint64_t>(value), 2);
   } else if (value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max()) {
     Op(kBinInt);  // signed 32-bit little-endian
-    PutLittleEndian(frame_, static_cast<std::uint32_t>(static_cast<std::int32_t>(value)), 4);
+    PutLittleEndian(static_cast<std::uint32_t>(static_cast<std::int32_t>(value)), 4);
   } else {
     Long1(static_cast<std::uint64_t>(value), value < 0);
   }
@@ -302,7 +316,8 @@ void PickleWriter::Long1(std::uint64_t bits, bool negative) {
     --n;
   }
   Op(kLong1);
-  frame_.push_back(static_cast<char>(n));
+  const char length = static_cast<char>(n);
+  Bytes(&length, 1);
   Bytes(b, static_cast<std::size_t>(n));
 }
 
@@ -310,7 +325,9 @@ void PickleWriter::Float(double value) {
   if (!BeforeValue()) return;
   Op(kBinFloat);
   const auto bits = std::bit_cast<std::uint64_t>(value);
-  for (int i = 7; i >= 0; --i) frame_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));  // big-endian
+  char big_endian[8];
+  for (int i = 7; i >= 0; --i) big_endian[7 - i] = static_cast<char>((bits >> (8 * i)) & 0xff);
+  Bytes(big_endian, 8);
   AfterValue();
   OpcodeBoundary();
 }
@@ -318,22 +335,26 @@ void PickleWriter::Float(double value) {
 void PickleWriter::String(std::string_view utf8) {
   if (!BeforeValue()) return;
   std::string fixed;
-  if (!IsValidUtf8(utf8)) {
+  if (!IsAscii(utf8) && !IsValidUtf8(utf8)) {  // most keys and values are ASCII: no decoding
     fixed = ReplaceInvalidUtf8(utf8);
     utf8 = fixed;
   }
-  if (utf8.size() < 256) {
-    Op(kShortBinUnicode);
-    frame_.push_back(static_cast<char>(utf8.size()));
+  if (utf8.size() < 256) {  // the opcode, the length and the text in one go
+    Reserve(utf8.size() + 2);
+    char* p = frame_.data() + frame_size_;
+    p[0] = static_cast<char>(kShortBinUnicode);
+    p[1] = static_cast<char>(utf8.size());
+    std::memcpy(p + 2, utf8.data(), utf8.size());
+    frame_size_ += utf8.size() + 2;
   } else if (utf8.size() <= std::numeric_limits<std::uint32_t>::max()) {
     Op(kBinUnicode);
-    PutLittleEndian(frame_, utf8.size(), 4);
+    PutLittleEndian(utf8.size(), 4);
+    Bytes(utf8.data(), utf8.size());
   } else {
     // BINUNICODE8 would do, but MemoryViz.js does not read it.
     Fail(absl::InvalidArgumentError("PickleWriter: a string of 4 GiB or more cannot be pickled with BINUNICODE"));
     return;
   }
-  Bytes(utf8.data(), utf8.size());
   AfterValue();
   OpcodeBoundary();
 }

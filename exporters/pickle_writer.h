@@ -42,8 +42,10 @@
 #ifndef MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_
 #define MEMSCOPE_EXPORTERS_PICKLE_WRITER_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -105,12 +107,36 @@ class PickleWriter {
   // Called around every value (a scalar, or a whole container) written into
   // the innermost open container: opens and closes batches, counts tuple
   // values.
-  bool BeforeValue();
+  // The common case (a value after the first in an open list or dict) is
+  // inline; the rest, and every misuse, is BeforeValueSlow's.
+  bool BeforeValue() {
+    if (!finished_ && status_.ok() && !open_.empty() && open_.back().kind != Kind::kTuple && open_.back().count != 0) {
+      return true;
+    }
+    return BeforeValueSlow();
+  }
+  bool BeforeValueSlow();
   void AfterValue();
   // Appends an opcode (and its argument bytes) to the current frame; at
   // opcode boundaries the frame is written out once it is large enough.
-  void Op(std::uint8_t opcode) { frame_.push_back(static_cast<char>(opcode)); }
-  void Bytes(const void* data, std::size_t size) { frame_.append(static_cast<const char*>(data), size); }
+  void Op(std::uint8_t opcode) {
+    Reserve(1);
+    frame_[frame_size_++] = static_cast<char>(opcode);
+  }
+  void Bytes(const void* data, std::size_t size) {
+    Reserve(size);
+    std::memcpy(frame_.data() + frame_size_, data, size);
+    frame_size_ += size;
+  }
+  // Little-endian bytes of the low `n` bytes of `v`.
+  void PutLittleEndian(std::uint64_t v, int n) {
+    Reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) frame_[frame_size_++] = static_cast<char>((v >> (8 * i)) & 0xff);
+  }
+  // Room for `n` more bytes in the frame.
+  void Reserve(std::size_t n) {
+    if (frame_size_ + n > frame_.size()) frame_.resize(std::max(2 * frame_.size(), frame_size_ + n));
+  }
   void OpcodeBoundary();
   void CommitFrame();
   // LONG1 of a 64-bit pattern, read as signed when `negative`.
@@ -118,7 +144,8 @@ class PickleWriter {
   void Fail(absl::Status status);
 
   std::ostream& out_;
-  std::string frame_;
+  std::string frame_;  // the current frame: its first frame_size_ bytes (the rest is room)
+  std::size_t frame_size_ = 0;
   std::vector<Open> open_;
   std::uint64_t bytes_written_ = 0;
   std::size_t roots_ = 0;  // top-level values written (a pickle holds one)

@@ -62,6 +62,8 @@
 
 namespace memscope {
 
+class JsonWriter;  // exporters/json_writer.h
+
 inline constexpr const char* kReportSchema = "memscope.report/1";
 inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";
 
@@ -114,8 +116,10 @@ absl::StatusOr<Report> ReportFromJson(const nlohmann::json& json);
 nlohmann::json DdpJson(const DdpBuckets& ddp);
 absl::StatusOr<DdpBuckets> DdpFromJson(const nlohmann::json& json);
 
-// FRAG above.
+// FRAG above; the Write form streams the same object (keys sorted, as
+// nlohmann's dump prints them).
 nlohmann::json FragmentationJson(const FragmentationInfo& f);
+void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f);
 
 // {CATEGORY: bytes} for every category, as report.json's "by_category".
 nlohmann::json ByCategoryJson(const std::array<std::int64_t, kNumCategories>& by_category);

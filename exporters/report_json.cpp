@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/stats.h"
+#include "exporters/json_writer.h"
 #include "exporters/report.h"
 
 namespace memscope {
@@ -490,6 +491,29 @@ json FragmentationJson(const FragmentationInfo& f) {
           {"fragmentation", f.fragmentation},
           {"segments", f.segments},
           {"free_blocks", f.free_blocks}};
+}
+
+void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f) {
+  w.BeginObject();
+  w.Key("allocated_bytes");
+  w.UInt(f.allocated);
+  w.Key("fragmentation");
+  w.Double(f.fragmentation);
+  w.Key("free_blocks");
+  w.UInt(f.free_blocks);
+  w.Key("free_in_segments_bytes");
+  w.UInt(f.free_in_segments);
+  w.Key("inactive_split_bytes");
+  w.UInt(f.inactive_split_bytes);
+  w.Key("largest_free_block_bytes");
+  w.UInt(f.largest_free_block);
+  w.Key("reserved_bytes");
+  w.UInt(f.reserved);
+  w.Key("reserved_minus_allocated_bytes");
+  w.UInt(f.reserved_minus_allocated);
+  w.Key("segments");
+  w.UInt(f.segments);
+  w.EndObject();
 }
 
 json DdpJson(const DdpBuckets& ddp) {

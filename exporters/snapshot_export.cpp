@@ -1,5 +1,6 @@
 #include "exporters/snapshot_export.h"
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -118,7 +119,12 @@ std::string AnnotationName(const Timeline& timeline, const Event& e) {
 template <typename W>
 class SnapshotWriter {
  public:
-  SnapshotWriter(W& w, const Timeline& timeline) : w_(w), timeline_(timeline) {}
+  SnapshotWriter(W& w, const Timeline& timeline) : w_(w), timeline_(timeline) {
+    for (int c = 0; c < kNumCategories; ++c) {
+      category_frame_names_[static_cast<std::size_t>(c)] =
+          absl::StrCat("memscope ", std::string(CategoryName(static_cast<Category>(c))));
+    }
+  }
 
   void Write(const TraceModel& model, std::size_t events_until, std::size_t max_entries) {
     // The tags of the blocks alive at the snapshot, for their frames.
@@ -206,10 +212,15 @@ class SnapshotWriter {
       for (const StackFrame& f : timeline_.stacks[stack].frames) WriteFrame(f.filename, f.line, f.name);
     } else {
       const std::string& text = timeline_.str(owner);
-      WriteFrame(text.empty() ? std::string_view("??") : std::string_view(text), 0,
-                 absl::StrCat("memscope ", std::string(CategoryName(category))));
+      WriteFrame(text.empty() ? std::string_view("??") : std::string_view(text), 0, FrameName(category));
     }
     w_.EndList();
+  }
+
+  // CategoryName's, which calls an unknown category OTHER.
+  std::string_view FrameName(Category c) const {
+    const auto i = static_cast<std::size_t>(c);
+    return category_frame_names_[i < category_frame_names_.size() ? i : static_cast<std::size_t>(Category::kOther)];
   }
 
   void WriteFrame(std::string_view filename, std::int64_t line, std::string_view name) {
@@ -346,6 +357,7 @@ class SnapshotWriter {
 
   W& w_;
   const Timeline& timeline_;
+  std::array<std::string, kNumCategories> category_frame_names_;  // "memscope ACTIVATION": a frame's name
   struct Tag {
     Category category;
     std::uint32_t owner, stack;

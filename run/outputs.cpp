@@ -23,7 +23,7 @@ namespace {
 // the snapshot at the peak and the viewer's data, then the summary at the end.
 // A snapshot that cannot be written goes to `errors`; the walk goes on.
 absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& analysis, ChromeTraceWriter& trace,
-                        std::string& summary, std::vector<nlohmann::json>& viewer_data,
+                        std::string& summary, std::vector<std::string>& viewer_data,
                         std::vector<absl::Status>& errors) {
   const RankReport& r = analysis.report();
   const RunDirectory run_dir(dir.string());
@@ -39,7 +39,8 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
   }
   if (!snapshot.status().ok() && snapshot_out.stream()) return snapshot.status();  // not a write error
   if (absl::Status s = snapshot_out.Commit(); !s.ok()) errors.push_back(s);
-  absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
+  absl::StrAppend(&summary, summary.empty() ? "" : "\n",
+                  SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
   viewer_data.push_back(viewer.TakeData());
   return absl::OkStatus();
 }
@@ -66,7 +67,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
 
   std::vector<absl::Status> errors;
   std::string summary;
-  std::vector<nlohmann::json> viewer_data;
+  std::vector<std::string> viewer_data;
   for (std::size_t i = 0; i < timelines.size(); ++i) {
     if (absl::Status s = SecondWalk(dir, timelines[i], *analyses[i], trace, summary, viewer_data, errors); !s.ok()) {
       return s;
@@ -91,9 +92,9 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
   page.ranks = std::move(viewer_data);
   std::vector<HtmlPageRun> pages;
   pages.push_back(std::move(page));
-  absl::StatusOr<std::string> html = HtmlPage(std::move(pages));
-  if (!html.ok()) return html.status();
-  if (absl::Status s = WriteOutputFile(run_dir.Html(), *html); !s.ok()) errors.push_back(s);
+  OutputFile html_out(run_dir.Html());
+  if (absl::Status s = WriteHtmlPage(pages, html_out.stream()); !s.ok() && html_out.stream()) return s;
+  if (absl::Status s = html_out.Commit(); !s.ok()) errors.push_back(s);
   if (write_errors != nullptr) {
     write_errors->insert(write_errors->end(), errors.begin(), errors.end());
   } else if (!errors.empty()) {

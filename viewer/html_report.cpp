@@ -5,6 +5,8 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -12,6 +14,7 @@
 #include "analysis/counter_thinning.h"
 #include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
+#include "exporters/json_writer.h"
 #include "exporters/report.h"
 #include "viewer/assets.h"
 
@@ -35,6 +38,22 @@ struct Piece {
   int kind = 0;
   int owner = 0;
 };
+
+// JSON text (nlohmann's dump) with every '<', which is only ever inside a
+// string, written as \u003c.
+std::string EscapeLessThan(std::string text) {
+  if (text.find('<') == std::string::npos) return text;
+  std::string out;
+  out.reserve(text.size() + 64);
+  for (const char c : text) {
+    if (c == '<') {
+      out += "\\u003c";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 // Neighbouring pieces of the same kind become one (owner kept when equal).
 std::vector<Piece> MergeSameKind(const std::vector<Piece>& in) {
@@ -85,7 +104,11 @@ class OwnerTable {
     if (inserted) names_.push_back(t_.str(id));
     return it->second;
   }
-  nlohmann::json Json() const { return names_; }
+  void Write(JsonWriter& w) const {
+    w.BeginArray();
+    for (const std::string& name : names_) w.String(name);
+    w.EndArray();
+  }
 
  private:
   const Timeline& t_;
@@ -93,7 +116,9 @@ class OwnerTable {
   std::vector<std::string> names_;
 };
 
-nlohmann::json SegmentMap(const TraceModel& m, const HtmlReportOptions& o, OwnerTable& owners) {
+// The segments of a moment, as the "segments" array (keys in nlohmann's
+// sorted order, so the page's data is what a tree would have dumped).
+void WriteSegmentMap(const TraceModel& m, const HtmlReportOptions& o, OwnerTable& owners, JsonWriter& w) {
   std::vector<std::pair<std::uint64_t, const TraceModel::Segment*>> segments;
   for (const auto& [addr, seg] : m.segments()) segments.emplace_back(addr, &seg);
   if (segments.size() > o.max_segments_per_moment) {
@@ -105,16 +130,15 @@ nlohmann::json SegmentMap(const TraceModel& m, const HtmlReportOptions& o, Owner
   const std::size_t per_segment =
       std::clamp<std::size_t>(o.max_blocks_per_moment / std::max<std::size_t>(1, segments.size()), 16,
                               std::max<std::size_t>(16, o.max_blocks_per_segment));
-  nlohmann::json out = nlohmann::json::array();
+  std::vector<Piece> pieces;
+  w.BeginArray();
   for (const auto& [addr, seg] : segments) {
-    std::vector<Piece> pieces;
-    bool has_active = false;
-    for (auto it = m.blocks().lower_bound(addr); it != m.blocks().end() && it->first < addr + seg->size; ++it) {
-      has_active = true;
-    }
+    pieces.clear();
+    const auto first = m.blocks().lower_bound(addr);
+    const bool has_active = first != m.blocks().end() && first->first < addr + seg->size;
     const int gap_kind = has_active ? kKindInactiveSplit : kKindFree;
     std::uint64_t pos = 0;
-    for (auto it = m.blocks().lower_bound(addr); it != m.blocks().end() && it->first < addr + seg->size; ++it) {
+    for (auto it = first; it != m.blocks().end() && it->first < addr + seg->size; ++it) {
       const std::uint64_t off = it->first - addr;
       if (off > pos) pieces.push_back({pos, off - pos, gap_kind, 0});
       const TraceModel::Block& b = it->second;
@@ -129,17 +153,33 @@ nlohmann::json SegmentMap(const TraceModel& m, const HtmlReportOptions& o, Owner
       pieces = MergeSameKind(pieces);
       if (pieces.size() > per_segment) pieces = Slice(pieces, seg->size, per_segment);
     }
-    nlohmann::json blocks = nlohmann::json::array();
-    for (const Piece& p : pieces) blocks.push_back({p.offset, p.size, p.kind, p.owner});
-    out.push_back({{"addr", addr},
-                   {"size", seg->size},
-                   {"pool", seg->small ? "small" : "large"},
-                   {"stream", seg->stream},
-                   {"expandable", seg->expandable},
-                   {"merged", merged},
-                   {"blocks", std::move(blocks)}});
+    w.BeginObject();
+    w.Key("addr");
+    w.UInt(addr);
+    w.Key("blocks");
+    w.BeginArray();
+    for (const Piece& p : pieces) {
+      w.BeginArray();
+      w.UInt(p.offset);
+      w.UInt(p.size);
+      w.Int(p.kind);
+      w.Int(p.owner);
+      w.EndArray();
+    }
+    w.EndArray();
+    w.Key("expandable");
+    w.Bool(seg->expandable);
+    w.Key("merged");
+    w.Bool(merged);
+    w.Key("pool");
+    w.String(seg->small ? "small" : "large");
+    w.Key("size");
+    w.UInt(seg->size);
+    w.Key("stream");
+    w.UInt(seg->stream);
+    w.EndObject();
   }
-  return out;
+  w.EndArray();
 }
 
 // The phase rows (indices into report.phases) that get a segment map.
@@ -193,7 +233,11 @@ class ViewerRankListener::Impl {
         o_(o),
         thinning_(ThinningPolicy::Viewer(o.max_timeline_samples), SampleSpanOf(t)),
         moment_rows_(ChooseMoments(r, std::max<std::size_t>(o.max_phase_moments, 1))),
-        owners_(t) {}
+        owners_(t) {
+    moments_.BeginArray();
+    bands_.BeginArray();
+    marks_.BeginArray();
+  }
 
   void OnEvent(const TimelineWalk& walk, const Event& e);
   void OnFinish(const TimelineWalk& walk) {
@@ -202,20 +246,30 @@ class ViewerRankListener::Impl {
     // `end` is after the last step, `exit` after the last event (analysis.h).
     Capture(walk.model(), end_events_ < t_.events.size() ? "exit" : "end", last_t_, t_.events.size());
   }
-  nlohmann::json TakeData();
+  std::string TakeData();
 
  private:
-  int Capture(const TraceModel& m, const std::string& key, std::int64_t time, std::size_t event) {
-    moments_.push_back({{"key", key},
-                        {"t", time},
-                        {"event", event},
-                        {"fragmentation", FragmentationJson(m.Fragmentation())},
-                        {"segments_total", m.segments().size()},
-                        {"segments", SegmentMap(m, o_, owners_)}});
-    return static_cast<int>(moments_.size() - 1);
+  // A moment: {"event", "fragmentation", "key", "segments", "segments_total", "t"}.
+  int Capture(const TraceModel& m, std::string_view key, std::int64_t time, std::size_t event) {
+    JsonWriter& w = moments_;
+    w.BeginObject();
+    w.Key("event");
+    w.UInt(event);
+    w.Key("fragmentation");
+    WriteFragmentationJson(w, m.Fragmentation());
+    w.Key("key");
+    w.String(key);
+    w.Key("segments");
+    WriteSegmentMap(m, o_, owners_, w);
+    w.Key("segments_total");
+    w.UInt(m.segments().size());
+    w.Key("t");
+    w.Int(time);
+    w.EndObject();
+    return moments_count_++;
   }
   void OnPhaseEnd(const TimelineWalk& walk, const Event& e);
-  nlohmann::json SamplesJson();
+  void WriteSamples(JsonWriter& w);
 
   const Timeline& t_;
   const RankReport& r_;
@@ -223,10 +277,12 @@ class ViewerRankListener::Impl {
   CounterThinning<SamplePayload> thinning_;
   const std::vector<bool> moment_rows_;  // the phase rows that get a segment map
   OwnerTable owners_;
-  nlohmann::json moments_ = nlohmann::json::array();
-  nlohmann::json bands_ = nlohmann::json::array();
+  // The arrays "moments", "bands" and "marks" as JSON text, written as the walk goes.
+  std::string moments_text_, bands_text_, marks_text_;
+  JsonWriter moments_{moments_text_, true}, bands_{bands_text_, true}, marks_{marks_text_, true};
+  int moments_count_ = 0;
+  std::size_t marks_count_ = 0;
   std::map<std::int64_t, std::int64_t> step_begin_;
-  nlohmann::json marks_ = nlohmann::json::array();
   std::size_t phase_ends_ = 0;
   const std::size_t end_events_ = EndOfLastStep(t_);  // the moment `end`
   std::int64_t first_t_ = 0;
@@ -245,7 +301,15 @@ void ViewerRankListener::Impl::OnEvent(const TimelineWalk& walk, const Event& e)
       break;
     case EventType::kPhaseEnd: OnPhaseEnd(walk, e); break;
     case EventType::kMark:
-      if (marks_.size() < 200) marks_.push_back({{"t", e.time_ns}, {"text", t_.str(e.name)}});
+      if (marks_count_ < 200) {
+        ++marks_count_;
+        marks_.BeginObject();
+        marks_.Key("t");
+        marks_.Int(e.time_ns);
+        marks_.Key("text");
+        marks_.String(t_.str(e.name));
+        marks_.EndObject();
+      }
       break;
     default: break;
   }
@@ -262,61 +326,117 @@ void ViewerRankListener::Impl::OnPhaseEnd(const TimelineWalk& walk, const Event&
   if (phase_ends_ < moment_rows_.size() && moment_rows_[phase_ends_]) {
     moment = Capture(walk.model(), name, e.time_ns, walk.applied());
   }
-  bands_.push_back({{"name", name}, {"begin", begin}, {"end", e.time_ns}, {"depth", end.depth}, {"moment", moment}});
+  bands_.BeginObject();
+  bands_.Key("begin");
+  bands_.Int(begin);
+  bands_.Key("depth");
+  bands_.Int(end.depth);
+  bands_.Key("end");
+  bands_.Int(e.time_ns);
+  bands_.Key("moment");
+  bands_.Int(moment);
+  bands_.Key("name");
+  bands_.String(name);
+  bands_.EndObject();
   ++phase_ends_;
 }
 
-nlohmann::json ViewerRankListener::Impl::SamplesJson() {
+// {"allocated", "by_category": {CATEGORY: [...]} (sorted by name), "reserved", "t"}.
+void ViewerRankListener::Impl::WriteSamples(JsonWriter& w) {
   const std::vector<CounterThinning<SamplePayload>::Sample> kept = thinning_.Kept();
-  nlohmann::json ts = nlohmann::json::array(), allocated = nlohmann::json::array(), reserved = nlohmann::json::array();
   std::array<bool, kNumCategories> present{};
   for (const auto& s : kept) {
-    ts.push_back(s.payload.t);
-    allocated.push_back(s.allocated);
-    reserved.push_back(s.reserved);
     for (int c = 0; c < kNumCategories; ++c) present[c] = present[c] || s.payload.by_category[c] != 0;
   }
-  nlohmann::json by_category = nlohmann::json::object();
+  std::vector<std::pair<std::string_view, int>> categories;
   for (int c = 0; c < kNumCategories; ++c) {
-    if (!present[c]) continue;
-    nlohmann::json series = nlohmann::json::array();
-    for (const auto& s : kept) series.push_back(s.payload.by_category[c]);
-    by_category[std::string(CategoryName(static_cast<Category>(c)))] = std::move(series);
+    if (present[c]) categories.emplace_back(CategoryName(static_cast<Category>(c)), c);
   }
-  return {{"t", std::move(ts)},
-          {"allocated", std::move(allocated)},
-          {"reserved", std::move(reserved)},
-          {"by_category", std::move(by_category)}};
+  std::sort(categories.begin(), categories.end());
+  w.BeginObject();
+  w.Key("allocated");
+  w.BeginArray();
+  for (const auto& s : kept) w.UInt(s.allocated);
+  w.EndArray();
+  w.Key("by_category");
+  w.BeginObject();
+  for (const auto& [name, c] : categories) {
+    w.Key(name);
+    w.BeginArray();
+    for (const auto& s : kept) w.Int(s.payload.by_category[static_cast<std::size_t>(c)]);
+    w.EndArray();
+  }
+  w.EndObject();
+  w.Key("reserved");
+  w.BeginArray();
+  for (const auto& s : kept) w.UInt(s.reserved);
+  w.EndArray();
+  w.Key("t");
+  w.BeginArray();
+  for (const auto& s : kept) w.Int(s.payload.t);
+  w.EndArray();
+  w.EndObject();
 }
 
-nlohmann::json ViewerRankListener::Impl::TakeData() {
-  nlohmann::json steps = nlohmann::json::array();
-  for (const auto& [step, begin] : step_begin_) steps.push_back({{"step", step}, {"t", begin}});
-  const std::uint64_t samples_total = thinning_.observed();
-  const bool thinned = thinning_.thinned();
-  nlohmann::json samples = SamplesJson();
+// The rank's object, its keys in nlohmann's sorted order.
+std::string ViewerRankListener::Impl::TakeData() {
+  moments_.EndArray();
+  bands_.EndArray();
+  marks_.EndArray();
+  moments_.Finish();
+  bands_.Finish();
+  marks_.Finish();
 
   // report.json's numbers; the phase rows without their by_category (the
   // page does not show it, and it is most of the size of a long run's table).
-  nlohmann::json j = ReportJson({&t_}, {r_})["ranks"][0];
-  for (nlohmann::json& row : j["phases"]) row.erase("by_category");
-  return nlohmann::json{
-      {"rank", t_.rank},
-      {"report", std::move(j)},
-      {"t0", first_t_},
-      {"t1", last_t_},
-      {"peak_allocated_t", r_.peak_allocated.time_ns},
-      {"peak_reserved_t", r_.peak_reserved.time_ns},
-      {"oom_t", r_.oom ? nlohmann::json(r_.oom->time_ns) : nlohmann::json(nullptr)},
-      {"samples_total", samples_total},
-      {"thinned", thinned},
-      {"samples", std::move(samples)},
-      {"bands", std::move(bands_)},
-      {"steps", std::move(steps)},
-      {"marks", std::move(marks_)},
-      {"moments", std::move(moments_)},
-      {"owners", owners_.Json()},
-  };
+  nlohmann::json report = ReportJson({&t_}, {r_})["ranks"][0];
+  for (nlohmann::json& row : report["phases"]) row.erase("by_category");
+
+  std::string out;
+  JsonWriter w(out, true);
+  w.BeginObject();
+  w.Key("bands");
+  w.Raw(bands_text_);
+  w.Key("marks");
+  w.Raw(marks_text_);
+  w.Key("moments");
+  w.Raw(moments_text_);
+  w.Key("oom_t");
+  r_.oom ? w.Int(r_.oom->time_ns) : w.Null();
+  w.Key("owners");
+  owners_.Write(w);
+  w.Key("peak_allocated_t");
+  w.Int(r_.peak_allocated.time_ns);
+  w.Key("peak_reserved_t");
+  w.Int(r_.peak_reserved.time_ns);
+  w.Key("rank");
+  w.Int(t_.rank);
+  w.Key("report");
+  w.Raw(EscapeLessThan(report.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
+  w.Key("samples");
+  WriteSamples(w);
+  w.Key("samples_total");
+  w.UInt(thinning_.observed());
+  w.Key("steps");
+  w.BeginArray();
+  for (const auto& [step, begin] : step_begin_) {
+    w.BeginObject();
+    w.Key("step");
+    w.Int(step);
+    w.Key("t");
+    w.Int(begin);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("t0");
+  w.Int(first_t_);
+  w.Key("t1");
+  w.Int(last_t_);
+  w.Key("thinned");
+  w.Bool(thinning_.thinned());
+  w.EndObject();
+  w.Finish();
+  return out;
 }
 
 ViewerRankListener::ViewerRankListener(const Timeline& timeline, const RankReport& report,
@@ -325,9 +445,9 @@ ViewerRankListener::ViewerRankListener(const Timeline& timeline, const RankRepor
 ViewerRankListener::~ViewerRankListener() = default;
 void ViewerRankListener::OnEvent(const TimelineWalk& walk, const Event& event) { impl_->OnEvent(walk, event); }
 void ViewerRankListener::OnFinish(const TimelineWalk& walk) { impl_->OnFinish(walk); }
-nlohmann::json ViewerRankListener::TakeData() { return impl_->TakeData(); }
+std::string ViewerRankListener::TakeData() { return impl_->TakeData(); }
 
-absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& t, const RankReport& r, const HtmlReportOptions& o) {
+absl::StatusOr<std::string> ViewerRankData(const Timeline& t, const RankReport& r, const HtmlReportOptions& o) {
   TimelineWalk walk(t);
   ViewerRankListener viewer(t, r, o);
   if (absl::Status s = walk.Run({&viewer}); !s.ok()) return s;
@@ -349,63 +469,88 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
         if (!a.ok()) return a.status();
         r = &analysed.emplace(std::move(*a));
       }
-      absl::StatusOr<nlohmann::json> data = ViewerRankData(t, *r, options);
+      absl::StatusOr<std::string> data = ViewerRankData(t, *r, options);
       if (!data.ok()) return data.status();
       page.ranks.push_back(std::move(*data));
     }
   }
-  return HtmlPage(std::move(pages));
+  return HtmlPage(pages);
 }
 
-absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs) {
-  nlohmann::json runs_json = nlohmann::json::array();
-  for (HtmlPageRun& run : runs) {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (nlohmann::json& data : run.ranks) ranks.push_back(std::move(data));
-    runs_json.push_back({{"label", run.label}, {"world_size", run.world_size}, {"ranks", std::move(ranks)}});
-  }
-  nlohmann::json categories = nlohmann::json::array();
-  for (int c = 0; c < kNumCategories; ++c) categories.push_back(std::string(CategoryName(static_cast<Category>(c))));
-  const nlohmann::json data = {
-      {"schema", "memscope.viewer/1"},
-      {"generator", kMemscopeVersion},
-      {"categories", categories},
-      {"kinds", {"inactive split (free, not releasable)", "free (cached, releasable)", "freed, waiting on a stream"}},
-      {"runs", std::move(runs_json)}};
-  // Inside <script>, no "</script>" or "<!--" may appear: every '<' (only ever
-  // inside JSON strings) becomes \u003c.
-  const std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  std::string escaped;
-  escaped.reserve(text.size() + 64);
-  for (const char c : text) {
-    if (c == '<') {
-      escaped += "\\u003c";
-    } else {
-      escaped += c;
-    }
-  }
+namespace {
 
-  const std::string_view page = viewer::PageTemplate();
-  std::string out;
-  out.reserve(page.size() + viewer::PageStyle().size() + viewer::PageScript().size() + escaped.size());
-  std::size_t pos = 0;
-  const std::array<std::pair<std::string_view, std::string_view>, 3> parts = {{
-      {viewer::kStyleMarker, viewer::PageStyle()},
-      {viewer::kDataMarker, escaped},
-      {viewer::kScriptMarker, viewer::PageScript()},
-  }};
-  for (const auto& [marker, content] : parts) {
-    const std::size_t at = page.find(marker, pos);
-    if (at == std::string_view::npos) {
-      return absl::InternalError(
-          absl::StrCat("the embedded page has no ", std::string(marker), " marker (after byte ", pos, ")"));
-    }
-    out.append(page.substr(pos, at - pos));
-    out.append(content);
-    pos = at + marker.size();
+// The data of the page: {"categories", "generator", "kinds", "runs", "schema"}.
+void WritePageData(const std::vector<HtmlPageRun>& runs, JsonWriter& w) {
+  w.BeginObject();
+  w.Key("categories");
+  w.BeginArray();
+  for (int c = 0; c < kNumCategories; ++c) w.String(CategoryName(static_cast<Category>(c)));
+  w.EndArray();
+  w.Key("generator");
+  w.String(kMemscopeVersion);
+  w.Key("kinds");
+  w.BeginArray();
+  for (const char* kind :
+       {"inactive split (free, not releasable)", "free (cached, releasable)", "freed, waiting on a stream"}) {
+    w.String(kind);
   }
-  out.append(page.substr(pos));
-  return out;
+  w.EndArray();
+  w.Key("runs");
+  w.BeginArray();
+  for (const HtmlPageRun& run : runs) {
+    w.BeginObject();
+    w.Key("label");
+    w.String(run.label);
+    w.Key("ranks");
+    w.BeginArray();
+    for (const std::string& data : run.ranks) w.Raw(data);
+    w.EndArray();
+    w.Key("world_size");
+    w.Int(run.world_size);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Key("schema");
+  w.String("memscope.viewer/1");
+  w.EndObject();
+}
+
+}  // namespace
+
+absl::Status WriteHtmlPage(const std::vector<HtmlPageRun>& runs, std::ostream& out) {
+  // Every marker is found before anything is written.
+  const std::string_view page = viewer::PageTemplate();
+  const std::array<std::string_view, 3> markers = {viewer::kStyleMarker, viewer::kDataMarker, viewer::kScriptMarker};
+  std::array<std::size_t, 3> at{};
+  std::size_t pos = 0;
+  for (std::size_t k = 0; k < markers.size(); ++k) {
+    at[k] = page.find(markers[k], pos);
+    if (at[k] == std::string_view::npos) {
+      return absl::InternalError(
+          absl::StrCat("the embedded page has no ", std::string(markers[k]), " marker (after byte ", pos, ")"));
+    }
+    pos = at[k] + markers[k].size();
+  }
+  // Inside <script>, no "</script>" or "<!--" may appear: every '<' (only
+  // ever inside JSON strings) is written as \u003c.
+  JsonWriter w(out, true);
+  pos = 0;
+  for (std::size_t k = 0; k < markers.size(); ++k) {
+    w.Verbatim(page.substr(pos, at[k] - pos));
+    if (k == 0) w.Verbatim(viewer::PageStyle());
+    if (k == 1) WritePageData(runs, w);
+    if (k == 2) w.Verbatim(viewer::PageScript());
+    pos = at[k] + markers[k].size();
+  }
+  w.Verbatim(page.substr(pos));
+  if (!w.Finish()) return absl::DataLossError("writing the HTML report failed");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> HtmlPage(const std::vector<HtmlPageRun>& runs) {
+  std::ostringstream out;
+  if (absl::Status s = WriteHtmlPage(runs, out); !s.ok()) return s;
+  return std::move(out).str();
 }
 
 }  // namespace memscope

@@ -52,6 +52,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -79,10 +80,11 @@ struct HtmlReportRun {
   std::vector<const RankReport*> reports;
 };
 
-// The viewer's data for one rank (see above): one walk of its timeline.
-// Errors: an inconsistent timeline, naming the rank and event.
-absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& timeline, const RankReport& report,
-                                              const HtmlReportOptions& options = {});
+// The viewer's data for one rank (see above), as JSON text (written as it
+// is computed, keys in sorted order, '<' as \u003c): one walk of its
+// timeline. Errors: an inconsistent timeline, naming the rank and event.
+absl::StatusOr<std::string> ViewerRankData(const Timeline& timeline, const RankReport& report,
+                                           const HtmlReportOptions& options = {});
 
 // ViewerRankData as a walk listener, for a walk that writes other outputs
 // too. `report` must hold the first walk's results (the phase table, the
@@ -91,14 +93,14 @@ absl::StatusOr<nlohmann::json> ViewerRankData(const Timeline& timeline, const Ra
 //
 //   ViewerRankListener viewer(timeline, analysis.report());
 //   second_walk.Run({&analysis.second_walk(), &viewer});  // from event 0 to the end
-//   nlohmann::json data = viewer.TakeData();              // once
+//   std::string data = viewer.TakeData();                 // once: JSON text
 class ViewerRankListener final : public WalkListener {
  public:
   ViewerRankListener(const Timeline& timeline, const RankReport& report, const HtmlReportOptions& options = {});
   ~ViewerRankListener() override;
   void OnEvent(const TimelineWalk& walk, const Event& event) override;
   void OnFinish(const TimelineWalk& walk) override;
-  nlohmann::json TakeData();
+  std::string TakeData();
 
  private:
   class Impl;
@@ -113,12 +115,16 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
 // (ViewerRankData or ViewerRankListener, one per rank in rank order).
 struct HtmlPageRun {
   std::string label;
-  int world_size = 1;  // the largest of its timelines' world_size, at least 1
-  std::vector<nlohmann::json> ranks;
+  int world_size = 1;              // the largest of its timelines' world_size, at least 1
+  std::vector<std::string> ranks;  // JSON text, as ViewerRankData returns it
 };
 
-// HtmlReport from assembled data: what HtmlReport does after walking.
-absl::StatusOr<std::string> HtmlPage(std::vector<HtmlPageRun> runs);
+// HtmlReport from assembled data: what HtmlReport does after walking. The
+// page is streamed to `out` (the rank data copied, never parsed); Internal
+// if the embedded page lacks a marker (nothing written), DataLoss if the
+// stream failed.
+absl::Status WriteHtmlPage(const std::vector<HtmlPageRun>& runs, std::ostream& out);
+absl::StatusOr<std::string> HtmlPage(const std::vector<HtmlPageRun>& runs);
 
 }  // namespace memscope
 

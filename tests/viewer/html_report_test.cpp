@@ -3,6 +3,7 @@
 #include "viewer/html_report.h"
 
 #include <catch2/catch.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -38,8 +39,9 @@ TEST_CASE("html report: a segment with thousands of blocks is drawn in bounded s
   HtmlReportOptions o;
   o.max_blocks_per_segment = 256;
   o.max_timeline_samples = 100;
-  absl::StatusOr<json> d = ViewerRankData(t, *r, o);
-  REQUIRE(d.ok());
+  absl::StatusOr<std::string> text = ViewerRankData(t, *r, o);
+  REQUIRE(text.ok());
+  const std::optional<json> d = json::parse(*text);
   const json& moments = (*d)["moments"];
   REQUIRE(moments.back()["key"] == "end");
   const json& seg = moments.back()["segments"].at(0);

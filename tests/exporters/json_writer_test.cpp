@@ -1,0 +1,183 @@
+// The streaming JSON writer prints what nlohmann's dump(-1, ' ', false,
+// replace) prints for the same values: exact strings for tricky doubles and
+// escapes, and agreement with nlohmann on many random byte strings (invalid
+// UTF-8 included).
+#include "exporters/json_writer.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "exporters/report.h"
+#include "nlohmann/json.hpp"
+
+using namespace memscope;
+using nlohmann::json;
+
+namespace {
+
+std::string Dumped(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string WrittenDouble(double v) {
+  std::string out;
+  JsonWriter w(out);
+  w.Double(v);
+  w.Finish();
+  return out;
+}
+
+std::string WrittenString(const std::string& s, bool escape_lt = false) {
+  std::string out;
+  JsonWriter w(out, escape_lt);
+  w.String(s);
+  w.Finish();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("json writer: doubles as nlohmann prints them") {
+  // The exact strings, then agreement with nlohmann on each.
+  CHECK(WrittenDouble(0.0) == "0.0");
+  CHECK(WrittenDouble(-0.0) == "-0.0");
+  CHECK(WrittenDouble(1.0) == "1.0");
+  CHECK(WrittenDouble(0.1) == "0.1");
+  CHECK(WrittenDouble(1.0 / 3.0) == "0.3333333333333333");
+  CHECK(WrittenDouble(0.527) == "0.527");
+  CHECK(WrittenDouble(1e-5) == "1e-05");
+  CHECK(WrittenDouble(1e20) == "1e+20");
+  CHECK(WrittenDouble(123456789012345680.0) == "1.2345678901234568e+17");
+  CHECK(WrittenDouble(5e-324) == "5e-324");
+  CHECK(WrittenDouble(std::numeric_limits<double>::max()) == "1.7976931348623157e+308");
+  CHECK(WrittenDouble(std::nan("")) == "null");
+  CHECK(WrittenDouble(std::numeric_limits<double>::infinity()) == "null");
+  std::mt19937_64 rng(7);
+  for (double v : {0.0, -0.0, 1.0, 0.1, 1.0 / 3.0, 0.527, 1e-5, 1e20, 1764093600123456.7, 123456789012345680.0, 5e-324,
+                   std::numeric_limits<double>::max(), 100.0, 1e15, 1e16, 0.0001, 0.00001}) {
+    CHECK(WrittenDouble(v) == Dumped(json(v)));
+  }
+  for (int i = 0; i < 20000; ++i) {
+    const std::uint64_t bits = rng();
+    double v;
+    std::memcpy(&v, &bits, sizeof v);
+    if (!std::isfinite(v)) continue;
+    REQUIRE(WrittenDouble(v) == Dumped(json(v)));
+    const double small = static_cast<double>(rng() % 1000000) / 1000.0;  // times in microseconds, fractions
+    REQUIRE(WrittenDouble(small) == Dumped(json(small)));
+  }
+}
+
+TEST_CASE("json writer: strings escaped as nlohmann escapes them") {
+  CHECK(WrittenString("plain") == "\"plain\"");
+  CHECK(WrittenString("q\"b\\s/") == "\"q\\\"b\\\\s/\"");
+  CHECK(WrittenString("\b\t\n\f\r\x01\x1f\x7f") == "\"\\b\\t\\n\\f\\r\\u0001\\u001f\x7f\"");
+  CHECK(WrittenString(std::string("nul\0x", 5)) == "\"nul\\u0000x\"");
+  CHECK(WrittenString("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80") == "\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"");
+  // Invalid UTF-8: one U+FFFD per maximal invalid subpart.
+  CHECK(WrittenString("a\xFFz") == "\"a\xEF\xBF\xBDz\"");
+  CHECK(WrittenString("a\xE2\x82z") == "\"a\xEF\xBF\xBDz\"");                          // truncated 3-byte sequence: one
+  CHECK(WrittenString("a\xE2\x82") == "\"a\xEF\xBF\xBD\"");                            // ... at the end too
+  CHECK(WrittenString("\xE0\x80") == "\"\xEF\xBF\xBD\xEF\xBF\xBD\"");                  // overlong: two
+  CHECK(WrittenString("\xED\xA0\x80") == "\"\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\"");  // a surrogate: three
+  CHECK(WrittenString("\xC3\xC3\xA9") == "\"\xEF\xBF\xBD\xC3\xA9\"");
+  // For HTML: '<' as \u003c, so "</script>" cannot end the data.
+  CHECK(WrittenString("</script><!--", true) == "\"\\u003c/script>\\u003c!--\"");
+  CHECK(WrittenString("</script>", false) == "\"</script>\"");
+
+  // Random strings of tricky bytes agree with nlohmann, byte for byte.
+  const unsigned char kBytes[] = {'a',  '<',  '"',  '\\', '\n', 0x01, 0x1f, 0x7f, 0x80, 0xbf, 0xc0, 0xc2,
+                                  0xdf, 0xe0, 0xa0, 0xed, 0x9f, 0xef, 0xf0, 0x90, 0xf4, 0x8f, 0xf5, 0xff};
+  std::mt19937 rng(42);
+  for (int i = 0; i < 50000; ++i) {
+    std::string s(rng() % 9, 'x');
+    for (char& c : s) c = static_cast<char>(kBytes[rng() % sizeof kBytes]);
+    std::string lt = Dumped(json(s));
+    std::string escaped;
+    for (char c : lt) escaped += c == '<' ? std::string("\\u003c") : std::string(1, c);
+    REQUIRE(WrittenString(s) == lt);
+    REQUIRE(WrittenString(s, true) == escaped);
+    std::string appended;
+    JsonWriter::AppendString(appended, s);
+    REQUIRE(appended == lt);
+  }
+}
+
+TEST_CASE("json writer: containers, keys and numbers as nlohmann dumps a tree") {
+  const json tree = {{"a", json::array({1, -2, std::uint64_t{18446744073709551615ULL}, nullptr, true, false})},
+                     {"b", json::object()},
+                     {"c", {{"d", json::array()}, {"e", "x\ny"}}},
+                     {"f", std::int64_t{-9223372036854775807LL - 1}},
+                     {"g", 0.5}};
+  std::string out = "prefix ";
+  {
+    JsonWriter w(out);
+    w.BeginObject();
+    w.Key("a");
+    w.BeginArray();
+    w.Int(1);
+    w.Int(-2);
+    w.UInt(18446744073709551615ULL);
+    w.Null();
+    w.Bool(true);
+    w.Bool(false);
+    w.EndArray();
+    w.Key("b");
+    w.BeginObject();
+    w.EndObject();
+    w.Key("c");
+    w.BeginObject();
+    w.Key("d");
+    w.BeginArray();
+    w.EndArray();
+    w.Key("e");
+    w.String("x\ny");
+    w.EndObject();
+    w.Key("f");
+    w.Int(-9223372036854775807LL - 1);
+    w.Key("g");
+    w.Raw("0.5");
+    w.EndObject();
+  }  // the destructor finishes
+  CHECK(out == "prefix " + Dumped(tree));
+
+  // A stream writer writes the same text, across many blocks.
+  std::ostringstream stream;
+  std::string expected = "[";
+  {
+    JsonWriter w(stream);
+    w.BeginArray();
+    for (int i = 0; i < 100000; ++i) {
+      w.String("item");
+      expected += i == 0 ? "\"item\"" : ",\"item\"";
+    }
+    w.EndArray();
+    CHECK(w.Finish());
+  }
+  expected += "]";
+  CHECK(stream.str() == expected);
+}
+
+TEST_CASE("json writer: the fragmentation object streamed is report.json's FRAG") {
+  FragmentationInfo f;
+  f.reserved = 20971520;
+  f.allocated = 6291456;
+  f.reserved_minus_allocated = 14680064;
+  f.inactive_split_bytes = 14680064;
+  f.free_in_segments = 14680064;
+  f.largest_free_block = 8388608;
+  f.fragmentation = 1.0 - 8388608.0 / 14680064.0;
+  f.segments = 1;
+  f.free_blocks = 2;
+  std::string out;
+  JsonWriter w(out);
+  WriteFragmentationJson(w, f);
+  w.Finish();
+  CHECK(out == Dumped(FragmentationJson(f)));
+  CHECK(out ==
+        "{\"allocated_bytes\":6291456,\"fragmentation\":0.4285714285714286,\"free_blocks\":2,"
+        "\"free_in_segments_bytes\":14680064,\"inactive_split_bytes\":14680064,\"largest_free_block_bytes\":8388608,"
+        "\"reserved_bytes\":20971520,\"reserved_minus_allocated_bytes\":14680064,\"segments\":1}");
+}
