@@ -525,7 +525,7 @@ class Reader {
     return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
            cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
            tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
-           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef);
+           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16;
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
@@ -840,6 +840,26 @@ class Reader {
     }
   }
 
+  // Whether the value at stack position q is inside an item of a streamed
+  // list: the newest streamed list still open has its batch's MARK open right
+  // above it, below q (in a batch, a sibling of the list cannot come before
+  // its APPENDS; the path of anything there starts with the list's path and
+  // an item index). False when unsure (a one-item APPEND has no MARK): the
+  // caller then builds the path. Entries of streaming_ whose list is gone
+  // are dropped here.
+  bool InsideStreamedList(std::size_t q) {
+    while (!streaming_.empty()) {
+      const auto [pos, token] = streaming_.back();
+      if (pos < stack_.size() && stack_[pos].open() && !stack_[pos].mark && BuilderOf(stack_[pos].ref).token == token) {
+        break;
+      }
+      streaming_.pop_back();
+    }
+    if (streaming_.empty()) return false;
+    const std::size_t s = streaming_.back().first;
+    return s + 1 < q && stack_[s + 1].mark;
+  }
+
   // ---- Containers.
   absl::Status OpenTarget(std::size_t target, PyKind kind) {
     if (target >= stack_.size() || stack_[target].mark || stack_[target].ref.kind != kind) {
@@ -903,7 +923,8 @@ class Reader {
   bool path_too_deep_ = false;
   bool stopped_ = false;
   FastVec<PyRef> scratch_;
-  std::string text_;  // protocol 0 text arguments
+  std::string text_;                                              // protocol 0 text arguments
+  std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
 
 absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
@@ -912,13 +933,17 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
   Builder* B = &BuilderOf(stack_[target].ref);
   if (B->streamed < 0) {
     B->streamed = 0;
-    if (options_.stream_list) {
+    if (options_.stream_list && (options_.stream_inside_items || !InsideStreamedList(target))) {
       PicklePath p = PathAt(target, 0);
       if (path_too_deep_) return CheckDepth(options_.max_depth + 1);
       B = &BuilderOf(stack_[target].ref);
       B->path = std::move(p);
       B->has_path = true;
       B->streamed = options_.stream_list(B->path) ? 1 : 0;
+      if (B->streamed == 1 && !options_.stream_inside_items) {
+        (void)InsideStreamedList(0);  // drops the lists that are gone
+        streaming_.emplace_back(target, B->token);
+      }
     }
   }
   for (const PyRef& e : items) {
