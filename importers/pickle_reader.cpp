@@ -365,7 +365,7 @@ class MemoTable {
   static constexpr std::uint64_t kTokenMask = (std::uint64_t{1} << 48) - 1;
 
   // The entry for `id` (ref.kind kMissing if none).
-  MemoEntry Find(std::uint64_t id) const {
+  [[gnu::always_inline]] MemoEntry Find(std::uint64_t id) const {
     MemoEntry m;
     if (id < dense_.size()) {
       m.ref = dense_[id];
@@ -459,7 +459,7 @@ class Reader {
     }
     return true;
   }
-  bool ReadByte(std::uint8_t& b) {
+  [[gnu::always_inline]] bool ReadByte(std::uint8_t& b) {
     if (pos_ == end_ && !Refill()) return false;
     b = static_cast<std::uint8_t>(buf_[pos_++]);
     return true;
@@ -505,7 +505,7 @@ class Reader {
     }
   }
   template <typename T>
-  absl::Status ReadLE(T& v) {
+  [[gnu::always_inline]] absl::Status ReadLE(T& v) {
     unsigned char b[sizeof(T)];
     if (end_ - pos_ >= sizeof(T)) {  // the common case: in the buffer
       std::memcpy(b, buf_.data() + pos_, sizeof(T));
@@ -649,7 +649,7 @@ class Reader {
   }
 
   // ---- Stack.
-  std::uint32_t NextLevel(bool for_mark) const {
+  [[gnu::always_inline]] std::uint32_t NextLevel(bool for_mark) const {
     if (stack_.empty()) return 1;
     const Slot& p = stack_.back();
     if (p.mark) return p.level + 1;

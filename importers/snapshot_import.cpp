@@ -1,6 +1,7 @@
 #include "importers/snapshot_import.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -122,6 +123,25 @@ Action ActionOf(std::string_view a) {
     default: return Action::kOther;
   }
 }
+
+// What a str of the pickle names (a Field or an Action), by where its bytes
+// are: a key or action written once and referred back to (BINGET) is the
+// same bytes of the reader's arena every time, and those bytes never change
+// during a read. A few entries, replaced on collision.
+template <typename T>
+struct NameCache {
+  struct Slot {
+    std::uint64_t offset = ~std::uint64_t{0};
+    std::uint32_t length = 0;
+    T value{};
+  };
+  std::array<Slot, 64> slots;
+  T Of(const PyRef& str, std::string_view text, T (*classify)(std::string_view)) {
+    Slot& s = slots[(str.v ^ (str.v >> 6) ^ str.n) & 63];
+    if (s.offset != str.v || s.length != str.n) s = Slot{str.v, str.n, classify(text)};
+    return s.value;
+  }
+};
 
 // Counts of things a reader met but does not model, by name, for one note.
 struct Unknowns {
@@ -318,6 +338,8 @@ struct DeviceBuilder {
   std::uint64_t last_alloc_entry = 0, last_oom_entry = 0;
   std::uint64_t oom_size = 0;
   Unknowns unknown_actions, unknown_fields;
+  NameCache<Field> field_names;
+  NameCache<Action> action_names;
   double last_time = 0;
   bool time_known = false;  // an entry had time_us
   // A free_requested whose completion is not known yet: if the next entry is
@@ -384,17 +406,19 @@ struct DeviceBuilder {
 
   void Entry(const PyView& e) {
     ++entries;
-    const std::optional<std::string_view> action = e.Get("action").AsString();
+    const PyView action_v = e.Get("action");
+    const std::optional<std::string_view> action = action_v.AsString();
     if (!action) {
       unknown_actions.Add("(no action)");
       return;
     }
     PyView addr_v, size_v, stream_v, time_v, frames_v;
-    const Action act = ActionOf(*action);
+    const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
     for (std::size_t k = 0; k < e.size(); ++k) {
-      const std::optional<std::string_view> key = e.key(k).AsString();
+      const PyView key_v = e.key(k);
+      const std::optional<std::string_view> key = key_v.AsString();
       if (!key) continue;
-      switch (FieldOf(*key)) {
+      switch (field_names.Of(key_v.ref(), *key, FieldOf)) {
         case Field::kAddr: addr_v = e.value(k); break;
         case Field::kSize: size_v = e.value(k); break;
         case Field::kStream: stream_v = e.value(k); break;
