@@ -874,6 +874,25 @@ class Reader {
     }
     return absl::OkStatus();
   }
+  // The pair of a small dict (fewer than 32 pairs) whose key equals the str
+  // key `kr`. A str key equals only a str key with the same bytes (a
+  // memoized key is the very same bytes: same offset).
+  [[gnu::always_inline]] std::optional<std::size_t> FindStrKey(Builder& B, const PyRef& kr) {
+    const char* chars = arena_->chars.data();
+    const std::uint64_t bit = StrKeyBit(chars, kr);
+    const bool maybe_held = (B.str_key_bits & bit) != 0;
+    B.str_key_bits |= bit;
+    if (!maybe_held) return std::nullopt;
+    const std::size_t pairs = B.items.size() / 2;
+    for (std::size_t j = 0; j < pairs; ++j) {
+      const PyRef& e = B.items[2 * j];
+      if (e.kind == PyKind::kString && e.n == kr.n &&
+          (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
+        return j;
+      }
+    }
+    return std::nullopt;
+  }
   absl::Status AppendTo(std::size_t target, FastVec<PyRef>& items);
   absl::Status SetItems(std::size_t target, FastVec<PyRef>& kv);
   absl::Status MakeTuple(FastVec<PyRef>& items, std::uint32_t level) {
@@ -968,8 +987,22 @@ absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
   Builder& B = BuilderOf(stack_[target].ref);
   std::string key_text;
   for (std::size_t k = 0; k < kv.size(); k += 2) {
-    const PyView key(arena_.get(), kv[k]);
     const PyRef& val = kv[k + 1];
+    if (kv[k].kind == PyKind::kString && B.items.size() < 64) {
+      // The common case (every key of a snapshot's dicts): a str key in a
+      // small dict, the same steps as below without the general key's.
+      const std::uint16_t h = IsContainerKind(val.kind) ? AddHeight(val.height) : 1;
+      if (h > options_.max_depth) return CheckDepth(h);
+      B.height = std::max(B.height, h);
+      if (std::optional<std::size_t> existing = FindStrKey(B, kv[k])) {
+        B.items[2 * *existing + 1] = val;
+      } else {
+        AddItem(B, kv[k]);
+        AddItem(B, val);
+      }
+      continue;
+    }
+    const PyView key(arena_.get(), kv[k]);
     key_text.clear();
     // The key's text is needed to check a container key's hashability and to
     // index large dicts; small dicts with scalar keys (every dict of a
@@ -987,21 +1020,7 @@ absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
     B.height = std::max(B.height, h);
     std::optional<std::size_t> existing;
     if (pairs < 32 && key.kind() == PyKind::kString) {
-      // A str key equals only a str key with the same bytes (a memoized key
-      // is the very same bytes: same offset).
-      const PyRef& kr = kv[k];
-      const char* chars = arena_->chars.data();
-      const std::uint64_t bit = StrKeyBit(chars, kr);
-      const bool maybe_held = (B.str_key_bits & bit) != 0;
-      B.str_key_bits |= bit;
-      for (std::size_t j = 0; maybe_held && j < pairs; ++j) {
-        const PyRef& e = B.items[2 * j];
-        if (e.kind == PyKind::kString && e.n == kr.n &&
-            (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
-          existing = j;
-          break;
-        }
-      }
+      existing = FindStrKey(B, kv[k]);
     } else if (pairs < 32) {
       for (std::size_t j = 0; j < pairs; ++j) {
         if (KeysEqual(PyView(arena_.get(), B.items[2 * j]), key)) {
