@@ -185,10 +185,13 @@ Category CategoryFromFrames(const PyView& frames) {
   if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
     if (std::optional<Category> c = ParseCategory(name->substr(9))) return *c;
   }
+  // Each frame's file and function, looked up once for all the rules.
+  std::vector<std::pair<std::string_view, std::string_view>> files_names(frames.size());
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    files_names[k] = {frames[k].Get("filename").AsString().value_or(""), frames[k].Get("name").AsString().value_or("")};
+  }
   auto any = [&](auto&& pred) {
-    for (std::size_t k = 0; k < frames.size(); ++k) {
-      const std::string_view file = frames[k].Get("filename").AsString().value_or("");
-      const std::string_view name = frames[k].Get("name").AsString().value_or("");
+    for (const auto& [file, name] : files_names) {
       if (pred(file, name)) return true;
     }
     return false;
