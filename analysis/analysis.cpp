@@ -105,7 +105,10 @@ class FirstWalk final : public WalkListener {
     const bool first = i == 0;
     Track(walk, model.allocated(), first, r_.peak_allocated);
     Track(walk, model.reserved(), first, r_.peak_reserved);
-    if (walk.applied() == end_) r_.fragmentation_at_end = model.Fragmentation();
+    if (walk.applied() == end_) {
+      r_.fragmentation_at_end = model.Fragmentation();
+      r_.model_at_end = std::make_shared<const TraceModel>(model);
+    }
     if (e.type == EventType::kPhaseEnd) {
       r_.phases.push_back(Row(walk, e));
     } else if (e.type == EventType::kOom && !r_.oom) {
@@ -288,6 +291,9 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
   std::size_t end = t.events.size();
   if (moment.kind == Moment::Kind::kEnd) {
     end = EndOfLastStep(t);
+    if (report != nullptr && report->model_at_end != nullptr && report->events == t.events.size() && end > 0) {
+      return std::make_pair(*report->model_at_end, end);  // the first walk kept it
+    }
   } else if (moment.kind == Moment::Kind::kPeak) {
     std::optional<RankAnalysis> analysed;
     if (report == nullptr) {

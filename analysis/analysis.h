@@ -130,6 +130,10 @@ struct RankReport {
   // `stats` is then all zeros and says nothing.
   bool stats_known = true;
   std::uint64_t lower_bound = 0;  // peak of live requested bytes
+  // The model at `end` (EndOfLastStep), kept by the first walk of
+  // AnalyzeRank / RankAnalysis: ModelAt(end) with this report takes it instead
+  // of walking the timeline again. Null when not analysed here.
+  std::shared_ptr<const TraceModel> model_at_end;
   // What `memscope run` adds:
   std::optional<DdpBuckets> ddp;  // the rank trained under DDP
   std::string status;             // "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"; "" outside a run
@@ -221,7 +225,7 @@ absl::StatusOr<Moment> ParseMoment(std::string_view text);
 // The model after the events up to `moment`, and how many events that is: a
 // TimelineWalk stopped there. NotFound when the recording has no such moment
 // (no OOM, no such phase). `report` (the timeline's AnalyzeRank, if the
-// caller has it) saves a walk to find the peak.
+// caller has it) saves a walk: to find the peak, and for `end` the walk itself.
 absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& timeline, const Moment& moment,
                                                            const RankReport* report = nullptr);
 

@@ -365,7 +365,7 @@ class MemoTable {
   static constexpr std::uint64_t kTokenMask = (std::uint64_t{1} << 48) - 1;
 
   // The entry for `id` (ref.kind kMissing if none).
-  MemoEntry Find(std::uint64_t id) const {
+  [[gnu::always_inline]] MemoEntry Find(std::uint64_t id) const {
     MemoEntry m;
     if (id < dense_.size()) {
       m.ref = dense_[id];
@@ -459,7 +459,7 @@ class Reader {
     }
     return true;
   }
-  bool ReadByte(std::uint8_t& b) {
+  [[gnu::always_inline]] bool ReadByte(std::uint8_t& b) {
     if (pos_ == end_ && !Refill()) return false;
     b = static_cast<std::uint8_t>(buf_[pos_++]);
     return true;
@@ -505,7 +505,7 @@ class Reader {
     }
   }
   template <typename T>
-  absl::Status ReadLE(T& v) {
+  [[gnu::always_inline]] absl::Status ReadLE(T& v) {
     unsigned char b[sizeof(T)];
     if (end_ - pos_ >= sizeof(T)) {  // the common case: in the buffer
       std::memcpy(b, buf_.data() + pos_, sizeof(T));
@@ -525,7 +525,7 @@ class Reader {
     return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
            cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
            tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
-           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef);
+           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16;
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
@@ -649,7 +649,7 @@ class Reader {
   }
 
   // ---- Stack.
-  std::uint32_t NextLevel(bool for_mark) const {
+  [[gnu::always_inline]] std::uint32_t NextLevel(bool for_mark) const {
     if (stack_.empty()) return 1;
     const Slot& p = stack_.back();
     if (p.mark) return p.level + 1;
@@ -840,6 +840,26 @@ class Reader {
     }
   }
 
+  // Whether the value at stack position q is inside an item of a streamed
+  // list: the newest streamed list still open has its batch's MARK open right
+  // above it, below q (in a batch, a sibling of the list cannot come before
+  // its APPENDS; the path of anything there starts with the list's path and
+  // an item index). False when unsure (a one-item APPEND has no MARK): the
+  // caller then builds the path. Entries of streaming_ whose list is gone
+  // are dropped here.
+  bool InsideStreamedList(std::size_t q) {
+    while (!streaming_.empty()) {
+      const auto [pos, token] = streaming_.back();
+      if (pos < stack_.size() && stack_[pos].open() && !stack_[pos].mark && BuilderOf(stack_[pos].ref).token == token) {
+        break;
+      }
+      streaming_.pop_back();
+    }
+    if (streaming_.empty()) return false;
+    const std::size_t s = streaming_.back().first;
+    return s + 1 < q && stack_[s + 1].mark;
+  }
+
   // ---- Containers.
   absl::Status OpenTarget(std::size_t target, PyKind kind) {
     if (target >= stack_.size() || stack_[target].mark || stack_[target].ref.kind != kind) {
@@ -853,6 +873,25 @@ class Reader {
       return Error(absl::StrCat(OpName(op_), ": a container inside itself (recursive structure): not supported"));
     }
     return absl::OkStatus();
+  }
+  // The pair of a small dict (fewer than 32 pairs) whose key equals the str
+  // key `kr`. A str key equals only a str key with the same bytes (a
+  // memoized key is the very same bytes: same offset).
+  [[gnu::always_inline]] std::optional<std::size_t> FindStrKey(Builder& B, const PyRef& kr) {
+    const char* chars = arena_->chars.data();
+    const std::uint64_t bit = StrKeyBit(chars, kr);
+    const bool maybe_held = (B.str_key_bits & bit) != 0;
+    B.str_key_bits |= bit;
+    if (!maybe_held) return std::nullopt;
+    const std::size_t pairs = B.items.size() / 2;
+    for (std::size_t j = 0; j < pairs; ++j) {
+      const PyRef& e = B.items[2 * j];
+      if (e.kind == PyKind::kString && e.n == kr.n &&
+          (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
+        return j;
+      }
+    }
+    return std::nullopt;
   }
   absl::Status AppendTo(std::size_t target, FastVec<PyRef>& items);
   absl::Status SetItems(std::size_t target, FastVec<PyRef>& kv);
@@ -903,7 +942,8 @@ class Reader {
   bool path_too_deep_ = false;
   bool stopped_ = false;
   FastVec<PyRef> scratch_;
-  std::string text_;  // protocol 0 text arguments
+  std::string text_;                                              // protocol 0 text arguments
+  std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
 
 absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
@@ -912,13 +952,17 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
   Builder* B = &BuilderOf(stack_[target].ref);
   if (B->streamed < 0) {
     B->streamed = 0;
-    if (options_.stream_list) {
+    if (options_.stream_list && (options_.stream_inside_items || !InsideStreamedList(target))) {
       PicklePath p = PathAt(target, 0);
       if (path_too_deep_) return CheckDepth(options_.max_depth + 1);
       B = &BuilderOf(stack_[target].ref);
       B->path = std::move(p);
       B->has_path = true;
       B->streamed = options_.stream_list(B->path) ? 1 : 0;
+      if (B->streamed == 1 && !options_.stream_inside_items) {
+        (void)InsideStreamedList(0);  // drops the lists that are gone
+        streaming_.emplace_back(target, B->token);
+      }
     }
   }
   for (const PyRef& e : items) {
@@ -943,8 +987,22 @@ absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
   Builder& B = BuilderOf(stack_[target].ref);
   std::string key_text;
   for (std::size_t k = 0; k < kv.size(); k += 2) {
-    const PyView key(arena_.get(), kv[k]);
     const PyRef& val = kv[k + 1];
+    if (kv[k].kind == PyKind::kString && B.items.size() < 64) {
+      // The common case (every key of a snapshot's dicts): a str key in a
+      // small dict, the same steps as below without the general key's.
+      const std::uint16_t h = IsContainerKind(val.kind) ? AddHeight(val.height) : 1;
+      if (h > options_.max_depth) return CheckDepth(h);
+      B.height = std::max(B.height, h);
+      if (std::optional<std::size_t> existing = FindStrKey(B, kv[k])) {
+        B.items[2 * *existing + 1] = val;
+      } else {
+        AddItem(B, kv[k]);
+        AddItem(B, val);
+      }
+      continue;
+    }
+    const PyView key(arena_.get(), kv[k]);
     key_text.clear();
     // The key's text is needed to check a container key's hashability and to
     // index large dicts; small dicts with scalar keys (every dict of a
@@ -962,21 +1020,7 @@ absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
     B.height = std::max(B.height, h);
     std::optional<std::size_t> existing;
     if (pairs < 32 && key.kind() == PyKind::kString) {
-      // A str key equals only a str key with the same bytes (a memoized key
-      // is the very same bytes: same offset).
-      const PyRef& kr = kv[k];
-      const char* chars = arena_->chars.data();
-      const std::uint64_t bit = StrKeyBit(chars, kr);
-      const bool maybe_held = (B.str_key_bits & bit) != 0;
-      B.str_key_bits |= bit;
-      for (std::size_t j = 0; maybe_held && j < pairs; ++j) {
-        const PyRef& e = B.items[2 * j];
-        if (e.kind == PyKind::kString && e.n == kr.n &&
-            (e.v == kr.v || std::memcmp(chars + e.v, chars + kr.v, kr.n) == 0)) {
-          existing = j;
-          break;
-        }
-      }
+      existing = FindStrKey(B, kv[k]);
     } else if (pairs < 32) {
       for (std::size_t j = 0; j < pairs; ++j) {
         if (KeysEqual(PyView(arena_.get(), B.items[2 * j]), key)) {

@@ -258,6 +258,12 @@ struct PickleReadOptions {
   // and is returned as is.
   std::function<bool(const PicklePath& list_path)> stream_list;
   std::function<absl::Status(const PicklePath& list_path, PyView item)> on_item;
+  // False: a list inside an item of a streamed list's MARK ... APPENDS batch
+  // (the path of which starts with the streamed list's path and the item's
+  // index) is not streamed and stream_list is not asked about it: its path is
+  // not built (the frames list of every trace entry would cost one each).
+  // Other lists are asked as before.
+  bool stream_inside_items = true;
   std::uint64_t max_depth = 1000;
   // The working-memory budget (see the header comment).
   std::uint64_t max_working_bytes_fixed = 256ull << 20;

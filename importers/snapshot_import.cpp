@@ -1,6 +1,7 @@
 #include "importers/snapshot_import.h"
 
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -47,17 +48,100 @@ void AnnotationPhase(const std::string& name, Request& r, RequestTrace& trace) {
 
 std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
 
-// The trace entry and segment keys memscope knows (read or deliberately
-// ignored); any other key is counted and named in a note.
-bool KnownEntryKey(std::string_view k) {
-  static constexpr std::string_view kKeys[] = {
-      "action",        "addr",    "size", "stream", "time_us", "frames",         "device_free", "compile_context",
-      "user_metadata", "pool_id", "name", "stage",  "device",  "requested_size", "real_size"};
-  for (std::string_view x : kKeys) {
-    if (x == k) return true;
+// The trace entry keys memscope reads, those it knows and deliberately
+// ignores, and the rest (counted and named in a note). Decided by length and
+// a byte or two before one comparison: this runs for every key of every entry.
+enum class Field : std::uint8_t {
+  kAddr,
+  kSize,
+  kStream,
+  kTimeUs,
+  kFrames,
+  kPoolId,
+  kCompileContext,
+  kUserMetadata,
+  kOtherKnown,  // device_free, name, stage, device, requested_size, real_size, action
+  kUnknown
+};
+
+Field FieldOf(std::string_view k) {
+  auto is = [&](std::string_view x, Field f) { return k == x ? f : Field::kUnknown; };
+  switch (k.size()) {
+    case 4:
+      if (k[0] == 'a') return is("addr", Field::kAddr);
+      if (k[0] == 's') return is("size", Field::kSize);
+      return is("name", Field::kOtherKnown);
+    case 5: return is("stage", Field::kOtherKnown);
+    case 6:
+      if (k[0] == 's') return is("stream", Field::kStream);
+      if (k[0] == 'f') return is("frames", Field::kFrames);
+      if (k[0] == 'a') return is("action", Field::kOtherKnown);
+      return is("device", Field::kOtherKnown);
+    case 7:
+      if (k[0] == 't') return is("time_us", Field::kTimeUs);
+      return is("pool_id", Field::kPoolId);
+    case 9: return is("real_size", Field::kOtherKnown);
+    case 11: return is("device_free", Field::kOtherKnown);
+    case 13: return is("user_metadata", Field::kUserMetadata);
+    case 14: return is("requested_size", Field::kOtherKnown);
+    case 15: return is("compile_context", Field::kCompileContext);
+    default: return Field::kUnknown;
   }
-  return false;
 }
+
+// A trace entry's action (kOther: one memscope does not model).
+enum class Action : std::uint8_t {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kSegmentMap,
+  kSegmentUnmap,
+  kOom,
+  kUserDefined,
+  kSnapshot,
+  kOther
+};
+
+Action ActionOf(std::string_view a) {
+  auto is = [&](std::string_view x, Action act) { return a == x ? act : Action::kOther; };
+  switch (a.size()) {
+    case 3: return is("oom", Action::kOom);
+    case 5: return is("alloc", Action::kAlloc);
+    case 8: return is("snapshot", Action::kSnapshot);
+    case 11: return is("segment_map", Action::kSegmentMap);
+    case 12:
+      if (a[8] == 'f') return is("segment_free", Action::kSegmentFree);
+      return is("user_defined", Action::kUserDefined);
+    case 13:
+      if (a[8] == 'u') return is("segment_unmap", Action::kSegmentUnmap);
+      return is("segment_alloc", Action::kSegmentAlloc);
+    case 14:
+      if (a[5] == 'r') return is("free_requested", Action::kFreeRequested);
+      return is("free_completed", Action::kFreeCompleted);
+    default: return Action::kOther;
+  }
+}
+
+// What a str of the pickle names (a Field or an Action), by where its bytes
+// are: a key or action written once and referred back to (BINGET) is the
+// same bytes of the reader's arena every time, and those bytes never change
+// during a read. A few entries, replaced on collision.
+template <typename T>
+struct NameCache {
+  struct Slot {
+    std::uint64_t offset = ~std::uint64_t{0};
+    std::uint32_t length = 0;
+    T value{};
+  };
+  std::array<Slot, 64> slots;
+  T Of(const PyRef& str, std::string_view text, T (*classify)(std::string_view)) {
+    Slot& s = slots[(str.v ^ (str.v >> 6) ^ str.n) & 63];
+    if (s.offset != str.v || s.length != str.n) s = Slot{str.v, str.n, classify(text)};
+    return s.value;
+  }
+};
 
 // Counts of things a reader met but does not model, by name, for one note.
 struct Unknowns {
@@ -90,9 +174,8 @@ bool Contains(std::string_view s, std::string_view part) { return s.find(part) !
 // modules and optimizers): not the user's code.
 bool LibraryFrame(std::string_view file) {
   return file.empty() || Contains(file, "/.memscope-capture/") || Contains(file, "/torch/") ||
-         Contains(file, "\\torch\\") || file.starts_with("torch/") ||
-         file.ends_with(".cpp") || file.ends_with(".h") || file.ends_with(".cu") || file.ends_with(".cuh") ||
-         file.starts_with("<") || file == "??";
+         Contains(file, "\\torch\\") || file.starts_with("torch/") || file.ends_with(".cpp") || file.ends_with(".h") ||
+         file.ends_with(".cu") || file.ends_with(".cuh") || file.starts_with("<") || file == "??";
 }
 
 // The category of an allocation from its stack: the first rule that any
@@ -102,10 +185,13 @@ Category CategoryFromFrames(const PyView& frames) {
   if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
     if (std::optional<Category> c = ParseCategory(name->substr(9))) return *c;
   }
+  // Each frame's file and function, looked up once for all the rules.
+  std::vector<std::pair<std::string_view, std::string_view>> files_names(frames.size());
+  for (std::size_t k = 0; k < frames.size(); ++k) {
+    files_names[k] = {frames[k].Get("filename").AsString().value_or(""), frames[k].Get("name").AsString().value_or("")};
+  }
   auto any = [&](auto&& pred) {
-    for (std::size_t k = 0; k < frames.size(); ++k) {
-      const std::string_view file = frames[k].Get("filename").AsString().value_or("");
-      const std::string_view name = frames[k].Get("name").AsString().value_or("");
+    for (const auto& [file, name] : files_names) {
       if (pred(file, name)) return true;
     }
     return false;
@@ -255,6 +341,8 @@ struct DeviceBuilder {
   std::uint64_t last_alloc_entry = 0, last_oom_entry = 0;
   std::uint64_t oom_size = 0;
   Unknowns unknown_actions, unknown_fields;
+  NameCache<Field> field_names;
+  NameCache<Action> action_names;
   double last_time = 0;
   bool time_known = false;  // an entry had time_us
   // A free_requested whose completion is not known yet: if the next entry is
@@ -321,35 +409,39 @@ struct DeviceBuilder {
 
   void Entry(const PyView& e) {
     ++entries;
-    const std::optional<std::string_view> action = e.Get("action").AsString();
+    const PyView action_v = e.Get("action");
+    const std::optional<std::string_view> action = action_v.AsString();
     if (!action) {
       unknown_actions.Add("(no action)");
       return;
     }
     PyView addr_v, size_v, stream_v, time_v, frames_v;
+    const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
     for (std::size_t k = 0; k < e.size(); ++k) {
-      const std::optional<std::string_view> key = e.key(k).AsString();
+      const PyView key_v = e.key(k);
+      const std::optional<std::string_view> key = key_v.AsString();
       if (!key) continue;
-      if (*key == "addr") {
-        addr_v = e.value(k);
-      } else if (*key == "size") {
-        size_v = e.value(k);
-      } else if (*key == "stream") {
-        stream_v = e.value(k);
-      } else if (*key == "time_us") {
-        time_v = e.value(k);
-      } else if (*key == "frames") {
-        frames_v = e.value(k);
-      } else if (*key == "pool_id") {
-        if (*action == "alloc" && !IsDefaultPool(e.value(k))) ++private_pool_allocs;
-      } else if (*key == "compile_context") {
-        const std::optional<std::string_view> c = e.value(k).AsString();
-        if (c && *c != "N/A" && !c->empty()) ++compile_contexts;
-      } else if (*key == "user_metadata") {
-        const std::optional<std::string_view> m = e.value(k).AsString();
-        if (m && !m->empty()) ++user_metadata;
-      } else if (!KnownEntryKey(*key)) {
-        unknown_fields.Add(*key);
+      switch (field_names.Of(key_v.ref(), *key, FieldOf)) {
+        case Field::kAddr: addr_v = e.value(k); break;
+        case Field::kSize: size_v = e.value(k); break;
+        case Field::kStream: stream_v = e.value(k); break;
+        case Field::kTimeUs: time_v = e.value(k); break;
+        case Field::kFrames: frames_v = e.value(k); break;
+        case Field::kPoolId:
+          if (act == Action::kAlloc && !IsDefaultPool(e.value(k))) ++private_pool_allocs;
+          break;
+        case Field::kCompileContext: {
+          const std::optional<std::string_view> c = e.value(k).AsString();
+          if (c && *c != "N/A" && !c->empty()) ++compile_contexts;
+          break;
+        }
+        case Field::kUserMetadata: {
+          const std::optional<std::string_view> m = e.value(k).AsString();
+          if (m && !m->empty()) ++user_metadata;
+          break;
+        }
+        case Field::kOtherKnown: break;
+        case Field::kUnknown: unknown_fields.Add(*key); break;
       }
     }
     const std::uint64_t addr = UIntOr0(addr_v);
@@ -362,11 +454,11 @@ struct DeviceBuilder {
     }
     last_time = time_us;
     if (held) {
-      const bool completes_held = *action == "free_completed" && addr == held->addr;
+      const bool completes_held = act == Action::kFreeCompleted && addr == held->addr;
       Release(completes_held);
       if (completes_held) return;
     }
-    if (*action == "alloc") {
+    if (act == Action::kAlloc) {
       if (auto it = live.find(addr); it != live.end()) {  // a free the trace lost
         Request f{RequestOp::kFree, it->second, 0, 0, 0};
         Push(f, time_us);
@@ -378,7 +470,7 @@ struct DeviceBuilder {
       ever_allocated.insert(addr);
       Push(r, time_us);
       last_alloc_entry = entries;
-    } else if (*action == "free_requested") {
+    } else if (act == Action::kFreeRequested) {
       auto it = live.find(addr);
       if (it == live.end()) {
         ++unknown_frees;
@@ -386,27 +478,27 @@ struct DeviceBuilder {
       }
       held = Held{addr, it->second, time_us};
       live.erase(it);
-    } else if (*action == "free_completed") {
+    } else if (act == Action::kFreeCompleted) {
       if (auto w = waiting.find(addr); w != waiting.end()) {
         Push(Request{RequestOp::kSync, 0, 0, w->second, 0}, time_us);
         waiting.erase(w);
       }
-    } else if (*action == "segment_alloc" || *action == "segment_map") {
+    } else if (act == Action::kSegmentAlloc || act == Action::kSegmentMap) {
       out.segment_actions.push_back(
-          {*action == "segment_alloc" ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
+          {act == Action::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
-      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(*action == "segment_map", addr, size);
-    } else if (*action == "segment_free" || *action == "segment_unmap") {
+      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
+    } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
       // empty_cache() (or the release-all retry before an OOM): the replay
       // empties its cache here too, once for the run of segment frees.
       out.segment_actions.push_back(
-          {*action == "segment_free" ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
+          {act == Action::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
       reserved -= static_cast<std::int64_t>(size);
       if (out.requests.requests.empty() || out.requests.requests.back().op != RequestOp::kEmptyCache) {
         Push(Request{RequestOp::kEmptyCache, 0, 0, 0, 0}, time_us);
       }
-    } else if (*action == "oom") {
+    } else if (act == Action::kOom) {
       ++ooms;
       last_oom_entry = entries;
       oom_size = size;
@@ -414,7 +506,7 @@ struct DeviceBuilder {
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
       }
-    } else if (*action == "user_defined") {
+    } else if (act == Action::kUserDefined) {
       // PyTorch 2.1-2.3: record_function annotations inside the trace.
       const std::optional<std::string_view> name = e.Get("name").AsString();
       const std::optional<std::string_view> stage = e.Get("stage").AsString();
@@ -428,7 +520,7 @@ struct DeviceBuilder {
         }
         Push(r, time_us);
       }
-    } else if (*action != "snapshot") {
+    } else if (act != Action::kSnapshot) {
       unknown_actions.Add(*action);
     }
   }
@@ -472,16 +564,26 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   std::map<int, DeviceBuilder> devices;
   PickleReadOptions options;
+  options.stream_inside_items = false;
   options.stream_list = [](const PicklePath& p) {
     return p.size() == 2 && p[0] == "device_traces" && p[1].size() > 2 && p[1].front() == '[';
   };
+  // The device of the list being streamed, kept across its entries (the path
+  // is the same for every entry of one list).
+  std::string current_label;
+  DeviceBuilder* current = nullptr;
   options.on_item = [&](const PicklePath& p, PyView item) -> absl::Status {
-    int device = 0;
-    if (!absl::SimpleAtoi(p[1].substr(1, p[1].size() - 2), &device) || device < 0 || device > kMaxTimelineDeviceIndex) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
+    if (current == nullptr || p[1] != current_label) {
+      int device = 0;
+      if (!absl::SimpleAtoi(absl::string_view(p[1]).substr(1, p[1].size() - 2), &device) || device < 0 ||
+          device > kMaxTimelineDeviceIndex) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
+      }
+      current = &devices[device];
+      current->out.device = device;
+      current_label = p[1];
     }
-    DeviceBuilder& b = devices[device];
-    b.out.device = device;
+    DeviceBuilder& b = *current;
     if (!item.is_dict()) {
       b.unknown_actions.Add(
           absl::StrCat("(an entry that is a ", item.kind() == PyKind::kList ? "list" : "scalar", ", not a dict)"));
@@ -653,6 +755,7 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   PickleReadOptions options;  // the trace, if any, is not needed: stream and drop it
+  options.stream_inside_items = false;
   options.stream_list = [](const PicklePath& p) { return p.size() == 2 && p[0] == "device_traces"; };
   options.on_item = [](const PicklePath&, PyView) { return absl::OkStatus(); };
   absl::StatusOr<PickleDoc> doc = ReadPickle(in, path, options);

@@ -348,6 +348,46 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     }
     CHECK(with_frames == frames0);
   }
+  // As the snapshot importer reads (stream_inside_items = false): the same
+  // items and tree, and stream_list is not asked about the lists inside the
+  // streamed entries' batches once the list is known to be streamed: after
+  // its first batch of 1000 (protocol 0 has no batches: APPEND per item, so
+  // there every frames list is still asked about).
+  for (int p : {0, 1, 2, 3, 4, 5}) {
+    INFO("protocol " << p);
+    std::vector<std::string> got;
+    std::vector<PicklePath> asked;
+    PickleReadOptions o;
+    o.stream_inside_items = false;
+    o.stream_list = [&](const PicklePath& path) {
+      asked.push_back(path);
+      return path == PicklePath{"device_traces", "[0]"};
+    };
+    o.on_item = [&](const PicklePath& path, PyView item) {
+      CHECK(path == PicklePath{"device_traces", "[0]"});
+      got.push_back(Canon(item));
+      return absl::OkStatus();
+    };
+    absl::StatusOr<PickleDoc> v = ReadFile(f / absl::StrCat("snap_p", p, ".pickle"), o);
+    INFO(v.status().ToString());
+    REQUIRE(v.ok());
+    CHECK(got == traces0);
+    CHECK(Canon(v->root()) == ReadText(f / "streamed0.canon"));
+    std::set<std::string> with_frames;
+    for (const PicklePath& path : asked) {
+      if (path.size() > 2 && path[0] == "device_traces" && path[1] == "[0]") with_frames.insert(path[2]);
+    }
+    std::set<std::string> first_batch;
+    for (const std::string& k : frames0) {
+      if (std::stoi(k.substr(1)) < 1000) first_batch.insert(k);
+    }
+    CHECK(!first_batch.empty());
+    CHECK(first_batch.size() < frames0.size());
+    CHECK(with_frames == (p == 0 ? frames0 : first_batch));
+    std::set<PicklePath> seen(asked.begin(), asked.end());
+    CHECK(seen.count({"device_traces", "[2]"}) == 1);
+    CHECK(seen.count({"segments", "[0]", "blocks"}) == 1);
+  }
   // Another device, and a one-device snapshot (its list is APPENDed alone).
   for (int p : {2, 4}) {
     INFO("protocol " << p);
