@@ -102,6 +102,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   options.world_size = world_size;
   options.device_memory = plan.device_memory;
   options.config = plan.config;
+  options.blas_workspaces = plan.blas_workspaces;
   options.exec = plan.cpu ? ExecMode::kCpu : ExecMode::kMeta;
   options.timeline_path = dir.Timeline(rank);
   RankSession session(options);
