@@ -546,7 +546,15 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   }
   absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(plan.status().message());
-  if (!worker) cli::NoteGcWithoutFraction(plan->config);
+  if (!worker) {
+    cli::NoteGcWithoutFraction(plan->config);
+    // PyTorch's warnings for workspace variables it cannot read (it then uses its defaults).
+    std::vector<std::string> warnings;
+    if (a.cublas_workspace != "off") {
+      ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", &warnings);
+    }
+    cli::PrintNotes(warnings);
+  }
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
