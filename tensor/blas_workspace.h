@@ -31,9 +31,11 @@
 // - Each workspace is requested after the op's output (the structured
 //   kernel allocates `out` before calling cuBLAS).
 //
-// Older PyTorch differs: before 1.13 (pytorch/pytorch#83461) cuBLAS
-// allocated its workspace itself (cudaMalloc, outside the allocator), and
-// until about 2.6 cuBLASLt calls took a temporary workspace per call.
+// Older PyTorch differs: pytorch/pytorch#83461 (August 2022) began handing
+// cuBLAS a workspace from the allocator, but users saw it in
+// memory_allocated() from 2.0 on, not in 1.13 (#95668); before that cuBLAS
+// allocated its workspace itself (cudaMalloc, outside the allocator). In 2.6
+// and earlier cuBLASLt calls took a temporary workspace per call (#139442).
 // memscope models the 2.9 behaviour above. Untested on GPU.
 #ifndef MEMSCOPE_TENSOR_BLAS_WORKSPACE_H_
 #define MEMSCOPE_TENSOR_BLAS_WORKSPACE_H_
