@@ -1120,7 +1120,10 @@ absl::Status CachingAllocator::Impl::CheckStatsMatch(const DeviceStats& recount)
 // --- public interface: take the lock, forward ---------------------------------
 
 CachingAllocator::CachingAllocator(Device& device, AllocatorConfig config)
-    : device_(device), config_(std::move(config)), impl_(std::make_unique<Impl>(device_, config_)) {}
+    : device_(device), config_(std::move(config)), impl_(std::make_unique<Impl>(device_, config_)) {
+  // DeviceCachingAllocator's constructor: setMemoryFraction(per_process_memory_fraction()).
+  if (config_.per_process_memory_fraction < 1.0) (void)SetMemoryFraction(config_.per_process_memory_fraction);
+}
 
 CachingAllocator::~CachingAllocator() = default;
 
@@ -1166,10 +1169,12 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
     return absl::InvalidArgumentError(absl::StrCat("invalid memory fraction ", fraction, ": must be in [0, 1]"));
   }
   std::lock_guard<FastMutex> lock(mutex_);
+  // PyTorch 2.9+: a fraction of 1.0 removes the cap (allowed_memory_maximum = nullopt).
+  impl_->set_fraction = fraction < 1.0;
   impl_->allowed_memory_maximum =
-      static_cast<std::size_t>(fraction * static_cast<double>(device_.MemoryInfo().total_bytes));
-  impl_->set_fraction = true;
-  impl_->count_free_block_lookups = config_.garbage_collection_threshold > 0.0;
+      impl_->set_fraction ? static_cast<std::size_t>(fraction * static_cast<double>(device_.MemoryInfo().total_bytes))
+                          : 0;
+  impl_->count_free_block_lookups = impl_->set_fraction && config_.garbage_collection_threshold > 0.0;
   return absl::OkStatus();
 }
 
@@ -1186,6 +1191,11 @@ std::size_t CachingAllocator::max_memory_allocated() const {
   std::lock_guard<FastMutex> lock(mutex_);
   return static_cast<std::size_t>(All(impl_->stats.allocated_bytes).peak);
 }
+std::size_t CachingAllocator::allowed_memory_maximum() const {
+  std::lock_guard<FastMutex> lock(mutex_);
+  return impl_->set_fraction ? impl_->allowed_memory_maximum : 0;
+}
+
 std::size_t CachingAllocator::memory_reserved() const {
   std::lock_guard<FastMutex> lock(mutex_);
   return static_cast<std::size_t>(Impl::AllCurrent(impl_->stats.reserved_bytes));

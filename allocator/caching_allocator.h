@@ -104,8 +104,12 @@ class CachingAllocator {
   void EmptyCache();
 
   // Caps this process at `fraction` of the device's total memory
-  // (torch.cuda.set_per_process_memory_fraction). Fraction in [0, 1].
+  // (torch.cuda.set_per_process_memory_fraction). Fraction in [0, 1]; 1.0
+  // removes the cap, as in PyTorch 2.9+. The config's
+  // per_process_memory_fraction is applied at construction.
   absl::Status SetMemoryFraction(double fraction);
+  // The cap in bytes, 0 when there is none.
+  std::size_t allowed_memory_maximum() const;
 
   // torch.cuda.memory_stats() as a struct, and its usual shortcuts.
   DeviceStats GetStats() const;

@@ -46,6 +46,8 @@ class Parser {
         s = ParseThreshold(key, config.garbage_collection_threshold);
       } else if (key == "roundup_power2_divisions") {
         s = ParseDivisions(key, config.roundup_power2_divisions);
+      } else if (key == "per_process_memory_fraction") {
+        s = ParseFraction(key, config.per_process_memory_fraction);
       } else if (key == "expandable_segments") {
         s = ParseBool(key, config.expandable_segments);
       } else if (key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register" ||
@@ -112,6 +114,16 @@ class Parser {
     double value = 0;
     if (v == nullptr || !absl::SimpleAtod(*v, &value) || !(value > 0.0 && value < 1.0)) {
       return Error(absl::StrCat("'", key, "' must be a number in (0.0, 1.0), got '", v ? *v : "", "'"));
+    }
+    out = value;
+    return absl::OkStatus();
+  }
+  // PyTorch: "per_process_memory_fraction is invalid, set it in [0.0, 1.0]".
+  absl::Status ParseFraction(absl::string_view key, double& out) {
+    const std::string* v = Next();
+    double value = 0;
+    if (v == nullptr || !absl::SimpleAtod(*v, &value) || !(value >= 0.0 && value <= 1.0)) {
+      return Error(absl::StrCat("'", key, "' must be a number in [0.0, 1.0], got '", v ? *v : "", "'"));
     }
     out = value;
     return absl::OkStatus();

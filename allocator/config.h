@@ -6,7 +6,10 @@
 // Keys (as in PyTorch 2.x): max_split_size_mb (>= 20), max_non_split_rounding_mb
 // (>= 20), roundup_power2_divisions (a power of two, or a list such as
 // [256:1,512:2,1024:4,>:8] with keys in MB), garbage_collection_threshold
-// (0 < t < 1), expandable_segments (True/False). PyTorch's other keys
+// (0 < t < 1), expandable_segments (True/False), per_process_memory_fraction
+// (0 <= f <= 1; PyTorch 2.9+ CUDAAllocatorConfig: the allocator of each device
+// starts with set_per_process_memory_fraction(f), and 1.0 means no cap).
+// PyTorch's other keys
 // (backend:native, release_lock_on_cudamalloc, pinned_use_cuda_host_register,
 // pinned_num_register_threads) are accepted and have no effect on device
 // memory. Anything else is an error that names the key.
@@ -36,6 +39,9 @@ struct AllocatorConfig {
   // garbage-collected; 0 = off. Only active with a memory fraction set.
   double garbage_collection_threshold = 0.0;
   bool expandable_segments = false;
+  // torch.cuda.set_per_process_memory_fraction applied when the allocator is
+  // created; 1.0 (the default) sets no cap.
+  double per_process_memory_fraction = 1.0;
   // The settings text this config was parsed from ("" for defaults).
   std::string text;
 

@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/string_view.h"
+#include "allocator/config.h"
 #include "recording/event.h"
 
 namespace memscope::cli {
@@ -32,6 +33,12 @@ int Fail(absl::string_view command, absl::string_view message);
 // (Timeline::notes: a snapshot replayed, a truncated trace, ...) on stderr.
 void PrintNotes(const std::vector<Timeline>& timelines);
 void PrintNotes(const std::vector<std::string>& notes);
+
+// The note for settings that PyTorch accepts and then ignores:
+// garbage_collection_threshold without a per-process memory fraction (from
+// the settings' per_process_memory_fraction or `fraction`, < 1 for a cap).
+// Returns the note ("" when none) after printing it.
+std::string NoteGcWithoutFraction(const AllocatorConfig& config, double fraction = 1.0);
 
 void RegisterReplay(CLI::App& app, int& exit_status);
 // summary, trace, snapshot, frag, dump: commands that read a recording.

@@ -70,6 +70,16 @@ void PrintNotes(const std::vector<std::string>& notes) {
   }
 }
 
+std::string NoteGcWithoutFraction(const AllocatorConfig& config, double fraction) {
+  if (config.garbage_collection_threshold <= 0.0 || config.per_process_memory_fraction < 1.0 || fraction < 1.0)
+    return "";
+  std::string note =
+      "garbage_collection_threshold has no effect without a per-process memory fraction "
+      "(--memory-fraction, or per_process_memory_fraction in the allocator settings)";
+  PrintNotes(std::vector<std::string>{note});
+  return note;
+}
+
 void PrintNotes(const std::vector<Timeline>& timelines) {
   for (const Timeline& t : timelines) PrintNotes(t.notes);
 }

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
 #include "run/plan.h"
+#include "tensor/blas_workspace.h"
 
 namespace memscope::cli {
 namespace {
@@ -151,6 +152,8 @@ int Plan(const PlanArgs& a) {
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
   if (!config.ok()) return Fail(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
   o.config = *config;
+  // The cuBLAS/cuBLASLt workspaces of the first matmul, as `memscope run` (its default).
+  o.blas_workspaces = ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), false, nullptr);
   if (a.steps < 1) return Fail("--steps must be at least 1");
   o.steps = a.steps;
   absl::StatusOr<PlanResult> r = MakePlan(o);

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
@@ -39,7 +39,9 @@ struct ReplayArgs {
   bool json = false;
   bool verify = false;
   bool no_search = false;
-  int rank = 0;  // of a run directory
+  int rank = 0;                  // of a run directory
+  double memory_fraction = 1.0;  // torch.cuda.set_per_process_memory_fraction
+  bool memory_fraction_given = false;
 };
 
 // What a recording (a run directory or a timeline) brings besides its
@@ -143,9 +145,7 @@ absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<Imp
       if (each.rank == args.rank) t = &each;
     }
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("'", args.file, "' has no rank ", args.rank));
-    const std::string source = *kind == InputKind::kDirectory
-                                   ? absl::StrCat(args.file, " rank ", t->rank)
-                                   : args.file;
+    const std::string source = *kind == InputKind::kDirectory ? absl::StrCat(args.file, " rank ", t->rank) : args.file;
     TimelineRequests requests = RequestsFromTimeline(*t, source);
     if (run->size() > 1) {
       PrintNotes(std::vector<std::string>{
@@ -240,14 +240,14 @@ int Verify(const RequestTrace& trace, const std::optional<ImportedTrace>& snapsh
   }
   const std::vector<ImportedTrace::SegmentAction>& theirs = snapshot->segment_actions;
   auto text = [](const std::vector<ImportedTrace::SegmentAction>& v, std::size_t i) {
-    return i < v.size() ? absl::StrCat(std::string(EventTypeName(v[i].type)), " of ", v[i].size, " B") : std::string("none");
+    return i < v.size() ? absl::StrCat(std::string(EventTypeName(v[i].type)), " of ", v[i].size, " B")
+                        : std::string("none");
   };
   std::map<EventType, std::size_t> counts;
   for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
     if (i >= mine.size() || i >= theirs.size() || mine[i].type != theirs[i].type || mine[i].size != theirs[i].size) {
       std::cout << "verify: segment action #" << i + 1 << " differs: PyTorch " << text(theirs, i) << ", memscope "
-                << text(mine, i) << " (of " << theirs.size() << " in the trace, " << mine.size()
-                << " in the replay)\n";
+                << text(mine, i) << " (of " << theirs.size() << " in the trace, " << mine.size() << " in the replay)\n";
       return kExitFailed;
     }
     ++counts[theirs[i].type];
@@ -281,9 +281,9 @@ void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& resu
                     {"oom", r.oom ? OomJson(*r.oom) : nlohmann::json(nullptr)},
                     {"memory_stats", stats}});
   }
-  std::cout
-      << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
-      << "\n";
+  std::cout << nlohmann::json{{"source", trace.source}, {"lower_bound_bytes", PeakLiveBytes(trace)}, {"runs", runs}}
+                   .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+            << "\n";
 }
 
 // Each setting's memory_summary (and OOM), then the what-if table under the lower bound.
@@ -338,6 +338,15 @@ int Run(const ReplayArgs& args) {
   }
   absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, snapshot, recording);
   if (!settings.ok()) return Fail(settings.status().message());
+  if (args.memory_fraction_given) {
+    if (!(args.memory_fraction >= 0.0 && args.memory_fraction <= 1.0)) {
+      return Fail(absl::StrCat("--memory-fraction ", args.memory_fraction, ": use 0 to 1"));
+    }
+    for (AllocatorConfig& c : *settings) c.per_process_memory_fraction = args.memory_fraction;
+  }
+  for (const AllocatorConfig& c : *settings) {
+    if (!NoteGcWithoutFraction(c).empty()) break;
+  }
   const std::vector<AllocatorConfig>& configs = *settings;
   if (args.verify) return Verify(trace, snapshot, device_memory);
 
@@ -386,6 +395,9 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
       ->allow_extra_args(false);
   cmd->add_option("--device-memory", args->device_memory,
                   "simulated GPU memory, e.g. 80GiB, 16GB, 512MiB (default 80GiB; 1GiB for the demo)");
+  cmd->add_option("--memory-fraction", args->memory_fraction,
+                  "torch.cuda.set_per_process_memory_fraction(F) before the first request, 0 to 1 (default 1: no cap)")
+      ->each([args](const std::string&) { args->memory_fraction_given = true; });
   cmd->add_option("--out", args->out,
                   "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
                   "snapshot at the peak); one setting only");

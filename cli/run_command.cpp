@@ -33,6 +33,7 @@
 #include "run/rank.h"
 #include "run/run.h"
 #include "run/run_directory.h"
+#include "tensor/blas_workspace.h"
 #include "train/data_parallel.h"
 #include "train/trainer.h"
 
@@ -68,6 +69,9 @@ struct RunArgs {
   std::string zero_grad = "none";
   std::string alloc_conf;
   bool alloc_conf_given = false;
+  std::string cublas_workspace = "default";  // default, hopper or off
+  double memory_fraction = 1.0;              // torch.cuda.set_per_process_memory_fraction
+  bool memory_fraction_given = false;
   std::string device_memory = "80GiB";
   std::string exec = "meta";
   std::string amp = "none";
@@ -139,7 +143,8 @@ absl::Status CheckOptionRanges(const RunArgs& a) {
     }
   }
   if (a.lr_given && !(a.lr > 0 && a.lr <= std::numeric_limits<float>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
   }
   if (!(a.momentum >= 0 && a.momentum <= std::numeric_limits<float>::max())) {
     return absl::InvalidArgumentError(absl::StrCat("--momentum ", a.momentum, ": must be a finite number >= 0"));
@@ -255,6 +260,21 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
     return absl::InvalidArgumentError(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
   }
   p.config = *config;
+  if (a.memory_fraction_given) {
+    if (!(a.memory_fraction >= 0.0 && a.memory_fraction <= 1.0)) {
+      return absl::InvalidArgumentError(absl::StrCat("--memory-fraction ", a.memory_fraction, ": use 0 to 1"));
+    }
+    // torch.cuda.set_per_process_memory_fraction(F) before the first allocation.
+    p.config.per_process_memory_fraction = a.memory_fraction;
+  }
+  if (a.cublas_workspace != "default" && a.cublas_workspace != "hopper" && a.cublas_workspace != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cublas-workspace '", a.cublas_workspace, "': use default, hopper or off"));
+  }
+  if (a.cublas_workspace != "off") {
+    p.blas_workspaces =
+        ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", nullptr);
+  }
   if (absl::StatusOr<std::unique_ptr<Model>> probe = CreateModel(t.model, t.model_options); !probe.ok()) {
     return probe.status();
   }
@@ -474,8 +494,9 @@ int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir
   absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
   if (!status.ok()) {
     if (world_size == 1) return Fail(status.status().message());
-    const std::string line = absl::StrCat("memscope run: rank ", rank, ": ",
-                                          EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
+    const std::string line =
+        absl::StrCat("memscope run: rank ", rank, ": ",
+                     EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
     ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
     std::cerr << line << "\n";
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
@@ -542,6 +563,8 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
   if (a.checkpoint) v.push_back("--checkpoint-activations");
   if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
+  if (a.memory_fraction_given) v.insert(v.end(), {"--memory-fraction", Exact(a.memory_fraction)});
+  if (a.cublas_workspace != "default") v.insert(v.end(), {"--cublas-workspace", a.cublas_workspace});
   if (!a.scenario.empty()) v.insert(v.end(), {"--scenario", a.scenario});
   return v;
 }
@@ -623,6 +646,15 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   }
   absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(plan.status().message());
+  if (!worker) {
+    cli::NoteGcWithoutFraction(plan->config);
+    // PyTorch's warnings for workspace variables it cannot read (it then uses its defaults).
+    std::vector<std::string> warnings;
+    if (a.cublas_workspace != "off") {
+      ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", &warnings);
+    }
+    cli::PrintNotes(warnings);
+  }
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
@@ -733,14 +765,17 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "batch it scatters); the devices are the run's ranks")
       ->each([a](const std::string&) { a->dp_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");
-  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")
-      ->each([a](const std::string&) { a->sizes_given[0] = true; });
+  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")->each([a](const std::string&) {
+    a->sizes_given[0] = true;
+  });
   cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)")
       ->each([a](const std::string&) { a->sizes_given[1] = true; });
-  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")
-      ->each([a](const std::string&) { a->sizes_given[2] = true; });
-  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")
-      ->each([a](const std::string&) { a->sizes_given[3] = true; });
+  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")->each([a](const std::string&) {
+    a->sizes_given[2] = true;
+  });
+  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")->each([a](const std::string&) {
+    a->sizes_given[3] = true;
+  });
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd");
   cmd->add_option("--optimizer-impl", a->optimizer_impl, "foreach (default, as on GPUs), for-loop or fused");
   cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)")
@@ -765,6 +800,12 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--zero-grad", a->zero_grad, "none (set_to_none=True, the default) or zeros");
   cmd->add_option("--alloc-conf", a->alloc_conf, "allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
+  cmd->add_option("--cublas-workspace", a->cublas_workspace,
+                  "cuBLAS/cuBLASLt workspaces the first matmul allocates: default (8.125 MiB + 1 MiB, or as "
+                  "$CUBLAS_WORKSPACE_CONFIG / $CUBLASLT_WORKSPACE_SIZE say), hopper (32 MiB + 1 MiB, sm90) or off");
+  cmd->add_option("--memory-fraction", a->memory_fraction,
+                  "torch.cuda.set_per_process_memory_fraction(F) on every rank's device, 0 to 1 (default 1: no cap)")
+      ->each([a](const std::string&) { a->memory_fraction_given = true; });
   cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB)");
   cmd->add_option("--exec", a->exec, "meta (default: shapes and memory only) or cpu (real float math; mlp, cifar-net)");
   cmd->add_option("--amp", a->amp, "none (default), fp16 (autocast + GradScaler) or bf16 (autocast)");

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -54,6 +54,7 @@ class Planner {
     RankSessionOptions so;
     so.device_memory = device;
     so.config = o_.config;
+    so.blas_workspaces = o_.blas_workspaces;
     if (s.expandable && !so.config.expandable_segments) {
       absl::StatusOr<AllocatorConfig> c =
           AllocatorConfig::Parse(o_.config.text.empty() ? "expandable_segments:True"

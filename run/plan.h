@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
+#include "tensor/blas_workspace.h"
 #include "train/trainer.h"
 
 namespace memscope {
@@ -36,7 +37,8 @@ struct PlanOptions {
   std::int64_t global_batch = 0;
   std::int64_t batch_size = 0;
   OptimizerOptions optimizer;
-  AllocatorConfig config;  // the base settings; rows with expandable segments add expandable_segments:True
+  BlasWorkspaceSizes blas_workspaces;  // cuBLAS/cuBLASLt (tensor/blas_workspace.h)
+  AllocatorConfig config;              // the base settings; rows with expandable segments add expandable_segments:True
   std::int64_t steps = 2;
   std::int64_t max_batch = 1 << 16;  // the search stops here
   int threads = 2;                   // rows searched at once

@@ -129,6 +129,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   options.world_size = world_size;
   options.device_memory = plan.device_memory;
   options.config = plan.config;
+  options.blas_workspaces = plan.blas_workspaces;
   options.exec = plan.cpu ? ExecMode::kCpu : ExecMode::kMeta;
   options.timeline_path = dir.Timeline(rank);
   RankSession session(options);
@@ -190,6 +191,7 @@ absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int device
     options.config = plan.config;
     options.exec = plan.cpu ? ExecMode::kCpu : ExecMode::kMeta;
     options.timeline_path = dir.Timeline(d);
+    options.blas_workspaces = plan.blas_workspaces;  // each replica's own handle on its device
     dir.RecordFile(RunDirectory::TimelineName(d));
     dir.RecordFile(RunDirectory::RankStatusName(d));
     sessions.push_back(std::make_unique<RankSession>(options));

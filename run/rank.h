@@ -15,6 +15,7 @@
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/run_directory.h"
+#include "tensor/blas_workspace.h"
 #include "train/trainer.h"
 
 namespace memscope {
@@ -41,6 +42,7 @@ struct RankPlan {
   TrainOptions train;
   AllocatorConfig config;
   std::uint64_t device_memory = 0;
+  BlasWorkspaceSizes blas_workspaces;        // cuBLAS/cuBLASLt (tensor/blas_workspace.h)
   bool cpu = false;                          // --exec cpu: real float math on a host-backed device
   std::string ddp;                           // "off", "copy" or "view"
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous

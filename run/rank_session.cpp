@@ -11,6 +11,7 @@ RankSession::RankSession(const RankSessionOptions& options)
                .host_backed = options.exec == ExecMode::kCpu}),
       allocator_(device_, options.config),
       context_(allocator_, options.exec, options.exec == ExecMode::kCpu ? &device_ : nullptr) {
+  context_.set_blas_workspaces(options.blas_workspaces);
   timeline_.rank = options.rank;
   timeline_.world_size = options.world_size;
   timeline_.device_index = options.rank;

@@ -41,6 +41,9 @@ struct RankSessionOptions {
   AllocatorConfig config;
   // kCpu makes the device host-backed (real bytes behind device addresses).
   ExecMode exec = ExecMode::kMeta;
+  // The cuBLAS/cuBLASLt workspaces the matmuls allocate (none by default;
+  // `memscope run` and `plan` use PyTorch's, tensor/blas_workspace.h).
+  BlasWorkspaceSizes blas_workspaces;
   // Where the events go: this timeline file (created, truncated), stamped
   // with the wall-clock start; empty records into timeline() in memory,
   // without a wall-clock start, so that in-memory recordings are reproducible.

@@ -48,13 +48,15 @@ void BatchedMatmulKernel(const Tensor& a, const Tensor& m, Tensor& out) {
   }
 }
 
-Tensor MmNoGrad(const Tensor& a, const Tensor& b) {
+// `lt`: the call goes to cuBLASLt (addmm's bias epilogue), else cuBLAS.
+Tensor MmNoGrad(const Tensor& a, const Tensor& b, bool lt = false) {
   if (a.dim() != 2 || b.dim() != 2 || a.sizes()[1] != b.sizes()[0]) {
     throw TensorError(
         absl::StrCat("mm: shapes ", ShapeText(a.sizes()), " and ", ShapeText(b.sizes()), " cannot be multiplied"));
   }
   CheckSameContext(a, b, "mm");
   Tensor out = Tensor::Empty(a.ctx(), {a.sizes()[0], b.sizes()[1]}, a.dtype());
+  a.ctx().UseBlas(lt);  // cuBLAS's workspace, after the output (tensor/blas_workspace.h)
   if (a.ctx().computes()) BatchedMatmulKernel(a, b, out);
   return out;
 }
@@ -98,7 +100,11 @@ Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
 
 Tensor Addmm(const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in) {
   const Tensor bias = AutocastLower(bias_in), a = AutocastLower(a_in), b = AutocastLower(b_in);
-  Tensor out = MmNoGrad(a, b);
+  // Blas.cpp's useLtInterface: a contiguous 1-d bias over mat2's columns, a
+  // float type, mat2 larger than one row and one column.
+  const bool lt = bias.dim() == 1 && bias.is_contiguous() && b.dim() == 2 && bias.sizes()[0] == b.sizes()[1] &&
+                  IsFloating(bias.dtype()) && b.sizes()[0] > 1 && b.sizes()[1] > 1;
+  Tensor out = MmNoGrad(a, b, lt);
   if (a.ctx().computes()) AddInPlace(out, bias);
   if (NeedsGrad({&bias, &a, &b})) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
@@ -132,6 +138,7 @@ Tensor BmmNoGrad(const Tensor& a, const Tensor& b) {
         absl::StrCat("bmm: shapes ", ShapeText(a.sizes()), " and ", ShapeText(b.sizes()), " cannot be multiplied"));
   }
   Tensor out = Tensor::Empty(a.ctx(), {a.sizes()[0], a.sizes()[1], b.sizes()[2]}, a.dtype());
+  a.ctx().UseBlas(false);
   if (a.ctx().computes()) BatchedMatmulKernel(a, b, out);
   return out;
 }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "allocator/alloc_tag.h"
 
 namespace memscope {
 
@@ -40,6 +41,21 @@ bool IsFloating(DType dtype) {
 DeviceContext::DeviceContext(CachingAllocator& allocator, ExecMode mode, SimDevice* host)
     : allocator_(allocator), mode_(mode), host_(host) {
   if (mode == ExecMode::kCpu && host == nullptr) throw TensorError("cpu execution needs a host-backed SimDevice");
+}
+
+DeviceContext::~DeviceContext() = default;
+
+void DeviceContext::UseBlas(bool lt) {
+  if (!cublas_ready_) {
+    ScopedTag tag(Category::kOther, "cublas_workspace");
+    cublas_workspace_ = std::make_unique<Storage>(*this, blas_sizes_.cublas);
+    cublas_ready_ = true;
+  }
+  if (lt && !cublaslt_ready_) {
+    ScopedTag tag(Category::kOther, "cublaslt_workspace");
+    cublaslt_workspace_ = std::make_unique<Storage>(*this, blas_sizes_.cublaslt);
+    cublaslt_ready_ = true;
+  }
 }
 
 void* DeviceContext::HostPointer(DevicePtr ptr) const { return host_ ? host_->HostPointer(ptr) : nullptr; }

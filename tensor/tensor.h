@@ -31,6 +31,7 @@
 #include "absl/container/inlined_vector.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/sim_device.h"
+#include "tensor/blas_workspace.h"
 
 namespace memscope {
 
@@ -53,11 +54,26 @@ class TensorError : public std::runtime_error {
   bool out_of_memory_;
 };
 
+class Storage;
+
 // One device: the allocator that serves its tensors and how ops execute.
 class DeviceContext {
  public:
   // `host` must be the host-backed SimDevice under `allocator` for kCpu.
   DeviceContext(CachingAllocator& allocator, ExecMode mode, SimDevice* host = nullptr);
+  ~DeviceContext();  // frees the BLAS workspaces
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  // The cuBLAS/cuBLASLt workspaces the matmuls of this device allocate
+  // (tensor/blas_workspace.h); none by default. Set before the first matmul.
+  void set_blas_workspaces(const BlasWorkspaceSizes& sizes) { blas_sizes_ = sizes; }
+  const BlasWorkspaceSizes& blas_workspaces() const { return blas_sizes_; }
+  // Called by a matmul after its output is allocated: the first cuBLAS call
+  // (and, with `lt`, the first cuBLASLt call) on this device allocates its
+  // workspace, category OTHER, owner "cublas_workspace" /
+  // "cublaslt_workspace", kept until the context dies. Throws TensorError.
+  void UseBlas(bool lt);
 
   CachingAllocator& allocator() const { return allocator_; }
   ExecMode mode() const { return mode_; }
@@ -73,6 +89,9 @@ class DeviceContext {
   ExecMode mode_;
   SimDevice* host_;
   std::uint64_t seed_ = 0x5eed;
+  BlasWorkspaceSizes blas_sizes_;
+  std::unique_ptr<Storage> cublas_workspace_, cublaslt_workspace_;
+  bool cublas_ready_ = false, cublaslt_ready_ = false;
 };
 
 // One allocation. Freed through the allocator when the last reference goes.

@@ -489,3 +489,36 @@ TEST_CASE("destroying the allocator returns every segment to the device") {
   CHECK(gpu.used_bytes() == 0);
   CHECK(gpu.live_allocations() == 0);
 }
+
+TEST_CASE("per_process_memory_fraction in the settings caps the allocator from the start; 1.0 removes the cap") {
+  SimDevice gpu({.capacity = 100 * MiB});
+  CachingAllocator a(gpu, Conf("per_process_memory_fraction:0.5"));
+  CHECK(a.allowed_memory_maximum() == 50 * MiB);
+  MustMalloc(a, 40 * MiB);
+  REQUIRE_FALSE(a.Malloc(20 * MiB).ok());
+  CHECK(a.last_oom()->message.find("50.00 MiB allowed; ") != std::string::npos);
+  REQUIRE(a.SetMemoryFraction(1.0).ok());  // PyTorch 2.9: allowed_memory_maximum = nullopt
+  CHECK(a.allowed_memory_maximum() == 0);
+  CHECK(a.Malloc(20 * MiB).ok());
+}
+
+TEST_CASE("garbage collection with the fraction from the settings: the oldest cached blocks go first") {
+  // 200 MiB GPU, fraction 0.5: 100 MiB allowed; GC once reserved passes 0.6 * 100 MiB = 60 MiB.
+  SimDevice gpu({.capacity = 200 * MiB});
+  CachingAllocator a(gpu, Conf("per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"));
+  for (std::size_t mb : {10, 12, 14, 16, 18}) MustFree(a, MustMalloc(a, mb * MiB));
+  // The 18 MiB cudaMalloc came with 52 MiB reserved (<= 60): nothing collected.
+  CHECK(a.memory_reserved() == 70 * MiB);
+  CHECK(a.GetStats().num_device_free == 0);
+  // 20 MiB: no cached block fits; 70 MiB > 60 MiB, so reclaim 10 MiB. Ages
+  // (free-block lookups since cached) 5, 4, 3, 2, 1 for 10..18 MiB, average
+  // 3: the 10, 12 and 14 MiB blocks (36 MiB) go in one pass.
+  MustMalloc(a, 20 * MiB);
+  CHECK(a.GetStats().num_device_free == 3);
+  CHECK(a.memory_reserved() == 54 * MiB);
+  std::vector<std::size_t> sizes;
+  for (const auto& seg : a.Snapshot()) sizes.push_back(seg.total_size);
+  std::sort(sizes.begin(), sizes.end());
+  CHECK(sizes == std::vector<std::size_t>{16 * MiB, 18 * MiB, 20 * MiB});
+  RequireInvariants(a);
+}

@@ -117,3 +117,14 @@ TEST_CASE("settings come from PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF")
   unsetenv("PYTORCH_CUDA_ALLOC_CONF");
   unsetenv("PYTORCH_ALLOC_CONF");
 }
+
+TEST_CASE("per_process_memory_fraction (PyTorch 2.9+) is a number in [0, 1], default 1 (no cap)") {
+  CHECK(AllocatorConfig::Parse("")->per_process_memory_fraction == 1.0);
+  auto c = AllocatorConfig::Parse("per_process_memory_fraction:0.25,garbage_collection_threshold:0.5");
+  REQUIRE(c.ok());
+  CHECK(c->per_process_memory_fraction == 0.25);
+  CHECK(AllocatorConfig::Parse("per_process_memory_fraction:0")->per_process_memory_fraction == 0.0);
+  CHECK(ErrorOf("per_process_memory_fraction:1.5") ==
+        "invalid allocator setting: 'per_process_memory_fraction' must be a number in [0.0, 1.0], got '1.5'");
+  CHECK(ErrorOf("per_process_memory_fraction:half").find("per_process_memory_fraction") != std::string::npos);
+}

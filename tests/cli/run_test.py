@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 
-from clitest import check, finish, run  # noqa: E402
+from clitest import MiB, check, finish, run  # noqa: E402
 
 tmp = tempfile.mkdtemp(prefix="memscope-run-")
 try:
@@ -62,6 +62,44 @@ try:
     check("oom in report", json.load(open(os.path.join(d, "report.json")))["ranks"][0]["oom"] is not None)
     check("oom status", json.load(open(os.path.join(d, "run.json")))["ranks"][0]["status"] == "oom")
 
+    # cuBLAS workspaces (tensor/blas_workspace.h): PyTorch's 8519680 B + 1 MiB from the first forward
+    # on, category OTHER; --cublas-workspace off removes exactly them; hopper's cuBLAS one is 32 MiB.
+    peaks = {}
+    for mode in ["default", "off", "hopper"]:
+        d = os.path.join(tmp, "ws-" + mode)
+        code, out, err = run("run", "--model", "mlp", "--steps", "1", "--cublas-workspace", mode, "--out", d)
+        check(f"--cublas-workspace {mode}", code == 0, err)
+        peak = json.load(open(os.path.join(d, "report.json")))["ranks"][0]["peak"]["allocated"]
+        peaks[mode] = (peak["bytes"], peak["by_category"]["OTHER"], peak["top_owners"][0])
+    check("workspaces at the peak", peaks["default"][1] == 8519680 + 1048576
+          and peaks["default"][2] == {"bytes": 8519680, "owner": "cublas_workspace"}, peaks)
+    check("off removes exactly them", peaks["default"][0] - peaks["off"][0] == 8519680 + 1048576
+          and peaks["off"][1] == 0, peaks)
+    check("hopper: 32 MiB", peaks["hopper"][1] == 32 * MiB + 1048576, peaks)
+    d = os.path.join(tmp, "ws-env")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", d,
+                         env={"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "64"})
+    other = json.load(open(os.path.join(d, "report.json")))["ranks"][0]["peak"]["allocated"]["by_category"]["OTHER"]
+    check("CUBLAS_WORKSPACE_CONFIG and CUBLASLT_WORKSPACE_SIZE", code == 0 and other == 131072 + 65536, (other, err))
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", d, env={"CUBLAS_WORKSPACE_CONFIG": "big"})
+    check("an unreadable CUBLAS_WORKSPACE_CONFIG: PyTorch's warning", code == 0 and
+          "memscope: note: Could not parse CUBLAS_WORKSPACE_CONFIG, using default workspace size of 8519680 bytes."
+          in err, err)
+
+    # --memory-fraction: the OOM names what is allowed (0.001 of 80 GiB = 85899345 B = 81.92 MiB).
+    d = os.path.join(tmp, "fraction")
+    code, out, err = run("run", "--model", "gpt2", "--steps", "1", "--memory-fraction", "0.001", "--out", d)
+    check("--memory-fraction OOM exit 3", code == 3, (code, err))
+    check("--memory-fraction OOM message", "81.92 MiB allowed; " in err and
+          "The per-process memory fraction, not the device, is the limit." in err, err)
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--alloc-conf", "garbage_collection_threshold:0.6",
+                         "--out", d)
+    check("GC without a fraction: the note", code == 0 and "memscope: note: garbage_collection_threshold has no "
+          "effect without a per-process memory fraction" in err, err)
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--alloc-conf", "garbage_collection_threshold:0.6",
+                         "--memory-fraction", "0.5", "--out", d)
+    check("GC with a fraction: no note", code == 0 and "garbage_collection_threshold" not in err, err)
+
     # Bad input: one line naming the problem, exit 2, nothing written.
     for args, msg in [(["--model", "nope"], "unknown model 'nope'"),
                       (["--optimizer", "lion"], "unknown optimizer 'lion'"),
@@ -73,6 +111,8 @@ try:
                       (["--ddp", "copy", "--comm-hook", "fp8"], "--comm-hook 'fp8'"),
                       (["--world-size", "2", "--timeout", "0"], "--timeout 0: use more than 0 and at most 604800 seconds"),
                       (["--device-memory", "lots"], "--device-memory"),
+                      (["--memory-fraction", "1.5"], "--memory-fraction 1.5: use 0 to 1"),
+                      (["--cublas-workspace", "huge"], "--cublas-workspace 'huge': use default, hopper or off"),
                       (["--model", "mlp", "--exec", "cpu", "--amp", "fp16"], "--amp needs --exec meta")]:
         bad = os.path.join(tmp, "bad")
         code, out, err = run("run", *args, "--out", bad)
