@@ -62,12 +62,26 @@ absl::Status SimDevice::UseLedger(std::shared_ptr<DeviceLedger> ledger, int phys
 }
 
 absl::Status SimDevice::Charge(std::size_t size) {
-  if (size > options_.capacity - used_ ||
-      (ledger_ != nullptr && !ledger_->TryCharge(ledger_device_, ledger_process_, size, options_.capacity))) {
+  if (size > options_.capacity - used_) {
+    shared_oom_holders_.clear();
+    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
+  }
+  if (ledger_ != nullptr && !ledger_->TryCharge(ledger_device_, ledger_process_, size, options_.capacity)) {
+    shared_oom_holders_.clear();
+    for (int p = 0; p < DeviceLedger::kMaxProcesses; ++p) {
+      if (const std::uint64_t held = ledger_->UsedBy(ledger_device_, p); held > 0) {
+        shared_oom_holders_.emplace_back(p, held);
+      }
+    }
     return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
   }
   used_ += size;
   return absl::OkStatus();
+}
+
+std::vector<std::pair<int, std::uint64_t>> SimDevice::shared_oom_holders() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shared_oom_holders_;
 }
 
 void SimDevice::Uncharge(std::size_t size) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <memory>
@@ -76,6 +77,11 @@ class SimDevice final : public Device {
   absl::Status UseLedger(std::shared_ptr<DeviceLedger> ledger, int physical, int process);
   // The ledger line (physical GPU) this device charges, or -1 without a ledger.
   int physical() const { return ledger_device_; }
+  // When the last failed allocation failed because the shared GPU was full
+  // (the others' memory with its own exceeded the capacity): the bytes each
+  // process held on the GPU then, {process, bytes} by process, this one
+  // included; empty otherwise.
+  std::vector<std::pair<int, std::uint64_t>> shared_oom_holders() const;
 
   // Makes the `n`-th device allocation from now (Malloc or MapPage, 1-based)
   // fail with ResourceExhausted, as if the device were full. 0 disables.
@@ -151,6 +157,7 @@ class SimDevice final : public Device {
   bool plan_paused_ = false;
   std::shared_ptr<DeviceLedger> ledger_;
   int ledger_device_ = -1, ledger_process_ = -1;
+  std::vector<std::pair<int, std::uint64_t>> shared_oom_holders_;
 };
 
 }  // namespace memscope

@@ -28,6 +28,7 @@
 #include "recording/timeline.h"
 #include "reducer/communicator.h"
 #include "run/aggregate.h"
+#include "run/devices.h"
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/rank.h"
@@ -68,6 +69,7 @@ struct RunArgs {
   std::string alloc_conf;
   bool alloc_conf_given = false;
   std::string device_memory = "80GiB";
+  std::string devices;  // --devices: "" (LOCAL_RANK), same, or one device per rank
   std::string exec = "meta";
   std::string amp = "none";
   bool checkpoint = false;
@@ -117,7 +119,8 @@ absl::Status CheckOptionRanges(const RunArgs& a) {
     }
   }
   if (a.lr_given && !(a.lr > 0 && a.lr <= std::numeric_limits<float>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
   }
   if (!(a.momentum >= 0 && a.momentum <= std::numeric_limits<float>::max())) {
     return absl::InvalidArgumentError(absl::StrCat("--momentum ", a.momentum, ": must be a finite number >= 0"));
@@ -229,6 +232,9 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
     return absl::InvalidArgumentError(absl::StrCat("--device-memory ", a.device_memory, ": at most 1 PiB"));
   }
   p.device_memory = *device_memory;
+  absl::StatusOr<DeviceMap> devices = ParseDeviceMap("--devices", a.devices, static_cast<int>(world_size));
+  if (!devices.ok()) return devices.status();
+  p.devices = *devices;
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
   if (!config.ok()) {
@@ -301,8 +307,7 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
   const int world_size = out.manifest.world_size;
   std::cout << "memscope run: " << t.model
             << (t.parameters > 0 ? absl::StrCat(" (", t.parameters, " parameters)") : std::string()) << ", "
-            << t.steps_done << " of "
-            << t.steps << " steps, --exec " << t.exec << ", "
+            << t.steps_done << " of " << t.steps << " steps, --exec " << t.exec << ", "
             << (world_size > 1 ? absl::StrCat(world_size, " ranks, ") : "") << "--ddp " << t.ddp
             << ", simulated GPU of " << FormatSize(out.manifest.device_memory) << ", "
             << absl::StrFormat("%.2f", t.seconds) << " s\n";
@@ -374,8 +379,9 @@ int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir
   absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
   if (!status.ok()) {
     if (world_size == 1) return Fail(status.status().message());
-    const std::string line = absl::StrCat("memscope run: rank ", rank, ": ",
-                                          EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
+    const std::string line =
+        absl::StrCat("memscope run: rank ", rank, ": ",
+                     EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
     ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
     std::cerr << line << "\n";
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
@@ -442,6 +448,7 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
   if (a.checkpoint) v.push_back("--checkpoint-activations");
   if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
+  if (!a.devices.empty()) v.insert(v.end(), {"--devices", a.devices});
   if (!a.fault_kill.empty()) v.insert(v.end(), {"--fault-kill", a.fault_kill});
   if (!a.fault_skip_barrier.empty()) v.insert(v.end(), {"--fault-skip-barrier", a.fault_skip_barrier});
   return v;
@@ -502,6 +509,19 @@ int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan&
   return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, kept);
 }
 
+// Every rank's device is valid (run/devices.h), before anything runs: a
+// rank of a launcher checks its own; our launcher checks each rank's, with
+// the LOCAL_RANK it will give it.
+absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size) {
+  DeviceEnvironment env = DeviceEnvironment::FromProcess();
+  if (worker) return AssignDevice(map, rank, env).status();
+  for (int r = 0; r < world_size; ++r) {
+    if (world_size > 1) env.local_rank = absl::StrCat(r);
+    if (absl::Status s = AssignDevice(map, r, env).status(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // One run in one mode; its outcome goes to `kept` when this process aggregated it.
 int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutcome>* kept = nullptr) {
   const char* env_rank = std::getenv("RANK");
@@ -524,6 +544,9 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   }
   absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(plan.status().message());
+  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size)); !s.ok()) {
+    return Fail(s.message());
+  }
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
@@ -593,14 +616,17 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
       ->each([a](const std::string&) { a->world_size_given = true; });
   cmd->add_option("--steps", a->steps, "training steps (default 3)");
-  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")
-      ->each([a](const std::string&) { a->sizes_given[0] = true; });
+  cmd->add_option("--batch-size", a->batch_size, "batch size (default: the model's)")->each([a](const std::string&) {
+    a->sizes_given[0] = true;
+  });
   cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)")
       ->each([a](const std::string&) { a->sizes_given[1] = true; });
-  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")
-      ->each([a](const std::string&) { a->sizes_given[2] = true; });
-  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")
-      ->each([a](const std::string&) { a->sizes_given[3] = true; });
+  cmd->add_option("--width", a->width, "mlp hidden width (default 512)")->each([a](const std::string&) {
+    a->sizes_given[2] = true;
+  });
+  cmd->add_option("--depth", a->depth, "mlp hidden layers (default 3)")->each([a](const std::string&) {
+    a->sizes_given[3] = true;
+  });
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd");
   cmd->add_option("--optimizer-impl", a->optimizer_impl, "foreach (default, as on GPUs), for-loop or fused");
   cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)")
@@ -627,6 +653,9 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--alloc-conf", a->alloc_conf, "allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
   cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB)");
+  cmd->add_option("--devices", a->devices,
+                  "each rank's GPU: local_rank (default: LOCAL_RANK, renumbered by CUDA_VISIBLE_DEVICES), same "
+                  "(every rank on GPU 0), or one per rank (e.g. 0,0,1,1); ranks on one GPU share its memory");
   cmd->add_option("--exec", a->exec, "meta (default: shapes and memory only) or cpu (real float math; mlp, cifar-net)");
   cmd->add_option("--amp", a->amp, "none (default), fp16 (autocast + GradScaler) or bf16 (autocast)");
   cmd->add_flag("--checkpoint-activations", a->checkpoint,

@@ -152,6 +152,7 @@ json RankStatus::ToJson() const {
             {"seconds", seconds},
             {"losses", LossesJson(losses)}};
   if (ddp) j["ddp"] = DdpJson(*ddp);
+  if (device) j["device"] = {{"ordinal", device->ordinal}, {"physical", device->physical}, {"how", device->how}};
   return j;
 }
 
@@ -170,6 +171,10 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
       absl::StatusOr<DdpBuckets> ddp = DdpFromJson(j.at("ddp"));
       if (!ddp.ok()) return absl::InvalidArgumentError(absl::StrCat("not a rank status: ", ddp.status().message()));
       s.ddp = std::move(*ddp);
+    }
+    if (j.contains("device")) {
+      const json& d = j.at("device");
+      s.device = RankDevice{d.at("ordinal").get<int>(), d.at("physical").get<int>(), d.at("how").get<std::string>()};
     }
     return s;
   } catch (const json::exception& e) {

@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "allocator/device_ledger.h"
+#include "allocator/sizes.h"
 #include "recording/recorder.h"
 #include "reducer/communicator.h"
 #include "run/aggregate.h"
@@ -33,14 +36,19 @@ std::string BindAddress() {
 
 // The communicator of a rank: Gloo between processes, a local one for DDP on
 // one rank, none otherwise. Throws CommError when the rendezvous fails.
+// The rendezvous store of a multi-rank run: $MEMSCOPE_STORE or the run directory's.
+std::string StoreDir(const RunDirectory& dir) {
+  const char* store = std::getenv("MEMSCOPE_STORE");
+  return store != nullptr ? store : dir.Store();
+}
+
 std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, int world_size,
                                                const RunDirectory& dir) {
   if (world_size > 1) {
     reducer::GlooOptions g;
     g.rank = rank;
     g.world_size = world_size;
-    const char* store = std::getenv("MEMSCOPE_STORE");
-    g.store_dir = store != nullptr ? store : dir.Store();
+    g.store_dir = StoreDir(dir);
     g.hostname = BindAddress();
     g.timeout = plan.timeout;
     return reducer::CreateGlooCommunicator(g);
@@ -94,11 +102,40 @@ class RecordingCommunicator final : public reducer::Communicator {
   Recorder& recorder_;
 };
 
+// The ranks of a multi-rank run share their GPUs through a ledger in the
+// store (fresh for each job, which the rendezvous has checked).
+absl::Status ShareDevice(SimDevice& device, const DeviceAssignment& assigned, int rank, const RunDirectory& dir) {
+  absl::StatusOr<std::shared_ptr<DeviceLedger>> ledger =
+      DeviceLedger::Open((std::filesystem::path(StoreDir(dir)) / "device-ledger").string());
+  if (!ledger.ok()) return ledger.status();
+  return device.UseLedger(*std::move(ledger), assigned.physical, rank);
+}
+
+// The diagnosis of an OOM on a GPU other ranks hold memory on: who held what.
+std::string SharedOomDiagnosis(const SimDevice& device, const DeviceAssignment& assigned, int rank) {
+  const std::vector<std::pair<int, std::uint64_t>> holders = device.shared_oom_holders();
+  std::vector<std::string> parts;
+  bool others = false;
+  for (const auto& [process, bytes] : holders) {
+    others = others || process != rank;
+    parts.push_back(absl::StrCat("rank ", process, process == rank ? " (this rank) " : " ", FormatSize(bytes)));
+  }
+  if (!others) return "";
+  return absl::StrCat("\nmemscope: GPU ", assigned.ordinal, " (physical GPU ", assigned.physical, ", chosen by ",
+                      assigned.how, ") is shared: ", absl::StrJoin(parts, ", "), " of ", FormatSize(device.capacity()),
+                      "; ranks on one GPU share its memory. Give each rank its own GPU: "
+                      "torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"])) before any CUDA call.");
+}
+
 }  // namespace
 
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
+  absl::StatusOr<DeviceAssignment> assigned = AssignDevice(plan.devices, rank, DeviceEnvironment::FromProcess());
+  if (!assigned.ok()) return assigned.status();
   RankSessionOptions options;
   options.rank = rank;
+  options.device_index = assigned->ordinal;
+  options.timeline_device_index = assigned->ordinal;
   options.world_size = world_size;
   options.device_memory = plan.device_memory;
   options.config = plan.config;
@@ -115,6 +152,9 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   absl::StatusOr<TrainResult> result;
   try {
     comm = Connect(plan, rank, world_size, dir);
+    if (world_size > 1) {
+      if (absl::Status s = ShareDevice(session.device(), *assigned, rank, dir); !s.ok()) return s;
+    }
     if (absl::Status s = session.Start(); !s.ok()) return s;
     // The recorder exists from Start on.
     if (comm) comm = std::make_unique<RecordingCommunicator>(std::move(comm), session.recorder());
@@ -133,6 +173,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return result.status();
+  if (result->oom) result->error += SharedOomDiagnosis(session.device(), *assigned, rank);
   // A timeline that could not be written whole (a full disk) fails the rank;
   // what it holds is still read (its torn tail ignored) and reported.
   if (absl::Status s = session.Finish(); !s.ok() && result->error.empty()) result->error = std::string(s.message());
@@ -147,6 +188,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   status.steps_done = result->steps_done;
   status.seconds = seconds;
   status.losses = result->losses;
+  status.device = RankDevice{assigned->ordinal, assigned->physical, assigned->how};
   if (plan.train.ddp) {
     status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
   }

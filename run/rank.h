@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
+#include "run/devices.h"
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/run_directory.h"
@@ -26,6 +27,7 @@ struct RankPlan {
   std::uint64_t device_memory = 0;
   bool cpu = false;                          // --exec cpu: real float math on a host-backed device
   std::string ddp;                           // "off", "copy" or "view"
+  DeviceMap devices;                         // --devices (run/devices.h)
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   // Testing (--fault-kill, --fault-skip-barrier): {RANK, STEP}, -1 when off.
   std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""End-to-end tests of devices (issue 17): which simulated GPU each rank runs
+on (LOCAL_RANK, CUDA_VISIBLE_DEVICES, --devices) and ranks on one GPU sharing
+its capacity across processes.
+
+The model: mlp --width 14336 (414,898,186 parameters, 1.55 GiB), DDP copy,
+Adam, 2 steps. One rank alone peaks at 9.27 GiB allocated, 10244 MiB
+reserved, and fits a 16 GiB GPU; after its first step it holds at least
+6330 MiB allocated until the run's last barrier. Two ranks on one 16 GiB GPU
+cannot both reach 9.27 GiB (6330 MiB + 9496 MiB > 16 GiB), whatever the
+order the two processes run in: one of them runs out of memory."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+from clitest import MEMSCOPE, check, finish, run  # noqa: E402
+
+tmp = tempfile.mkdtemp(prefix="memscope-devices-")
+MODEL = ["--model", "mlp", "--width", "14336", "--steps", "2", "--device-memory", "16GiB"]
+
+
+def load(d, name):
+    with open(os.path.join(d, name)) as f:
+        return json.load(f)
+
+
+def devices(d, world_size=2):
+    """(ordinal, physical, how) of each rank, from rank-R.json."""
+    out = []
+    for r in range(world_size):
+        dev = load(d, f"rank-{r}.json").get("device", {})
+        out.append((dev.get("ordinal"), dev.get("physical"), dev.get("how")))
+    return out
+
+
+def no_gpu_env():
+    """The environment without the variables that choose devices."""
+    e = dict(os.environ)
+    for k in ["CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MEMSCOPE_SUPERVISED", "MEMSCOPE_STORE"]:
+        e.pop(k, None)
+    return e
+
+
+def external(d, ranks):
+    """Starts one process per entry of `ranks` (its extra environment) as an
+    external launcher would; returns [(code, out, err)]."""
+    os.makedirs(d)
+    procs = []
+    for r, extra in enumerate(ranks):
+        env = no_gpu_env()
+        env.update(RANK=str(r), WORLD_SIZE=str(len(ranks)), MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+                   MEMSCOPE_STORE=os.path.join(d, "store"))
+        env.update(extra)
+        procs.append(subprocess.Popen([MEMSCOPE, "run", *MODEL, "--out", d], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return [(p.wait(timeout=120),) + p.communicate() for p in procs]
+
+
+try:
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    os.environ.pop("LOCAL_RANK", None)
+
+    # Each rank on its own GPU (LOCAL_RANK, which our launcher sets): both fit.
+    d = os.path.join(tmp, "own")
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--out", d)
+    check("own GPUs: exit 0", code == 0, (code, out, err))
+    check("own GPUs: rank r on cuda:r", devices(d) == [(0, 0, "LOCAL_RANK=0"), (1, 1, "LOCAL_RANK=1")], devices(d))
+    report = load(d, "report.json")
+    check("own GPUs: report device_index", [r["device_index"] for r in report["ranks"]] == [0, 1], report["ranks"])
+    check("own GPUs: the peak the docstring says", "10244M" in out and "9.27 GiB" in out, out)
+
+    # Both on GPU 0 (--devices same): they share its 16 GiB, and one runs out of memory.
+    d = os.path.join(tmp, "same")
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--devices", "same", "--out", d)
+    check("same GPU: exit 3 (out of memory)", code == 3, (code, err))
+    check("same GPU: PyTorch's OOM names GPU 0 and its capacity",
+          "CUDA out of memory. Tried to allocate 784.00 MiB. GPU 0 has a total capacity of 16.00 GiB of which" in err, err)
+    check("same GPU: the diagnosis says the GPU is shared",
+          "memscope: GPU 0 (physical GPU 0, chosen by --devices same) is shared: rank 0" in err
+          and 'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))' in err, err)
+    statuses = [r["status"] for r in load(d, "run.json")["ranks"]]
+    check("same GPU: a rank ran out of memory", "oom" in statuses, statuses)
+    check("same GPU: both on cuda:0", devices(d) == [(0, 0, "--devices same")] * 2, devices(d))
+    report = load(d, "report.json")
+    check("same GPU: report device_index", [r["device_index"] for r in report["ranks"]] == [0, 0], report["ranks"])
+
+    # An explicit map: ranks swapped, then both on 1.
+    d = os.path.join(tmp, "map")
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--devices", "1,0", "--out", d)
+    check("--devices 1,0: exit 0", code == 0, (code, err))
+    check("--devices 1,0: devices", devices(d) == [(1, 1, "--devices 1,0"), (0, 0, "--devices 1,0")], devices(d))
+    d = os.path.join(tmp, "map11")
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--devices", "1,1", "--out", d)
+    check("--devices 1,1: exit 3 on GPU 1", code == 3 and "GPU 1 has a total capacity of 16.00 GiB" in err, (code, err))
+
+    # CUDA_VISIBLE_DEVICES renumbers: cuda:0 and cuda:1 are physical GPUs 3 and 5.
+    d = os.path.join(tmp, "cvd")
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--out", d, env={"CUDA_VISIBLE_DEVICES": "3,5"})
+    check("CUDA_VISIBLE_DEVICES=3,5: exit 0", code == 0, (code, err))
+    check("CUDA_VISIBLE_DEVICES=3,5: physical GPUs",
+          devices(d) == [(0, 3, "LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=3,5"), (1, 5, "LOCAL_RANK=1, CUDA_VISIBLE_DEVICES=3,5")],
+          devices(d))
+    # cuda:0 and cuda:1 are one physical GPU? Not possible: a repeated index ends the list.
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--out", os.path.join(tmp, "cvd1"),
+                         env={"CUDA_VISIBLE_DEVICES": "2"})
+    check("CUDA_VISIBLE_DEVICES=2 for 2 ranks: invalid device ordinal, exit 2",
+          code == 2 and err.strip() == "memscope run: CUDA error: invalid device ordinal: rank 1 on cuda:1 "
+          "(LOCAL_RANK=1), but CUDA_VISIBLE_DEVICES=2 makes 1 device visible", (code, err))
+    code, out, err = run("run", *MODEL, "--world-size", "2", "--out", os.path.join(tmp, "cvd-dup"),
+                         env={"CUDA_VISIBLE_DEVICES": "4,4"})
+    check("CUDA_VISIBLE_DEVICES=4,4: the repeat ends the list", code == 2 and "makes 1 device visible" in err, (code, err))
+    code, out, err = run("run", *MODEL, "--out", os.path.join(tmp, "cvd-none"), env={"CUDA_VISIBLE_DEVICES": ""})
+    check("CUDA_VISIBLE_DEVICES='': no GPU, exit 2",
+          code == 2 and err.strip() == "memscope run: CUDA_VISIBLE_DEVICES='' makes no GPU visible "
+          "(RuntimeError: No CUDA GPUs are available)", (code, err))
+
+    # Bad --devices: one line, exit 2.
+    for value, message in [("0,1,2", "--devices '0,1,2': 3 devices for 2 ranks; give one per rank"),
+                           ("x", "--devices 'x': 'x' is not a device (0 to 255); use local_rank, same, or one device "
+                                 "per rank (e.g. 0,0,1,1)"),
+                           ("0,256", "--devices '0,256': '256' is not a device (0 to 255)")]:
+        code, out, err = run("run", *MODEL, "--world-size", "2", "--devices", value, "--out", os.path.join(tmp, "bad"))
+        check(f"--devices {value}: exit 2, one line", code == 2 and err.startswith("memscope run: " + message)
+              and len(err.strip().splitlines()) == 1, (code, err))
+
+    # An external launcher whose ranks all have LOCAL_RANK=0 (a script that
+    # touches cuda:0 on every rank): they share GPU 0.
+    results = external(os.path.join(tmp, "ext-same"), [{"LOCAL_RANK": "0"}, {"LOCAL_RANK": "0"}])
+    check("external, LOCAL_RANK=0 twice: a rank exits 3", 3 in [r[0] for r in results], results)
+    check("external, LOCAL_RANK=0 twice: both on cuda:0",
+          devices(os.path.join(tmp, "ext-same")) == [(0, 0, "LOCAL_RANK=0")] * 2, devices(os.path.join(tmp, "ext-same")))
+    # The ledger is keyed by the physical GPU: rank 0 sees only GPU 1 (as cuda:0),
+    # rank 1 sees GPUs 0 and 1 and takes cuda:1, the same GPU.
+    results = external(os.path.join(tmp, "ext-cvd"), [{"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1"},
+                                                      {"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "0,1"}])
+    check("external, one physical GPU under two numberings: a rank exits 3", 3 in [r[0] for r in results], results)
+    check("external, one physical GPU under two numberings: devices",
+          devices(os.path.join(tmp, "ext-cvd")) == [(0, 1, "LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=1"),
+                                                    (1, 1, "LOCAL_RANK=1, CUDA_VISIBLE_DEVICES=0,1")],
+          devices(os.path.join(tmp, "ext-cvd")))
+    results = external(os.path.join(tmp, "ext-own"), [{"LOCAL_RANK": "0"}, {"LOCAL_RANK": "1"}])
+    check("external, LOCAL_RANK 0 and 1: both exit 0", [r[0] for r in results] == [0, 0], results)
+finally:
+    shutil.rmtree(tmp)
+finish("devices")
