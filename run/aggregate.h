@@ -53,7 +53,7 @@ struct RunOutcome {
   std::vector<std::optional<RankStatus>> statuses;  // by rank; nullopt: the rank wrote none
   std::vector<Timeline> timelines;                  // this run's ranks, as recorded
   std::vector<RankReport> reports;                  // their analyses (report.json)
-  int exit_code = 0;                                // 0, kExitOutOfMemory, kExitRankFailed or kExitOutputFailed
+  int exit_code = 0;  // 0, kExitOutOfMemory, kExitRankFailed or kExitOutputFailed
   // What `memscope run` says on stderr about failed ranks: each line starts
   // "memscope run: " (an OOM's message and verdict follow on their own lines).
   std::string diagnostics;

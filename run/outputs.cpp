@@ -39,8 +39,7 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
   }
   if (!snapshot.status().ok() && snapshot_out.stream()) return snapshot.status();  // not a write error
   if (absl::Status s = snapshot_out.Commit(); !s.ok()) errors.push_back(s);
-  absl::StrAppend(&summary, summary.empty() ? "" : "\n",
-                  SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
+  absl::StrAppend(&summary, summary.empty() ? "" : "\n", SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
   viewer_data.push_back(viewer.TakeData());
   return absl::OkStatus();
 }

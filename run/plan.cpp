@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <thread>
