@@ -24,7 +24,7 @@ void* MapHost(std::size_t size) {
 SimDevice::SimDevice(SimDeviceOptions options) : options_(options), next_address_(kAddressBase) {}
 
 SimDevice::~SimDevice() {
-  if (ledger_ != nullptr && used_ > 0) ledger_->Credit(ledger_device_, ledger_process_, used_);
+  if (ledger_ != nullptr && used_ + outside_ > 0) ledger_->Credit(ledger_device_, ledger_process_, used_ + outside_);
   for (auto& [base, region] : regions_) {
     if (region.host != nullptr) munmap(region.host, region.size);
   }
@@ -52,7 +52,7 @@ absl::Status SimDevice::UseLedger(std::shared_ptr<DeviceLedger> ledger, int phys
     return absl::InvalidArgumentError(
         absl::StrCat("physical GPU ", physical, ": the simulation has GPUs 0 to ", DeviceLedger::kMaxDevices - 1));
   }
-  if (used_ > 0 || ledger_ != nullptr) {
+  if (used_ + outside_ > 0 || ledger_ != nullptr) {
     return absl::FailedPreconditionError("UseLedger: the device already allocated or has a ledger");
   }
   ledger_ = std::move(ledger);
@@ -62,7 +62,7 @@ absl::Status SimDevice::UseLedger(std::shared_ptr<DeviceLedger> ledger, int phys
 }
 
 absl::Status SimDevice::Charge(std::size_t size) {
-  if (size > options_.capacity - used_) {
+  if (size > options_.capacity - used_ - outside_) {
     shared_oom_holders_.clear();
     return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
   }
@@ -77,6 +77,19 @@ absl::Status SimDevice::Charge(std::size_t size) {
   }
   used_ += size;
   return absl::OkStatus();
+}
+
+absl::Status SimDevice::ChargeOutside(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (absl::Status s = Charge(bytes); !s.ok()) return s;
+  used_ -= bytes;  // Charge counted it as an allocation
+  outside_ += bytes;
+  return absl::OkStatus();
+}
+
+std::size_t SimDevice::outside_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return outside_;
 }
 
 std::vector<std::pair<int, std::uint64_t>> SimDevice::shared_oom_holders() const {
@@ -125,7 +138,7 @@ DeviceMemoryInfo SimDevice::MemoryInfo() const {
     const std::uint64_t used = ledger_->Used(ledger_device_);
     return {used < options_.capacity ? options_.capacity - used : 0, options_.capacity};
   }
-  return {options_.capacity - used_, options_.capacity};
+  return {options_.capacity - used_ - outside_, options_.capacity};
 }
 
 absl::StatusOr<DevicePtr> SimDevice::ReserveAddress(std::size_t size) {

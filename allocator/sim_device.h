@@ -77,6 +77,12 @@ class SimDevice final : public Device {
   absl::Status UseLedger(std::shared_ptr<DeviceLedger> ledger, int physical, int process);
   // The ledger line (physical GPU) this device charges, or -1 without a ledger.
   int physical() const { return ledger_device_; }
+  // Memory on this GPU outside any allocator (a CUDA context, NCCL's
+  // buffers): it counts against capacity (and the ledger) like allocations,
+  // never leaves through Free. ResourceExhausted ("simulated GPU N is out of
+  // memory") when it does not fit.
+  absl::Status ChargeOutside(std::size_t bytes);
+  std::size_t outside_bytes() const;
   // When the last failed allocation failed because the shared GPU was full
   // (the others' memory with its own exceeded the capacity): the bytes each
   // process held on the GPU then, {process, bytes} by process, this one
@@ -143,6 +149,7 @@ class SimDevice final : public Device {
   mutable std::mutex mutex_;
   DevicePtr next_address_;
   std::size_t used_ = 0;
+  std::size_t outside_ = 0;  // ChargeOutside's bytes (not in used_)
   std::uint64_t allocation_calls_ = 0;
   std::uint64_t fail_at_call_ = 0;
   std::map<DevicePtr, Region> regions_;                     // Malloc'd ranges and reservations

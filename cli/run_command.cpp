@@ -70,6 +70,10 @@ struct RunArgs {
   bool alloc_conf_given = false;
   std::string device_memory = "80GiB";
   std::string devices;  // --devices: "" (LOCAL_RANK), same, or one device per rank
+  std::string backend = "gloo";
+  double cuda_context_mb = 0;
+  std::string nccl_buffers_mb = "auto";
+  std::int64_t touch_device = -1;
   std::string exec = "meta";
   std::string amp = "none";
   bool checkpoint = false;
@@ -135,6 +139,47 @@ absl::Status CheckOptionRanges(const RunArgs& a) {
   }
   if (a.grad_accum < 1 || a.grad_accum > kMaxDimension) {
     return absl::InvalidArgumentError(absl::StrCat("--grad-accum ", a.grad_accum, ": use 1 to ", kMaxDimension));
+  }
+  return absl::OkStatus();
+}
+
+// NCCL's buffers per communicator when --nccl-buffers-mb is not given:
+// measured on 4 A100s over NVLink under PyTorch, after a communicator's first
+// 4 MB allreduce: 544 MB for a group of 2 GPUs, 688 MB for more
+// (https://github.com/NVIDIA/nccl/issues/964).
+constexpr double kNcclBuffersMbTwoRanks = 544;
+constexpr double kNcclBuffersMbMoreRanks = 688;
+
+// --backend, --cuda-context-mb, --nccl-buffers-mb, --touch-device: memory outside the allocator.
+absl::Status OutsideMemoryPlan(const RunArgs& a, std::int64_t world_size, Plan& p) {
+  if (a.backend != "gloo" && a.backend != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend '", a.backend, "': use gloo or nccl"));
+  }
+  p.nccl = a.backend == "nccl";
+  constexpr double kMaxMb = 1024.0 * 1024 * 1024;  // 1 PiB
+  if (!(a.cuda_context_mb >= 0 && a.cuda_context_mb <= kMaxMb)) {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda-context-mb ", a.cuda_context_mb, ": use 0 to 1 PiB"));
+  }
+  p.cuda_context_bytes = static_cast<std::uint64_t>(a.cuda_context_mb * 1024 * 1024);
+  double nccl_mb = world_size > 2 ? kNcclBuffersMbMoreRanks : kNcclBuffersMbTwoRanks;
+  if (a.nccl_buffers_mb != "auto") {
+    if (!absl::SimpleAtod(a.nccl_buffers_mb, &nccl_mb) || !(nccl_mb >= 0 && nccl_mb <= kMaxMb)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nccl-buffers-mb '", a.nccl_buffers_mb, "': use auto or 0 to 1 PiB (MiB)"));
+    }
+    if (!p.nccl) return absl::InvalidArgumentError("--nccl-buffers-mb needs --backend nccl");
+  }
+  p.nccl_buffer_bytes = p.nccl ? static_cast<std::uint64_t>(nccl_mb * 1024 * 1024) : 0;
+  if (a.touch_device >= 0) {
+    if (a.touch_device > 255) {
+      return absl::InvalidArgumentError(absl::StrCat("--touch-device ", a.touch_device, ": use a device 0 to 255"));
+    }
+    if (p.cuda_context_bytes == 0) {
+      return absl::InvalidArgumentError("--touch-device needs --cuda-context-mb (the size of the context it creates)");
+    }
+    p.touch_device = static_cast<int>(a.touch_device);
+  } else if (a.touch_device != -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--touch-device ", a.touch_device, ": use a device 0 to 255"));
   }
   return absl::OkStatus();
 }
@@ -235,6 +280,7 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   absl::StatusOr<DeviceMap> devices = ParseDeviceMap("--devices", a.devices, static_cast<int>(world_size));
   if (!devices.ok()) return devices.status();
   p.devices = *devices;
+  if (absl::Status s = OutsideMemoryPlan(a, world_size, p); !s.ok()) return s;
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
   if (!config.ok()) {
@@ -449,6 +495,10 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   if (a.checkpoint) v.push_back("--checkpoint-activations");
   if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
   if (!a.devices.empty()) v.insert(v.end(), {"--devices", a.devices});
+  if (a.backend != "gloo") v.insert(v.end(), {"--backend", a.backend});
+  if (a.cuda_context_mb != 0) v.insert(v.end(), {"--cuda-context-mb", Exact(a.cuda_context_mb)});
+  if (a.nccl_buffers_mb != "auto") v.insert(v.end(), {"--nccl-buffers-mb", a.nccl_buffers_mb});
+  if (a.touch_device != -1) v.insert(v.end(), {"--touch-device", absl::StrCat(a.touch_device)});
   if (!a.fault_kill.empty()) v.insert(v.end(), {"--fault-kill", a.fault_kill});
   if (!a.fault_skip_barrier.empty()) v.insert(v.end(), {"--fault-skip-barrier", a.fault_skip_barrier});
   return v;
@@ -512,8 +562,17 @@ int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan&
 // Every rank's device is valid (run/devices.h), before anything runs: a
 // rank of a launcher checks its own; our launcher checks each rank's, with
 // the LOCAL_RANK it will give it.
-absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size) {
+absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size,
+                          std::optional<int> touch_device) {
   DeviceEnvironment env = DeviceEnvironment::FromProcess();
+  if (touch_device && env.cuda_visible_devices) {
+    const std::size_t visible = VisibleDevices(*env.cuda_visible_devices).size();
+    if (static_cast<std::size_t>(*touch_device) >= visible) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA error: invalid device ordinal: --touch-device ", *touch_device, ", but CUDA_VISIBLE_DEVICES=",
+          *env.cuda_visible_devices, " makes ", visible, visible == 1 ? " device" : " devices", " visible"));
+    }
+  }
   if (worker) return AssignDevice(map, rank, env).status();
   for (int r = 0; r < world_size; ++r) {
     if (world_size > 1) env.local_rank = absl::StrCat(r);
@@ -544,7 +603,8 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   }
   absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(plan.status().message());
-  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size)); !s.ok()) {
+  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device);
+      !s.ok()) {
     return Fail(s.message());
   }
   const RunDirectory dir(a.out);
@@ -653,6 +713,17 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--alloc-conf", a->alloc_conf, "allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
   cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB)");
+  cmd->add_option("--backend", a->backend,
+                  "gloo (default) or nccl: NCCL's communicator checks (two ranks on one GPU fail, exit 5) and "
+                  "buffers on each GPU; the data still moves over Gloo");
+  cmd->add_option("--cuda-context-mb", a->cuda_context_mb,
+                  "each process's CUDA context on each GPU it uses, in MiB (default 0: not modelled)");
+  cmd->add_option("--nccl-buffers-mb", a->nccl_buffers_mb,
+                  "NCCL's buffers per communicator in MiB (--backend nccl; default auto: 544 for 2 ranks, 688 for "
+                  "more, measured on A100s)");
+  cmd->add_option("--touch-device", a->touch_device,
+                  "scenario: every rank uses cuda:D before set_device, leaving a context there (needs "
+                  "--cuda-context-mb)");
   cmd->add_option("--devices", a->devices,
                   "each rank's GPU: local_rank (default: LOCAL_RANK, renumbered by CUDA_VISIBLE_DEVICES), same "
                   "(every rank on GPU 0), or one per rank (e.g. 0,0,1,1); ranks on one GPU share its memory");

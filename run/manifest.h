@@ -37,6 +37,12 @@ struct RankDevice {
   int ordinal = 0;   // cuda:N in the rank
   int physical = 0;  // after CUDA_VISIBLE_DEVICES
   std::string how;   // what chose it: "LOCAL_RANK=1", "--devices same", ...
+  // Memory outside the allocator: the CUDA context on this GPU, NCCL's
+  // buffers on it, and contexts on other GPUs {physical, bytes} (cuda:D
+  // touched before set_device).
+  std::uint64_t context_bytes = 0;
+  std::uint64_t nccl_bytes = 0;
+  std::vector<std::pair<int, std::uint64_t>> other_contexts;
   bool operator==(const RankDevice&) const = default;
 };
 

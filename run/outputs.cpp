@@ -53,7 +53,9 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
 // cannot be written does not stop the others.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     const std::string& dir, const std::vector<Timeline>& timelines,
-    const std::function<void(std::vector<RankReport>& reports)>& amend, std::vector<absl::Status>* write_errors) {
+    const std::function<void(std::vector<RankReport>& reports)>& amend, std::vector<absl::Status>* write_errors,
+    const std::function<void(const std::vector<RankReport>& reports, nlohmann::json& report, std::string& summary)>&
+        extend) {
   const RunDirectory run_dir(dir);
   OutputFile trace_out(run_dir.Trace());  // renamed into place only when complete
   ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out.stream());
@@ -82,7 +84,8 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     reports.push_back(std::move(analyses[i]->report()));
   }
   if (amend) amend(reports);
-  const nlohmann::json report = ReportJson(ptrs, reports);
+  nlohmann::json report = ReportJson(ptrs, reports);
+  if (extend) extend(reports, report, summary);
   if (absl::Status s = WriteOutputFile(run_dir.Report(),
                                        report.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       !s.ok()) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,9 +26,14 @@ struct RankPlan {
   TrainOptions train;
   AllocatorConfig config;
   std::uint64_t device_memory = 0;
-  bool cpu = false;                          // --exec cpu: real float math on a host-backed device
-  std::string ddp;                           // "off", "copy" or "view"
-  DeviceMap devices;                         // --devices (run/devices.h)
+  bool cpu = false;   // --exec cpu: real float math on a host-backed device
+  std::string ddp;    // "off", "copy" or "view"
+  DeviceMap devices;  // --devices (run/devices.h)
+  // Memory outside the caching allocator (README "The whole GPU").
+  bool nccl = false;                         // --backend nccl: NCCL's checks and buffers; data over Gloo
+  std::uint64_t cuda_context_bytes = 0;      // --cuda-context-mb: each process's context on each GPU it touches
+  std::uint64_t nccl_buffer_bytes = 0;       // --nccl-buffers-mb: per NCCL communicator
+  std::optional<int> touch_device;           // --touch-device D: cuda:D used before set_device
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   // Testing (--fault-kill, --fault-skip-barrier): {RANK, STEP}, -1 when off.
   std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};

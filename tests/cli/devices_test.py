@@ -142,6 +142,86 @@ try:
           devices(os.path.join(tmp, "ext-cvd")))
     results = external(os.path.join(tmp, "ext-own"), [{"LOCAL_RANK": "0"}, {"LOCAL_RANK": "1"}])
     check("external, LOCAL_RANK 0 and 1: both exit 0", [r[0] for r in results] == [0, 0], results)
+
+    # --backend nccl: NCCL's duplicate-GPU check at communicator creation, exit 5.
+    d = os.path.join(tmp, "nccl-same")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "2", "--backend", "nccl",
+                         "--devices", "same", "--out", d)
+    check("nccl, same GPU: exit 5", code == 5, (code, err))
+    for r, other in [(0, 1), (1, 0)]:
+        check(f"nccl, same GPU: rank {r} says NCCL's words",
+              f"memscope run: rank {r} exited with status 5: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for "
+              "details)\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+              f"Duplicate GPU detected : rank {r} and rank {other} both on CUDA device 1000\n"
+              f"memscope: with NCCL every rank needs its own GPU; rank {r} is on cuda:0 (physical GPU 0, chosen by "
+              "--devices same). Call torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"])) before "
+              "init_process_group, or run these ranks with the Gloo backend." in err, err)
+    check("nccl, same GPU: run.json status", [r["status"] for r in load(d, "run.json")["ranks"]] ==
+          ["nccl_error", "nccl_error"], load(d, "run.json")["ranks"])
+    # The bus id follows the physical GPU: CUDA_VISIBLE_DEVICES=3 puts both on GPU 3, bus 4000.
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "2", "--backend", "nccl",
+                         "--devices", "0,0", "--out", os.path.join(tmp, "nccl-cvd"), env={"CUDA_VISIBLE_DEVICES": "3"})
+    check("nccl, GPU 3: bus id 4000", code == 5 and "both on CUDA device 4000" in err, (code, err))
+
+    # With Gloo two ranks on one GPU are allowed, and flagged.
+    d = os.path.join(tmp, "gloo-same")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "2", "--devices", "same", "--out", d)
+    check("gloo, same GPU: exit 0", code == 0, (code, err))
+    gpus = load(d, "report.json").get("gpus", [])
+    check("gloo, same GPU: report.json gpus", len(gpus) == 1 and gpus[0]["shared_by_ranks"] == [0, 1], gpus)
+    with open(os.path.join(d, "summary.txt")) as f:
+        summary = f.read()
+    check("gloo, same GPU: summary note", "note: GPU 0 is shared by ranks 0, 1: they share its memory (allowed with "
+          "Gloo; NCCL refuses two ranks on one GPU)" in summary, summary[-600:])
+
+    # The whole GPU: contexts (and a stray one on GPU 0), NCCL buffers; used = context + reserved + NCCL.
+    d = os.path.join(tmp, "whole")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "3", "--backend", "nccl",
+                         "--cuda-context-mb", "500", "--touch-device", "0", "--device-memory", "16GiB", "--out", d)
+    check("whole GPU: exit 0", code == 0, (code, err))
+    report = load(d, "report.json")
+    peaks = {r["rank"]: r["peak"]["reserved"]["bytes"] for r in report["ranks"]}
+    gpus = report.get("gpus", [])
+    MiB = 1 << 20
+    expected = [(0, [(0, 0, 500 * MiB, peaks[0], 688 * MiB), (1, None, 500 * MiB, 0, 0), (2, None, 500 * MiB, 0, 0)]),
+                (1, [(1, 1, 500 * MiB, peaks[1], 688 * MiB)]), (2, [(2, 2, 500 * MiB, peaks[2], 688 * MiB)])]
+    got = [(g["physical"], [(p["rank"], p["cuda"], p["context_bytes"], p["reserved_bytes"], p["nccl_bytes"])
+                            for p in g["processes"]]) for g in gpus]
+    check("whole GPU: the table's rows", got == expected, got)
+    for g in gpus:
+        for p in g["processes"]:
+            check(f"whole GPU {g['physical']} rank {p['rank']}: used = context + reserved + NCCL",
+                  p["used_bytes"] == p["context_bytes"] + p["reserved_bytes"] + p["nccl_bytes"], p)
+        check(f"whole GPU {g['physical']}: total", g["used_bytes"] == sum(p["used_bytes"] for p in g["processes"])
+              and g["capacity_bytes"] == 16 << 30, g)
+    check("whole GPU 0: 3 contexts + rank 0's reserved + NCCL", gpus[0]["used_bytes"] == 1500 * MiB + peaks[0] + 688 * MiB,
+          gpus[0])
+    with open(os.path.join(d, "summary.txt")) as f:
+        summary = f.read()
+    check("whole GPU: summary table", "GPUs (as nvidia-smi lists processes; reserved is each rank's peak)" in summary
+          and "0     1      stray      500.00 MiB      0 bytes      0 bytes   500.00 MiB" in summary, summary[-900:])
+
+    code, out, err = run("summary", d)
+    check("memscope summary RUN: the table", code == 0 and out.endswith(summary[summary.index("GPUs (as nvidia-smi"):]),
+          (code, out[-900:], err))
+    code, out, err = run("summary", d, "--json")
+    check("memscope summary --json: gpus", code == 0 and json.loads(out).get("gpus") == gpus, (code, err))
+    code, out, err = run("check", os.path.join(d, "report.json"), "--max", "peak_reserved=80GiB")
+    check("report.json with gpus still reads (check)", code == 0, (code, out, err))
+
+    # A context counts against the GPU: alone the model fits 16 GiB, beside a 9000 MiB context it does not.
+    code, out, err = run("run", *MODEL, "--cuda-context-mb", "9000", "--out", os.path.join(tmp, "ctx-oom"))
+    check("context: the OOM comes earlier", code == 3 and "GPU 0 has a total capacity of 16.00 GiB of which 248.00 MiB "
+          "is free" in err, (code, err))
+    code, out, err = run("run", *MODEL, "--cuda-context-mb", "17000", "--out", os.path.join(tmp, "ctx-none"))
+    check("context larger than the GPU: exit 3 at context creation", code == 3 and "CUDA error: out of memory "
+          "(creating the CUDA context of rank 0 on cuda:0, physical GPU 0: 16.60 GiB needed" in err, (code, err))
+    for args, message in [(["--backend", "mpi"], "--backend 'mpi': use gloo or nccl"),
+                          (["--touch-device", "0"], "--touch-device needs --cuda-context-mb"),
+                          (["--nccl-buffers-mb", "100"], "--nccl-buffers-mb needs --backend nccl"),
+                          (["--cuda-context-mb", "-1"], "--cuda-context-mb -1: use 0 to 1 PiB")]:
+        code, out, err = run("run", "--model", "mlp", *args, "--out", os.path.join(tmp, "bad2"))
+        check(f"{args}: exit 2", code == 2 and err.startswith("memscope run: " + message), (code, err))
 finally:
     shutil.rmtree(tmp)
 finish("devices")
