@@ -147,3 +147,24 @@ TEST_CASE("a file that is not a ledger is refused, by name") {
         "device ledger '" + path + "': not a memscope device ledger (6 bytes, expected 264256)");
   std::filesystem::remove(path);
 }
+
+TEST_CASE("memory outside the allocator (a CUDA context) counts against the GPU and its ledger") {
+  std::shared_ptr<DeviceLedger> ledger = DeviceLedger::InMemory();
+  {
+    SimDevice gpu({.capacity = 100 * kMiB});
+    REQUIRE(gpu.UseLedger(ledger, 0, 0).ok());
+    CHECK(gpu.ChargeOutside(30 * kMiB).ok());
+    CHECK(gpu.outside_bytes() == 30 * kMiB);
+    CHECK(gpu.used_bytes() == 0);  // allocations only
+    CHECK(gpu.MemoryInfo().free_bytes == 70 * kMiB);
+    CHECK(ledger->Used(0) == 30 * kMiB);
+    CHECK(absl::IsResourceExhausted(gpu.Malloc(71 * kMiB).status()));
+    CHECK(gpu.Malloc(70 * kMiB).ok());
+    CHECK(absl::IsResourceExhausted(gpu.ChargeOutside(512)));
+  }
+  CHECK(ledger->Used(0) == 0);  // the process ended: its context went with it
+  SimDevice alone({.capacity = 100 * kMiB});
+  CHECK(alone.ChargeOutside(40 * kMiB).ok());
+  CHECK(alone.MemoryInfo().free_bytes == 60 * kMiB);
+  CHECK(absl::IsResourceExhausted(alone.Malloc(61 * kMiB).status()));
+}
