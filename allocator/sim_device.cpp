@@ -24,6 +24,7 @@ void* MapHost(std::size_t size) {
 SimDevice::SimDevice(SimDeviceOptions options) : options_(options), next_address_(kAddressBase) {}
 
 SimDevice::~SimDevice() {
+  if (ledger_ != nullptr && used_ + outside_ > 0) ledger_->Credit(ledger_device_, ledger_process_, used_ + outside_);
   for (auto& [base, region] : regions_) {
     if (region.host != nullptr) munmap(region.host, region.size);
   }
@@ -45,21 +46,77 @@ DevicePtr SimDevice::BumpAddress(std::size_t size, std::size_t alignment) {
   return p;
 }
 
+absl::Status SimDevice::UseLedger(std::shared_ptr<DeviceLedger> ledger, int physical, int process) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (physical < 0 || physical >= DeviceLedger::kMaxDevices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("physical GPU ", physical, ": the simulation has GPUs 0 to ", DeviceLedger::kMaxDevices - 1));
+  }
+  if (used_ + outside_ > 0 || ledger_ != nullptr) {
+    return absl::FailedPreconditionError("UseLedger: the device already allocated or has a ledger");
+  }
+  ledger_ = std::move(ledger);
+  ledger_device_ = physical;
+  ledger_process_ = process;
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::Charge(std::size_t size) {
+  if (size > options_.capacity - used_ - outside_) {
+    shared_oom_holders_.clear();
+    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
+  }
+  if (ledger_ != nullptr && !ledger_->TryCharge(ledger_device_, ledger_process_, size, options_.capacity)) {
+    shared_oom_holders_.clear();
+    for (int p = 0; p < DeviceLedger::kMaxProcesses; ++p) {
+      if (const std::uint64_t held = ledger_->UsedBy(ledger_device_, p); held > 0) {
+        shared_oom_holders_.emplace_back(p, held);
+      }
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
+  }
+  used_ += size;
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::ChargeOutside(std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (absl::Status s = Charge(bytes); !s.ok()) return s;
+  used_ -= bytes;  // Charge counted it as an allocation
+  outside_ += bytes;
+  return absl::OkStatus();
+}
+
+std::size_t SimDevice::outside_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return outside_;
+}
+
+std::vector<std::pair<int, std::uint64_t>> SimDevice::shared_oom_holders() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shared_oom_holders_;
+}
+
+void SimDevice::Uncharge(std::size_t size) {
+  used_ -= size;
+  if (ledger_ != nullptr) ledger_->Credit(ledger_device_, ledger_process_, size);
+}
+
 absl::StatusOr<DevicePtr> SimDevice::Malloc(std::size_t size) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!ConsumeAllocationCall()) return absl::ResourceExhaustedError("injected device allocation failure");
-  if (size > options_.capacity - used_) {
-    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
-  }
+  if (absl::Status s = Charge(size); !s.ok()) return s;
   Region region{size, nullptr, false};
   if (options_.host_backed && size > 0) {
     region.host = MapHost(size);
-    if (region.host == nullptr) return absl::ResourceExhaustedError("host backing: mmap failed");
+    if (region.host == nullptr) {
+      Uncharge(size);
+      return absl::ResourceExhaustedError("host backing: mmap failed");
+    }
   }
   DevicePtr p = TakePlanned(planned_mallocs_, &next_planned_malloc_, size, /*match_size=*/true);
   if (p == 0) p = BumpAddress(size, kMinBlockSize);
   regions_.emplace(p, region);
-  used_ += size;
   return p;
 }
 
@@ -70,14 +127,18 @@ absl::Status SimDevice::Free(DevicePtr ptr) {
     return absl::InvalidArgumentError(absl::StrCat("cudaFree: 0x", absl::Hex(ptr), " was not allocated"));
   }
   if (it->second.host != nullptr) munmap(it->second.host, it->second.size);
-  used_ -= it->second.size;
+  Uncharge(it->second.size);
   regions_.erase(it);
   return absl::OkStatus();
 }
 
 DeviceMemoryInfo SimDevice::MemoryInfo() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return {options_.capacity - used_, options_.capacity};
+  if (ledger_ != nullptr) {
+    const std::uint64_t used = ledger_->Used(ledger_device_);
+    return {used < options_.capacity ? options_.capacity - used : 0, options_.capacity};
+  }
+  return {options_.capacity - used_ - outside_, options_.capacity};
 }
 
 absl::StatusOr<DevicePtr> SimDevice::ReserveAddress(std::size_t size) {
@@ -102,7 +163,7 @@ absl::Status SimDevice::ReleaseAddress(DevicePtr ptr, std::size_t size) {
   }
   for (auto p = pages_.begin(); p != pages_.end();) {
     if (p->first >= ptr && p->first < ptr + size) {
-      used_ -= p->second;
+      Uncharge(p->second);
       pages_.erase(p++);
     } else {
       ++p;
@@ -190,17 +251,15 @@ absl::Status SimDevice::MapPage(DevicePtr ptr, std::size_t size) {
   }
   if (pages_.contains(ptr)) return absl::FailedPreconditionError("cuMemMap: page already mapped");
   if (!ConsumeAllocationCall()) return absl::ResourceExhaustedError("injected device allocation failure");
-  if (size > options_.capacity - used_) {
-    return absl::ResourceExhaustedError(absl::StrCat("simulated GPU ", options_.index, " is out of memory"));
-  }
+  if (absl::Status s = Charge(size); !s.ok()) return s;
   if (region->host != nullptr) {
     void* host = static_cast<char*>(region->host) + (ptr - base);
     if (mprotect(host, size, PROT_READ | PROT_WRITE) != 0) {
+      Uncharge(size);
       return absl::ResourceExhaustedError("host backing: mprotect failed");
     }
   }
   pages_.emplace(ptr, size);
-  used_ += size;
   return absl::OkStatus();
 }
 
@@ -217,7 +276,7 @@ absl::Status SimDevice::UnmapPage(DevicePtr ptr, std::size_t size) {
     madvise(host, size, MADV_DONTNEED);
     mprotect(host, size, PROT_NONE);
   }
-  used_ -= size;
+  Uncharge(size);
   pages_.erase(it);
   return absl::OkStatus();
 }

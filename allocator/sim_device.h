@@ -7,6 +7,9 @@
 //   gpu.FailNthAllocation(3);   // the 3rd device allocation from now fails
 //   gpu.CompleteAll();          // all queued stream work is done
 //
+// Ranks sharing a GPU share its capacity through a DeviceLedger
+// (allocator/device_ledger.h): gpu.UseLedger(ledger, physical, rank).
+//
 // With host_backed, every device byte has a host byte behind it
 // (HostPointer), so CPU kernels can run on "device" memory.
 #ifndef MEMSCOPE_ALLOCATOR_SIM_DEVICE_H_
@@ -16,10 +19,14 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
+
+#include <memory>
 
 #include "absl/container/flat_hash_map.h"
 #include "allocator/device.h"
+#include "allocator/device_ledger.h"
 
 namespace memscope {
 
@@ -58,6 +65,29 @@ class SimDevice final : public Device {
   bool QueryEvent(EventId event) override;
   void SynchronizeEvent(EventId event) override;
   void ReleaseEvent(EventId event) override;
+
+  // Shares physical GPU `physical`'s capacity through `ledger` with every
+  // other device (in this process or another) on the same ledger line, as
+  // process `process` (a rank): allocations are charged to it and fail when
+  // the device's used bytes, all processes included, would exceed capacity();
+  // MemoryInfo() reports the shared free bytes. Call before the first
+  // allocation. The device credits what it still holds when destroyed (a
+  // process's memory is freed when it exits). Errors: `physical` out of
+  // range, or the device already allocated.
+  absl::Status UseLedger(std::shared_ptr<DeviceLedger> ledger, int physical, int process);
+  // The ledger line (physical GPU) this device charges, or -1 without a ledger.
+  int physical() const { return ledger_device_; }
+  // Memory on this GPU outside any allocator (a CUDA context, NCCL's
+  // buffers): it counts against capacity (and the ledger) like allocations,
+  // never leaves through Free. ResourceExhausted ("simulated GPU N is out of
+  // memory") when it does not fit.
+  absl::Status ChargeOutside(std::size_t bytes);
+  std::size_t outside_bytes() const;
+  // When the last failed allocation failed because the shared GPU was full
+  // (the others' memory with its own exceeded the capacity): the bytes each
+  // process held on the GPU then, {process, bytes} by process, this one
+  // included; empty otherwise.
+  std::vector<std::pair<int, std::uint64_t>> shared_oom_holders() const;
 
   // Makes the `n`-th device allocation from now (Malloc or MapPage, 1-based)
   // fail with ResourceExhausted, as if the device were full. 0 disables.
@@ -106,6 +136,9 @@ class SimDevice final : public Device {
     std::uint64_t sequence;
   };
   bool ConsumeAllocationCall();  // false when fault injection says fail
+  // Charges `size` (capacity check, then the ledger's); the out-of-memory error otherwise.
+  absl::Status Charge(std::size_t size);
+  void Uncharge(std::size_t size);
   DevicePtr BumpAddress(std::size_t size, std::size_t alignment);
   const Region* FindRegion(DevicePtr ptr, DevicePtr* base) const;
   bool Overlaps(DevicePtr ptr, std::size_t size) const;
@@ -116,6 +149,7 @@ class SimDevice final : public Device {
   mutable std::mutex mutex_;
   DevicePtr next_address_;
   std::size_t used_ = 0;
+  std::size_t outside_ = 0;  // ChargeOutside's bytes (not in used_)
   std::uint64_t allocation_calls_ = 0;
   std::uint64_t fail_at_call_ = 0;
   std::map<DevicePtr, Region> regions_;                     // Malloc'd ranges and reservations
@@ -128,6 +162,9 @@ class SimDevice final : public Device {
   std::size_t next_planned_malloc_ = 0, next_planned_reservation_ = 0;
   std::uint64_t planned_taken_ = 0, planned_missed_ = 0;
   bool plan_paused_ = false;
+  std::shared_ptr<DeviceLedger> ledger_;
+  int ledger_device_ = -1, ledger_process_ = -1;
+  std::vector<std::pair<int, std::uint64_t>> shared_oom_holders_;
 };
 
 }  // namespace memscope

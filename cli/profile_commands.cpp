@@ -1,6 +1,7 @@
 // Commands that read a recording (a run directory or a timeline file):
 // summary, trace, snapshot, frag, dump.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -19,8 +20,11 @@
 #include "exporters/snapshot_export.h"
 #include "nlohmann/json.hpp"
 #include "recording/timeline.h"
+#include "run/gpu_table.h"
+#include "run/manifest.h"
 #include "run/output_file.h"
 #include "run/run.h"
+#include "run/run_directory.h"
 
 namespace memscope::cli {
 namespace {
@@ -90,12 +94,21 @@ int Summary(const ReadArgs& a) {
     ptrs.push_back(&t);
     reports.push_back(std::move(*r));
   }
+  // A run directory's whole-GPU table (run/gpu_table.h), from its ranks' rank-R.json.
+  std::vector<GpuRow> gpus;
+  if (std::error_code ec; std::filesystem::is_directory(a.path, ec) && !run->empty()) {
+    std::vector<std::optional<RankStatus>> statuses;
+    for (const Timeline& t : *run) statuses.push_back(RankStatus::Read(RunDirectory(a.path).RankStatus(t.rank)));
+    gpus = GpuTable(statuses, reports, run->front().device_capacity);
+  }
   if (a.json) {
     nlohmann::json j = ReportJson(ptrs, reports);
     j["at"] = at_json;
+    if (!gpus.empty()) j["gpus"] = GpuTableJson(gpus);
     std::cout << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << text;
+    if (!gpus.empty()) std::cout << "\n" << GpuTableText(gpus);
   }
   return kExitOk;
 }

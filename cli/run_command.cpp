@@ -28,6 +28,7 @@
 #include "recording/timeline.h"
 #include "reducer/communicator.h"
 #include "run/aggregate.h"
+#include "run/devices.h"
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/rank.h"
@@ -73,6 +74,11 @@ struct RunArgs {
   double memory_fraction = 1.0;              // torch.cuda.set_per_process_memory_fraction
   bool memory_fraction_given = false;
   std::string device_memory = "80GiB";
+  std::string devices;  // --devices: "" (LOCAL_RANK), same, or one device per rank
+  std::string backend = "gloo";
+  double cuda_context_mb = 0;
+  std::string nccl_buffers_mb = "auto";
+  std::int64_t touch_device = -1;
   std::string exec = "meta";
   std::string amp = "none";
   bool checkpoint = false;
@@ -160,6 +166,47 @@ absl::Status CheckOptionRanges(const RunArgs& a) {
   if (a.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
   if (a.grad_accum < 1 || a.grad_accum > kMaxDimension) {
     return absl::InvalidArgumentError(absl::StrCat("--grad-accum ", a.grad_accum, ": use 1 to ", kMaxDimension));
+  }
+  return absl::OkStatus();
+}
+
+// NCCL's buffers per communicator when --nccl-buffers-mb is not given:
+// measured on 4 A100s over NVLink under PyTorch, after a communicator's first
+// 4 MB allreduce: 544 MB for a group of 2 GPUs, 688 MB for more
+// (https://github.com/NVIDIA/nccl/issues/964).
+constexpr double kNcclBuffersMbTwoRanks = 544;
+constexpr double kNcclBuffersMbMoreRanks = 688;
+
+// --backend, --cuda-context-mb, --nccl-buffers-mb, --touch-device: memory outside the allocator.
+absl::Status OutsideMemoryPlan(const RunArgs& a, std::int64_t world_size, Plan& p) {
+  if (a.backend != "gloo" && a.backend != "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend '", a.backend, "': use gloo or nccl"));
+  }
+  p.nccl = a.backend == "nccl";
+  constexpr double kMaxMb = 1024.0 * 1024 * 1024;  // 1 PiB
+  if (!(a.cuda_context_mb >= 0 && a.cuda_context_mb <= kMaxMb)) {
+    return absl::InvalidArgumentError(absl::StrCat("--cuda-context-mb ", a.cuda_context_mb, ": use 0 to 1 PiB"));
+  }
+  p.cuda_context_bytes = static_cast<std::uint64_t>(a.cuda_context_mb * 1024 * 1024);
+  double nccl_mb = world_size > 2 ? kNcclBuffersMbMoreRanks : kNcclBuffersMbTwoRanks;
+  if (a.nccl_buffers_mb != "auto") {
+    if (!absl::SimpleAtod(a.nccl_buffers_mb, &nccl_mb) || !(nccl_mb >= 0 && nccl_mb <= kMaxMb)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nccl-buffers-mb '", a.nccl_buffers_mb, "': use auto or 0 to 1 PiB (MiB)"));
+    }
+    if (!p.nccl) return absl::InvalidArgumentError("--nccl-buffers-mb needs --backend nccl");
+  }
+  p.nccl_buffer_bytes = p.nccl ? static_cast<std::uint64_t>(nccl_mb * 1024 * 1024) : 0;
+  if (a.touch_device >= 0) {
+    if (a.touch_device > 255) {
+      return absl::InvalidArgumentError(absl::StrCat("--touch-device ", a.touch_device, ": use a device 0 to 255"));
+    }
+    if (p.cuda_context_bytes == 0) {
+      return absl::InvalidArgumentError("--touch-device needs --cuda-context-mb (the size of the context it creates)");
+    }
+    p.touch_device = static_cast<int>(a.touch_device);
+  } else if (a.touch_device != -1) {
+    return absl::InvalidArgumentError(absl::StrCat("--touch-device ", a.touch_device, ": use a device 0 to 255"));
   }
   return absl::OkStatus();
 }
@@ -254,6 +301,10 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
     return absl::InvalidArgumentError(absl::StrCat("--device-memory ", a.device_memory, ": at most 1 PiB"));
   }
   p.device_memory = *device_memory;
+  absl::StatusOr<DeviceMap> devices = ParseDeviceMap("--devices", a.devices, static_cast<int>(world_size));
+  if (!devices.ok()) return devices.status();
+  p.devices = *devices;
+  if (absl::Status s = OutsideMemoryPlan(a, world_size, p); !s.ok()) return s;
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
   if (!config.ok()) {
@@ -566,6 +617,11 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   if (a.memory_fraction_given) v.insert(v.end(), {"--memory-fraction", Exact(a.memory_fraction)});
   if (a.cublas_workspace != "default") v.insert(v.end(), {"--cublas-workspace", a.cublas_workspace});
   if (!a.scenario.empty()) v.insert(v.end(), {"--scenario", a.scenario});
+  if (!a.devices.empty()) v.insert(v.end(), {"--devices", a.devices});
+  if (a.backend != "gloo") v.insert(v.end(), {"--backend", a.backend});
+  if (a.cuda_context_mb != 0) v.insert(v.end(), {"--cuda-context-mb", Exact(a.cuda_context_mb)});
+  if (a.nccl_buffers_mb != "auto") v.insert(v.end(), {"--nccl-buffers-mb", a.nccl_buffers_mb});
+  if (a.touch_device != -1) v.insert(v.end(), {"--touch-device", absl::StrCat(a.touch_device)});
   return v;
 }
 
@@ -624,6 +680,28 @@ int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan&
   return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, kept);
 }
 
+// Every rank's device is valid (run/devices.h), before anything runs: a
+// rank of a launcher checks its own; our launcher checks each rank's, with
+// the LOCAL_RANK it will give it.
+absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size,
+                          std::optional<int> touch_device) {
+  DeviceEnvironment env = DeviceEnvironment::FromProcess();
+  if (touch_device && env.cuda_visible_devices) {
+    const std::size_t visible = VisibleDevices(*env.cuda_visible_devices).size();
+    if (static_cast<std::size_t>(*touch_device) >= visible) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA error: invalid device ordinal: --touch-device ", *touch_device, ", but CUDA_VISIBLE_DEVICES=",
+          *env.cuda_visible_devices, " makes ", visible, visible == 1 ? " device" : " devices", " visible"));
+    }
+  }
+  if (worker) return AssignDevice(map, rank, env).status();
+  for (int r = 0; r < world_size; ++r) {
+    if (world_size > 1) env.local_rank = absl::StrCat(r);
+    if (absl::Status s = AssignDevice(map, r, env).status(); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // One run in one mode; its outcome goes to `kept` when this process aggregated it.
 int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutcome>* kept = nullptr) {
   const char* env_rank = std::getenv("RANK");
@@ -646,6 +724,10 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   }
   absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(plan.status().message());
+  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device);
+      !s.ok()) {
+    return Fail(s.message());
+  }
   if (!worker) {
     cli::NoteGcWithoutFraction(plan->config);
     // PyTorch's warnings for workspace variables it cannot read (it then uses its defaults).
@@ -807,6 +889,20 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "torch.cuda.set_per_process_memory_fraction(F) on every rank's device, 0 to 1 (default 1: no cap)")
       ->each([a](const std::string&) { a->memory_fraction_given = true; });
   cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB)");
+  cmd->add_option("--backend", a->backend,
+                  "gloo (default) or nccl: NCCL's communicator checks (two ranks on one GPU fail, exit 5) and "
+                  "buffers on each GPU; the data still moves over Gloo");
+  cmd->add_option("--cuda-context-mb", a->cuda_context_mb,
+                  "each process's CUDA context on each GPU it uses, in MiB (default 0: not modelled)");
+  cmd->add_option("--nccl-buffers-mb", a->nccl_buffers_mb,
+                  "NCCL's buffers per communicator in MiB (--backend nccl; default auto: 544 for 2 ranks, 688 for "
+                  "more, measured on A100s)");
+  cmd->add_option("--touch-device", a->touch_device,
+                  "scenario: every rank uses cuda:D before set_device, leaving a context there (needs "
+                  "--cuda-context-mb)");
+  cmd->add_option("--devices", a->devices,
+                  "each rank's GPU: local_rank (default: LOCAL_RANK, renumbered by CUDA_VISIBLE_DEVICES), same "
+                  "(every rank on GPU 0), or one per rank (e.g. 0,0,1,1); ranks on one GPU share its memory");
   cmd->add_option("--exec", a->exec, "meta (default: shapes and memory only) or cpu (real float math; mlp, cifar-net)");
   cmd->add_option("--amp", a->amp, "none (default), fp16 (autocast + GradScaler) or bf16 (autocast)");
   cmd->add_flag("--checkpoint-activations", a->checkpoint,

@@ -27,10 +27,15 @@
 //      "memory_stats": {every torch.cuda.memory_stats() key, flattened},
 //      "lower_bound_bytes", "peak_reserved_bytes" (= peak.reserved.bytes),
 //      "overhead_bytes" (peak_reserved_bytes - lower_bound_bytes, at least 0),
-//      "status"   (memscope run: "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"),
+//      "status"   (memscope run: "ok", "oom", "error", "comm_error", "nccl_error", "failed", "stopped", "killed"),
 //      "ddp"      (memscope run, DDP ranks: DDP below),
 //      "losses"   (memscope run --exec cpu: this rank's loss on its shard of the batch, one per
-//                  micro-batch, null where it diverged; absent when no values were computed)}]}
+//                  micro-batch, null where it diverged; absent when no values were computed)}],
+//    "gpus": [GPU]  (memscope run, only with memory outside the allocator or a GPU shared by ranks;
+//                    written by run/gpu_table.h, not part of Report: readers ignore it)}
+//   GPU = {"physical", "capacity_bytes", "used_bytes", "shared_by_ranks": [ranks],
+//          "processes": [{"rank", "cuda" (null: a stray context), "context_bytes", "reserved_bytes" (peak),
+//                         "nccl_bytes", "used_bytes" (= context + reserved + nccl)}]}
 //   DDP = {"mode": "copy" or "view", "buckets": [BUCKET], "rebuilt_buckets": [BUCKET]}
 //      BUCKET = {"index", "bytes", "dtype", "params": [parameter names, in the bucket's order]}
 //   CATEGORY: every allocator category ("PARAMETER", "ACTIVATION", ...).

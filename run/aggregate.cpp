@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
+#include "run/gpu_table.h"
 #include "run/run.h"
 
 namespace memscope {
@@ -111,10 +112,11 @@ std::string FailureLines(const std::vector<ManifestRank>& ranks, int first_failu
 // The exit status and the stderr lines about the ranks that did not end well.
 void Judge(const RunRecord& run, RunOutcome& out) {
   const std::vector<ManifestRank>& ranks = out.manifest.ranks;
-  bool oom = false, failed = false;
+  bool oom = false, failed = false, nccl = false;
   for (int r = 0; r < run.world_size; ++r) {
     const std::optional<RankStatus>& st = out.statuses[static_cast<std::size_t>(r)];
     oom = oom || (st && st->status == "oom");
+    nccl = nccl || (st && st->status == "nccl_error");
     failed = failed || !st || st->status != "ok";
     if (!run.exits.empty()) failed = failed || !run.exits[static_cast<std::size_t>(r)].ok();
   }
@@ -150,7 +152,7 @@ void Judge(const RunRecord& run, RunOutcome& out) {
                         "\n");
       }
     }
-    out.exit_code = kExitRankFailed;
+    out.exit_code = nccl ? kExitNcclInvalidUsage : kExitRankFailed;
     return;
   }
   out.exit_code = 0;
@@ -198,7 +200,15 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
       r.status = ranks[static_cast<std::size_t>(r.rank)].status;
     }
   };
-  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors);
+  // The whole GPU (run/gpu_table.h), when there is more to it than the allocator.
+  auto extend = [&](const std::vector<RankReport>& reports, nlohmann::json& report, std::string& summary) {
+    const std::vector<GpuRow> gpus = GpuTable(statuses, reports, run.device_memory);
+    if (gpus.empty()) return;
+    report["gpus"] = GpuTableJson(gpus);
+    absl::StrAppend(&summary, "\n", GpuTableText(gpus));
+  };
+  absl::StatusOr<std::vector<RankReport>> reports =
+      WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors, extend);
   if (!reports.ok()) return reports.status();
   out.timelines = std::move(*recorded);
   out.reports = std::move(*reports);

@@ -27,6 +27,9 @@ namespace memscope {
 inline constexpr int kExitOutOfMemory = 3;
 // A rank failed: killed, a collective timed out or mismatched, or it crashed.
 inline constexpr int kExitRankFailed = 4;
+// --backend nccl refused the communicator: two ranks of one host on one GPU
+// (NCCL's "Duplicate GPU detected", ncclInvalidUsage).
+inline constexpr int kExitNcclInvalidUsage = 5;
 // Every rank ended well but an output (run.json, report.json, trace.json,
 // ...) could not be written: each is named on stderr. The same status as
 // unusable options and files (cli/commands.h kExitBadInput).
@@ -53,7 +56,7 @@ struct RunOutcome {
   std::vector<std::optional<RankStatus>> statuses;  // by rank; nullopt: the rank wrote none
   std::vector<Timeline> timelines;                  // this run's ranks, as recorded
   std::vector<RankReport> reports;                  // their analyses (report.json)
-  int exit_code = 0;  // 0, kExitOutOfMemory, kExitRankFailed or kExitOutputFailed
+  int exit_code = 0;  // 0, kExitOutOfMemory, kExitRankFailed, kExitNcclInvalidUsage or kExitOutputFailed
   // What `memscope run` says on stderr about failed ranks: each line starts
   // "memscope run: " (an OOM's message and verdict follow on their own lines).
   std::string diagnostics;

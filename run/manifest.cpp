@@ -168,6 +168,18 @@ json RankStatus::ToJson() const {
             {"seconds", seconds},
             {"losses", LossesJson(losses)}};
   if (ddp) j["ddp"] = DdpJson(*ddp);
+  if (device) {
+    json others = json::array();
+    for (const auto& [physical, bytes] : device->other_contexts) {
+      others.push_back({{"physical", physical}, {"bytes", bytes}});
+    }
+    j["device"] = {{"ordinal", device->ordinal},
+                   {"physical", device->physical},
+                   {"how", device->how},
+                   {"context_bytes", device->context_bytes},
+                   {"nccl_bytes", device->nccl_bytes},
+                   {"other_contexts", others}};
+  }
   return j;
 }
 
@@ -186,6 +198,20 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
       absl::StatusOr<DdpBuckets> ddp = DdpFromJson(j.at("ddp"));
       if (!ddp.ok()) return absl::InvalidArgumentError(absl::StrCat("not a rank status: ", ddp.status().message()));
       s.ddp = std::move(*ddp);
+    }
+    if (j.contains("device")) {
+      const json& d = j.at("device");
+      s.device = RankDevice{d.at("ordinal").get<int>(),
+                            d.at("physical").get<int>(),
+                            d.at("how").get<std::string>(),
+                            d.value("context_bytes", std::uint64_t{0}),
+                            d.value("nccl_bytes", std::uint64_t{0}),
+                            {}};
+      if (d.contains("other_contexts")) {
+        for (const json& o : d.at("other_contexts")) {
+          s.device->other_contexts.emplace_back(o.at("physical").get<int>(), o.at("bytes").get<std::uint64_t>());
+        }
+      }
     }
     return s;
   } catch (const json::exception& e) {

@@ -32,6 +32,20 @@ std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buc
 // run.json and rank-R.json write such a loss as null.
 std::optional<std::pair<std::size_t, float>> FirstDivergedLoss(const std::vector<float>& losses);
 
+// The GPU a rank ran on (run/devices.h): rank-R.json's "device".
+struct RankDevice {
+  int ordinal = 0;   // cuda:N in the rank
+  int physical = 0;  // after CUDA_VISIBLE_DEVICES
+  std::string how;   // what chose it: "LOCAL_RANK=1", "--devices same", ...
+  // Memory outside the allocator: the CUDA context on this GPU, NCCL's
+  // buffers on it, and contexts on other GPUs {physical, bytes} (cuda:D
+  // touched before set_device).
+  std::uint64_t context_bytes = 0;
+  std::uint64_t nccl_bytes = 0;
+  std::vector<std::pair<int, std::uint64_t>> other_contexts;
+  bool operator==(const RankDevice&) const = default;
+};
+
 // rank-R.json: how one rank of `memscope run` ended.
 struct RankStatus {
   int rank = 0;
@@ -43,6 +57,7 @@ struct RankStatus {
   double seconds = 0;
   std::vector<float> losses;      // per step (--exec cpu)
   std::optional<DdpBuckets> ddp;  // with --ddp copy|view
+  std::optional<RankDevice> device;
   bool operator==(const RankStatus&) const = default;
 
   nlohmann::json ToJson() const;

@@ -52,9 +52,11 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
 // snapshot and takes the viewer's segment maps as it passes the moments.
 // Every output is an OutputFile (written whole or not at all); one that
 // cannot be written does not stop the others.
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
-                                                        const std::function<void(Report& report)>& amend,
-                                                        std::vector<absl::Status>* write_errors) {
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
+    const std::string& dir, const std::vector<Timeline>& timelines, const std::function<void(Report& report)>& amend,
+    std::vector<absl::Status>* write_errors,
+    const std::function<void(const std::vector<RankReport>& reports, nlohmann::json& report, std::string& summary)>&
+        extend) {
   const RunDirectory run_dir(dir);
   OutputFile trace_out(run_dir.Trace());  // renamed into place only when complete
   ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out.stream());
@@ -80,8 +82,10 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, 
   for (std::size_t i = 0; i < timelines.size(); ++i) reports.push_back(std::move(analyses[i]->report()));
   Report report = MakeReport(timelines.empty() ? 0 : timelines.front().world_size, std::move(reports));
   if (amend) amend(report);
-  if (absl::Status s = WriteOutputFile(
-          run_dir.Report(), ReportToJson(report).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  nlohmann::json report_json = ReportToJson(report);
+  if (extend) extend(report.ranks, report_json, summary);
+  if (absl::Status s = WriteOutputFile(run_dir.Report(),
+                                       report_json.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       !s.ok()) {
     errors.push_back(s);
   }

@@ -8,10 +8,15 @@
 #include <filesystem>
 #include <memory>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "allocator/device_ledger.h"
+#include "allocator/sizes.h"
 #include "recording/recorder.h"
 #include "reducer/communicator.h"
+#include "reducer/nccl_checks.h"
 #include "run/aggregate.h"
 #include "run/rank_session.h"
 #include "tensor/tensor.h"
@@ -35,14 +40,19 @@ std::string BindAddress() {
 
 // The communicator of a rank: Gloo between processes, a local one for DDP on
 // one rank, none otherwise. Throws CommError when the rendezvous fails.
+// The rendezvous store of a multi-rank run: $MEMSCOPE_STORE or the run directory's.
+std::string StoreDir(const RunDirectory& dir) {
+  const char* store = std::getenv("MEMSCOPE_STORE");
+  return store != nullptr ? store : dir.Store();
+}
+
 std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, int world_size,
                                                const RunDirectory& dir) {
   if (world_size > 1) {
     reducer::GlooOptions g;
     g.rank = rank;
     g.world_size = world_size;
-    const char* store = std::getenv("MEMSCOPE_STORE");
-    g.store_dir = store != nullptr ? store : dir.Store();
+    g.store_dir = StoreDir(dir);
     g.hostname = BindAddress();
     g.timeout = plan.timeout;
     return reducer::CreateGlooCommunicator(g);
@@ -121,11 +131,125 @@ void ApplyScenario(const Scenario& sc, int rank, reducer::Communicator* c, Train
   }
 }
 
+// Thrown to leave the rank's try block when it ends before training.
+struct EndedEarly {};
+
+// The ranks of a multi-rank run share their GPUs through a ledger in the
+// store (fresh for each job, which the rendezvous has checked).
+absl::StatusOr<std::shared_ptr<DeviceLedger>> ShareDevice(SimDevice& device, const DeviceAssignment& assigned, int rank,
+                                                          const RunDirectory& dir) {
+  absl::StatusOr<std::shared_ptr<DeviceLedger>> ledger =
+      DeviceLedger::Open((std::filesystem::path(StoreDir(dir)) / "device-ledger").string());
+  if (!ledger.ok()) return ledger.status();
+  if (absl::Status s = device.UseLedger(*ledger, assigned.physical, rank); !s.ok()) return s;
+  return ledger;
+}
+
+// Contexts this process created on GPUs other than its own (cuda:D touched
+// before set_device), returned to the ledger when the rank ends, as a
+// process's exit frees them.
+struct StrayContexts {
+  std::shared_ptr<DeviceLedger> ledger;  // null on one rank
+  int rank = 0;
+  std::vector<std::pair<int, std::uint64_t>> charged;  // {physical, bytes}
+  ~StrayContexts() {
+    if (ledger == nullptr) return;
+    for (const auto& [physical, bytes] : charged) ledger->Credit(physical, rank, bytes);
+  }
+};
+
+std::string ContextOom(int rank, int ordinal, int physical, std::uint64_t bytes, std::uint64_t capacity,
+                       std::uint64_t in_use) {
+  return absl::StrCat("CUDA error: out of memory (creating the CUDA context of rank ", rank, " on cuda:", ordinal,
+                      ", physical GPU ", physical, ": ", FormatSize(bytes), " needed, ", FormatSize(in_use), " of its ",
+                      FormatSize(capacity), " in use)");
+}
+
+// Memory outside the allocator, in the order a script makes it: a context on
+// cuda:D when the script touches it before set_device (--touch-device), then
+// the context on its own GPU. Returns the out-of-memory error, or "".
+std::string ChargeContexts(const RankPlan& plan, SimDevice& device, const DeviceAssignment& assigned, int rank,
+                           StrayContexts& stray, RankDevice& record) {
+  const std::uint64_t bytes = plan.cuda_context_bytes;
+  if (bytes == 0) return "";
+  if (plan.touch_device && *plan.touch_device != assigned.ordinal) {
+    const int ordinal = *plan.touch_device;
+    int physical = ordinal;
+    if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES"); cvd != nullptr) {
+      const std::vector<int> visible = VisibleDevices(cvd);
+      if (ordinal < static_cast<int>(visible.size())) physical = visible[static_cast<std::size_t>(ordinal)];
+    }
+    if (physical != assigned.physical) {
+      if (stray.ledger != nullptr && !stray.ledger->TryCharge(physical, rank, bytes, plan.device_memory)) {
+        return ContextOom(rank, ordinal, physical, bytes, plan.device_memory, stray.ledger->Used(physical));
+      }
+      if (stray.ledger == nullptr && bytes > plan.device_memory) {
+        return ContextOom(rank, ordinal, physical, bytes, plan.device_memory, 0);
+      }
+      stray.charged.emplace_back(physical, bytes);
+      record.other_contexts.emplace_back(physical, bytes);
+    }
+  }
+  if (!device.ChargeOutside(bytes).ok()) {
+    const DeviceMemoryInfo info = device.MemoryInfo();
+    return ContextOom(rank, assigned.ordinal, assigned.physical, bytes, info.total_bytes,
+                      info.total_bytes - info.free_bytes);
+  }
+  record.context_bytes = bytes;
+  return "";
+}
+
+// --backend nccl: the communicator's creation. NCCL's peer check (two ranks
+// of one host on one GPU: ncclInvalidUsage), then its buffers on this GPU.
+// Returns {the NCCL error, the OOM error}, either "".
+std::pair<std::string, std::string> CreateNcclCommunicator(const RankPlan& plan, reducer::Communicator& comm,
+                                                           SimDevice& device, const DeviceAssignment& assigned,
+                                                           int rank, RankDevice& record) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  const reducer::NcclPeerInfo mine{reducer::HostHash(host), reducer::SimulatedBusId(assigned.physical)};
+  if (std::optional<std::string> error = reducer::CheckNcclPeers(comm, mine)) {
+    return {absl::StrCat(*error, "\nmemscope: with NCCL every rank needs its own GPU; rank ", rank, " is on cuda:",
+                         assigned.ordinal, " (physical GPU ", assigned.physical, ", chosen by ", assigned.how,
+                         "). Call torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"])) before "
+                         "init_process_group, or run these ranks with the Gloo backend."),
+            ""};
+  }
+  if (plan.nccl_buffer_bytes > 0 && !device.ChargeOutside(plan.nccl_buffer_bytes).ok()) {
+    const DeviceMemoryInfo info = device.MemoryInfo();
+    return {"", absl::StrCat("CUDA error: out of memory (NCCL's communicator buffers of rank ", rank, ": ",
+                             FormatSize(plan.nccl_buffer_bytes), " needed on cuda:", assigned.ordinal, ", ",
+                             FormatSize(info.free_bytes), " free)")};
+  }
+  record.nccl_bytes = plan.nccl_buffer_bytes;
+  return {"", ""};
+}
+
+// The diagnosis of an OOM on a GPU other ranks hold memory on: who held what.
+std::string SharedOomDiagnosis(const SimDevice& device, const DeviceAssignment& assigned, int rank) {
+  const std::vector<std::pair<int, std::uint64_t>> holders = device.shared_oom_holders();
+  std::vector<std::string> parts;
+  bool others = false;
+  for (const auto& [process, bytes] : holders) {
+    others = others || process != rank;
+    parts.push_back(absl::StrCat("rank ", process, process == rank ? " (this rank) " : " ", FormatSize(bytes)));
+  }
+  if (!others) return "";
+  return absl::StrCat("\nmemscope: GPU ", assigned.ordinal, " (physical GPU ", assigned.physical, ", chosen by ",
+                      assigned.how, ") is shared: ", absl::StrJoin(parts, ", "), " of ", FormatSize(device.capacity()),
+                      "; ranks on one GPU share its memory. Give each rank its own GPU: "
+                      "torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"])) before any CUDA call.");
+}
+
 }  // namespace
 
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
+  absl::StatusOr<DeviceAssignment> assigned = AssignDevice(plan.devices, rank, DeviceEnvironment::FromProcess());
+  if (!assigned.ok()) return assigned.status();
   RankSessionOptions options;
   options.rank = rank;
+  options.device_index = assigned->ordinal;
+  options.timeline_device_index = assigned->ordinal;
   options.world_size = world_size;
   options.device_memory = plan.device_memory;
   options.config = plan.config;
@@ -141,8 +265,33 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   std::unique_ptr<reducer::Communicator> comm;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<TrainResult> result;
+  RankDevice record;
+  record.ordinal = assigned->ordinal;
+  record.physical = assigned->physical;
+  record.how = assigned->how;
+  StrayContexts stray;
+  stray.rank = rank;
+  bool nccl_invalid = false;
   try {
     comm = Connect(plan, rank, world_size, dir);
+    if (world_size > 1) {
+      absl::StatusOr<std::shared_ptr<DeviceLedger>> ledger = ShareDevice(session.device(), *assigned, rank, dir);
+      if (!ledger.ok()) return ledger.status();
+      stray.ledger = *ledger;
+    }
+    std::string oom = ChargeContexts(plan, session.device(), *assigned, rank, stray, record);
+    std::string nccl_error;
+    if (oom.empty() && plan.nccl && comm != nullptr && world_size > 1) {
+      std::tie(nccl_error, oom) = CreateNcclCommunicator(plan, *comm, session.device(), *assigned, rank, record);
+    }
+    if (!oom.empty() || !nccl_error.empty()) {
+      // The rank ends here, as the script would at its first CUDA call or at init_process_group.
+      result = TrainResult{};
+      result->oom = !oom.empty();
+      nccl_invalid = !nccl_error.empty();
+      result->error = oom.empty() ? nccl_error : oom;
+      throw EndedEarly();
+    }
     if (absl::Status s = session.Start(); !s.ok()) return s;
     // The recorder exists from Start on.
     if (comm) comm = std::make_unique<RecordingCommunicator>(std::move(comm), session.recorder());
@@ -153,23 +302,31 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
     result = TrainResult{};
     result->comm_error = true;
     result->error = e.what();
+  } catch (const EndedEarly&) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return result.status();
+  if (result->oom) result->error += SharedOomDiagnosis(session.device(), *assigned, rank);
   // A timeline that could not be written whole (a full disk) fails the rank;
   // what it holds is still read (its torn tail ignored) and reported.
   if (absl::Status s = session.Finish(); !s.ok() && result->error.empty()) result->error = std::string(s.message());
   RankStatus status;
   status.rank = rank;
   status.exit_code = result->oom                                    ? kExitOutOfMemory
+                     : nccl_invalid                                 ? kExitNcclInvalidUsage
                      : result->comm_error || !result->error.empty() ? kExitRankFailed
                                                                     : 0;
-  status.status = result->oom ? "oom" : result->comm_error ? "comm_error" : result->error.empty() ? "ok" : "error";
+  status.status = result->oom             ? "oom"
+                  : nccl_invalid          ? "nccl_error"
+                  : result->comm_error    ? "comm_error"
+                  : result->error.empty() ? "ok"
+                                          : "error";
   status.error = result->error;
   status.parameters = result->parameters;
   status.steps_done = result->steps_done;
   status.seconds = seconds;
   status.losses = result->losses;
+  status.device = record;
   if (plan.train.ddp) {
     status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
   }

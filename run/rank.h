@@ -6,12 +6,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
+#include "run/devices.h"
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/run_directory.h"
@@ -42,9 +44,15 @@ struct RankPlan {
   TrainOptions train;
   AllocatorConfig config;
   std::uint64_t device_memory = 0;
-  BlasWorkspaceSizes blas_workspaces;        // cuBLAS/cuBLASLt (tensor/blas_workspace.h)
-  bool cpu = false;                          // --exec cpu: real float math on a host-backed device
-  std::string ddp;                           // "off", "copy" or "view"
+  BlasWorkspaceSizes blas_workspaces;  // cuBLAS/cuBLASLt (tensor/blas_workspace.h)
+  bool cpu = false;                    // --exec cpu: real float math on a host-backed device
+  std::string ddp;                     // "off", "copy" or "view"
+  DeviceMap devices;                   // --devices (run/devices.h)
+  // Memory outside the caching allocator (README "The whole GPU").
+  bool nccl = false;                     // --backend nccl: NCCL's checks and buffers; data over Gloo
+  std::uint64_t cuda_context_bytes = 0;  // --cuda-context-mb: each process's context on each GPU it touches
+  std::uint64_t nccl_buffer_bytes = 0;   // --nccl-buffers-mb: per NCCL communicator
+  std::optional<int> touch_device;       // --touch-device D: cuda:D used before set_device
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   Scenario scenario;                         // --scenario
 };

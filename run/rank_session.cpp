@@ -14,7 +14,7 @@ RankSession::RankSession(const RankSessionOptions& options)
   context_.set_blas_workspaces(options.blas_workspaces);
   timeline_.rank = options.rank;
   timeline_.world_size = options.world_size;
-  timeline_.device_index = options.rank;
+  timeline_.device_index = options.timeline_device_index >= 0 ? options.timeline_device_index : options.rank;
   timeline_.device_capacity = options.device_memory;
   timeline_.alloc_conf = options.config.text;
 }

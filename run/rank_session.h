@@ -37,6 +37,9 @@ struct RankSessionOptions {
   // The simulated GPU's own index (its out-of-memory errors name it); -1:
   // the rank. Replays run on GPU 0 whatever device their trace came from.
   int device_index = -1;
+  // The timeline header's device_index; -1: the rank (replays, tests).
+  // `memscope run` records the rank's device (run/devices.h).
+  int timeline_device_index = -1;
   std::uint64_t device_memory = 80ULL << 30;
   AllocatorConfig config;
   // kCpu makes the device host-backed (real bytes behind device addresses).

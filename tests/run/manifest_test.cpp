@@ -27,6 +27,7 @@ RankStatus SomeStatus() {
   s.seconds = 1.25;
   s.losses = {2.5f, 0.1f};
   s.ddp = DdpBuckets{"view", {{0, 1 << 20, "float32", {"fc.bias"}}, {1, 4096, "float16", {"a", "b"}}}, {}};
+  s.device = RankDevice{1, 5, "LOCAL_RANK=1, CUDA_VISIBLE_DEVICES=3,5", 500 << 20, 544 << 20, {{0, 500 << 20}}};
   return s;
 }
 
