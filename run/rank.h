@@ -20,14 +20,34 @@
 
 namespace memscope {
 
+// --save-checkpoint rank0|all, --load-checkpoint none|cpu|cuda:R and
+// --checkpoint-step S: what each rank does in the checkpoint phase of step S
+// (train/trainer.h). Loading without --save-checkpoint loads the file rank 0
+// saved (the usual `if rank == 0: torch.save`).
+struct CheckpointPlan {
+  enum class Save { kNone, kRank0, kAll };
+  enum class Load { kNone, kMapNone, kCpu, kCuda };
+  Save save = Save::kNone;
+  Load load = Load::kNone;
+  int load_ordinal = 0;    // kCuda: map_location='cuda:R'
+  std::int64_t step = -1;  // -1: no checkpoint
+  bool operator==(const CheckpointPlan&) const = default;
+};
+
+// Parses the three flags ("" when not given; `step_given` for
+// --checkpoint-step, default 0). Errors name the flag and its accepted values.
+absl::StatusOr<CheckpointPlan> ParseCheckpointPlan(std::string_view save, std::string_view load, std::int64_t step,
+                                                   bool step_given);
+
 // Everything a rank needs, checked before anything is written.
 struct RankPlan {
   TrainOptions train;
   AllocatorConfig config;
   std::uint64_t device_memory = 0;
-  bool cpu = false;                          // --exec cpu: real float math on a host-backed device
-  std::string ddp;                           // "off", "copy" or "view"
-  DeviceMap devices;                         // --devices (run/devices.h)
+  bool cpu = false;   // --exec cpu: real float math on a host-backed device
+  std::string ddp;    // "off", "copy" or "view"
+  DeviceMap devices;  // --devices (run/devices.h)
+  CheckpointPlan checkpoint;
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   // Testing (--fault-kill, --fault-skip-barrier): {RANK, STEP}, -1 when off.
   std::pair<int, std::int64_t> fault_kill{-1, -1}, fault_skip_barrier{-1, -1};
