@@ -82,20 +82,23 @@ void RunCheckpoint(const CheckpointOptions& c, Model& model, Optimizer& optimize
   result.loading = true;
   if (comm != nullptr) comm->Barrier();
   std::vector<Tensor> loaded;  // sd = torch.load(f, map_location=...)
-  for (const Tensor& t : saved) {
+  // The model's tensors are OTHER ("checkpoint:NAME") until del sd; the
+  // optimizer's become its state when already on the parameter's device.
+  const std::size_t model_tensors = model.Parameters().size() + model.Buffers().size();
+  for (std::size_t i = 0; i < saved.size(); ++i) {
     if (c.load_ctx == nullptr) {
       loaded.emplace_back();  // on the host
       continue;
     }
+    const Tensor& t = saved[i];
     const std::string owner = absl::StrCat("checkpoint:", t.name());
-    ScopedTag tag(Category::kOther, owner);
+    ScopedTag tag(i < model_tensors ? Category::kOther : Category::kOptimizerState, owner);
     loaded.push_back(Tensor::Empty(*c.load_ctx, t.sizes(), t.dtype()));
   }
   if (comm != nullptr) comm->Barrier();
   if (c.measure) c.measure();
   if (comm != nullptr) comm->Barrier();
   // model.load_state_dict: copy_ in place. optimizer.load_state_dict: the state's cast.
-  const std::size_t model_tensors = model.Parameters().size() + model.Buffers().size();
   optimizer.LoadStateTensors(
       std::vector<Tensor>(loaded.begin() + static_cast<std::ptrdiff_t>(model_tensors), loaded.end()));
   loaded.clear();  // del sd
