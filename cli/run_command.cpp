@@ -601,6 +601,9 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size)); !s.ok()) {
     return Fail(s.message());
   }
+  if (absl::Status s = CheckCheckpointDevice(plan->checkpoint, DeviceEnvironment::FromProcess()); !s.ok()) {
+    return Fail(s.message());
+  }
   const RunDirectory dir(a.out);
   if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);

@@ -283,6 +283,11 @@ RankCheckpoint CheckpointRecord(const RankPlan& plan, const CheckpointResult& re
 
 }  // namespace
 
+absl::Status CheckCheckpointDevice(const CheckpointPlan& plan, const DeviceEnvironment& env) {
+  if (plan.load != CheckpointPlan::Load::kCuda) return absl::OkStatus();
+  return PhysicalOf(plan.load_ordinal, env, "--load-checkpoint").status();
+}
+
 absl::StatusOr<CheckpointPlan> ParseCheckpointPlan(std::string_view save, std::string_view load, std::int64_t step,
                                                    bool step_given) {
   CheckpointPlan c;

@@ -39,6 +39,10 @@ struct CheckpointPlan {
 absl::StatusOr<CheckpointPlan> ParseCheckpointPlan(std::string_view save, std::string_view load, std::int64_t step,
                                                    bool step_given);
 
+// --load-checkpoint cuda:R names a GPU this process sees (CUDA_VISIBLE_DEVICES
+// renumbers): else CUDA's "invalid device ordinal", checked before any rank starts.
+absl::Status CheckCheckpointDevice(const CheckpointPlan& plan, const DeviceEnvironment& env);
+
 // Everything a rank needs, checked before anything is written.
 struct RankPlan {
   TrainOptions train;

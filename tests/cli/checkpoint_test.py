@@ -153,8 +153,13 @@ try:
     code, out, err = run("run", "--model", "mlp", "--steps", "2", "--load-checkpoint", "cuda:1", "--out",
                          os.path.join(tmp, "bad"), env={"CUDA_VISIBLE_DEVICES": "0"})
     check("cuda:1 with one visible GPU: invalid device ordinal, exit 2",
-          code == 2 and err == "memscope run: CUDA error: invalid device ordinal: rank 0's torch.load on cuda:1, but "
+          code == 2 and err == "memscope run: CUDA error: invalid device ordinal: --load-checkpoint on cuda:1, but "
           "CUDA_VISIBLE_DEVICES=0 makes 1 device visible\n", (code, err))
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "2", "--load-checkpoint", "cuda:2",
+                         "--out", os.path.join(tmp, "bad"), env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    check("2 ranks, cuda:2 with two visible GPUs: exit 2 before any rank starts",
+          code == 2 and err == "memscope run: CUDA error: invalid device ordinal: --load-checkpoint on cuda:2, but "
+          "CUDA_VISIBLE_DEVICES=0,1 makes 2 devices visible\n", (code, err))
 finally:
     shutil.rmtree(tmp)
 finish("checkpoint")
