@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -82,6 +83,10 @@ struct RunArgs {
   std::string exec = "meta";
   std::string amp = "none";
   bool checkpoint = false;
+  std::string save_checkpoint;  // --save-checkpoint rank0|all
+  std::string load_checkpoint;  // --load-checkpoint none|cpu|cuda:R
+  std::int64_t checkpoint_step = 0;
+  bool checkpoint_step_given = false;
   std::int64_t grad_accum = 1;
   std::string attention = "math";
   std::string out = "memscope-run";
@@ -305,6 +310,17 @@ absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std
   if (!devices.ok()) return devices.status();
   p.devices = *devices;
   if (absl::Status s = OutsideMemoryPlan(a, world_size, p); !s.ok()) return s;
+  absl::StatusOr<CheckpointPlan> checkpoint =
+      ParseCheckpointPlan(a.save_checkpoint, a.load_checkpoint, a.checkpoint_step, a.checkpoint_step_given);
+  if (!checkpoint.ok()) return checkpoint.status();
+  if (checkpoint->step >= a.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint-step ", checkpoint->step, ": the run has ", a.steps,
+                                                   a.steps == 1 ? " step" : " steps", " (0 to ", a.steps - 1, ")"));
+  }
+  if (checkpoint->step >= 0 && p.cpu) {
+    return absl::InvalidArgumentError("checkpoints need --exec meta (the state dict's values are not modelled)");
+  }
+  p.checkpoint = *checkpoint;
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
   if (!config.ok()) {
@@ -381,6 +397,40 @@ void PrintBuckets(const DdpBuckets& ddp) {
               << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
               << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0].bytes), ")")) << "\n";
   }
+}
+// The checkpoint line under the tables: who saved what (files and bytes
+// written), and where the ranks' torch.load put the tensors.
+void PrintCheckpoint(const RunOutcome& out) {
+  std::vector<int> savers;
+  std::map<std::string, std::vector<int>> onto;  // loaded_onto -> ranks
+  const RankCheckpoint* any = nullptr;
+  for (const std::optional<RankStatus>& st : out.statuses) {
+    if (!st || !st->checkpoint) continue;
+    any = &*st->checkpoint;
+    if (st->checkpoint->saved) savers.push_back(st->rank);
+    if (!st->checkpoint->loaded_onto.empty()) onto[st->checkpoint->loaded_onto].push_back(st->rank);
+  }
+  if (any == nullptr) return;
+  auto ranks = [](const std::vector<int>& r) {
+    return absl::StrCat(r.size() == 1 ? "rank " : "ranks ", absl::StrJoin(r, ","));
+  };
+  std::cout << "checkpoint after step " << any->step << ": " << FormatSize(any->state_bytes)
+            << " (parameters, buffers, optimizer state)";
+  if (!savers.empty()) {
+    std::cout << "; saved by " << ranks(savers) << ": " << savers.size()
+              << (savers.size() == 1 ? " file, " : " files, ") << FormatSize(any->state_bytes * savers.size())
+              << " written";
+    if (savers.size() > 1) std::cout << " (rank 0 alone would write one)";
+  }
+  if (!onto.empty()) {
+    std::cout << "; torch.load(map_location=" << (any->map_location == "none" ? "None" : any->map_location) << ") put";
+    const char* sep = " ";
+    for (const auto& [where, r] : onto) {
+      std::cout << sep << (r.size() == 1 ? "the copy of " : "the copies of ") << ranks(r) << " on " << where;
+      sep = ", ";
+    }
+  }
+  std::cout << "\n";
 }
 
 // "DataParallel over 2 GPUs (batch 64 scattered 32+32)"; more than four
@@ -494,6 +544,7 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
     }
   }
   if (t.data_parallel) PrintImbalance(out.reports);
+  PrintCheckpoint(out);
   if (!t.losses.empty()) {
     if (world_size > 1) {
       PrintRankLosses(out.statuses);
@@ -622,6 +673,9 @@ std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
   if (a.cuda_context_mb != 0) v.insert(v.end(), {"--cuda-context-mb", Exact(a.cuda_context_mb)});
   if (a.nccl_buffers_mb != "auto") v.insert(v.end(), {"--nccl-buffers-mb", a.nccl_buffers_mb});
   if (a.touch_device != -1) v.insert(v.end(), {"--touch-device", absl::StrCat(a.touch_device)});
+  if (!a.save_checkpoint.empty()) v.insert(v.end(), {"--save-checkpoint", a.save_checkpoint});
+  if (!a.load_checkpoint.empty()) v.insert(v.end(), {"--load-checkpoint", a.load_checkpoint});
+  if (a.checkpoint_step_given) v.insert(v.end(), {"--checkpoint-step", absl::StrCat(a.checkpoint_step)});
   return v;
 }
 
@@ -726,6 +780,9 @@ int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutco
   if (!plan.ok()) return Fail(plan.status().message());
   if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device);
       !s.ok()) {
+    return Fail(s.message());
+  }
+  if (absl::Status s = CheckCheckpointDevice(plan->checkpoint, DeviceEnvironment::FromProcess()); !s.ok()) {
     return Fail(s.message());
   }
   if (!worker) {
@@ -903,6 +960,14 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--devices", a->devices,
                   "each rank's GPU: local_rank (default: LOCAL_RANK, renumbered by CUDA_VISIBLE_DEVICES), same "
                   "(every rank on GPU 0), or one per rank (e.g. 0,0,1,1); ranks on one GPU share its memory");
+  cmd->add_option("--save-checkpoint", a->save_checkpoint,
+                  "torch.save the model and optimizer state dict at --checkpoint-step: rank0 (if rank == 0) or all "
+                  "(every rank writes its file)");
+  cmd->add_option("--load-checkpoint", a->load_checkpoint,
+                  "torch.load it at --checkpoint-step, then load_state_dict: map_location none (back to the device it "
+                  "was saved from), cpu or cuda:R");
+  cmd->add_option("--checkpoint-step", a->checkpoint_step, "the step after which to save/load (default 0)")
+      ->each([a](const std::string&) { a->checkpoint_step_given = true; });
   cmd->add_option("--exec", a->exec, "meta (default: shapes and memory only) or cpu (real float math; mlp, cifar-net)");
   cmd->add_option("--amp", a->amp, "none (default), fp16 (autocast + GradScaler) or bf16 (autocast)");
   cmd->add_flag("--checkpoint-activations", a->checkpoint,

@@ -180,6 +180,19 @@ json RankStatus::ToJson() const {
                    {"nccl_bytes", device->nccl_bytes},
                    {"other_contexts", others}};
   }
+  if (checkpoint) {
+    j["checkpoint"] = {{"step", checkpoint->step},
+                       {"saved", checkpoint->saved},
+                       {"state_bytes", checkpoint->state_bytes},
+                       {"map_location", checkpoint->map_location},
+                       {"loaded_onto", checkpoint->loaded_onto},
+                       {"loaded", checkpoint->loaded}};
+    if (checkpoint->load_physical >= 0) {
+      j["checkpoint"]["load_gpu"] = {{"physical", checkpoint->load_physical},
+                                     {"used", checkpoint->gpu_used},
+                                     {"used_by_rank", checkpoint->gpu_used_by_rank}};
+    }
+  }
   return j;
 }
 
@@ -211,6 +224,23 @@ absl::StatusOr<RankStatus> RankStatus::FromJson(const json& j) {
         for (const json& o : d.at("other_contexts")) {
           s.device->other_contexts.emplace_back(o.at("physical").get<int>(), o.at("bytes").get<std::uint64_t>());
         }
+      }
+    }
+    if (j.contains("checkpoint")) {
+      const json& c = j.at("checkpoint");
+      RankCheckpoint k;
+      k.step = c.at("step").get<std::int64_t>();
+      k.saved = c.at("saved").get<bool>();
+      k.state_bytes = c.at("state_bytes").get<std::uint64_t>();
+      k.map_location = c.at("map_location").get<std::string>();
+      k.loaded_onto = c.at("loaded_onto").get<std::string>();
+      k.loaded = c.at("loaded").get<bool>();
+      s.checkpoint = k;
+      if (c.contains("load_gpu")) {
+        const json& g = c.at("load_gpu");
+        s.checkpoint->load_physical = g.at("physical").get<int>();
+        s.checkpoint->gpu_used = g.at("used").get<std::uint64_t>();
+        s.checkpoint->gpu_used_by_rank = g.at("used_by_rank").get<std::vector<std::uint64_t>>();
       }
     }
     return s;

@@ -46,6 +46,24 @@ struct RankDevice {
   bool operator==(const RankDevice&) const = default;
 };
 
+// A checkpoint of `memscope run --save-checkpoint/--load-checkpoint`:
+// rank-R.json's "checkpoint".
+struct RankCheckpoint {
+  std::int64_t step = 0;
+  bool saved = false;             // this rank called torch.save (one file of state_bytes)
+  std::uint64_t state_bytes = 0;  // the state dict's tensors: parameters, buffers, optimizer state
+  std::string map_location;       // "none", "cpu", "cuda:R"; "" without a load
+  std::string loaded_onto;        // where torch.load put the tensors: "cuda:N" or "cpu"
+  bool loaded = false;            // the load completed
+  // The GPU the tensors were loaded onto once every rank had loaded (before
+  // load_state_dict): its physical index (-1: a load to the host), its used
+  // bytes (every process) and each rank's share.
+  int load_physical = -1;
+  std::uint64_t gpu_used = 0;
+  std::vector<std::uint64_t> gpu_used_by_rank;
+  bool operator==(const RankCheckpoint&) const = default;
+};
+
 // rank-R.json: how one rank of `memscope run` ended.
 struct RankStatus {
   int rank = 0;
@@ -58,6 +76,7 @@ struct RankStatus {
   std::vector<float> losses;      // per step (--exec cpu)
   std::optional<DdpBuckets> ddp;  // with --ddp copy|view
   std::optional<RankDevice> device;
+  std::optional<RankCheckpoint> checkpoint;
   bool operator==(const RankStatus&) const = default;
 
   nlohmann::json ToJson() const;

@@ -10,6 +10,7 @@
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "allocator/device_ledger.h"
@@ -241,7 +242,205 @@ std::string SharedOomDiagnosis(const SimDevice& device, const DeviceAssignment& 
                       "torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"])) before any CUDA call.");
 }
 
+// A GPU other than the rank's own that the rank touches: `torch.load`
+// without map_location puts the tensors on the device they were saved from,
+// which makes the process allocate there through a second caching allocator
+// (PyTorch keeps one per device), charged to that GPU in the ledger.
+struct StrayDevice {
+  StrayDevice(std::uint64_t capacity, int ordinal, const AllocatorConfig& config)
+      : device({.capacity = capacity, .index = ordinal}),
+        allocator(device, config),
+        context(allocator, ExecMode::kMeta) {}
+  SimDevice device;
+  CachingAllocator allocator;
+  DeviceContext context;
+};
+
+// The physical GPU of `ordinal` in this process (CUDA_VISIBLE_DEVICES renumbers).
+absl::StatusOr<int> PhysicalOf(int ordinal, const DeviceEnvironment& env, std::string_view what) {
+  if (!env.cuda_visible_devices) return ordinal;
+  const std::vector<int> visible = VisibleDevices(*env.cuda_visible_devices);
+  if (ordinal < static_cast<int>(visible.size())) return visible[static_cast<std::size_t>(ordinal)];
+  return absl::InvalidArgumentError(absl::StrCat(
+      "CUDA error: invalid device ordinal: ", std::string(what), " on cuda:", ordinal, ", but CUDA_VISIBLE_DEVICES=",
+      *env.cuda_visible_devices, " makes ", visible.size(), visible.size() == 1 ? " device" : " devices", " visible"));
+}
+
+// The device rank `r` runs on, as our launcher starts it (LOCAL_RANK = r).
+absl::StatusOr<DeviceAssignment> DeviceOfRank(const DeviceMap& map, int r) {
+  DeviceEnvironment env = DeviceEnvironment::FromProcess();
+  env.local_rank = absl::StrCat(r);
+  return AssignDevice(map, r, env);
+}
+
+// The ordinal torch.load puts the checkpoint on, or -1 for the host.
+absl::StatusOr<int> LoadOrdinal(const RankPlan& plan, const DeviceAssignment& own) {
+  switch (plan.checkpoint.load) {
+    case CheckpointPlan::Load::kCpu:
+    case CheckpointPlan::Load::kNone: return -1;
+    case CheckpointPlan::Load::kCuda: return plan.checkpoint.load_ordinal;
+    case CheckpointPlan::Load::kMapNone: break;
+  }
+  // The device the file was saved from: each rank's own with --save-checkpoint all, else rank 0's.
+  if (plan.checkpoint.save == CheckpointPlan::Save::kAll) return own.ordinal;
+  absl::StatusOr<DeviceAssignment> saver = DeviceOfRank(plan.devices, 0);
+  if (!saver.ok()) return saver.status();
+  return saver->ordinal;
+}
+
+// The diagnosis of an OOM on a GPU that ranks loaded a checkpoint onto
+// without map_location (their own GPU is another): each named with the
+// checkpoint's bytes; "" when no such rank held memory there.
+std::string CheckpointOomDiagnosis(const RankPlan& plan, const SimDevice& device, int rank, std::uint64_t state_bytes) {
+  std::vector<std::string> lines, held;
+  for (const auto& [process, bytes] : device.shared_oom_holders()) {
+    held.push_back(absl::StrCat("rank ", process, process == rank ? " (this rank) " : " ", FormatSize(bytes)));
+    absl::StatusOr<DeviceAssignment> own = DeviceOfRank(plan.devices, process);
+    if (!own.ok() || own->physical == device.physical()) continue;
+    lines.push_back(absl::StrCat("\nmemscope: rank ", process, " loaded ", FormatSize(state_bytes),
+                                 " onto cuda:", device.index(), ": use map_location"));
+  }
+  if (lines.empty()) return "";
+  return absl::StrCat(absl::StrJoin(lines, ""), "\nmemscope: GPU ", device.index(), " held ", absl::StrJoin(held, ", "),
+                      " of ", FormatSize(device.capacity()),
+                      ". torch.load without map_location puts each tensor back on the device it was saved from, "
+                      "in every rank; load with torch.load(f, map_location=\"cpu\") (or f\"cuda:{local_rank}\").");
+}
+
+// What the GPU torch.load put the tensors on held once every rank had loaded.
+struct LoadMeasure {
+  int physical = -1;  // -1: not measured (a load to the host, or the run ended before)
+  std::uint64_t used = 0;
+  std::vector<std::uint64_t> by_rank;
+};
+
+// Fills plan.train.checkpoint for this rank: whether it saves, and where
+// torch.load puts the tensors (the rank's own device, the host, or another
+// GPU: then `stray`, on the run's ledger with other ranks).
+absl::Status SetUpCheckpoint(RankPlan& plan, const DeviceAssignment& own, int rank, int world_size,
+                             const RunDirectory& dir, RankSession& session, std::unique_ptr<StrayDevice>& stray,
+                             LoadMeasure& measured, RankDevice& record) {
+  const CheckpointPlan& c = plan.checkpoint;
+  if (c.step < 0) return absl::OkStatus();
+  CheckpointOptions& t = plan.train.checkpoint;
+  t.step = c.step;
+  t.save = c.save == CheckpointPlan::Save::kAll || (c.save == CheckpointPlan::Save::kRank0 && rank == 0);
+  t.load = c.load != CheckpointPlan::Load::kNone;
+  absl::StatusOr<int> ordinal = LoadOrdinal(plan, own);
+  if (!ordinal.ok()) return ordinal.status();
+  if (*ordinal < 0) return absl::OkStatus();  // the host
+  absl::StatusOr<int> physical =
+      PhysicalOf(*ordinal, DeviceEnvironment::FromProcess(), absl::StrCat("rank ", rank, "'s torch.load"));
+  if (!physical.ok()) return physical.status();
+  std::shared_ptr<DeviceLedger> ledger;
+  if (world_size > 1) {
+    absl::StatusOr<std::shared_ptr<DeviceLedger>> opened =
+        DeviceLedger::Open((std::filesystem::path(StoreDir(dir)) / "device-ledger").string());
+    if (!opened.ok()) return opened.status();
+    ledger = *std::move(opened);
+  }
+  SimDevice* device = &session.device();
+  t.load_ctx = &session.context();
+  if (*ordinal != own.ordinal) {
+    stray = std::make_unique<StrayDevice>(plan.device_memory, *ordinal, plan.config);
+    if (ledger != nullptr) {
+      if (absl::Status s = stray->device.UseLedger(ledger, *physical, rank); !s.ok()) return s;
+    }
+    // torch.load onto another GPU creates this process's CUDA context there
+    // first (unless --touch-device already made it), as any first use does.
+    const bool touched = plan.touch_device && *plan.touch_device == *ordinal;
+    if (plan.cuda_context_bytes > 0 && !touched && !stray->device.ChargeOutside(plan.cuda_context_bytes).ok()) {
+      const DeviceMemoryInfo info = stray->device.MemoryInfo();
+      return absl::ResourceExhaustedError(ContextOom(rank, *ordinal, *physical, plan.cuda_context_bytes,
+                                                     info.total_bytes, info.total_bytes - info.free_bytes));
+    }
+    if (plan.cuda_context_bytes > 0 && !touched) record.other_contexts.emplace_back(*physical, plan.cuda_context_bytes);
+    device = &stray->device;
+    t.load_ctx = &stray->context;
+  }
+  // What the load's GPU holds once every rank has loaded: the ledger's view
+  // (every process), or this device alone in a single-rank run.
+  t.measure = [&measured, ledger, device, physical = *physical, world_size] {
+    measured.physical = physical;
+    measured.by_rank.clear();
+    if (ledger == nullptr) {
+      measured.used = device->used_bytes();
+      measured.by_rank.push_back(measured.used);
+      return;
+    }
+    measured.used = ledger->Used(physical);
+    for (int r = 0; r < world_size; ++r) measured.by_rank.push_back(ledger->UsedBy(physical, r));
+  };
+  return absl::OkStatus();
+}
+
+// rank-R.json's "checkpoint".
+RankCheckpoint CheckpointRecord(const RankPlan& plan, const CheckpointResult& result, const DeviceAssignment& own,
+                                const LoadMeasure& measured) {
+  RankCheckpoint r;
+  r.load_physical = measured.physical;
+  r.gpu_used = measured.used;
+  r.gpu_used_by_rank = measured.by_rank;
+  r.step = plan.checkpoint.step;
+  r.saved = result.saved;
+  r.state_bytes = result.state_bytes;
+  r.loaded = result.loaded;
+  switch (plan.checkpoint.load) {
+    case CheckpointPlan::Load::kNone: break;
+    case CheckpointPlan::Load::kCpu:
+      r.map_location = "cpu";
+      r.loaded_onto = "cpu";
+      break;
+    case CheckpointPlan::Load::kCuda:
+      r.map_location = absl::StrCat("cuda:", plan.checkpoint.load_ordinal);
+      r.loaded_onto = r.map_location;
+      break;
+    case CheckpointPlan::Load::kMapNone:
+      r.map_location = "none";
+      absl::StatusOr<int> ordinal = LoadOrdinal(plan, own);
+      r.loaded_onto = absl::StrCat("cuda:", ordinal.ok() ? *ordinal : own.ordinal);
+      break;
+  }
+  return r;
+}
+
 }  // namespace
+
+absl::Status CheckCheckpointDevice(const CheckpointPlan& plan, const DeviceEnvironment& env) {
+  if (plan.load != CheckpointPlan::Load::kCuda) return absl::OkStatus();
+  return PhysicalOf(plan.load_ordinal, env, "--load-checkpoint").status();
+}
+
+absl::StatusOr<CheckpointPlan> ParseCheckpointPlan(std::string_view save, std::string_view load, std::int64_t step,
+                                                   bool step_given) {
+  CheckpointPlan c;
+  if (save == "rank0") {
+    c.save = CheckpointPlan::Save::kRank0;
+  } else if (save == "all") {
+    c.save = CheckpointPlan::Save::kAll;
+  } else if (!save.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--save-checkpoint ", std::string(save), ": expected rank0 or all"));
+  }
+  int ordinal = -1;
+  if (load == "none") {
+    c.load = CheckpointPlan::Load::kMapNone;
+  } else if (load == "cpu") {
+    c.load = CheckpointPlan::Load::kCpu;
+  } else if (load.substr(0, 5) == "cuda:" && absl::SimpleAtoi(std::string(load.substr(5)), &ordinal) && ordinal >= 0 &&
+             ordinal < 256 && load.substr(5).find_first_not_of("0123456789") == std::string_view::npos) {
+    c.load = CheckpointPlan::Load::kCuda;
+    c.load_ordinal = ordinal;
+  } else if (!load.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--load-checkpoint ", std::string(load), ": expected none (no map_location), cpu or cuda:R (R from 0 to 255)"));
+  }
+  if (step_given && c.save == CheckpointPlan::Save::kNone && c.load == CheckpointPlan::Load::kNone) {
+    return absl::InvalidArgumentError("--checkpoint-step needs --save-checkpoint or --load-checkpoint");
+  }
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("--checkpoint-step ", step, ": must be at least 0"));
+  if (c.save != CheckpointPlan::Save::kNone || c.load != CheckpointPlan::Load::kNone) c.step = step;
+  return c;
+}
 
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
   absl::StatusOr<DeviceAssignment> assigned = AssignDevice(plan.devices, rank, DeviceEnvironment::FromProcess());
@@ -263,6 +462,8 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   if (absl::Status s = session.Open(); !s.ok()) return s;
 
   std::unique_ptr<reducer::Communicator> comm;
+  std::unique_ptr<StrayDevice> load_device;  // outlives the training's tensors
+  LoadMeasure measured;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<TrainResult> result;
   RankDevice record;
@@ -292,6 +493,10 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
       result->error = oom.empty() ? nccl_error : oom;
       throw EndedEarly();
     }
+    if (absl::Status s =
+            SetUpCheckpoint(plan, *assigned, rank, world_size, dir, session, load_device, measured, record);
+        !s.ok())
+      return s;
     if (absl::Status s = session.Start(); !s.ok()) return s;
     // The recorder exists from Start on.
     if (comm) comm = std::make_unique<RecordingCommunicator>(std::move(comm), session.recorder());
@@ -306,7 +511,14 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return result.status();
-  if (result->oom) result->error += SharedOomDiagnosis(session.device(), *assigned, rank);
+  if (result->oom) {
+    const bool on_stray =
+        load_device != nullptr && result->checkpoint.loading && !load_device->device.shared_oom_holders().empty();
+    const SimDevice& oom_device = on_stray ? load_device->device : session.device();
+    std::string diagnosis = CheckpointOomDiagnosis(plan, oom_device, rank, result->checkpoint.state_bytes);
+    if (diagnosis.empty() && !on_stray) diagnosis = SharedOomDiagnosis(session.device(), *assigned, rank);
+    result->error += diagnosis;
+  }
   // A timeline that could not be written whole (a full disk) fails the rank;
   // what it holds is still read (its torn tail ignored) and reported.
   if (absl::Status s = session.Finish(); !s.ok() && result->error.empty()) result->error = std::string(s.message());
@@ -327,6 +539,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   status.seconds = seconds;
   status.losses = result->losses;
   status.device = record;
+  if (plan.checkpoint.step >= 0) status.checkpoint = CheckpointRecord(plan, result->checkpoint, *assigned, measured);
   if (plan.train.ddp) {
     status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
   }

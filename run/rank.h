@@ -39,6 +39,29 @@ struct Scenario {
   std::int64_t step = -1;  // -1 for extra-step
 };
 
+// --save-checkpoint rank0|all, --load-checkpoint none|cpu|cuda:R and
+// --checkpoint-step S: what each rank does in the checkpoint phase of step S
+// (train/trainer.h). Loading without --save-checkpoint loads the file rank 0
+// saved (the usual `if rank == 0: torch.save`).
+struct CheckpointPlan {
+  enum class Save { kNone, kRank0, kAll };
+  enum class Load { kNone, kMapNone, kCpu, kCuda };
+  Save save = Save::kNone;
+  Load load = Load::kNone;
+  int load_ordinal = 0;    // kCuda: map_location='cuda:R'
+  std::int64_t step = -1;  // -1: no checkpoint
+  bool operator==(const CheckpointPlan&) const = default;
+};
+
+// Parses the three flags ("" when not given; `step_given` for
+// --checkpoint-step, default 0). Errors name the flag and its accepted values.
+absl::StatusOr<CheckpointPlan> ParseCheckpointPlan(std::string_view save, std::string_view load, std::int64_t step,
+                                                   bool step_given);
+
+// --load-checkpoint cuda:R names a GPU this process sees (CUDA_VISIBLE_DEVICES
+// renumbers): else CUDA's "invalid device ordinal", checked before any rank starts.
+absl::Status CheckCheckpointDevice(const CheckpointPlan& plan, const DeviceEnvironment& env);
+
 // Everything a rank needs, checked before anything is written.
 struct RankPlan {
   TrainOptions train;
@@ -53,6 +76,7 @@ struct RankPlan {
   std::uint64_t cuda_context_bytes = 0;  // --cuda-context-mb: each process's context on each GPU it touches
   std::uint64_t nccl_buffer_bytes = 0;   // --nccl-buffers-mb: per NCCL communicator
   std::optional<int> touch_device;       // --touch-device D: cuda:D used before set_device
+  CheckpointPlan checkpoint;
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   Scenario scenario;                         // --scenario
 };

@@ -62,6 +62,33 @@ void Optimizer::InitState(std::size_t i) {
   s.exp_avg_sq = ops::ZerosLike(p);
 }
 
+std::vector<Tensor> Optimizer::StateTensors() const {
+  std::vector<Tensor> out;
+  for (const State& s : state_) {
+    for (const Tensor* t : {&s.step, &s.exp_avg, &s.exp_avg_sq, &s.momentum_buffer}) {
+      if (t->defined()) out.push_back(*t);
+    }
+  }
+  return out;
+}
+
+void Optimizer::LoadStateTensors(const std::vector<Tensor>& loaded) {
+  std::vector<State> next = state_;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < next.size(); ++i) {
+    const Tensor& p = *params_[i];
+    ScopedTag tag(Category::kOptimizerState, p.name());
+    for (Tensor* t : {&next[i].step, &next[i].exp_avg, &next[i].exp_avg_sq, &next[i].momentum_buffer}) {
+      if (!t->defined()) continue;
+      const Tensor& v = loaded.at(k++);
+      // value.to(device=param.device): a no-op on the parameter's device, else a copy (the bytes are the
+      // checkpoint's; in kMeta there are none).
+      *t = v.defined() && &v.ctx() == &p.ctx() ? v : ops::EmptyLike(*t);
+    }
+  }
+  state_ = std::move(next);  // the old state's tensors are freed here
+}
+
 void Optimizer::Step() {
   std::vector<std::size_t> active;
   for (std::size_t i = 0; i < params_.size(); ++i) {

@@ -51,6 +51,20 @@ class Optimizer {
   void Step();
   const OptimizerOptions& options() const { return options_; }
 
+  // The device tensors of optimizer.state_dict()["state"], in its order (per
+  // parameter: fused Adam's `step`, exp_avg, exp_avg_sq; SGD's
+  // momentum_buffer). Adam's `step` is a host scalar except when fused.
+  std::vector<Tensor> StateTensors() const;
+  // optimizer.load_state_dict(sd) of PyTorch 2.x (a shallow copy of the
+  // dict): each of `loaded` (StateTensors() order; an undefined tensor is one
+  // on the host, map_location='cpu') is cast by
+  // `_process_value_according_to_param_policy`, value.to(dtype=param.dtype,
+  // device=param.device): the same tensor when it is already on the
+  // parameter's device, else a copy there (tagged OPTIMIZER_STATE). The old
+  // state is freed once the whole new state exists (__setstate__).
+  // `loaded` must match StateTensors() in count.
+  void LoadStateTensors(const std::vector<Tensor>& loaded);
+
  private:
   struct State {
     Tensor step;  // device scalar (fused only); else a host counter

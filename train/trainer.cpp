@@ -11,13 +11,13 @@ class PhaseScope {
  public:
   using Hook = std::function<void(Phase, std::int64_t, bool)>;
   PhaseScope(Recorder* recorder, Phase phase, std::int64_t step, const Hook* hook = nullptr,
-             std::int64_t micro_batch = kNoMicroBatch)
-      : recorder_(recorder), phase_(phase), step_(step), micro_batch_(micro_batch), hook_(hook) {
-    if (recorder_) recorder_->PhaseBegin(phase_, step_, {}, micro_batch_);
+             std::int64_t micro_batch = kNoMicroBatch, std::string_view label = {})
+      : recorder_(recorder), phase_(phase), step_(step), micro_batch_(micro_batch), hook_(hook), label_(label) {
+    if (recorder_) recorder_->PhaseBegin(phase_, step_, label_, micro_batch_);
     if (hook_ && *hook_) (*hook_)(phase_, step_, false);
   }
   ~PhaseScope() {
-    if (recorder_) recorder_->PhaseEnd(phase_, step_, {}, micro_batch_);
+    if (recorder_) recorder_->PhaseEnd(phase_, step_, label_, micro_batch_);
   }
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;
@@ -28,6 +28,7 @@ class PhaseScope {
   std::int64_t step_;
   std::int64_t micro_batch_;  // under gradient accumulation, else kNoMicroBatch
   const Hook* hook_;
+  std::string_view label_;  // of a kUser phase
 };
 
 std::vector<float> Concat(const std::vector<Tensor*>& tensors, bool grads) {
@@ -39,6 +40,70 @@ std::vector<float> Concat(const std::vector<Tensor*>& tensors, bool grads) {
     out.insert(out.end(), c.data(), c.data() + c.numel());
   }
   return out;
+}
+
+// The state dict's tensors in torch.save's order: model.state_dict()
+// (parameters and buffers), then the optimizer's state.
+std::vector<Tensor> StateDictTensors(Model& model, const Optimizer& optimizer) {
+  std::vector<Tensor> out;
+  for (Tensor* p : model.Parameters()) out.push_back(*p);
+  for (Tensor* b : model.Buffers()) out.push_back(*b);
+  for (const Tensor& t : optimizer.StateTensors()) out.push_back(t);
+  return out;
+}
+
+// The state dict's bytes once the optimizer has stepped, from the model
+// alone (for a rank that fails before its checkpoint): parameters and
+// buffers, then Adam's exp_avg and exp_avg_sq (+ fused Adam's float32 `step`)
+// or SGD's momentum_buffer per parameter that requires grad.
+std::uint64_t ExpectedStateBytes(Model& model, const OptimizerOptions& o) {
+  std::uint64_t bytes = 0;
+  for (Tensor* p : model.Parameters()) {
+    bytes += p->nbytes();
+    if (!p->requires_grad()) continue;
+    if (o.kind == OptimizerKind::kSgd) {
+      bytes += o.momentum != 0 ? p->nbytes() : 0;
+    } else {
+      bytes += 2 * p->nbytes() + (o.impl == OptimizerImpl::kFused ? 4 : 0);
+    }
+  }
+  for (Tensor* b : model.Buffers()) bytes += b->nbytes();
+  return bytes;
+}
+
+// The checkpoint phase of TrainOptions::checkpoint's step (trainer.h says what it does).
+void RunCheckpoint(const CheckpointOptions& c, Model& model, Optimizer& optimizer, reducer::Communicator* comm,
+                   CheckpointResult& result) {
+  const std::vector<Tensor> saved = StateDictTensors(model, optimizer);
+  result.state_bytes = 0;
+  for (const Tensor& t : saved) result.state_bytes += t.nbytes();
+  result.saved = c.save;  // torch.save copies each tensor to the host: no device memory
+  if (!c.load) return;
+  result.loading = true;
+  if (comm != nullptr) comm->Barrier();
+  std::vector<Tensor> loaded;  // sd = torch.load(f, map_location=...)
+  // The model's tensors are OTHER ("checkpoint:NAME") until del sd; the
+  // optimizer's become its state when already on the parameter's device.
+  const std::size_t model_tensors = model.Parameters().size() + model.Buffers().size();
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    if (c.load_ctx == nullptr) {
+      loaded.emplace_back();  // on the host
+      continue;
+    }
+    const Tensor& t = saved[i];
+    const std::string owner = absl::StrCat("checkpoint:", t.name());
+    ScopedTag tag(i < model_tensors ? Category::kOther : Category::kOptimizerState, owner);
+    loaded.push_back(Tensor::Empty(*c.load_ctx, t.sizes(), t.dtype()));
+  }
+  if (comm != nullptr) comm->Barrier();
+  if (c.measure) c.measure();
+  if (comm != nullptr) comm->Barrier();
+  // model.load_state_dict: copy_ in place. optimizer.load_state_dict: the state's cast.
+  optimizer.LoadStateTensors(
+      std::vector<Tensor>(loaded.begin() + static_cast<std::ptrdiff_t>(model_tensors), loaded.end()));
+  loaded.clear();  // del sd
+  result.loading = false;
+  result.loaded = true;
 }
 
 }  // namespace
@@ -60,6 +125,13 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
   }
   if (options.ddp && comm == nullptr) return absl::InvalidArgumentError("DDP needs a communicator");
   if (options.record_values && !ctx.computes()) return absl::InvalidArgumentError("recording values needs --exec cpu");
+  if (options.checkpoint.step >= options.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("--checkpoint-step ", options.checkpoint.step, ": the run has ",
+                                                   options.steps, " steps (0 to ", options.steps - 1, ")"));
+  }
+  if (options.checkpoint.step >= 0 && ctx.computes()) {
+    return absl::InvalidArgumentError("checkpoints need --exec meta (the state dict's values are not modelled)");
+  }
   if (comm != nullptr) model.set_data_shard(comm->rank(), comm->world_size());
   TrainResult result;
   result.parameters = model.NumParameters();
@@ -69,6 +141,7 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
       model.Materialize(ctx);
     }
     const std::vector<Tensor*> params = model.Parameters();
+    if (options.checkpoint.step >= 0) result.checkpoint.state_bytes = ExpectedStateBytes(model, options.optimizer);
     std::unique_ptr<reducer::DistributedDataParallel> ddp;
     if (options.ddp) {
       PhaseScope phase(recorder, Phase::kDdp, kNoStep);
@@ -131,6 +204,10 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
         } else {
           optimizer.Step();
         }
+      }
+      if (step == options.checkpoint.step) {
+        PhaseScope phase(recorder, Phase::kUser, step, nullptr, kNoMicroBatch, "checkpoint");
+        RunCheckpoint(options.checkpoint, model, optimizer, comm, result.checkpoint);
       }
       if (options.record_values) result.step_params.push_back(Concat(params, false));
       if (options.phase_hook) options.phase_hook(Phase::kStep, step, true);

@@ -33,6 +33,30 @@
 
 namespace memscope {
 
+// torch.save / torch.load of {"model": model.state_dict(), "optimizer":
+// optimizer.state_dict()} at the end of a step (after optimizer.step()),
+// in a phase "checkpoint" of that step:
+//
+//   if save and (rank == 0 or save_all): torch.save(sd, f)   # tensors copied to the host: no device memory
+//   if load:
+//       dist.barrier()                          # with a communicator: the file is complete
+//       sd = torch.load(f, map_location=...)   # every tensor on load_ctx (null: the host)
+//       dist.barrier(); measure(); dist.barrier()   # memscope's: every rank's copy exists (no data moves)
+//       model.load_state_dict(sd["model"])      # param.copy_(v) in place: no new memory
+//       optimizer.load_state_dict(sd["optimizer"])
+//       del sd
+struct CheckpointOptions {
+  std::int64_t step = -1;  // -1: no checkpoint
+  bool save = false;       // this rank calls torch.save
+  bool load = false;
+  // Where torch.load puts the tensors: a device context (the rank's own, or
+  // another GPU's in the same process), or null for map_location='cpu'.
+  DeviceContext* load_ctx = nullptr;
+  // Called once every rank's torch.load is done, before any load_state_dict
+  // (between two barriers with a communicator): what the GPUs hold then.
+  std::function<void()> measure;
+};
+
 struct TrainOptions {
   std::string model = "gpt2";
   ModelOptions model_options;
@@ -49,6 +73,16 @@ struct TrainOptions {
   // killing itself, a rank skipping a barrier).
   std::function<void(Phase phase, std::int64_t step, bool end)> phase_hook;
   bool record_values = false;  // fill TrainResult::step_params/step_grads (--exec cpu)
+  CheckpointOptions checkpoint;
+};
+
+// What a checkpoint cost: the state dict's tensor bytes (parameters, buffers
+// and the optimizer's device state: what torch.save writes, pickling aside).
+struct CheckpointResult {
+  std::uint64_t state_bytes = 0;
+  bool saved = false;
+  bool loaded = false;
+  bool loading = false;  // the run ended (an OOM) inside torch.load or load_state_dict
 };
 
 struct TrainResult {
@@ -62,6 +96,7 @@ struct TrainResult {
   // After each step (--exec cpu): the parameters, concatenated; and the
   // gradients the optimizer stepped with.
   std::vector<std::vector<float>> step_params, step_grads;
+  CheckpointResult checkpoint;
 };
 
 // Runs the loop on `ctx`, marking phases on `recorder` (may be null).

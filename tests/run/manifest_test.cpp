@@ -76,6 +76,29 @@ TEST_CASE("RankStatus round-trips through rank-R.json") {
   CHECK_FALSE(no_ddp.ToJson().contains("ddp"));
 }
 
+TEST_CASE("RankStatus round-trips its checkpoint, with and without the load GPU") {
+  RankStatus s = SomeStatus();
+  RankCheckpoint c;
+  c.step = 1;
+  c.saved = true;
+  c.state_bytes = 4978778232;
+  c.map_location = "none";
+  c.loaded_onto = "cuda:0";
+  c.loaded = true;
+  s.checkpoint = c;
+  absl::StatusOr<RankStatus> back = RankStatus::FromJson(nlohmann::json::parse(s.ToJson().dump()));
+  REQUIRE(back.ok());
+  CHECK(*back == s);
+  CHECK_FALSE(s.ToJson()["checkpoint"].contains("load_gpu"));
+  s.checkpoint->load_physical = 0;
+  s.checkpoint->gpu_used = 7;
+  s.checkpoint->gpu_used_by_rank = {4, 3};
+  CHECK(s.ToJson()["checkpoint"]["load_gpu"] == nlohmann::json{{"physical", 0}, {"used", 7}, {"used_by_rank", {4, 3}}});
+  back = RankStatus::FromJson(nlohmann::json::parse(s.ToJson().dump()));
+  REQUIRE(back.ok());
+  CHECK(*back == s);
+}
+
 TEST_CASE("RankStatus is written atomically and a missing or broken one reads as none") {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "memscope-manifest-test";
   std::filesystem::create_directories(dir);
