@@ -30,6 +30,7 @@
 #include "reducer/communicator.h"
 #include "run/aggregate.h"
 #include "run/devices.h"
+#include "run/gpu_kinds.h"
 #include "run/launcher.h"
 #include "run/manifest.h"
 #include "run/rank.h"
@@ -75,6 +76,11 @@ struct RunArgs {
   double memory_fraction = 1.0;              // torch.cuda.set_per_process_memory_fraction
   bool memory_fraction_given = false;
   std::string device_memory = "80GiB";
+  std::string
+      gpu;  // --gpu KIND (run/gpu_kinds.h): the defaults of --device-memory, --cuda-context-mb, --cublas-workspace
+  bool device_memory_given = false;
+  bool cuda_context_given = false;
+  bool cublas_workspace_given = false;
   std::string devices;  // --devices: "" (LOCAL_RANK), same, or one device per rank
   std::string backend = "gloo";
   double cuda_context_mb = 0;
@@ -845,7 +851,22 @@ int RunDataParallelCommand(const RunArgs& a) {
   return Finalize(a, *plan, devices, {}, -1, nullptr, dp);
 }
 
-int Run(const RunArgs& a) {
+// --gpu KIND: the kind's device memory, CUDA context and cuBLAS workspace,
+// for those of the three options not given. The ranks get the values as
+// options (ToArgs), not the kind.
+absl::Status ApplyGpuKind(RunArgs& a) {
+  if (a.gpu.empty()) return absl::OkStatus();
+  absl::StatusOr<GpuKind> kind = FindGpuKind(a.gpu);
+  if (!kind.ok()) return kind.status();
+  if (!a.device_memory_given) a.device_memory = absl::StrCat(kind->total_memory);
+  if (!a.cuda_context_given) a.cuda_context_mb = static_cast<double>(kind->context_mib);
+  if (!a.cublas_workspace_given) a.cublas_workspace = kind->hopper ? "hopper" : "default";
+  return absl::OkStatus();
+}
+
+int Run(const RunArgs& given) {
+  RunArgs a = given;
+  if (absl::Status s = ApplyGpuKind(a); !s.ok()) return Fail(s.message());
   if (a.dp_given) return RunDataParallelCommand(a);
   if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp);
   // Both modes, each in its own directory, then the comparison.
@@ -869,6 +890,17 @@ int Run(const RunArgs& a) {
     std::cout << "\n";
   }
   return PrintComparison(dirs[0], dirs[1], outcomes, worst);
+}
+
+// memscope gpus: the kinds --gpu knows (sources: run/gpu_kinds.md).
+int Gpus() {
+  std::cout << absl::StrFormat("%-10s %-22s %16s  %-13s %8s  %s\n", "kind", "device", "memory (bytes)", "from",
+                               "context", "cuBLAS workspace");
+  for (const GpuKind& k : GpuKinds()) {
+    std::cout << absl::StrFormat("%-10s %-22s %16d  %-13s %4d MiB  %s\n", k.name, k.product, k.total_memory,
+                                 k.memory_from, k.context_mib, k.hopper ? "hopper" : "default");
+  }
+  return kExitOk;
 }
 
 int Models() {
@@ -941,16 +973,22 @@ void RegisterRun(CLI::App& app, int& exit_status) {
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
   cmd->add_option("--cublas-workspace", a->cublas_workspace,
                   "cuBLAS/cuBLASLt workspaces the first matmul allocates: default (8.125 MiB + 1 MiB, or as "
-                  "$CUBLAS_WORKSPACE_CONFIG / $CUBLASLT_WORKSPACE_SIZE say), hopper (32 MiB + 1 MiB, sm90) or off");
+                  "$CUBLAS_WORKSPACE_CONFIG / $CUBLASLT_WORKSPACE_SIZE say), hopper (32 MiB + 1 MiB, sm90) or off")
+      ->each([a](const std::string&) { a->cublas_workspace_given = true; });
   cmd->add_option("--memory-fraction", a->memory_fraction,
                   "torch.cuda.set_per_process_memory_fraction(F) on every rank's device, 0 to 1 (default 1: no cap)")
       ->each([a](const std::string&) { a->memory_fraction_given = true; });
-  cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB)");
+  cmd->add_option("--device-memory", a->device_memory, "simulated GPU memory (default 80GiB, or --gpu's)")
+      ->each([a](const std::string&) { a->device_memory_given = true; });
+  cmd->add_option("--gpu", a->gpu,
+                  "a GPU kind (memscope gpus lists them): sets the defaults of --device-memory, --cuda-context-mb and "
+                  "--cublas-workspace to the kind's");
   cmd->add_option("--backend", a->backend,
                   "gloo (default) or nccl: NCCL's communicator checks (two ranks on one GPU fail, exit 5) and "
                   "buffers on each GPU; the data still moves over Gloo");
   cmd->add_option("--cuda-context-mb", a->cuda_context_mb,
-                  "each process's CUDA context on each GPU it uses, in MiB (default 0: not modelled)");
+                  "each process's CUDA context on each GPU it uses, in MiB (default 0: not modelled; --gpu's)")
+      ->each([a](const std::string&) { a->cuda_context_given = true; });
   cmd->add_option("--nccl-buffers-mb", a->nccl_buffers_mb,
                   "NCCL's buffers per communicator in MiB (--backend nccl; default auto: 544 for 2 ranks, 688 for "
                   "more, measured on A100s)");
@@ -980,6 +1018,10 @@ void RegisterRun(CLI::App& app, int& exit_status) {
 
   CLI::App* models = app.add_subcommand("models", "List the model zoo with parameter counts.");
   models->callback([&exit_status] { exit_status = Models(); });
+
+  CLI::App* gpus = app.add_subcommand(
+      "gpus", "List the GPU kinds of memscope run --gpu: memory, CUDA context, cuBLAS workspace (sources: README).");
+  gpus->callback([&exit_status] { exit_status = Gpus(); });
 }
 
 }  // namespace memscope::cli
