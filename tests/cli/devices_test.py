@@ -222,6 +222,55 @@ try:
                           (["--cuda-context-mb", "-1"], "--cuda-context-mb -1: use 0 to 1 PiB")]:
         code, out, err = run("run", "--model", "mlp", *args, "--out", os.path.join(tmp, "bad2"))
         check(f"{args}: exit 2", code == 2 and err.startswith("memscope run: " + message), (code, err))
+
+    # --gpu KIND (run/gpu_kinds.h): the kind's memory, context and cuBLAS workspace as defaults.
+    A100_80 = 81152 * MiB  # 79.25 GiB, PyTorch's "total capacity" on an A100 80GB (run/gpu_kinds.md)
+    d = os.path.join(tmp, "gpu-a100")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--gpu", "a100-80gb",
+                         "--out", d)
+    check("--gpu a100-80gb: exit 0", code == 0, (code, err))
+    check("--gpu a100-80gb: run.json device_memory", load(d, "run.json")["device_memory"] == A100_80 == 85094039552,
+          load(d, "run.json")["device_memory"])
+    check("--gpu a100-80gb: every rank's context is 400 MiB (rank-R.json)",
+          [load(d, f"rank-{r}.json")["device"]["context_bytes"] for r in range(2)] == [400 * MiB] * 2, d)
+    gpus = load(d, "report.json").get("gpus", [])
+    check("--gpu a100-80gb: the GPU table", [(g["capacity_bytes"], [p["context_bytes"] for p in g["processes"]])
+                                             for g in gpus] == [(A100_80, [400 * MiB])] * 2, gpus)
+    with open(os.path.join(d, "summary.txt")) as f:
+        summary = f.read()
+    check("--gpu a100-80gb: summary", "0     0      cuda:0     400.00 MiB" in summary and "of 79.25 GiB" in summary,
+          summary[-600:])
+    other = load(d, "report.json")["ranks"][0]["peak"]["allocated"]["by_category"]["OTHER"]
+    check("--gpu a100-80gb: the default cuBLAS workspaces", other == 8519680 + MiB, other)
+
+    # Explicit options override the kind's.
+    d = os.path.join(tmp, "gpu-override")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--gpu", "a100-80gb", "--cuda-context-mb", "100",
+                         "--device-memory", "16GiB", "--cublas-workspace", "off", "--out", d)
+    report = load(d, "report.json")
+    check("--gpu with explicit options: they win", code == 0 and load(d, "rank-0.json")["device"]["context_bytes"] ==
+          100 * MiB and load(d, "run.json")["device_memory"] == 16 << 30 and
+          report["gpus"][0]["capacity_bytes"] == 16 << 30 and
+          report["ranks"][0]["peak"]["allocated"]["by_category"]["OTHER"] == 0, (code, err))
+
+    # Hopper: PyTorch's 32 MiB cuBLAS workspace + 1 MiB cuBLASLt, OTHER 33 MiB at the peak.
+    for kind, memory in [("h100-80gb", 85520809984), ("h200", 141 << 30)]:
+        d = os.path.join(tmp, "gpu-" + kind)
+        code, out, err = run("run", "--model", "mlp", "--steps", "1", "--gpu", kind, "--out", d)
+        report = load(d, "report.json")
+        check(f"--gpu {kind}: hopper workspace and memory", code == 0 and
+              report["ranks"][0]["peak"]["allocated"]["by_category"]["OTHER"] == 33 * MiB and
+              load(d, "run.json")["device_memory"] == memory, (code, err))
+
+    # The list, and an unknown kind: one line naming the kinds, exit 2.
+    code, out, err = run("gpus")
+    check("memscope gpus", code == 0 and len(out.splitlines()) == 10 and
+          "a100-80gb  NVIDIA A100-SXM4-80GB       85094039552  OOM message    400 MiB  default" in out and
+          "h100-80gb  NVIDIA H100 80GB HBM3       85520809984  total_memory   400 MiB  hopper" in out, (code, out))
+    code, out, err = run("run", "--model", "mlp", "--gpu", "a100", "--out", os.path.join(tmp, "bad3"))
+    check("--gpu a100: exit 2, one line", code == 2 and err == "memscope run: --gpu 'a100': unknown GPU kind; use "
+          "v100-16gb, v100-32gb, t4, a10, l4, a100-40gb, a100-80gb, h100-80gb, h200 (memscope gpus lists them)\n",
+          (code, err))
 finally:
     shutil.rmtree(tmp)
 finish("devices")
