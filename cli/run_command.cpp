@@ -78,6 +78,7 @@ struct RunArgs {
   std::string device_memory = "80GiB";
   std::string
       gpu;  // --gpu KIND (run/gpu_kinds.h): the defaults of --device-memory, --cuda-context-mb, --cublas-workspace
+  bool gpu_given = false;
   bool device_memory_given = false;
   bool cuda_context_given = false;
   bool cublas_workspace_given = false;
@@ -855,7 +856,7 @@ int RunDataParallelCommand(const RunArgs& a) {
 // for those of the three options not given. The ranks get the values as
 // options (ToArgs), not the kind.
 absl::Status ApplyGpuKind(RunArgs& a) {
-  if (a.gpu.empty()) return absl::OkStatus();
+  if (!a.gpu_given) return absl::OkStatus();
   absl::StatusOr<GpuKind> kind = FindGpuKind(a.gpu);
   if (!kind.ok()) return kind.status();
   if (!a.device_memory_given) a.device_memory = absl::StrCat(kind->total_memory);
@@ -982,7 +983,8 @@ void RegisterRun(CLI::App& app, int& exit_status) {
       ->each([a](const std::string&) { a->device_memory_given = true; });
   cmd->add_option("--gpu", a->gpu,
                   "a GPU kind (memscope gpus lists them): sets the defaults of --device-memory, --cuda-context-mb and "
-                  "--cublas-workspace to the kind's");
+                  "--cublas-workspace to the kind's")
+      ->each([a](const std::string&) { a->gpu_given = true; });
   cmd->add_option("--backend", a->backend,
                   "gloo (default) or nccl: NCCL's communicator checks (two ranks on one GPU fail, exit 5) and "
                   "buffers on each GPU; the data still moves over Gloo");

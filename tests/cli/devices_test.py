@@ -271,6 +271,9 @@ try:
     check("--gpu a100: exit 2, one line", code == 2 and err == "memscope run: --gpu 'a100': unknown GPU kind; use "
           "v100-16gb, v100-32gb, t4, a10, l4, a100-40gb, a100-80gb, h100-80gb, h200 (memscope gpus lists them)\n",
           (code, err))
+    code, out, err = run("run", "--model", "mlp", "--gpu", "", "--out", os.path.join(tmp, "bad3"))
+    check("--gpu '': exit 2, not the default GPU", code == 2 and err.startswith("memscope run: --gpu '': unknown GPU "
+          "kind; use v100-16gb"), (code, err))
 finally:
     shutil.rmtree(tmp)
 finish("devices")
