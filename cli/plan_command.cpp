@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "allocator/sizes.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
+#include "run/gpu_kinds.h"
 #include "run/plan.h"
 #include "tensor/blas_workspace.h"
 
@@ -22,6 +24,9 @@ struct PlanArgs {
   std::string model_file;
   bool model_given = false;
   std::string device_memory;
+  std::string gpu;  // --gpu KIND: its memory less its CUDA context, its cuBLAS workspace
+  bool gpu_given = false;
+  std::string gpu_note;  // " (h100-80gb: 79.65 GiB less a 400.00 MiB CUDA context)", set by Plan
   int world_size = 1;
   std::int64_t global_batch = 0;
   std::int64_t batch_size = 0;
@@ -84,8 +89,8 @@ nlohmann::json ToJson(const PlanArgs& a, const PlanOptions& o, const PlanResult&
 void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
   std::cout << "memscope plan: " << r.model << " (" << Grouped(r.parameters) << " parameters";
   if (r.trainable_parameters != r.parameters) std::cout << ", " << Grouped(r.trainable_parameters) << " trainable";
-  std::cout << "), " << a.optimizer << ", GPU of " << FormatSize(o.device_memory) << ", world size " << o.world_size
-            << "\n";
+  std::cout << "), " << a.optimizer << ", GPU of " << FormatSize(o.device_memory) << a.gpu_note << ", world size "
+            << o.world_size << "\n";
   std::cout << "model state (parameters + gradients + " << a.optimizer
             << " state, the usual estimate): " << FormatSize(r.model_state_bytes) << "\n";
   std::cout << "target batch: " << r.target_batch << " per rank"
@@ -121,14 +126,33 @@ void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
             << probes << " simulated runs of " << o.steps << " steps, " << absl::StrFormat("%.2f", r.seconds) << " s\n";
 }
 
-int Plan(const PlanArgs& a) {
+int Plan(const PlanArgs& given) {
+  PlanArgs a = given;
   if (!a.model_file.empty() && a.model_given) return Fail("give --model or --model-file, not both");
-  if (a.device_memory.empty()) return Fail("--device-memory is required (the GPU to plan for, e.g. 24GiB)");
+  std::optional<GpuKind> gpu;
+  if (a.gpu_given) {
+    absl::StatusOr<GpuKind> kind = FindGpuKind(a.gpu);
+    if (!kind.ok()) return Fail(kind.status().message());
+    gpu = *kind;
+    if (a.device_memory.empty()) a.device_memory = absl::StrCat(kind->total_memory);
+  }
+  if (a.device_memory.empty()) return Fail("--device-memory or --gpu is required (the GPU to plan for, e.g. 24GiB)");
   PlanOptions o;
   o.model = a.model_file.empty() ? a.model : "file:" + a.model_file;
   absl::StatusOr<std::uint64_t> device = ParseSize(a.device_memory);
   if (!device.ok()) return Fail(absl::StrCat("--device-memory: ", device.status().message()));
   o.device_memory = *device;
+  if (gpu) {
+    // What the allocator can have: the GPU less the process's CUDA context (as memscope run --gpu charges it).
+    const std::uint64_t context = gpu->context_mib << 20;
+    if (o.device_memory <= context) {
+      return Fail(absl::StrCat("--device-memory ", a.device_memory, ": not more than --gpu ", std::string(gpu->name),
+                               "'s ", FormatSize(context), " CUDA context"));
+    }
+    a.gpu_note = absl::StrCat(" (", std::string(gpu->name), ": ", FormatSize(o.device_memory), " less a ",
+                              FormatSize(context), " CUDA context)");
+    o.device_memory -= context;
+  }
   if (a.world_size < 1 || a.world_size > 1 << 20) return Fail("--world-size must be at least 1");
   o.world_size = a.world_size;
   if (a.global_batch < 0 || a.batch_size < 0 || a.seq_len < 0)
@@ -153,7 +177,8 @@ int Plan(const PlanArgs& a) {
   if (!config.ok()) return Fail(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
   o.config = *config;
   // The cuBLAS/cuBLASLt workspaces of the first matmul, as `memscope run` (its default).
-  o.blas_workspaces = ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), false, nullptr);
+  o.blas_workspaces =
+      ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), gpu.has_value() && gpu->hopper, nullptr);
   if (a.steps < 1) return Fail("--steps must be at least 1");
   o.steps = a.steps;
   absl::StatusOr<PlanResult> r = MakePlan(o);
@@ -177,7 +202,11 @@ void RegisterPlan(CLI::App& app, int& exit_status) {
   cmd->add_option("--model", a->model, "zoo model (default gpt2), file:MODEL.json or hf:CONFIG.json")
       ->each([a](const std::string&) { a->model_given = true; });
   cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1)");
-  cmd->add_option("--device-memory", a->device_memory, "the GPU's memory, e.g. 24GiB (required)");
+  cmd->add_option("--device-memory", a->device_memory, "the GPU's memory, e.g. 24GiB (or --gpu)");
+  cmd->add_option("--gpu", a->gpu,
+                  "a GPU kind (memscope gpus): plan for its memory (or --device-memory) less its CUDA context, with "
+                  "its cuBLAS workspace")
+      ->each([a](const std::string&) { a->gpu_given = true; });
   cmd->add_option("--world-size", a->world_size, "ranks (default 1; > 1 adds the DDP copy and view rows)");
   cmd->add_option("--global-batch", a->global_batch,
                   "the global batch to reach (world size x micro-batch x gradient accumulation)");

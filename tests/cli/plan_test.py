@@ -67,10 +67,31 @@ check("plan table header", "model state (parameters + gradients + adam state, th
 
 code, stdout, stderr = run("plan", "--model", "gpt2")
 check("plan needs a GPU size", code == 2 and stderr ==
-      "memscope plan: --device-memory is required (the GPU to plan for, e.g. 24GiB)\n", stderr)
+      "memscope plan: --device-memory or --gpu is required (the GPU to plan for, e.g. 24GiB)\n", stderr)
 code, stdout, stderr = run("plan", "--model", "mlp", "--device-memory", "1GiB", "--world-size", "3",
                            "--global-batch", "100")
 check("plan global batch", code == 2 and stderr ==
       "memscope plan: --global-batch 100 is not a multiple of --world-size 3\n", stderr)
+
+# --gpu KIND: the kind's memory less its 400 MiB CUDA context, and its cuBLAS workspace.
+code, table, stderr = run("plan", "--model", "mlp", "--gpu", "t4")
+check("plan --gpu t4: header", code == 0 and table.startswith("memscope plan: mlp (662,026 parameters), adam, GPU of "
+      "14.36 GiB (t4: 14.76 GiB less a 400.00 MiB CUDA context), world size 1\n"), (code, table[:300], stderr))
+code, out, stderr = run("plan", "--model", "mlp", "--gpu", "h100-80gb", "--json")
+h100 = json.loads(out) if code == 0 else {}
+code, out, stderr = run("plan", "--model", "mlp", "--device-memory", str(85520809984 - 400 * MiB), "--json")
+same = json.loads(out) if code == 0 else {}
+check("plan --gpu h100-80gb: 85520809984 B less 400 MiB", h100.get("device_memory") == 85520809984 - 400 * MiB
+      == same.get("device_memory"), h100.get("device_memory"))
+rows = [(a["strategy"], a["max_batch"], b["max_batch"], a["peak_allocated_bytes"] - b["peak_allocated_bytes"])
+        for a, b in zip(h100.get("rows", []), same.get("rows", []))]
+check("plan --gpu h100-80gb: the hopper workspace (32 MiB, not 8519680 B) in every row", len(rows) == 12 and
+      all(r[1] == r[2] == 65536 and r[3] == 32 * MiB - 8519680 for r in rows), rows)
+code, out, stderr = run("plan", "--model", "mlp", "--gpu", "t4", "--device-memory", "100MiB")
+check("plan --gpu with a GPU below the context", code == 2 and stderr ==
+      "memscope plan: --device-memory 100MiB: not more than --gpu t4's 400.00 MiB CUDA context\n", stderr)
+code, out, stderr = run("plan", "--model", "mlp", "--gpu", "k80")
+check("plan --gpu k80: unknown", code == 2 and stderr.startswith("memscope plan: --gpu 'k80': unknown GPU kind; use "
+      "v100-16gb,"), stderr)
 
 finish("plan")
