@@ -227,10 +227,19 @@ try:
     check("trace.json: a counter per GPU, context + reserved + NCCL at the start and the end",
           counters == expected_counters, (counters, expected_counters))
     check("trace.json: GPU 0's counters add up to the table's used bytes",
-          sum(counters[0][2].values()) == gpus[0]["used_bytes"] == 1500 * MiB + peaks[0] + 688 * MiB, counters[0])
+          bool(counters) and sum(counters[0][2].values()) == gpus[0]["used_bytes"] == 1500 * MiB + peaks[0] + 688 * MiB, counters[:1])
     rows = [(e["name"], e["ts"], e["s"], e["args"]) for e in gpu_events if e["ph"] == "i"]
     check("trace.json: each GPU's row at the end", rows == [(f"GPU {g['physical']} processes", end_us, "p", g)
                                                           for g in gpus], rows)
+
+    # A run without a table: neither the page nor the trace gets one.
+    plain = os.path.join(tmp, "plain")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", plain)
+    with open(os.path.join(plain, "report.html")) as f:
+        html = f.read()
+    check("no table: exit 0, no gpus in report.json, report.html or trace.json",
+          code == 0 and "gpus" not in load(plain, "report.json") and '"gpus":' not in html
+          and all(e["pid"] != 1000000 for e in load(plain, "trace.json")["traceEvents"]), (code, err))
 
     code, out, err = run("summary", d)
     check("memscope summary RUN: the table", code == 0 and out.endswith(summary[summary.index("GPUs (as nvidia-smi"):]),
