@@ -516,6 +516,67 @@ void ChromeTraceWriter::WriteHeader() {
   b += "},\n\"traceEvents\":[";
 }
 
+void ChromeTraceWriter::WriteGpuTable(const nlohmann::json& gpus) {
+  if (!header_written_) WriteHeader();
+  writer_.reset();
+  // The run's span on its common clock: 0 is the earliest rank's start.
+  std::int64_t earliest = 0;
+  std::int64_t end_ns = 0;
+  for (std::size_t i = 0; i < plans_.size(); ++i) {
+    const std::int64_t start = plans_[i]->timeline.wall_start_us;
+    earliest = i == 0 ? start : std::min(earliest, start);
+  }
+  for (const auto& p : plans_) {
+    const Timeline& tl = p->timeline;
+    const std::int64_t last = tl.events.empty() ? 0 : tl.events.back().time_ns;
+    end_ns = std::max(end_ns, (tl.wall_start_us - earliest) * 1000 + last);
+  }
+  Events& w = *events_;
+  w.set_offset_ns(0);
+  const int pid = kGpusPid;
+  w.Begin(0, "M", pid, 0, "process_name") += ",\"args\":{\"name\":\"GPUs\"}";
+  w.End();
+  w.Begin(0, "M", pid, 0, "process_sort_index") += ",\"args\":{\"sort_index\":";
+  AppendNumber(w.raw(), pid);
+  w.raw() += '}';
+  w.End();
+  const auto bytes = [](const nlohmann::json& o, const char* key) -> std::uint64_t {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : 0;
+  };
+  for (const nlohmann::json& gpu : gpus) {
+    if (!gpu.is_object()) continue;
+    const auto physical = gpu.find("physical");
+    const std::string name =
+        absl::StrCat("GPU ", physical != gpu.end() && physical->is_number_integer() ? physical->get<int>() : 0);
+    std::uint64_t context = 0, reserved = 0, nccl = 0;
+    if (const auto procs = gpu.find("processes"); procs != gpu.end() && procs->is_array()) {
+      for (const nlohmann::json& p : *procs) {
+        if (!p.is_object()) continue;
+        context += bytes(p, "context_bytes");
+        reserved += bytes(p, "reserved_bytes");
+        nccl += bytes(p, "nccl_bytes");
+      }
+    }
+    for (const std::int64_t ts : {std::int64_t{0}, end_ns}) {
+      std::string& b = w.Begin(ts, "C", pid, 0, name);
+      b += ",\"args\":{\"context\":";
+      AppendNumber(b, context);
+      b += ",\"reserved\":";
+      AppendNumber(b, reserved);
+      b += ",\"nccl\":";
+      AppendNumber(b, nccl);
+      b += '}';
+      w.End();
+    }
+    // "s" before "args": the row's own keys hold no '<' or escapes.
+    std::string& b = w.Begin(end_ns, "i", pid, 0, absl::StrCat(name, " processes"));
+    b += ",\"s\":\"p\",\"args\":";
+    b += gpu.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    w.End();
+  }
+}
+
 absl::Status ChromeTraceWriter::Finish() {
   if (!header_written_) WriteHeader();
   writer_.reset();

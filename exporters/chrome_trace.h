@@ -83,6 +83,7 @@
 
 #include "absl/status/status.h"
 #include "analysis/timeline_walk.h"
+#include "nlohmann/json.hpp"
 #include "recording/event.h"
 
 namespace memscope {
@@ -125,6 +126,16 @@ class ChromeTraceWriter {
   // one rank after the other); the first call writes the header, so every
   // rank must be planned by then. Valid until the next Write.
   WalkListener& Write(const Timeline& timeline);
+  // The run's GPU table (report.json's "gpus", run/gpu_table.h), after the
+  // last Write and before Finish: one process "GPUs" (pid kGpusPid, sorted
+  // after the ranks) with, per physical GPU N, a counter track "GPU N"
+  // {"context", "reserved", "nccl"} (bytes summed over its processes; the
+  // stacked total is what nvidia-smi would list as used) at the run's first
+  // and last time, and an instant event "GPU N processes" at the last time,
+  // args = the table's row (capacity_bytes, used_bytes, shared_by_ranks,
+  // processes). Rows missing a field count it as 0.
+  static constexpr int kGpusPid = 1000000;
+  void WriteGpuTable(const nlohmann::json& gpus);
   // Ends the trace. DataLoss if the stream failed.
   absl::Status Finish();
 

@@ -75,17 +75,20 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
       return s;
     }
   }
-  if (absl::Status s = trace.Finish(); !s.ok() && trace_out.stream()) return s;
-  if (absl::Status s = trace_out.Commit(); !s.ok()) errors.push_back(s);
-
   std::vector<RankReport> reports;
   for (std::size_t i = 0; i < timelines.size(); ++i) reports.push_back(std::move(analyses[i]->report()));
   Report report = MakeReport(timelines.empty() ? 0 : timelines.front().world_size, std::move(reports));
   if (amend) amend(report);
   nlohmann::json report_json = ReportToJson(report);
   if (extend) extend(report.ranks, report_json, summary);
-  if (absl::Status s = WriteOutputFile(run_dir.Report(),
-                                       report_json.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  // The GPU table (an extension's "gpus") goes to the trace and the page too.
+  const auto gpus = report_json.find("gpus");
+  const bool has_gpus = gpus != report_json.end() && gpus->is_array();
+  if (has_gpus) trace.WriteGpuTable(*gpus);
+  if (absl::Status s = trace.Finish(); !s.ok() && trace_out.stream()) return s;
+  if (absl::Status s = trace_out.Commit(); !s.ok()) errors.push_back(s);
+  if (absl::Status s = WriteOutputFile(
+          run_dir.Report(), report_json.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       !s.ok()) {
     errors.push_back(s);
   }
@@ -94,6 +97,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   page.label = dir;
   for (const Timeline& t : timelines) page.world_size = std::max(page.world_size, t.world_size);
   page.ranks = std::move(viewer_data);
+  if (has_gpus) page.gpus = gpus->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::vector<HtmlPageRun> pages;
   pages.push_back(std::move(page));
   OutputFile html_out(run_dir.Html());

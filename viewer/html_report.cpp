@@ -499,6 +499,10 @@ void WritePageData(const std::vector<HtmlPageRun>& runs, JsonWriter& w) {
   w.BeginArray();
   for (const HtmlPageRun& run : runs) {
     w.BeginObject();
+    if (!run.gpus.empty()) {
+      w.Key("gpus");
+      w.Raw(run.gpus);
+    }
     w.Key("label");
     w.String(run.label);
     w.Key("ranks");

@@ -6,7 +6,9 @@
 //   absl::StatusOr<std::string> html = HtmlReport({{"run", {&rank0, &rank1}, {&report0, &report1}}});
 //
 // The data (a <script type="application/json" id="memscope-data"> element,
-// schema memscope.viewer/1) holds, per run and rank:
+// schema memscope.viewer/1) holds, per run, "label", "world_size", "gpus"
+// (report.json's GPU table, only in a run that has one; drawn as a table
+// under the run's heading) and per rank:
 //   "report": that rank's object of report.json (memscope.report/1): the
 //             phase table (its rows without "by_category"), peaks,
 //             fragmentation, OOM, memory_stats: the same numbers
@@ -117,6 +119,9 @@ struct HtmlPageRun {
   std::string label;
   int world_size = 1;              // the largest of its timelines' world_size, at least 1
   std::vector<std::string> ranks;  // JSON text, as ViewerRankData returns it
+  // The run's GPU table, report.json's "gpus" (run/gpu_table.h) as JSON text;
+  // empty: the run has none (and the page's run has no "gpus" key).
+  std::string gpus;
 };
 
 // HtmlReport from assembled data: what HtmlReport does after walking. The

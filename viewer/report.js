@@ -628,6 +628,37 @@
       el('div', { class: 'table-wrap' }, el('table', { class: 'sites' }, head, body)));
   }
 
+  // ---------------------------------------------------------------- the whole GPU
+
+  // The run's GPU table (report.json "gpus"), as nvidia-smi lists processes:
+  // per physical GPU, each process's context + peak reserved + NCCL = used,
+  // then the GPU's total against its capacity. Each byte cell carries its
+  // exact value in data-bytes.
+  function GpuTable(gpus) {
+    const cell = (b, key) => el('td', { text: fmtSize(b), 'data-bytes': String(b), 'data-key': key });
+    const rows = [];
+    for (const g of gpus) {
+      for (const p of g.processes) {
+        rows.push(el('tr', { 'data-gpu': g.physical, 'data-rank': p.rank },
+          el('td', { text: String(g.physical) }), el('td', { text: String(p.rank) }),
+          el('td', { text: p.cuda === null ? 'stray' : 'cuda:' + p.cuda }),
+          cell(p.context_bytes, 'context'), cell(p.reserved_bytes, 'reserved'), cell(p.nccl_bytes, 'nccl'),
+          cell(p.used_bytes, 'used'), el('td', { text: '' })));
+      }
+      rows.push(el('tr', { class: 'total', 'data-gpu': g.physical },
+        el('td', { text: String(g.physical) }), el('td', { text: 'total' }), el('td'), el('td'), el('td'), el('td'),
+        cell(g.used_bytes, 'used'), cell(g.capacity_bytes, 'capacity')));
+    }
+    const head = el('thead', {}, el('tr', {}, ...['GPU', 'rank', 'as', 'context', 'reserved', 'NCCL', 'used',
+      'capacity'].map((h) => el('th', { text: h }))));
+    const notes = gpus.filter((g) => g.shared_by_ranks.length > 1).map((g) => el('p', { class: 'note',
+      text: 'GPU ' + g.physical + ' is shared by ranks ' + g.shared_by_ranks.join(', ') +
+        ': they share its memory (allowed with Gloo; NCCL refuses two ranks on one GPU)' }));
+    return el('div', { class: 'gpus' },
+      el('h3', { text: 'GPUs (as nvidia-smi lists processes; reserved is each rank\'s peak)' }),
+      el('div', { class: 'table-wrap' }, el('table', { class: 'gpus' }, head, el('tbody', {}, ...rows))), ...notes);
+  }
+
   // ---------------------------------------------------------------- one rank
 
   function RankView(run, ri, rk, yMax) {
@@ -753,6 +784,7 @@
     runs.forEach((run, ri) => {
       const col = el('section', { class: 'run', id: 'run' + ri },
         el('h2', { text: (compare ? 'ABCD'[ri] + ': ' : '') + run.label }));
+      if (run.gpus && run.gpus.length) col.append(GpuTable(run.gpus));
       for (const rk of run.ranks) {
         const v = RankView(run, ri, rk, yMax);
         col.append(v.root);

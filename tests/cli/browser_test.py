@@ -308,6 +308,33 @@ try:
     d.save_screenshot(os.path.join(OUT, "report-long-run.png"))
     print(f"long run: page ready in {seconds:.2f} s, 10 zoom steps in {zoom_s:.2f} s; "
           f"screenshots in {OUT}")
+
+    # ---- the whole GPU: report.json's "gpus" as a table under the run's heading (none in a run without one)
+    check("no GPU table in a run without one", d.find_elements(By.CSS_SELECTOR, "table.gpus") == [], "")
+    whole = os.path.join(tmp, "whole")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--backend", "nccl",
+                         "--cuda-context-mb", "500", "--touch-device", "0", "--device-memory", "16GiB", "--out", whole)
+    check("whole GPU run", code == 0, err)
+    gpus = json.load(open(os.path.join(whole, "report.json")))["gpus"]
+    open_page(d, os.path.join(whole, "report.html"), "whole GPU")
+    expected = []
+    for g in gpus:
+        for p in g["processes"]:
+            expected.append([str(g["physical"]), str(p["rank"]), "stray" if p["cuda"] is None else f"cuda:{p['cuda']}",
+                             format_size(p["context_bytes"]), format_size(p["reserved_bytes"]),
+                             format_size(p["nccl_bytes"]), format_size(p["used_bytes"]), ""])
+        expected.append([str(g["physical"]), "total", "", "", "", "", format_size(g["used_bytes"]),
+                         format_size(g["capacity_bytes"])])
+    table = d.find_element(By.CSS_SELECTOR, "#run0 table.gpus")
+    shown = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+             for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
+    check("GPU table: report.json's rows", shown == expected, (shown, expected))
+    used = [int(td.get_attribute("data-bytes")) for td in table.find_elements(By.CSS_SELECTOR, "td[data-key=used]")]
+    check("GPU table: exact used bytes", used == [x for g in gpus for x in
+                                                 [p["used_bytes"] for p in g["processes"]] + [g["used_bytes"]]], used)
+    check("GPU table: 2 contexts + rank 0's reserved + NCCL on GPU 0",
+          gpus[0]["used_bytes"] == 1000 * MiB + gpus[0]["processes"][0]["reserved_bytes"] + 544 * MiB, gpus[0])
+    d.save_screenshot(os.path.join(OUT, "report-gpu-table.png"))
 finally:
     if d is not None:
         d.quit()

@@ -201,6 +201,46 @@ try:
     check("whole GPU: summary table", "GPUs (as nvidia-smi lists processes; reserved is each rank's peak)" in summary
           and "0     1      stray      500.00 MiB      0 bytes      0 bytes   500.00 MiB" in summary, summary[-900:])
 
+    # The same table in report.html (the page's data, one run's "gpus") and in trace.json (process "GPUs").
+    with open(os.path.join(d, "report.html")) as f:
+        html = f.read()
+    start = html.index('<script type="application/json" id="memscope-data">') + len(
+        '<script type="application/json" id="memscope-data">')
+    page = json.loads(html[start:html.index("</script>", start)])
+    check("report.html: the run's gpus are report.json's", page["runs"][0].get("gpus") == gpus, page["runs"][0].get("gpus"))
+    trace = load(d, "trace.json")["traceEvents"]
+    gpu_events = [e for e in trace if e["pid"] == 1000000]
+    names = [e["args"]["name"] for e in gpu_events if e["ph"] == "M" and e["name"] == "process_name"]
+    check("trace.json: one process named GPUs", names == ["GPUs"], names)
+    end_us = max(e["ts"] + e.get("dur", 0) for e in trace if e["pid"] != 1000000 and e["ph"] != "M")
+    # The end: the ranks' last event (a slice's end is ts + dur, so to the nanosecond, not bit-exact).
+    end_ts = [e["ts"] for e in gpu_events if e["ph"] != "M" and e["ts"] != 0]
+    check("trace.json: the GPU events' end is the run's last event", end_ts and all(abs(t - end_us) < 5e-4 for t in end_ts),
+          (end_ts, end_us))
+    end_us = end_ts[0] if end_ts else end_us
+    counters = [(e["name"], e["ts"], e["args"]) for e in gpu_events if e["ph"] == "C"]
+    expected_counters = []
+    for name, context, reserved in [("GPU 0", 1500 * MiB, peaks[0]), ("GPU 1", 500 * MiB, peaks[1]),
+                                    ("GPU 2", 500 * MiB, peaks[2])]:
+        for ts in (0, end_us):
+            expected_counters.append((name, ts, {"context": context, "reserved": reserved, "nccl": 688 * MiB}))
+    check("trace.json: a counter per GPU, context + reserved + NCCL at the start and the end",
+          counters == expected_counters, (counters, expected_counters))
+    check("trace.json: GPU 0's counters add up to the table's used bytes",
+          bool(counters) and sum(counters[0][2].values()) == gpus[0]["used_bytes"] == 1500 * MiB + peaks[0] + 688 * MiB, counters[:1])
+    rows = [(e["name"], e["ts"], e["s"], e["args"]) for e in gpu_events if e["ph"] == "i"]
+    check("trace.json: each GPU's row at the end", rows == [(f"GPU {g['physical']} processes", end_us, "p", g)
+                                                          for g in gpus], rows)
+
+    # A run without a table: neither the page nor the trace gets one.
+    plain = os.path.join(tmp, "plain")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", plain)
+    with open(os.path.join(plain, "report.html")) as f:
+        html = f.read()
+    check("no table: exit 0, no gpus in report.json, report.html or trace.json",
+          code == 0 and "gpus" not in load(plain, "report.json") and '"gpus":' not in html
+          and all(e["pid"] != 1000000 for e in load(plain, "trace.json")["traceEvents"]), (code, err))
+
     code, out, err = run("summary", d)
     check("memscope summary RUN: the table", code == 0 and out.endswith(summary[summary.index("GPUs (as nvidia-smi"):]),
           (code, out[-900:], err))

@@ -605,3 +605,55 @@ TEST_CASE("chrome trace: every rank on the run's common clock; allocated, reserv
     CHECK(samples[0]["args"].contains("bytes"));
   }
 }
+
+TEST_CASE("chrome trace: the run's GPU table as a process \"GPUs\", a counter per physical GPU", "[chrome_trace]") {
+  Run r0(40 * MiB, 0);
+  RecordRank0(r0);
+  Run r1(40 * MiB, 1);
+  RecordRank1(r1);
+  r0.tl.wall_start_us = 1'700'000'000'000'000;
+  r1.tl.wall_start_us = r0.tl.wall_start_us + 1'000'000;  // rank 1 started 1 s later
+  // report.json's "gpus": GPU 0 holds rank 0 and rank 1's stray context; GPU 1 rank 1 (no "nccl_bytes": 0).
+  const json gpus = json::parse(R"([
+    {"physical": 0, "capacity_bytes": 1000, "used_bytes": 360, "shared_by_ranks": [],
+     "processes": [{"rank": 0, "cuda": 0, "context_bytes": 100, "reserved_bytes": 200, "nccl_bytes": 10, "used_bytes": 310},
+                   {"rank": 1, "cuda": null, "context_bytes": 50, "reserved_bytes": 0, "nccl_bytes": 0, "used_bytes": 50}]},
+    {"physical": 1, "capacity_bytes": 1000, "used_bytes": 170, "shared_by_ranks": [],
+     "processes": [{"rank": 1, "cuda": 0, "context_bytes": 100, "reserved_bytes": 70, "used_bytes": 170}]}])");
+  std::ostringstream out;
+  ChromeTraceWriter writer({}, out);
+  for (const Timeline* t : {&r0.tl, &r1.tl}) {
+    TimelineWalk walk(*t);
+    REQUIRE(walk.Run({&writer.Plan(*t)}).ok());
+  }
+  for (const Timeline* t : {&r0.tl, &r1.tl}) {
+    TimelineWalk walk(*t);
+    REQUIRE(walk.Run({&writer.Write(*t)}).ok());
+  }
+  writer.WriteGpuTable(gpus);
+  REQUIRE(writer.Finish().ok());
+  const json trace = json::parse(out.str());
+  const int pid = ChromeTraceWriter::kGpusPid;
+  // The run's end: rank 1's last event, 1 s after rank 0's start.
+  const double end_us = 1'000'000 + static_cast<double>(r1.tl.events.back().time_ns) / 1000;
+  std::vector<json> meta = Select(trace, pid, "process_name", "M");
+  REQUIRE(meta.size() == 1);
+  CHECK(meta[0]["args"]["name"] == "GPUs");
+  CHECK(Select(trace, pid, "process_sort_index", "M")[0]["args"]["sort_index"] == pid);
+  const std::vector<json> gpu0 = Select(trace, pid, "GPU 0", "C");
+  const std::vector<json> gpu1 = Select(trace, pid, "GPU 1", "C");
+  REQUIRE(gpu0.size() == 2);
+  REQUIRE(gpu1.size() == 2);
+  CHECK(gpu0[0]["ts"].get<double>() == 0);
+  CHECK(gpu0[1]["ts"].get<double>() == Approx(end_us).margin(1e-3));
+  for (const json& e : gpu0) CHECK(e["args"] == json{{"context", 150}, {"reserved", 200}, {"nccl", 10}});
+  for (const json& e : gpu1) CHECK(e["args"] == json{{"context", 100}, {"reserved", 70}, {"nccl", 0}});
+  const std::vector<json> rows = Select(trace, pid, "GPU 1 processes", "i");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["s"] == "p");
+  CHECK(rows[0]["ts"].get<double>() == Approx(end_us).margin(1e-3));
+  CHECK(rows[0]["args"] == gpus[1]);
+  // Without a table, no such process.
+  const json plain = Export({&r0.tl, &r1.tl});
+  for (const json& e : plain["traceEvents"]) CHECK(e["pid"] != pid);
+}
