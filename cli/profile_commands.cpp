@@ -122,6 +122,8 @@ int Trace(const ReadArgs& a) {
   OutputFile out(a.output);  // whole or not at all, never through a symlink
   ChromeTraceOptions options;
   options.max_counter_samples_per_rank = a.max_samples;
+  const nlohmann::json gpus = ReadRunGpuTable(a.path);  // the run's own, as its trace.json has it
+  options.gpus = &gpus;
   if (absl::Status s = WriteChromeTrace(ptrs, options, out.stream()); !s.ok() && out.stream()) {
     return Fail("trace", s.message());
   }

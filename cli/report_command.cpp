@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "run/gpu_table.h"
 #include "run/output_file.h"
 #include "run/run.h"
 #include "viewer/html_report.h"
@@ -37,6 +38,10 @@ int Report(const ReportArgs& a) {
   for (std::size_t i = 0; i < loaded.size(); ++i) {
     HtmlReportRun run;
     run.label = a.inputs[i];
+    // The run's GPU table, as its own report.html has it.
+    if (const nlohmann::json gpus = ReadRunGpuTable(a.inputs[i]); gpus.is_array()) {
+      run.gpus = gpus.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
     for (const Timeline& t : loaded[i]) run.timelines.push_back(&t);
     runs.push_back(std::move(run));
   }

@@ -609,6 +609,7 @@ absl::Status WriteChromeTrace(const std::vector<const Timeline*>& ranks, const C
     TimelineWalk walk(*tl);
     if (absl::Status s = walk.Run({&trace.Write(*tl)}); !s.ok()) return s;
   }
+  if (options.gpus != nullptr && options.gpus->is_array()) trace.WriteGpuTable(*options.gpus);
   return trace.Finish();
 }
 

@@ -91,6 +91,9 @@ namespace memscope {
 struct ChromeTraceOptions {
   // Counter samples written per rank and per counter track, at most.
   std::size_t max_counter_samples_per_rank = 20000;
+  // A run's GPU table (report.json's "gpus"), written by WriteChromeTrace
+  // as ChromeTraceWriter::WriteGpuTable does; null or not an array: none.
+  const nlohmann::json* gpus = nullptr;
 };
 
 // Writes one Chrome trace for all ranks; each Timeline is one rank

@@ -1,12 +1,15 @@
 #include "run/gpu_table.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
+#include "run/run_directory.h"
 
 namespace memscope {
 
@@ -103,6 +106,18 @@ nlohmann::json GpuTableJson(const std::vector<GpuRow>& gpus) {
                    {"processes", processes}});
   }
   return out;
+}
+
+nlohmann::json ReadRunGpuTable(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return nullptr;
+  std::ifstream in(RunDirectory(path).Report());
+  if (!in) return nullptr;
+  nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!report.is_object()) return nullptr;
+  const auto gpus = report.find("gpus");
+  if (gpus == report.end() || !gpus->is_array() || gpus->empty()) return nullptr;
+  return *gpus;
 }
 
 }  // namespace memscope

@@ -54,6 +54,12 @@ std::string GpuTableText(const std::vector<GpuRow>& gpus);
 // ("cuda": the rank's ordinal for it, null for a stray context).
 nlohmann::json GpuTableJson(const std::vector<GpuRow>& gpus);
 
+// The GPU table a run directory's own report.json holds ("gpus"), for the
+// commands that re-read a run (`memscope trace`, `memscope report`); null
+// when `path` is not a directory or its report.json is missing, unreadable
+// or has no table.
+nlohmann::json ReadRunGpuTable(const std::string& path);
+
 }  // namespace memscope
 
 #endif  // MEMSCOPE_RUN_GPU_TABLE_H_

@@ -459,6 +459,7 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
   for (const HtmlReportRun& run : runs) {
     HtmlPageRun& page = pages.emplace_back();
     page.label = run.label;
+    page.gpus = run.gpus;
     for (std::size_t i = 0; i < run.timelines.size(); ++i) {
       const Timeline& t = *run.timelines[i];
       page.world_size = std::max(page.world_size, t.world_size);

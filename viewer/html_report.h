@@ -80,6 +80,8 @@ struct HtmlReportRun {
   std::string label;  // e.g. the path given on the command line
   std::vector<const Timeline*> timelines;
   std::vector<const RankReport*> reports;
+  // The run's GPU table as JSON text (report.json's "gpus"); empty: none.
+  std::string gpus;
 };
 
 // The viewer's data for one rank (see above), as JSON text (written as it

@@ -232,6 +232,23 @@ try:
     check("trace.json: each GPU's row at the end", rows == [(f"GPU {g['physical']} processes", end_us, "p", g)
                                                           for g in gpus], rows)
 
+    # `memscope report RUN` and `memscope trace RUN` re-read the run and show its table as the run's own outputs do.
+    code, out, err = run("report", d, "-o", os.path.join(tmp, "again.html"))
+    with open(os.path.join(tmp, "again.html")) as f:
+        again = f.read()
+    start = again.index('<script type="application/json" id="memscope-data">') + len(
+        '<script type="application/json" id="memscope-data">')
+    page_again = json.loads(again[start:again.index("</script>", start)])
+    check("memscope report RUN: the page's gpus are report.json's", code == 0 and page_again["runs"][0].get("gpus") == gpus,
+          (code, err, page_again["runs"][0].get("gpus")))
+    code, out, err = run("trace", d, "-o", os.path.join(tmp, "again.json"))
+    with open(os.path.join(tmp, "again.json")) as f:
+        trace_again = json.load(f)["traceEvents"]
+    again_gpu = [e for e in trace_again if e["pid"] == 1000000]
+    check("memscope trace RUN: the same GPU counters and rows as the run's trace.json",
+          code == 0 and [(e["name"], e["ph"], e["args"]) for e in again_gpu] == [(e["name"], e["ph"], e["args"]) for e in gpu_events],
+          (code, err, again_gpu[:3]))
+
     # A run without a table: neither the page nor the trace gets one.
     plain = os.path.join(tmp, "plain")
     code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", plain)
