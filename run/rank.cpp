@@ -566,6 +566,32 @@ absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int device
     dir.RecordFile(RunDirectory::RankStatusName(d));
     sessions.push_back(std::make_unique<RankSession>(options));
   }
+  // The process's CUDA context on every device DataParallel uses
+  // (--cuda-context-mb, --gpu): one context per GPU the process touches, in
+  // device order, before anything is allocated there.
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::vector<int> visible = cvd != nullptr ? VisibleDevices(cvd) : std::vector<int>{};
+  std::vector<RankDevice> records(static_cast<std::size_t>(devices));
+  std::string context_oom;
+  int context_oom_device = -1;
+  for (int d = 0; d < devices; ++d) {
+    RankDevice& r = records[static_cast<std::size_t>(d)];
+    r.ordinal = d;
+    r.physical = d < static_cast<int>(visible.size()) ? visible[static_cast<std::size_t>(d)] : d;
+    r.how = "DataParallel device_ids";
+    if (plan.cuda_context_bytes == 0 || !context_oom.empty()) continue;
+    SimDevice& device = sessions[static_cast<std::size_t>(d)]->device();
+    if (!device.ChargeOutside(plan.cuda_context_bytes).ok()) {
+      const DeviceMemoryInfo info = device.MemoryInfo();
+      context_oom = absl::StrCat("CUDA error: out of memory (creating the CUDA context on cuda:", d, ", physical GPU ",
+                                 r.physical, ": ", FormatSize(plan.cuda_context_bytes), " needed, ",
+                                 FormatSize(info.total_bytes - info.free_bytes), " of its ",
+                                 FormatSize(info.total_bytes), " in use)");
+      context_oom_device = d;
+      continue;
+    }
+    r.context_bytes = plan.cuda_context_bytes;
+  }
   std::vector<DeviceContext*> contexts;
   std::vector<Recorder*> recorders;
   for (std::unique_ptr<RankSession>& s : sessions) {
@@ -574,7 +600,20 @@ absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int device
     recorders.push_back(&s->recorder());
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<DataParallelResult> result = TrainDataParallel(plan.train, contexts, recorders);
+  absl::StatusOr<DataParallelResult> result;
+  if (context_oom.empty()) {
+    result = TrainDataParallel(plan.train, contexts, recorders);
+  } else {
+    // The process stops at its first CUDA call on that device: nothing trains.
+    absl::StatusOr<std::unique_ptr<Model>> model = CreateModel(plan.train.model, plan.train.model_options);
+    if (!model.ok()) return model.status();
+    DataParallelResult ended;
+    ended.oom_device = context_oom_device;
+    ended.chunk_sizes = ChunkSizes((*model)->batch_size(), devices);
+    ended.train.oom = true;
+    ended.train.error = context_oom;
+    result = std::move(ended);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!result.ok()) return result.status();
   TrainResult& train = result->train;
@@ -596,6 +635,7 @@ absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int device
     status.steps_done = train.steps_done;
     status.seconds = seconds;
     if (d == 0) status.losses = train.losses;
+    status.device = records[static_cast<std::size_t>(d)];
     if (absl::Status s = status.Write(dir.RankStatus(d)); !s.ok()) return s;
     run.statuses.push_back(std::move(status));
   }

@@ -86,6 +86,38 @@ try:
     check("compare headers", "DataParallel, world size 2" in out and "ddp copy, world size 2" in out, out[:400])
     check("compare: both devices/ranks", "== rank 0" in out and "== rank 1" in out, out[:200])
 
+    # The process's CUDA context on every device it uses (--gpu's 400 MiB,
+    # or --cuda-context-mb): the GPU table's used = context + reserved on
+    # each device, as a single process that touched both GPUs.
+    ctx = os.path.join(tmp, "ctx")
+    code, out, err = run("run", "--model", "mlp", "--dp", "2", "--steps", "1", "--gpu", "a100-40gb", "--out", ctx)
+    check("--dp 2 --gpu exit 0", code == 0, (code, err))
+    gpus = load(ctx, "report.json")["gpus"]
+    check("a GPU row per device", [g["physical"] for g in gpus] == [0, 1], gpus)
+    for g in gpus:
+        p = g["processes"][0]
+        check(f"GPU {g['physical']}: one process with a 400 MiB context", len(g["processes"]) == 1
+              and p["context_bytes"] == 400 << 20 and p["cuda"] == g["physical"], g)
+        check(f"GPU {g['physical']}: used = context + reserved",
+              p["used_bytes"] == p["context_bytes"] + p["reserved_bytes"] and g["used_bytes"] == p["used_bytes"], g)
+    check("cuda:0 reserves 32 MiB, cuda:1 24 MiB (the run's reserved peaks)",
+          [g["processes"][0]["reserved_bytes"] for g in gpus] == [32 << 20, 24 << 20], gpus)
+    with open(os.path.join(ctx, "summary.txt")) as f:
+        summary = f.read()
+    check("summary's GPU table lists both contexts",
+          "0     0      cuda:0     400.00 MiB    32.00 MiB      0 bytes   432.00 MiB" in summary
+          and "1     1      cuda:1     400.00 MiB    24.00 MiB      0 bytes   424.00 MiB" in summary, summary[-800:])
+    # A context larger than the device: the process stops at cuda:0, nothing trains.
+    oom = os.path.join(tmp, "ctx-oom")
+    code, out, err = run("run", "--model", "mlp", "--dp", "2", "--steps", "1", "--device-memory", "300MiB",
+                         "--cuda-context-mb", "400", "--out", oom)
+    check("context OOM exit 3", code == 3, (code, err))
+    check("context OOM names the device and sizes",
+          "CUDA error: out of memory (creating the CUDA context on cuda:0, physical GPU 0: 400.00 MiB needed, "
+          "0 bytes of its 300.00 MiB in use)" in err, err)
+    st = load(oom, "rank-0.json")
+    check("context OOM: device 0's status oom at step 0", st["status"] == "oom" and st["steps_done"] == 0, st)
+
     # Refused: one line, exit 2, nothing written.
     for args, text in [
         (["--dp", "1"], "--dp 1: use 2 to 64 devices"),
