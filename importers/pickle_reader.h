@@ -264,6 +264,17 @@ struct PickleReadOptions {
   // not built (the frames list of every trace entry would cost one each).
   // Other lists are asked as before.
   bool stream_inside_items = true;
+  // With stream_inside_items false: a dict inside an item of a streamed list
+  // (a trace entry, or a frame dict inside one) is decoded by a specialised
+  // path that builds it directly from its opcodes (scalars, strings, memo
+  // references, small lists, tuples and dicts of those) instead of through
+  // the general stack; anything it does not expect (another opcode, a memo
+  // reference to something still being built, a duplicate or non-str key,
+  // the end of the read buffer...) rewinds to the dict's EMPTY_DICT and reads
+  // it the general way. The values, memo entries and errors are the same
+  // either way (tests/importers/pickle_reader_test.cpp reads every test
+  // pickle both ways); false reads everything the general way.
+  bool fast_dicts = true;
   std::uint64_t max_depth = 1000;
   // The working-memory budget (see the header comment).
   std::uint64_t max_working_bytes_fixed = 256ull << 20;
@@ -275,6 +286,7 @@ struct PickleReadStats {
   std::uint64_t input_bytes = 0;         // bytes consumed up to STOP (or the error)
   std::uint64_t peak_working_bytes = 0;  // the most the reader held at once (estimated from capacities)
   std::uint64_t shared_containers = 0;   // distinct containers in the shared pool
+  std::uint64_t fast_dicts = 0;          // dicts read by the fast path (PickleReadOptions::fast_dicts)
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the
