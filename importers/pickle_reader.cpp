@@ -975,7 +975,16 @@ class Reader {
     std::uint8_t memos = 0;
   };
   bool FastDict();
-  bool FastLookup(std::uint64_t id, PyRef& out) const;
+  bool FastPairs(std::size_t& pos);
+  [[gnu::always_inline]] bool FastLookup(std::uint64_t id, PyRef& out) const {
+    if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) [[unlikely]]
+      return FastLookupWritten(id, out);
+    const MemoEntry m = memo_.Find(id);
+    if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+    out = m.ref;
+    return true;
+  }
+  bool FastLookupWritten(std::uint64_t id, PyRef& out) const;
   [[gnu::always_inline]] PyRef FastFinish(const FastVal& v) { return v.box < 0 ? v.ref : FastStore(v.box); }
   PyRef FastStore(std::int32_t box);
   bool FastInto(FastBox& box, FastVal* vals, std::size_t n);
@@ -1015,6 +1024,7 @@ class Reader {
   bool fast_dicts_ = false;
   std::uint64_t fast_ops_ = 0;  // opcodes the fast path consumed (for the budget checks)
   std::uint64_t fast_count_ = 0;  // dicts it read
+  std::uint64_t fast_pair_ops_ = 0;
   std::unique_ptr<FastVal[]> fast_vals_;  // the fast path's stack (kFastMaxStack values)
   std::size_t fast_marks_[kFastMaxMarks] = {};
   std::size_t fast_nmarks_ = 0;
@@ -1188,19 +1198,18 @@ absl::Status Reader::Get(std::uint64_t id) {
 // by the general path), and the general path reads the dict from its
 // EMPTY_DICT.
 
-bool Reader::FastLookup(std::uint64_t id, PyRef& out) const {
-  if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) {
-    for (std::size_t k = fast_memo_.size(); k-- > 0;) {
-      if (fast_memo_[k].first == id) {
-        out = fast_memo_[k].second;
-        return true;
-      }
+// FastLookup of an id this decode wrote (or one sharing its bit).
+bool Reader::FastLookupWritten(std::uint64_t id, PyRef& out) const {
+  for (std::size_t k = fast_memo_.size(); k-- > 0;) {
+    if (fast_memo_[k].first == id) {
+      out = fast_memo_[k].second;
+      return true;
     }
-    for (std::size_t b = 0; b < fast_nboxes_; ++b) {  // a list/dict of this decode still open
-      const FastBox& B = fast_boxes_[b];
-      for (std::uint8_t k = 0; k < B.memos; ++k) {
-        if (B.memo[k] == id) return false;
-      }
+  }
+  for (std::size_t b = 0; b < fast_nboxes_; ++b) {  // a list/dict of this decode still open
+    const FastBox& B = fast_boxes_[b];
+    for (std::uint8_t k = 0; k < B.memos; ++k) {
+      if (B.memo[k] == id) return false;
     }
   }
   const MemoEntry m = memo_.Find(id);
@@ -1247,6 +1256,241 @@ bool Reader::FastInto(FastBox& box, FastVal* vals, std::size_t n) {
   return true;
 }
 
+// The common shape of a trace entry, read straight into the dict (box 0,
+// just opened): [memo] MARK, then key/value pairs: keys str (memo references,
+// or SHORT_BINUNICODE and a memo write), values ints, floats, None, bools,
+// str and memo references to finished values, or lists of memo references;
+// SETITEMS, and next another EMPTY_DICT or APPENDS. Adding each pair to the
+// dict as it is read is what the MARK ... SETITEMS batch does at its end.
+// False at anything else (the caller starts again on its stack).
+bool Reader::FastPairs(std::size_t& pos) {
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const std::size_t end = end_;
+  std::size_t p = pos;
+  PickleArena& a = *arena_;
+  FastBox& D = fast_boxes_[0];
+  // The next opcode, after FRAMEs; 0 at the end of the buffer (not an opcode this reads).
+  const auto next = [&]() __attribute__((always_inline)) -> std::uint8_t {
+    if (p < end && b[p] != 0x95) [[likely]]
+      return b[p++];
+    while (p < end && b[p] == 0x95) {
+      if (end - p < 9) return 0;
+      p += 9;
+    }
+    if (p >= end) return 0;
+    return b[p++];
+  };
+  const auto peek = [&]() __attribute__((always_inline)) -> std::uint8_t {
+    if (p < end && b[p] != 0x95) [[likely]]
+      return b[p];
+    std::size_t q = p;
+    while (q < end && b[q] == 0x95) q += 9;
+    return q < end ? b[q] : 0;
+  };
+  // A memo write (MEMOIZE, BINPUT, LONG_BINPUT) of `r`, if one comes next.
+  const auto memo = [&](const PyRef& r, std::uint64_t* id_out) {
+    const std::uint8_t op = peek();
+    if (op != 0x94 && op != 'q' && op != 'r') return true;
+    (void)next();
+    std::uint64_t id;
+    if (op == 0x94) {
+      id = fast_memo_count_;
+    } else if (op == 'q') {
+      if (end - p < 1) return false;
+      id = b[p++];
+    } else {
+      if (end - p < 4) return false;
+      id = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) | (std::uint64_t{b[p + 3]} << 24);
+      p += 4;
+    }
+    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    if (fast_memo_bloom_ & bit) {
+      for (const auto& [k, v] : fast_memo_) {
+        if (k == id) return false;
+      }
+      for (std::uint8_t k = 0; k < D.memos; ++k) {
+        if (D.memo[k] == id) return false;
+      }
+    }
+    fast_memo_bloom_ |= bit;
+    fast_memo_count_ = std::max(fast_memo_count_, id + 1);
+    if (id_out != nullptr) {
+      *id_out = id;
+    } else {
+      fast_memo_.emplace_back(id, r);
+    }
+    return true;
+  };
+  const std::uint64_t* open_ids = nullptr;  // memo ids of the list being read (not finished: not readable)
+  std::uint8_t open_n = 0;
+  const auto get = [&](std::uint8_t op, PyRef& r) __attribute__((always_inline)) {
+    std::uint64_t id;
+    if (op == 'h') {
+      if (end - p < 1) return false;
+      id = b[p++];
+    } else {
+      if (end - p < 4) return false;
+      id = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) | (std::uint64_t{b[p + 3]} << 24);
+      p += 4;
+    }
+    for (std::uint8_t k = 0; k < open_n; ++k) {
+      if (open_ids[k] == id) return false;
+    }
+    return FastLookup(id, r);
+  };
+  const auto str = [&](std::uint64_t n, PyRef& r) {
+    if (end - p < n) return false;
+    const std::string_view text(reinterpret_cast<const char*>(b + p), static_cast<std::size_t>(n));
+    if (!ValidUtf8(text)) return false;
+    r = ScalarRef(PyKind::kString, a.chars.size());
+    r.n = static_cast<std::uint32_t>(n);
+    a.chars.append(text);
+    p += n;
+    return memo(r, nullptr);
+  };
+  // The dict's own memo write, then its MARK.
+  std::uint8_t op = next();
+  if (op == 0x94 || op == 'q' || op == 'r') {
+    --p;
+    std::uint64_t id = 0;
+    if (!memo(PyRef(), &id)) return false;
+    D.memo[D.memos++] = id;
+    op = next();
+  }
+  if (op != '(') return false;
+  for (;;) {
+    op = next();
+    if (op == 'u') break;
+    PyRef key, val;
+    if (op == 'h' || op == 'j') {
+      if (!get(op, key)) return false;
+    } else if (op == 0x8c) {
+      if (end - p < 1) return false;
+      if (!str(b[p++], key)) return false;
+    } else {
+      return false;
+    }
+    if (key.kind != PyKind::kString) return false;
+    op = next();
+    switch (op) {
+      case 'h':
+      case 'j':
+        if (!get(op, val)) return false;
+        break;
+      case 'K':
+        if (end - p < 1) return false;
+        val = IntRef(b[p++]);
+        break;
+      case 'M':
+        if (end - p < 2) return false;
+        val = IntRef(b[p] | (std::int64_t{b[p + 1]} << 8));
+        p += 2;
+        break;
+      case 'J': {
+        if (end - p < 4) return false;
+        const std::uint32_t x = b[p] | (std::uint32_t{b[p + 1]} << 8) | (std::uint32_t{b[p + 2]} << 16) |
+                                (std::uint32_t{b[p + 3]} << 24);
+        p += 4;
+        val = IntRef(static_cast<std::int32_t>(x));
+        break;
+      }
+      case 0x8a: {  // LONG1
+        if (end - p < 1 || end - p - 1 < b[p]) return false;
+        const std::size_t n = b[p];
+        if (n >= 1 && n <= 8 && (b[p + n] & 0x80) == 0) {  // the common case: non-negative, 8 bytes at most
+          std::uint64_t v = 0;
+          for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
+          val = UIntRef(v);
+        } else if (!LongRef(b + p + 1, n, val)) {
+          return false;
+        }
+        p += 1 + n;
+        break;
+      }
+      case 'N': val = ScalarRef(PyKind::kNone, 0); break;
+      case 0x88: val = BoolRef(true); break;
+      case 0x89: val = BoolRef(false); break;
+      case 'G': {
+        if (end - p < 8) return false;
+        std::uint64_t x = 0;
+        for (std::size_t k = 0; k < 8; ++k) x = (x << 8) | b[p + k];
+        p += 8;
+        val = FloatRef(std::bit_cast<double>(x));
+        break;
+      }
+      case 0x8c:
+        if (end - p < 1) return false;
+        if (!str(b[p++], val)) return false;
+        break;
+      case ']': {  // a list of memo references (a traceback's frames)
+        std::uint64_t ids[4];
+        std::uint8_t nids = 0;
+        for (std::uint8_t o = peek(); o == 0x94 || o == 'q' || o == 'r'; o = peek()) {
+          if (nids == 4 || !memo(PyRef(), &ids[nids])) return false;
+          ++nids;
+        }
+        open_ids = ids;
+        open_n = nids;
+        scratch_.clear();
+        std::uint16_t h = 1;
+        const auto item = [&](std::uint8_t o) {
+          PyRef r;
+          if ((o != 'h' && o != 'j') || !get(o, r)) return false;
+          if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+          scratch_.push_back(r);
+          return true;
+        };
+        std::uint8_t o = peek();
+        if (o == '(') {
+          (void)next();
+          for (o = next(); o != 'e'; o = next()) {
+            if (scratch_.size() == kFastMaxListItems || !item(o)) return false;
+          }
+        } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
+          const std::size_t save = p;
+          PyRef r;
+          (void)next();
+          if (get(o, r) && peek() == 'a') {
+            (void)next();
+            if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+            scratch_.push_back(r);
+          } else {
+            p = save;
+          }
+        }
+        open_n = 0;
+        val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+        for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.emplace_back(ids[k], val);
+        break;
+      }
+      default: return false;
+    }
+    if (val.kind != PyKind::kString && val.kind != PyKind::kList) {
+      const std::uint8_t o = peek();
+      if ((o == 0x94 || o == 'q' || o == 'r') && !memo(val, nullptr)) return false;
+    }
+    // Into the dict, as SETITEMS would (a duplicate key: left to the general path).
+    if (D.items.size() + 2 > kFastMaxDictItems) return false;
+    const char* chars = a.chars.data();
+    const std::uint64_t bit = StrKeyBit(chars, key);
+    if (D.str_key_bits & bit) {
+      for (std::size_t j = 0; j < D.items.size(); j += 2) {
+        const PyRef& e = D.items[j];
+        if (e.n == key.n && (e.v == key.v || std::memcmp(chars + e.v, chars + key.v, key.n) == 0)) return false;
+      }
+    }
+    D.str_key_bits |= bit;
+    if (IsContainerKind(val.kind)) D.height = std::max(D.height, AddHeight(val.height));
+    D.items.push_back(key);
+    D.items.push_back(val);
+  }
+  const std::uint8_t after = peek();
+  if (after != '}' && after != 'e') return false;
+  fast_pair_ops_ = (p - pos) / 2;  // about: every opcode here takes 2 bytes or more
+  pos = p;
+  return true;
+}
+
 bool Reader::FastDict() {
   // Only inside an item of a streamed list: no path is asked for there.
   if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
@@ -1264,6 +1508,7 @@ bool Reader::FastDict() {
   fast_memo_.clear();
   fast_memo_bloom_ = 0;
   fast_memo_count_ = memo_count_;
+  fast_pair_ops_ = 0;
   std::uint64_t ops = 0;
   const auto fail = [&] {
     a.chars.resize(chars0);
@@ -1345,6 +1590,18 @@ bool Reader::FastDict() {
     p += 4;
     return x;
   };
+  if (!open_box(PyKind::kDict)) return false;
+  if (FastPairs(p)) goto complete;
+  // Not the common shape: again from the EMPTY_DICT, on the stack.
+  a.chars.resize(chars0);
+  a.tree.resize(tree0);
+  p = pos_;
+  fast_nmarks_ = 0;
+  fast_nboxes_ = 0;
+  fast_memo_.clear();
+  fast_memo_bloom_ = 0;
+  fast_memo_count_ = memo_count_;
+  sp = 0;
   if (!open_box(PyKind::kDict)) return false;
   for (;;) {
     if (sp == 1 && fast_nmarks_ == 0) {
@@ -1504,6 +1761,8 @@ bool Reader::FastDict() {
     }
   }
 #undef MS_FAST_PUSH
+complete:
+  ops += fast_pair_ops_;
   const PyRef r = FastFinish(st[0]);
   const std::uint32_t level = NextLevel(false);
   if (std::uint64_t{level} + r.height > options_.max_depth) return fail();
