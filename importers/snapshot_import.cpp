@@ -574,6 +574,9 @@ std::string PoolText(const PyView& pool) {
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  std::error_code size_error;
+  std::uint64_t file_size = std::filesystem::file_size(path, size_error);
+  if (size_error) file_size = 0;  // no reserve
   std::map<int, DeviceBuilder> devices;
   PickleReadOptions options;
   options.stream_inside_items = false;
@@ -591,9 +594,20 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
           device > kMaxTimelineDeviceIndex) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
       }
+      const bool first = !devices.contains(device);
       current = &devices[device];
       current->out.device = device;
       current_label = p[1];
+      if (first && devices.size() == 1) {
+        // Room for the requests the file can hold (a trace entry takes 40
+        // bytes or more of pickle; an alloc entry about 80): reserved address
+        // space costs no memory until used, and a vector of millions grown
+        // by doubling copies (and faults in) every element again.
+        const std::uint64_t entries = file_size / 40;
+        current->out.requests.requests.reserve(entries);
+        current->times.reserve(entries);
+        current->out.requests.ids.reserve(entries / 2);
+      }
     }
     DeviceBuilder& b = *current;
     if (!item.is_dict()) {
@@ -688,10 +702,15 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     }
     std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
-    std::vector<Request> merged = head;
-    merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
+    std::vector<Request> merged;
     std::size_t m = 0;
-    for (std::size_t i = 0; i < t.requests.requests.size(); ++i) {
+    if (head.empty() && marks.empty()) {
+      merged = std::move(t.requests.requests);  // nothing to merge: no copy (at 10M entries, ~400 MB)
+    } else {
+      merged = head;
+      merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
+    }
+    for (std::size_t i = 0; !(head.empty() && marks.empty()) && i < t.requests.requests.size(); ++i) {
       // A scope's START goes before the entries of its microsecond, its END after them.
       while (m < marks.size() && (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= b.times[i]
                                                                                : marks[m].first < b.times[i])) {
