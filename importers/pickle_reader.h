@@ -149,7 +149,7 @@ class PyView {
   PyRef ref_;
 };
 
-inline const PyRef* PyView::elements() const {
+[[gnu::always_inline]] inline const PyRef* PyView::elements() const {
   if (arena_ == nullptr) return nullptr;
   const std::vector<PyRef>& pool = (ref_.flags & kPyRefShared) ? arena_->shared : arena_->tree;
   return pool.data() + ref_.v;
@@ -161,7 +161,7 @@ inline std::optional<std::int64_t> PyView::AsInt() const {
   return static_cast<std::int64_t>(ref_.v);
 }
 
-inline std::optional<std::uint64_t> PyView::AsUInt() const {
+[[gnu::always_inline]] inline std::optional<std::uint64_t> PyView::AsUInt() const {
   if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1u : 0u;
   if (ref_.kind != PyKind::kInt) return std::nullopt;
   if (is_unsigned()) return ref_.v;
@@ -209,12 +209,12 @@ inline PyView PyView::operator[](std::size_t i) const {
   return PyView(arena_, elements()[i]);
 }
 
-inline PyView PyView::key(std::size_t i) const {
+[[gnu::always_inline]] inline PyView PyView::key(std::size_t i) const {
   if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
   return PyView(arena_, elements()[2 * i]);
 }
 
-inline PyView PyView::value(std::size_t i) const {
+[[gnu::always_inline]] inline PyView PyView::value(std::size_t i) const {
   if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
   return PyView(arena_, elements()[2 * i + 1]);
 }

@@ -47,7 +47,7 @@ void AnnotationPhase(const std::string& name, Request& r, RequestTrace& trace) {
 
 // ---- Reading trace entries and segments (field names: docs/snapshot-format.md).
 
-std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
+[[gnu::always_inline]] inline std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
 
 // The trace entry keys memscope reads, those it knows and deliberately
 // ignores, and the rest (counted and named in a note). Decided by length and
