@@ -36,6 +36,14 @@ constexpr std::uint64_t kMaxLongBytes = 1 << 20;
 constexpr std::uint32_t kMaxSharedElements = 1024;
 constexpr std::uint32_t kMaxSharedDictPairs = 16;
 constexpr std::uint64_t kBudgetCheckEvery = 256;  // opcodes between working-memory checks
+// The dict fast path: the bytes it wants in the buffer before it starts,
+// and its limits (beyond them, the general path reads the dict).
+constexpr std::size_t kFastWindow = 16 << 10;
+constexpr std::size_t kFastMaxMarks = 16;
+constexpr std::size_t kFastMaxBoxes = 64;
+constexpr std::size_t kFastMaxStack = 2048;
+constexpr std::size_t kFastMaxDictItems = 64;  // 32 pairs: the general path's small-dict case
+constexpr std::size_t kFastMaxListItems = 999;  // below CPython's batch of 1000 (no second batch)
 
 const char* OpName(std::uint8_t op) {
   switch (op) {
@@ -427,6 +435,33 @@ class MemoTable {
 std::uint64_t StrKeyBit(const char* chars, const PyRef& k) {
   const unsigned last = k.n == 0 ? 0u : static_cast<unsigned char>(chars[k.v + k.n - 1]);
   return std::uint64_t{1} << ((k.n * 7 + last) & 63);
+}
+
+// A LONG1/LONG4 argument (little-endian two's complement) as an int; false
+// outside [-2^63, 2^64).
+bool LongRef(const unsigned char* b, std::size_t n, PyRef& out) {
+  if (n == 0) {
+    out = IntRef(0);
+    return true;
+  }
+  const bool neg = (b[n - 1] & 0x80) != 0;
+  if (!neg) {
+    while (n > 8 && b[n - 1] == 0) --n;
+    if (n > 8) return false;
+    std::uint64_t v = 0;
+    for (std::size_t k = 0; k < n; ++k) v |= static_cast<std::uint64_t>(b[k]) << (8 * k);
+    out = UIntRef(v);
+    return true;
+  }
+  while (n > 8 && b[n - 1] == 0xff && (b[n - 2] & 0x80) != 0) --n;
+  if (n > 8) return false;
+  std::uint64_t v = ~std::uint64_t{0};
+  for (std::size_t k = 0; k < n; ++k) {
+    v &= ~(std::uint64_t{0xff} << (8 * k));
+    v |= static_cast<std::uint64_t>(b[k]) << (8 * k);
+  }
+  out = IntRef(static_cast<std::int64_t>(v));
+  return true;
 }
 
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
@@ -910,6 +945,49 @@ class Reader {
   }
   absl::Status Memo(std::uint64_t id);
   absl::Status Get(std::uint64_t id);
+
+  // ---- The dict fast path (PickleReadOptions::fast_dicts).
+  // Makes at least n bytes available from pos_ (fewer at the end of the input).
+  void Window(std::size_t n) {
+    if (end_ - pos_ >= n || eof_) return;
+    std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+    base_ += pos_;
+    end_ -= pos_;
+    pos_ = 0;
+    while (end_ < buf_.size() && !eof_) {
+      in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
+      const std::size_t got = static_cast<std::size_t>(in_.gcount());
+      if (got == 0) eof_ = true;
+      end_ += got;
+    }
+  }
+  struct FastVal {
+    PyRef ref;
+    std::int32_t box = -1;  // >= 0: an open list/dict of this decode (fast_boxes_[box])
+    bool mark = false;
+  };
+  struct FastBox {
+    FastVec<PyRef> items;
+    std::uint64_t memo[4];
+    std::uint64_t str_key_bits = 0;
+    PyKind kind = PyKind::kDict;
+    std::uint16_t height = 1;
+    std::uint8_t memos = 0;
+  };
+  bool FastDict();
+  bool FastPairs(std::size_t& pos);
+  [[gnu::always_inline]] bool FastLookup(std::uint64_t id, PyRef& out) const {
+    if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) [[unlikely]]
+      return FastLookupWritten(id, out);
+    const MemoEntry m = memo_.Find(id);
+    if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+    out = m.ref;
+    return true;
+  }
+  bool FastLookupWritten(std::uint64_t id, PyRef& out) const;
+  [[gnu::always_inline]] PyRef FastFinish(const FastVal& v) { return v.box < 0 ? v.ref : FastStore(v.box); }
+  PyRef FastStore(std::int32_t box);
+  bool FastInto(FastBox& box, FastVal* vals, std::size_t n);
   absl::Status Long(const unsigned char* b, std::size_t n);
   absl::Status Step(std::uint8_t op);
 
@@ -942,6 +1020,19 @@ class Reader {
   bool path_too_deep_ = false;
   bool stopped_ = false;
   FastVec<PyRef> scratch_;
+  // The dict fast path's state, reused from one dict to the next.
+  bool fast_dicts_ = false;
+  std::uint64_t fast_ops_ = 0;  // opcodes the fast path consumed (for the budget checks)
+  std::uint64_t fast_count_ = 0;  // dicts it read
+  std::uint64_t fast_pair_ops_ = 0;
+  std::unique_ptr<FastVal[]> fast_vals_;  // the fast path's stack (kFastMaxStack values)
+  std::size_t fast_marks_[kFastMaxMarks] = {};
+  std::size_t fast_nmarks_ = 0;
+  std::vector<FastBox> fast_boxes_;
+  std::size_t fast_nboxes_ = 0;
+  std::vector<std::pair<std::uint64_t, PyRef>> fast_memo_;  // memo writes, made when the dict is done
+  std::uint64_t fast_memo_bloom_ = 0;                       // bit (id & 63) of every id written by this decode
+  std::uint64_t fast_memo_count_ = 0;
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1088,25 +1179,609 @@ absl::Status Reader::Get(std::uint64_t id) {
   return Push(m.ref);
 }
 
+// ---- The dict fast path.
+//
+// A dict inside an item of a streamed list (a trace entry: EMPTY_DICT,
+// MEMOIZE, MARK, key/value pairs, SETITEMS) is decoded here straight from
+// the read buffer, on a small stack of its own: no levels, paths, builders
+// or budget checks per opcode. It accepts the opcodes such dicts are made
+// of (scalars, str, memo references to finished values, memo writes,
+// FRAME, small lists, dicts and tuples of those) and builds what the general
+// path would: the same Store calls (so the same shared nodes), the same memo
+// entries (written when the dict is done, in order), the dict pushed as a
+// finished value at the level the general path gives it. It ends when the
+// dict is complete and the next opcode is another EMPTY_DICT or APPENDS (so
+// nothing can add to the dict later: the general path would keep it open for
+// a SETITEM that follows). Anything else returns false having changed
+// nothing the general path can see (strings and tree nodes it added are
+// dropped; distinct containers it stored in the shared pool are found again
+// by the general path), and the general path reads the dict from its
+// EMPTY_DICT.
+
+// FastLookup of an id this decode wrote (or one sharing its bit).
+bool Reader::FastLookupWritten(std::uint64_t id, PyRef& out) const {
+  for (std::size_t k = fast_memo_.size(); k-- > 0;) {
+    if (fast_memo_[k].first == id) {
+      out = fast_memo_[k].second;
+      return true;
+    }
+  }
+  for (std::size_t b = 0; b < fast_nboxes_; ++b) {  // a list/dict of this decode still open
+    const FastBox& B = fast_boxes_[b];
+    for (std::uint8_t k = 0; k < B.memos; ++k) {
+      if (B.memo[k] == id) return false;
+    }
+  }
+  const MemoEntry m = memo_.Find(id);
+  if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+  out = m.ref;
+  return true;
+}
+
+PyRef Reader::FastStore(std::int32_t box) {
+  const FastBox& B = fast_boxes_[static_cast<std::size_t>(box)];
+  const PyRef r = Store(B.kind, B.items.data(), B.items.size(), B.height);
+  for (std::uint8_t k = 0; k < B.memos; ++k) fast_memo_.emplace_back(B.memo[k], r);
+  return r;
+}
+
+bool Reader::FastInto(FastBox& box, FastVal* vals, std::size_t n) {
+  if (box.kind == PyKind::kList) {
+    if (box.items.size() + n > kFastMaxListItems) return false;
+    for (std::size_t k = 0; k < n; ++k) {
+      const PyRef r = FastFinish(vals[k]);
+      if (IsContainerKind(r.kind)) box.height = std::max(box.height, AddHeight(r.height));
+      box.items.push_back(r);
+    }
+    return true;
+  }
+  if (n % 2 != 0 || box.items.size() + n > kFastMaxDictItems) return false;
+  for (std::size_t k = 0; k < n; k += 2) {
+    const PyRef& key = vals[k].ref;
+    if (vals[k].box >= 0 || key.kind != PyKind::kString) return false;
+    const char* chars = arena_->chars.data();
+    const std::uint64_t bit = StrKeyBit(chars, key);
+    if (box.str_key_bits & bit) {  // maybe a duplicate key: the general path replaces in place
+      for (std::size_t j = 0; j < box.items.size(); j += 2) {
+        const PyRef& e = box.items[j];
+        if (e.n == key.n && (e.v == key.v || std::memcmp(chars + e.v, chars + key.v, key.n) == 0)) return false;
+      }
+    }
+    box.str_key_bits |= bit;
+    const PyRef val = FastFinish(vals[k + 1]);
+    if (IsContainerKind(val.kind)) box.height = std::max(box.height, AddHeight(val.height));
+    box.items.push_back(key);
+    box.items.push_back(val);
+  }
+  return true;
+}
+
+// The common shape of a trace entry, read straight into the dict (box 0,
+// just opened): [memo] MARK, then key/value pairs: keys str (memo references,
+// or SHORT_BINUNICODE and a memo write), values ints, floats, None, bools,
+// str and memo references to finished values, or lists of memo references;
+// SETITEMS, and next another EMPTY_DICT or APPENDS. Adding each pair to the
+// dict as it is read is what the MARK ... SETITEMS batch does at its end.
+// False at anything else (the caller starts again on its stack).
+bool Reader::FastPairs(std::size_t& pos) {
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const std::size_t end = end_;
+  std::size_t p = pos;
+  PickleArena& a = *arena_;
+  FastBox& D = fast_boxes_[0];
+  // The next opcode, after FRAMEs; 0 at the end of the buffer (not an opcode this reads).
+  const auto next = [&]() __attribute__((always_inline)) -> std::uint8_t {
+    if (p < end && b[p] != 0x95) [[likely]]
+      return b[p++];
+    while (p < end && b[p] == 0x95) {
+      if (end - p < 9) return 0;
+      p += 9;
+    }
+    if (p >= end) return 0;
+    return b[p++];
+  };
+  const auto peek = [&]() __attribute__((always_inline)) -> std::uint8_t {
+    if (p < end && b[p] != 0x95) [[likely]]
+      return b[p];
+    std::size_t q = p;
+    while (q < end && b[q] == 0x95) q += 9;
+    return q < end ? b[q] : 0;
+  };
+  // A memo write (MEMOIZE, BINPUT, LONG_BINPUT) of `r`, if one comes next.
+  const auto memo = [&](const PyRef& r, std::uint64_t* id_out) {
+    const std::uint8_t op = peek();
+    if (op != 0x94 && op != 'q' && op != 'r') return true;
+    (void)next();
+    std::uint64_t id;
+    if (op == 0x94) {
+      id = fast_memo_count_;
+    } else if (op == 'q') {
+      if (end - p < 1) return false;
+      id = b[p++];
+    } else {
+      if (end - p < 4) return false;
+      id = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) | (std::uint64_t{b[p + 3]} << 24);
+      p += 4;
+    }
+    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    if (fast_memo_bloom_ & bit) {
+      for (const auto& [k, v] : fast_memo_) {
+        if (k == id) return false;
+      }
+      for (std::uint8_t k = 0; k < D.memos; ++k) {
+        if (D.memo[k] == id) return false;
+      }
+    }
+    fast_memo_bloom_ |= bit;
+    fast_memo_count_ = std::max(fast_memo_count_, id + 1);
+    if (id_out != nullptr) {
+      *id_out = id;
+    } else {
+      fast_memo_.emplace_back(id, r);
+    }
+    return true;
+  };
+  const std::uint64_t* open_ids = nullptr;  // memo ids of the list being read (not finished: not readable)
+  std::uint8_t open_n = 0;
+  const auto get = [&](std::uint8_t op, PyRef& r) __attribute__((always_inline)) {
+    std::uint64_t id;
+    if (op == 'h') {
+      if (end - p < 1) return false;
+      id = b[p++];
+    } else {
+      if (end - p < 4) return false;
+      id = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) | (std::uint64_t{b[p + 3]} << 24);
+      p += 4;
+    }
+    for (std::uint8_t k = 0; k < open_n; ++k) {
+      if (open_ids[k] == id) return false;
+    }
+    return FastLookup(id, r);
+  };
+  const auto str = [&](std::uint64_t n, PyRef& r) {
+    if (end - p < n) return false;
+    const std::string_view text(reinterpret_cast<const char*>(b + p), static_cast<std::size_t>(n));
+    if (!ValidUtf8(text)) return false;
+    r = ScalarRef(PyKind::kString, a.chars.size());
+    r.n = static_cast<std::uint32_t>(n);
+    a.chars.append(text);
+    p += n;
+    return memo(r, nullptr);
+  };
+  // The dict's own memo write, then its MARK.
+  std::uint8_t op = next();
+  if (op == 0x94 || op == 'q' || op == 'r') {
+    --p;
+    std::uint64_t id = 0;
+    if (!memo(PyRef(), &id)) return false;
+    D.memo[D.memos++] = id;
+    op = next();
+  }
+  if (op != '(') return false;
+  for (;;) {
+    op = next();
+    if (op == 'u') break;
+    PyRef key, val;
+    if (op == 'h' || op == 'j') {
+      if (!get(op, key)) return false;
+    } else if (op == 0x8c) {
+      if (end - p < 1) return false;
+      if (!str(b[p++], key)) return false;
+    } else {
+      return false;
+    }
+    if (key.kind != PyKind::kString) return false;
+    op = next();
+    switch (op) {
+      case 'h':
+      case 'j':
+        if (!get(op, val)) return false;
+        break;
+      case 'K':
+        if (end - p < 1) return false;
+        val = IntRef(b[p++]);
+        break;
+      case 'M':
+        if (end - p < 2) return false;
+        val = IntRef(b[p] | (std::int64_t{b[p + 1]} << 8));
+        p += 2;
+        break;
+      case 'J': {
+        if (end - p < 4) return false;
+        const std::uint32_t x = b[p] | (std::uint32_t{b[p + 1]} << 8) | (std::uint32_t{b[p + 2]} << 16) |
+                                (std::uint32_t{b[p + 3]} << 24);
+        p += 4;
+        val = IntRef(static_cast<std::int32_t>(x));
+        break;
+      }
+      case 0x8a: {  // LONG1
+        if (end - p < 1 || end - p - 1 < b[p]) return false;
+        const std::size_t n = b[p];
+        if (n >= 1 && n <= 8 && (b[p + n] & 0x80) == 0) {  // the common case: non-negative, 8 bytes at most
+          std::uint64_t v = 0;
+          for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
+          val = UIntRef(v);
+        } else if (!LongRef(b + p + 1, n, val)) {
+          return false;
+        }
+        p += 1 + n;
+        break;
+      }
+      case 'N': val = ScalarRef(PyKind::kNone, 0); break;
+      case 0x88: val = BoolRef(true); break;
+      case 0x89: val = BoolRef(false); break;
+      case 'G': {
+        if (end - p < 8) return false;
+        std::uint64_t x = 0;
+        for (std::size_t k = 0; k < 8; ++k) x = (x << 8) | b[p + k];
+        p += 8;
+        val = FloatRef(std::bit_cast<double>(x));
+        break;
+      }
+      case 0x8c:
+        if (end - p < 1) return false;
+        if (!str(b[p++], val)) return false;
+        break;
+      case ']': {  // a list of memo references (a traceback's frames)
+        std::uint64_t ids[4];
+        std::uint8_t nids = 0;
+        for (std::uint8_t o = peek(); o == 0x94 || o == 'q' || o == 'r'; o = peek()) {
+          if (nids == 4 || !memo(PyRef(), &ids[nids])) return false;
+          ++nids;
+        }
+        open_ids = ids;
+        open_n = nids;
+        scratch_.clear();
+        std::uint16_t h = 1;
+        const auto item = [&](std::uint8_t o) {
+          PyRef r;
+          if ((o != 'h' && o != 'j') || !get(o, r)) return false;
+          if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+          scratch_.push_back(r);
+          return true;
+        };
+        std::uint8_t o = peek();
+        if (o == '(') {
+          (void)next();
+          for (o = next(); o != 'e'; o = next()) {
+            if (scratch_.size() == kFastMaxListItems || !item(o)) return false;
+          }
+        } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
+          const std::size_t save = p;
+          PyRef r;
+          (void)next();
+          if (get(o, r) && peek() == 'a') {
+            (void)next();
+            if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+            scratch_.push_back(r);
+          } else {
+            p = save;
+          }
+        }
+        open_n = 0;
+        val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+        for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.emplace_back(ids[k], val);
+        break;
+      }
+      default: return false;
+    }
+    if (val.kind != PyKind::kString && val.kind != PyKind::kList) {
+      const std::uint8_t o = peek();
+      if ((o == 0x94 || o == 'q' || o == 'r') && !memo(val, nullptr)) return false;
+    }
+    // Into the dict, as SETITEMS would (a duplicate key: left to the general path).
+    if (D.items.size() + 2 > kFastMaxDictItems) return false;
+    const char* chars = a.chars.data();
+    const std::uint64_t bit = StrKeyBit(chars, key);
+    if (D.str_key_bits & bit) {
+      for (std::size_t j = 0; j < D.items.size(); j += 2) {
+        const PyRef& e = D.items[j];
+        if (e.n == key.n && (e.v == key.v || std::memcmp(chars + e.v, chars + key.v, key.n) == 0)) return false;
+      }
+    }
+    D.str_key_bits |= bit;
+    if (IsContainerKind(val.kind)) D.height = std::max(D.height, AddHeight(val.height));
+    D.items.push_back(key);
+    D.items.push_back(val);
+  }
+  const std::uint8_t after = peek();
+  if (after != '}' && after != 'e') return false;
+  fast_pair_ops_ = (p - pos) / 2;  // about: every opcode here takes 2 bytes or more
+  pos = p;
+  return true;
+}
+
+bool Reader::FastDict() {
+  // Only inside an item of a streamed list: no path is asked for there.
+  if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
+  Window(kFastWindow);
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const std::size_t end = end_;
+  std::size_t p = pos_;
+  PickleArena& a = *arena_;
+  const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
+  if (!fast_vals_) fast_vals_ = std::make_unique<FastVal[]>(kFastMaxStack);
+  FastVal* const st = fast_vals_.get();
+  std::size_t sp = 0;  // values on st
+  fast_nmarks_ = 0;
+  fast_nboxes_ = 0;
+  fast_memo_.clear();
+  fast_memo_bloom_ = 0;
+  fast_memo_count_ = memo_count_;
+  fast_pair_ops_ = 0;
+  std::uint64_t ops = 0;
+  const auto fail = [&] {
+    a.chars.resize(chars0);
+    a.tree.resize(tree0);
+    return false;
+  };
+#define MS_FAST_PUSH(r)                          \
+  do {                                           \
+    if (sp >= kFastMaxStack) return fail();      \
+    st[sp].ref = (r);                            \
+    st[sp].box = -1;                             \
+    st[sp].mark = false;                         \
+    ++sp;                                        \
+  } while (0)
+  const auto open_box = [&](PyKind kind) {
+    if (fast_nboxes_ == kFastMaxBoxes || sp >= kFastMaxStack) return false;
+    if (fast_nboxes_ == fast_boxes_.size()) fast_boxes_.emplace_back();
+    FastBox& B = fast_boxes_[fast_nboxes_];
+    B.items.clear();
+    B.str_key_bits = 0;
+    B.kind = kind;
+    B.height = 1;
+    B.memos = 0;
+    st[sp].ref = PyRef();
+    st[sp].ref.kind = kind;
+    st[sp].box = static_cast<std::int32_t>(fast_nboxes_++);
+    st[sp].mark = false;
+    ++sp;
+    return true;
+  };
+  const auto str = [&](std::uint64_t n, PyRef& r) {
+    if (end - p < n) return false;
+    const std::string_view text(reinterpret_cast<const char*>(b + p), static_cast<std::size_t>(n));
+    if (!ValidUtf8(text)) return false;
+    r = ScalarRef(PyKind::kString, a.chars.size());
+    r.n = static_cast<std::uint32_t>(n);
+    a.chars.append(text);
+    p += n;
+    return true;
+  };
+  const auto put = [&](std::uint64_t id) {
+    if (sp == 0 || st[sp - 1].mark) return false;
+    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    if (fast_memo_bloom_ & bit) {  // written twice by one dict: left to the general path
+      for (const auto& [k, r] : fast_memo_) {
+        if (k == id) return false;
+      }
+      for (std::size_t j = 0; j < fast_nboxes_; ++j) {
+        for (std::uint8_t k = 0; k < fast_boxes_[j].memos; ++k) {
+          if (fast_boxes_[j].memo[k] == id) return false;
+        }
+      }
+    }
+    fast_memo_bloom_ |= bit;
+    fast_memo_count_ = std::max(fast_memo_count_, id + 1);
+    const FastVal& top = st[sp - 1];
+    if (top.box >= 0) {
+      FastBox& B = fast_boxes_[static_cast<std::size_t>(top.box)];
+      if (B.memos == 4) return false;
+      B.memo[B.memos++] = id;
+    } else {
+      fast_memo_.emplace_back(id, top.ref);
+    }
+    return true;
+  };
+  // The topmost n values are values, not MARKs, and do not reach the dict itself.
+  const auto values_on_top = [&](std::size_t n) {
+    if (sp < n + 1) return false;
+    return fast_nmarks_ == 0 || fast_marks_[fast_nmarks_ - 1] < sp - n;
+  };
+  const auto u16 = [&] {
+    const std::uint64_t x = b[p] | (std::uint64_t{b[p + 1]} << 8);
+    p += 2;
+    return x;
+  };
+  const auto u32 = [&] {
+    const std::uint64_t x = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) |
+                            (std::uint64_t{b[p + 3]} << 24);
+    p += 4;
+    return x;
+  };
+  if (!open_box(PyKind::kDict)) return false;
+  if (FastPairs(p)) goto complete;
+  // Not the common shape: again from the EMPTY_DICT, on the stack.
+  a.chars.resize(chars0);
+  a.tree.resize(tree0);
+  p = pos_;
+  fast_nmarks_ = 0;
+  fast_nboxes_ = 0;
+  fast_memo_.clear();
+  fast_memo_bloom_ = 0;
+  fast_memo_count_ = memo_count_;
+  sp = 0;
+  if (!open_box(PyKind::kDict)) return false;
+  for (;;) {
+    if (sp == 1 && fast_nmarks_ == 0) {
+      std::size_t q = p;
+      while (q < end && b[q] == 0x95) q += 9;  // FRAME
+      if (q >= end) return fail();             // cannot tell what follows
+      if (b[q] == '}' || b[q] == 'e') break;   // complete: nothing can add to it
+    }
+    if (p >= end) return fail();
+    const std::uint8_t op = b[p++];
+    ++ops;
+    const std::size_t left = end - p;
+    switch (op) {
+      case 'h': {  // BINGET
+        if (left < 1) return fail();
+        PyRef r;
+        if (!FastLookup(b[p++], r)) return fail();
+        MS_FAST_PUSH(r);
+        break;
+      }
+      case 'j': {  // LONG_BINGET
+        if (left < 4) return fail();
+        PyRef r;
+        if (!FastLookup(u32(), r)) return fail();
+        MS_FAST_PUSH(r);
+        break;
+      }
+      case 'K':
+        if (left < 1) return fail();
+        MS_FAST_PUSH(IntRef(b[p++]));
+        break;
+      case 'M':
+        if (left < 2) return fail();
+        MS_FAST_PUSH(IntRef(static_cast<std::int64_t>(u16())));
+        break;
+      case 'J':
+        if (left < 4) return fail();
+        MS_FAST_PUSH(IntRef(static_cast<std::int32_t>(static_cast<std::uint32_t>(u32()))));
+        break;
+      case 0x8a: {  // LONG1
+        if (left < 1 || left - 1 < b[p]) return fail();
+        const std::size_t n = b[p];
+        PyRef r;
+        if (n <= 8 && (n == 0 || (b[p + n] & 0x80) == 0)) {  // the common case: non-negative, 8 bytes at most
+          std::uint64_t v = 0;
+          for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
+          r = UIntRef(v);
+        } else if (!LongRef(b + p + 1, n, r)) {
+          return fail();
+        }
+        p += 1 + n;
+        MS_FAST_PUSH(r);
+        break;
+      }
+      case 'N': MS_FAST_PUSH(ScalarRef(PyKind::kNone, 0)); break;
+      case 0x88: MS_FAST_PUSH(BoolRef(true)); break;
+      case 0x89: MS_FAST_PUSH(BoolRef(false)); break;
+      case 'G': {
+        if (left < 8) return fail();
+        std::uint64_t x = 0;
+        for (std::size_t k = 0; k < 8; ++k) x = (x << 8) | b[p + k];
+        p += 8;
+        MS_FAST_PUSH(FloatRef(std::bit_cast<double>(x)));
+        break;
+      }
+      case 0x8c: {  // SHORT_BINUNICODE
+        if (left < 1) return fail();
+        PyRef r;
+        if (!str(b[p++], r)) return fail();
+        MS_FAST_PUSH(r);
+        break;
+      }
+      case 'X': {  // BINUNICODE
+        if (left < 4) return fail();
+        PyRef r;
+        if (!str(u32(), r)) return fail();
+        MS_FAST_PUSH(r);
+        break;
+      }
+      case 0x94:  // MEMOIZE
+        if (!put(fast_memo_count_)) return fail();
+        break;
+      case 'q':  // BINPUT
+        if (left < 1 || !put(b[p++])) return fail();
+        break;
+      case 'r':  // LONG_BINPUT
+        if (left < 4 || !put(u32())) return fail();
+        break;
+      case 0x95:  // FRAME: the frame's opcodes follow
+        if (left < 8) return fail();
+        p += 8;
+        break;
+      case '}':
+        if (!open_box(PyKind::kDict)) return fail();
+        break;
+      case ']':
+        if (!open_box(PyKind::kList)) return fail();
+        break;
+      case ')': MS_FAST_PUSH(Store(PyKind::kTuple, nullptr, 0, 1)); break;
+      case '(':
+        if (fast_nmarks_ == kFastMaxMarks || sp >= kFastMaxStack) return fail();
+        fast_marks_[fast_nmarks_++] = sp;
+        st[sp].box = -1;
+        st[sp].mark = true;
+        ++sp;
+        break;
+      case 'u':
+      case 'e': {  // SETITEMS, APPENDS: the values above the MARK into the list/dict below it
+        if (fast_nmarks_ == 0) return fail();
+        const std::size_t m = fast_marks_[--fast_nmarks_];
+        const FastVal& t = st[m - 1];  // m >= 1: the dict itself is at 0
+        if (t.mark || t.box < 0) return fail();
+        FastBox& B = fast_boxes_[static_cast<std::size_t>(t.box)];
+        if (B.kind != (op == 'u' ? PyKind::kDict : PyKind::kList)) return fail();
+        if (!FastInto(B, st + m + 1, sp - m - 1)) return fail();
+        sp = m;
+        break;
+      }
+      case 's':
+      case 'a': {  // SETITEM, APPEND
+        const std::size_t n = op == 's' ? 2 : 1;
+        if (!values_on_top(n)) return fail();
+        const FastVal& t = st[sp - n - 1];
+        if (t.mark || t.box < 0) return fail();
+        FastBox& B = fast_boxes_[static_cast<std::size_t>(t.box)];
+        if (B.kind != (op == 's' ? PyKind::kDict : PyKind::kList)) return fail();
+        if (!FastInto(B, st + sp - n, n)) return fail();
+        sp -= n;
+        break;
+      }
+      case 0x85:
+      case 0x86:
+      case 0x87:
+      case 't': {  // TUPLE1, TUPLE2, TUPLE3, TUPLE
+        std::size_t from;
+        if (op == 't') {
+          if (fast_nmarks_ == 0) return fail();
+          from = fast_marks_[--fast_nmarks_];
+        } else {
+          const std::size_t n = op - 0x84u;
+          if (!values_on_top(n)) return fail();
+          from = sp - n;
+        }
+        const std::size_t first = op == 't' ? from + 1 : from;
+        scratch_.clear();
+        std::uint16_t h = 1;
+        for (std::size_t k = first; k < sp; ++k) {
+          const PyRef r = FastFinish(st[k]);
+          if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+          scratch_.push_back(r);
+        }
+        sp = from;
+        MS_FAST_PUSH(Store(PyKind::kTuple, scratch_.data(), scratch_.size(), h));
+        break;
+      }
+      default: return fail();
+    }
+  }
+#undef MS_FAST_PUSH
+complete:
+  ops += fast_pair_ops_;
+  const PyRef r = FastFinish(st[0]);
+  const std::uint32_t level = NextLevel(false);
+  if (std::uint64_t{level} + r.height > options_.max_depth) return fail();
+  pos_ = p;
+  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+  memo_count_ = fast_memo_count_;
+  Slot s;
+  s.ref = r;
+  s.level = level;
+  stack_.push_back(s);
+  fast_ops_ = ops;
+  ++fast_count_;
+  return true;
+}
+
 absl::Status Reader::Long(const unsigned char* b, std::size_t n) {
-  // Little-endian two's complement.
-  if (n == 0) return Push(IntRef(0));
-  bool neg = (b[n - 1] & 0x80) != 0;
-  if (!neg) {
-    while (n > 8 && b[n - 1] == 0) --n;
-    if (n > 8) return Error("integer too large (not in [-2^63, 2^64))");
-    std::uint64_t v = 0;
-    for (std::size_t k = 0; k < n; ++k) v |= static_cast<std::uint64_t>(b[k]) << (8 * k);
-    return Push(UIntRef(v));
-  }
-  while (n > 8 && b[n - 1] == 0xff && (b[n - 2] & 0x80) != 0) --n;
-  if (n > 8) return Error("integer too large (not in [-2^63, 2^64))");
-  std::uint64_t v = ~std::uint64_t{0};
-  for (std::size_t k = 0; k < n; ++k) {
-    v &= ~(std::uint64_t{0xff} << (8 * k));
-    v |= static_cast<std::uint64_t>(b[k]) << (8 * k);
-  }
-  return Push(IntRef(static_cast<std::int64_t>(v)));
+  PyRef r;
+  if (!LongRef(b, n, r)) return Error("integer too large (not in [-2^63, 2^64))");
+  return Push(r);
 }
 
 // The dispatch table of the reader: one case per pickle opcode (protocols 0
@@ -1379,7 +2054,9 @@ absl::Status Reader::Step(std::uint8_t op) {
     // ---- Containers.
     case ']':
     case 0x8f: return PushNew(PyKind::kList);
-    case '}': return PushNew(PyKind::kDict);
+    case '}':
+      if (fast_dicts_ && FastDict()) return absl::OkStatus();
+      return PushNew(PyKind::kDict);
     case ')': return Push(Store(PyKind::kTuple, nullptr, 0, 1));
     case 'a': {
       MS_RETURN_IF_ERROR(CheckTopValue(2));
@@ -1484,7 +2161,8 @@ absl::Status Reader::Step(std::uint8_t op) {
 }
 
 absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
-  std::uint64_t ops = 0;
+  std::uint64_t ops = 0, next_check = kBudgetCheckEvery;
+  fast_dicts_ = options_.fast_dicts && !options_.stream_inside_items;
   absl::Status status;
   while (!stopped_) {
     op_offset_ = base_ + pos_;
@@ -1495,7 +2173,10 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
     }
     status = Step(op_);
     if (!status.ok()) break;
-    if (++ops % kBudgetCheckEvery == 0) {
+    ops += 1 + fast_ops_;
+    fast_ops_ = 0;
+    if (ops >= next_check) {
+      next_check = ops + kBudgetCheckEvery;
       status = CheckBudget();
       if (!status.ok()) break;
     }
@@ -1510,6 +2191,7 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
     stats->input_bytes = base_ + pos_;
     stats->peak_working_bytes = std::max(peak_, WorkingBytes());
     stats->shared_containers = cons_refs_.size();
+    stats->fast_dicts = fast_count_;
   }
   if (!status.ok()) return status;
   return PickleDoc(std::move(arena_), root);

@@ -149,7 +149,7 @@ class PyView {
   PyRef ref_;
 };
 
-inline const PyRef* PyView::elements() const {
+[[gnu::always_inline]] inline const PyRef* PyView::elements() const {
   if (arena_ == nullptr) return nullptr;
   const std::vector<PyRef>& pool = (ref_.flags & kPyRefShared) ? arena_->shared : arena_->tree;
   return pool.data() + ref_.v;
@@ -161,7 +161,7 @@ inline std::optional<std::int64_t> PyView::AsInt() const {
   return static_cast<std::int64_t>(ref_.v);
 }
 
-inline std::optional<std::uint64_t> PyView::AsUInt() const {
+[[gnu::always_inline]] inline std::optional<std::uint64_t> PyView::AsUInt() const {
   if (ref_.kind == PyKind::kBool) return ref_.v != 0 ? 1u : 0u;
   if (ref_.kind != PyKind::kInt) return std::nullopt;
   if (is_unsigned()) return ref_.v;
@@ -209,12 +209,12 @@ inline PyView PyView::operator[](std::size_t i) const {
   return PyView(arena_, elements()[i]);
 }
 
-inline PyView PyView::key(std::size_t i) const {
+[[gnu::always_inline]] inline PyView PyView::key(std::size_t i) const {
   if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
   return PyView(arena_, elements()[2 * i]);
 }
 
-inline PyView PyView::value(std::size_t i) const {
+[[gnu::always_inline]] inline PyView PyView::value(std::size_t i) const {
   if (ref_.kind != PyKind::kDict || i >= ref_.n) return PyView();
   return PyView(arena_, elements()[2 * i + 1]);
 }
@@ -264,6 +264,17 @@ struct PickleReadOptions {
   // not built (the frames list of every trace entry would cost one each).
   // Other lists are asked as before.
   bool stream_inside_items = true;
+  // With stream_inside_items false: a dict inside an item of a streamed list
+  // (a trace entry, or a frame dict inside one) is decoded by a specialised
+  // path that builds it directly from its opcodes (scalars, strings, memo
+  // references, small lists, tuples and dicts of those) instead of through
+  // the general stack; anything it does not expect (another opcode, a memo
+  // reference to something still being built, a duplicate or non-str key,
+  // the end of the read buffer...) rewinds to the dict's EMPTY_DICT and reads
+  // it the general way. The values, memo entries and errors are the same
+  // either way (tests/importers/pickle_reader_test.cpp reads every test
+  // pickle both ways); false reads everything the general way.
+  bool fast_dicts = true;
   std::uint64_t max_depth = 1000;
   // The working-memory budget (see the header comment).
   std::uint64_t max_working_bytes_fixed = 256ull << 20;
@@ -275,6 +286,7 @@ struct PickleReadStats {
   std::uint64_t input_bytes = 0;         // bytes consumed up to STOP (or the error)
   std::uint64_t peak_working_bytes = 0;  // the most the reader held at once (estimated from capacities)
   std::uint64_t shared_containers = 0;   // distinct containers in the shared pool
+  std::uint64_t fast_dicts = 0;          // dicts read by the fast path (PickleReadOptions::fast_dicts)
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the

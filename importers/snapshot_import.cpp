@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -46,7 +47,7 @@ void AnnotationPhase(const std::string& name, Request& r, RequestTrace& trace) {
 
 // ---- Reading trace entries and segments (field names: docs/snapshot-format.md).
 
-std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
+[[gnu::always_inline]] inline std::uint64_t UIntOr0(const PyView& v) { return v.AsUInt().value_or(0); }
 
 // The trace entry keys memscope reads, those it knows and deliberately
 // ignores, and the rest (counted and named in a note). Decided by length and
@@ -60,7 +61,8 @@ enum class Field : std::uint8_t {
   kPoolId,
   kCompileContext,
   kUserMetadata,
-  kOtherKnown,  // device_free, name, stage, device, requested_size, real_size, action
+  kAction,
+  kOtherKnown,  // device_free, name, stage, device, requested_size, real_size
   kUnknown
 };
 
@@ -75,7 +77,7 @@ Field FieldOf(std::string_view k) {
     case 6:
       if (k[0] == 's') return is("stream", Field::kStream);
       if (k[0] == 'f') return is("frames", Field::kFrames);
-      if (k[0] == 'a') return is("action", Field::kOtherKnown);
+      if (k[0] == 'a') return is("action", Field::kAction);
       return is("device", Field::kOtherKnown);
     case 7:
       if (k[0] == 't') return is("time_us", Field::kTimeUs);
@@ -397,7 +399,12 @@ struct DeviceBuilder {
   }
 
   std::uint32_t Slot(std::uint64_t addr) {
-    out.requests.ids.push_back(absl::StrCat("0x", absl::Hex(addr)));
+    char text[18] = {'0', 'x'};  // absl::Hex's digits, without its formatting machinery
+    int n = 2;
+    for (int shift = (addr == 0 ? 0 : (63 - std::countl_zero(addr)) / 4 * 4); shift >= 0; shift -= 4) {
+      text[n++] = "0123456789abcdef"[(addr >> shift) & 15];
+    }
+    out.requests.ids.emplace_back(text, static_cast<std::size_t>(n));
     return static_cast<std::uint32_t>(out.requests.ids.size() - 1);
   }
   void Push(Request r, double time_us) {
@@ -409,39 +416,44 @@ struct DeviceBuilder {
 
   void Entry(const PyView& e) {
     ++entries;
-    const PyView action_v = e.Get("action");
-    const std::optional<std::string_view> action = action_v.AsString();
-    if (!action) {
-      unknown_actions.Add("(no action)");
-      return;
-    }
-    PyView addr_v, size_v, stream_v, time_v, frames_v;
-    const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
+    // One pass over the keys (str keys, each classified once per distinct
+    // string of the pickle); what depends on the action is done after it.
+    PyView action_v, addr_v, size_v, stream_v, time_v, frames_v, pool_v, context_v, metadata_v;
+    bool unknown_keys = false;
     for (std::size_t k = 0; k < e.size(); ++k) {
       const PyView key_v = e.key(k);
-      const std::optional<std::string_view> key = key_v.AsString();
-      if (!key) continue;
-      switch (field_names.Of(key_v.ref(), *key, FieldOf)) {
+      if (key_v.kind() != PyKind::kString) continue;
+      switch (field_names.Of(key_v.ref(), key_v.bytes(), FieldOf)) {
         case Field::kAddr: addr_v = e.value(k); break;
         case Field::kSize: size_v = e.value(k); break;
         case Field::kStream: stream_v = e.value(k); break;
         case Field::kTimeUs: time_v = e.value(k); break;
         case Field::kFrames: frames_v = e.value(k); break;
-        case Field::kPoolId:
-          if (act == Action::kAlloc && !IsDefaultPool(e.value(k))) ++private_pool_allocs;
+        case Field::kPoolId: pool_v = e.value(k); break;
+        case Field::kCompileContext: context_v = e.value(k); break;
+        case Field::kUserMetadata: metadata_v = e.value(k); break;
+        case Field::kAction:
+          if (!action_v.valid()) action_v = e.value(k);
           break;
-        case Field::kCompileContext: {
-          const std::optional<std::string_view> c = e.value(k).AsString();
-          if (c && *c != "N/A" && !c->empty()) ++compile_contexts;
-          break;
-        }
-        case Field::kUserMetadata: {
-          const std::optional<std::string_view> m = e.value(k).AsString();
-          if (m && !m->empty()) ++user_metadata;
-          break;
-        }
         case Field::kOtherKnown: break;
-        case Field::kUnknown: unknown_fields.Add(*key); break;
+        case Field::kUnknown: unknown_keys = true; break;
+      }
+    }
+    const std::optional<std::string_view> action = action_v.AsString();
+    if (!action) {
+      unknown_actions.Add("(no action)");
+      return;
+    }
+    const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
+    if (pool_v.valid() && act == Action::kAlloc && !IsDefaultPool(pool_v)) ++private_pool_allocs;
+    if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
+      ++compile_contexts;
+    }
+    if (const std::optional<std::string_view> m = metadata_v.AsString(); m && !m->empty()) ++user_metadata;
+    if (unknown_keys) {
+      for (std::size_t k = 0; k < e.size(); ++k) {
+        const std::optional<std::string_view> key = e.key(k).AsString();
+        if (key && field_names.Of(e.key(k).ref(), *key, FieldOf) == Field::kUnknown) unknown_fields.Add(*key);
       }
     }
     const std::uint64_t addr = UIntOr0(addr_v);
@@ -562,6 +574,9 @@ std::string PoolText(const PyView& pool) {
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  std::error_code size_error;
+  std::uint64_t file_size = std::filesystem::file_size(path, size_error);
+  if (size_error) file_size = 0;  // no reserve
   std::map<int, DeviceBuilder> devices;
   PickleReadOptions options;
   options.stream_inside_items = false;
@@ -579,9 +594,20 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
           device > kMaxTimelineDeviceIndex) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
       }
+      const bool first = !devices.contains(device);
       current = &devices[device];
       current->out.device = device;
       current_label = p[1];
+      if (first && devices.size() == 1) {
+        // Room for the requests the file can hold (a trace entry takes 40
+        // bytes or more of pickle; an alloc entry about 80): reserved address
+        // space costs no memory until used, and a vector of millions grown
+        // by doubling copies (and faults in) every element again.
+        const std::uint64_t entries = file_size / 40;
+        current->out.requests.requests.reserve(entries);
+        current->times.reserve(entries);
+        current->out.requests.ids.reserve(entries / 2);
+      }
     }
     DeviceBuilder& b = *current;
     if (!item.is_dict()) {
@@ -676,10 +702,15 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     }
     std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
     t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
-    std::vector<Request> merged = head;
-    merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
+    std::vector<Request> merged;
     std::size_t m = 0;
-    for (std::size_t i = 0; i < t.requests.requests.size(); ++i) {
+    if (head.empty() && marks.empty()) {
+      merged = std::move(t.requests.requests);  // nothing to merge: no copy (at 10M entries, ~400 MB)
+    } else {
+      merged = head;
+      merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
+    }
+    for (std::size_t i = 0; !(head.empty() && marks.empty()) && i < t.requests.requests.size(); ++i) {
       // A scope's START goes before the entries of its microsecond, its END after them.
       while (m < marks.size() && (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= b.times[i]
                                                                                : marks[m].first < b.times[i])) {

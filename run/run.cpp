@@ -33,6 +33,10 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
   options.config = config;
   RankSession session(options);
   if (absl::Status s = session.Start(); !s.ok()) return s;
+  // Room for the events (an alloc, a free's two, segments): reserved address
+  // space costs no memory until used, and millions of events grown by
+  // doubling are copied (and faulted in) again at every step.
+  session.timeline().events.reserve(session.timeline().events.size() + 2 * trace.requests.size() + 64);
   absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());
   if (!r.ok()) return r.status();
   if (absl::Status s = session.Finish(); !s.ok()) return s;
