@@ -148,17 +148,6 @@ bool JsonWriter::Finish() {
   return static_cast<bool>(*stream_);
 }
 
-void JsonWriter::Int(std::int64_t v) {
-  Separate();
-  Reserve(24);
-  pos_ = static_cast<std::size_t>(std::to_chars(data_ + pos_, data_ + cap_, v).ptr - data_);
-}
-
-void JsonWriter::UInt(std::uint64_t v) {
-  Separate();
-  Reserve(24);
-  pos_ = static_cast<std::size_t>(std::to_chars(data_ + pos_, data_ + cap_, v).ptr - data_);
-}
 
 // What nlohmann's serializer does with a double: its to_chars (Grisu2,
 // shortest round trip, ".0" for integral values), "null" when not finite.

@@ -33,6 +33,8 @@
 #include <string_view>
 #include <vector>
 
+#include "exporters/decimal.h"
+
 namespace memscope {
 
 class JsonWriter {
@@ -74,8 +76,16 @@ class JsonWriter {
     Separate();
     Quoted(s);
   }
-  void Int(std::int64_t v);
-  void UInt(std::uint64_t v);
+  void Int(std::int64_t v) {
+    Separate();
+    Reserve(kMaxDecimalBytes);
+    pos_ = static_cast<std::size_t>(PutDecimal(data_ + pos_, v) - data_);
+  }
+  void UInt(std::uint64_t v) {
+    Separate();
+    Reserve(kMaxDecimalBytes);
+    pos_ = static_cast<std::size_t>(PutDecimal(data_ + pos_, v) - data_);
+  }
   void Double(double v);
   void Bool(bool v) {
     Separate();
@@ -93,6 +103,15 @@ class JsonWriter {
   }
   // Text outside any JSON value (an HTML page around the data).
   void Verbatim(std::string_view text) { Put(text.data(), text.size()); }
+  // One whole value as text the caller writes in place (the hot paths of
+  // long arrays): room for at most `max_bytes`, then EndRawValue with the
+  // end of what was written. The caller writes valid JSON, escaped as above.
+  char* BeginRawValue(std::size_t max_bytes) {
+    Separate();
+    Reserve(max_bytes);
+    return data_ + pos_;
+  }
+  void EndRawValue(const char* end) { pos_ = static_cast<std::size_t>(end - data_); }
 
   // Hands what is buffered to the stream (a string writer: resizes the
   // string to its text). Returns false if the stream failed.
