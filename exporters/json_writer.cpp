@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <memory>
 
 #include "nlohmann/json.hpp"
 
@@ -10,6 +11,7 @@ namespace memscope {
 namespace {
 
 constexpr std::size_t kBlock = 1 << 16;
+constexpr std::size_t kStringBlock = 1 << 12;
 
 // Which ASCII bytes a string cannot hold as they are: 1 = escape, 0 = copy.
 struct EscapeTable {
@@ -105,49 +107,51 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
 
 }  // namespace
 
+// Both writers fill a buffer of their own (never zero-filled: a string's
+// resize would write every byte twice) and hand it to the target when full.
 JsonWriter::JsonWriter(std::string& out, bool escape_lt) : string_(&out), escape_lt_(escape_lt) {
-  pos_ = out.size();
-  out.resize(std::max(out.capacity(), pos_ + 4096));
-  data_ = out.data();
-  cap_ = out.size();
+  own_ = std::make_unique_for_overwrite<char[]>(kStringBlock);
+  data_ = own_.get();
+  cap_ = kStringBlock;
 }
 
 JsonWriter::JsonWriter(std::ostream& out, bool escape_lt) : stream_(&out), escape_lt_(escape_lt) {
-  own_.resize(kBlock);
-  data_ = own_.data();
-  cap_ = own_.size();
+  own_ = std::make_unique_for_overwrite<char[]>(kBlock);
+  data_ = own_.get();
+  cap_ = kBlock;
 }
 
 JsonWriter::~JsonWriter() { Finish(); }
 
-void JsonWriter::Grow(std::size_t n) {
+void JsonWriter::Hand(const char* s, std::size_t n) {
   if (string_ != nullptr) {
-    string_->resize(std::max(2 * cap_, pos_ + n));
-    data_ = string_->data();
-    cap_ = string_->size();
-    return;
+    string_->append(s, n);
+  } else {
+    stream_->write(s, static_cast<std::streamsize>(n));
   }
-  stream_->write(data_, static_cast<std::streamsize>(pos_));
+}
+
+void JsonWriter::Grow(std::size_t n) {
+  Hand(data_, pos_);
   pos_ = 0;
   if (n > cap_) {
-    own_.resize(n);
-    data_ = own_.data();
-    cap_ = own_.size();
+    own_ = std::make_unique_for_overwrite<char[]>(n);
+    data_ = own_.get();
+    cap_ = n;
   }
+}
+
+void JsonWriter::PutLong(const char* s, std::size_t n) {
+  Hand(data_, pos_);
+  pos_ = 0;
+  Hand(s, n);
 }
 
 bool JsonWriter::Finish() {
-  if (string_ != nullptr) {
-    string_->resize(pos_);
-    cap_ = pos_;
-    data_ = string_->data();
-    return true;
-  }
-  if (pos_ > 0) stream_->write(data_, static_cast<std::streamsize>(pos_));
+  if (pos_ > 0) Hand(data_, pos_);
   pos_ = 0;
-  return static_cast<bool>(*stream_);
+  return string_ != nullptr || static_cast<bool>(*stream_);
 }
-
 
 // What nlohmann's serializer does with a double: its to_chars (Grisu2,
 // shortest round trip, ".0" for integral values), "null" when not finite.
