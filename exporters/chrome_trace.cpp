@@ -13,6 +13,7 @@
 #include "analysis/counter_thinning.h"
 #include "analysis/trace_model.h"
 #include "exporters/decimal.h"
+#include "exporters/utf8.h"
 
 namespace memscope {
 namespace {
@@ -96,23 +97,9 @@ void AppendString(std::string& out, const Text& text) {
       ++i;
       continue;
     }
-    // A multi-byte sequence: its length and the range of its second byte.
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    bool valid = len != 0 && i + len <= n && s[i + 1] >= lo && s[i + 1] <= hi;
-    for (std::size_t k = 2; valid && k < len; ++k) valid = s[i + k] >= 0x80 && s[i + k] <= 0xBF;
-    if (valid) {
+    // A multi-byte sequence; each byte of an invalid one becomes U+FFFD.
+    const std::size_t len = Utf8Sequence(s, n, i);
+    if (len != 0) {
       out.append(reinterpret_cast<const char*>(s + i), len);
       i += len;
     } else {

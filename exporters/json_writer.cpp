@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 
+#include "exporters/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace memscope {
@@ -23,40 +24,6 @@ struct EscapeTable {
 constexpr EscapeTable kPlain(false);
 constexpr EscapeTable kPlainHtml(true);
 
-// The length of the valid UTF-8 sequence at s[i] (2-4), or, when it is
-// invalid, 0 with `bad` = the bytes of its maximal invalid subpart (at least
-// 1): the lead byte and the continuation bytes that were still possible.
-std::size_t Utf8Sequence(const unsigned char* s, std::size_t n, std::size_t i, std::size_t& bad) {
-  const unsigned char c = s[i];
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  }
-  bad = 1;
-  if (len == 0) return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    if (i + k >= n) {  // the text ends inside the sequence: all of it is one U+FFFD
-      bad = k;
-      return 0;
-    }
-    const unsigned char b = s[i + k];
-    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) {
-      bad = k;  // the byte that did not fit starts again
-      return 0;
-    }
-  }
-  return len;
-}
-
 // Escaped `s` through `put(const char*, size)`.
 template <typename Put>
 void Escape(std::string_view text, bool escape_lt, Put&& put) {
@@ -74,7 +41,7 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
     }
     if (c >= 0x80) {
       std::size_t bad = 0;
-      const std::size_t len = Utf8Sequence(s, n, i, bad);
+      const std::size_t len = Utf8Sequence(s, n, i, &bad);
       if (len != 0) {
         i += len;
         continue;

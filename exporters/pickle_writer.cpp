@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "exporters/utf8.h"
+
 namespace memscope {
 namespace {
 
@@ -58,33 +60,11 @@ bool IsAscii(std::string_view s) {
 }
 
 // Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes
-// there are not one (overlong forms, surrogates and code points above
-// U+10FFFF are invalid, as Python's decoder says).
+// there are not one (utf8.h: overlong forms, surrogates and code points
+// above U+10FFFF are invalid, as Python's decoder says).
 std::size_t Utf8SequenceLength(std::string_view s, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  std::size_t n;
-  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < n; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
-  }
-  return n;
+  if (static_cast<unsigned char>(s[i]) < 0x80) return 1;
+  return Utf8Sequence(reinterpret_cast<const unsigned char*>(s.data()), s.size(), i);
 }
 
 // `s` with every invalid UTF-8 byte replaced by U+FFFD.
