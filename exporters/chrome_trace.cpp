@@ -383,8 +383,8 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
     std::size_t at = 0;  // in pieces_
     std::size_t size = 0;
   };
-  std::string pieces_;                  // the texts below, each followed by 16 bytes of padding
-  std::array<Piece, 4> after_time_;     // a sample's text after each of its 4 times
+  std::string pieces_;                        // the texts below, each followed by 16 bytes of padding
+  std::array<Piece, 4> after_time_;           // a sample's text after each of its 4 times
   std::array<Piece, kNumbers> after_number_;  // and after each of its numbers
   // Phases the walk closed because an outer phase ended around them: the
   // trace keeps a phase open until its own end (or the end of the timeline).

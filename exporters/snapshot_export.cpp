@@ -2,11 +2,11 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <cstring>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -408,7 +408,7 @@ class SnapshotWriter {
       char num[PickleWriter::kMaxIntBytes];
       b.append(num, static_cast<std::size_t>(PickleWriter::EncodeInt(num, line) - num));
       f.ok = f.ok && PickleWriter::AppendString(b, "name") && PickleWriter::AppendString(b, name);
-      b += static_cast<char>(0x75);  // SETITEMS
+      b += static_cast<char>(0x75);                                           // SETITEMS
       if (++n % PickleWriter::kBatchSize == 0) b += static_cast<char>(0x65);  // APPENDS
     };
     if (has_stack) {
@@ -518,8 +518,7 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
 }
 
 absl::Status WritePickleSnapshotWithoutRawValues(const Timeline& timeline, const TraceModel& model,
-                                                 std::size_t events_until, std::ostream& out,
-                                                 std::size_t max_entries) {
+                                                 std::size_t events_until, std::ostream& out, std::size_t max_entries) {
   return WriteSnapshotImpl(timeline, model, events_until, SnapshotFormat::kPickle, out, max_entries, false);
 }
 
