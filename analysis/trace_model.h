@@ -106,9 +106,11 @@ class TraceModel {
   // Applies `delta` to a stat array for the pool of `small`.
   void Change(StatArray& a, bool small, std::int64_t delta);
   // How placing a block in its free gap changes inactive_split (count, bytes);
-  // removing it changes them by the opposite. The block must not be in blocks_.
+  // removing it changes them by the opposite. The block must not be in
+  // blocks_; `next` is blocks_.lower_bound(addr), which the caller has.
+  using BlockMap = absl::btree_map<std::uint64_t, Block>;
   std::pair<std::int64_t, std::int64_t> InactiveDelta(std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr,
-                                                      std::uint64_t size) const;
+                                                      std::uint64_t size, BlockMap::const_iterator next) const;
   // The segment containing [addr, addr + size), or end().
   absl::btree_map<std::uint64_t, Segment>::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
 

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "analysis/counter_thinning.h"
 #include "analysis/trace_model.h"
+#include "exporters/decimal.h"
+#include "exporters/utf8.h"
 
 namespace memscope {
 namespace {
@@ -45,15 +47,17 @@ char* PutText(char* p, std::string_view text) {
   std::memcpy(p, text.data(), text.size());
   return p + text.size();
 }
-template <typename T>
-char* PutNumber(char* p, T v) {
-  return std::to_chars(p, p + 24, v).ptr;
+// `n` bytes of `text` written at `p` in 16-byte steps: up to 15 bytes past
+// both ends may be read and written (the texts are padded, the room too).
+char* CopyPadded(char* p, const char* text, std::size_t n) {
+  for (std::size_t i = 0; i < n; i += 16) std::memcpy(p + i, text + i, 16);
+  return p + n;
 }
 char* PutMicros(char* p, std::int64_t ns) {
   const bool negative = ns < 0;
   const std::uint64_t abs_ns = negative ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
   if (negative) *p++ = '-';
-  p = PutNumber(p, abs_ns / 1000);
+  p = PutDecimal(p, abs_ns / 1000);
   const auto frac = static_cast<unsigned>(abs_ns % 1000);
   p[0] = '.';
   p[1] = static_cast<char>('0' + frac / 100);
@@ -93,23 +97,9 @@ void AppendString(std::string& out, const Text& text) {
       ++i;
       continue;
     }
-    // A multi-byte sequence: its length and the range of its second byte.
-    std::size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;  // no surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    }
-    bool valid = len != 0 && i + len <= n && s[i + 1] >= lo && s[i + 1] <= hi;
-    for (std::size_t k = 2; valid && k < len; ++k) valid = s[i + k] >= 0x80 && s[i + k] <= 0xBF;
-    if (valid) {
+    // A multi-byte sequence; each byte of an invalid one becomes U+FFFD.
+    const std::size_t len = Utf8Sequence(s, n, i);
+    if (len != 0) {
       out.append(reinterpret_cast<const char*>(s + i), len);
       i += len;
     } else {
@@ -124,42 +114,53 @@ void AppendString(std::string& out, const Text& text) {
 // goes to the stream in large writes.
 class EventWriter {
  public:
-  explicit EventWriter(std::ostream& out) : out_(out) { buf_.reserve(kFlushAt + 4096); }
+  explicit EventWriter(std::ostream& out) : out_(out) { buf_.resize(kFlushAt + 4096); }
 
   // Starts an event object with its common fields; the caller appends the
   // rest and calls End(). "ts" comes first: Perfetto's JSON tokenizer scans
   // each event for it with a reader that rejects \u escapes, so no string
   // value may come before it.
   std::string& Begin(std::int64_t ts_ns, const char* ph, int pid, int tid, absl::string_view name) {
-    buf_ += first_ ? "\n{\"ts\":" : ",\n{\"ts\":";
+    text_ += first_ ? "\n{\"ts\":" : ",\n{\"ts\":";
     first_ = false;
-    AppendMicros(buf_, ph[0] == 'M' ? ts_ns : ts_ns + offset_ns_);
-    buf_ += ",\"ph\":\"";
-    buf_ += ph;
-    buf_ += "\",\"pid\":";
-    AppendNumber(buf_, pid);
-    buf_ += ",\"tid\":";
-    AppendNumber(buf_, tid);
-    buf_ += ",\"name\":";
-    AppendString(buf_, name);
-    return buf_;
+    AppendMicros(text_, ph[0] == 'M' ? ts_ns : ts_ns + offset_ns_);
+    text_ += ",\"ph\":\"";
+    text_ += ph;
+    text_ += "\",\"pid\":";
+    AppendNumber(text_, pid);
+    text_ += ",\"tid\":";
+    AppendNumber(text_, tid);
+    text_ += ",\"name\":";
+    AppendString(text_, name);
+    return text_;
   }
   void End() {
-    buf_ += '}';
-    if (buf_.size() >= kFlushAt) Flush();
+    text_ += '}';
+    Commit();
+  }
+  // Text written with Begin or raw() goes to the trace.
+  void Commit() {
+    Put(text_.data(), text_.size());
+    text_.clear();
+    if (pos_ >= kFlushAt) Flush();
   }
   void Flush() {
-    out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
-    buf_.clear();
+    Put(text_.data(), text_.size());
+    text_.clear();
+    out_.write(buf_.data(), static_cast<std::streamsize>(pos_));
+    pos_ = 0;
   }
-  std::string& raw() { return buf_; }
+  // The text of the event begun, or of what goes before the next one.
+  std::string& raw() { return text_; }
 
-  // Raw writing for the hot path: Open returns room for `max_bytes`,
-  // EventStart writes an event's separator and "{\"ts\":" there, and Close
-  // appends what was written, up to `end`, to the trace.
+  // Raw writing for the hot path: Open returns room for `max_bytes` (and 32
+  // more that may be written past it, CopyPadded's), EventStart writes an
+  // event's separator and "{\"ts\":" there, and Close takes the end of what
+  // was written.
   char* Open(std::size_t max_bytes) {
-    if (scratch_.size() < max_bytes) scratch_.resize(max_bytes);
-    return scratch_.data();
+    if (!text_.empty()) Commit();
+    Room(max_bytes + 32);
+    return buf_.data() + pos_;
   }
   char* EventStart(char* p) {
     p = PutText(p, first_ ? std::string_view("\n{\"ts\":") : std::string_view(",\n{\"ts\":"));
@@ -167,8 +168,8 @@ class EventWriter {
     return p;
   }
   void Close(const char* end) {
-    buf_.append(scratch_.data(), static_cast<std::size_t>(end - scratch_.data()));
-    if (buf_.size() >= kFlushAt) Flush();
+    pos_ = static_cast<std::size_t>(end - buf_.data());
+    if (pos_ >= kFlushAt) Flush();
   }
   std::int64_t offset_ns() const { return offset_ns_; }
   // Added to every event's time but metadata's: the rank's start on the
@@ -176,11 +177,25 @@ class EventWriter {
   void set_offset_ns(std::int64_t offset) { offset_ns_ = offset; }
 
  private:
+  // Room for `n` more bytes in the buffer.
+  void Room(std::size_t n) {
+    if (pos_ + n <= buf_.size()) return;
+    out_.write(buf_.data(), static_cast<std::streamsize>(pos_));
+    pos_ = 0;
+    if (n > buf_.size()) buf_.resize(n);
+  }
+  void Put(const char* s, std::size_t n) {
+    Room(n);
+    std::memcpy(buf_.data() + pos_, s, n);
+    pos_ += n;
+  }
+
   std::int64_t offset_ns_ = 0;
   static constexpr std::size_t kFlushAt = 1 << 16;
   std::ostream& out_;
-  std::string buf_;
-  std::string scratch_;  // Open's room
+  std::string buf_;  // its first pos_ bytes are the trace's next bytes
+  std::size_t pos_ = 0;
+  std::string text_;  // Begin's and raw()'s text, not yet in buf_
   bool first_ = true;
 };
 
@@ -252,6 +267,22 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
     for (const std::string& t : track_text_) sample_bytes_ += t.size();
     for (const std::string& t : category_text_) sample_bytes_ += t.size();
     sample_bytes_ += 4 * (16 + 32 + 2) + (kTracks.size() + kNumCategories) * 24;
+    // The texts after each time and after each number of a sample, padded
+    // for CopyPadded: a sample is (time, number) x 3, then time, 10 numbers.
+    const std::string next_event = "}},\n{\"ts\":";
+    std::array<std::string, kNumbers> after_number;
+    for (std::size_t k = 0; k < kTracks.size(); ++k) after_number[k] = next_event;
+    for (std::size_t c = 1; c < kNumCategories; ++c) after_number[kTracks.size() + c - 1] = category_text_[c];
+    after_number[kNumbers - 1] = "}}";
+    std::array<std::string, 4> after_time = {track_text_[0], track_text_[1], track_text_[2], category_text_[0]};
+    const auto add = [&](const std::string& text) {
+      const Piece piece{pieces_.size(), text.size()};
+      pieces_ += text;
+      pieces_.append(16, ' ');
+      return piece;
+    };
+    for (std::size_t k = 0; k < 4; ++k) after_time_[k] = add(after_time[k]);
+    for (std::size_t k = 0; k < kNumbers; ++k) after_number_[k] = add(after_number[k]);
   }
 
   void OnStart(const TimelineWalk& /*walk*/) override { WriteMetadata(); }
@@ -337,16 +368,24 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
     char* Put(char* p, std::int64_t v) {
       if (len == 0 || v != value) {
         value = v;
-        len = static_cast<std::size_t>(PutNumber(text, v) - text);
+        len = static_cast<std::size_t>(PutDecimal(text, v) - text);
       }
       std::memcpy(p, text, sizeof text);  // the room for it is reserved (sample_bytes_)
       return p + len;
     }
     std::int64_t value = 0;
     std::size_t len = 0;
-    char text[24];
+    char text[kMaxDecimalBytes + 4];
   };
-  std::array<NumberText, 3 + kNumCategories> numbers_;
+  static constexpr std::size_t kNumbers = 3 + kNumCategories;
+  std::array<NumberText, kNumbers> numbers_;
+  struct Piece {
+    std::size_t at = 0;  // in pieces_
+    std::size_t size = 0;
+  };
+  std::string pieces_;                        // the texts below, each followed by 16 bytes of padding
+  std::array<Piece, 4> after_time_;           // a sample's text after each of its 4 times
+  std::array<Piece, kNumbers> after_number_;  // and after each of its numbers
   // Phases the walk closed because an outer phase ended around them: the
   // trace keeps a phase open until its own end (or the end of the timeline).
   std::vector<OpenPhase> pending_;
@@ -441,25 +480,24 @@ void ChromeTraceWriter::RankWriter::OnSample(const TraceModel& model, const Even
   }
   // One counter track each: in one event, trace viewers draw them stacked.
   // The texts are ready (constructor); only the time and the numbers are
-  // formatted here.
-  char ts[32];
+  // formatted here, and every text is copied in 16-byte steps.
+  char ts[48];
   const std::size_t ts_len = static_cast<std::size_t>(PutMicros(ts, e.time_ns + w_.offset_ns()) - ts);
-  const std::string_view time(ts, ts_len);
   const DeviceStats& st = model.stats();
   const std::array<std::int64_t, 3> values = {All(st.allocated_bytes).current, All(st.reserved_bytes).current,
                                               All(st.active_bytes).current};
-  char* p = w_.Open(sample_bytes_);
+  const char* texts = pieces_.data();
+  char* p = w_.EventStart(w_.Open(sample_bytes_));
   for (std::size_t k = 0; k < kTracks.size(); ++k) {
-    p = PutText(w_.EventStart(p), time);
-    p = numbers_[k].Put(PutText(p, track_text_[k]), values[k]);
-    p = PutText(p, "}}");
+    p = CopyPadded(CopyPadded(p, ts, ts_len), texts + after_time_[k].at, after_time_[k].size);
+    p = CopyPadded(numbers_[k].Put(p, values[k]), texts + after_number_[k].at, after_number_[k].size);
   }
-  p = PutText(w_.EventStart(p), time);
+  p = CopyPadded(CopyPadded(p, ts, ts_len), texts + after_time_[3].at, after_time_[3].size);
   const auto& by_category = model.allocated_by_category();
   for (std::size_t k = 0; k < kNumCategories; ++k) {
-    p = numbers_[kTracks.size() + k].Put(PutText(p, category_text_[k]), by_category[k]);
+    const std::size_t n = kTracks.size() + k;
+    p = CopyPadded(numbers_[n].Put(p, by_category[k]), texts + after_number_[n].at, after_number_[n].size);
   }
-  p = PutText(p, "}}");
   w_.Close(p);
 }
 

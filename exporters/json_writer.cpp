@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <memory>
 
+#include "exporters/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace memscope {
 namespace {
 
 constexpr std::size_t kBlock = 1 << 16;
+constexpr std::size_t kStringBlock = 1 << 12;
 
 // Which ASCII bytes a string cannot hold as they are: 1 = escape, 0 = copy.
 struct EscapeTable {
@@ -20,40 +23,6 @@ struct EscapeTable {
 };
 constexpr EscapeTable kPlain(false);
 constexpr EscapeTable kPlainHtml(true);
-
-// The length of the valid UTF-8 sequence at s[i] (2-4), or, when it is
-// invalid, 0 with `bad` = the bytes of its maximal invalid subpart (at least
-// 1): the lead byte and the continuation bytes that were still possible.
-std::size_t Utf8Sequence(const unsigned char* s, std::size_t n, std::size_t i, std::size_t& bad) {
-  const unsigned char c = s[i];
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  }
-  bad = 1;
-  if (len == 0) return 0;
-  for (std::size_t k = 1; k < len; ++k) {
-    if (i + k >= n) {  // the text ends inside the sequence: all of it is one U+FFFD
-      bad = k;
-      return 0;
-    }
-    const unsigned char b = s[i + k];
-    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) {
-      bad = k;  // the byte that did not fit starts again
-      return 0;
-    }
-  }
-  return len;
-}
 
 // Escaped `s` through `put(const char*, size)`.
 template <typename Put>
@@ -72,7 +41,7 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
     }
     if (c >= 0x80) {
       std::size_t bad = 0;
-      const std::size_t len = Utf8Sequence(s, n, i, bad);
+      const std::size_t len = Utf8Sequence(s, n, i, &bad);
       if (len != 0) {
         i += len;
         continue;
@@ -105,59 +74,50 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
 
 }  // namespace
 
+// Both writers fill a buffer of their own (never zero-filled: a string's
+// resize would write every byte twice) and hand it to the target when full.
 JsonWriter::JsonWriter(std::string& out, bool escape_lt) : string_(&out), escape_lt_(escape_lt) {
-  pos_ = out.size();
-  out.resize(std::max(out.capacity(), pos_ + 4096));
-  data_ = out.data();
-  cap_ = out.size();
+  own_ = std::make_unique_for_overwrite<char[]>(kStringBlock);
+  data_ = own_.get();
+  cap_ = kStringBlock;
 }
 
 JsonWriter::JsonWriter(std::ostream& out, bool escape_lt) : stream_(&out), escape_lt_(escape_lt) {
-  own_.resize(kBlock);
-  data_ = own_.data();
-  cap_ = own_.size();
+  own_ = std::make_unique_for_overwrite<char[]>(kBlock);
+  data_ = own_.get();
+  cap_ = kBlock;
 }
 
 JsonWriter::~JsonWriter() { Finish(); }
 
-void JsonWriter::Grow(std::size_t n) {
+void JsonWriter::Hand(const char* s, std::size_t n) {
   if (string_ != nullptr) {
-    string_->resize(std::max(2 * cap_, pos_ + n));
-    data_ = string_->data();
-    cap_ = string_->size();
-    return;
+    string_->append(s, n);
+  } else {
+    stream_->write(s, static_cast<std::streamsize>(n));
   }
-  stream_->write(data_, static_cast<std::streamsize>(pos_));
+}
+
+void JsonWriter::Grow(std::size_t n) {
+  Hand(data_, pos_);
   pos_ = 0;
   if (n > cap_) {
-    own_.resize(n);
-    data_ = own_.data();
-    cap_ = own_.size();
+    own_ = std::make_unique_for_overwrite<char[]>(n);
+    data_ = own_.get();
+    cap_ = n;
   }
+}
+
+void JsonWriter::PutLong(const char* s, std::size_t n) {
+  Hand(data_, pos_);
+  pos_ = 0;
+  Hand(s, n);
 }
 
 bool JsonWriter::Finish() {
-  if (string_ != nullptr) {
-    string_->resize(pos_);
-    cap_ = pos_;
-    data_ = string_->data();
-    return true;
-  }
-  if (pos_ > 0) stream_->write(data_, static_cast<std::streamsize>(pos_));
+  if (pos_ > 0) Hand(data_, pos_);
   pos_ = 0;
-  return static_cast<bool>(*stream_);
-}
-
-void JsonWriter::Int(std::int64_t v) {
-  Separate();
-  Reserve(24);
-  pos_ = static_cast<std::size_t>(std::to_chars(data_ + pos_, data_ + cap_, v).ptr - data_);
-}
-
-void JsonWriter::UInt(std::uint64_t v) {
-  Separate();
-  Reserve(24);
-  pos_ = static_cast<std::size_t>(std::to_chars(data_ + pos_, data_ + cap_, v).ptr - data_);
+  return string_ != nullptr || static_cast<bool>(*stream_);
 }
 
 // What nlohmann's serializer does with a double: its to_chars (Grisu2,

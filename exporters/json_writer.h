@@ -19,19 +19,23 @@
 //   w.Key("bytes"); w.UInt(4096);
 //   w.Key("name");  w.String("forward:0");
 //   w.EndObject();
-//   w.Finish();                              // flushes a stream's writer
+//   w.Finish();                              // hands on the rest (the destructor does too)
 //
-// A writer on a stream hands the text to it in large writes; Finish() writes
-// the rest and returns false if the stream failed.
+// A writer fills a buffer of its own and hands the text to its string or
+// stream in blocks; Finish() hands on the rest and returns false if the
+// stream failed. The string holds all of the text only after Finish().
 #ifndef MEMSCOPE_EXPORTERS_JSON_WRITER_H_
 #define MEMSCOPE_EXPORTERS_JSON_WRITER_H_
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "exporters/decimal.h"
 
 namespace memscope {
 
@@ -74,8 +78,16 @@ class JsonWriter {
     Separate();
     Quoted(s);
   }
-  void Int(std::int64_t v);
-  void UInt(std::uint64_t v);
+  void Int(std::int64_t v) {
+    Separate();
+    Reserve(kMaxDecimalBytes);
+    pos_ = static_cast<std::size_t>(PutDecimal(data_ + pos_, v) - data_);
+  }
+  void UInt(std::uint64_t v) {
+    Separate();
+    Reserve(kMaxDecimalBytes);
+    pos_ = static_cast<std::size_t>(PutDecimal(data_ + pos_, v) - data_);
+  }
   void Double(double v);
   void Bool(bool v) {
     Separate();
@@ -93,9 +105,18 @@ class JsonWriter {
   }
   // Text outside any JSON value (an HTML page around the data).
   void Verbatim(std::string_view text) { Put(text.data(), text.size()); }
+  // One whole value as text the caller writes in place (the hot paths of
+  // long arrays): room for at most `max_bytes`, then EndRawValue with the
+  // end of what was written. The caller writes valid JSON, escaped as above.
+  char* BeginRawValue(std::size_t max_bytes) {
+    Separate();
+    Reserve(max_bytes);
+    return data_ + pos_;
+  }
+  void EndRawValue(const char* end) { pos_ = static_cast<std::size_t>(end - data_); }
 
-  // Hands what is buffered to the stream (a string writer: resizes the
-  // string to its text). Returns false if the stream failed.
+  // Hands what is buffered to the string or the stream. Returns false if
+  // the stream failed.
   bool Finish();
 
   // A JSON string literal of `s`, escaped as above, appended to `out`.
@@ -120,16 +141,19 @@ class JsonWriter {
     data_[pos_++] = c;
   }
   void Put(const char* s, std::size_t n) {
+    if (n >= 4096) return PutLong(s, n);  // long texts (a rank's data) go to the target as they are
     Reserve(n);
     std::memcpy(data_ + pos_, s, n);
     pos_ += n;
   }
   void Grow(std::size_t n);
+  void PutLong(const char* s, std::size_t n);
+  void Hand(const char* s, std::size_t n);  // to the string or the stream
   void Quoted(std::string_view s);
 
   std::string* string_ = nullptr;  // the target, or:
   std::ostream* stream_ = nullptr;
-  std::string own_;  // a stream writer's buffer
+  std::unique_ptr<char[]> own_;  // the buffer: its first pos_ bytes are the text not yet handed on
   char* data_ = nullptr;
   std::size_t pos_ = 0;  // bytes written into data_
   std::size_t cap_ = 0;

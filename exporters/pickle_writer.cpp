@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "exporters/utf8.h"
+
 namespace memscope {
 namespace {
 
@@ -58,33 +60,11 @@ bool IsAscii(std::string_view s) {
 }
 
 // Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes
-// there are not one (overlong forms, surrogates and code points above
-// U+10FFFF are invalid, as Python's decoder says).
+// there are not one (utf8.h: overlong forms, surrogates and code points
+// above U+10FFFF are invalid, as Python's decoder says).
 std::size_t Utf8SequenceLength(std::string_view s, std::size_t i) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  if (c < 0x80) return 1;
-  std::size_t n;
-  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 2;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < n; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xbf) return 0;
-  }
-  return n;
+  if (static_cast<unsigned char>(s[i]) < 0x80) return 1;
+  return Utf8Sequence(reinterpret_cast<const unsigned char*>(s.data()), s.size(), i);
 }
 
 // `s` with every invalid UTF-8 byte replaced by U+FFFD.
@@ -275,36 +255,51 @@ void PickleWriter::Bool(bool value) {
   OpcodeBoundary();
 }
 
+char* PickleWriter::EncodeInt(char* p, std::int64_t value) {
+  if (value >= 0 && value <= 0xff) {
+    p[0] = static_cast<char>(kBinInt1);
+    p[1] = static_cast<char>(value);
+    return p + 2;
+  }
+  if (value >= 0 && value <= 0xffff) {
+    p[0] = static_cast<char>(kBinInt2);
+    p[1] = static_cast<char>(value & 0xff);
+    p[2] = static_cast<char>(value >> 8);
+    return p + 3;
+  }
+  if (value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max()) {
+    const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(value));
+    p[0] = static_cast<char>(kBinInt);  // signed 32-bit little-endian
+    for (int i = 0; i < 4; ++i) p[1 + i] = static_cast<char>((bits >> (8 * i)) & 0xff);
+    return p + 5;
+  }
+  return EncodeLong1(p, static_cast<std::uint64_t>(value), value < 0);
+}
+
+char* PickleWriter::EncodeUInt(char* p, std::uint64_t value) {
+  if (value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    return EncodeInt(p, static_cast<std::int64_t>(value));
+  }
+  return EncodeLong1(p, value, /*negative=*/false);  // 9 bytes: the top bit needs a 0 sign byte
+}
+
 void PickleWriter::Int(std::int64_t value) {
   if (!BeforeValue()) return;
-  if (value >= 0 && value <= 0xff) {
-    Op(kBinInt1);
-    PutLittleEndian(static_cast<std::uint64_t>(value), 1);
-  } else if (value >= 0 && value <= 0xffff) {
-    Op(kBinInt2);
-    PutLittleEndian(static_cast<std::uint64_t>(value), 2);
-  } else if (value >= std::numeric_limits<std::int32_t>::min() && value <= std::numeric_limits<std::int32_t>::max()) {
-    Op(kBinInt);  // signed 32-bit little-endian
-    PutLittleEndian(static_cast<std::uint32_t>(static_cast<std::int32_t>(value)), 4);
-  } else {
-    Long1(static_cast<std::uint64_t>(value), value < 0);
-  }
+  Reserve(kMaxIntBytes);
+  frame_size_ = static_cast<std::size_t>(EncodeInt(frame_.data() + frame_size_, value) - frame_.data());
   AfterValue();
   OpcodeBoundary();
 }
 
 void PickleWriter::UInt(std::uint64_t value) {
-  if (value <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-    Int(static_cast<std::int64_t>(value));
-    return;
-  }
   if (!BeforeValue()) return;
-  Long1(value, /*negative=*/false);  // 9 bytes: the top bit needs a 0 sign byte
+  Reserve(kMaxIntBytes);
+  frame_size_ = static_cast<std::size_t>(EncodeUInt(frame_.data() + frame_size_, value) - frame_.data());
   AfterValue();
   OpcodeBoundary();
 }
 
-void PickleWriter::Long1(std::uint64_t bits, bool negative) {
+char* PickleWriter::EncodeLong1(char* p, std::uint64_t bits, bool negative) {
   // Two's complement in 9 bytes (the 64 bits and a sign byte), then the
   // redundant sign bytes dropped: CPython's encode_long gives the same
   // minimal length.
@@ -315,10 +310,10 @@ void PickleWriter::Long1(std::uint64_t bits, bool negative) {
   while (n > 1 && ((b[n - 1] == 0x00 && (b[n - 2] & 0x80) == 0) || (b[n - 1] == 0xff && (b[n - 2] & 0x80) != 0))) {
     --n;
   }
-  Op(kLong1);
-  const char length = static_cast<char>(n);
-  Bytes(&length, 1);
-  Bytes(b, static_cast<std::size_t>(n));
+  p[0] = static_cast<char>(kLong1);
+  p[1] = static_cast<char>(n);
+  std::memcpy(p + 2, b, static_cast<std::size_t>(n));
+  return p + 2 + n;
 }
 
 void PickleWriter::Float(double value) {
@@ -332,6 +327,28 @@ void PickleWriter::Float(double value) {
   OpcodeBoundary();
 }
 
+char* PickleWriter::EncodeValidString(char* p, std::string_view utf8) {
+  if (utf8.size() < 256) return EncodeShortString(p, utf8);  // the opcode, the length and the text in one go
+  p[0] = static_cast<char>(kBinUnicode);
+  for (int i = 0; i < 4; ++i) p[1 + i] = static_cast<char>((utf8.size() >> (8 * i)) & 0xff);
+  std::memcpy(p + 5, utf8.data(), utf8.size());
+  return p + 5 + utf8.size();
+}
+
+bool PickleWriter::AppendString(std::string& out, std::string_view utf8) {
+  std::string fixed;
+  if (!IsAscii(utf8) && !IsValidUtf8(utf8)) {
+    fixed = ReplaceInvalidUtf8(utf8);
+    utf8 = fixed;
+  }
+  // BINUNICODE8 would do, but MemoryViz.js does not read it.
+  if (utf8.size() > std::numeric_limits<std::uint32_t>::max()) return false;
+  const std::size_t at = out.size();
+  out.resize(at + utf8.size() + 5);
+  out.resize(static_cast<std::size_t>(EncodeValidString(out.data() + at, utf8) - out.data()));
+  return true;
+}
+
 void PickleWriter::String(std::string_view utf8) {
   if (!BeforeValue()) return;
   std::string fixed;
@@ -339,22 +356,29 @@ void PickleWriter::String(std::string_view utf8) {
     fixed = ReplaceInvalidUtf8(utf8);
     utf8 = fixed;
   }
-  if (utf8.size() < 256) {  // the opcode, the length and the text in one go
-    Reserve(utf8.size() + 2);
-    char* p = frame_.data() + frame_size_;
-    p[0] = static_cast<char>(kShortBinUnicode);
-    p[1] = static_cast<char>(utf8.size());
-    std::memcpy(p + 2, utf8.data(), utf8.size());
-    frame_size_ += utf8.size() + 2;
-  } else if (utf8.size() <= std::numeric_limits<std::uint32_t>::max()) {
-    Op(kBinUnicode);
-    PutLittleEndian(utf8.size(), 4);
-    Bytes(utf8.data(), utf8.size());
-  } else {
+  if (utf8.size() > std::numeric_limits<std::uint32_t>::max()) {
     // BINUNICODE8 would do, but MemoryViz.js does not read it.
     Fail(absl::InvalidArgumentError("PickleWriter: a string of 4 GiB or more cannot be pickled with BINUNICODE"));
     return;
   }
+  Reserve(utf8.size() + 5);
+  frame_size_ = static_cast<std::size_t>(EncodeValidString(frame_.data() + frame_size_, utf8) - frame_.data());
+  AfterValue();
+  OpcodeBoundary();
+}
+
+char* PickleWriter::BeginRawValue(std::size_t max_bytes) {
+  if (!raw_values_ || finished_ || !status_.ok() || open_.empty() || open_.back().kind == Kind::kTuple) return nullptr;
+  // The value (and a MARK before it) must leave the frame below its target:
+  // the ordinary calls would not have ended the frame inside it either.
+  if (frame_size_ + 1 + max_bytes >= kFrameSizeTarget) return nullptr;
+  BeforeValue();
+  Reserve(max_bytes);
+  return frame_.data() + frame_size_;
+}
+
+void PickleWriter::EndRawValue(const char* end) {
+  frame_size_ = static_cast<std::size_t>(end - frame_.data());
   AfterValue();
   OpcodeBoundary();
 }

@@ -87,6 +87,35 @@ class PickleWriter {
   // a whole snapshot unreadable.
   void String(std::string_view utf8);
 
+  // The bytes of single values, for a caller that writes the same shapes many
+  // times and keeps them (snapshot_export.cpp: the frames of each stack, and
+  // whole trace entries). Each writes exactly what Int, UInt and String
+  // write for the value (no MARK or batch of an enclosing container).
+  static constexpr std::size_t kMaxIntBytes = 11;  // LONG1: opcode, length, 9 bytes
+  static char* EncodeInt(char* p, std::int64_t value);
+  static char* EncodeUInt(char* p, std::uint64_t value);
+  // String's bytes appended to `out`; false (nothing appended) for text too
+  // long for BINUNICODE, which String reports as an error.
+  static bool AppendString(std::string& out, std::string_view utf8);
+  // A string known to be valid UTF-8 (ASCII) and shorter than 256 bytes.
+  static char* EncodeShortString(char* p, std::string_view ascii) {
+    p[0] = static_cast<char>(0x8c);  // SHORT_BINUNICODE
+    p[1] = static_cast<char>(ascii.size());
+    std::memcpy(p + 2, ascii.data(), ascii.size());
+    return p + 2 + ascii.size();
+  }
+
+  // One whole value (a scalar or a complete container) as raw bytes that the
+  // caller writes into the current frame, inside an open list or dict: room
+  // for at most `max_bytes`, or null when the value must be written the
+  // ordinary way (then nothing was written; also when it could end the
+  // frame, so frames split exactly where the ordinary calls would split
+  // them). EndRawValue takes the end of what was written.
+  char* BeginRawValue(std::size_t max_bytes);
+  void EndRawValue(const char* end);
+  // Tests: false makes BeginRawValue always null (the ordinary path only).
+  void set_raw_values(bool on) { raw_values_ = on; }
+
   // Writes STOP and the last frame, and flushes the stream. Returns the
   // first misuse (FailedPrecondition), a string too long for BINUNICODE
   // (InvalidArgument) or a stream failure (DataLoss). The writer takes no
@@ -140,7 +169,9 @@ class PickleWriter {
   void OpcodeBoundary();
   void CommitFrame();
   // LONG1 of a 64-bit pattern, read as signed when `negative`.
-  void Long1(std::uint64_t bits, bool negative);
+  static char* EncodeLong1(char* p, std::uint64_t bits, bool negative);
+  // SHORT_BINUNICODE or BINUNICODE of valid UTF-8 (at most 4 GiB - 1 bytes).
+  static char* EncodeValidString(char* p, std::string_view utf8);
   void Fail(absl::Status status);
 
   std::ostream& out_;
@@ -151,6 +182,7 @@ class PickleWriter {
   std::size_t roots_ = 0;  // top-level values written (a pickle holds one)
   absl::Status status_;
   bool finished_ = false;
+  bool raw_values_ = true;
 };
 
 }  // namespace memscope

@@ -2,9 +2,11 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -207,6 +209,15 @@ class SnapshotWriter {
   // (docs/snapshot-format.md).
   void TagFrames(Category category, std::uint32_t owner, std::uint32_t stack) {
     Key("frames");
+    if constexpr (kPickle) {
+      const FramesBytes& bytes = PickledFrames(category, owner, stack);
+      if (bytes.ok) {
+        if (char* p = w_.BeginRawValue(bytes.bytes.size())) {
+          w_.EndRawValue(Put(p, bytes.bytes));
+          return;
+        }
+      }
+    }
     w_.BeginList();
     if (stack != 0 && stack < timeline_.stacks.size()) {
       for (const StackFrame& f : timeline_.stacks[stack].frames) WriteFrame(f.filename, f.line, f.name);
@@ -265,6 +276,9 @@ class SnapshotWriter {
     Key("blocks");
     w_.BeginList();
     for (const BlockInfo& b : s.blocks) {
+      if constexpr (kPickle) {
+        if (WriteBlockRaw(b)) continue;
+      }
       w_.BeginDict();
       Key("address");
       w_.UInt(b.address);
@@ -286,6 +300,9 @@ class SnapshotWriter {
   }
 
   void WriteTraceEntry(const Event& e) {
+    if constexpr (kPickle) {
+      if (WriteTraceEntryRaw(e)) return;
+    }
     const bool segment_event = e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree ||
                                e.type == EventType::kSegmentMap || e.type == EventType::kSegmentUnmap;
     w_.BeginDict();
@@ -355,6 +372,109 @@ class SnapshotWriter {
     w_.EndDict();
   }
 
+  // The pickle's fast path: trace entries, blocks and frame lists written as
+  // raw bytes, exactly those the calls above write (PickleWriter's raw
+  // values), the frames of each stack (or category and owner) pickled once.
+  static constexpr bool kPickle = std::is_same_v<W, PickleWriter>;
+  struct FramesBytes {
+    std::string bytes;
+    bool ok = true;  // false: a string too long to pickle (the ordinary path reports it)
+  };
+  static char* Put(char* p, std::string_view bytes) {
+    std::memcpy(p, bytes.data(), bytes.size());
+    return p + bytes.size();
+  }
+  // A dict key, a short ASCII string: its SHORT_BINUNICODE bytes.
+  static char* PutKey(char* p, std::string_view key) { return PickleWriter::EncodeShortString(p, key); }
+
+  const FramesBytes& PickledFrames(Category category, std::uint32_t owner, std::uint32_t stack) {
+    const bool has_stack = stack != 0 && stack < timeline_.stacks.size();
+    const std::uint64_t key =
+        has_stack ? (std::uint64_t{1} << 63) | stack : (static_cast<std::uint64_t>(category) << 32) | owner;
+    auto [it, inserted] = frames_bytes_.try_emplace(key);
+    if (!inserted) return it->second;
+    FramesBytes& f = it->second;
+    // As BeginList, a dict per frame, EndList write them: batches of
+    // PickleWriter::kBatchSize items, each MARK ... APPENDS.
+    std::string& b = f.bytes;
+    b += static_cast<char>(0x5d);  // EMPTY_LIST
+    std::size_t n = 0;
+    const auto frame = [&](std::string_view filename, std::int64_t line, std::string_view name) {
+      if (n % PickleWriter::kBatchSize == 0) b += static_cast<char>(0x28);  // MARK
+      b += static_cast<char>(0x7d);                                         // EMPTY_DICT
+      b += static_cast<char>(0x28);                                         // MARK
+      f.ok = f.ok && PickleWriter::AppendString(b, "filename") && PickleWriter::AppendString(b, filename) &&
+             PickleWriter::AppendString(b, "line");
+      char num[PickleWriter::kMaxIntBytes];
+      b.append(num, static_cast<std::size_t>(PickleWriter::EncodeInt(num, line) - num));
+      f.ok = f.ok && PickleWriter::AppendString(b, "name") && PickleWriter::AppendString(b, name);
+      b += static_cast<char>(0x75);                                           // SETITEMS
+      if (++n % PickleWriter::kBatchSize == 0) b += static_cast<char>(0x65);  // APPENDS
+    };
+    if (has_stack) {
+      for (const StackFrame& fr : timeline_.stacks[stack].frames) frame(fr.filename, fr.line, fr.name);
+    } else {
+      const std::string& text = timeline_.str(owner);
+      frame(text.empty() ? std::string_view("??") : std::string_view(text), 0, FrameName(category));
+    }
+    if (n % PickleWriter::kBatchSize != 0) b += static_cast<char>(0x65);  // APPENDS
+    return f;
+  }
+
+  // WriteTraceEntry's dict as raw bytes; false: write it the ordinary way.
+  bool WriteTraceEntryRaw(const Event& e) {
+    const bool tagged =
+        e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted;
+    const FramesBytes* frames = &kNoFrames;
+    if (tagged) {
+      const auto it = trace_stacks_.find(e.addr);
+      frames = &PickledFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
+    }
+    const std::string_view action = EventTypeName(e.type);
+    if (!frames->ok || action.size() >= 256) return false;
+    char* p = w_.BeginRawValue(128 + action.size() + frames->bytes.size());
+    if (p == nullptr) return false;
+    const bool segment_event = e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree ||
+                               e.type == EventType::kSegmentMap || e.type == EventType::kSegmentUnmap;
+    const bool oom = e.type == EventType::kOom;
+    *p++ = static_cast<char>(0x7d);  // EMPTY_DICT
+    *p++ = static_cast<char>(0x28);  // MARK
+    p = PickleWriter::EncodeShortString(PutKey(p, "action"), action);
+    p = PickleWriter::EncodeUInt(PutKey(p, oom ? "device_free" : "addr"), oom ? e.device_free() : e.addr);
+    p = PickleWriter::EncodeUInt(PutKey(p, "size"), segment_event ? e.size : e.requested_size);
+    p = PickleWriter::EncodeUInt(PutKey(p, "stream"), e.stream);
+    p = PickleWriter::EncodeInt(PutKey(p, "time_us"), TimeUs(timeline_, e));
+    p = Put(PutKey(p, "frames"), frames->bytes);
+    *p++ = static_cast<char>(0x75);  // SETITEMS
+    w_.EndRawValue(p);
+    return true;
+  }
+
+  // A block's dict of WriteSegment as raw bytes; false: the ordinary way.
+  bool WriteBlockRaw(const BlockInfo& b) {
+    const FramesBytes* frames = &kNoFrames;
+    if (auto it = live_tags_.find(b.address); b.state != BlockState::kInactive && it != live_tags_.end()) {
+      frames = &PickledFrames(it->second.category, it->second.owner, it->second.stack);
+    }
+    const std::string_view state = BlockStateName(b.state);
+    if (!frames->ok || state.size() >= 256) return false;
+    char* p = w_.BeginRawValue(128 + state.size() + frames->bytes.size());
+    if (p == nullptr) return false;
+    *p++ = static_cast<char>(0x7d);  // EMPTY_DICT
+    *p++ = static_cast<char>(0x28);  // MARK
+    p = PickleWriter::EncodeUInt(PutKey(p, "address"), b.address);
+    p = PickleWriter::EncodeUInt(PutKey(p, "size"), b.size);
+    p = PickleWriter::EncodeUInt(PutKey(p, "requested_size"), b.requested_size);
+    p = PickleWriter::EncodeShortString(PutKey(p, "state"), state);
+    p = Put(PutKey(p, "frames"), frames->bytes);
+    *p++ = static_cast<char>(0x75);  // SETITEMS
+    w_.EndRawValue(p);
+    return true;
+  }
+
+  inline static const FramesBytes kNoFrames{std::string(1, static_cast<char>(0x5d)), true};  // []
+  absl::flat_hash_map<std::uint64_t, FramesBytes> frames_bytes_;
+
   W& w_;
   const Timeline& timeline_;
   std::array<std::string, kNumCategories> category_frame_names_;  // "memscope ACTIVATION": a frame's name
@@ -368,8 +488,10 @@ class SnapshotWriter {
 
 }  // namespace
 
-absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
-                           SnapshotFormat format, std::ostream& out, std::size_t max_entries) {
+namespace {
+
+absl::Status WriteSnapshotImpl(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
+                               SnapshotFormat format, std::ostream& out, std::size_t max_entries, bool raw_values) {
   if (events_until > timeline.events.size()) {
     return absl::InvalidArgumentError("WriteSnapshot: events_until " + std::to_string(events_until) +
                                       " is past the timeline's " + std::to_string(timeline.events.size()) + " events");
@@ -383,8 +505,21 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
     return w.Finish();
   }
   PickleWriter w(out);
+  w.set_raw_values(raw_values);
   SnapshotWriter<PickleWriter>(w, timeline).Write(model, events_until, max_entries);
   return w.Finish();
+}
+
+}  // namespace
+
+absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, std::size_t events_until,
+                           SnapshotFormat format, std::ostream& out, std::size_t max_entries) {
+  return WriteSnapshotImpl(timeline, model, events_until, format, out, max_entries, true);
+}
+
+absl::Status WritePickleSnapshotWithoutRawValues(const Timeline& timeline, const TraceModel& model,
+                                                 std::size_t events_until, std::ostream& out, std::size_t max_entries) {
+  return WriteSnapshotImpl(timeline, model, events_until, SnapshotFormat::kPickle, out, max_entries, false);
 }
 
 void SnapshotAt::Write(const TimelineWalk& walk) {

@@ -80,6 +80,13 @@ absl::Status WriteSnapshot(const Timeline& timeline, const TraceModel& model, st
 //   SnapshotAt snapshot(report.peak_allocated.event_index + 1, SnapshotFormat::kPickle, out);
 //   walk.Run({&snapshot, ...});
 //   if (!snapshot.status().ok()) ...
+// WriteSnapshot's pickle written by PickleWriter's ordinary calls only,
+// without the raw bytes of its fast path: for tests, which check that both
+// give the same bytes.
+absl::Status WritePickleSnapshotWithoutRawValues(const Timeline& timeline, const TraceModel& model,
+                                                 std::size_t events_until, std::ostream& out,
+                                                 std::size_t max_entries = 0);
+
 class SnapshotAt final : public WalkListener {
  public:
   SnapshotAt(std::size_t events_until, SnapshotFormat format, std::ostream& out)

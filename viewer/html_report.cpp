@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -14,6 +15,7 @@
 #include "analysis/counter_thinning.h"
 #include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
+#include "exporters/decimal.h"
 #include "exporters/json_writer.h"
 #include "exporters/report.h"
 #include "viewer/assets.h"
@@ -116,6 +118,30 @@ class OwnerTable {
   std::vector<std::string> names_;
 };
 
+// Fixed text written at `p`.
+char* PutText(char* p, std::string_view text) {
+  std::memcpy(p, text.data(), text.size());
+  return p + text.size();
+}
+// The most a segment's text takes besides its pieces, and a piece.
+constexpr std::size_t kSegmentTextBytes = 128 + 3 * kMaxDecimalBytes;
+constexpr std::size_t kPieceTextBytes = 6 + 4 * kMaxDecimalBytes;
+
+// An array of integers, written in place.
+template <typename Samples, typename Value>
+void WriteIntegers(JsonWriter& w, const Samples& samples, Value value) {
+  char* p = w.BeginRawValue(2 + samples.size() * (kMaxDecimalBytes + 1));
+  *p++ = '[';
+  bool first = true;
+  for (const auto& s : samples) {
+    if (!first) *p++ = ',';
+    first = false;
+    p = PutDecimal(p, value(s));
+  }
+  *p++ = ']';
+  w.EndRawValue(p);
+}
+
 // The segments of a moment, as the "segments" array (keys in nlohmann's
 // sorted order, so the page's data is what a tree would have dumped).
 void WriteSegmentMap(const TraceModel& m, const HtmlReportOptions& o, OwnerTable& owners, JsonWriter& w) {
@@ -153,31 +179,31 @@ void WriteSegmentMap(const TraceModel& m, const HtmlReportOptions& o, OwnerTable
       pieces = MergeSameKind(pieces);
       if (pieces.size() > per_segment) pieces = Slice(pieces, seg->size, per_segment);
     }
-    w.BeginObject();
-    w.Key("addr");
-    w.UInt(addr);
-    w.Key("blocks");
-    w.BeginArray();
-    for (const Piece& p : pieces) {
-      w.BeginArray();
-      w.UInt(p.offset);
-      w.UInt(p.size);
-      w.Int(p.kind);
-      w.Int(p.owner);
-      w.EndArray();
+    // {"addr", "blocks": [[offset, size, kind, owner]], "expandable",
+    // "merged", "pool", "size", "stream"}, written in place: what the
+    // writer's calls would write, without a call per number.
+    char* p = w.BeginRawValue(kSegmentTextBytes + pieces.size() * kPieceTextBytes);
+    p = PutText(PutDecimal(PutText(p, "{\"addr\":"), std::uint64_t{addr}), ",\"blocks\":[");
+    for (std::size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& piece = pieces[i];
+      if (i > 0) *p++ = ',';
+      *p++ = '[';
+      p = PutDecimal(p, std::uint64_t{piece.offset});
+      *p++ = ',';
+      p = PutDecimal(p, std::uint64_t{piece.size});
+      *p++ = ',';
+      p = PutDecimal(p, std::int64_t{piece.kind});
+      *p++ = ',';
+      p = PutDecimal(p, std::int64_t{piece.owner});
+      *p++ = ']';
     }
-    w.EndArray();
-    w.Key("expandable");
-    w.Bool(seg->expandable);
-    w.Key("merged");
-    w.Bool(merged);
-    w.Key("pool");
-    w.String(seg->small ? "small" : "large");
-    w.Key("size");
-    w.UInt(seg->size);
-    w.Key("stream");
-    w.UInt(seg->stream);
-    w.EndObject();
+    p = PutText(p, seg->expandable ? "],\"expandable\":true" : "],\"expandable\":false");
+    p = PutText(p, merged ? ",\"merged\":true" : ",\"merged\":false");
+    p = PutText(p, seg->small ? ",\"pool\":\"small\",\"size\":" : ",\"pool\":\"large\",\"size\":");
+    p = PutText(PutDecimal(p, std::uint64_t{seg->size}), ",\"stream\":");
+    p = PutDecimal(p, std::uint64_t{seg->stream});
+    *p++ = '}';
+    w.EndRawValue(p);
   }
   w.EndArray();
 }
@@ -353,28 +379,22 @@ void ViewerRankListener::Impl::WriteSamples(JsonWriter& w) {
     if (present[c]) categories.emplace_back(CategoryName(static_cast<Category>(c)), c);
   }
   std::sort(categories.begin(), categories.end());
+  using Sample = CounterThinning<SamplePayload>::Sample;
   w.BeginObject();
   w.Key("allocated");
-  w.BeginArray();
-  for (const auto& s : kept) w.UInt(s.allocated);
-  w.EndArray();
+  WriteIntegers(w, kept, [](const Sample& s) { return std::uint64_t{s.allocated}; });
   w.Key("by_category");
   w.BeginObject();
   for (const auto& [name, c] : categories) {
     w.Key(name);
-    w.BeginArray();
-    for (const auto& s : kept) w.Int(s.payload.by_category[static_cast<std::size_t>(c)]);
-    w.EndArray();
+    const auto k = static_cast<std::size_t>(c);
+    WriteIntegers(w, kept, [k](const Sample& s) { return std::int64_t{s.payload.by_category[k]}; });
   }
   w.EndObject();
   w.Key("reserved");
-  w.BeginArray();
-  for (const auto& s : kept) w.UInt(s.reserved);
-  w.EndArray();
+  WriteIntegers(w, kept, [](const Sample& s) { return std::uint64_t{s.reserved}; });
   w.Key("t");
-  w.BeginArray();
-  for (const auto& s : kept) w.Int(s.payload.t);
-  w.EndArray();
+  WriteIntegers(w, kept, [](const Sample& s) { return std::int64_t{s.payload.t}; });
   w.EndObject();
 }
 

@@ -5,11 +5,13 @@
 #include "exporters/json_writer.h"
 
 #include <catch2/catch.hpp>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "exporters/report.h"
 #include "nlohmann/json.hpp"
@@ -180,4 +182,55 @@ TEST_CASE("json writer: the fragmentation object streamed is report.json's FRAG"
         "{\"allocated_bytes\":6291456,\"fragmentation\":0.4285714285714286,\"free_blocks\":2,"
         "\"free_in_segments_bytes\":14680064,\"inactive_split_bytes\":14680064,\"largest_free_block_bytes\":8388608,"
         "\"reserved_bytes\":20971520,\"reserved_minus_allocated_bytes\":14680064,\"segments\":1}");
+}
+
+TEST_CASE("PutDecimal writes what std::to_chars writes") {
+  const auto check_u = [](std::uint64_t v) {
+    char want[32], got[32];
+    const std::string_view w(want, static_cast<std::size_t>(std::to_chars(want, want + 32, v).ptr - want));
+    const std::string_view g(got, static_cast<std::size_t>(PutDecimal(got, v) - got));
+    INFO(v);
+    REQUIRE(g == w);
+  };
+  const auto check_i = [](std::int64_t v) {
+    char want[32], got[32];
+    const std::string_view w(want, static_cast<std::size_t>(std::to_chars(want, want + 32, v).ptr - want));
+    const std::string_view g(got, static_cast<std::size_t>(PutDecimal(got, v) - got));
+    INFO(v);
+    REQUIRE(g == w);
+  };
+  // Every power of ten and its neighbours (each length and each split point).
+  std::uint64_t p = 1;
+  for (int k = 0; k < 20; ++k, p *= 10) {
+    for (const std::uint64_t v : {p - 1, p, p + 1, 2 * p - 1, 9 * p, p / 2}) {
+      check_u(v);
+      check_i(static_cast<std::int64_t>(v));
+      check_i(-static_cast<std::int64_t>(v & 0x7fffffffffffffffULL));
+    }
+  }
+  check_u(std::numeric_limits<std::uint64_t>::max());
+  check_i(std::numeric_limits<std::int64_t>::max());
+  check_i(std::numeric_limits<std::int64_t>::min());
+  check_u(0);
+  check_i(0);
+  // Random values of every length.
+  std::mt19937_64 rng(18);
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint64_t bits = rng();
+    const std::uint64_t v = bits >> (rng() % 64);
+    check_u(v);
+    check_i(static_cast<std::int64_t>(bits));
+    check_i(static_cast<std::int64_t>(v));
+  }
+  // And in the JSON writer.
+  std::string out;
+  JsonWriter w(out);
+  w.BeginArray();
+  w.Int(-1);
+  w.UInt(18446744073709551615ULL);
+  w.Int(std::numeric_limits<std::int64_t>::min());
+  w.UInt(0);
+  w.EndArray();
+  w.Finish();
+  CHECK(out == "[-1,18446744073709551615,-9223372036854775808,0]");
 }

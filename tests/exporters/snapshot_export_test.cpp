@@ -605,6 +605,85 @@ done()
             {dir.File("mixed.pickle"), dir.File("dict.pickle"), dir.File("list.pickle"), dir.File("big.pickle")}) == 0);
 }
 
+// The pickle's fast path (whole trace entries, blocks and frame lists as raw
+// bytes, the frames of each stack pickled once) must write exactly what the
+// ordinary PickleWriter calls write: on a trace of many frames' worth of
+// entries, with owners and stack frames that are not ASCII, not valid UTF-8,
+// 256 bytes or longer, and a stack of more frames than one APPENDS batch.
+TEST_CASE("the pickled snapshot's fast path writes the bytes of the ordinary calls") {
+  SimDevice gpu({.capacity = 8 * kGiB});
+  CachingAllocator a(gpu, Conf(""));
+  Timeline tl;
+  tl.wall_start_us = 1'700'000'000'000'000;
+  MemorySink sink(tl);
+  Recorder rec(sink);
+  a.SetObserver(&rec);
+  const std::vector<std::string> owners = {"fc1.weight", "d\xc3\xa9j\xc3\xa0", "bad \xff byte", std::string(300, 'o'),
+                                           ""};
+  std::vector<DevicePtr> live;
+  for (int i = 0; i < 3000; ++i) {
+    ScopedTag tag(static_cast<Category>(i % kNumCategories), owners[static_cast<std::size_t>(i) % owners.size()]);
+    live.push_back(MustMalloc(a, 512 * static_cast<std::size_t>(1 + i % 7)));
+    if (i % 3 == 2) {
+      MustFree(a, live.front());
+      live.erase(live.begin());
+    }
+  }
+  a.SetObserver(nullptr);
+  // Stacks, as an imported PyTorch snapshot has them, on some allocations.
+  AllocStack deep;
+  // More frames than one APPENDS batch, yet small enough for the fast path
+  // (under a 64 KiB frame).
+  for (int f = 0; f < 1100; ++f) deep.frames.push_back({absl::StrCat("m", f), f, "fw"});
+  tl.stacks.push_back(deep);
+  tl.stacks.push_back({{{"caf\xc3\xa9.py", 7, "bad \xfe name"}, {std::string(260, 'f'), -3, "step"}}, "site"});
+  tl.event_stacks.assign(tl.events.size(), 0);
+  std::size_t allocs = 0;
+  for (std::size_t i = 0; i < tl.events.size(); ++i) {
+    if (tl.events[i].type != EventType::kAlloc) continue;
+    if (allocs % 7 == 3) tl.event_stacks[i] = 2;
+    if (allocs % 401 == 5) tl.event_stacks[i] = 1;  // the deep one, on a few
+    ++allocs;
+  }
+
+  TempDir dir;
+  const std::size_t n = tl.events.size();
+  int written = 0;
+  for (const std::size_t until : {n, n / 2, std::size_t{7}}) {
+    for (const std::size_t max_entries : {std::size_t{0}, std::size_t{100}}) {
+      TraceModel model;
+      for (std::size_t i = 0; i < until; ++i) REQUIRE(model.Apply(tl.events[i], tl.stack_of(i)).ok());
+      std::ostringstream fast, ordinary;
+      REQUIRE(WriteSnapshot(tl, model, until, SnapshotFormat::kPickle, fast, max_entries).ok());
+      REQUIRE(WritePickleSnapshotWithoutRawValues(tl, model, until, ordinary, max_entries).ok());
+      INFO("events " << until << ", max_entries " << max_entries);
+      CHECK(fast.str().size() == ordinary.str().size());
+      CHECK(fast.str() == ordinary.str());
+      WriteFile(dir.File(absl::StrCat("s", written++, ".pickle")), fast.str());
+    }
+  }
+  // And Python reads it, no opcode straddling two frames.
+  const std::string script = absl::StrCat(kPythonPrelude, R"py(
+data = open(sys.argv[1], "rb").read()
+ops = check_opcodes(data, "fast path")
+check(ops.count("FRAME") >= 5, f"frames: {ops.count('FRAME')}")
+s = load(data, "fast path")
+entries = s["device_traces"][0]
+check(len(entries) > 3000, f"entries: {len(entries)}")
+deep = [e for e in entries if len(e["frames"]) == 1100]
+check(len(deep) > 0, "an entry with the 1100 frames")
+eq(deep[0]["frames"][1099], {"filename": "m1099", "line": 1099, "name": "fw"}, "the last frame")
+odd = [e for e in entries if len(e["frames"]) == 2]
+check(len(odd) > 0, "an entry with the odd stack")
+eq(odd[0]["frames"], [{"filename": "caf\u00e9.py", "line": 7, "name": "bad \ufffd name"},
+                      {"filename": "f" * 260, "line": -3, "name": "step"}], "odd frames")
+names = {e["frames"][0]["filename"] for e in entries if len(e["frames"]) == 1}
+eq(sorted(names), sorted(["fc1.weight", "d\u00e9j\u00e0", "bad \ufffd byte", "o" * 300, "??"]), "owners")
+done()
+)py");
+  CHECK(RunPython(dir, script, {dir.File("s0.pickle")}) == 0);
+}
+
 TEST_CASE("PickleWriter reports misuse from Finish") {
   auto finish = [](const std::function<void(PickleWriter&)>& write) {
     std::ostringstream out;
