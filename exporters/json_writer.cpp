@@ -107,7 +107,9 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
 
 JsonWriter::JsonWriter(std::string& out, bool escape_lt) : string_(&out), escape_lt_(escape_lt) {
   pos_ = out.size();
-  out.resize(std::max(out.capacity(), pos_ + 4096));
+  // The string's size is the part written or zero-filled: it grows a block
+  // at a time (Grow), so a large reserved capacity is not touched at once.
+  out.resize(std::max(pos_ + 4096, std::min(out.capacity(), pos_ + kBlock)));
   data_ = out.data();
   cap_ = out.size();
 }
@@ -122,7 +124,12 @@ JsonWriter::~JsonWriter() { Finish(); }
 
 void JsonWriter::Grow(std::size_t n) {
   if (string_ != nullptr) {
-    string_->resize(std::max(2 * cap_, pos_ + n));
+    // Capacity doubles (one copy of the text so far), but only a block past
+    // what is needed is zero-filled: resizing to twice the size would clear,
+    // and fault in, memory that may never be written.
+    const std::size_t need = pos_ + n;
+    if (need > string_->capacity()) string_->reserve(std::max(need, 2 * string_->capacity()));
+    string_->resize(std::min(string_->capacity(), std::max(need, cap_ + kBlock)));
     data_ = string_->data();
     cap_ = string_->size();
     return;
