@@ -308,11 +308,26 @@ struct CheckRegion {
   std::uint32_t failed;     // 1 once the rank failed (its waiters stop waiting)
   std::uint32_t capable;    // 1: the file is mapped; 0 everywhere means: exchange through gloo
   std::uint32_t reserved;
+  // The kernel the rank runs on (a hash of its boot_id): shared memory and
+  // futexes work between ranks of one kernel only, so ranks on several
+  // machines (a shared filesystem, multi-node) exchange through gloo.
+  std::uint64_t kernel;
   std::uint64_t slots[2][kWords];
 };
 static_assert(sizeof(CheckRegion) <= kCheckBytes);
 
 std::atomic_ref<std::uint32_t> Word(const std::uint32_t& w) { return std::atomic_ref(const_cast<std::uint32_t&>(w)); }
+
+// This kernel's identity (FNV-1a of /proc/sys/kernel/random/boot_id), 0 if
+// it cannot be read.
+std::uint64_t KernelId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty()) return 0;
+  std::uint64_t h = 14695981039346656037ULL;
+  for (const char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h == 0 ? 1 : h;
+}
 
 void FutexWake(const std::uint32_t* word) {
   ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
@@ -410,7 +425,11 @@ class ProgressFile {
       void* map = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
       if (map != MAP_FAILED) {
         map_ = static_cast<char*>(map);
-        if (offer_check_region) Word(check_region()->capable).store(1, std::memory_order_release);
+        const std::uint64_t kernel = KernelId();
+        if (offer_check_region && kernel != 0) {
+          check_region()->kernel = kernel;
+          Word(check_region()->capable).store(1, std::memory_order_release);
+        }
       }
     }
     return "";
@@ -1168,7 +1187,8 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
   // Every rank marked its file mapped before it joined, so all ranks see
   // the same flags and agree on how to exchange summaries.
   peer_regions_.assign(static_cast<std::size_t>(world_size_), nullptr);
-  shared_checks_ = world_size_ > 1 && progress_.check_region() != nullptr && options.shared_checks;
+  const CheckRegion* own = progress_.check_region();
+  shared_checks_ = world_size_ > 1 && own != nullptr && Word(own->capable).load(std::memory_order_acquire) == 1;
   for (int r = 0; r < world_size_; ++r) {
     const int fd = peer_fds_[static_cast<std::size_t>(r)];
     if (r == rank_) continue;
@@ -1183,7 +1203,11 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     }
     const auto* region = reinterpret_cast<const CheckRegion*>(static_cast<const char*>(map) + kCheckOffset);
     peer_regions_[static_cast<std::size_t>(r)] = region;
-    if (Word(region->capable).load(std::memory_order_acquire) != 1) shared_checks_ = false;
+    // A peer of another kernel, or one whose file reads stale here (a
+    // network filesystem), makes every rank use gloo: each has such a peer.
+    if (Word(region->capable).load(std::memory_order_acquire) != 1 || own == nullptr || region->kernel != own->kernel) {
+      shared_checks_ = false;
+    }
   }
   if (world_size_ > 1) watchdog_ = std::thread([this] { WatchdogLoop(); });
   progress_.Write(0, "ready", "-", 0);
