@@ -22,8 +22,9 @@
 // two 64-bit hashes, the last N), by the check's own number so that ranks
 // that check at different collectives still meet: through the ranks' progress
 // files, which every rank maps (CheckRegion: no message, a futex wake-up),
-// or, where a file could not be mapped, by a gloo allgather tagged with that
-// number. Equal summaries end
+// or, when the ranks run on more than one kernel (machine) or a file could
+// not be mapped, by a gloo allgather tagged with that number (all ranks
+// agree on which). Equal summaries end
 // it (different batches with equal hashes, odds of about 2^-128, would
 // pass); otherwise the lists are allgathered and every rank throws the same line
 // after its "rank R: " for the first collective that differs ("collective
