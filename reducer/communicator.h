@@ -63,6 +63,10 @@ struct GlooOptions {
   std::string store_dir;               // FileStore rendezvous directory (created if missing)
   std::string hostname = "127.0.0.1";  // interface the TCP transport binds to
   std::chrono::milliseconds timeout{60000};
+  // Checks exchange their summaries through the ranks' mapped progress
+  // files. False (for tests): this rank offers no mapping, so every rank
+  // exchanges them through gloo, as when a file cannot be mapped.
+  bool shared_checks = true;
 };
 
 // Rendezvous through the FileStore, full mesh over TCP. Throws CommError.

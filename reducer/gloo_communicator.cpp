@@ -18,9 +18,13 @@
 // them at a barrier, at a collective that moves data (before the data moves),
 // at one whose arguments are to be rejected, and at the 256th unchecked one:
 // rules that depend on the descriptors alone, so ranks that called the same
-// collectives check at the same ones. A check allgathers a summary (how many,
-// two 64-bit hashes, the last N), tagged by the check's own number so that
-// ranks that check at different collectives still meet. Equal summaries end
+// collectives check at the same ones. A check exchanges a summary (how many,
+// two 64-bit hashes, the last N), by the check's own number so that ranks
+// that check at different collectives still meet: through the ranks' progress
+// files, which every rank maps (CheckRegion: no message, a futex wake-up),
+// or, when the ranks run on more than one kernel (machine) or a file could
+// not be mapped, by a gloo allgather tagged with that number (all ranks
+// agree on which). Equal summaries end
 // it (different batches with equal hashes, odds of about 2^-128, would
 // pass); otherwise the lists are allgathered and every rank throws the same line
 // after its "rank R: " for the first collective that differs ("collective
@@ -66,9 +70,12 @@
 //
 // A communicator is used by one thread at a time.
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -85,6 +92,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <charconv>
@@ -280,7 +288,59 @@ class UncheckedCollectives {
 
 constexpr std::size_t kRecordBytes = 64;
 constexpr std::size_t kMaxMessageBytes = 4096;
-constexpr std::size_t kFileBytes = kRecordBytes + kMaxMessageBytes;
+// After the message: the check region (CheckRegion), read by the peers
+// through their own shared mapping of the file.
+constexpr std::size_t kCheckOffset = kRecordBytes + kMaxMessageBytes;
+constexpr std::size_t kCheckBytes = 128;
+constexpr std::size_t kFileBytes = kCheckOffset + kCheckBytes;
+
+// A rank's summaries of its checks, exchanged through memory shared by the
+// ranks' processes (their progress files, each mapped by every rank) rather
+// than through gloo: a meta run's checks are most of its communication, and
+// gloo's exchange of 32 bytes (a ring of world_size - 1 steps, each a few
+// messages, each a wake-up of the event loop and of the waiting thread) cost
+// a 4-rank gpt2-xl run about a tenth of its CPU time. Check k's summary goes
+// to slot k % 2, then `published` becomes k and waiters are woken (a futex
+// on the shared page). A peer can be at most one check ahead (it cannot end
+// check k + 1 before this rank publishes k + 1), so two slots suffice.
+struct CheckRegion {
+  static constexpr std::size_t kWords = 5;  // the check's number, then its summary (UncheckedCollectives)
+  std::uint32_t published;  // the last check whose summary is in its slot (futex word)
+  std::uint32_t failed;     // 1 once the rank failed (its waiters stop waiting)
+  std::uint32_t capable;    // 1: the file is mapped; 0 everywhere means: exchange through gloo
+  std::uint32_t reserved;
+  // The kernel the rank runs on (a hash of its boot_id): shared memory and
+  // futexes work between ranks of one kernel only, so ranks on several
+  // machines (a shared filesystem, multi-node) exchange through gloo.
+  std::uint64_t kernel;
+  std::uint64_t slots[2][kWords];
+};
+static_assert(sizeof(CheckRegion) <= kCheckBytes);
+
+std::atomic_ref<std::uint32_t> Word(const std::uint32_t& w) { return std::atomic_ref(const_cast<std::uint32_t&>(w)); }
+
+// This kernel's identity (FNV-1a of /proc/sys/kernel/random/boot_id), 0 if
+// it cannot be read.
+std::uint64_t KernelId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  if (!std::getline(in, id) || id.empty()) return 0;
+  std::uint64_t h = 14695981039346656037ULL;
+  for (const char c : id) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h == 0 ? 1 : h;
+}
+
+void FutexWake(const std::uint32_t* word) {
+  ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Waits (at most `timeout`) while *word == expected.
+void FutexWait(const std::uint32_t* word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
 
 std::string ProgressPath(const std::string& dir, int rank) { return dir + "/progress-rank-" + std::to_string(rank); }
 // Left by a process that found its rank already taken (two processes started
@@ -346,7 +406,7 @@ class ProgressFile {
   }
 
   // Empty on success, else why not.
-  std::string Open(const std::string& dir, int rank) {
+  std::string Open(const std::string& dir, int rank, bool offer_check_region) {
     const std::string path = ProgressPath(dir, rank);
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) return "cannot create " + path + ": " + std::strerror(errno);
@@ -364,9 +424,38 @@ class ProgressFile {
     // into the mapping into SIGBUS. Without them, writes go through pwrite().
     if (::ftruncate(fd_, 0) == 0 && ::posix_fallocate(fd_, 0, static_cast<off_t>(kFileBytes)) == 0) {
       void* map = ::mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-      if (map != MAP_FAILED) map_ = static_cast<char*>(map);
+      if (map != MAP_FAILED) {
+        map_ = static_cast<char*>(map);
+        const std::uint64_t kernel = KernelId();
+        if (offer_check_region && kernel != 0) {
+          check_region()->kernel = kernel;
+          Word(check_region()->capable).store(1, std::memory_order_release);
+        }
+      }
     }
     return "";
+  }
+
+  // Null when the file could not be mapped.
+  CheckRegion* check_region() const {
+    return map_ == nullptr ? nullptr : reinterpret_cast<CheckRegion*>(map_ + kCheckOffset);
+  }
+
+  // Check k's summary (CheckRegion::kWords - 1 words), then k published.
+  void Publish(std::uint32_t k, const std::uint64_t* summary) {
+    CheckRegion* c = check_region();
+    c->slots[k % 2][0] = k;
+    std::memcpy(&c->slots[k % 2][1], summary, (CheckRegion::kWords - 1) * sizeof(std::uint64_t));
+    Word(c->published).store(k, std::memory_order_release);
+    FutexWake(&c->published);
+  }
+
+  // Peers waiting on this rank's summary stop waiting.
+  void MarkFailed() {
+    CheckRegion* c = check_region();
+    if (c == nullptr) return;
+    Word(c->failed).store(1, std::memory_order_release);
+    FutexWake(&c->published);
   }
 
   // Best effort: progress only improves error messages.
@@ -502,6 +591,11 @@ class GlooCommunicator final : public Communicator {
       context_.reset();  // closes the connections
       device_.reset();   // joins gloo's event loop
     }
+    for (const CheckRegion* region : peer_regions_) {
+      if (region != nullptr) {
+        ::munmap(const_cast<char*>(reinterpret_cast<const char*>(region)) - kCheckOffset, kFileBytes);
+      }
+    }
     for (int fd : peer_fds_) {
       if (fd >= 0) ::close(fd);
     }
@@ -597,6 +691,7 @@ class GlooCommunicator final : public Communicator {
     message = OneLine(std::move(message));
     broken_ = message;
     progress_.Write(seq_, "failed", LastKind(), checks_, message);
+    progress_.MarkFailed();
     if (close_connections) {
       SigpipeGuard guard;
       context_.reset();
@@ -660,7 +755,11 @@ class GlooCommunicator final : public Communicator {
     const auto tag = static_cast<std::uint32_t>(4 * checks_);
     const std::array<std::uint64_t, UncheckedCollectives::kSummaryWords> summary = unchecked_.Summary();
     std::vector<std::uint64_t> all;
-    GlooCall([&] { all = AllgatherWords(summary.data(), summary.size(), tag); });
+    if (shared_checks_) {
+      all = ExchangeSummaries(summary.data());
+    } else {
+      GlooCall([&] { all = AllgatherWords(summary.data(), summary.size(), tag); });
+    }
     std::size_t longest = 0;
     bool same = true;
     for (int r = 0; r < world_size_; ++r) {
@@ -692,6 +791,41 @@ class GlooCommunicator final : public Communicator {
     }
     Fail("rank " + std::to_string(rank_) + ": " + What() + ": the ranks' descriptor hashes differ, their lists do not",
          false);
+  }
+
+  // Every rank's summary for check #checks_, rank by rank, through the
+  // shared check regions: this rank's published, then each peer's awaited
+  // (a futex wait in slices of 50 ms, between which a peer that is gone or
+  // failed ends it, as the watchdog would abort gloo's wait) until the
+  // timeout, which names the ranks that did not arrive.
+  std::vector<std::uint64_t> ExchangeSummaries(const std::uint64_t* summary) {
+    constexpr std::size_t words = UncheckedCollectives::kSummaryWords;
+    const auto k = static_cast<std::uint32_t>(checks_);
+    progress_.Publish(k, summary);
+    std::vector<std::uint64_t> all(words * static_cast<std::size_t>(world_size_));
+    std::copy(summary, summary + words, all.begin() + static_cast<std::ptrdiff_t>(words * static_cast<std::size_t>(rank_)));
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      const CheckRegion* theirs = peer_regions_[static_cast<std::size_t>(r)];
+      for (;;) {
+        const std::uint32_t v = Word(theirs->published).load(std::memory_order_acquire);
+        if (v >= k) break;
+        if (Word(theirs->failed).load(std::memory_order_acquire) != 0 || Unlocked(peer_fds_[r])) {
+          Fail(DescribeFailure(What(), "aborted: a peer is gone"), true);
+        }
+        const Clock::time_point now = Clock::now();
+        if (now >= deadline) {
+          Fail(DescribeFailure(What(), "Timed out waiting " + std::to_string(timeout_.count()) + "ms for the check"),
+               true);
+        }
+        FutexWait(&theirs->published, v, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50)));
+      }
+      const std::uint64_t* slot = theirs->slots[k % 2];
+      if (slot[0] != k) Fail(DescribeFailure(What(), "check #" + std::to_string(k) + " out of step"), true);
+      std::copy(slot + 1, slot + 1 + words, all.begin() + static_cast<std::ptrdiff_t>(words * static_cast<std::size_t>(r)));
+    }
+    return all;
   }
 
   // Each rank's `count` words of `in`, rank by rank.
@@ -950,6 +1084,10 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::vector<int> peer_fds_;  // peers' progress files, open after rendezvous (-1: self)
+  // Peers' check regions, mapped after rendezvous (null: self, or unmapped).
+  std::vector<const CheckRegion*> peer_regions_;
+  // Every rank's file is mapped: checks exchange summaries through them.
+  bool shared_checks_ = false;
   // The watchdog's state, guarded by wd_mu_.
   std::mutex wd_mu_;
   std::condition_variable wd_cv_;
@@ -973,7 +1111,7 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(store_dir_, ec);
   if (ec) throw CommError(me + "cannot create store directory " + store_dir_ + ": " + ec.message());
-  if (std::string err = progress_.Open(store_dir_, rank_); !err.empty()) {
+  if (std::string err = progress_.Open(store_dir_, rank_, options.shared_checks); !err.empty()) {
     if (err.find("is locked by a live communicator") != std::string::npos) {
       std::ofstream(DuplicatePath(store_dir_, rank_)) << "1\n";
       throw CommError(me + "rank " + std::to_string(rank_) + " is already taken by another process (two processes " +
@@ -1046,6 +1184,31 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
   peer_fds_.assign(static_cast<std::size_t>(world_size_), -1);
   for (int r = 0; r < world_size_; ++r) {
     if (r != rank_) peer_fds_[r] = OpenPeer(store_dir_, r);
+  }
+  // Every rank marked its file mapped before it joined, so all ranks see
+  // the same flags and agree on how to exchange summaries.
+  peer_regions_.assign(static_cast<std::size_t>(world_size_), nullptr);
+  const CheckRegion* own = progress_.check_region();
+  shared_checks_ = world_size_ > 1 && own != nullptr && Word(own->capable).load(std::memory_order_acquire) == 1;
+  for (int r = 0; r < world_size_; ++r) {
+    const int fd = peer_fds_[static_cast<std::size_t>(r)];
+    if (r == rank_) continue;
+    struct stat st {};
+    void* map = MAP_FAILED;
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= kFileBytes) {
+      map = ::mmap(nullptr, kFileBytes, PROT_READ, MAP_SHARED, fd, 0);
+    }
+    if (map == MAP_FAILED) {
+      shared_checks_ = false;
+      continue;
+    }
+    const auto* region = reinterpret_cast<const CheckRegion*>(static_cast<const char*>(map) + kCheckOffset);
+    peer_regions_[static_cast<std::size_t>(r)] = region;
+    // A peer of another kernel, or one whose file reads stale here (a
+    // network filesystem), makes every rank use gloo: each has such a peer.
+    if (Word(region->capable).load(std::memory_order_acquire) != 1 || own == nullptr || region->kernel != own->kernel) {
+      shared_checks_ = false;
+    }
   }
   if (world_size_ > 1) watchdog_ = std::thread([this] { WatchdogLoop(); });
   progress_.Write(0, "ready", "-", 0);

@@ -66,16 +66,19 @@ GlooOptions Options(const TempDir& dir, int rank, int world, std::chrono::millis
 }
 
 // Runs fn(comm) on `world` rank threads; returns each rank's CommError message
-// ("" when it raised none).
+// ("" when it raised none). With `gloo_checks_rank` >= 0, that rank offers no
+// shared check region, so every rank checks through gloo.
 std::vector<std::string> RunRanks(int world, const std::function<void(Communicator&)>& fn,
-                                  std::chrono::milliseconds timeout = 10s) {
+                                  std::chrono::milliseconds timeout = 10s, int gloo_checks_rank = -1) {
   TempDir dir;
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        std::unique_ptr<Communicator> comm = CreateGlooCommunicator(Options(dir, r, world, timeout));
+        GlooOptions options = Options(dir, r, world, timeout);
+        options.shared_checks = r != gloo_checks_rank;
+        std::unique_ptr<Communicator> comm = CreateGlooCommunicator(options);
         fn(*comm);
       } catch (const CommError& e) {
         errors[r] = e.what();
@@ -253,6 +256,53 @@ TEST_CASE("gloo meta mismatch is named at the next check with the number of the 
                            ": collective mismatch at collective #5: ranks 0, 1, 3 called allreduce(float32, 10 "
                            "elements, meta), rank 2 called allreduce(float32, 11 elements, meta)");
   }
+}
+
+// The same checks when one rank (here rank 3, or rank 0 of 2) offers no
+// shared region: every rank falls back to gloo's allgather, and the
+// mismatch, the barrier and the 256th-collective check behave the same.
+TEST_CASE("gloo checks through gloo when a rank offers no shared region: mismatch, barrier and the 256th") {
+  const std::vector<std::string> mismatch = RunRanks(
+      4,
+      [](Communicator& comm) {
+        for (int i = 1; i <= 10; ++i) {
+          const std::size_t count = comm.rank() == 2 && i == 5 ? 11 : 10;
+          comm.AllreduceSum(nullptr, count, DType::kFloat32);
+        }
+        comm.Barrier();
+      },
+      10s, 3);
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    CHECK(mismatch[r] == "rank " + std::to_string(r) +
+                             ": collective mismatch at collective #5: ranks 0, 1, 3 called allreduce(float32, 10 "
+                             "elements, meta), rank 2 called allreduce(float32, 11 elements, meta)");
+  }
+  CheckNoErrors(RunRanks(
+      4,
+      [](Communicator& comm) {
+        for (int i = 0; i < 600; ++i) comm.AllreduceSum(nullptr, 10, DType::kFloat32);
+        comm.Barrier();
+      },
+      10s, 3));
+  std::promise<void> rank1_done;
+  std::shared_future<void> done = rank1_done.get_future().share();
+  const std::vector<std::string> stopped = RunRanks(
+      2,
+      [&](Communicator& comm) {
+        const int calls = comm.rank() == 0 ? 100 : 300;
+        try {
+          for (int i = 0; i < calls; ++i) comm.Broadcast(nullptr, 4, DType::kInt64, 0);
+        } catch (const CommError&) {
+          rank1_done.set_value();
+          throw;
+        }
+        if (comm.rank() == 0) done.wait();
+      },
+      1s, 0);
+  CHECK(stopped[0] == "");
+  CHECK(stopped[1] ==
+        "rank 1: broadcast #256 timed out after 1 s: rank 0 did not arrive (its last collective: broadcast #100)");
 }
 
 // 256 unchecked collectives are a check: rank 1, which calls 300, waits there
