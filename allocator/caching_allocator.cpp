@@ -241,6 +241,7 @@ struct CachingAllocator::Impl {
   // Garbage collection is on (a threshold and a memory fraction): lookups age blocks.
   bool count_free_block_lookups = false;
   AllocatorObserver* observer = nullptr;
+  bool observer_wants_time = false;  // observer->wants_time(), read at SetObserver
   std::optional<OutOfMemoryInfo> last_oom;
   BlockArena arena;
 
@@ -264,7 +265,7 @@ struct CachingAllocator::Impl {
   void Trace(TraceAction action, const BlockPool& pool, DevicePtr addr, std::size_t size, std::size_t requested,
              StreamId stream) {
     if (observer == nullptr) return;
-    if (call_time == 0) call_time = FastNowNs();
+    if (observer_wants_time && call_time == 0) call_time = FastNowNs();
     observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
   }
 
@@ -1253,6 +1254,7 @@ std::size_t CachingAllocator::BlockSize(DevicePtr ptr) const {
 void CachingAllocator::SetObserver(AllocatorObserver* observer) {
   std::lock_guard<FastMutex> lock(mutex_);
   impl_->observer = observer;
+  impl_->observer_wants_time = observer != nullptr && observer->wants_time();
 }
 
 absl::Status CachingAllocator::CheckInvariants() const {

@@ -9,27 +9,49 @@ std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so ma
 
 }  // namespace
 
-Recorder::Recorder(EventSink& sink)
-    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()) {}
+Recorder::Recorder(EventSink& sink, RecordClock clock)
+    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {}
 
-std::int64_t Recorder::Now() const { return use_trace_time_ ? trace_time_ns_ : SteadyNs() - start_ns_; }
+std::int64_t Recorder::Now() {
+  if (use_trace_time_) return trace_time_ns_;
+  // A mark reads the clock; the sampled clock restarts from it, so that the
+  // events after the mark are never earlier than it.
+  sampled_ns_ = SteadyNs() - start_ns_;
+  countdown_ = kClockSampleEvents;
+  return sampled_ns_;
+}
 
 void Recorder::OnEvent(const TraceEvent& e) {
   Event out;
   out.type = static_cast<EventType>(e.action);
   out.set_small_pool(e.small_pool);
-  out.time_ns = use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
+  if (use_trace_time_) {
+    out.time_ns = trace_time_ns_;
+  } else if (clock_ == RecordClock::kWall) {
+    out.time_ns = e.time_ns - start_ns_;
+  } else {
+    if (--countdown_ == 0) {
+      countdown_ = kClockSampleEvents;
+      sampled_ns_ = SteadyNs() - start_ns_;
+    }
+    out.time_ns = sampled_ns_;
+  }
   out.addr = e.addr;
   out.size = e.size;
   out.requested_size = e.requested_size;
   out.stream = e.stream;
   if (e.action == TraceAction::kAlloc) {
-    out.category = ScopedTag::current_category();
-    // Consecutive allocations mostly share an owner: skip the string table.
-    const std::string_view owner = ScopedTag::current_owner();
-    if (owner != last_owner_) {
-      last_owner_.assign(owner.data(), owner.size());
-      last_owner_id_ = sink_.Intern(owner);
+    const AllocTag& tag = ScopedTag::current();
+    out.category = tag.category;
+    // Consecutive allocations mostly share an owner: skip the string table,
+    // and the string compare when the tag is of the same generation (no tag
+    // began or ended since: the same owner).
+    if (tag.generation != last_generation_) {
+      last_generation_ = tag.generation;
+      if (tag.owner != last_owner_) {
+        last_owner_.assign(tag.owner.data(), tag.owner.size());
+        last_owner_id_ = sink_.Intern(tag.owner);
+      }
     }
     out.name = last_owner_id_;
   }
