@@ -21,21 +21,61 @@ std::int64_t Recorder::Now() {
   return sampled_ns_;
 }
 
+std::uint32_t Recorder::OwnerId(const AllocTag& tag) {
+  // Consecutive allocations mostly share an owner: skip the string table,
+  // and the string compare when the tag is of the same generation (no tag
+  // began or ended since: the same owner).
+  if (tag.generation != last_generation_) {
+    last_generation_ = tag.generation;
+    if (tag.owner != last_owner_) {
+      last_owner_.assign(tag.owner.data(), tag.owner.size());
+      last_owner_id_ = sink_.Intern(tag.owner);
+    }
+  }
+  return last_owner_id_;
+}
+
 void Recorder::OnEvent(const TraceEvent& e) {
-  Event out;
-  out.type = static_cast<EventType>(e.action);
-  out.set_small_pool(e.small_pool);
-  if (use_trace_time_) {
-    out.time_ns = trace_time_ns_;
-  } else if (clock_ == RecordClock::kWall) {
-    out.time_ns = e.time_ns - start_ns_;
-  } else {
+  std::int64_t time;
+  if (clock_ == RecordClock::kSampled && !use_trace_time_) {
     if (--countdown_ == 0) {
       countdown_ = kClockSampleEvents;
       sampled_ns_ = SteadyNs() - start_ns_;
     }
-    out.time_ns = sampled_ns_;
+    time = sampled_ns_;
+  } else {
+    time = use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
   }
+  const unsigned small = e.small_pool ? 1u : 0u;
+  const auto t = static_cast<std::uint64_t>(time);
+  // A timeline file's writer is called directly (it is final: the call is
+  // not virtual and its encoder is inlined here, once per hot type so that
+  // the type, and a free's category and owner, are constants).
+  if (writer_ != nullptr) {
+    switch (e.action) {
+      case TraceAction::kAlloc: {
+        const AllocTag& tag = ScopedTag::current();
+        const std::uint32_t owner = OwnerId(tag);
+        writer_->AppendAction(EventType::kAlloc, small, t, e.addr, e.size, e.requested_size, e.stream, tag.category,
+                              owner);
+        return;
+      }
+      case TraceAction::kFreeRequested:
+        writer_->AppendAction(EventType::kFreeRequested, small, t, e.addr, e.size, e.requested_size, e.stream,
+                              Category::kOther, 0);
+        return;
+      case TraceAction::kFreeCompleted:
+        writer_->AppendAction(EventType::kFreeCompleted, small, t, e.addr, e.size, e.requested_size, e.stream,
+                              Category::kOther, 0);
+        return;
+      default:
+        break;
+    }
+  }
+  Event out;
+  out.type = static_cast<EventType>(e.action);
+  out.set_small_pool(e.small_pool);
+  out.time_ns = time;
   out.addr = e.addr;
   out.size = e.size;
   out.requested_size = e.requested_size;
@@ -43,25 +83,9 @@ void Recorder::OnEvent(const TraceEvent& e) {
   if (e.action == TraceAction::kAlloc) {
     const AllocTag& tag = ScopedTag::current();
     out.category = tag.category;
-    // Consecutive allocations mostly share an owner: skip the string table,
-    // and the string compare when the tag is of the same generation (no tag
-    // began or ended since: the same owner).
-    if (tag.generation != last_generation_) {
-      last_generation_ = tag.generation;
-      if (tag.owner != last_owner_) {
-        last_owner_.assign(tag.owner.data(), tag.owner.size());
-        last_owner_id_ = sink_.Intern(tag.owner);
-      }
-    }
-    out.name = last_owner_id_;
+    out.name = OwnerId(tag);
   }
-  // A timeline file's writer is called directly (it is final: the call is
-  // not virtual and its encoder is inlined here).
-  if (writer_ != nullptr) {
-    writer_->Append(out);
-  } else {
-    sink_.Append(out);
-  }
+  sink_.Append(out);
 }
 
 void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,

@@ -77,6 +77,7 @@ class Recorder final : public AllocatorObserver {
 
  private:
   std::int64_t Now();  // a mark's time; restarts the sampled clock
+  std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                   std::int64_t micro_batch = kNoMicroBatch);
   void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);

@@ -86,8 +86,10 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
 TimelineWriter::TimelineWriter(std::string path, int fd)
     : path_(std::move(path)), fd_(fd), buffer_(new char[kBufferBytes]), slots_(new Slot[std::size_t{1} << kSlotBits]) {}
 
-void TimelineWriter::AppendGeneral(const Event& event, char* start, std::uint64_t time, unsigned kinds,
-                                   unsigned small) {
+void TimelineWriter::AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr,
+                                   std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
+                                   std::uint64_t name, unsigned kinds, unsigned small) {
+  if (type == EventType::kAlloc) slots_[SlotOf(addr)] = Slot{addr, size, requested, stream, small};
   // Branch-free: each field's zigzag delta is stored as 8 bytes and the
   // cursor moves by the bytes it needs (0 when unchanged).
   char* p = start + 5;
@@ -100,19 +102,21 @@ void TimelineWriter::AppendGeneral(const Event& event, char* start, std::uint64_
   };
   const Previous prev = prev_;
   field(ZigZag(time - prev.time), 0);
-  field(ZigZag(event.addr - prev.addr), 1);
-  field(ZigZag(event.size - prev.size), 2);
-  field(ZigZag(event.requested_size - event.size), 3);
-  if (event.stream != prev.stream) field(ZigZag(event.stream - prev.stream), 4);
-  if (event.name != prev.name) field(ZigZag(event.name - prev.name), 5);
+  field(ZigZag(addr - prev.addr), 1);
+  field(ZigZag(size - prev.size), 2);
+  field(ZigZag(requested - size), 3);
+  if (stream != prev.stream) field(ZigZag(stream - prev.stream), 4);
+  if (name != prev.name) field(ZigZag(name - prev.name), 5);
   *p = static_cast<char>(kinds);
   const unsigned has_kinds = kinds != kDefaultKinds ? 1u : 0u;
   p += has_kinds;
   lengths |= has_kinds << 24 | small << 28;
-  start[0] = static_cast<char>(event.type);
+  start[0] = static_cast<char>(type);
   std::memcpy(start + 1, &lengths, 4);
-  Remember(event, time, kinds, small);
-  if (event.type == EventType::kFreeRequested) {
+  prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
+  if (type == EventType::kAlloc) last_alloc_name_ = name;
+  fold_at_ = kNone;
+  if (type == EventType::kFreeRequested) {
     fold_at_ = static_cast<std::size_t>(start + 4 - buffer_.get());
     fold_bit_ = 0x20;  // bit 29 of the lengths
   }

@@ -146,55 +146,72 @@ class TimelineWriter final : public EventSink {
   ~TimelineWriter() override;  // flushes and closes
 
   std::uint32_t Intern(std::string_view text) override;
-  [[gnu::always_inline]] void Append(const Event& event) override {
-    const unsigned small = event.flags & kEventSmallPool;
+  void Append(const Event& event) override {
+    if (event.phase == Phase::kUser) {
+      AppendAction(event.type, event.flags & kEventSmallPool, static_cast<std::uint64_t>(event.time_ns), event.addr,
+                   event.size, event.requested_size, event.stream, event.category, event.name);
+      return;
+    }
+    fold_at_ = kNone;
+    if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
     const unsigned kinds = static_cast<unsigned>(event.category) | static_cast<unsigned>(event.phase) << 4;
-    if (event.type == EventType::kFreeCompleted && FoldsIntoLast(event, kinds, small)) {
+    AppendGeneral(event.type, buffer_.get() + used_, static_cast<std::uint64_t>(event.time_ns), event.addr, event.size,
+                  event.requested_size, event.stream, event.name, kinds, event.flags & kEventSmallPool);
+  }
+  // Append of an event of phase user, its fields one by one (the Recorder's
+  // path: inlined, with the type and, for frees, category and name constant).
+  [[gnu::always_inline]] void AppendAction(EventType type, unsigned small, std::uint64_t time, std::uint64_t addr,
+                                           std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
+                                           Category category, std::uint64_t name) {
+    const unsigned kinds = static_cast<unsigned>(category) | static_cast<unsigned>(Phase::kUser) << 4;
+    if (type == EventType::kFreeCompleted && fold_at_ != kNone && time == prev_.time && addr == prev_.addr &&
+        size == prev_.size && requested == prev_.requested && stream == prev_.stream && name == prev_.name &&
+        kinds == prev_.kinds && small == prev_.small) {
+      // Its free_requested, the last record, says it followed at once.
       buffer_[fold_at_] = static_cast<char>(buffer_[fold_at_] | fold_bit_);
       fold_at_ = kNone;
       return;
     }
     if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
     char* p = buffer_.get() + used_;
-    const auto time = static_cast<std::uint64_t>(event.time_ns);
     fold_at_ = kNone;
-    if (event.type == EventType::kFreeRequested) {
+    if (type == EventType::kFreeRequested) {
       // Lean free: the block's fields are those of the alloc in its slot.
-      const Slot& slot = slots_[SlotOf(event.addr)];
-      if (slot.addr == event.addr && slot.size == event.size && slot.requested == event.requested_size &&
-          slot.stream == event.stream && slot.small == small && kinds == kDefaultKinds && event.name == 0) {
+      const std::size_t s = SlotOf(addr);
+      const Slot& slot = slots_[s];
+      if (slot.addr == addr && slot.size == size && slot.requested == requested && slot.stream == stream &&
+          slot.small == small && kinds == kDefaultKinds && name == 0) {
         if (time != prev_.time) p = PutTime(p, time);
-        const auto s = static_cast<unsigned>(SlotOf(event.addr));
         fold_at_ = static_cast<std::size_t>(p - buffer_.get());
         fold_bit_ = 0x40;
         p[0] = static_cast<char>(kLeanFree | (s >> 8));
         p[1] = static_cast<char>(s);
-        Remember(event, time, kinds, small);
+        prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
         used_ = static_cast<std::size_t>(p + 2 - buffer_.get());
         return;
       }
-    } else if (event.type == EventType::kAlloc) {
-      Slot& slot = slots_[SlotOf(event.addr)];
-      slot = Slot{event.addr, event.size, event.requested_size, event.stream, small};
-      const std::uint64_t d_addr = event.addr - prev_.addr;
-      const std::uint64_t slack = event.size - event.requested_size;
+    } else if (type == EventType::kAlloc) {
+      slots_[SlotOf(addr)] = Slot{addr, size, requested, stream, small};
+      const std::uint64_t d_addr = addr - prev_.addr;
+      const std::uint64_t slack = size - requested;
+      const auto d_units = static_cast<std::int64_t>(d_addr) >> 9;
       // Compact alloc: 512-byte units, the previous event's stream, the previous alloc's owner.
-      if (((d_addr | event.size) & 511) == 0 && static_cast<std::int64_t>(d_addr) >> 9 == static_cast<std::int32_t>(static_cast<std::int64_t>(d_addr) >> 9) &&
-          (event.size >> 41) == 0 && slack < (1u << 24) && event.requested_size <= event.size &&
-          event.stream == prev_.stream && event.name == last_alloc_name_ && event.phase == Phase::kUser &&
-          static_cast<unsigned>(event.category) < 16) {
+      if (((d_addr | size) & 511) == 0 && d_units == static_cast<std::int32_t>(d_units) && (size >> 41) == 0 &&
+          slack < (1u << 24) && requested <= size && stream == prev_.stream && name == last_alloc_name_ &&
+          static_cast<unsigned>(category) < 16) {
         if (time != prev_.time) p = PutTime(p, time);
-        p[0] = static_cast<char>(kCompactAlloc | small << 4 | static_cast<unsigned>(event.category));
-        const std::uint64_t word = (static_cast<std::uint64_t>(d_addr >> 9) & 0xffffffffu) | (event.size >> 9) << 32;
+        p[0] = static_cast<char>(kCompactAlloc | small << 4 | static_cast<unsigned>(category));
+        const std::uint64_t word = (static_cast<std::uint64_t>(d_units) & 0xffffffffu) | (size >> 9) << 32;
         std::memcpy(p + 1, &word, 8);
         const auto slack32 = static_cast<std::uint32_t>(slack);
         std::memcpy(p + 9, &slack32, 4);
-        Remember(event, time, kinds, small);
+        prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
+        last_alloc_name_ = name;
         used_ = static_cast<std::size_t>(p + 12 - buffer_.get());
         return;
       }
     }
-    AppendGeneral(event, p, time, kinds, small);
+    AppendGeneral(type, p, time, addr, size, requested, stream, name, kinds, small);
   }
   absl::Status Flush() override;
   const std::string& path() const { return path_; }
@@ -246,23 +263,15 @@ class TimelineWriter final : public EventSink {
   static constexpr std::size_t kNone = ~std::size_t{0};
   TimelineWriter(std::string path, int fd);
 
-  // Whether `e` (a free_completed) repeats every field of the last record, a
-  // free_requested still in the buffer.
-  bool FoldsIntoLast(const Event& e, unsigned kinds, unsigned small) const {
-    return fold_at_ != kNone && static_cast<std::uint64_t>(e.time_ns) == prev_.time && e.addr == prev_.addr &&
-           e.size == prev_.size && e.requested_size == prev_.requested && e.stream == prev_.stream &&
-           e.name == prev_.name && kinds == prev_.kinds && small == prev_.small;
-  }
   // A time record (tag 42) moving the time to `time`.
   char* PutTime(char* p, std::uint64_t time) {
     *p++ = static_cast<char>(kRecordTime);
     return PutVarint(p, ZigZag(time - prev_.time));
   }
-  void Remember(const Event& e, std::uint64_t time, unsigned kinds, unsigned small) {
-    prev_ = Previous{time, e.addr, e.size, e.requested_size, e.stream, e.name, kinds, small};
-    if (e.type == EventType::kAlloc) last_alloc_name_ = e.name;
-  }
-  void AppendGeneral(const Event& event, char* start, std::uint64_t time, unsigned kinds, unsigned small);
+  // A general record at `start` (the buffer has room).
+  void AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr, std::uint64_t size,
+                     std::uint64_t requested, std::uint64_t stream, std::uint64_t name, unsigned kinds,
+                     unsigned small);
   void WriteBuffer();                      // writes the buffer's bytes (errors kept in error_)
   void AppendRaw(std::string_view bytes);  // a string or config record
 
