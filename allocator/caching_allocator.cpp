@@ -321,7 +321,8 @@ struct CachingAllocator::Impl {
   void ReleaseBlocks(BlockPool& pool);
   void ReleaseBlock(Block* block);
   void ReleaseExpandableSegment(Block* block);
-  [[gnu::always_inline]] inline void FreeBlock(Block* block);
+  // `traced`: the caller has reported its free_completed (Free, through OnFreeAtOnce).
+  [[gnu::always_inline]] inline void FreeBlock(Block* block, bool traced = false);
   std::size_t TryMergeBlocks(Block* dst, Block* src, BlockPool& pool);
   static bool CanMerge(const Block* dst, const Block* src);
   [[gnu::always_inline]] inline std::size_t MergeBlocks(Block* dst, Block* src);
@@ -636,19 +637,25 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
   BlockPool& pool = *block->pool;
   Decrease(stats.allocation, pool, 1);
   Decrease(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
-  Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
   if (large_split_limit(block->size)) stats.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
+    Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
     InsertEvents(block);
   } else {
-    FreeBlock(block);
+    // free_requested and free_completed at once: one observer call.
+    if (observer != nullptr) {
+      if (observer_wants_time && call_time == 0) call_time = FastNowNs();
+      observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
+                                        block->requested_size, block->stream, call_time});
+    }
+    FreeBlock(block, /*traced=*/true);
   }
   return absl::OkStatus();
 }
 
-void CachingAllocator::Impl::FreeBlock(Block* block) {
+void CachingAllocator::Impl::FreeBlock(Block* block, bool traced) {
   BlockPool& pool = *block->pool;
-  Trace(TraceAction::kFreeCompleted, pool, block->ptr, block->size, block->requested_size, block->stream);
+  if (!traced) Trace(TraceAction::kFreeCompleted, pool, block->ptr, block->size, block->requested_size, block->stream);
   const std::size_t original_block_size = block->size;
   const std::size_t requested_size = block->requested_size;
   std::int64_t net_inactive_blocks = 0;

@@ -35,17 +35,31 @@ std::uint32_t Recorder::OwnerId(const AllocTag& tag) {
   return last_owner_id_;
 }
 
-void Recorder::OnEvent(const TraceEvent& e) {
-  std::int64_t time;
+inline std::int64_t Recorder::EventTime(const TraceEvent& e) {
   if (clock_ == RecordClock::kSampled && !use_trace_time_) {
     if (--countdown_ == 0) {
       countdown_ = kClockSampleEvents;
       sampled_ns_ = SteadyNs() - start_ns_;
     }
-    time = sampled_ns_;
-  } else {
-    time = use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
+    return sampled_ns_;
   }
+  return use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
+}
+
+void Recorder::OnFreeAtOnce(const TraceEvent& e) {
+  if (writer_ == nullptr) {
+    AllocatorObserver::OnFreeAtOnce(e);
+    return;
+  }
+  // The free_requested, then its free_completed folded into it.
+  const auto t = static_cast<std::uint64_t>(EventTime(e));
+  writer_->AppendAction(EventType::kFreeRequested, e.small_pool ? 1u : 0u, t, e.addr, e.size, e.requested_size,
+                        e.stream, Category::kOther, 0);
+  writer_->FoldCompleted();
+}
+
+void Recorder::OnEvent(const TraceEvent& e) {
+  const std::int64_t time = EventTime(e);
   const unsigned small = e.small_pool ? 1u : 0u;
   const auto t = static_cast<std::uint64_t>(time);
   // A timeline file's writer is called directly (it is final: the call is
@@ -55,7 +69,7 @@ void Recorder::OnEvent(const TraceEvent& e) {
     switch (e.action) {
       case TraceAction::kAlloc: {
         const AllocTag& tag = ScopedTag::current();
-        const std::uint32_t owner = OwnerId(tag);
+        const std::uint32_t owner = tag.generation == last_generation_ ? last_owner_id_ : OwnerId(tag);
         writer_->AppendAction(EventType::kAlloc, small, t, e.addr, e.size, e.requested_size, e.stream, tag.category,
                               owner);
         return;

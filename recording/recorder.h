@@ -48,6 +48,7 @@ class Recorder final : public AllocatorObserver {
   explicit Recorder(EventSink& sink, RecordClock clock = RecordClock::kWall);
 
   void OnEvent(const TraceEvent& event) override;
+  void OnFreeAtOnce(const TraceEvent& requested) override;
   bool wants_time() const override { return clock_ == RecordClock::kWall; }
   RecordClock clock() const { return clock_; }
 
@@ -76,6 +77,7 @@ class Recorder final : public AllocatorObserver {
   void ClearTraceTime() { use_trace_time_ = false; }
 
  private:
+  std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
   std::int64_t Now();  // a mark's time; restarts the sampled clock
   std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,

@@ -213,6 +213,13 @@ class TimelineWriter final : public EventSink {
     }
     AppendGeneral(type, p, time, addr, size, requested, stream, name, kinds, small);
   }
+  // After an AppendAction of a free_requested: its free_completed, with the
+  // same fields and time, follows at once (one bit in the record just written).
+  void FoldCompleted() {
+    if (fold_at_ == kNone) return;  // (not after a free_requested: nothing to fold into)
+    buffer_[fold_at_] = static_cast<char>(buffer_[fold_at_] | fold_bit_);
+    fold_at_ = kNone;
+  }
   absl::Status Flush() override;
   const std::string& path() const { return path_; }
 
