@@ -34,7 +34,8 @@ enum class RecordClock : std::uint8_t {
   kWall,
   // Simulated runs: the allocator reads no clock. The recorder reads it at
   // every phase mark, mark and collective, and at every kClockSampleEvents-th
-  // allocator event; an allocator event carries the last time read. Times
+  // allocator event (a free that completes at once, one OnFreeAtOnce call,
+  // counts once); an allocator event carries the last time read. Times
   // stay monotonic, phase durations exact, and an event's time is early by at
   // most the time of the kClockSampleEvents events before it (about 10 us
   // when nothing but the allocator runs).
