@@ -1,15 +1,15 @@
 #include "allocator/alloc_tag.h"
 
+#include <atomic>
+
 namespace memscope {
 namespace {
+std::atomic<std::uint64_t> tag_generations{0};
+std::uint64_t NextGeneration() { return tag_generations.fetch_add(1, std::memory_order_relaxed) + 1; }
+
 constexpr std::string_view kCategoryNames[kNumCategories] = {
     "PARAMETER",       "OPTIMIZER_STATE", "INPUT",      "ACTIVATION", "GRADIENT",
     "AUTOGRAD_DETAIL", "TEMPORARY",       "DDP_BUCKET", "COMM_TEMP",  "OTHER"};
-struct Tag {
-  Category category = Category::kOther;
-  std::string_view owner;
-};
-thread_local Tag current_tag;
 }  // namespace
 
 std::string_view CategoryName(Category c) {
@@ -25,13 +25,18 @@ std::optional<Category> ParseCategory(std::string_view name) {
 }
 
 ScopedTag::ScopedTag(Category category, std::string_view owner)
-    : saved_category_(current_tag.category), saved_owner_(current_tag.owner) {
-  current_tag = {category, owner};
+    : saved_category_(internal::current_alloc_tag.category), saved_owner_(internal::current_alloc_tag.owner) {
+  AllocTag& tag = internal::current_alloc_tag;
+  tag.category = category;
+  tag.owner = owner;
+  tag.generation = NextGeneration();
 }
 
-ScopedTag::~ScopedTag() { current_tag = {saved_category_, saved_owner_}; }
-
-Category ScopedTag::current_category() { return current_tag.category; }
-std::string_view ScopedTag::current_owner() { return current_tag.owner; }
+ScopedTag::~ScopedTag() {
+  AllocTag& tag = internal::current_alloc_tag;
+  tag.category = saved_category_;
+  tag.owner = saved_owner_;
+  tag.generation = NextGeneration();
+}
 
 }  // namespace memscope

@@ -29,6 +29,20 @@ inline constexpr int kNumCategories = 10;
 std::string_view CategoryName(Category c);  // "PARAMETER", "DDP_BUCKET", ...
 std::optional<Category> ParseCategory(std::string_view name);
 
+// The current tag of a thread. `generation` takes a new value, unique in the
+// process, whenever a ScopedTag begins or ends (0: no tag was ever set on the
+// thread, the owner is ""): an observer that saw a tag of the same
+// generation knows the owner is the same text without comparing it.
+struct AllocTag {
+  Category category = Category::kOther;
+  std::uint64_t generation = 0;
+  std::string_view owner;
+};
+
+namespace internal {
+inline thread_local constinit AllocTag current_alloc_tag;
+}  // namespace internal
+
 // Sets the category and owner of allocations made on this thread while it
 // lives (nesting restores the outer tag). `owner` must outlive the tag.
 class ScopedTag {
@@ -38,8 +52,10 @@ class ScopedTag {
   ScopedTag(const ScopedTag&) = delete;
   ScopedTag& operator=(const ScopedTag&) = delete;
 
-  static Category current_category();
-  static std::string_view current_owner();
+  static Category current_category() { return internal::current_alloc_tag.category; }
+  static std::string_view current_owner() { return internal::current_alloc_tag.owner; }
+  // This thread's tag.
+  static const AllocTag& current() { return internal::current_alloc_tag; }
 
  private:
   Category saved_category_;

@@ -241,6 +241,7 @@ struct CachingAllocator::Impl {
   // Garbage collection is on (a threshold and a memory fraction): lookups age blocks.
   bool count_free_block_lookups = false;
   AllocatorObserver* observer = nullptr;
+  bool observer_wants_time = false;  // observer->wants_time(), read at SetObserver
   std::optional<OutOfMemoryInfo> last_oom;
   BlockArena arena;
 
@@ -264,7 +265,7 @@ struct CachingAllocator::Impl {
   void Trace(TraceAction action, const BlockPool& pool, DevicePtr addr, std::size_t size, std::size_t requested,
              StreamId stream) {
     if (observer == nullptr) return;
-    if (call_time == 0) call_time = FastNowNs();
+    if (observer_wants_time && call_time == 0) call_time = FastNowNs();
     observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
   }
 
@@ -320,7 +321,8 @@ struct CachingAllocator::Impl {
   void ReleaseBlocks(BlockPool& pool);
   void ReleaseBlock(Block* block);
   void ReleaseExpandableSegment(Block* block);
-  [[gnu::always_inline]] inline void FreeBlock(Block* block);
+  // `traced`: the caller has reported its free_completed (Free, through OnFreeAtOnce).
+  [[gnu::always_inline]] inline void FreeBlock(Block* block, bool traced = false);
   std::size_t TryMergeBlocks(Block* dst, Block* src, BlockPool& pool);
   static bool CanMerge(const Block* dst, const Block* src);
   [[gnu::always_inline]] inline std::size_t MergeBlocks(Block* dst, Block* src);
@@ -635,19 +637,25 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
   BlockPool& pool = *block->pool;
   Decrease(stats.allocation, pool, 1);
   Decrease(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
-  Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
   if (large_split_limit(block->size)) stats.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
+    Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
     InsertEvents(block);
   } else {
-    FreeBlock(block);
+    // free_requested and free_completed at once: one observer call.
+    if (observer != nullptr) {
+      if (observer_wants_time && call_time == 0) call_time = FastNowNs();
+      observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
+                                        block->requested_size, block->stream, call_time});
+    }
+    FreeBlock(block, /*traced=*/true);
   }
   return absl::OkStatus();
 }
 
-void CachingAllocator::Impl::FreeBlock(Block* block) {
+void CachingAllocator::Impl::FreeBlock(Block* block, bool traced) {
   BlockPool& pool = *block->pool;
-  Trace(TraceAction::kFreeCompleted, pool, block->ptr, block->size, block->requested_size, block->stream);
+  if (!traced) Trace(TraceAction::kFreeCompleted, pool, block->ptr, block->size, block->requested_size, block->stream);
   const std::size_t original_block_size = block->size;
   const std::size_t requested_size = block->requested_size;
   std::int64_t net_inactive_blocks = 0;
@@ -1253,6 +1261,7 @@ std::size_t CachingAllocator::BlockSize(DevicePtr ptr) const {
 void CachingAllocator::SetObserver(AllocatorObserver* observer) {
   std::lock_guard<FastMutex> lock(mutex_);
   impl_->observer = observer;
+  impl_->observer_wants_time = observer != nullptr && observer->wants_time();
 }
 
 absl::Status CachingAllocator::CheckInvariants() const {

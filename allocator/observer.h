@@ -40,7 +40,7 @@ struct TraceEvent {
   std::size_t size = 0;
   std::size_t requested_size = 0;  // alloc / free: the size the caller asked for
   StreamId stream = 0;
-  std::int64_t time_ns = 0;  // steady clock (FastNowNs)
+  std::int64_t time_ns = 0;  // steady clock (FastNowNs); 0 when the observer declines time
 };
 
 class AllocatorObserver {
@@ -48,6 +48,19 @@ class AllocatorObserver {
   virtual ~AllocatorObserver() = default;
   // Called with the allocator lock held: must not call back into the allocator.
   virtual void OnEvent(const TraceEvent& event) = 0;
+  // A free that completes at once (no other stream to wait for): its
+  // free_requested (`requested`) and its free_completed, with the same
+  // fields, in one call. By default, the two OnEvent calls.
+  virtual void OnFreeAtOnce(const TraceEvent& requested) {
+    OnEvent(requested);
+    TraceEvent completed = requested;
+    completed.action = TraceAction::kFreeCompleted;
+    OnEvent(completed);
+  }
+  // Whether events need TraceEvent::time_ns. Read once, when the observer is
+  // attached: an observer that keeps its own clock (a Recorder's sampled
+  // clock, recording/recorder.h) saves the allocator a clock read per call.
+  virtual bool wants_time() const { return true; }
 };
 
 }  // namespace memscope

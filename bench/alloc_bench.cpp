@@ -746,7 +746,7 @@ int RunSystem(const Options& o, const Trace& t) {
   header.alloc_conf = o.alloc_conf;
   auto writer = memscope::TimelineWriter::Create(path, header);
   if (!writer.ok()) Die(std::string(writer.status().message()));
-  memscope::Recorder recorder(**writer);
+  memscope::Recorder recorder(**writer, memscope::RecordClock::kSampled);  // as a meta run's rank (rank_session.cpp)
   a.SetObserver(&recorder);
   ReplayCaching(t, a, slots);
   if (!(*writer)->Flush().ok()) Die("timeline flush failed");

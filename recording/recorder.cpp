@@ -9,37 +9,97 @@ std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so ma
 
 }  // namespace
 
-Recorder::Recorder(EventSink& sink)
-    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()) {}
+Recorder::Recorder(EventSink& sink, RecordClock clock)
+    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {}
 
-std::int64_t Recorder::Now() const { return use_trace_time_ ? trace_time_ns_ : SteadyNs() - start_ns_; }
+std::int64_t Recorder::Now() {
+  if (use_trace_time_) return trace_time_ns_;
+  // A mark reads the clock; the sampled clock restarts from it, so that the
+  // events after the mark are never earlier than it.
+  sampled_ns_ = SteadyNs() - start_ns_;
+  countdown_ = kClockSampleEvents;
+  return sampled_ns_;
+}
+
+std::uint32_t Recorder::OwnerId(const AllocTag& tag) {
+  // Consecutive allocations mostly share an owner: skip the string table,
+  // and the string compare when the tag is of the same generation (no tag
+  // began or ended since: the same owner).
+  if (tag.generation != last_generation_) {
+    last_generation_ = tag.generation;
+    if (tag.owner != last_owner_) {
+      last_owner_.assign(tag.owner.data(), tag.owner.size());
+      last_owner_id_ = sink_.Intern(tag.owner);
+    }
+  }
+  return last_owner_id_;
+}
+
+inline std::int64_t Recorder::EventTime(const TraceEvent& e) {
+  if (clock_ == RecordClock::kSampled && !use_trace_time_) {
+    if (--countdown_ == 0) {
+      countdown_ = kClockSampleEvents;
+      sampled_ns_ = SteadyNs() - start_ns_;
+    }
+    return sampled_ns_;
+  }
+  return use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
+}
+
+void Recorder::OnFreeAtOnce(const TraceEvent& e) {
+  if (writer_ == nullptr) {
+    AllocatorObserver::OnFreeAtOnce(e);
+    return;
+  }
+  // The free_requested, then its free_completed folded into it.
+  const auto t = static_cast<std::uint64_t>(EventTime(e));
+  writer_->AppendAction(EventType::kFreeRequested, e.small_pool ? 1u : 0u, t, e.addr, e.size, e.requested_size,
+                        e.stream, Category::kOther, 0);
+  writer_->FoldCompleted();
+}
 
 void Recorder::OnEvent(const TraceEvent& e) {
+  const std::int64_t time = EventTime(e);
+  const unsigned small = e.small_pool ? 1u : 0u;
+  const auto t = static_cast<std::uint64_t>(time);
+  // A timeline file's writer is called directly (it is final: the call is
+  // not virtual and its encoder is inlined here, once per hot type so that
+  // the type, and a free's category and owner, are constants).
+  if (writer_ != nullptr) {
+    switch (e.action) {
+      case TraceAction::kAlloc: {
+        const AllocTag& tag = ScopedTag::current();
+        const std::uint32_t owner = tag.generation == last_generation_ ? last_owner_id_ : OwnerId(tag);
+        writer_->AppendAction(EventType::kAlloc, small, t, e.addr, e.size, e.requested_size, e.stream, tag.category,
+                              owner);
+        return;
+      }
+      case TraceAction::kFreeRequested:
+        writer_->AppendAction(EventType::kFreeRequested, small, t, e.addr, e.size, e.requested_size, e.stream,
+                              Category::kOther, 0);
+        return;
+      case TraceAction::kFreeCompleted:
+        writer_->AppendAction(EventType::kFreeCompleted, small, t, e.addr, e.size, e.requested_size, e.stream,
+                              Category::kOther, 0);
+        return;
+      default:
+        break;
+    }
+  }
   Event out;
   out.type = static_cast<EventType>(e.action);
   out.set_small_pool(e.small_pool);
-  out.time_ns = use_trace_time_ ? trace_time_ns_ : e.time_ns - start_ns_;
+  out.time_ns = time;
   out.addr = e.addr;
   out.size = e.size;
   out.requested_size = e.requested_size;
   out.stream = e.stream;
   if (e.action == TraceAction::kAlloc) {
-    out.category = ScopedTag::current_category();
-    // Consecutive allocations mostly share an owner: skip the string table.
-    const std::string_view owner = ScopedTag::current_owner();
-    if (owner != last_owner_) {
-      last_owner_.assign(owner.data(), owner.size());
-      last_owner_id_ = sink_.Intern(owner);
-    }
-    out.name = last_owner_id_;
+    const AllocTag& tag = ScopedTag::current();
+    out.category = tag.category;
+    out.name = OwnerId(tag);
   }
-  // A timeline file's writer is called directly (it is final: the call is
-  // not virtual and its encoder is inlined here).
-  if (writer_ != nullptr) {
-    writer_->Append(out);
-  } else {
-    sink_.Append(out);
-  }
+  sink_.Append(out);
 }
 
 void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,

@@ -27,12 +27,31 @@
 
 namespace memscope {
 
+// Where the times of allocator events come from.
+enum class RecordClock : std::uint8_t {
+  // Every allocator call reads the clock (the allocator's FastNowNs): exact
+  // times, for runs whose time means something (kernels that really run).
+  kWall,
+  // Simulated runs: the allocator reads no clock. The recorder reads it at
+  // every phase mark, mark and collective, and at every kClockSampleEvents-th
+  // allocator event (a free that completes at once, one OnFreeAtOnce call,
+  // counts once); an allocator event carries the last time read. Times
+  // stay monotonic, phase durations exact, and an event's time is early by at
+  // most the time of the kClockSampleEvents events before it (about 10 us
+  // when nothing but the allocator runs).
+  kSampled,
+};
+inline constexpr int kClockSampleEvents = 64;
+
 class Recorder final : public AllocatorObserver {
  public:
   // Times are measured from now. The sink must outlive the recorder.
-  explicit Recorder(EventSink& sink);
+  explicit Recorder(EventSink& sink, RecordClock clock = RecordClock::kWall);
 
   void OnEvent(const TraceEvent& event) override;
+  void OnFreeAtOnce(const TraceEvent& requested) override;
+  bool wants_time() const override { return clock_ == RecordClock::kWall; }
+  RecordClock clock() const { return clock_; }
 
   // Phase marks; a phase end flushes the sink (a crash keeps every phase that ended).
   // `micro_batch`: the phase's micro-batch under gradient accumulation.
@@ -59,7 +78,9 @@ class Recorder final : public AllocatorObserver {
   void ClearTraceTime() { use_trace_time_ = false; }
 
  private:
-  std::int64_t Now() const;
+  std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
+  std::int64_t Now();  // a mark's time; restarts the sampled clock
+  std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                   std::int64_t micro_batch = kNoMicroBatch);
   void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);
@@ -67,7 +88,11 @@ class Recorder final : public AllocatorObserver {
   EventSink& sink_;
   TimelineWriter* writer_;  // sink_ when it is a timeline file's writer, else null
   std::int64_t start_ns_;
+  RecordClock clock_;
+  int countdown_ = 1;             // kSampled: allocator events until the next clock read
+  std::int64_t sampled_ns_ = 0;   // kSampled: the last time read (since start_ns_)
   std::string last_owner_;           // the owner of the previous allocation...
+  std::uint64_t last_generation_ = 0;  // ...the generation of its tag (alloc_tag.h)...
   std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
   bool use_trace_time_ = false;
   std::int64_t trace_time_ns_ = 0;

@@ -84,7 +84,44 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
 }
 
 TimelineWriter::TimelineWriter(std::string path, int fd)
-    : path_(std::move(path)), fd_(fd), buffer_(new char[kBufferBytes]) {}
+    : path_(std::move(path)), fd_(fd), buffer_(new char[kBufferBytes]), slots_(new Slot[std::size_t{1} << kSlotBits]) {}
+
+void TimelineWriter::AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr,
+                                   std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
+                                   std::uint64_t name, unsigned kinds, unsigned small) {
+  if (type == EventType::kAlloc) slots_[SlotOf(addr)] = Slot{addr, size, requested, stream, small};
+  // Branch-free: each field's zigzag delta is stored as 8 bytes and the
+  // cursor moves by the bytes it needs (0 when unchanged).
+  char* p = start + 5;
+  std::uint32_t lengths = 0;
+  auto field = [&](std::uint64_t zigzag, int index) {
+    const unsigned n = ByteCount(zigzag);
+    std::memcpy(p, &zigzag, 8);
+    p += n;
+    lengths |= n << (4 * index);
+  };
+  const Previous prev = prev_;
+  field(ZigZag(time - prev.time), 0);
+  field(ZigZag(addr - prev.addr), 1);
+  field(ZigZag(size - prev.size), 2);
+  field(ZigZag(requested - size), 3);
+  if (stream != prev.stream) field(ZigZag(stream - prev.stream), 4);
+  if (name != prev.name) field(ZigZag(name - prev.name), 5);
+  *p = static_cast<char>(kinds);
+  const unsigned has_kinds = kinds != kDefaultKinds ? 1u : 0u;
+  p += has_kinds;
+  lengths |= has_kinds << 24 | small << 28;
+  start[0] = static_cast<char>(type);
+  std::memcpy(start + 1, &lengths, 4);
+  prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
+  if (type == EventType::kAlloc) last_alloc_name_ = name;
+  fold_at_ = kNone;
+  if (type == EventType::kFreeRequested) {
+    fold_at_ = static_cast<std::size_t>(start + 4 - buffer_.get());
+    fold_bit_ = 0x20;  // bit 29 of the lengths
+  }
+  used_ = static_cast<std::size_t>(p - buffer_.get());
+}
 
 TimelineWriter::~TimelineWriter() {
   (void)Flush();
@@ -108,7 +145,7 @@ std::uint32_t TimelineWriter::Intern(std::string_view text) {
 }
 
 void TimelineWriter::AppendRaw(std::string_view bytes) {
-  last_free_requested_ = kNone;  // a free_completed after this is not folded
+  fold_at_ = kNone;  // a free_completed after this is not folded
   while (!bytes.empty()) {
     if (used_ == kBufferBytes) WriteBuffer();
     const std::size_t n = std::min(bytes.size(), kBufferBytes - used_);
@@ -121,7 +158,7 @@ void TimelineWriter::AppendRaw(std::string_view bytes) {
 void TimelineWriter::WriteBuffer() {
   if (used_ != 0 && error_.ok()) error_ = WriteAll(fd_, buffer_.get(), used_, path_);
   used_ = 0;
-  last_free_requested_ = kNone;  // written: its tag can no longer be changed
+  fold_at_ = kNone;  // written: its tag can no longer be changed
 }
 
 absl::Status TimelineWriter::Flush() {
@@ -261,22 +298,82 @@ struct VarReader {
   std::uint64_t Delta() { return UnZigZag(Varint()); }
 };
 
-// Version 3: variable-length, delta-encoded records (timeline.h).
-absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::string& source) {
+// Versions 3 and 4: variable-length, delta-encoded records (timeline.h).
+absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::string& source, std::uint32_t version) {
   StringIds ids(t);
-  // Records average about 9 bytes per event (README, "Recording overhead"):
+  // Records average about 4 bytes per event (README, "Recording overhead"):
   // one allocation of about the final size instead of doubling from empty,
   // which copies the events and touches twice the memory. Capped (16M events,
   // 768 MB) so that a large file of other records cannot reserve gigabytes.
-  t.events.reserve(std::min<std::size_t>(body.size() / 8, std::size_t{1} << 24));
+  t.events.reserve(std::min<std::size_t>(body.size() / (version >= 4 ? 4 : 8), std::size_t{1} << 24));
   VarReader in{body.data(), body.data() + body.size()};
   std::uint64_t time = 0, addr = 0, size = 0, stream = 0, name = 0;
+  // Version 4: the alloc slots (as the writer's) and the last alloc's owner.
+  std::vector<TimelineWriter::Slot> slots(version >= 4 ? std::size_t{1} << TimelineWriter::kSlotBits : 0);
+  std::uint64_t alloc_name = 0;
   auto corrupt = [&](std::size_t record, absl::string_view what) {
     return absl::DataLossError(absl::StrCat(source, ": record ", record, " ", what, " (corrupt file)"));
+  };
+  // The event read (fields as in the file, `name` a file id), pushed.
+  auto push = [&](Event e, std::uint64_t kinds) {
+    if (e.type == EventType::kAlloc && version >= 4) {
+      slots[TimelineWriter::SlotOf(e.addr)] =
+          TimelineWriter::Slot{e.addr, e.size, e.requested_size, e.stream, e.flags & kEventSmallPool ? 1u : 0u};
+      alloc_name = name;
+    }
+    e.category = static_cast<Category>(kinds & 15);
+    e.phase = static_cast<Phase>((kinds >> 4) & 15);
+    // A name beyond 32 bits is no string of this file: it reads as "".
+    e.name = name <= 0xffffffffu ? ids.Resolve(static_cast<std::uint32_t>(name)) : ids.Resolve(0xffffffffu);
+    PushEvent(t, e);
   };
   for (std::size_t i = 0; in.p != in.end; ++i) {
     const char* const record_start = in.p;
     const auto tag = static_cast<std::uint8_t>(*in.p++);
+    auto torn = [&] { t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start); };
+    if (version >= 4 && (tag & TimelineWriter::kLeanFree) != 0) {
+      if (in.p == in.end) {
+        torn();
+        break;
+      }
+      if ((tag & 0x30) != 0) return corrupt(i, "has a bad slot");
+      const std::size_t slot = (tag & 15u) << 8 | static_cast<std::uint8_t>(*in.p++);
+      const TimelineWriter::Slot& s = slots[slot];
+      Event e;
+      e.type = EventType::kFreeRequested;
+      e.flags = static_cast<std::uint8_t>(s.small | ((tag & 0x40) != 0 ? kEventCompletedAtOnce : 0));
+      e.time_ns = static_cast<std::int64_t>(time);
+      e.addr = addr = s.addr;
+      e.size = size = s.size;
+      e.requested_size = s.requested;
+      e.stream = stream = s.stream;
+      name = 0;
+      push(e, TimelineWriter::kDefaultKinds);
+      continue;
+    }
+    if (version >= 4 && (tag & TimelineWriter::kCompactAlloc) != 0) {
+      if (in.end - in.p < 11) {
+        torn();
+        break;
+      }
+      const auto word = Get<std::uint64_t>(in.p);
+      std::uint32_t slack = 0;
+      std::memcpy(&slack, in.p + 8, 3);
+      in.p += 11;
+      Event e;
+      e.type = EventType::kAlloc;
+      e.flags = static_cast<std::uint8_t>((tag >> 4) & 1);
+      e.time_ns = static_cast<std::int64_t>(time);
+      addr += static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(word & 0xffffffffu))) << 9;
+      size = (word >> 32) << 9;
+      e.addr = addr;
+      e.size = size;
+      e.requested_size = size - slack;
+      e.stream = stream;
+      name = alloc_name;
+      push(e, (tag & 15u) | static_cast<unsigned>(Phase::kUser) << 4);
+      continue;
+    }
     const unsigned type = tag & 63u;
     if (type == kRecordString) {
       const auto id = static_cast<std::uint32_t>(in.Varint());
@@ -284,7 +381,7 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
       if (in.ok && n > static_cast<std::uint64_t>(in.end - in.p)) in.ok = false;  // torn inside the text
       if (!in.ok) {
         if (in.overlong) return corrupt(i, "has an overlong varint");
-        t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+        torn();
         break;
       }
       ids.Add(id, std::string_view(in.p, n), true);
@@ -297,23 +394,35 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
       (void)in.Varint();
       if (!in.ok) {
         if (in.overlong) return corrupt(i, "has an overlong varint");
-        t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+        torn();
         break;
       }
       t.alloc_conf = t.str(ids.Resolve(conf));
       continue;
     }
+    if (type == kRecordTime && version >= 4) {
+      const std::uint64_t d = in.Delta();
+      if (!in.ok) {
+        if (in.overlong) return corrupt(i, "has an overlong varint");
+        torn();
+        break;
+      }
+      time += d;
+      continue;
+    }
     Event e;
     e.type = static_cast<EventType>(type);
     if (!KnownEventType(e.type)) return UnknownType(source, i, type);
-    e.flags = static_cast<std::uint8_t>(tag >> 6);
     if (in.end - in.p < 4) {
-      t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+      torn();
       break;
     }
     const auto lengths = Get<std::uint32_t>(in.p);
     in.p += 4;
-    if ((lengths >> 28) != 0 || ((lengths >> 24) & 15) > 1) return corrupt(i, "has a bad field length");
+    // Version 3: the flags in the tag's bits 6 and 7; version 4: in bits 28 and 29 of the lengths.
+    const std::uint32_t reserved = version >= 4 ? lengths >> 30 : lengths >> 28;
+    if (reserved != 0 || ((lengths >> 24) & 15) > 1) return corrupt(i, "has a bad field length");
+    e.flags = static_cast<std::uint8_t>(version >= 4 ? (lengths >> 28) & 3 : tag >> 6);
     std::uint64_t fields[7];
     for (int f = 0; f < 7; ++f) {
       const unsigned n = (lengths >> (4 * f)) & 15;
@@ -327,31 +436,22 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
       in.p += n;
     }
     if (!in.ok) {
-      t.torn_bytes = static_cast<std::uint64_t>(in.end - record_start);
+      torn();
       break;
     }
-    const std::uint64_t d_time = VarReader::UnZigZag(fields[0]);
-    const std::uint64_t d_addr = VarReader::UnZigZag(fields[1]);
-    const std::uint64_t d_size = VarReader::UnZigZag(fields[2]);
     const std::uint64_t d_requested = VarReader::UnZigZag(fields[3]);
-    const std::uint64_t d_stream = VarReader::UnZigZag(fields[4]);
-    const std::uint64_t d_name = VarReader::UnZigZag(fields[5]);
     const std::uint64_t kinds = ((lengths >> 24) & 15) != 0 ? fields[6] : TimelineWriter::kDefaultKinds;
-    time += d_time;
-    addr += d_addr;
-    size += d_size;
-    stream += d_stream;
-    name += d_name;
+    time += VarReader::UnZigZag(fields[0]);
+    addr += VarReader::UnZigZag(fields[1]);
+    size += VarReader::UnZigZag(fields[2]);
+    stream += VarReader::UnZigZag(fields[4]);
+    name += VarReader::UnZigZag(fields[5]);
     e.time_ns = static_cast<std::int64_t>(time);
     e.addr = addr;
     e.size = size;
     e.requested_size = size + d_requested;
     e.stream = stream;
-    e.category = static_cast<Category>(kinds & 15);
-    e.phase = static_cast<Phase>((kinds >> 4) & 15);
-    // A name beyond 32 bits is no string of this file: it reads as "".
-    e.name = name <= 0xffffffffu ? ids.Resolve(static_cast<std::uint32_t>(name)) : ids.Resolve(0xffffffffu);
-    PushEvent(t, e);
+    push(e, kinds);
   }
   return absl::OkStatus();
 }
@@ -386,7 +486,7 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
   t.wall_start_us = Get<std::int64_t>(h + 40);
   if (absl::Status s = ValidateTimelineHeader(t, source); !s.ok()) return s;
   const std::string_view body = bytes.substr(kTimelineHeaderSize);
-  absl::Status s = version >= 3 ? ParseVarRecords(body, t, source) : ParseFixedRecords(body, t, source);
+  absl::Status s = version >= 3 ? ParseVarRecords(body, t, source, version) : ParseFixedRecords(body, t, source);
   if (!s.ok()) return s;
   return t;
 }

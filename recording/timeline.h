@@ -1,10 +1,10 @@
 // The per-rank timeline file (RUN/rank-R.timeline): memscope's recording.
 //
-// Format, version 3, little-endian:
+// Format, version 4, little-endian:
 //
 //   header, 64 bytes:
 //     char     magic[8]     "MSCOPETL"
-//     uint32   version      3 (readers also take 1 and 2)
+//     uint32   version      4 (readers also take 1 to 3)
 //     uint32   record_size  0: records have variable length (48 in versions 1 and 2)
 //     int32    rank, world_size, device_index
 //     uint32   reserved (0)
@@ -13,14 +13,46 @@
 //     uint8    reserved[16] (0)
 //   then records. "varint" is LEB128 (7 bits a byte, low first, high bit =
 //   more follows; at most 10 bytes); "zigzag" maps a signed delta to
-//   unsigned (0, -1, 1, -2 -> 0, 1, 2, 3). Each record starts with a tag
-//   byte: bits 0-5 the type, bit 6 kEventSmallPool, bit 7
-//   kEventCompletedAtOnce (on a free_requested: its free_completed, with the
-//   same fields, follows at once and is not written; the reader restores it).
-//   Event records (every type of event.h) then have a uint32 of field
-//   lengths, 4 bits per field (field i in bits 4i..4i+3; bits 28-31 are 0),
-//   and the fields in order, each as that many little-endian bytes (0 to
-//   8; 0 bytes = the value 0):
+//   unsigned (0, -1, 1, -2 -> 0, 1, 2, 3). The reader keeps the "previous
+//   event" (its time, addr, size, stream, name; all 0 at the start), the
+//   owner (name) of the last alloc, and 4096 alloc slots: every alloc, in
+//   whatever form, is stored (addr, size, requested_size, stream, small pool)
+//   in slot SlotOf(addr) = (addr * 0x9E3779B97F4A7C15 mod 2^64) >> 52,
+//   replacing what was there (the writer keeps the same slots). Each record
+//   starts with a tag byte:
+//
+//   1tss ssss  lean free: a free_requested of the block in slot
+//     (bits 0-3 of the tag << 8 | the next byte; tag bits 4-5 are 0):
+//     2 bytes. Its addr, size, requested_size, stream and small pool are the
+//     slot's, its time the previous event's; category OTHER, phase user, no
+//     name. Bit 6 (t): its free_completed, with the same fields, follows at
+//     once and is not written (the reader restores it). The writer uses this
+//     form when the slot holds exactly the block freed (a caching allocator
+//     frees what it handed out: nearly always).
+//   01sc cccc  compact alloc (bits 0-3 the category, bit 4 small pool), then
+//     8 bytes: bits 0-31 (addr - previous addr) / 512 as an int32, bits
+//     32-63 size / 512; then 3 bytes: size - requested_size. 12 bytes. Its
+//     time and stream are the previous event's, its owner the last alloc's,
+//     phase user. Any alloc that does not fit (addr or size not multiples of
+//     512, another stream or owner, a slack of 16 MiB or more) is a general
+//     record.
+//   00yy yyyy  type y:
+//     40 string: varint id, varint length, the text. It comes before any
+//        record that uses its id.
+//     41 config: varint id of the allocator settings text, varint device
+//        capacity, varint device index.
+//     42 time: varint zigzag(time_ns - previous event's time_ns); the
+//        previous event's time becomes time_ns (the time of the lean and
+//        compact records that follow).
+//     an event type (event.h): a general event record, as in version 3 but
+//        with the flags in the field lengths (below).
+//   Strings and configs do not move the "previous event".
+//
+//   A general event record has, after its tag, a uint32 of field lengths, 4
+//   bits per field (field i in bits 4i..4i+3), bit 28 kEventSmallPool, bit 29
+//   kEventCompletedAtOnce (as the lean free's bit 6), bits 30-31 0, and the
+//   fields in order, each as that many little-endian bytes (0 to 8; 0 bytes
+//   = the value 0):
 //     0  time_ns         zigzag(time_ns - previous event's time_ns)
 //     1  addr            zigzag(addr - previous event's addr)
 //     2  size            zigzag(size - previous event's size)
@@ -28,13 +60,19 @@
 //     4  stream          zigzag(stream - previous event's stream)
 //     5  name            zigzag(name - previous event's name)
 //     6  category | phase << 4 (0 or 1 byte; 0 bytes = kOther, kUser)
-//   "Previous" values are all 0 before the first event.
-//   String: tag 40, varint id, varint length, the text. It comes before any
-//     record that uses its id.
-//   Config: tag 41, varint id of the allocator settings text, varint device
-//     capacity, varint device index.
-//   Strings and configs do not move the "previous event". An alloc and its
-//   free thus take about 30 bytes (10 per event) instead of 96.
+//
+//   Times: a Recorder on a simulated (meta) run keeps a sampled clock
+//   (recorder.h, RecordClock::kSampled): the allocator reads no clock, phase
+//   marks and collectives read it, and allocator events carry the last time
+//   read (refreshed every 64 events). Most events thus repeat the previous
+//   time and need no time record. An alloc and its free take 14 bytes (about
+//   5 per event: alloc, free_requested, free_completed) instead of about 28
+//   in version 3 and 96 in version 2.
+//
+// Version 3: the records above without the lean free, the compact alloc and
+// the time record: a tag byte (bits 0-5 the type, bit 6 kEventSmallPool, bit
+// 7 kEventCompletedAtOnce), then for an event the uint32 of field lengths
+// (bits 28-31 0) and the fields; strings and configs as in version 4.
 //
 // Versions 1 and 2: 48-byte records, each an Event (event.h): byte 0 the
 // type, byte 1 the flags (as the tag's bits 6 and 7), then category, phase,
@@ -46,14 +84,15 @@
 //
 // The file is append-only and written in large blocks, flushed at phase
 // ends. A reader keeps every complete record and ignores a torn tail (a last
-// record cut short by a crash: in version 3, one whose bytes run past the
-// end of the file); in versions 1 and 2 a string whose last chunk is missing
-// is read as the chunks present.
+// record cut short by a crash: in versions 3 and 4, one whose bytes run past
+// the end of the file); in versions 1 and 2 a string whose last chunk is
+// missing is read as the chunks present.
 #ifndef MEMSCOPE_RECORDING_TIMELINE_H_
 #define MEMSCOPE_RECORDING_TIMELINE_H_
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -66,11 +105,12 @@
 namespace memscope {
 
 inline constexpr char kTimelineMagic[8] = {'M', 'S', 'C', 'O', 'P', 'E', 'T', 'L'};
-inline constexpr std::uint32_t kTimelineVersion = 3;
+inline constexpr std::uint32_t kTimelineVersion = 4;
 inline constexpr std::uint32_t kOldestTimelineVersion = 1;  // still read
 inline constexpr std::size_t kTimelineHeaderSize = 64;
 inline constexpr std::uint8_t kRecordString = 40;
 inline constexpr std::uint8_t kRecordConfig = 41;
+inline constexpr std::uint8_t kRecordTime = 42;  // version 4
 
 // Where a Recorder puts events: a timeline file, or memory.
 class EventSink {
@@ -96,7 +136,7 @@ class MemorySink final : public EventSink {
   absl::flat_hash_map<std::string, std::uint32_t> ids_;
 };
 
-// Writes a timeline file (version 3). Not thread-safe (one writer per rank
+// Writes a timeline file (version 4). Not thread-safe (one writer per rank
 // process). Append encodes the event into a buffer at once (inline: the
 // Recorder calls it directly); the buffer is written when full and at Flush.
 class TimelineWriter final : public EventSink {
@@ -106,49 +146,79 @@ class TimelineWriter final : public EventSink {
   ~TimelineWriter() override;  // flushes and closes
 
   std::uint32_t Intern(std::string_view text) override;
-  [[gnu::always_inline]] void Append(const Event& event) override {
-    if (event.type == EventType::kFreeCompleted && FoldsIntoLast(event)) {
-      buffer_[last_free_requested_] = static_cast<char>(buffer_[last_free_requested_] | kEventCompletedAtOnce << 6);
-      last_free_requested_ = kNone;
+  void Append(const Event& event) override {
+    if (event.phase == Phase::kUser) {
+      AppendAction(event.type, event.flags & kEventSmallPool, static_cast<std::uint64_t>(event.time_ns), event.addr,
+                   event.size, event.requested_size, event.stream, event.category, event.name);
+      return;
+    }
+    fold_at_ = kNone;
+    if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
+    const unsigned kinds = static_cast<unsigned>(event.category) | static_cast<unsigned>(event.phase) << 4;
+    AppendGeneral(event.type, buffer_.get() + used_, static_cast<std::uint64_t>(event.time_ns), event.addr, event.size,
+                  event.requested_size, event.stream, event.name, kinds, event.flags & kEventSmallPool);
+  }
+  // Append of an event of phase user, its fields one by one (the Recorder's
+  // path: inlined, with the type and, for frees, category and name constant).
+  [[gnu::always_inline]] void AppendAction(EventType type, unsigned small, std::uint64_t time, std::uint64_t addr,
+                                           std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
+                                           Category category, std::uint64_t name) {
+    const unsigned kinds = static_cast<unsigned>(category) | static_cast<unsigned>(Phase::kUser) << 4;
+    if (type == EventType::kFreeCompleted && fold_at_ != kNone && time == prev_.time && addr == prev_.addr &&
+        size == prev_.size && requested == prev_.requested && stream == prev_.stream && name == prev_.name &&
+        kinds == prev_.kinds && small == prev_.small) {
+      // Its free_requested, the last record, says it followed at once.
+      buffer_[fold_at_] = static_cast<char>(buffer_[fold_at_] | fold_bit_);
+      fold_at_ = kNone;
       return;
     }
     if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
-    // Branch-free: each field's zigzag delta is stored as 8 bytes and the
-    // cursor moves by the bytes it needs (0 when unchanged). Locals, not
-    // members, while encoding: stores through char* may alias anything.
-    char* const start = buffer_.get() + used_;
-    char* p = start + 5;
-    std::uint32_t lengths = 0;
-    auto field = [&](std::uint64_t zigzag, int index) {
-      const unsigned n = ByteCount(zigzag);
-      std::memcpy(p, &zigzag, 8);
-      p += n;
-      lengths |= n << (4 * index);
-    };
-    Previous prev = prev_;
-    field(ZigZag(static_cast<std::uint64_t>(event.time_ns) - prev.time), 0);
-    field(ZigZag(event.addr - prev.addr), 1);
-    field(ZigZag(event.size - prev.size), 2);
-    field(ZigZag(event.requested_size - event.size), 3);
-    // Stream and name rarely change: a branch is cheaper than the bytes' count.
-    if (event.stream != prev.stream) field(ZigZag(event.stream - prev.stream), 4);
-    if (event.name != prev.name) field(ZigZag(event.name - prev.name), 5);
-    const unsigned kinds = static_cast<unsigned>(event.category) | static_cast<unsigned>(event.phase) << 4;
-    *p = static_cast<char>(kinds);
-    const unsigned has_kinds = kinds != kDefaultKinds ? 1u : 0u;
-    p += has_kinds;
-    lengths |= has_kinds << 24;
-    start[0] = static_cast<char>(static_cast<unsigned>(event.type) | (event.flags & kEventSmallPool) << 6);
-    std::memcpy(start + 1, &lengths, 4);
-    prev_ = Previous{static_cast<std::uint64_t>(event.time_ns),
-                     event.addr,
-                     event.size,
-                     event.requested_size,
-                     event.stream,
-                     event.name};
-    last_free_requested_ = event.type == EventType::kFreeRequested ? used_ : kNone;
-    last_kinds_ = kinds;
-    used_ = static_cast<std::size_t>(p - buffer_.get());
+    char* p = buffer_.get() + used_;
+    fold_at_ = kNone;
+    if (type == EventType::kFreeRequested) {
+      // Lean free: the block's fields are those of the alloc in its slot.
+      const std::size_t s = SlotOf(addr);
+      const Slot& slot = slots_[s];
+      if (slot.addr == addr && slot.size == size && slot.requested == requested && slot.stream == stream &&
+          slot.small == small && kinds == kDefaultKinds && name == 0) {
+        if (time != prev_.time) p = PutTime(p, time);
+        fold_at_ = static_cast<std::size_t>(p - buffer_.get());
+        fold_bit_ = 0x40;
+        p[0] = static_cast<char>(kLeanFree | (s >> 8));
+        p[1] = static_cast<char>(s);
+        prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
+        used_ = static_cast<std::size_t>(p + 2 - buffer_.get());
+        return;
+      }
+    } else if (type == EventType::kAlloc) {
+      slots_[SlotOf(addr)] = Slot{addr, size, requested, stream, small};
+      const std::uint64_t d_addr = addr - prev_.addr;
+      const std::uint64_t slack = size - requested;
+      const auto d_units = static_cast<std::int64_t>(d_addr) >> 9;
+      // Compact alloc: 512-byte units, the previous event's stream, the previous alloc's owner.
+      if (((d_addr | size) & 511) == 0 && d_units == static_cast<std::int32_t>(d_units) && (size >> 41) == 0 &&
+          slack < (1u << 24) && requested <= size && stream == prev_.stream && name == last_alloc_name_ &&
+          static_cast<unsigned>(category) < 16) {
+        if (time != prev_.time) p = PutTime(p, time);
+        p[0] = static_cast<char>(kCompactAlloc | small << 4 | static_cast<unsigned>(category));
+        const std::uint64_t word = (static_cast<std::uint64_t>(d_units) & 0xffffffffu) | (size >> 9) << 32;
+        std::memcpy(p + 1, &word, 8);
+        const auto slack32 = static_cast<std::uint32_t>(slack);
+        std::memcpy(p + 9, &slack32, 4);
+        prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
+        last_alloc_name_ = name;
+        used_ = static_cast<std::size_t>(p + 12 - buffer_.get());
+        return;
+      }
+    }
+    AppendGeneral(type, p, time, addr, size, requested, stream, name, kinds, small);
+  }
+  // After an AppendAction of a free_requested: its free_completed, with the
+  // same fields and time, follows at once (one bit in the record just written).
+  void FoldCompleted() {
+    if (fold_at_ == kNone) return;  // (not after a free_requested: nothing to fold into)
+    buffer_[fold_at_] = static_cast<char>(buffer_[fold_at_] | fold_bit_);
+    fold_at_ = kNone;
   }
   absl::Status Flush() override;
   const std::string& path() const { return path_; }
@@ -180,27 +250,41 @@ class TimelineWriter final : public EventSink {
   }
   static constexpr unsigned kDefaultKinds =
       static_cast<unsigned>(Category::kOther) | static_cast<unsigned>(Phase::kUser) << 4;
+  // Version 4's alloc slots (timeline format above).
+  static constexpr unsigned kSlotBits = 12;
+  static std::size_t SlotOf(std::uint64_t addr) {
+    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
+  }
+  struct Slot {
+    std::uint64_t addr = 0, size = 0, requested = 0, stream = 0;
+    unsigned small = 0;
+  };
+  static constexpr unsigned kLeanFree = 0x80;
+  static constexpr unsigned kCompactAlloc = 0x40;
 
  private:
   static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;  // 1 MiB per write
-  static constexpr std::size_t kMaxEventBytes = 5 + 6 * 8 + 8;       // tag, lengths, fields, an 8-byte store's slack
+  // A time record, then the longest event record (tag, lengths, 7 fields),
+  // and an 8-byte store's slack.
+  static constexpr std::size_t kMaxEventBytes = 11 + 5 + 7 * 8 + 8;
   static constexpr std::size_t kNone = ~std::size_t{0};
   TimelineWriter(std::string path, int fd);
 
-  // Whether `e` (a free_completed) repeats every field of the last record, a
-  // free_requested still in the buffer.
-  bool FoldsIntoLast(const Event& e) const {
-    return last_free_requested_ != kNone && static_cast<std::uint64_t>(e.time_ns) == prev_.time &&
-           e.addr == prev_.addr && e.size == prev_.size && e.requested_size == prev_.requested &&
-           e.stream == prev_.stream && e.name == prev_.name &&
-           (static_cast<unsigned>(e.category) | static_cast<unsigned>(e.phase) << 4) == last_kinds_ &&
-           (e.flags & kEventSmallPool) == ((static_cast<std::uint8_t>(buffer_[last_free_requested_]) >> 6) & 1u);
+  // A time record (tag 42) moving the time to `time`.
+  char* PutTime(char* p, std::uint64_t time) {
+    *p++ = static_cast<char>(kRecordTime);
+    return PutVarint(p, ZigZag(time - prev_.time));
   }
+  // A general record at `start` (the buffer has room).
+  void AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr, std::uint64_t size,
+                     std::uint64_t requested, std::uint64_t stream, std::uint64_t name, unsigned kinds,
+                     unsigned small);
   void WriteBuffer();                      // writes the buffer's bytes (errors kept in error_)
   void AppendRaw(std::string_view bytes);  // a string or config record
 
   struct Previous {
     std::uint64_t time = 0, addr = 0, size = 0, requested = 0, stream = 0, name = 0;
+    unsigned kinds = kDefaultKinds, small = 0;
   };
 
   std::string path_;
@@ -208,8 +292,10 @@ class TimelineWriter final : public EventSink {
   std::unique_ptr<char[]> buffer_;
   std::size_t used_ = 0;
   Previous prev_;
-  std::size_t last_free_requested_ = kNone;  // buffer offset of the last record if it is an unfolded free_requested
-  unsigned last_kinds_ = kDefaultKinds;
+  std::uint64_t last_alloc_name_ = 0;
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t fold_at_ = kNone;  // buffer offset of the byte to mark when the last record is a foldable free_requested
+  unsigned fold_bit_ = 0;        // ...and the bit to set there
   absl::flat_hash_map<std::string, std::uint32_t> ids_;
   std::uint32_t next_id_ = 1;
   absl::Status error_;

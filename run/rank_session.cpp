@@ -39,7 +39,11 @@ absl::Status RankSession::Open() {
 absl::Status RankSession::Start() {
   if (absl::Status s = Open(); !s.ok()) return s;
   if (attached_) return absl::OkStatus();
-  recorder_ = std::make_unique<Recorder>(*sink_);
+  // Wall time per allocator call only where kernels really run (--exec cpu):
+  // a meta run's allocator events take the sampled clock (recorder.h), its
+  // phase marks and collectives keep the wall time.
+  recorder_ = std::make_unique<Recorder>(
+      *sink_, options_.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled);
   allocator_.SetObserver(recorder_.get());
   attached_ = true;
   return absl::OkStatus();

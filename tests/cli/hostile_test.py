@@ -51,16 +51,21 @@ def varint(raw, off):
 
 def patch_strings(path, byte):
     """Sets the first text byte of every string record (type 40) of a version
-    3 timeline (recording/timeline.h) to `byte`: every owner, mark and label
+    4 timeline (recording/timeline.h) to `byte`: every owner, mark and label
     becomes invalid UTF-8."""
     raw = bytearray(open(path, "rb").read())
-    assert raw[8] == 3, "a version 3 timeline"
+    assert raw[8] == 4, "a version 4 timeline"
     patched = 0
     off = 64
     while off < len(raw):
-        kind = raw[off] & 63
+        tag = raw[off]
         off += 1
-        if kind == 40:  # string: id, length, text
+        kind = tag & 63
+        if tag & 0x80:  # lean free: one more byte of its slot
+            off += 1
+        elif tag & 0x40:  # compact alloc: 8 + 3 bytes
+            off += 11
+        elif kind == 40:  # string: id, length, text
             _, off = varint(raw, off)
             n, off = varint(raw, off)
             if n > 0:
@@ -70,7 +75,9 @@ def patch_strings(path, byte):
         elif kind == 41:  # config: three varints
             for _ in range(3):
                 _, off = varint(raw, off)
-        else:  # event: a uint32 of 4-bit field lengths, then the fields
+        elif kind == 42:  # time: one varint
+            _, off = varint(raw, off)
+        else:  # event: a uint32 of 4-bit field lengths (and flags in bits 28-29), then the fields
             lengths = struct.unpack_from("<I", raw, off)[0]
             off += 4 + sum((lengths >> (4 * i)) & 15 for i in range(7))
     open(path, "wb").write(raw)

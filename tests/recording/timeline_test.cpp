@@ -1,5 +1,6 @@
-// The timeline file: a versioned header, then (version 3) variable-length,
-// delta-encoded records, or (versions 1 and 2, still read) 48-byte records
+// The timeline file: a versioned header, then (versions 3 and 4)
+// variable-length, delta-encoded records (version 4 adds the lean free, the
+// compact alloc and the time record), or (versions 1 and 2, still read) 48-byte records
 // with strings in chunks; a torn tail is ignored and everything before it is
 // kept.
 #include "recording/timeline.h"
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "../allocator/test_util.h"
@@ -143,12 +145,12 @@ TEST_CASE("a timeline file reads back exactly what was recorded") {
   CHECK(read->str(read->events[2].name) == "encoder.layers.11.self_attention.out_projection.weight_grad_buffer");
   CHECK(read->str(read->events.back().name) == "checkpoint saved");
   const std::string bytes = ReadAll(path);
-  CHECK(bytes[8] == 3);   // version 3
+  CHECK(bytes[8] == 4);   // version 4
   CHECK(bytes[12] == 0);  // variable-length records
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("version 3 records: the bytes of an alloc and its free that completes at once") {
+TEST_CASE("version 4 records: the bytes of an alloc and its free that completes at once") {
   const std::string dir = TempDir();
   const std::string path = dir + "/rank-0.timeline";
   Timeline header;
@@ -173,24 +175,256 @@ TEST_CASE("version 3 records: the bytes of an alloc and its free that completes 
   }
   const std::string bytes = ReadAll(path);
   // config: tag 41, settings id 0, capacity 1024 (varint 80 08), device 0.
-  // alloc: tag 0, lengths 0x01001221 (time 1 byte, addr 2, size 2, requested 1, kinds 1),
-  //   zigzag(5) = 0a, zigzag(4096) = 8192 (00 20), zigzag(512) = 1024 (00 04), zigzag(500 - 512) = 23 (17),
-  //   ACTIVATION (3) | phase user (7) << 4 = 73.
-  // free_requested, folded (bit 7): tag 81, lengths 0x1000 (requested 1 byte), 17.
+  // time: tag 42, zigzag(5) = 0a.
+  // compact alloc: tag 0x40 | ACTIVATION (3); addr delta 4096 / 512 = 8 (int32),
+  //   size 512 / 512 = 1 (uint32), slack 512 - 500 = 12 (3 bytes).
+  // lean free, folded (bit 6): slot of 4096 = (4096 * 0x9E3779B97F4A7C15 mod 2^64) >> 52 = 0x779:
+  //   tag 0x80 | 0x40 | 0x7, then 0x79.
   const std::string want(
       "\x29\x00\x80\x08\x00"
-      "\x00\x21\x12\x00\x01\x0a\x00\x20\x00\x04\x17\x73"
-      "\x81\x00\x10\x00\x00\x17",
-      23);
+      "\x2a\x0a"
+      "\x43\x08\x00\x00\x00\x01\x00\x00\x00\x0c\x00\x00"
+      "\xc7\x79",
+      21);
   CHECK(bytes.substr(64) == want);
   auto t = ParseTimeline(bytes, "x");
   REQUIRE(t.ok());
   REQUIRE(t->events.size() == 3);
   CHECK(t->events[0].category == Category::kActivation);
+  CHECK(t->events[0].requested_size == 500);
+  CHECK(t->events[0].time_ns == 5);
+  CHECK(t->events[1].type == EventType::kFreeRequested);
+  CHECK(t->events[1].category == Category::kOther);
   CHECK(t->events[2].type == EventType::kFreeCompleted);
   CHECK(t->events[2].requested_size == 500);
   CHECK(t->events[2].addr == 4096);
   CHECK(t->events[2].time_ns == 5);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("version 3 records (as memscope wrote them before version 4) still read") {
+  // The alloc and folded free of the test above, in version 3: alloc tag 0,
+  // lengths 0x01001221 (time 1 byte, addr 2, size 2, requested 1, kinds 1),
+  // zigzag(5) = 0a, zigzag(4096) = 00 20, zigzag(512) = 00 04, zigzag(500 -
+  // 512) = 17, ACTIVATION | user << 4 = 73; free_requested, folded (tag bit
+  // 7): tag 81, lengths 0x1000 (requested 1 byte), 17.
+  std::string v3(64, '\0');
+  std::memcpy(v3.data(), kTimelineMagic, 8);
+  v3[8] = 3;
+  v3[20] = 1;  // world_size 1
+  v3 += std::string(
+      "\x29\x00\x80\x08\x00"
+      "\x00\x21\x12\x00\x01\x0a\x00\x20\x00\x04\x17\x73"
+      "\x81\x00\x10\x00\x00\x17",
+      23);
+  auto t = ParseTimeline(v3, "x");
+  REQUIRE(t.ok());
+  REQUIRE(t->events.size() == 3);
+  CHECK(t->events[0].type == EventType::kAlloc);
+  CHECK(t->events[0].category == Category::kActivation);
+  CHECK(t->events[0].addr == 4096);
+  CHECK(t->events[0].size == 512);
+  CHECK(t->events[0].requested_size == 500);
+  CHECK(t->events[1].type == EventType::kFreeRequested);
+  CHECK_FALSE(t->events[1].small_pool());
+  CHECK(t->events[2].type == EventType::kFreeCompleted);
+  CHECK(t->events[2].requested_size == 500);
+  CHECK(t->events[2].time_ns == 5);
+  // In version 3 a tag of 0x2a (42) is no record; in version 4 it is a time.
+  CHECK(ParseTimeline(v3 + "\x2a\x00", "x").status().message() == "x: record 3 has unknown type 42 (corrupt file)");
+}
+
+namespace {
+
+// Events of every type and shape, each written through a TimelineWriter:
+// compact allocs, lean frees (folded or not), and every escape to a general
+// record. Returns them as a reader must give them back.
+std::vector<Event> WriteEveryShape(TimelineWriter& w, std::uint32_t owner_a, std::uint32_t owner_b) {
+  std::vector<Event> out;
+  std::int64_t time = 0;
+  auto add = [&](Event e) {
+    e.time_ns = time;
+    w.Append(e);  // a free_completed folded or not, the reader gives the same events
+    e.flags &= kEventSmallPool;
+    out.push_back(e);
+  };
+  auto alloc = [&](std::uint64_t addr, std::uint64_t size, std::uint64_t requested, Category c, std::uint32_t owner,
+                   bool small = false, std::uint64_t stream = 0, Phase phase = Phase::kUser) {
+    Event e;
+    e.type = EventType::kAlloc;
+    e.addr = addr;
+    e.size = size;
+    e.requested_size = requested;
+    e.category = c;
+    e.name = owner;
+    e.stream = stream;
+    e.phase = phase;
+    e.set_small_pool(small);
+    add(e);
+    return e;
+  };
+  auto free_of = [&](Event e, bool completes = true) {
+    e.type = EventType::kFreeRequested;
+    e.category = Category::kOther;
+    e.phase = Phase::kUser;
+    e.name = 0;
+    add(e);
+    if (completes) {
+      e.type = EventType::kFreeCompleted;
+      add(e);
+    }
+  };
+  // Compact allocs and lean frees (folded), in both pools, forward and back.
+  const Event a = alloc(1 << 30, 2 << 20, (2 << 20) - 7, Category::kActivation, owner_a);
+  const Event b = alloc((1 << 30) + (2 << 20), 512, 1, Category::kActivation, owner_a, /*small=*/true);
+  free_of(b);
+  free_of(a);
+  // Times that move (time records), backwards too.
+  time = 1000000;
+  const Event c = alloc(4096, 1024, 1000, Category::kParameter, owner_b);
+  time = 999;
+  free_of(c, /*completes=*/false);  // a lean free, not folded
+  time = 1000;
+  Event c_done = c;
+  c_done.type = EventType::kFreeCompleted;
+  c_done.category = Category::kOther;
+  c_done.name = 0;
+  add(c_done);  // later: a general record
+  // Escapes of the alloc: unaligned addr, unaligned size, slack of 16 MiB,
+  // requested > size, another stream, a phase, an addr 2^41 away, a 2 TiB size.
+  const Event e1 = alloc(4096 + 8, 1024, 1000, Category::kOther, owner_b);
+  const Event e2 = alloc(8192, 1000, 1000, Category::kOther, owner_b);
+  const Event e3 = alloc(16 << 20, 32 << 20, 100, Category::kGradient, owner_b);
+  const Event e4 = alloc(1 << 20, 512, 513, Category::kGradient, owner_b);
+  const Event e5 = alloc(2 << 20, 512, 512, Category::kGradient, owner_b, false, /*stream=*/7);
+  const Event e6 = alloc(3 << 20, 512, 512, Category::kGradient, owner_b, false, 7, Phase::kForward);
+  const Event e7 = alloc((std::uint64_t{1} << 41) + 512, 512, 512, Category::kInput, owner_b, false, 7);
+  const Event e8 = alloc(0, std::uint64_t{1} << 41, 1, Category::kInput, owner_b, false, 7);
+  // Escapes of the free: a slot that holds another block (745984 has 4096's
+  // slot), fields that differ from the alloc's, a name or category on a free.
+  const Event d = alloc(4096, 512, 512, Category::kOther, 0, false, 7);
+  const Event d2 = alloc(745984, 512, 512, Category::kOther, 0, false, 7);
+  free_of(d);  // slot now holds 745984: general
+  free_of(d2);  // lean
+  Event odd = e1;
+  odd.requested_size = 3;
+  free_of(odd);
+  Event named = e2;
+  named.type = EventType::kFreeRequested;
+  named.name = owner_a;
+  add(named);
+  for (const Event& e : {e3, e4, e5, e6, e7, e8}) free_of(e);
+  // Every other type.
+  for (EventType type : {EventType::kSegmentAlloc, EventType::kSegmentFree, EventType::kSegmentMap,
+                         EventType::kSegmentUnmap, EventType::kOom, EventType::kEmptyCache, EventType::kAllocRetry,
+                         EventType::kSyncAllStreams, EventType::kPhaseBegin, EventType::kPhaseEnd, EventType::kMark,
+                         EventType::kCollectiveBegin, EventType::kCollectiveEnd}) {
+    ++time;
+    Event e;
+    e.type = type;
+    e.addr = 123456789;
+    e.size = 2 << 20;
+    e.requested_size = 77;
+    e.stream = 3;
+    e.name = owner_a;
+    e.phase = Phase::kBackward;
+    e.set_small_pool(type == EventType::kSegmentAlloc);
+    add(e);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("version 4: every event type and every record form reads back as written") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/rank-0.timeline";
+  Timeline header;
+  header.device_capacity = 80ULL << 30;
+  std::vector<Event> want;
+  {
+    auto writer = TimelineWriter::Create(path, header);
+    REQUIRE(writer.ok());
+    const std::uint32_t a = (*writer)->Intern("encoder.layers.0");
+    const std::uint32_t b = (*writer)->Intern("decoder");
+    want = WriteEveryShape(**writer, a, b);
+  }
+  const std::string bytes = ReadAll(path);
+  auto t = ParseTimeline(bytes, "x");
+  REQUIRE(t.ok());
+  CHECK(t->torn_bytes == 0);
+  REQUIRE(t->events.size() == want.size());
+  Timeline expected;
+  expected.strings = {"", "encoder.layers.0", "decoder"};
+  expected.events = want;
+  CheckSameEvents(*t, expected, want.size());
+  // The forms used: the first alloc is a general record (its owner is not
+  // the previous alloc's, none), the second compact (tag 0x50 | ACTIVATION:
+  // small pool; addr delta 2 MiB / 512 = 4096, size 1, slack 511), then the
+  // two lean frees, folded (tag 0xc_).
+  const std::size_t at = bytes.find(std::string("\x53\x00\x10\x00\x00\x01\x00\x00\x00\xff\x01\x00", 12));
+  REQUIRE(at != std::string::npos);
+  CHECK(static_cast<std::uint8_t>(bytes[at - 1]) == 0x73);  // the end of a's general record: ACTIVATION | user << 4
+  CHECK((static_cast<std::uint8_t>(bytes[at + 12]) & 0xf0) == 0xc0);  // b's lean free, folded
+  CHECK((static_cast<std::uint8_t>(bytes[at + 14]) & 0xf0) == 0xc0);  // a's
+  // Every cut of the file reads: the events of each prefix are the full
+  // file's first ones, and what is left is at most one record.
+  std::size_t previous = 0;
+  for (std::size_t cut = 64; cut <= bytes.size(); ++cut) {
+    auto part = ParseTimeline(std::string_view(bytes).substr(0, cut), "x");
+    INFO("cut at " << cut);
+    REQUIRE(part.ok());
+    REQUIRE(part->events.size() <= want.size());
+    REQUIRE(part->events.size() >= previous);
+    CheckSameEvents(*part, *t, part->events.size());
+    CHECK(part->torn_bytes <= 5 + 7 * 8);
+    previous = part->events.size();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("version 4: a Recorder's sampled clock reads no clock in the allocator and keeps times monotonic") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/rank-0.timeline";
+  Timeline header;
+  header.device_capacity = 80ULL << 30;
+  {
+    auto writer = TimelineWriter::Create(path, header);
+    REQUIRE(writer.ok());
+    SimDevice gpu;
+    CachingAllocator a(gpu);
+    Recorder rec(**writer, RecordClock::kSampled);
+    CHECK_FALSE(rec.wants_time());
+    a.SetObserver(&rec);
+    rec.PhaseBegin(Phase::kForward, 0);
+    for (int i = 0; i < 200; ++i) {
+      ScopedTag tag(Category::kActivation, i % 2 == 0 ? "even" : "odd");
+      MustFree(a, MustMalloc(a, 4096 + 512 * static_cast<std::size_t>(i % 5)));
+    }
+    rec.PhaseEnd(Phase::kForward, 0);
+    a.SetObserver(nullptr);
+  }
+  auto t = ReadTimelineFile(path);
+  REQUIRE(t.ok());
+  REQUIRE(t->events.size() == 2 + 1 + 200 * 3);  // marks, a segment, 200 pairs
+  // The clock is read at the two marks and every 64th allocator event: the
+  // 601 allocator events have at most 1 + 601 / 64 + 1 distinct times.
+  std::set<std::int64_t> times;
+  for (std::size_t i = 1; i < t->events.size(); ++i) {
+    CHECK(t->events[i].time_ns >= t->events[i - 1].time_ns);
+    if (i + 1 < t->events.size()) times.insert(t->events[i].time_ns);
+  }
+  CHECK(times.size() <= 11);
+  std::size_t evens = 0;
+  for (const Event& e : t->events) {
+    if (e.type == EventType::kAlloc) evens += t->str(e.name) == "even" ? 1 : 0;
+  }
+  CHECK(evens == 100);
+  // The owner changes at every alloc here, so the allocs are general records
+  // (about 11 bytes: no time bytes), the frees lean (2 bytes, folded); version 3
+  // took about 28 bytes a pair.
+  const auto file_bytes = std::filesystem::file_size(path);
+  CHECK(file_bytes < 64 + 200 * 16);
   std::filesystem::remove_all(dir);
 }
 
@@ -251,10 +485,10 @@ TEST_CASE("bad timeline files are one-line errors naming the file") {
   std::string header(64, '\0');
   std::memcpy(header.data(), kTimelineMagic, 8);
   CHECK(ParseTimeline(header.substr(0, 30), "x").status().message() == "x: timeline header is truncated (30 bytes)");
-  std::string v4 = header;
-  v4[8] = 4;
-  CHECK(ParseTimeline(v4, "x").status().message() ==
-        "x: timeline version 4 is not supported (this memscope reads versions 1 to 3)");
+  std::string v5 = header;
+  v5[8] = 5;
+  CHECK(ParseTimeline(v5, "x").status().message() ==
+        "x: timeline version 5 is not supported (this memscope reads versions 1 to 4)");
   std::string v3 = header;
   v3[8] = 3;
   v3[20] = 1;  // world_size 1
