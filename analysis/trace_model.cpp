@@ -48,11 +48,11 @@ absl::btree_map<std::uint64_t, TraceModel::Segment>::iterator TraceModel::FindSe
 // pieces left beside the block. Returns pieces - whole; the caller has the
 // block out of blocks_ while this runs. O(log blocks), not O(blocks in the
 // segment): small-pool segments hold up to 4096 blocks.
-std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(std::uint64_t seg_addr, const Segment& seg,
-                                                                std::uint64_t addr, std::uint64_t size) const {
+std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(
+    std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr, std::uint64_t size,
+    absl::btree_map<std::uint64_t, Block>::const_iterator next) const {
   if (seg.expandable) return {0, 0};  // PyTorch leaves expandable segments out of inactive_split
   const std::uint64_t seg_end = seg_addr + seg.size;
-  auto next = blocks_.lower_bound(addr);
   const std::uint64_t hi = next != blocks_.end() && next->first < seg_end ? next->first : seg_end;
   std::uint64_t lo = seg_addr;
   if (next != blocks_.begin()) {
@@ -87,8 +87,8 @@ absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
           absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(prev->first)));
     }
   }
-  const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size);
-  blocks_.emplace(e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack});
+  const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size, next);
+  blocks_.emplace_hint(next, e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack});
   Change(stats_.inactive_split, small, split_delta);
   Change(stats_.inactive_split_bytes, small, split_bytes_delta);
   Change(stats_.allocation, small, 1);
@@ -129,12 +129,12 @@ absl::Status TraceModel::ApplyFreeCompleted(const Event& e) {
   }
   const Block b = it->second;
   auto seg = FindSegment(e.addr, b.size);
-  blocks_.erase(it);
+  const auto next = blocks_.erase(it);  // the first block after it: InactiveDelta's lower_bound
   Change(stats_.active, small, -1);
   Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));
   Change(stats_.requested_bytes, small, -static_cast<std::int64_t>(b.requested));
   if (seg != segments_.end()) {
-    const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, b.size);
+    const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, b.size, next);
     Change(stats_.inactive_split, small, -split_delta);
     Change(stats_.inactive_split_bytes, small, -split_bytes_delta);
   }

@@ -107,8 +107,11 @@ class TraceModel {
   void Change(StatArray& a, bool small, std::int64_t delta);
   // How placing a block in its free gap changes inactive_split (count, bytes);
   // removing it changes them by the opposite. The block must not be in blocks_.
+  // `next`: the first block at or after addr (blocks_.lower_bound(addr), which
+  // the callers have at hand).
   std::pair<std::int64_t, std::int64_t> InactiveDelta(std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr,
-                                                      std::uint64_t size) const;
+                                                      std::uint64_t size,
+                                                      absl::btree_map<std::uint64_t, Block>::const_iterator next) const;
   // The segment containing [addr, addr + size), or end().
   absl::btree_map<std::uint64_t, Segment>::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
 
