@@ -388,6 +388,11 @@ class MemoTable {
     }
     return m;
   }
+  // The stored reference of a dense id (open ones as stored: kPyRefOpen, the
+  // token in n and height), or null for an id beyond the vector.
+  [[gnu::always_inline]] const PyRef* Dense(std::uint64_t id) const {
+    return id < dense_.size() ? dense_.data() + id : nullptr;
+  }
   // A finished value; or an open list/dict (kPyRefOpen) with its builder's
   // token (compare tokens masked with kTokenMask).
   void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
@@ -608,6 +613,30 @@ class Reader {
   }
   Builder& BuilderOf(const PyRef& r) { return *builders_[static_cast<std::size_t>(r.v)]; }
 
+  // A hash of a container's kind and elements for the shared pool's index
+  // (a traceback's frames list per trace entry: this is per entry). Two
+  // 64-bit words per element folded by a 128-bit multiply, then into the
+  // running hash by an odd multiply (a bijection: no element erases what
+  // came before it). A collision costs only a compare (Store compares the
+  // elements before sharing).
+  static std::uint64_t ContentHash(PyKind kind, const PyRef* items, std::size_t count) {
+    static_assert(sizeof(PyRef) == 16);
+    __extension__ using U128 = unsigned __int128;
+    const auto mum = [](std::uint64_t x, std::uint64_t y) {
+      const U128 m = static_cast<U128>(x) * y;
+      return static_cast<std::uint64_t>(m) ^ static_cast<std::uint64_t>(m >> 64);
+    };
+    std::uint64_t h = mum(static_cast<std::uint64_t>(kind) ^ 0xa0761d6478bd642full, count ^ 0xe7037ed1a0b428dbull);
+    const auto* bytes = reinterpret_cast<const unsigned char*>(items);
+    for (std::size_t k = 0; k < count; ++k) {
+      std::uint64_t w0, w1;
+      std::memcpy(&w0, bytes + 16 * k, 8);
+      std::memcpy(&w1, bytes + 16 * k + 8, 8);
+      h = (h ^ mum(w0 ^ 0x8ebc6af09c88c6e3ull, w1 ^ 0x589965cc75374cc3ull)) * 0x9e3779b97f4a7c15ull;
+    }
+    return h;
+  }
+
   // Stores a finished container and returns its reference: small containers
   // of scalars once per distinct content in the shared pool, others in the tree.
   PyRef Store(PyKind kind, const PyRef* items, std::size_t count, std::uint16_t height) {
@@ -629,8 +658,7 @@ class Reader {
     }
     r.flags = kPyRefShared;
     const std::size_t bytes = count * sizeof(PyRef);
-    const std::uint64_t h =
-        absl::HashOf(static_cast<std::uint8_t>(kind), std::string_view(reinterpret_cast<const char*>(items), bytes));
+    const std::uint64_t h = ContentHash(kind, items, count);
     auto [it, inserted] = cons_head_.try_emplace(h, static_cast<std::uint32_t>(cons_refs_.size()));
     if (!inserted) {
       for (std::uint32_t k = it->second; k != kNoNext; k = cons_next_[k]) {
@@ -979,6 +1007,11 @@ class Reader {
   [[gnu::always_inline]] bool FastLookup(std::uint64_t id, PyRef& out) const {
     if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) [[unlikely]]
       return FastLookupWritten(id, out);
+    if (const PyRef* d = memo_.Dense(id)) [[likely]] {  // what Find does, without building an entry
+      if (d->kind == PyKind::kMissing || (d->flags & kPyRefOpen)) return false;
+      out = *d;
+      return true;
+    }
     const MemoEntry m = memo_.Find(id);
     if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
     out = m.ref;

@@ -142,6 +142,11 @@ class PyView {
   PyView value(std::size_t i) const;
   // The value under string key `key` of a dict; missing if none.
   PyView Get(std::string_view key) const;
+  // For readers that walk every pair of a dict (a trace entry's keys): its
+  // 2 * size() elements, key, value, key, value...; null if not a dict. The
+  // arena holds their strings (chars) and containers.
+  const PyRef* dict_elements() const { return ref_.kind == PyKind::kDict ? elements() : nullptr; }
+  const PickleArena* arena() const { return arena_; }
 
  private:
   const PyRef* elements() const;

@@ -420,20 +420,25 @@ struct DeviceBuilder {
     // string of the pickle); what depends on the action is done after it.
     PyView action_v, addr_v, size_v, stream_v, time_v, frames_v, pool_v, context_v, metadata_v;
     bool unknown_keys = false;
-    for (std::size_t k = 0; k < e.size(); ++k) {
-      const PyView key_v = e.key(k);
-      if (key_v.kind() != PyKind::kString) continue;
-      switch (field_names.Of(key_v.ref(), key_v.bytes(), FieldOf)) {
-        case Field::kAddr: addr_v = e.value(k); break;
-        case Field::kSize: size_v = e.value(k); break;
-        case Field::kStream: stream_v = e.value(k); break;
-        case Field::kTimeUs: time_v = e.value(k); break;
-        case Field::kFrames: frames_v = e.value(k); break;
-        case Field::kPoolId: pool_v = e.value(k); break;
-        case Field::kCompileContext: context_v = e.value(k); break;
-        case Field::kUserMetadata: metadata_v = e.value(k); break;
+    // The pairs as stored (what e.key(k) and e.value(k) give, without a view per key).
+    const PyRef* const pairs = e.dict_elements();
+    const PickleArena* const arena = e.arena();
+    const std::size_t n_pairs = pairs == nullptr || arena == nullptr ? 0 : e.size();
+    for (std::size_t k = 0; k < n_pairs; ++k) {
+      const PyRef& key = pairs[2 * k];
+      if (key.kind != PyKind::kString) continue;
+      const auto value = [&] { return PyView(arena, pairs[2 * k + 1]); };
+      switch (field_names.Of(key, std::string_view(arena->chars.data() + key.v, key.n), FieldOf)) {
+        case Field::kAddr: addr_v = value(); break;
+        case Field::kSize: size_v = value(); break;
+        case Field::kStream: stream_v = value(); break;
+        case Field::kTimeUs: time_v = value(); break;
+        case Field::kFrames: frames_v = value(); break;
+        case Field::kPoolId: pool_v = value(); break;
+        case Field::kCompileContext: context_v = value(); break;
+        case Field::kUserMetadata: metadata_v = value(); break;
         case Field::kAction:
-          if (!action_v.valid()) action_v = e.value(k);
+          if (!action_v.valid()) action_v = value();
           break;
         case Field::kOtherKnown: break;
         case Field::kUnknown: unknown_keys = true; break;
