@@ -27,7 +27,6 @@ constexpr std::uint8_t kBinInt1 = 'K';
 constexpr std::uint8_t kBinInt2 = 'M';
 constexpr std::uint8_t kLong1 = 0x8a;
 constexpr std::uint8_t kBinFloat = 'G';
-constexpr std::uint8_t kShortBinUnicode = 0x8c;
 constexpr std::uint8_t kBinUnicode = 'X';
 constexpr std::uint8_t kNone = 'N';
 constexpr std::uint8_t kNewTrue = 0x88;
