@@ -485,16 +485,22 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
     for (std::size_t i = 0; i < run.timelines.size(); ++i) {
       const Timeline& t = *run.timelines[i];
       page.world_size = std::max(page.world_size, t.world_size);
-      std::optional<RankReport> analysed;
       const RankReport* r = i < run.reports.size() ? run.reports[i] : nullptr;
-      if (r == nullptr) {
-        absl::StatusOr<RankReport> a = AnalyzeRank(t);
-        if (!a.ok()) return a.status();
-        r = &analysed.emplace(std::move(*a));
+      if (r != nullptr) {
+        absl::StatusOr<std::string> data = ViewerRankData(t, *r, options);
+        if (!data.ok()) return data.status();
+        page.ranks.push_back(std::move(*data));
+        continue;
       }
-      absl::StatusOr<std::string> data = ViewerRankData(t, *r, options);
-      if (!data.ok()) return data.status();
-      page.ranks.push_back(std::move(*data));
+      // Analysed here: the viewer rides along the analysis' second walk
+      // (taken to the end), as run/ WriteRunOutputs does: two walks, not three.
+      RankAnalysis analysis(t);
+      TimelineWalk first(t);
+      if (absl::Status s = first.Run({&analysis.first_walk()}); !s.ok()) return s;
+      ViewerRankListener viewer(t, analysis.report(), options);
+      TimelineWalk second(t);
+      if (absl::Status s = second.Run({&analysis.second_walk(), &viewer}); !s.ok()) return s;
+      page.ranks.push_back(viewer.TakeData());
     }
   }
   return HtmlPage(pages);

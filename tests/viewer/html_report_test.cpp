@@ -115,3 +115,49 @@ TEST_CASE("html report: every rank of a run, and two runs") {
   CHECK(rk["bands"][0]["name"] == "forward:0");
   CHECK(rk["moments"][rk["bands"][0]["moment"].get<int>()]["key"] == "forward:0");
 }
+
+TEST_CASE("html report: analysed in two walks, the page is the one of AnalyzeRank + ViewerRankData") {
+  // Two steps, the peak of allocated in step 1 (3 + 8 MiB), then frees and a
+  // teardown alloc: the analysis' second walk goes on past the later peak.
+  std::string text =
+      "{\"action\":\"phase_begin\",\"phase\":\"forward\",\"step\":0}\n"
+      "{\"action\":\"alloc\",\"id\":\"a\",\"size\":1048576,\"category\":\"ACTIVATION\",\"owner\":\"fc1\"}\n"
+      "{\"action\":\"alloc\",\"id\":\"b\",\"size\":3145728,\"category\":\"PARAMETER\",\"owner\":\"fc2\"}\n"
+      "{\"action\":\"free\",\"id\":\"a\"}\n"
+      "{\"action\":\"phase_end\",\"phase\":\"forward\",\"step\":0}\n"
+      "{\"action\":\"phase_begin\",\"phase\":\"forward\",\"step\":1}\n"
+      "{\"action\":\"alloc\",\"id\":\"c\",\"size\":8388608,\"category\":\"ACTIVATION\",\"owner\":\"fc3\"}\n"
+      "{\"action\":\"free\",\"id\":\"c\"}\n"
+      "{\"action\":\"free\",\"id\":\"b\"}\n"
+      "{\"action\":\"phase_end\",\"phase\":\"forward\",\"step\":1}\n"
+      "{\"action\":\"alloc\",\"id\":\"d\",\"size\":512}\n";
+  std::istringstream in(text);
+  absl::StatusOr<RequestTrace> trace = ReadJsonlTrace(in, "two-steps");
+  REQUIRE(trace.ok());
+  absl::StatusOr<Timeline> t = RecordReplay(*trace, AllocatorConfig{}, 1ULL << 30, 0);
+  REQUIRE(t.ok());
+  absl::StatusOr<RankReport> r = AnalyzeRank(*t);
+  REQUIRE(r.ok());
+  CHECK(r->peak_allocated.bytes == 11 * 1048576);
+  REQUIRE(r->peak_allocated.event_index + 1 < t->events.size());
+  absl::StatusOr<std::string> data = ViewerRankData(*t, *r);
+  REQUIRE(data.ok());
+  HtmlPageRun page;
+  page.label = "run";
+  page.ranks.push_back(*data);
+  absl::StatusOr<std::string> expected = HtmlPage({page});
+  REQUIRE(expected.ok());
+  absl::StatusOr<std::string> html = HtmlReport({{"run", {&*t}, {}, {}}});
+  REQUIRE(html.ok());
+  CHECK(*html == *expected);
+  const std::size_t start = html->find("id=\"memscope-data\">") + 19;
+  const json d = json::parse(html->substr(start, html->find("</script>", start) - start));
+  const json& rank = d["runs"][0]["ranks"][0];
+  const json& peak = rank["report"]["peak"]["allocated"];
+  CHECK(peak["bytes"] == 11 * 1048576);
+  // The second walk's part: the owners at the peak.
+  REQUIRE(peak["top_owners"].size() == 2);
+  CHECK(peak["top_owners"][0]["owner"] == "fc3");
+  CHECK(peak["top_owners"][0]["bytes"] == 8388608);
+  CHECK(peak["top_owners"][1]["owner"] == "fc2");
+}
