@@ -1,6 +1,38 @@
 #include "recording/event.h"
 
+#include <algorithm>
+
 namespace memscope {
+
+void SpreadSampledTimes(std::vector<Event>& events, std::size_t from) {
+  // The time per event seen in the runs spread so far: the last run, which
+  // has no later reading after it, is spread at that rate (1 us per event
+  // when nothing was spread before it).
+  std::uint64_t spread_ns = 0, spread_events = 0;
+  std::size_t i = from;
+  while (i < events.size()) {
+    const std::int64_t t1 = events[i].time_ns;
+    std::size_t j = i + 1;
+    while (j < events.size() && events[j].time_ns == t1) ++j;
+    const auto n = static_cast<std::uint64_t>(j - i);
+    if (n > 1 && j < events.size() && events[j].time_ns > t1) {
+      const auto span = static_cast<std::uint64_t>(events[j].time_ns - t1);
+      for (std::size_t k = i + 1; k < j; ++k) {
+        const auto step = static_cast<std::uint64_t>(k - i);
+        // span * step / n without overflow: (q n + r) step / n = q step + r step / n, r step < n^2.
+        events[k].time_ns = t1 + static_cast<std::int64_t>(span / n * step + span % n * step / n);
+      }
+      spread_ns += span;
+      spread_events += n;
+    } else if (n > 1 && j == events.size()) {
+      const std::uint64_t per_event = spread_events > 0 ? std::max<std::uint64_t>(spread_ns / spread_events, 1) : 1000;
+      for (std::size_t k = i + 1; k < j; ++k) {
+        events[k].time_ns = t1 + static_cast<std::int64_t>(per_event * static_cast<std::uint64_t>(k - i));
+      }
+    }
+    i = j;
+  }
+}
 namespace {
 constexpr std::string_view kPhaseNames[kNumPhases] = {"model", "ddp",      "zero_grad", "forward",
                                                       "loss",  "backward", "step",      "user"};

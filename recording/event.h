@@ -140,6 +140,10 @@ struct Timeline {
   std::vector<std::string> strings{""};  // id -> text; id 0 is ""
   std::vector<Event> events;
   std::uint64_t torn_bytes = 0;    // bytes of an incomplete last record, ignored
+  // The allocator events were timed by a sampled clock (recorder.h,
+  // RecordClock::kSampled): the reader spreads each run of events that share
+  // a clock reading over the time until the next reading (SpreadSampledTimes).
+  bool sampled_clock = false;
   std::vector<std::string> notes;  // what the reader wants the user to know (not stored in files)
   // The stacks of allocations, when the recording was replayed from a
   // PyTorch snapshot that has them (not stored in timeline files): stacks[0]
@@ -151,6 +155,16 @@ struct Timeline {
 
   const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
 };
+
+// A sampled clock (recorder.h) gives every allocator event between two
+// readings the earlier reading. Spreads each such run evenly over the time
+// until the next event with a later time: the j-th of n events at time T1,
+// followed by an event at T2 > T1, gets T1 + (T2 - T1) * j / n. Events that
+// read the clock themselves (marks, collectives: the first of each run) keep
+// their times. The last run, with no later time after it, is spaced at the
+// mean time per event of the runs spread before it (1 us per event when
+// there were none). Events from `from` on (earlier ones are already spread).
+void SpreadSampledTimes(std::vector<Event>& events, std::size_t from = 0);
 
 }  // namespace memscope
 

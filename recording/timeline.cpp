@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
   Put<std::int32_t>(raw + 16, header.rank);
   Put<std::int32_t>(raw + 20, header.world_size);
   Put<std::int32_t>(raw + 24, header.device_index);
+  Put<std::uint32_t>(raw + 28, header.sampled_clock ? kTimelineSampledClock : 0u);  // flags
   Put<std::uint64_t>(raw + 32, header.device_capacity);
   Put<std::int64_t>(raw + 40, header.wall_start_us);
   if (absl::Status s = WriteAll(fd, raw, sizeof(raw), path); !s.ok()) {
@@ -488,6 +489,9 @@ absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string
   const std::string_view body = bytes.substr(kTimelineHeaderSize);
   absl::Status s = version >= 3 ? ParseVarRecords(body, t, source, version) : ParseFixedRecords(body, t, source);
   if (!s.ok()) return s;
+  // Flags: version 4 only (earlier versions wrote 0 here).
+  t.sampled_clock = version >= 4 && (Get<std::uint32_t>(h + 28) & kTimelineSampledClock) != 0;
+  if (t.sampled_clock) SpreadSampledTimes(t.events);
   return t;
 }
 

@@ -7,7 +7,8 @@
 //     uint32   version      4 (readers also take 1 to 3)
 //     uint32   record_size  0: records have variable length (48 in versions 1 and 2)
 //     int32    rank, world_size, device_index
-//     uint32   reserved (0)
+//     uint32   flags        bit 0: the allocator events' times come from a
+//                           sampled clock (see Times below; 0 in versions 1-3)
 //     uint64   device_capacity    bytes
 //     int64    wall_start_us      Unix time of the start
 //     uint8    reserved[16] (0)
@@ -65,7 +66,10 @@
 //   (recorder.h, RecordClock::kSampled): the allocator reads no clock, phase
 //   marks and collectives read it, and allocator events carry the last time
 //   read (refreshed every 64 events). Most events thus repeat the previous
-//   time and need no time record. An alloc and its free take 14 bytes (about
+//   time and need no time record. Such a file has header flag bit 0 set, and
+//   the reader spreads each run of events sharing a reading evenly up to the
+//   next later time (SpreadSampledTimes, event.h), so that a timeline view
+//   shows them in order and apart, not at one instant. An alloc and its free take 14 bytes (about
 //   5 per event: alloc, free_requested, free_completed) instead of about 28
 //   in version 3 and 96 in version 2.
 //
@@ -109,6 +113,8 @@ inline constexpr std::uint32_t kTimelineVersion = 4;
 inline constexpr std::uint32_t kOldestTimelineVersion = 1;  // still read
 inline constexpr std::size_t kTimelineHeaderSize = 64;
 inline constexpr std::uint8_t kRecordString = 40;
+// Header flags (the uint32 at offset 28, version 4).
+inline constexpr std::uint32_t kTimelineSampledClock = 1;  // Timeline::sampled_clock
 inline constexpr std::uint8_t kRecordConfig = 41;
 inline constexpr std::uint8_t kRecordTime = 42;  // version 4
 

@@ -17,6 +17,8 @@ RankSession::RankSession(const RankSessionOptions& options)
   timeline_.device_index = options.timeline_device_index >= 0 ? options.timeline_device_index : options.rank;
   timeline_.device_capacity = options.device_memory;
   timeline_.alloc_conf = options.config.text;
+  clock_ = options.clock ? *options.clock : options.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled;
+  timeline_.sampled_clock = clock_ == RecordClock::kSampled;
 }
 
 RankSession::~RankSession() { (void)Finish(); }
@@ -42,8 +44,7 @@ absl::Status RankSession::Start() {
   // Wall time per allocator call only where kernels really run (--exec cpu):
   // a meta run's allocator events take the sampled clock (recorder.h), its
   // phase marks and collectives keep the wall time.
-  recorder_ = std::make_unique<Recorder>(
-      *sink_, options_.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled);
+  recorder_ = std::make_unique<Recorder>(*sink_, clock_);
   allocator_.SetObserver(recorder_.get());
   attached_ = true;
   return absl::OkStatus();
@@ -54,6 +55,11 @@ absl::Status RankSession::Finish() {
   if (attached_) allocator_.SetObserver(nullptr);
   attached_ = false;
   absl::Status flushed = sink_->Flush();
+  // In memory, as a file's reader does (a file's events are spread when read).
+  if (options_.timeline_path.empty() && timeline_.sampled_clock) {
+    SpreadSampledTimes(timeline_.events, spread_from_);
+    spread_from_ = timeline_.events.size();
+  }
   // A writer closes its file when destroyed; the recorder goes with its sink.
   if (!options_.timeline_path.empty()) {
     recorder_.reset();

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -44,6 +45,10 @@ struct RankSessionOptions {
   AllocatorConfig config;
   // kCpu makes the device host-backed (real bytes behind device addresses).
   ExecMode exec = ExecMode::kMeta;
+  // How allocator events are timed; nullopt: the wall clock per call under
+  // kCpu, the sampled clock (recorder.h) under kMeta. Replays of traces
+  // with their own times take kWall (the trace's times replace it).
+  std::optional<RecordClock> clock;
   // The cuBLAS/cuBLASLt workspaces the matmuls allocate (none by default;
   // `memscope run` and `plan` use PyTorch's, tensor/blas_workspace.h).
   BlasWorkspaceSizes blas_workspaces;
@@ -88,6 +93,8 @@ class RankSession {
   std::unique_ptr<EventSink> sink_;
   std::unique_ptr<Recorder> recorder_;
   bool attached_ = false;
+  RecordClock clock_;
+  std::size_t spread_from_ = 0;  // in memory: events before this have had SpreadSampledTimes
 };
 
 }  // namespace memscope

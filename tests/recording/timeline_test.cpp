@@ -428,6 +428,81 @@ TEST_CASE("version 4: a Recorder's sampled clock reads no clock in the allocator
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("SpreadSampledTimes spreads each run sharing a reading up to the next later time") {
+  auto at = [](std::vector<std::int64_t> times) {
+    std::vector<Event> events(times.size());
+    for (std::size_t i = 0; i < times.size(); ++i) events[i].time_ns = times[i];
+    return events;
+  };
+  auto times = [](const std::vector<Event>& events) {
+    std::vector<std::int64_t> out;
+    for (const Event& e : events) out.push_back(e.time_ns);
+    return out;
+  };
+  // 4 events at 100 then 200: 100, 125, 150, 175; 3 at 200 then 203: 200, 201, 202;
+  // the last run (2 at 203) at the mean rate of the spread ones, 103 ns / 7 events = 14 ns.
+  std::vector<Event> e = at({100, 100, 100, 100, 200, 200, 200, 203, 203});
+  SpreadSampledTimes(e);
+  CHECK(times(e) == std::vector<std::int64_t>{100, 125, 150, 175, 200, 201, 202, 203, 217});
+  // Nothing spread before the last run: 1 us per event.
+  e = at({5, 5, 5});
+  SpreadSampledTimes(e);
+  CHECK(times(e) == std::vector<std::int64_t>{5, 1005, 2005});
+  // A span shorter than the run: integer steps, never past the next time; distinct times untouched.
+  e = at({0, 0, 0, 0, 2, 7, 9});
+  SpreadSampledTimes(e);
+  CHECK(times(e) == std::vector<std::int64_t>{0, 0, 1, 1, 2, 7, 9});
+  // From an index on: earlier events are left alone.
+  e = at({0, 0, 10, 10, 20});
+  SpreadSampledTimes(e, 2);
+  CHECK(times(e) == std::vector<std::int64_t>{0, 0, 10, 15, 20});
+}
+
+TEST_CASE("version 4: a file flagged as sampled-clock is read with its runs spread between the readings") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/rank-0.timeline";
+  Timeline header;
+  header.device_capacity = 80ULL << 30;
+  header.sampled_clock = true;
+  {
+    auto writer = TimelineWriter::Create(path, header);
+    REQUIRE(writer.ok());
+    SimDevice gpu;
+    CachingAllocator a(gpu);
+    Recorder rec(**writer, RecordClock::kSampled);
+    a.SetObserver(&rec);
+    rec.PhaseBegin(Phase::kForward, 0);
+    for (int i = 0; i < 10; ++i) MustFree(a, MustMalloc(a, 4096));
+    rec.PhaseEnd(Phase::kForward, 0);
+    a.SetObserver(nullptr);
+  }
+  auto t = ReadTimelineFile(path);
+  REQUIRE(t.ok());
+  CHECK(t->sampled_clock);
+  REQUIRE(t->events.size() == 2 + 1 + 10 * 3);
+  const Event& begin = t->events.front();
+  const Event& end = t->events.back();
+  REQUIRE(begin.type == EventType::kPhaseBegin);
+  REQUIRE(end.type == EventType::kPhaseEnd);
+  // The allocator events lie strictly between the two marks, in order and apart
+  // (the clock was read at the marks and at the first allocator event only).
+  for (std::size_t i = 1; i + 1 < t->events.size(); ++i) {
+    CHECK(t->events[i].time_ns > t->events[i - 1].time_ns - (i == 1 ? 1 : 0));
+    CHECK(t->events[i].time_ns < end.time_ns);
+  }
+  // Unflagged (as the same bytes with flag bit 0 cleared), the reader keeps the readings as written.
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  bytes[28] = 0;
+  auto raw = ParseTimeline(bytes, "unflagged");
+  REQUIRE(raw.ok());
+  CHECK_FALSE(raw->sampled_clock);
+  std::set<std::int64_t> distinct;
+  for (const Event& e : raw->events) distinct.insert(e.time_ns);
+  CHECK(distinct.size() <= 4);  // the two marks' readings and the allocator's few
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("version 1 and 2 files (48-byte records) read as the version 3 file of the same recording") {
   const std::string dir = TempDir();
   const std::string path = dir + "/rank-3.timeline";
