@@ -33,6 +33,7 @@ void SpreadSampledTimes(std::vector<Event>& events, std::size_t from) {
     i = j;
   }
 }
+
 namespace {
 constexpr std::string_view kPhaseNames[kNumPhases] = {"model", "ddp",      "zero_grad", "forward",
                                                       "loss",  "backward", "step",      "user"};
