@@ -88,14 +88,33 @@ JsonWriter::JsonWriter(std::ostream& out, bool escape_lt) : stream_(&out), escap
   cap_ = kBlock;
 }
 
+JsonWriter::JsonWriter(std::vector<std::string>& pieces, bool escape_lt) : pieces_(&pieces), escape_lt_(escape_lt) {
+  own_ = std::make_unique_for_overwrite<char[]>(kBlock);
+  data_ = own_.get();
+  cap_ = kBlock;
+}
+
 JsonWriter::~JsonWriter() { Finish(); }
 
 void JsonWriter::Hand(const char* s, std::size_t n) {
   if (string_ != nullptr) {
     string_->append(s, n);
+  } else if (pieces_ != nullptr) {
+    if (n > 0) pieces_->emplace_back(s, n);
   } else {
     stream_->write(s, static_cast<std::streamsize>(n));
   }
+}
+
+void JsonWriter::RawPieces(std::vector<std::string>&& pieces) {
+  if (pieces_ == nullptr) return RawPieces(static_cast<const std::vector<std::string>&>(pieces));
+  Separate();
+  if (pos_ > 0) Hand(data_, pos_);
+  pos_ = 0;
+  for (std::string& piece : pieces) {
+    if (!piece.empty()) pieces_->push_back(std::move(piece));
+  }
+  pieces.clear();
 }
 
 void JsonWriter::Grow(std::size_t n) {
@@ -117,7 +136,7 @@ void JsonWriter::PutLong(const char* s, std::size_t n) {
 bool JsonWriter::Finish() {
   if (pos_ > 0) Hand(data_, pos_);
   pos_ = 0;
-  return string_ != nullptr || static_cast<bool>(*stream_);
+  return stream_ == nullptr || static_cast<bool>(*stream_);
 }
 
 // What nlohmann's serializer does with a double: its to_chars (Grisu2,

@@ -21,8 +21,8 @@
 //   w.EndObject();
 //   w.Finish();                              // hands on the rest (the destructor does too)
 //
-// A writer fills a buffer of its own and hands the text to its string or
-// stream in blocks; Finish() hands on the rest and returns false if the
+// A writer fills a buffer of its own and hands the text to its string,
+// stream or pieces in blocks; Finish() hands on the rest and returns false if the
 // stream failed. The string holds all of the text only after Finish().
 #ifndef MEMSCOPE_EXPORTERS_JSON_WRITER_H_
 #define MEMSCOPE_EXPORTERS_JSON_WRITER_H_
@@ -45,6 +45,10 @@ class JsonWriter {
   explicit JsonWriter(std::string& out, bool escape_lt = false);
   // Writes to `out` in blocks of about 64 KiB.
   explicit JsonWriter(std::ostream& out, bool escape_lt = false);
+  // Appends the text to `pieces` (kept as it is) in pieces of about 64 KiB:
+  // text of megabytes held without the copies and the twice-touched memory
+  // of a doubling string. The text is the pieces' concatenation.
+  explicit JsonWriter(std::vector<std::string>& pieces, bool escape_lt = false);
   ~JsonWriter();
   JsonWriter(const JsonWriter&) = delete;
   JsonWriter& operator=(const JsonWriter&) = delete;
@@ -103,6 +107,14 @@ class JsonWriter {
     Separate();
     Put(json.data(), json.size());
   }
+  // Raw() of a value whose text is the concatenation of `pieces`. A writer
+  // to pieces moves them in as they are (no copy; `pieces` is left empty);
+  // the others copy them.
+  void RawPieces(const std::vector<std::string>& pieces) {
+    Separate();
+    for (const std::string& piece : pieces) Put(piece.data(), piece.size());
+  }
+  void RawPieces(std::vector<std::string>&& pieces);
   // Text outside any JSON value (an HTML page around the data).
   void Verbatim(std::string_view text) { Put(text.data(), text.size()); }
   // One whole value as text the caller writes in place (the hot paths of
@@ -151,8 +163,9 @@ class JsonWriter {
   void Hand(const char* s, std::size_t n);  // to the string or the stream
   void Quoted(std::string_view s);
 
-  std::string* string_ = nullptr;  // the target, or:
-  std::ostream* stream_ = nullptr;
+  std::string* string_ = nullptr;   // the target, or:
+  std::ostream* stream_ = nullptr;  // or:
+  std::vector<std::string>* pieces_ = nullptr;
   std::unique_ptr<char[]> own_;  // the buffer: its first pos_ bytes are the text not yet handed on
   char* data_ = nullptr;
   std::size_t pos_ = 0;  // bytes written into data_

@@ -301,17 +301,17 @@ void PickleWriter::UInt(std::uint64_t value) {
 char* PickleWriter::EncodeLong1(char* p, std::uint64_t bits, bool negative) {
   // Two's complement in 9 bytes (the 64 bits and a sign byte), then the
   // redundant sign bytes dropped: CPython's encode_long gives the same
-  // minimal length.
-  unsigned char b[9];
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>((bits >> (8 * i)) & 0xff);
-  b[8] = negative ? 0xff : 0x00;
-  int n = 9;
-  while (n > 1 && ((b[n - 1] == 0x00 && (b[n - 2] & 0x80) == 0) || (b[n - 1] == 0xff && (b[n - 2] & 0x80) != 0))) {
-    --n;
-  }
+  // minimal length. The length is that of the magnitude's bits (of ~bits
+  // for a negative value) plus a sign bit, at least 1 byte; the 8 bytes are
+  // stored whole (the buffer has kMaxIntBytes of room) and the length says
+  // how many count.
+  const std::uint64_t magnitude = negative ? ~bits : bits;
+  const auto n = static_cast<std::size_t>(std::bit_width(magnitude) / 8 + 1);
   p[0] = static_cast<char>(kLong1);
   p[1] = static_cast<char>(n);
-  std::memcpy(p + 2, b, static_cast<std::size_t>(n));
+  const std::uint64_t little = std::endian::native == std::endian::little ? bits : __builtin_bswap64(bits);
+  std::memcpy(p + 2, &little, 8);
+  p[10] = static_cast<char>(negative ? 0xff : 0x00);
   return p + 2 + n;
 }
 

@@ -23,7 +23,7 @@ namespace {
 // the snapshot at the peak and the viewer's data, then the summary at the end.
 // A snapshot that cannot be written goes to `errors`; the walk goes on.
 absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& analysis, ChromeTraceWriter& trace,
-                        std::string& summary, std::vector<std::string>& viewer_data,
+                        std::string& summary, std::vector<std::vector<std::string>>& viewer_data,
                         std::vector<absl::Status>& errors) {
   const RankReport& r = analysis.report();
   const RunDirectory run_dir(dir.string());
@@ -41,7 +41,7 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
   if (absl::Status s = snapshot_out.Commit(); !s.ok()) errors.push_back(s);
   absl::StrAppend(&summary, summary.empty() ? "" : "\n",
                   SummaryText(t, r, at_end.model().value_or(walk.model()), "end"));
-  viewer_data.push_back(viewer.TakeData());
+  viewer_data.push_back(viewer.TakeDataPieces());
   return absl::OkStatus();
 }
 
@@ -69,7 +69,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
 
   std::vector<absl::Status> errors;
   std::string summary;
-  std::vector<std::string> viewer_data;
+  std::vector<std::vector<std::string>> viewer_data;
   for (std::size_t i = 0; i < timelines.size(); ++i) {
     if (absl::Status s = SecondWalk(dir, timelines[i], *analyses[i], trace, summary, viewer_data, errors); !s.ok()) {
       return s;
@@ -96,7 +96,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   HtmlPageRun page;
   page.label = dir;
   for (const Timeline& t : timelines) page.world_size = std::max(page.world_size, t.world_size);
-  page.ranks = std::move(viewer_data);
+  page.rank_pieces = std::move(viewer_data);
   if (has_gpus) page.gpus = gpus->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::vector<HtmlPageRun> pages;
   pages.push_back(std::move(page));

@@ -272,7 +272,7 @@ class ViewerRankListener::Impl {
     // `end` is after the last step, `exit` after the last event (analysis.h).
     Capture(walk.model(), end_events_ < t_.events.size() ? "exit" : "end", last_t_, t_.events.size());
   }
-  std::string TakeData();
+  std::vector<std::string> TakeDataPieces();
 
  private:
   // A moment: {"event", "fragmentation", "key", "segments", "segments_total", "t"}.
@@ -303,9 +303,11 @@ class ViewerRankListener::Impl {
   CounterThinning<SamplePayload> thinning_;
   const std::vector<bool> moment_rows_;  // the phase rows that get a segment map
   OwnerTable owners_;
-  // The arrays "moments", "bands" and "marks" as JSON text, written as the walk goes.
-  std::string moments_text_, bands_text_, marks_text_;
-  JsonWriter moments_{moments_text_, true}, bands_{bands_text_, true}, marks_{marks_text_, true};
+  // The arrays "moments", "bands" and "marks" as JSON text, written as the
+  // walk goes; the moments' segment maps (megabytes) in pieces.
+  std::vector<std::string> moments_pieces_;
+  std::string bands_text_, marks_text_;
+  JsonWriter moments_{moments_pieces_, true}, bands_{bands_text_, true}, marks_{marks_text_, true};
   int moments_count_ = 0;
   std::size_t marks_count_ = 0;
   std::map<std::int64_t, std::int64_t> step_begin_;
@@ -399,7 +401,7 @@ void ViewerRankListener::Impl::WriteSamples(JsonWriter& w) {
 }
 
 // The rank's object, its keys in nlohmann's sorted order.
-std::string ViewerRankListener::Impl::TakeData() {
+std::vector<std::string> ViewerRankListener::Impl::TakeDataPieces() {
   moments_.EndArray();
   bands_.EndArray();
   marks_.EndArray();
@@ -412,9 +414,7 @@ std::string ViewerRankListener::Impl::TakeData() {
   nlohmann::json report = ReportJson({&t_}, {r_})["ranks"][0];
   for (nlohmann::json& row : report["phases"]) row.erase("by_category");
 
-  std::string out;
-  // The three texts are most of it: one allocation, not doubling copies.
-  out.reserve(bands_text_.size() + marks_text_.size() + moments_text_.size() + (std::size_t{1} << 16));
+  std::vector<std::string> out;
   JsonWriter w(out, true);
   w.BeginObject();
   w.Key("bands");
@@ -422,7 +422,7 @@ std::string ViewerRankListener::Impl::TakeData() {
   w.Key("marks");
   w.Raw(marks_text_);
   w.Key("moments");
-  w.Raw(moments_text_);
+  w.RawPieces(std::move(moments_pieces_));
   w.Key("oom_t");
   r_.oom ? w.Int(r_.oom->time_ns) : w.Null();
   w.Key("owners");
@@ -467,7 +467,16 @@ ViewerRankListener::ViewerRankListener(const Timeline& timeline, const RankRepor
 ViewerRankListener::~ViewerRankListener() = default;
 void ViewerRankListener::OnEvent(const TimelineWalk& walk, const Event& event) { impl_->OnEvent(walk, event); }
 void ViewerRankListener::OnFinish(const TimelineWalk& walk) { impl_->OnFinish(walk); }
-std::string ViewerRankListener::TakeData() { return impl_->TakeData(); }
+std::vector<std::string> ViewerRankListener::TakeDataPieces() { return impl_->TakeDataPieces(); }
+std::string ViewerRankListener::TakeData() {
+  const std::vector<std::string> pieces = impl_->TakeDataPieces();
+  std::size_t size = 0;
+  for (const std::string& piece : pieces) size += piece.size();
+  std::string out;
+  out.reserve(size);
+  for (const std::string& piece : pieces) out.append(piece);
+  return out;
+}
 
 absl::StatusOr<std::string> ViewerRankData(const Timeline& t, const RankReport& r, const HtmlReportOptions& o) {
   TimelineWalk walk(t);
@@ -536,7 +545,11 @@ void WritePageData(const std::vector<HtmlPageRun>& runs, JsonWriter& w) {
     w.String(run.label);
     w.Key("ranks");
     w.BeginArray();
-    for (const std::string& data : run.ranks) w.Raw(data);
+    if (!run.rank_pieces.empty()) {
+      for (const std::vector<std::string>& data : run.rank_pieces) w.RawPieces(data);
+    } else {
+      for (const std::string& data : run.ranks) w.Raw(data);
+    }
     w.EndArray();
     w.Key("world_size");
     w.Int(run.world_size);

@@ -105,6 +105,9 @@ class ViewerRankListener final : public WalkListener {
   void OnEvent(const TimelineWalk& walk, const Event& event) override;
   void OnFinish(const TimelineWalk& walk) override;
   std::string TakeData();
+  // The same text in pieces (their concatenation), the segment maps as
+  // written: no copy of megabytes into one string.
+  std::vector<std::string> TakeDataPieces();
 
  private:
   class Impl;
@@ -119,8 +122,12 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
 // (ViewerRankData or ViewerRankListener, one per rank in rank order).
 struct HtmlPageRun {
   std::string label;
-  int world_size = 1;              // the largest of its timelines' world_size, at least 1
-  std::vector<std::string> ranks;  // JSON text, as ViewerRankData returns it
+  int world_size = 1;  // the largest of its timelines' world_size, at least 1
+  // JSON text, as ViewerRankData returns it; or in pieces (their
+  // concatenation: ViewerRankListener::TakeDataPieces), which take precedence
+  // when not empty.
+  std::vector<std::string> ranks;
+  std::vector<std::vector<std::string>> rank_pieces;
   // The run's GPU table, report.json's "gpus" (run/gpu_table.h) as JSON text;
   // empty: the run has none (and the page's run has no "gpus" key).
   std::string gpus;

@@ -4,6 +4,7 @@
 // UTF-8 included).
 #include "exporters/json_writer.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <charconv>
 #include <cmath>
@@ -159,6 +160,54 @@ TEST_CASE("json writer: containers, keys and numbers as nlohmann dumps a tree") 
     CHECK(w.Finish());
   }
   expected += "]";
+  CHECK(stream.str() == expected);
+}
+
+TEST_CASE("json writer: a writer to pieces writes the string writer's text, pieces moved in whole") {
+  // Long strings (direct to the target), many small values (across blocks),
+  // and a value already in pieces.
+  const std::string long_text(70000, 'x');
+  auto write = [&](JsonWriter& w, std::vector<std::string> inner) {
+    w.BeginObject();
+    w.Key("a");
+    w.BeginArray();
+    for (int i = 0; i < 30000; ++i) w.Int(i);
+    w.EndArray();
+    w.Key("b");
+    w.String(long_text);
+    w.Key("c");
+    w.RawPieces(std::move(inner));
+    w.Key("d");
+    w.String("<end>");
+    w.EndObject();
+    w.Finish();
+  };
+  const std::vector<std::string> inner = {"[1,", "2", ",3]"};
+  std::string expected;
+  {
+    JsonWriter w(expected, true);
+    write(w, inner);
+  }
+  REQUIRE(expected.size() > 150000);
+  CHECK(expected.find("\\u003cend>") != std::string::npos);
+  CHECK(expected.find(",\"c\":[1,2,3],\"d\"") != std::string::npos);
+  std::vector<std::string> pieces = {"kept "};
+  {
+    JsonWriter w(pieces, true);
+    write(w, inner);
+  }
+  std::string joined;
+  for (const std::string& p : pieces) joined += p;
+  CHECK(joined == "kept " + expected);
+  CHECK(pieces.size() > 3);
+  CHECK(std::find(pieces.begin(), pieces.end(), std::string("2")) != pieces.end());  // moved in as it was
+  for (const std::string& p : pieces) CHECK(!p.empty());
+  // To a stream: copied.
+  std::ostringstream stream;
+  {
+    JsonWriter w(stream, true);
+    write(w, inner);
+  }
   CHECK(stream.str() == expected);
 }
 
