@@ -435,11 +435,15 @@ class MemoTable {
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
 };
 
-// One of 64 bits for a str key, from its length and last byte: equal keys
-// have the same bit.
+// One of 64 bits for a str key, from its length, first and last bytes: equal
+// keys have the same bit. (The keys of a PyTorch trace entry, action, addr,
+// size, stream, time_us, frames, compile_context, user_metadata and pool_id,
+// have nine different bits: a dict's duplicate-key check compares no bytes.)
 std::uint64_t StrKeyBit(const char* chars, const PyRef& k) {
-  const unsigned last = k.n == 0 ? 0u : static_cast<unsigned char>(chars[k.v + k.n - 1]);
-  return std::uint64_t{1} << ((k.n * 7 + last) & 63);
+  if (k.n == 0) return 1;
+  const unsigned first = static_cast<unsigned char>(chars[k.v]);
+  const unsigned last = static_cast<unsigned char>(chars[k.v + k.n - 1]);
+  return std::uint64_t{1} << ((k.n * 7 + last + first * 3) & 63);
 }
 
 // A LONG1/LONG4 argument (little-endian two's complement) as an int; false
