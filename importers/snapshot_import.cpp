@@ -494,14 +494,14 @@ struct DeviceBuilder {
       if (completes_held) return;
     }
     if (act == Action::kAlloc) {
-      if (auto it = live.find(addr); it != live.end()) {  // a free the trace lost
+      const auto [it, fresh] = live.try_emplace(addr, 0);  // one probe: its slot is set below
+      if (!fresh) {                                        // a free the trace lost
         Request f{RequestOp::kFree, it->second, 0, 0, 0};
         Push(f, time_us);
-        live.erase(it);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
       tags.Tag(frames_v, r, out.requests);
-      live[addr] = r.slot;
+      it->second = r.slot;
       ever_allocated.insert(addr);
       Push(r, time_us);
       last_alloc_entry = entries;
