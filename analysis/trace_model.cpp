@@ -90,6 +90,7 @@ absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
   // `next` (the first block after the new one) serves both the gap and the insertion.
   const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size, next);
   blocks_.emplace_hint(next, e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack});
+  pending_hint_.valid = false;
   Change(stats_.inactive_split, small, split_delta);
   Change(stats_.inactive_split_bytes, small, split_bytes_delta);
   Change(stats_.allocation, small, 1);
@@ -113,6 +114,9 @@ absl::Status TraceModel::ApplyFreeRequested(const Event& e) {
   }
   Block& b = it->second;
   b.pending_free = true;
+  pending_hint_.valid = true;
+  pending_hint_.addr = e.addr;
+  pending_hint_.it = it;
   Change(stats_.allocation, small, -1);
   Change(stats_.allocated_bytes, small, -static_cast<std::int64_t>(b.size));
   if (b.size >= max_split_size_) stats_.oversize_allocations.Decrease(1);
@@ -124,13 +128,14 @@ absl::Status TraceModel::ApplyFreeRequested(const Event& e) {
 
 absl::Status TraceModel::ApplyFreeCompleted(const Event& e) {
   const bool small = e.small_pool();
-  auto it = blocks_.find(e.addr);
+  auto it = pending_hint_.valid && pending_hint_.addr == e.addr ? pending_hint_.it : blocks_.find(e.addr);
   if (it == blocks_.end() || !it->second.pending_free) {
     return absl::InvalidArgumentError(absl::StrCat("free_completed of ", Hex(e.addr), ", which was not freed"));
   }
   const Block b = it->second;
   auto seg = FindSegment(e.addr, b.size);
   const auto next = blocks_.erase(it);  // the first block after it: its gap's end
+  pending_hint_.valid = false;
   Change(stats_.active, small, -1);
   Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));
   Change(stats_.requested_bytes, small, -static_cast<std::int64_t>(b.requested));

@@ -435,11 +435,15 @@ class MemoTable {
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
 };
 
-// One of 64 bits for a str key, from its length and last byte: equal keys
-// have the same bit.
+// One of 64 bits for a str key, from its length, first and last bytes: equal
+// keys have the same bit. (The keys of a PyTorch trace entry, action, addr,
+// size, stream, time_us, frames, compile_context, user_metadata and pool_id,
+// have nine different bits: a dict's duplicate-key check compares no bytes.)
 std::uint64_t StrKeyBit(const char* chars, const PyRef& k) {
-  const unsigned last = k.n == 0 ? 0u : static_cast<unsigned char>(chars[k.v + k.n - 1]);
-  return std::uint64_t{1} << ((k.n * 7 + last) & 63);
+  if (k.n == 0) return 1;
+  const unsigned first = static_cast<unsigned char>(chars[k.v]);
+  const unsigned last = static_cast<unsigned char>(chars[k.v + k.n - 1]);
+  return std::uint64_t{1} << ((k.n * 7 + last + first * 3) & 63);
 }
 
 // A LONG1/LONG4 argument (little-endian two's complement) as an int; false
@@ -467,6 +471,93 @@ bool LongRef(const unsigned char* b, std::size_t n, PyRef& out) {
   }
   out = IntRef(static_cast<std::int64_t>(v));
   return true;
+}
+
+// The scalar and string opcodes both fast-path decoders read (FastPairs and
+// FastDict's stack machine): BININT1, BININT2, BININT, LONG1, NONE, NEWTRUE,
+// NEWFALSE, BINFLOAT, SHORT_BINUNICODE and BINUNICODE. `op` was read from
+// b[p - 1]; its argument starts at b[p] and ends before b[end]. kOk: `out`
+// holds the value (a string's bytes appended to `chars`), p is past it.
+// kOther: not one of these opcodes (p unchanged). kBad: truncated, an integer
+// outside [-2^63, 2^64) or invalid UTF-8: the caller rewinds to the general
+// path, which gives the error.
+enum class FastScalar : std::uint8_t { kOk, kOther, kBad };
+[[gnu::always_inline]] inline FastScalar DecodeFastScalar(std::uint8_t op, const unsigned char* b, std::size_t& p,
+                                                          std::size_t end, std::string& chars, PyRef& out) {
+  const std::size_t left = end - p;
+  const auto u32 = [&] {
+    return b[p] | (std::uint32_t{b[p + 1]} << 8) | (std::uint32_t{b[p + 2]} << 16) | (std::uint32_t{b[p + 3]} << 24);
+  };
+  const auto str = [&](std::uint64_t n) {
+    if (end - p < n) return FastScalar::kBad;
+    const std::string_view text(reinterpret_cast<const char*>(b + p), static_cast<std::size_t>(n));
+    if (!ValidUtf8(text)) return FastScalar::kBad;
+    out = ScalarRef(PyKind::kString, chars.size());
+    out.n = static_cast<std::uint32_t>(n);
+    chars.append(text);
+    p += n;
+    return FastScalar::kOk;
+  };
+  switch (op) {
+    case 'K':  // BININT1
+      if (left < 1) return FastScalar::kBad;
+      out = IntRef(b[p++]);
+      return FastScalar::kOk;
+    case 'M':  // BININT2
+      if (left < 2) return FastScalar::kBad;
+      out = IntRef(b[p] | (std::int64_t{b[p + 1]} << 8));
+      p += 2;
+      return FastScalar::kOk;
+    case 'J':  // BININT
+      if (left < 4) return FastScalar::kBad;
+      out = IntRef(static_cast<std::int32_t>(u32()));
+      p += 4;
+      return FastScalar::kOk;
+    case 0x8a: {  // LONG1
+      if (left < 1 || left - 1 < b[p]) return FastScalar::kBad;
+      const std::size_t n = b[p];
+      if (n <= 8 && (n == 0 || (b[p + n] & 0x80) == 0)) {  // the common case: non-negative, 8 bytes at most
+        std::uint64_t v = 0;
+        if constexpr (std::endian::native == std::endian::little) {
+          if (left >= 9) {  // one load of 8 bytes, the n of them kept
+            std::memcpy(&v, b + p + 1, 8);
+            if (n < 8) v &= (std::uint64_t{1} << (8 * n)) - 1;
+          } else {
+            for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
+          }
+        } else {
+          for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
+        }
+        out = UIntRef(v);
+      } else if (!LongRef(b + p + 1, n, out)) {
+        return FastScalar::kBad;
+      }
+      p += 1 + n;
+      return FastScalar::kOk;
+    }
+    case 'N': out = ScalarRef(PyKind::kNone, 0); return FastScalar::kOk;
+    case 0x88: out = BoolRef(true); return FastScalar::kOk;
+    case 0x89: out = BoolRef(false); return FastScalar::kOk;
+    case 'G': {  // BINFLOAT: big-endian
+      if (left < 8) return FastScalar::kBad;
+      std::uint64_t x = 0;
+      for (std::size_t k = 0; k < 8; ++k) x = (x << 8) | b[p + k];
+      p += 8;
+      out = FloatRef(std::bit_cast<double>(x));
+      return FastScalar::kOk;
+    }
+    case 0x8c:  // SHORT_BINUNICODE
+      if (left < 1) return FastScalar::kBad;
+      ++p;
+      return str(b[p - 1]);
+    case 'X': {  // BINUNICODE
+      if (left < 4) return FastScalar::kBad;
+      const std::uint32_t n = u32();
+      p += 4;
+      return str(n);
+    }
+    default: return FastScalar::kOther;
+  }
 }
 
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
@@ -1354,6 +1445,11 @@ bool Reader::FastPairs(std::size_t& pos) {
     }
     return true;
   };
+  // The memo write of a value, if one comes next (a list's comes before its items).
+  const auto memo_next = [&](const PyRef& r) __attribute__((always_inline)) {
+    const std::uint8_t o = peek();
+    return (o != 0x94 && o != 'q' && o != 'r') || memo(r, nullptr);
+  };
   const std::uint64_t* open_ids = nullptr;  // memo ids of the list being read (not finished: not readable)
   std::uint8_t open_n = 0;
   const auto get = [&](std::uint8_t op, PyRef& r) __attribute__((always_inline)) {
@@ -1370,16 +1466,6 @@ bool Reader::FastPairs(std::size_t& pos) {
       if (open_ids[k] == id) return false;
     }
     return FastLookup(id, r);
-  };
-  const auto str = [&](std::uint64_t n, PyRef& r) {
-    if (end - p < n) return false;
-    const std::string_view text(reinterpret_cast<const char*>(b + p), static_cast<std::size_t>(n));
-    if (!ValidUtf8(text)) return false;
-    r = ScalarRef(PyKind::kString, a.chars.size());
-    r.n = static_cast<std::uint32_t>(n);
-    a.chars.append(text);
-    p += n;
-    return memo(r, nullptr);
   };
   // The dict's own memo write, then its MARK.
   std::uint8_t op = next();
@@ -1398,8 +1484,7 @@ bool Reader::FastPairs(std::size_t& pos) {
     if (op == 'h' || op == 'j') {
       if (!get(op, key)) return false;
     } else if (op == 0x8c) {
-      if (end - p < 1) return false;
-      if (!str(b[p++], key)) return false;
+      if (DecodeFastScalar(op, b, p, end, a.chars, key) != FastScalar::kOk || !memo(key, nullptr)) return false;
     } else {
       return false;
     }
@@ -1409,51 +1494,9 @@ bool Reader::FastPairs(std::size_t& pos) {
       case 'h':
       case 'j':
         if (!get(op, val)) return false;
-        break;
-      case 'K':
-        if (end - p < 1) return false;
-        val = IntRef(b[p++]);
-        break;
-      case 'M':
-        if (end - p < 2) return false;
-        val = IntRef(b[p] | (std::int64_t{b[p + 1]} << 8));
-        p += 2;
-        break;
-      case 'J': {
-        if (end - p < 4) return false;
-        const std::uint32_t x = b[p] | (std::uint32_t{b[p + 1]} << 8) | (std::uint32_t{b[p + 2]} << 16) |
-                                (std::uint32_t{b[p + 3]} << 24);
-        p += 4;
-        val = IntRef(static_cast<std::int32_t>(x));
-        break;
-      }
-      case 0x8a: {  // LONG1
-        if (end - p < 1 || end - p - 1 < b[p]) return false;
-        const std::size_t n = b[p];
-        if (n >= 1 && n <= 8 && (b[p + n] & 0x80) == 0) {  // the common case: non-negative, 8 bytes at most
-          std::uint64_t v = 0;
-          for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
-          val = UIntRef(v);
-        } else if (!LongRef(b + p + 1, n, val)) {
-          return false;
-        }
-        p += 1 + n;
-        break;
-      }
-      case 'N': val = ScalarRef(PyKind::kNone, 0); break;
-      case 0x88: val = BoolRef(true); break;
-      case 0x89: val = BoolRef(false); break;
-      case 'G': {
-        if (end - p < 8) return false;
-        std::uint64_t x = 0;
-        for (std::size_t k = 0; k < 8; ++k) x = (x << 8) | b[p + k];
-        p += 8;
-        val = FloatRef(std::bit_cast<double>(x));
-        break;
-      }
-      case 0x8c:
-        if (end - p < 1) return false;
-        if (!str(b[p++], val)) return false;
+        if (IsContainerKind(val.kind)) D.height = std::max(D.height, AddHeight(val.height));
+        // A str read by reference and memoized again is left to the general path.
+        if (val.kind != PyKind::kString && !memo_next(val)) return false;
         break;
       case ']': {  // a list of memo references (a traceback's frames)
         std::uint64_t ids[4];
@@ -1494,13 +1537,12 @@ bool Reader::FastPairs(std::size_t& pos) {
         open_n = 0;
         val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
         for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.emplace_back(ids[k], val);
+        D.height = std::max(D.height, AddHeight(val.height));
         break;
       }
-      default: return false;
-    }
-    if (val.kind != PyKind::kString && val.kind != PyKind::kList) {
-      const std::uint8_t o = peek();
-      if ((o == 0x94 || o == 'q' || o == 'r') && !memo(val, nullptr)) return false;
+      default:  // the scalars and strings FastDict's stack machine reads too
+        if (DecodeFastScalar(op, b, p, end, a.chars, val) != FastScalar::kOk || !memo_next(val)) return false;
+        break;
     }
     // Into the dict, as SETITEMS would (a duplicate key: left to the general path).
     if (D.items.size() + 2 > kFastMaxDictItems) return false;
@@ -1513,7 +1555,6 @@ bool Reader::FastPairs(std::size_t& pos) {
       }
     }
     D.str_key_bits |= bit;
-    if (IsContainerKind(val.kind)) D.height = std::max(D.height, AddHeight(val.height));
     D.items.push_back(key);
     D.items.push_back(val);
   }
@@ -1572,16 +1613,6 @@ bool Reader::FastDict() {
     ++sp;
     return true;
   };
-  const auto str = [&](std::uint64_t n, PyRef& r) {
-    if (end - p < n) return false;
-    const std::string_view text(reinterpret_cast<const char*>(b + p), static_cast<std::size_t>(n));
-    if (!ValidUtf8(text)) return false;
-    r = ScalarRef(PyKind::kString, a.chars.size());
-    r.n = static_cast<std::uint32_t>(n);
-    a.chars.append(text);
-    p += n;
-    return true;
-  };
   const auto put = [&](std::uint64_t id) {
     if (sp == 0 || st[sp - 1].mark) return false;
     const std::uint64_t bit = std::uint64_t{1} << (id & 63);
@@ -1611,11 +1642,6 @@ bool Reader::FastDict() {
   const auto values_on_top = [&](std::size_t n) {
     if (sp < n + 1) return false;
     return fast_nmarks_ == 0 || fast_marks_[fast_nmarks_ - 1] < sp - n;
-  };
-  const auto u16 = [&] {
-    const std::uint64_t x = b[p] | (std::uint64_t{b[p + 1]} << 8);
-    p += 2;
-    return x;
   };
   const auto u32 = [&] {
     const std::uint64_t x = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) |
@@ -1659,58 +1685,6 @@ bool Reader::FastDict() {
         if (left < 4) return fail();
         PyRef r;
         if (!FastLookup(u32(), r)) return fail();
-        MS_FAST_PUSH(r);
-        break;
-      }
-      case 'K':
-        if (left < 1) return fail();
-        MS_FAST_PUSH(IntRef(b[p++]));
-        break;
-      case 'M':
-        if (left < 2) return fail();
-        MS_FAST_PUSH(IntRef(static_cast<std::int64_t>(u16())));
-        break;
-      case 'J':
-        if (left < 4) return fail();
-        MS_FAST_PUSH(IntRef(static_cast<std::int32_t>(static_cast<std::uint32_t>(u32()))));
-        break;
-      case 0x8a: {  // LONG1
-        if (left < 1 || left - 1 < b[p]) return fail();
-        const std::size_t n = b[p];
-        PyRef r;
-        if (n <= 8 && (n == 0 || (b[p + n] & 0x80) == 0)) {  // the common case: non-negative, 8 bytes at most
-          std::uint64_t v = 0;
-          for (std::size_t k = n; k > 0; --k) v = (v << 8) | b[p + k];
-          r = UIntRef(v);
-        } else if (!LongRef(b + p + 1, n, r)) {
-          return fail();
-        }
-        p += 1 + n;
-        MS_FAST_PUSH(r);
-        break;
-      }
-      case 'N': MS_FAST_PUSH(ScalarRef(PyKind::kNone, 0)); break;
-      case 0x88: MS_FAST_PUSH(BoolRef(true)); break;
-      case 0x89: MS_FAST_PUSH(BoolRef(false)); break;
-      case 'G': {
-        if (left < 8) return fail();
-        std::uint64_t x = 0;
-        for (std::size_t k = 0; k < 8; ++k) x = (x << 8) | b[p + k];
-        p += 8;
-        MS_FAST_PUSH(FloatRef(std::bit_cast<double>(x)));
-        break;
-      }
-      case 0x8c: {  // SHORT_BINUNICODE
-        if (left < 1) return fail();
-        PyRef r;
-        if (!str(b[p++], r)) return fail();
-        MS_FAST_PUSH(r);
-        break;
-      }
-      case 'X': {  // BINUNICODE
-        if (left < 4) return fail();
-        PyRef r;
-        if (!str(u32(), r)) return fail();
         MS_FAST_PUSH(r);
         break;
       }
@@ -1790,7 +1764,12 @@ bool Reader::FastDict() {
         MS_FAST_PUSH(Store(PyKind::kTuple, scratch_.data(), scratch_.size(), h));
         break;
       }
-      default: return fail();
+      default: {  // the scalars and strings FastPairs reads too
+        PyRef r;
+        if (DecodeFastScalar(op, b, p, end, a.chars, r) != FastScalar::kOk) return fail();
+        MS_FAST_PUSH(r);
+        break;
+      }
     }
   }
 #undef MS_FAST_PUSH

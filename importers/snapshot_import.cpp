@@ -344,6 +344,15 @@ struct DeviceBuilder {
   std::uint64_t oom_size = 0;
   Unknowns unknown_actions, unknown_fields;
   NameCache<Field> field_names;
+  // The key last seen at each position of an entry (stored strings' offsets
+  // in the read's arena never change once an entry is handed over).
+  static constexpr std::size_t kKeyPositions = 16;
+  struct KeyAt {
+    std::uint64_t offset = ~std::uint64_t{0};
+    std::uint32_t length = 0;
+    Field field{};
+  };
+  std::array<KeyAt, kKeyPositions> key_at;
   NameCache<Action> action_names;
   double last_time = 0;
   bool time_known = false;  // an entry had time_us
@@ -428,7 +437,16 @@ struct DeviceBuilder {
       const PyRef& key = pairs[2 * k];
       if (key.kind != PyKind::kString) continue;
       const auto value = [&] { return PyView(arena, pairs[2 * k + 1]); };
-      switch (field_names.Of(key, std::string_view(arena->chars.data() + key.v, key.n), FieldOf)) {
+      // Entries repeat their keys in one order, each key the same stored
+      // string (a memo reference): the key at this position last time first.
+      Field field;
+      if (k < kKeyPositions && key_at[k].offset == key.v && key_at[k].length == key.n) [[likely]] {
+        field = key_at[k].field;
+      } else {
+        field = field_names.Of(key, std::string_view(arena->chars.data() + key.v, key.n), FieldOf);
+        if (k < kKeyPositions) key_at[k] = {key.v, key.n, field};
+      }
+      switch (field) {
         case Field::kAddr: addr_v = value(); break;
         case Field::kSize: size_v = value(); break;
         case Field::kStream: stream_v = value(); break;
@@ -476,14 +494,14 @@ struct DeviceBuilder {
       if (completes_held) return;
     }
     if (act == Action::kAlloc) {
-      if (auto it = live.find(addr); it != live.end()) {  // a free the trace lost
+      const auto [it, fresh] = live.try_emplace(addr, 0);  // one probe: its slot is set below
+      if (!fresh) {                                        // a free the trace lost
         Request f{RequestOp::kFree, it->second, 0, 0, 0};
         Push(f, time_us);
-        live.erase(it);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
       tags.Tag(frames_v, r, out.requests);
-      live[addr] = r.slot;
+      it->second = r.slot;
       ever_allocated.insert(addr);
       Push(r, time_us);
       last_alloc_entry = entries;
