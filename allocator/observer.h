@@ -16,6 +16,8 @@
 
 namespace memscope {
 
+struct RecordSink;  // allocator/record_sink.h
+
 enum class TraceAction : std::uint8_t {
   kAlloc,           // a block handed out: addr, size = block size, requested_size
   kFreeRequested,   // the caller freed it (may still wait on stream events)
@@ -61,6 +63,11 @@ class AllocatorObserver {
   // attached: an observer that keeps its own clock (a Recorder's sampled
   // clock, recording/recorder.h) saves the allocator a clock read per call.
   virtual bool wants_time() const { return true; }
+  // A recording the allocator may write its hot events into itself (an
+  // alloc, a free that completes at once), skipping OnEvent and
+  // OnFreeAtOnce for those it can write (allocator/record_sink.h); null
+  // (the default) for none. Read once, when the observer is attached.
+  virtual RecordSink* record_sink() { return nullptr; }
 };
 
 }  // namespace memscope
