@@ -268,10 +268,10 @@ struct CachingAllocator::Impl {
   std::int64_t call_time = 0;
 
   void Trace(TraceAction action, const BlockPool& pool, DevicePtr addr, std::size_t size, std::size_t requested,
-             StreamId stream) {
+             StreamId stream, std::uint64_t record_id = 0) {
     if (observer == nullptr) return;
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
-    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
+    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time, record_id});
   }
   // The alloc of `block` (an observer is attached) that the sink could not write.
   [[gnu::cold]] [[gnu::noinline]] void TraceAllocSlow(Block* block, const BlockPool& pool) {
@@ -283,7 +283,7 @@ struct CachingAllocator::Impl {
   [[gnu::cold]] [[gnu::noinline]] void TraceFreeAtOnceSlow(const Block* block, const BlockPool& pool) {
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
     observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
-                                      block->requested_size, block->stream, call_time});
+                                      block->requested_size, block->stream, call_time, block->record_id});
   }
 
   // `stats` keeps of each pool's Stat its current value, peak and
@@ -662,7 +662,8 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
   Decrease(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
   if (large_split_limit(block->size)) stats.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
-    Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
+    Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream,
+          block->record_id);
     InsertEvents(block);
   } else {
     // free_requested and free_completed at once: one observer call.

@@ -43,6 +43,9 @@ struct TraceEvent {
   std::size_t requested_size = 0;  // alloc / free: the size the caller asked for
   StreamId stream = 0;
   std::int64_t time_ns = 0;  // steady clock (FastNowNs); 0 when the observer declines time
+  // free_requested: the record id of the block's alloc in the observer's
+  // RecordSink (record_sink()), 0 when it has none.
+  std::uint64_t record_id = 0;
 };
 
 class AllocatorObserver {

@@ -28,15 +28,6 @@
 
 namespace memscope {
 
-// One of the 4096 alloc slots (timeline.h): the last alloc recorded whose
-// address hashes to it, and its record id (RecordSink::seq when it was
-// written; kNoRecord for a slot never used).
-struct RecordSlot {
-  std::uint64_t addr = 0, size = 0, requested = 0, stream = 0;
-  std::uint64_t seq = ~std::uint64_t{0};
-  unsigned small = 0;
-};
-
 struct RecordSink {
   static constexpr unsigned kSlotBits = 12;
   static constexpr unsigned kLeanFree = 0x80;      // tag 1tss ssss
@@ -58,7 +49,18 @@ struct RecordSink {
   std::uint64_t prev_time = 0, prev_addr = 0, prev_size = 0, prev_stream = 0, prev_name = 0;
   std::uint64_t last_alloc_name = 0;  // the owner of the last alloc
   std::uint64_t seq = 0;              // the record id of the last alloc written (unique in the process)
-  RecordSlot* slots = nullptr;
+  // The 4096 alloc slots (timeline.h): the record id of the last alloc
+  // written whose address hashes to each (kNoRecord: none yet). A block
+  // whose alloc's id is still there is what the reader's slot holds.
+  std::uint64_t* slot_seq = nullptr;
+  static constexpr std::uint64_t kNoRecord = ~std::uint64_t{0};
+  // Called when the budget is spent and a fast record could be written: the
+  // owner may grant a new budget (reading its clock and writing a time
+  // record first). Returns whether it did.
+  bool (*refill)(RecordSink& sink) = nullptr;
+  void* owner = nullptr;  // (refill's)
+
+  [[gnu::cold]] [[gnu::noinline]] bool Refill() { return refill != nullptr && refill(*this); }
 
   // An alloc as a compact record, if it can be one; returns whether it was
   // written (its record id is then `seq`).
@@ -69,8 +71,14 @@ struct RecordSink {
     const std::uint64_t slack = size - requested;  // wraps above the limit when requested > size
     const auto d_units = static_cast<std::int64_t>(d_addr) >> 9;
     const auto category = static_cast<unsigned>(tag.category);
-    if (budget <= 0 || tag.generation != fast_generation || stream != prev_stream || ((d_addr | size) & 511) != 0 ||
-        d_units != static_cast<std::int32_t>(d_units) || (size >> 41) != 0 || slack >= (1u << 24) || category >= 16) {
+    // The compact form's limits in one test: addr and size multiples of
+    // 512, the delta within +-2^40 (2^31 units: d_addr + 2^40 below 2^41),
+    // the size below 2^41, a slack below 2^24 (and requested <= size), a
+    // category of 4 bits.
+    constexpr std::uint64_t kMask = ~((std::uint64_t{1} << 41) - 1) | 511;
+    const std::uint64_t escapes =
+        (((d_addr + (std::uint64_t{1} << 40)) | size) & kMask) | (slack >> 24) | (category >> 4);
+    if (tag.generation != fast_generation || stream != prev_stream || escapes != 0 || (budget <= 0 && !Refill())) {
       return false;
     }
     char* p = cur;
@@ -84,8 +92,7 @@ struct RecordSink {
     prev_addr = addr;
     prev_size = size;
     prev_name = last_alloc_name;
-    const std::uint64_t id = ++seq;
-    slots[SlotOf(addr)] = RecordSlot{addr, size, requested, stream, id, small};
+    slot_seq[SlotOf(addr)] = ++seq;
     return true;
   }
 
@@ -95,7 +102,7 @@ struct RecordSink {
   [[gnu::always_inline]] bool TryFreeAtOnce(std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
                                             std::uint64_t record_id) {
     const std::size_t s = SlotOf(addr);
-    if (budget <= 0 || slots[s].seq != record_id) return false;
+    if (slot_seq[s] != record_id || (budget <= 0 && !Refill())) return false;
     const auto tag = static_cast<std::uint16_t>((kLeanFree | kFoldedFree | s >> 8) | (s & 255) << 8);
     std::memcpy(cur, &tag, 2);
     cur += 2;

@@ -13,7 +13,37 @@ std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so ma
 
 Recorder::Recorder(EventSink& sink, RecordClock clock)
     : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {
-  if (writer_ != nullptr && clock_ == RecordClock::kSampled) fast_ = &writer_->record_sink();
+  if (writer_ != nullptr && clock_ == RecordClock::kSampled) {
+    fast_ = &writer_->record_sink();
+    fast_->refill = &Recorder::Refill;
+    fast_->owner = this;
+  }
+}
+
+Recorder::~Recorder() {
+  if (fast_ != nullptr && fast_->owner == this) {
+    fast_->budget = 0;
+    fast_->refill = nullptr;
+    fast_->owner = nullptr;
+  }
+}
+
+bool Recorder::Refill(RecordSink& sink) {
+  // An allocator event that could be a fast record, with the budget spent:
+  // what OnEvent would do about its time, then a new budget.
+  auto& r = *static_cast<Recorder*>(sink.owner);
+  r.TakeFastRecords();
+  if (r.use_trace_time_) return false;
+  if (r.countdown_ == 1) {
+    // The countdown's last event: it reads the clock (as EventTime), and
+    // takes one unit of the new budget without counting down.
+    r.sampled_ns_ = SteadyNs() - r.start_ns_;
+    r.countdown_ = kClockSampleEvents + 1;
+    const auto t = static_cast<std::uint64_t>(r.sampled_ns_);
+    if (t != sink.prev_time) r.writer_->AppendTime(t);
+  }
+  r.GrantFastRecords();
+  return sink.budget > 0;
 }
 
 void Recorder::TakeFastRecords() {
@@ -82,7 +112,7 @@ void Recorder::OnFreeAtOnce(const TraceEvent& e) {
   // The free_requested, then its free_completed folded into it.
   const auto t = static_cast<std::uint64_t>(EventTime(e));
   writer_->AppendAction(EventType::kFreeRequested, e.small_pool ? 1u : 0u, t, e.addr, e.size, e.requested_size,
-                        e.stream, Category::kOther, 0);
+                        e.stream, Category::kOther, 0, e.record_id);
   writer_->FoldCompleted();
 }
 
@@ -105,7 +135,7 @@ void Recorder::OnEvent(const TraceEvent& e) {
       }
       case TraceAction::kFreeRequested:
         writer_->AppendAction(EventType::kFreeRequested, small, t, e.addr, e.size, e.requested_size, e.stream,
-                              Category::kOther, 0);
+                              Category::kOther, 0, e.record_id);
         return;
       case TraceAction::kFreeCompleted:
         writer_->AppendAction(EventType::kFreeCompleted, small, t, e.addr, e.size, e.requested_size, e.stream,

@@ -47,14 +47,18 @@ class Recorder final : public AllocatorObserver {
  public:
   // Times are measured from now. The sink must outlive the recorder.
   explicit Recorder(EventSink& sink, RecordClock clock = RecordClock::kWall);
+  ~Recorder() override;
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
 
   void OnEvent(const TraceEvent& event) override;
   void OnFreeAtOnce(const TraceEvent& requested) override;
   bool wants_time() const override { return clock_ == RecordClock::kWall; }
   // A timeline file's state, for the allocator to write the hot records
-  // itself (allocator/record_sink.h), when the clock is sampled: between two
-  // clock reads every allocator event carries the same time.
-  RecordSink* record_sink() override { return fast_; }
+  // itself (allocator/record_sink.h) when the clock is sampled (between two
+  // clock reads every allocator event carries the same time), and to keep
+  // the record ids of its blocks' allocs (a lean free in any clock mode).
+  RecordSink* record_sink() override { return writer_ != nullptr ? &writer_->record_sink() : nullptr; }
   RecordClock clock() const { return clock_; }
 
   // Phase marks; a phase end flushes the sink (a crash keeps every phase that ended).
@@ -107,6 +111,7 @@ class Recorder final : public AllocatorObserver {
   };
   void TakeFastRecords();
   void GrantFastRecords();
+  static bool Refill(RecordSink& sink);  // RecordSink::refill
 
   std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
   std::int64_t Now();  // a mark's time; restarts the sampled clock

@@ -86,9 +86,14 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
 }
 
 TimelineWriter::TimelineWriter(std::string path, int fd)
-    : path_(std::move(path)), fd_(fd), buffer_(new char[kBufferBytes]), slots_(new Slot[std::size_t{1} << kSlotBits]) {
+    : path_(std::move(path)),
+      fd_(fd),
+      buffer_(new char[kBufferBytes]),
+      slots_(new Slot[std::size_t{1} << kSlotBits]),
+      slot_seq_(new std::uint64_t[std::size_t{1} << kSlotBits]) {
+  std::fill_n(slot_seq_.get(), std::size_t{1} << kSlotBits, RecordSink::kNoRecord);
   sink_.cur = buffer_.get();
-  sink_.slots = slots_.get();
+  sink_.slot_seq = slot_seq_.get();
   // Record ids unique in the process: a block recorded by another writer
   // never matches a slot of this one (2^40 allocs per writer).
   static std::atomic<std::uint64_t> writers{0};
@@ -98,7 +103,7 @@ TimelineWriter::TimelineWriter(std::string path, int fd)
 void TimelineWriter::AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr,
                                    std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
                                    std::uint64_t name, unsigned kinds, unsigned small) {
-  if (type == EventType::kAlloc) sink_.slots[SlotOf(addr)] = Slot{addr, size, requested, stream, ++sink_.seq, small};
+  if (type == EventType::kAlloc) SetSlot(addr, size, requested, stream, small);
   // Branch-free: each field's zigzag delta is stored as 8 bytes and the
   // cursor moves by the bytes it needs (0 when unchanged).
   char* p = start + 5;

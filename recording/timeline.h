@@ -173,7 +173,7 @@ class TimelineWriter final : public EventSink {
   // Ends the fast records' budget (a Recorder grants it again).
   [[gnu::always_inline]] void AppendAction(EventType type, unsigned small, std::uint64_t time, std::uint64_t addr,
                                            std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
-                                           Category category, std::uint64_t name) {
+                                           Category category, std::uint64_t name, std::uint64_t record_id = 0) {
     RevokeBudget();
     const unsigned kinds = static_cast<unsigned>(category) | static_cast<unsigned>(Phase::kUser) << 4;
     if (type == EventType::kFreeCompleted && foldable() && time == sink_.prev_time && addr == sink_.prev_addr &&
@@ -188,11 +188,16 @@ class TimelineWriter final : public EventSink {
     char* p = sink_.cur;
     fold_at_ = nullptr;
     if (type == EventType::kFreeRequested) {
-      // Lean free: the block's fields are those of the alloc in its slot.
+      // Lean free: the block's fields are those of the alloc in its slot
+      // (the alloc's record id is there; or, for an event without one, the
+      // slot's fields, if the general record that wrote them is the last).
       const std::size_t s = SlotOf(addr);
-      const Slot& slot = sink_.slots[s];
-      if (slot.addr == addr && slot.size == size && slot.requested == requested && slot.stream == stream &&
-          slot.small == small && kinds == kDefaultKinds && name == 0) {
+      const Slot& slot = slots_[s];
+      const std::uint64_t last = sink_.slot_seq[s];
+      if ((record_id != 0 ? last == record_id
+                          : slot.seq == last && slot.addr == addr && slot.size == size && slot.requested == requested &&
+                                slot.stream == stream && slot.small == small) &&
+          kinds == kDefaultKinds && name == 0) {
         if (time != sink_.prev_time) p = PutTime(p, time);
         fold_at_ = p;
         fold_bit_ = 0x40;
@@ -204,7 +209,7 @@ class TimelineWriter final : public EventSink {
         return;
       }
     } else if (type == EventType::kAlloc) {
-      sink_.slots[SlotOf(addr)] = Slot{addr, size, requested, stream, ++sink_.seq, small};
+      SetSlot(addr, size, requested, stream, small);
       const std::uint64_t d_addr = addr - sink_.prev_addr;
       const std::uint64_t slack = size - requested;
       const auto d_units = static_cast<std::int64_t>(d_addr) >> 9;
@@ -238,6 +243,14 @@ class TimelineWriter final : public EventSink {
 
   // The state the allocator's fast path shares (allocator/record_sink.h).
   RecordSink& record_sink() { return sink_; }
+  // A time record moving the previous event's time to `time` (a sampled
+  // clock's new reading, before fast records), with room made for it and a
+  // record after it.
+  void AppendTime(std::uint64_t time) {
+    if (used() + kMaxEventBytes > kBufferBytes) WriteBuffer();
+    sink_.cur = PutTime(sink_.cur, time);
+    sink_.prev_time = time;
+  }
   // How many fast records (RecordSink::kMaxFastBytes each) the buffer has room for.
   long fast_room() const { return static_cast<long>((kBufferBytes - used()) / RecordSink::kMaxFastBytes); }
   // The budget the writer took back (every record it writes itself ends the
@@ -279,7 +292,12 @@ class TimelineWriter final : public EventSink {
   // Version 4's alloc slots (timeline format above).
   static constexpr unsigned kSlotBits = RecordSink::kSlotBits;
   static std::size_t SlotOf(std::uint64_t addr) { return RecordSink::SlotOf(addr); }
-  using Slot = RecordSlot;
+  // The fields of a slot's alloc, and its record id (RecordSink::slot_seq).
+  struct Slot {
+    std::uint64_t addr = 0, size = 0, requested = 0, stream = 0;
+    std::uint64_t seq = RecordSink::kNoRecord;
+    unsigned small = 0;
+  };
   static constexpr unsigned kLeanFree = RecordSink::kLeanFree;
   static constexpr unsigned kCompactAlloc = RecordSink::kCompactAlloc;
 
@@ -293,6 +311,14 @@ class TimelineWriter final : public EventSink {
   void RevokeBudget() {
     revoked_ += sink_.budget;
     sink_.budget = 0;
+  }
+  // An alloc written: it now holds its slot.
+  void SetSlot(std::uint64_t addr, std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
+               unsigned small) {
+    const std::size_t s = SlotOf(addr);
+    const std::uint64_t id = ++sink_.seq;
+    sink_.slot_seq[s] = id;
+    slots_[s] = Slot{addr, size, requested, stream, id, small};
   }
   std::size_t used() const { return static_cast<std::size_t>(sink_.cur - buffer_.get()); }
   // Whether the last record is a free_requested that a free_completed can fold into.
@@ -323,7 +349,8 @@ class TimelineWriter final : public EventSink {
   std::string path_;
   int fd_;
   std::unique_ptr<char[]> buffer_;
-  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<Slot[]> slots_;  // the fields of the allocs in the slots
+  std::unique_ptr<std::uint64_t[]> slot_seq_;
   RecordSink sink_;  // the cursor, the previous event (what the fast records move), the slots
   // The rest of the previous event: what only a fold compares (valid when foldable()).
   std::uint64_t prev_requested_ = 0;
