@@ -20,6 +20,7 @@
 #ifndef MEMSCOPE_ALLOCATOR_RECORD_SINK_H_
 #define MEMSCOPE_ALLOCATOR_RECORD_SINK_H_
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -70,14 +71,13 @@ struct RecordSink {
     const std::uint64_t d_addr = addr - prev_addr;
     const std::uint64_t slack = size - requested;  // wraps above the limit when requested > size
     const auto d_units = static_cast<std::int64_t>(d_addr) >> 9;
-    const auto category = static_cast<unsigned>(tag.category);
+    // (A Category has 10 values: 4 bits; the general record has no more.)
+    const auto category = static_cast<unsigned>(tag.category) & 15;
     // The compact form's limits in one test: addr and size multiples of
     // 512, the delta within +-2^40 (2^31 units: d_addr + 2^40 below 2^41),
-    // the size below 2^41, a slack below 2^24 (and requested <= size), a
-    // category of 4 bits.
+    // the size below 2^41, a slack below 2^24 (and requested <= size).
     constexpr std::uint64_t kMask = ~((std::uint64_t{1} << 41) - 1) | 511;
-    const std::uint64_t escapes =
-        (((d_addr + (std::uint64_t{1} << 40)) | size) & kMask) | (slack >> 24) | (category >> 4);
+    const std::uint64_t escapes = (((d_addr + (std::uint64_t{1} << 40)) | size) & kMask) | (slack >> 24);
     if (tag.generation != fast_generation || stream != prev_stream || escapes != 0 || (budget <= 0 && !Refill())) {
       return false;
     }
@@ -103,7 +103,8 @@ struct RecordSink {
                                             std::uint64_t record_id) {
     const std::size_t s = SlotOf(addr);
     if (slot_seq[s] != record_id || (budget <= 0 && !Refill())) return false;
-    const auto tag = static_cast<std::uint16_t>((kLeanFree | kFoldedFree | s >> 8) | (s & 255) << 8);
+    // Bytes (0xc0 | s >> 8, s & 255): s's two bytes swapped (s < 2^12), tag bits set.
+    const auto tag = static_cast<std::uint16_t>(std::rotl(static_cast<std::uint16_t>(s), 8) | kLeanFree | kFoldedFree);
     std::memcpy(cur, &tag, 2);
     cur += 2;
     --budget;
