@@ -436,12 +436,17 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
   block->allocated = true;
   block->requested_size = orig_size;
   allocated_blocks.Insert(block->ptr, block);
-  if (observer == nullptr) {
-    block->record_id = 0;
-  } else if (sink != nullptr && sink->TryAlloc(block->ptr, block->size, orig_size, block->stream, pool.is_small)) {
-    block->record_id = sink->seq;
-  } else {
+  // The sink first (the recorded path tests one pointer; the plain path two).
+  if (sink != nullptr) {  // (then an observer is attached)
+    if (sink->TryAlloc(block->ptr, block->size, orig_size, block->stream, pool.is_small)) {
+      block->record_id = sink->seq;
+    } else {
+      TraceAllocSlow(block, pool);
+    }
+  } else if (observer != nullptr) {
     TraceAllocSlow(block, pool);
+  } else {
+    block->record_id = 0;
   }
 
   Increase(stats.allocation, pool, 1);
@@ -667,8 +672,9 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
     InsertEvents(block);
   } else {
     // free_requested and free_completed at once: one observer call.
-    if (observer != nullptr &&
-        !(sink != nullptr && sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id))) {
+    if (sink != nullptr) {  // (then an observer is attached)
+      if (!sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id)) TraceFreeAtOnceSlow(block, pool);
+    } else if (observer != nullptr) {
       TraceFreeAtOnceSlow(block, pool);
     }
     FreeBlock(block, /*traced=*/true);
