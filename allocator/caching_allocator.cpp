@@ -19,6 +19,7 @@
 #include "allocator/expandable_segment.h"
 #include "allocator/fast_clock.h"
 #include "allocator/free_block_set.h"
+#include "allocator/record_sink.h"
 
 namespace memscope {
 
@@ -66,6 +67,8 @@ struct Block {
   int event_count = 0;                // outstanding stream events
   bool allocated = false;
   bool mapped = true;  // false only for unmapped ranges of expandable segments
+  // The record id of its alloc in the attached RecordSink (0: not recorded there).
+  std::uint64_t record_id = 0;
   // Where the block was put in its pool's FreeBlockSet (a hint for FindNear).
   std::uint32_t pool_chunk = 0;
   std::uint32_t pool_index = 0;
@@ -177,6 +180,7 @@ class BlockArena {
     b->allocated = false;
     b->mapped = true;
     b->pool_chunk = b->pool_index = 0;
+    b->record_id = 0;
     free_.push_back(b);
   }
 
@@ -242,6 +246,7 @@ struct CachingAllocator::Impl {
   bool count_free_block_lookups = false;
   AllocatorObserver* observer = nullptr;
   bool observer_wants_time = false;  // observer->wants_time(), read at SetObserver
+  RecordSink* sink = nullptr;        // observer->record_sink(), read at SetObserver
   std::optional<OutOfMemoryInfo> last_oom;
   BlockArena arena;
 
@@ -263,10 +268,22 @@ struct CachingAllocator::Impl {
   std::int64_t call_time = 0;
 
   void Trace(TraceAction action, const BlockPool& pool, DevicePtr addr, std::size_t size, std::size_t requested,
-             StreamId stream) {
+             StreamId stream, std::uint64_t record_id = 0) {
     if (observer == nullptr) return;
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
-    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time});
+    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time, record_id});
+  }
+  // The alloc of `block` (an observer is attached) that the sink could not write.
+  [[gnu::cold]] [[gnu::noinline]] void TraceAllocSlow(Block* block, const BlockPool& pool) {
+    const std::uint64_t seq = sink != nullptr ? sink->seq : 0;
+    Trace(TraceAction::kAlloc, pool, block->ptr, block->size, block->requested_size, block->stream);
+    block->record_id = sink != nullptr && sink->seq != seq ? sink->seq : 0;
+  }
+  // The free of `block`, completing at once, that the sink could not write.
+  [[gnu::cold]] [[gnu::noinline]] void TraceFreeAtOnceSlow(const Block* block, const BlockPool& pool) {
+    if (observer_wants_time && call_time == 0) call_time = FastNowNs();
+    observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
+                                      block->requested_size, block->stream, call_time, block->record_id});
   }
 
   // `stats` keeps of each pool's Stat its current value, peak and
@@ -419,7 +436,18 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
   block->allocated = true;
   block->requested_size = orig_size;
   allocated_blocks.Insert(block->ptr, block);
-  Trace(TraceAction::kAlloc, pool, block->ptr, block->size, orig_size, block->stream);
+  // The sink first (the recorded path tests one pointer; the plain path two).
+  if (sink != nullptr) {  // (then an observer is attached)
+    if (sink->TryAlloc(block->ptr, block->size, orig_size, block->stream, pool.is_small)) {
+      block->record_id = sink->seq;
+    } else {
+      TraceAllocSlow(block, pool);
+    }
+  } else if (observer != nullptr) {
+    TraceAllocSlow(block, pool);
+  } else {
+    block->record_id = 0;
+  }
 
   Increase(stats.allocation, pool, 1);
   Increase(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
@@ -639,14 +667,15 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
   Decrease(stats.allocated_bytes, pool, static_cast<std::int64_t>(block->size));
   if (large_split_limit(block->size)) stats.oversize_allocations.Decrease(1);
   if (!block->stream_uses.empty()) {
-    Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream);
+    Trace(TraceAction::kFreeRequested, pool, block->ptr, block->size, block->requested_size, block->stream,
+          block->record_id);
     InsertEvents(block);
   } else {
     // free_requested and free_completed at once: one observer call.
-    if (observer != nullptr) {
-      if (observer_wants_time && call_time == 0) call_time = FastNowNs();
-      observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
-                                        block->requested_size, block->stream, call_time});
+    if (sink != nullptr) {  // (then an observer is attached)
+      if (!sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id)) TraceFreeAtOnceSlow(block, pool);
+    } else if (observer != nullptr) {
+      TraceFreeAtOnceSlow(block, pool);
     }
     FreeBlock(block, /*traced=*/true);
   }
@@ -1262,6 +1291,7 @@ void CachingAllocator::SetObserver(AllocatorObserver* observer) {
   std::lock_guard<FastMutex> lock(mutex_);
   impl_->observer = observer;
   impl_->observer_wants_time = observer != nullptr && observer->wants_time();
+  impl_->sink = observer != nullptr ? observer->record_sink() : nullptr;
 }
 
 absl::Status CachingAllocator::CheckInvariants() const {

@@ -16,6 +16,8 @@
 
 namespace memscope {
 
+struct RecordSink;  // allocator/record_sink.h
+
 enum class TraceAction : std::uint8_t {
   kAlloc,           // a block handed out: addr, size = block size, requested_size
   kFreeRequested,   // the caller freed it (may still wait on stream events)
@@ -41,6 +43,9 @@ struct TraceEvent {
   std::size_t requested_size = 0;  // alloc / free: the size the caller asked for
   StreamId stream = 0;
   std::int64_t time_ns = 0;  // steady clock (FastNowNs); 0 when the observer declines time
+  // free_requested: the record id of the block's alloc in the observer's
+  // RecordSink (record_sink()), 0 when it has none.
+  std::uint64_t record_id = 0;
 };
 
 class AllocatorObserver {
@@ -61,6 +66,11 @@ class AllocatorObserver {
   // attached: an observer that keeps its own clock (a Recorder's sampled
   // clock, recording/recorder.h) saves the allocator a clock read per call.
   virtual bool wants_time() const { return true; }
+  // A recording the allocator may write its hot events into itself (an
+  // alloc, a free that completes at once), skipping OnEvent and
+  // OnFreeAtOnce for those it can write (allocator/record_sink.h); null
+  // (the default) for none. Read once, when the observer is attached.
+  virtual RecordSink* record_sink() { return nullptr; }
 };
 
 }  // namespace memscope

@@ -1,5 +1,7 @@
 #include "recording/recorder.h"
 
+#include <algorithm>
+
 #include "allocator/fast_clock.h"
 
 namespace memscope {
@@ -10,7 +12,62 @@ std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so ma
 }  // namespace
 
 Recorder::Recorder(EventSink& sink, RecordClock clock)
-    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {}
+    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {
+  if (writer_ != nullptr && clock_ == RecordClock::kSampled) {
+    fast_ = &writer_->record_sink();
+    fast_->refill = &Recorder::Refill;
+    fast_->owner = this;
+  }
+}
+
+Recorder::~Recorder() {
+  if (fast_ != nullptr && fast_->owner == this) {
+    fast_->budget = 0;
+    fast_->refill = nullptr;
+    fast_->owner = nullptr;
+  }
+}
+
+bool Recorder::Refill(RecordSink& sink) {
+  // An allocator event that could be a fast record, with the budget spent:
+  // what OnEvent would do about its time, then a new budget.
+  auto& r = *static_cast<Recorder*>(sink.owner);
+  r.TakeFastRecords();
+  if (r.use_trace_time_) return false;
+  if (r.countdown_ == 1) {
+    // The countdown's last event: it reads the clock (as EventTime), and
+    // takes one unit of the new budget without counting down.
+    r.sampled_ns_ = SteadyNs() - r.start_ns_;
+    r.countdown_ = kClockSampleEvents + 1;
+    const auto t = static_cast<std::uint64_t>(r.sampled_ns_);
+    if (t != sink.prev_time) r.writer_->AppendTime(t);
+  }
+  r.GrantFastRecords();
+  return sink.budget > 0;
+}
+
+void Recorder::TakeFastRecords() {
+  // Each fast record was an allocator event that did not read the clock.
+  const long written = granted_ - fast_->budget - writer_->TakeRevoked();
+  countdown_ = static_cast<int>(std::max(1L, countdown_ - written));
+  fast_->budget = 0;
+  granted_ = 0;
+}
+
+void Recorder::GrantFastRecords() {
+  // A fast record carries the previous event's time: grant none unless that
+  // is the sampled clock's, and none past the next clock read (the
+  // countdown's last event reads it, through OnEvent).
+  if (use_trace_time_ || fast_->prev_time != static_cast<std::uint64_t>(sampled_ns_)) return;
+  granted_ = std::min<long>(countdown_ - 1, writer_->fast_room());
+  if (granted_ <= 0) {
+    granted_ = 0;
+    return;
+  }
+  fast_->budget = granted_;
+  // Compact allocs need the last alloc's owner: the tag generation known to have it.
+  fast_->fast_generation = last_owner_id_ == fast_->last_alloc_name ? last_generation_ : RecordSink::kNoGeneration;
+}
 
 std::int64_t Recorder::Now() {
   if (use_trace_time_) return trace_time_ns_;
@@ -47,6 +104,7 @@ inline std::int64_t Recorder::EventTime(const TraceEvent& e) {
 }
 
 void Recorder::OnFreeAtOnce(const TraceEvent& e) {
+  Sync sync(*this);
   if (writer_ == nullptr) {
     AllocatorObserver::OnFreeAtOnce(e);
     return;
@@ -54,11 +112,12 @@ void Recorder::OnFreeAtOnce(const TraceEvent& e) {
   // The free_requested, then its free_completed folded into it.
   const auto t = static_cast<std::uint64_t>(EventTime(e));
   writer_->AppendAction(EventType::kFreeRequested, e.small_pool ? 1u : 0u, t, e.addr, e.size, e.requested_size,
-                        e.stream, Category::kOther, 0);
+                        e.stream, Category::kOther, 0, e.record_id);
   writer_->FoldCompleted();
 }
 
 void Recorder::OnEvent(const TraceEvent& e) {
+  Sync sync(*this);
   const std::int64_t time = EventTime(e);
   const unsigned small = e.small_pool ? 1u : 0u;
   const auto t = static_cast<std::uint64_t>(time);
@@ -76,7 +135,7 @@ void Recorder::OnEvent(const TraceEvent& e) {
       }
       case TraceAction::kFreeRequested:
         writer_->AppendAction(EventType::kFreeRequested, small, t, e.addr, e.size, e.requested_size, e.stream,
-                              Category::kOther, 0);
+                              Category::kOther, 0, e.record_id);
         return;
       case TraceAction::kFreeCompleted:
         writer_->AppendAction(EventType::kFreeCompleted, small, t, e.addr, e.size, e.requested_size, e.stream,
@@ -104,6 +163,7 @@ void Recorder::OnEvent(const TraceEvent& e) {
 
 void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                           std::int64_t micro_batch) {
+  Sync sync(*this);
   Event e;
   e.type = type;
   e.phase = phase;
@@ -119,11 +179,13 @@ void Recorder::PhaseBegin(Phase phase, std::int64_t step, std::string_view label
 }
 
 void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label, std::int64_t micro_batch) {
+  Sync sync(*this);
   AppendMark(EventType::kPhaseEnd, phase, step, label, micro_batch);
   (void)sink_.Flush();
 }
 
 void Recorder::AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes) {
+  Sync sync(*this);
   Event e;
   e.type = type;
   e.name = sink_.Intern(kind);

@@ -47,10 +47,18 @@ class Recorder final : public AllocatorObserver {
  public:
   // Times are measured from now. The sink must outlive the recorder.
   explicit Recorder(EventSink& sink, RecordClock clock = RecordClock::kWall);
+  ~Recorder() override;
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
 
   void OnEvent(const TraceEvent& event) override;
   void OnFreeAtOnce(const TraceEvent& requested) override;
   bool wants_time() const override { return clock_ == RecordClock::kWall; }
+  // A timeline file's state, for the allocator to write the hot records
+  // itself (allocator/record_sink.h) when the clock is sampled (between two
+  // clock reads every allocator event carries the same time), and to keep
+  // the record ids of its blocks' allocs (a lean free in any clock mode).
+  RecordSink* record_sink() override { return writer_ != nullptr ? &writer_->record_sink() : nullptr; }
   RecordClock clock() const { return clock_; }
 
   // Phase marks; a phase end flushes the sink (a crash keeps every phase that ended).
@@ -72,12 +80,39 @@ class Recorder final : public AllocatorObserver {
   // carry `ns` (since the recording's start) instead of the clock's time,
   // until ClearTraceTime().
   void SetTraceTime(std::int64_t ns) {
+    Sync sync(*this);
     trace_time_ns_ = ns;
     use_trace_time_ = true;
   }
-  void ClearTraceTime() { use_trace_time_ = false; }
+  void ClearTraceTime() {
+    Sync sync(*this);
+    use_trace_time_ = false;
+  }
 
  private:
+  // Every entry point holds one: on entry it counts the fast records the
+  // allocator wrote into the sampled clock's countdown and ends their
+  // budget; on exit it grants a new one (up to the next clock read, within
+  // the buffer's room) when the allocator's records would carry the time
+  // the recorder would give them.
+  class Sync {
+   public:
+    explicit Sync(Recorder& r) : r_(r) {
+      if (r_.fast_ != nullptr) r_.TakeFastRecords();
+    }
+    ~Sync() {
+      if (r_.fast_ != nullptr) r_.GrantFastRecords();
+    }
+    Sync(const Sync&) = delete;
+    Sync& operator=(const Sync&) = delete;
+
+   private:
+    Recorder& r_;
+  };
+  void TakeFastRecords();
+  void GrantFastRecords();
+  static bool Refill(RecordSink& sink);  // RecordSink::refill
+
   std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
   std::int64_t Now();  // a mark's time; restarts the sampled clock
   std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
@@ -96,6 +131,8 @@ class Recorder final : public AllocatorObserver {
   std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
   bool use_trace_time_ = false;
   std::int64_t trace_time_ns_ = 0;
+  RecordSink* fast_ = nullptr;  // writer_'s state when the clock is sampled (record_sink())
+  long granted_ = 0;            // the budget last granted to fast_
 };
 
 }  // namespace memscope

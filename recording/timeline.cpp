@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -85,12 +86,24 @@ absl::StatusOr<std::unique_ptr<TimelineWriter>> TimelineWriter::Create(const std
 }
 
 TimelineWriter::TimelineWriter(std::string path, int fd)
-    : path_(std::move(path)), fd_(fd), buffer_(new char[kBufferBytes]), slots_(new Slot[std::size_t{1} << kSlotBits]) {}
+    : path_(std::move(path)),
+      fd_(fd),
+      buffer_(new char[kBufferBytes]),
+      slots_(new Slot[std::size_t{1} << kSlotBits]),
+      slot_seq_(new std::uint64_t[std::size_t{1} << kSlotBits]) {
+  std::fill_n(slot_seq_.get(), std::size_t{1} << kSlotBits, RecordSink::kNoRecord);
+  sink_.cur = buffer_.get();
+  sink_.slot_seq = slot_seq_.get();
+  // Record ids unique in the process: a block recorded by another writer
+  // never matches a slot of this one (2^40 allocs per writer).
+  static std::atomic<std::uint64_t> writers{0};
+  sink_.seq = (writers.fetch_add(1, std::memory_order_relaxed) + 1) << 40;
+}
 
 void TimelineWriter::AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr,
                                    std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
                                    std::uint64_t name, unsigned kinds, unsigned small) {
-  if (type == EventType::kAlloc) slots_[SlotOf(addr)] = Slot{addr, size, requested, stream, small};
+  if (type == EventType::kAlloc) SetSlot(addr, size, requested, stream, small);
   // Branch-free: each field's zigzag delta is stored as 8 bytes and the
   // cursor moves by the bytes it needs (0 when unchanged).
   char* p = start + 5;
@@ -101,27 +114,27 @@ void TimelineWriter::AppendGeneral(EventType type, char* start, std::uint64_t ti
     p += n;
     lengths |= n << (4 * index);
   };
-  const Previous prev = prev_;
-  field(ZigZag(time - prev.time), 0);
-  field(ZigZag(addr - prev.addr), 1);
-  field(ZigZag(size - prev.size), 2);
+  field(ZigZag(time - sink_.prev_time), 0);
+  field(ZigZag(addr - sink_.prev_addr), 1);
+  field(ZigZag(size - sink_.prev_size), 2);
   field(ZigZag(requested - size), 3);
-  if (stream != prev.stream) field(ZigZag(stream - prev.stream), 4);
-  if (name != prev.name) field(ZigZag(name - prev.name), 5);
+  if (stream != sink_.prev_stream) field(ZigZag(stream - sink_.prev_stream), 4);
+  if (name != sink_.prev_name) field(ZigZag(name - sink_.prev_name), 5);
   *p = static_cast<char>(kinds);
   const unsigned has_kinds = kinds != kDefaultKinds ? 1u : 0u;
   p += has_kinds;
   lengths |= has_kinds << 24 | small << 28;
   start[0] = static_cast<char>(type);
   std::memcpy(start + 1, &lengths, 4);
-  prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
-  if (type == EventType::kAlloc) last_alloc_name_ = name;
-  fold_at_ = kNone;
+  SetPrevious(time, addr, size, requested, stream, name, kinds, small);
+  if (type == EventType::kAlloc) sink_.last_alloc_name = name;
+  fold_at_ = nullptr;
   if (type == EventType::kFreeRequested) {
-    fold_at_ = static_cast<std::size_t>(start + 4 - buffer_.get());
+    fold_at_ = start + 4;
     fold_bit_ = 0x20;  // bit 29 of the lengths
   }
-  used_ = static_cast<std::size_t>(p - buffer_.get());
+  sink_.cur = p;
+  fold_end_ = p;
 }
 
 TimelineWriter::~TimelineWriter() {
@@ -146,20 +159,21 @@ std::uint32_t TimelineWriter::Intern(std::string_view text) {
 }
 
 void TimelineWriter::AppendRaw(std::string_view bytes) {
-  fold_at_ = kNone;  // a free_completed after this is not folded
+  RevokeBudget();  // (the record may fill the buffer)
+  fold_at_ = nullptr;  // a free_completed after this is not folded
   while (!bytes.empty()) {
-    if (used_ == kBufferBytes) WriteBuffer();
-    const std::size_t n = std::min(bytes.size(), kBufferBytes - used_);
-    std::memcpy(buffer_.get() + used_, bytes.data(), n);
-    used_ += n;
+    if (used() == kBufferBytes) WriteBuffer();
+    const std::size_t n = std::min(bytes.size(), kBufferBytes - used());
+    std::memcpy(sink_.cur, bytes.data(), n);
+    sink_.cur += n;
     bytes.remove_prefix(n);
   }
 }
 
 void TimelineWriter::WriteBuffer() {
-  if (used_ != 0 && error_.ok()) error_ = WriteAll(fd_, buffer_.get(), used_, path_);
-  used_ = 0;
-  fold_at_ = kNone;  // written: its tag can no longer be changed
+  if (used() != 0 && error_.ok()) error_ = WriteAll(fd_, buffer_.get(), used(), path_);
+  sink_.cur = buffer_.get();
+  fold_at_ = nullptr;  // written: its tag can no longer be changed
 }
 
 absl::Status TimelineWriter::Flush() {
@@ -319,7 +333,7 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
   auto push = [&](Event e, std::uint64_t kinds) {
     if (e.type == EventType::kAlloc && version >= 4) {
       slots[TimelineWriter::SlotOf(e.addr)] =
-          TimelineWriter::Slot{e.addr, e.size, e.requested_size, e.stream, e.flags & kEventSmallPool ? 1u : 0u};
+          TimelineWriter::Slot{e.addr, e.size, e.requested_size, e.stream, 0, e.flags & kEventSmallPool ? 1u : 0u};
       alloc_name = name;
     }
     e.category = static_cast<Category>(kinds & 15);

@@ -104,6 +104,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "allocator/record_sink.h"
 #include "recording/event.h"
 
 namespace memscope {
@@ -145,6 +146,8 @@ class MemorySink final : public EventSink {
 // Writes a timeline file (version 4). Not thread-safe (one writer per rank
 // process). Append encodes the event into a buffer at once (inline: the
 // Recorder calls it directly); the buffer is written when full and at Flush.
+// Its state is a RecordSink (allocator/record_sink.h): an allocator given
+// it (through a Recorder) writes the hot records itself.
 class TimelineWriter final : public EventSink {
  public:
   // Creates (truncates) `path` and writes the header and the config record.
@@ -158,62 +161,71 @@ class TimelineWriter final : public EventSink {
                    event.size, event.requested_size, event.stream, event.category, event.name);
       return;
     }
-    fold_at_ = kNone;
-    if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
+    RevokeBudget();
+    fold_at_ = nullptr;
+    if (used() + kMaxEventBytes > kBufferBytes) WriteBuffer();
     const unsigned kinds = static_cast<unsigned>(event.category) | static_cast<unsigned>(event.phase) << 4;
-    AppendGeneral(event.type, buffer_.get() + used_, static_cast<std::uint64_t>(event.time_ns), event.addr, event.size,
+    AppendGeneral(event.type, sink_.cur, static_cast<std::uint64_t>(event.time_ns), event.addr, event.size,
                   event.requested_size, event.stream, event.name, kinds, event.flags & kEventSmallPool);
   }
   // Append of an event of phase user, its fields one by one (the Recorder's
   // path: inlined, with the type and, for frees, category and name constant).
+  // Ends the fast records' budget (a Recorder grants it again).
   [[gnu::always_inline]] void AppendAction(EventType type, unsigned small, std::uint64_t time, std::uint64_t addr,
                                            std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
-                                           Category category, std::uint64_t name) {
+                                           Category category, std::uint64_t name, std::uint64_t record_id = 0) {
+    RevokeBudget();
     const unsigned kinds = static_cast<unsigned>(category) | static_cast<unsigned>(Phase::kUser) << 4;
-    if (type == EventType::kFreeCompleted && fold_at_ != kNone && time == prev_.time && addr == prev_.addr &&
-        size == prev_.size && requested == prev_.requested && stream == prev_.stream && name == prev_.name &&
-        kinds == prev_.kinds && small == prev_.small) {
+    if (type == EventType::kFreeCompleted && foldable() && time == sink_.prev_time && addr == sink_.prev_addr &&
+        size == sink_.prev_size && requested == prev_requested_ && stream == sink_.prev_stream &&
+        name == sink_.prev_name && kinds == prev_kinds_ && small == prev_small_) {
       // Its free_requested, the last record, says it followed at once.
-      buffer_[fold_at_] = static_cast<char>(buffer_[fold_at_] | fold_bit_);
-      fold_at_ = kNone;
+      *fold_at_ = static_cast<char>(*fold_at_ | fold_bit_);
+      fold_at_ = nullptr;
       return;
     }
-    if (used_ + kMaxEventBytes > kBufferBytes) WriteBuffer();
-    char* p = buffer_.get() + used_;
-    fold_at_ = kNone;
+    if (used() + kMaxEventBytes > kBufferBytes) WriteBuffer();
+    char* p = sink_.cur;
+    fold_at_ = nullptr;
     if (type == EventType::kFreeRequested) {
-      // Lean free: the block's fields are those of the alloc in its slot.
+      // Lean free: the block's fields are those of the alloc in its slot
+      // (the alloc's record id is there; or, for an event without one, the
+      // slot's fields, if the general record that wrote them is the last).
       const std::size_t s = SlotOf(addr);
       const Slot& slot = slots_[s];
-      if (slot.addr == addr && slot.size == size && slot.requested == requested && slot.stream == stream &&
-          slot.small == small && kinds == kDefaultKinds && name == 0) {
-        if (time != prev_.time) p = PutTime(p, time);
-        fold_at_ = static_cast<std::size_t>(p - buffer_.get());
+      const std::uint64_t last = sink_.slot_seq[s];
+      if ((record_id != 0 ? last == record_id
+                          : slot.seq == last && slot.addr == addr && slot.size == size && slot.requested == requested &&
+                                slot.stream == stream && slot.small == small) &&
+          kinds == kDefaultKinds && name == 0) {
+        if (time != sink_.prev_time) p = PutTime(p, time);
+        fold_at_ = p;
         fold_bit_ = 0x40;
         p[0] = static_cast<char>(kLeanFree | (s >> 8));
         p[1] = static_cast<char>(s);
-        prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
-        used_ = static_cast<std::size_t>(p + 2 - buffer_.get());
+        SetPrevious(time, addr, size, requested, stream, name, kinds, small);
+        sink_.cur = p + 2;
+        fold_end_ = sink_.cur;
         return;
       }
     } else if (type == EventType::kAlloc) {
-      slots_[SlotOf(addr)] = Slot{addr, size, requested, stream, small};
-      const std::uint64_t d_addr = addr - prev_.addr;
+      SetSlot(addr, size, requested, stream, small);
+      const std::uint64_t d_addr = addr - sink_.prev_addr;
       const std::uint64_t slack = size - requested;
       const auto d_units = static_cast<std::int64_t>(d_addr) >> 9;
       // Compact alloc: 512-byte units, the previous event's stream, the previous alloc's owner.
       if (((d_addr | size) & 511) == 0 && d_units == static_cast<std::int32_t>(d_units) && (size >> 41) == 0 &&
-          slack < (1u << 24) && requested <= size && stream == prev_.stream && name == last_alloc_name_ &&
+          slack < (1u << 24) && requested <= size && stream == sink_.prev_stream && name == sink_.last_alloc_name &&
           static_cast<unsigned>(category) < 16) {
-        if (time != prev_.time) p = PutTime(p, time);
+        if (time != sink_.prev_time) p = PutTime(p, time);
         p[0] = static_cast<char>(kCompactAlloc | small << 4 | static_cast<unsigned>(category));
         const std::uint64_t word = (static_cast<std::uint64_t>(d_units) & 0xffffffffu) | (size >> 9) << 32;
         std::memcpy(p + 1, &word, 8);
         const auto slack32 = static_cast<std::uint32_t>(slack);
         std::memcpy(p + 9, &slack32, 4);
-        prev_ = Previous{time, addr, size, requested, stream, name, kinds, small};
-        last_alloc_name_ = name;
-        used_ = static_cast<std::size_t>(p + 12 - buffer_.get());
+        SetPrevious(time, addr, size, requested, stream, name, kinds, small);
+        sink_.last_alloc_name = name;
+        sink_.cur = p + 12;
         return;
       }
     }
@@ -222,12 +234,33 @@ class TimelineWriter final : public EventSink {
   // After an AppendAction of a free_requested: its free_completed, with the
   // same fields and time, follows at once (one bit in the record just written).
   void FoldCompleted() {
-    if (fold_at_ == kNone) return;  // (not after a free_requested: nothing to fold into)
-    buffer_[fold_at_] = static_cast<char>(buffer_[fold_at_] | fold_bit_);
-    fold_at_ = kNone;
+    if (!foldable()) return;  // (not after a free_requested: nothing to fold into)
+    *fold_at_ = static_cast<char>(*fold_at_ | fold_bit_);
+    fold_at_ = nullptr;
   }
   absl::Status Flush() override;
   const std::string& path() const { return path_; }
+
+  // The state the allocator's fast path shares (allocator/record_sink.h).
+  RecordSink& record_sink() { return sink_; }
+  // A time record moving the previous event's time to `time` (a sampled
+  // clock's new reading, before fast records), with room made for it and a
+  // record after it.
+  void AppendTime(std::uint64_t time) {
+    if (used() + kMaxEventBytes > kBufferBytes) WriteBuffer();
+    sink_.cur = PutTime(sink_.cur, time);
+    sink_.prev_time = time;
+  }
+  // How many fast records (RecordSink::kMaxFastBytes each) the buffer has room for.
+  long fast_room() const { return static_cast<long>((kBufferBytes - used()) / RecordSink::kMaxFastBytes); }
+  // The budget the writer took back (every record it writes itself ends the
+  // budget) since the last call: a Recorder counts the fast records written
+  // as what it granted less what is left and this.
+  long TakeRevoked() {
+    const long r = revoked_;
+    revoked_ = 0;
+    return r;
+  }
 
   // The encoding's pieces, shared with the reader.
   static std::uint64_t ZigZag(std::uint64_t delta) {
@@ -257,29 +290,54 @@ class TimelineWriter final : public EventSink {
   static constexpr unsigned kDefaultKinds =
       static_cast<unsigned>(Category::kOther) | static_cast<unsigned>(Phase::kUser) << 4;
   // Version 4's alloc slots (timeline format above).
-  static constexpr unsigned kSlotBits = 12;
-  static std::size_t SlotOf(std::uint64_t addr) {
-    return static_cast<std::size_t>((addr * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
-  }
+  static constexpr unsigned kSlotBits = RecordSink::kSlotBits;
+  static std::size_t SlotOf(std::uint64_t addr) { return RecordSink::SlotOf(addr); }
+  // The fields of a slot's alloc, and its record id (RecordSink::slot_seq).
   struct Slot {
     std::uint64_t addr = 0, size = 0, requested = 0, stream = 0;
+    std::uint64_t seq = RecordSink::kNoRecord;
     unsigned small = 0;
   };
-  static constexpr unsigned kLeanFree = 0x80;
-  static constexpr unsigned kCompactAlloc = 0x40;
+  static constexpr unsigned kLeanFree = RecordSink::kLeanFree;
+  static constexpr unsigned kCompactAlloc = RecordSink::kCompactAlloc;
 
  private:
   static constexpr std::size_t kBufferBytes = std::size_t{1} << 20;  // 1 MiB per write
   // A time record, then the longest event record (tag, lengths, 7 fields),
   // and an 8-byte store's slack.
   static constexpr std::size_t kMaxEventBytes = 11 + 5 + 7 * 8 + 8;
-  static constexpr std::size_t kNone = ~std::size_t{0};
   TimelineWriter(std::string path, int fd);
 
+  void RevokeBudget() {
+    revoked_ += sink_.budget;
+    sink_.budget = 0;
+  }
+  // An alloc written: it now holds its slot.
+  void SetSlot(std::uint64_t addr, std::uint64_t size, std::uint64_t requested, std::uint64_t stream,
+               unsigned small) {
+    const std::size_t s = SlotOf(addr);
+    const std::uint64_t id = ++sink_.seq;
+    sink_.slot_seq[s] = id;
+    slots_[s] = Slot{addr, size, requested, stream, id, small};
+  }
+  std::size_t used() const { return static_cast<std::size_t>(sink_.cur - buffer_.get()); }
+  // Whether the last record is a free_requested that a free_completed can fold into.
+  bool foldable() const { return fold_at_ != nullptr && fold_end_ == sink_.cur; }
+  void SetPrevious(std::uint64_t time, std::uint64_t addr, std::uint64_t size, std::uint64_t requested,
+                   std::uint64_t stream, std::uint64_t name, unsigned kinds, unsigned small) {
+    sink_.prev_time = time;
+    sink_.prev_addr = addr;
+    sink_.prev_size = size;
+    sink_.prev_stream = stream;
+    sink_.prev_name = name;
+    prev_requested_ = requested;
+    prev_kinds_ = kinds;
+    prev_small_ = small;
+  }
   // A time record (tag 42) moving the time to `time`.
   char* PutTime(char* p, std::uint64_t time) {
     *p++ = static_cast<char>(kRecordTime);
-    return PutVarint(p, ZigZag(time - prev_.time));
+    return PutVarint(p, ZigZag(time - sink_.prev_time));
   }
   // A general record at `start` (the buffer has room).
   void AppendGeneral(EventType type, char* start, std::uint64_t time, std::uint64_t addr, std::uint64_t size,
@@ -288,20 +346,19 @@ class TimelineWriter final : public EventSink {
   void WriteBuffer();                      // writes the buffer's bytes (errors kept in error_)
   void AppendRaw(std::string_view bytes);  // a string or config record
 
-  struct Previous {
-    std::uint64_t time = 0, addr = 0, size = 0, requested = 0, stream = 0, name = 0;
-    unsigned kinds = kDefaultKinds, small = 0;
-  };
-
   std::string path_;
   int fd_;
   std::unique_ptr<char[]> buffer_;
-  std::size_t used_ = 0;
-  Previous prev_;
-  std::uint64_t last_alloc_name_ = 0;
-  std::unique_ptr<Slot[]> slots_;
-  std::size_t fold_at_ = kNone;  // buffer offset of the byte to mark when the last record is a foldable free_requested
-  unsigned fold_bit_ = 0;        // ...and the bit to set there
+  std::unique_ptr<Slot[]> slots_;  // the fields of the allocs in the slots
+  std::unique_ptr<std::uint64_t[]> slot_seq_;
+  RecordSink sink_;  // the cursor, the previous event (what the fast records move), the slots
+  // The rest of the previous event: what only a fold compares (valid when foldable()).
+  std::uint64_t prev_requested_ = 0;
+  unsigned prev_kinds_ = kDefaultKinds, prev_small_ = 0;
+  char* fold_at_ = nullptr;   // the byte to mark when the last record is a foldable free_requested...
+  char* fold_end_ = nullptr;  // ...the end of that record (foldable while nothing follows it)...
+  unsigned fold_bit_ = 0;     // ...and the bit to set there
+  long revoked_ = 0;          // budget taken back (TakeRevoked)
   absl::flat_hash_map<std::string, std::uint32_t> ids_;
   std::uint32_t next_id_ = 1;
   absl::Status error_;

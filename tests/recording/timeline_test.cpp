@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -425,6 +426,122 @@ TEST_CASE("version 4: a Recorder's sampled clock reads no clock in the allocator
   // took about 28 bytes a pair.
   const auto file_bytes = std::filesystem::file_size(path);
   CHECK(file_bytes < 64 + 200 * 16);
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// Forwards to a Recorder and counts the calls; hands the allocator the
+// Recorder's RecordSink only when `fast`.
+struct CountingObserver final : AllocatorObserver {
+  CountingObserver(Recorder& r, bool f) : rec(r), fast(f) {}
+  void OnEvent(const TraceEvent& e) override {
+    ++calls;
+    rec.OnEvent(e);
+  }
+  void OnFreeAtOnce(const TraceEvent& e) override {
+    ++calls;
+    rec.OnFreeAtOnce(e);
+  }
+  bool wants_time() const override { return rec.wants_time(); }
+  RecordSink* record_sink() override { return fast ? rec.record_sink() : nullptr; }
+  Recorder& rec;
+  bool fast;
+  std::size_t calls = 0;
+};
+
+// A sampled-clock recording of a fixed workload (tags that change, two
+// streams, frees that wait on another stream, large and small blocks, an
+// empty_cache, phases, an observer detached and attached again), the
+// allocator writing the hot records itself (`fast`) or not. The header is
+// not flagged as sampled: the times read back as recorded.
+Timeline RecordWorkload(const std::string& path, bool fast, std::size_t* calls) {
+  {
+    Timeline header;
+    header.device_capacity = 8ULL << 30;
+    auto writer = TimelineWriter::Create(path, header);
+    REQUIRE(writer.ok());
+    SimDevice gpu({.capacity = 8ULL << 30});
+    CachingAllocator a(gpu);
+    Recorder rec(**writer, RecordClock::kSampled);
+    CountingObserver obs(rec, fast);
+    a.SetObserver(&obs);
+    std::vector<DevicePtr> live;
+    std::uint64_t x = 12345;
+    auto next = [&] { return x = x * 6364136223846793005ULL + 1442695040888963407ULL; };
+    DevicePtr kept = 0;
+    for (int step = 0; step < 6; ++step) {
+      rec.PhaseBegin(Phase::kForward, step);
+      std::optional<ScopedTag> tag;  // one for 70 allocations (a tag's begin and end make a new tag)
+      for (int i = 0; i < 700; ++i) {
+        if (i % 70 == 0) {
+          tag.reset();
+          tag.emplace(i % 140 == 0 ? Category::kActivation : Category::kTemporary, i % 280 < 140 ? "a" : "b");
+        }
+        const std::uint64_t r = next() >> 33;
+        const std::size_t size = r % 7 == 0 ? (3 << 20) + (r % 1000) * 512 : 512 + (r % 2000) * 64;
+        const StreamId stream = r % 53 == 0 ? 1 : 0;
+        live.push_back(MustMalloc(a, size, stream));
+        if (r % 41 == 0) REQUIRE(a.RecordStream(live.back(), 2).ok());  // its free waits
+        if (live.size() > 40 || r % 3 == 0) {
+          const std::size_t k = (next() >> 33) % live.size();
+          MustFree(a, live[k]);
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+      }
+      rec.PhaseEnd(Phase::kForward, step);
+      if (step == 2) a.EmptyCache();
+      if (step == 3) {
+        // Detached: a free and an alloc the recording does not see; the
+        // block freed after attaching again must not read as the old one.
+        kept = live.back();
+        live.pop_back();
+        a.SetObserver(nullptr);
+        MustFree(a, kept);
+        kept = MustMalloc(a, 1536);
+        a.SetObserver(&obs);
+      }
+    }
+    MustFree(a, kept);
+    for (DevicePtr p : live) MustFree(a, p);
+    a.SetObserver(nullptr);
+    *calls = obs.calls;
+  }
+  auto t = ReadTimelineFile(path);
+  REQUIRE(t.ok());
+  return *std::move(t);
+}
+
+}  // namespace
+
+TEST_CASE("version 4: the allocator's own records read back as the Recorder's, with the same clock reads") {
+  const std::string dir = TempDir();
+  std::size_t slow_calls = 0, fast_calls = 0;
+  const Timeline slow = RecordWorkload(dir + "/slow.timeline", false, &slow_calls);
+  const Timeline fast = RecordWorkload(dir + "/fast.timeline", true, &fast_calls);
+  REQUIRE(fast.events.size() == slow.events.size());
+  CheckSameEvents(fast, slow, slow.events.size(), /*with_times=*/false);
+  // The same events read the clock (every 64th allocator event and the
+  // marks): the times change at the same events.
+  std::size_t changes = 0;
+  for (std::size_t i = 1; i < slow.events.size(); ++i) {
+    INFO("event " << i);
+    CHECK(fast.events[i].time_ns >= fast.events[i - 1].time_ns);
+    CHECK((fast.events[i].time_ns != fast.events[i - 1].time_ns) ==
+          (slow.events[i].time_ns != slow.events[i - 1].time_ns));
+    changes += slow.events[i].time_ns != slow.events[i - 1].time_ns ? 1 : 0;
+  }
+  CHECK(changes >= slow.events.size() / 100);
+  // Without the sink every allocator event is a call; with it, only the
+  // ones the fast records cannot be (a new tag, another stream, a free
+  // that waits, a slot taken, a segment).
+  CHECK(slow_calls > 4000);
+  CHECK(fast_calls < slow_calls / 4);
+  // The same records, bar the time deltas' lengths.
+  const auto slow_bytes = std::filesystem::file_size(dir + "/slow.timeline");
+  const auto fast_bytes = std::filesystem::file_size(dir + "/fast.timeline");
+  CHECK(fast_bytes <= slow_bytes + changes);
+  CHECK(fast_bytes + changes >= slow_bytes);
   std::filesystem::remove_all(dir);
 }
 
