@@ -34,7 +34,9 @@
 // rank, a broadcast, an allgather or an integer allreduce goes through the
 // ranks' mailboxes (each rank's progress file, mapped by every rank: the
 // payload copied in, a futex wake-up; no message, so no event-loop thread
-// spinning on data that arrived before its receive was posted); otherwise
+// spinning on data that arrived before its receive was posted: a meta run
+// moves nothing else, and gives that thread a lower priority, loop_nice);
+// otherwise
 // over gloo (tag 2N+1): gloo::broadcast, gloo::allgather, and for allreduce a
 // ring (reduce-scatter, allgather) over gloo's unbound buffers. Barrier is a check alone; null data
 // (meta) never moves anything, so a meta run exchanges one small summary per
@@ -528,23 +530,23 @@ class ProgressFile {
 };
 
 // ---------------------------------------------------------------------------
-// Gloo's event-loop thread, at a lower priority (nice +kLoopNice). While a
-// pair connects, and whenever data arrives before its receive is posted, the
-// loop polls epoll without sleeping until the other side moves; with more
-// ranks than cores that poll took the CPU from the very peers it waited for
-// (thousands of epoll_wait calls a run). The thread inherits the nice value
-// of the thread that creates the device: a helper thread raises its own and
-// creates it (the caller's stays; lowering it back would need privileges).
-constexpr int kLoopNice = 10;
-
-std::shared_ptr<gloo::transport::Device> CreateNicedDevice(const gloo::transport::tcp::attr& attr) {
+// Gloo's event-loop thread, optionally at a lower priority (nice +`nice`,
+// GlooOptions::loop_nice). While a pair connects, and whenever data arrives
+// before its receive is posted, the loop polls epoll without sleeping until
+// the other side moves; with more ranks than cores that poll took the CPU
+// from the very peers it waited for (thousands of epoll_wait calls a run).
+// The thread inherits the nice value of the thread that creates the device:
+// a helper thread raises its own and creates it (the caller's stays;
+// lowering it back would need privileges).
+std::shared_ptr<gloo::transport::Device> CreateNicedDevice(const gloo::transport::tcp::attr& attr, int nice_by) {
+  if (nice_by <= 0) return gloo::transport::tcp::CreateDevice(attr);
   std::shared_ptr<gloo::transport::Device> device;
   std::exception_ptr error;
   std::thread helper([&] {
     const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
     errno = 0;
     const int nice = ::getpriority(PRIO_PROCESS, tid);
-    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice + kLoopNice, 19));  // best effort
+    if (errno == 0) ::setpriority(PRIO_PROCESS, tid, std::min(nice + nice_by, 19));  // best effort
     try {
       device = gloo::transport::tcp::CreateDevice(attr);
     } catch (...) {
@@ -1299,7 +1301,7 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
       SigpipeGuard guard;  // gloo's event-loop thread, started here, inherits the blocked SIGPIPE
       gloo::transport::tcp::attr attr;
       attr.hostname = options.hostname;
-      device_ = CreateNicedDevice(attr);
+      device_ = CreateNicedDevice(attr, options.loop_nice);
       context_ = std::make_shared<gloo::rendezvous::Context>(rank_, world_size_);
       context_->setTimeout(timeout_);
       context_->connectFullMesh(store, device_);
