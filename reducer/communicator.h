@@ -67,6 +67,13 @@ struct GlooOptions {
   // files. False (for tests): this rank offers no mapping, so every rank
   // exchanges them through gloo, as when a file cannot be mapped.
   bool shared_checks = true;
+  // Added to the nice value of gloo's event-loop thread (0: as the caller's).
+  // The loop polls epoll without sleeping while a pair connects or data
+  // waits for its receive; a meta run, whose payloads go through the
+  // mailboxes, gives it 10 so that this poll does not take the CPU from the
+  // ranks it waits for. A run that moves data through gloo keeps 0 (a loop
+  // thread at a lower priority would wait behind the other ranks' work).
+  int loop_nice = 0;
 };
 
 // Rendezvous through the FileStore, full mesh over TCP. Throws CommError.

@@ -56,7 +56,7 @@ void KillAll(const std::vector<pid_t>& pids) {
 // LOCAL_RANK and `options.env`, stdout and stderr in its rank-R.log.
 absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector<char*>& argv, pid_t launcher,
                                 int& status_read_fd) {
-  // Everything exec needs is prepared before fork (the child only calls
+  // Everything exec needs is prepared before vfork (the child only calls
   // async-signal-safe functions).
   std::vector<std::string> env_store;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -83,12 +83,17 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
     ::close(fd);
     return absl::InternalError(absl::StrCat("cannot create a status pipe: ", std::strerror(err)));
   }
-  const pid_t pid = ::fork();
+  // vfork: no copy of the launcher's page tables, and none of its pages
+  // made copy-on-write (each would fault at its next write). The child runs
+  // on our memory until execve, so it only calls async-signal-safe functions
+  // and writes nothing but its own stack; no handler of ours can run in it
+  // (the launcher installs none, and SIGCHLD is the default).
+  const pid_t pid = ::vfork();
   if (pid < 0) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
     ::close(fd);
-    return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("vfork failed: ", std::strerror(errno)));
   }
   if (pid == 0) {
     // Only async-signal-safe calls between fork and exec.

@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <latch>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,7 +71,8 @@ GlooOptions Options(const TempDir& dir, int rank, int world, std::chrono::millis
 // ("" when it raised none). With `gloo_checks_rank` >= 0, that rank offers no
 // shared check region, so every rank checks through gloo.
 std::vector<std::string> RunRanks(int world, const std::function<void(Communicator&)>& fn,
-                                  std::chrono::milliseconds timeout = 10s, int gloo_checks_rank = -1) {
+                                  std::chrono::milliseconds timeout = 10s, int gloo_checks_rank = -1,
+                                  int loop_nice = 0) {
   TempDir dir;
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
@@ -78,6 +81,7 @@ std::vector<std::string> RunRanks(int world, const std::function<void(Communicat
       try {
         GlooOptions options = Options(dir, r, world, timeout);
         options.shared_checks = r != gloo_checks_rank;
+        options.loop_nice = loop_nice;
         std::unique_ptr<Communicator> comm = CreateGlooCommunicator(options);
         fn(*comm);
       } catch (const CommError& e) {
@@ -122,9 +126,11 @@ std::uint16_t BFloat16(int v) {
   return 0;
 }
 
+// Each twice: the small integer sums through the ranks' mailboxes, then with
+// rank 0 offering no shared region, so every rank sums through gloo.
 TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly on 2 and 4 ranks") {
-  for (int world : {2, 4}) {
-    INFO("world size " << world);
+  for (const auto& [world, gloo_checks_rank] : {std::pair{2, -1}, {4, -1}, {2, 0}, {4, 0}}) {
+    INFO("world size " << world << ", checks through gloo: " << (gloo_checks_rank >= 0));
     const int total = world * (world + 1) / 2;  // rank r contributes r + 1
     constexpr std::size_t kCount = 1000;
     std::vector<std::vector<float>> f32(world, std::vector<float>(kCount));
@@ -135,6 +141,8 @@ TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly 
     constexpr std::size_t kBig = 300'001;  // uneven segments of ~1 MB
     std::vector<std::vector<float>> big(world, std::vector<float>(kBig));
     std::vector<std::int64_t> one(world);  // one element: most segments are empty
+    constexpr std::size_t kBigInt = 9000;  // 72 KB: more than a mailbox, through gloo's ring
+    std::vector<std::vector<std::int64_t>> big_i64(world, std::vector<std::int64_t>(kBigInt));
     CheckNoErrors(RunRanks(world, [&](Communicator& comm) {
       const int r = comm.rank();
       for (std::size_t i = 0; i < kCount; ++i) {
@@ -146,6 +154,7 @@ TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly 
       for (std::uint16_t& b : bf16[r]) b = BFloat16(r + 1);
       for (std::size_t i = 0; i < kBig; ++i) big[r][i] = static_cast<float>((r + 1) * static_cast<int>(i % 7));
       one[r] = r + 1;
+      for (std::size_t i = 0; i < kBigInt; ++i) big_i64[r][i] = static_cast<std::int64_t>(i) * (r + 1) - 5000;
       comm.AllreduceSum(f32[r].data(), kCount, DType::kFloat32);
       comm.AllreduceSum(f16[r].data(), kCount, DType::kFloat16);
       comm.AllreduceSum(bf16[r].data(), 3, DType::kBFloat16);
@@ -153,7 +162,8 @@ TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly 
       comm.AllreduceSum(i64[r].data(), kCount, DType::kInt64);
       comm.AllreduceSum(big[r].data(), kBig, DType::kFloat32);
       comm.AllreduceSum(&one[r], 1, DType::kInt64);
-    }));
+      comm.AllreduceSum(big_i64[r].data(), kBigInt, DType::kInt64);
+    }, 10s, gloo_checks_rank));
     for (int r = 0; r < world; ++r) {
       INFO("rank " << r);
       std::size_t wrong_f32 = 0, wrong_f16 = 0, wrong_i32 = 0, wrong_i64 = 0, wrong_big = 0;
@@ -173,13 +183,19 @@ TEST_CASE("gloo allreduce sums float32 float16 bfloat16 int32 and int64 exactly 
       CHECK(wrong_big == 0);
       CHECK(bf16[r] == std::vector<std::uint16_t>(3, BFloat16(total)));
       CHECK(one[r] == total);
+      std::size_t wrong_big_i64 = 0;
+      for (std::size_t i = 0; i < kBigInt; ++i) {
+        wrong_big_i64 += big_i64[r][i] != static_cast<std::int64_t>(i) * total - 5000 * world;
+      }
+      CHECK(wrong_big_i64 == 0);
     }
   }
 }
 
 TEST_CASE("gloo broadcast from root 1 and allgather lay out every rank's elements on 2 and 4 ranks") {
-  for (int world : {2, 4}) {
-    INFO("world size " << world);
+  // Through the mailboxes, then through gloo (rank 0 offers no shared region).
+  for (const auto& [world, gloo_checks_rank] : {std::pair{2, -1}, {4, -1}, {2, 0}, {4, 0}}) {
+    INFO("world size " << world << ", checks through gloo: " << (gloo_checks_rank >= 0));
     std::vector<std::vector<std::int64_t>> bcast(world, std::vector<std::int64_t>(5));
     std::vector<std::vector<std::int32_t>> gathered(world, std::vector<std::int32_t>(3 * world));
     std::vector<std::vector<float>> in_place(world, std::vector<float>(2 * world, -1.0F));
@@ -193,7 +209,7 @@ TEST_CASE("gloo broadcast from root 1 and allgather lay out every rank's element
       in_place[r][2 * r + 1] = 0.5F + static_cast<float>(r);
       comm.Allgather(in_place[r].data() + 2 * r, in_place[r].data(), 2, DType::kFloat32);
       comm.Barrier();
-    }));
+    }, 10s, gloo_checks_rank));
     for (int r = 0; r < world; ++r) {
       INFO("rank " << r);
       CHECK(bcast[r] == std::vector<std::int64_t>{100, 101, 102, 103, 104});
@@ -203,6 +219,71 @@ TEST_CASE("gloo broadcast from root 1 and allgather lay out every rank's element
         CHECK(in_place[r][2 * q + 1] == 0.5F + static_cast<float>(q));
       }
     }
+  }
+}
+
+// `in` overlapping another rank's chunk of `out`, and a broadcast of 64 KiB
+// (a full mailbox) then of 64 KiB + 4 (through gloo), from root 0.
+TEST_CASE("gloo allgather from an overlapping input and broadcasts at the mailbox's size and beyond") {
+  constexpr std::size_t kFull = 64 * 1024 / 4;
+  std::vector<std::vector<std::int32_t>> out(2, std::vector<std::int32_t>(4, -1));
+  std::vector<std::vector<std::int32_t>> full(2, std::vector<std::int32_t>(kFull));
+  std::vector<std::vector<std::int32_t>> more(2, std::vector<std::int32_t>(kFull + 1));
+  CheckNoErrors(RunRanks(2, [&](Communicator& comm) {
+    const int r = comm.rank();
+    std::vector<std::int32_t>& o = out[r];
+    o[2] = 10 * r + 1;  // rank r's input is o[2..3], which is rank 1's chunk
+    o[3] = 10 * r + 2;
+    comm.Allgather(o.data() + 2, o.data(), 2, DType::kInt32);
+    for (std::size_t i = 0; i < kFull; ++i) full[r][i] = static_cast<std::int32_t>(i) + r;
+    for (std::size_t i = 0; i <= kFull; ++i) more[r][i] = static_cast<std::int32_t>(i) * 3 + r;
+    comm.Broadcast(full[r].data(), kFull, DType::kInt32, 0);
+    comm.Broadcast(more[r].data(), kFull + 1, DType::kInt32, 0);
+  }));
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(out[r] == std::vector<std::int32_t>{1, 2, 11, 12});
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < kFull; ++i) wrong += full[r][i] != static_cast<std::int32_t>(i);
+    for (std::size_t i = 0; i <= kFull; ++i) wrong += more[r][i] != static_cast<std::int32_t>(i) * 3;
+    CHECK(wrong == 0);
+  }
+}
+
+// Gloo's event loop polls without sleeping while a pair connects or data
+// waits for its receive: with loop_nice 10 (a meta run's) it runs at nice
+// +10, the ranks' own threads do not; with 0 (the default) all alike.
+TEST_CASE("gloo's event-loop thread runs at a lower priority than the rank's threads with loop_nice") {
+  const auto nices = [] {
+    std::vector<int> v;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream in(task.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      std::istringstream fields(stat.substr(stat.rfind(')') + 2));  // from field 3 (state)
+      std::string f;
+      for (int i = 3; i <= 19 && fields >> f; ++i) {
+      }
+      v.push_back(std::stoi(f));  // field 19: nice
+    }
+    return v;
+  };
+  const std::vector<int> before = nices();
+  const int base = *std::max_element(before.begin(), before.end());
+  REQUIRE(base < 19);  // a test process already at nice 19 cannot tell the loop apart
+  for (int loop_nice : {10, 0}) {
+    INFO("loop_nice " << loop_nice);
+    std::vector<int> during;
+    CheckNoErrors(RunRanks(
+        2,
+        [&](Communicator& comm) {
+          comm.Barrier();
+          if (comm.rank() == 0) during = nices();
+          comm.Barrier();
+        },
+        10s, -1, loop_nice));
+    const auto lowered = static_cast<std::ptrdiff_t>(loop_nice > 0 ? 2 : 0);  // one loop per rank
+    CHECK(std::count(during.begin(), during.end(), std::min(base + 10, 19)) == lowered);
+    CHECK(std::count(during.begin(), during.end(), base) == static_cast<std::ptrdiff_t>(during.size()) - lowered);
   }
 }
 
