@@ -395,12 +395,16 @@ class MemoTable {
   }
   // A finished value; or an open list/dict (kPyRefOpen) with its builder's
   // token (compare tokens masked with kTokenMask).
-  void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
+  [[gnu::always_inline]] void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
     if (ref.flags & kPyRefOpen) {
       ref.n = static_cast<std::uint32_t>(token);
       ref.height = static_cast<std::uint16_t>((token & kTokenMask) >> 32);
     }
-    Entry(id, bytes_read) = ref;
+    if (id < dense_.size()) [[likely]] {
+      dense_[id] = ref;
+    } else {
+      Entry(id, bytes_read) = ref;
+    }
   }
   void Erase(std::uint64_t id) {
     if (id < dense_.size()) {
@@ -656,7 +660,9 @@ class Reader {
     return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
            cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
            tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
-           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16;
+           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16 +
+           records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) +
+           record_index_.capacity() + record_memo_.capacity() * 16;
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
@@ -780,8 +786,19 @@ class Reader {
     return r;
   }
   // A stack value as a finished reference (freezing an open list/dict).
-  PyRef Finish(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
+  PyRef Finish(const Slot& s) {
+    if (s.ref.flags & kPyRefRecord) [[unlikely]]
+      return BuildRecord(s.ref);
+    return s.open() ? Freeze(s.ref) : s.ref;
+  }
+  // A stack value as a finished reference, a record's placeholder kept as it is.
+  PyRef FinishKeepRecord(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
   void SetMemo(std::uint64_t id, const PyRef& r) {
+    if (r.flags & kPyRefRecord) {  // a record's placeholder: forgotten at the batch's end (ReleaseRecords)
+      memo_.Set(id, r, 0, base_ + pos_);
+      record_memo_.push_back({id, r.v});
+      return;
+    }
     memo_.Set(id, r, 0, base_ + pos_);
     if (IsContainerKind(r.kind) && r.n > 0 && !(r.flags & kPyRefShared)) tree_memo_.emplace_back(id, r.v);
   }
@@ -836,7 +853,8 @@ class Reader {
   // checking; false leaves everything (errors included) to Get.
   [[gnu::always_inline]] bool PushMemoFast(std::uint64_t id) {
     const MemoEntry m = memo_.Find(id);
-    if (m.ref.kind == PyKind::kMissing || m.token != 0 || stack_.size() >= kMaxPickleStack) {
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord) ||
+        stack_.size() >= kMaxPickleStack) {
       return false;
     }
     const std::uint32_t level = NextLevel(false);
@@ -884,7 +902,7 @@ class Reader {
     return Finish(s);
   }
   // Takes the values above the topmost MARK (finished) into `out`, and the MARK.
-  absl::Status TakeFromMark(FastVec<PyRef>& out, std::uint32_t* mark_level = nullptr) {
+  absl::Status TakeFromMark(FastVec<PyRef>& out, std::uint32_t* mark_level = nullptr, bool keep_records = false) {
     if (marks_.empty()) return Error(absl::StrCat("no MARK for ", OpName(op_)));
     std::size_t m = marks_.back();
     marks_.pop_back();
@@ -892,7 +910,11 @@ class Reader {
     const std::size_t n = stack_.size() - m - 1;
     if (out.capacity() < n) out.resize(n);
     out.clear();
-    for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+    if (keep_records) {
+      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(FinishKeepRecord(stack_[k]));
+    } else {
+      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+    }
     stack_.resize(m);
     return absl::OkStatus();
   }
@@ -1094,17 +1116,22 @@ class Reader {
     std::uint8_t memos = 0;
   };
   bool FastDict();
+  template <bool kRecord>
   bool FastPairs(std::size_t& pos);
+  std::uint8_t RecordKeyIndex(const PyRef& key) const;
+  PyRef BuildRecord(const PyRef& placeholder);
+  void ReleaseRecords();
   [[gnu::always_inline]] bool FastLookup(std::uint64_t id, PyRef& out) const {
     if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) [[unlikely]]
       return FastLookupWritten(id, out);
     if (const PyRef* d = memo_.Dense(id)) [[likely]] {  // what Find does, without building an entry
-      if (d->kind == PyKind::kMissing || (d->flags & kPyRefOpen)) return false;
+      if (d->kind == PyKind::kMissing || (d->flags & (kPyRefOpen | kPyRefRecord))) return false;
       out = *d;
       return true;
     }
     const MemoEntry m = memo_.Find(id);
-    if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+    // none, open in the general path, or a record's placeholder
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord)) return false;
     out = m.ref;
     return true;
   }
@@ -1157,6 +1184,32 @@ class Reader {
   std::vector<std::pair<std::uint64_t, PyRef>> fast_memo_;  // memo writes, made when the dict is done
   std::uint64_t fast_memo_bloom_ = 0;                       // bit (id & 63) of every id written by this decode
   std::uint64_t fast_memo_count_ = 0;
+  // Records (PickleReadOptions::on_record): placeholders on the stack stand
+  // for records_[v & 0xffffffff] of generation v >> 32 (records_ is emptied
+  // at the end of each batch of the streamed list, which takes them all).
+  struct Record {
+    std::uint32_t first = 0;  // its pairs: record_pairs_[2 * first...], record_index_[first...]
+    std::uint32_t n = 0;
+    std::uint16_t height = 1;
+    bool built = false;
+    PyRef dict;  // once built
+  };
+  bool records_on_ = false;
+  FastVec<Record> records_;
+  FastVec<PyRef> record_pairs_;
+  FastVec<std::uint8_t> record_index_;
+  FastVec<std::pair<std::uint64_t, std::uint64_t>> record_memo_;  // (memo id, placeholder's v) written
+  std::uint64_t record_gen_ = 1;
+  std::uint64_t record_count_ = 0;
+  bool record_stale_ = false;  // a placeholder outlived its batch (a reader bug: an error, not a crash)
+  struct KeyAt {
+    std::uint64_t v = ~std::uint64_t{0};
+    std::uint32_t n = 0;
+    std::uint8_t index = 0;
+  };
+  KeyAt record_key_at_[kMaxRecordKeys];         // the key last seen at each position of a record
+  std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
+  std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1185,15 +1238,84 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
     MS_RETURN_IF_ERROR(CheckDepth(h));
     ++B->appended;
     if (B->streamed == 1) {
-      if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+      if (e.flags & kPyRefRecord) {  // a record: to on_record, unless something built its dict
+        const std::size_t i = static_cast<std::size_t>(e.v & 0xffffffffu);
+        if ((e.v >> 32) != (record_gen_ & 0xffffffffu) || i >= records_.size()) {
+          record_stale_ = true;
+          return Error("internal error: a record outlived its batch");
+        }
+        const Record& R = records_[i];
+        if (R.built) {
+          if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
+        } else {
+          PickleRecord rec;
+          rec.arena = arena_.get();
+          rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
+          rec.key_index = record_index_.data() + R.first;
+          rec.n = R.n;
+          MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
+        }
+      } else if (options_.on_item) {
+        MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+      }
     } else {
       B->height = std::max(B->height, h);
-      AddItem(*B, e);
+      AddItem(*B, (e.flags & kPyRefRecord) ? BuildRecord(e) : e);
     }
   }
-  if (B->streamed == 1) ReleaseTree(B->tree_mark);
+  if (B->streamed == 1) {
+    ReleaseTree(B->tree_mark);
+    ReleaseRecords();
+  }
   items.clear();
   return absl::OkStatus();
+}
+
+std::uint8_t Reader::RecordKeyIndex(const PyRef& key) const {
+  const std::string_view text(arena_->chars.data() + key.v, key.n);
+  for (std::size_t k = 0; k < options_.record_keys.size(); ++k) {
+    if (options_.record_keys[k] == text) return static_cast<std::uint8_t>(k);
+  }
+  return 0xff;
+}
+
+// The dict a record's placeholder stands for (built once; the memo entries
+// that pointed at the placeholder then point at the dict, as they would have
+// all along without records).
+PyRef Reader::BuildRecord(const PyRef& placeholder) {
+  const std::size_t i = static_cast<std::size_t>(placeholder.v & 0xffffffffu);
+  if ((placeholder.v >> 32) != (record_gen_ & 0xffffffffu) || i >= records_.size()) {
+    record_stale_ = true;  // Run reports it
+    return ScalarRef(PyKind::kNone, 0);
+  }
+  Record& R = records_[i];
+  if (!R.built) {
+    R.dict = Store(PyKind::kDict, record_pairs_.data() + 2 * std::size_t{R.first}, 2 * std::size_t{R.n}, R.height);
+    R.built = true;
+    for (std::size_t k = 0; k < record_memo_.size(); ++k) {  // record_memo_ grows in SetMemo: by index
+      const auto [id, v] = record_memo_[k];
+      if (v != placeholder.v) continue;
+      const MemoEntry m = memo_.Find(id);
+      if ((m.ref.flags & kPyRefRecord) && m.ref.v == v) SetMemo(id, R.dict);
+    }
+  }
+  return R.dict;
+}
+
+// The end of a streamed list's batch, which took every placeholder: the memo
+// forgets those still named (the general path's dict, in the tree, would be
+// released now: ReleaseTree), and the records go.
+void Reader::ReleaseRecords() {
+  if (records_.empty() && record_memo_.empty()) return;
+  for (const auto& [id, v] : record_memo_) {
+    const MemoEntry m = memo_.Find(id);
+    if ((m.ref.flags & kPyRefRecord) && m.ref.v == v) memo_.Erase(id);
+  }
+  record_memo_.clear();
+  records_.clear();
+  record_pairs_.clear();
+  record_index_.clear();
+  ++record_gen_;
 }
 
 absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
@@ -1300,6 +1422,7 @@ absl::Status Reader::Get(std::uint64_t id) {
       return Error(absl::StrCat("bad memo reference ", id));
     return Push(CopyOpen(m.ref));
   }
+  if (m.ref.flags & kPyRefRecord) return Push(BuildRecord(m.ref));
   return Push(m.ref);
 }
 
@@ -1337,7 +1460,8 @@ bool Reader::FastLookupWritten(std::uint64_t id, PyRef& out) const {
     }
   }
   const MemoEntry m = memo_.Find(id);
-  if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+  // none, open in the general path, or a record's placeholder
+  if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord)) return false;
   out = m.ref;
   return true;
 }
@@ -1387,6 +1511,14 @@ bool Reader::FastInto(FastBox& box, FastVal* vals, std::size_t n) {
 // SETITEMS, and next another EMPTY_DICT or APPENDS. Adding each pair to the
 // dict as it is read is what the MARK ... SETITEMS batch does at its end.
 // False at anything else (the caller starts again on its stack).
+//
+// kRecord (PickleReadOptions::on_record): the same, and each key's index in
+// record_keys too (fast_record_index_), found by where its bytes are (the
+// key at the same position of the previous record: a memo reference to the
+// same stored string) or else by its text; false for a key not among them,
+// one met twice, more than kMaxRecordKeys pairs, or a dict that holds no
+// container (the general path would keep it in the shared pool).
+template <bool kRecord>
 bool Reader::FastPairs(std::size_t& pos) {
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
@@ -1477,6 +1609,8 @@ bool Reader::FastPairs(std::size_t& pos) {
     op = next();
   }
   if (op != '(') return false;
+  [[maybe_unused]] std::uint32_t present = 0;  // kRecord: the key indices met
+  [[maybe_unused]] const std::size_t record_pairs0 = record_pairs_.size();  // kRecord: where its pairs start
   for (;;) {
     op = next();
     if (op == 'u') break;
@@ -1544,6 +1678,25 @@ bool Reader::FastPairs(std::size_t& pos) {
         if (DecodeFastScalar(op, b, p, end, a.chars, val) != FastScalar::kOk || !memo_next(val)) return false;
         break;
     }
+    if constexpr (kRecord) {
+      // Its key's index (a key met twice, or not a record key: left to the dict paths).
+      const std::size_t k = (record_pairs_.size() - record_pairs0) / 2;
+      if (k >= kMaxRecordKeys) return false;
+      KeyAt& at = record_key_at_[k];
+      std::uint8_t index = at.index;
+      if (at.v != key.v || at.n != key.n) [[unlikely]] {
+        index = RecordKeyIndex(key);
+        if (index == 0xff) return false;
+        at = KeyAt{key.v, key.n, index};
+      }
+      const std::uint32_t bit = std::uint32_t{1} << index;
+      if (present & bit) return false;
+      present |= bit;
+      fast_record_index_[k] = index;
+      record_pairs_.push_back(key);  // straight where the record keeps them
+      record_pairs_.push_back(val);
+      continue;
+    }
     // Into the dict, as SETITEMS would (a duplicate key: left to the general path).
     if (D.items.size() + 2 > kFastMaxDictItems) return false;
     const char* chars = a.chars.data();
@@ -1557,6 +1710,10 @@ bool Reader::FastPairs(std::size_t& pos) {
     D.str_key_bits |= bit;
     D.items.push_back(key);
     D.items.push_back(val);
+  }
+  if constexpr (kRecord) {
+    if (D.height < 2) return false;
+    fast_record_pairs_ = static_cast<std::uint32_t>((record_pairs_.size() - record_pairs0) / 2);
   }
   const std::uint8_t after = peek();
   if (after != '}' && after != 'e') return false;
@@ -1649,19 +1806,32 @@ bool Reader::FastDict() {
     p += 4;
     return x;
   };
+  const auto restart = [&] {  // again from the EMPTY_DICT
+    a.chars.resize(chars0);
+    a.tree.resize(tree0);
+    p = pos_;
+    fast_nmarks_ = 0;
+    fast_nboxes_ = 0;
+    fast_memo_.clear();
+    fast_memo_bloom_ = 0;
+    fast_memo_count_ = memo_count_;
+    sp = 0;
+    return open_box(PyKind::kDict);
+  };
   if (!open_box(PyKind::kDict)) return false;
-  if (FastPairs(p)) goto complete;
+  if (records_on_) {
+    if (FastPairs<true>(p)) goto complete_record;
+    record_pairs_.resize(2 * record_index_.size());  // what it wrote there
+    // Not a record. The keys it learnt from strings read now (dropped
+    // below: their bytes will be reused) are forgotten.
+    for (KeyAt& at : record_key_at_) {
+      if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+    }
+    if (!restart()) return false;
+  }
+  if (FastPairs<false>(p)) goto complete;
   // Not the common shape: again from the EMPTY_DICT, on the stack.
-  a.chars.resize(chars0);
-  a.tree.resize(tree0);
-  p = pos_;
-  fast_nmarks_ = 0;
-  fast_nboxes_ = 0;
-  fast_memo_.clear();
-  fast_memo_bloom_ = 0;
-  fast_memo_count_ = memo_count_;
-  sp = 0;
-  if (!open_box(PyKind::kDict)) return false;
+  if (!restart()) return false;
   for (;;) {
     if (sp == 1 && fast_nmarks_ == 0) {
       std::size_t q = p;
@@ -1773,6 +1943,44 @@ bool Reader::FastDict() {
     }
   }
 #undef MS_FAST_PUSH
+  goto complete;  // the loop above ends with the dict complete
+complete_record: {
+  // A record: its pairs kept for on_record, a placeholder pushed (FastPairs<true> read no nested box).
+  ops += fast_pair_ops_;
+  const FastBox& D = fast_boxes_[0];
+  const std::uint32_t level = NextLevel(false);
+  if (std::uint64_t{level} + D.height > options_.max_depth || records_.size() >= 0xffffffffu) {
+    for (KeyAt& at : record_key_at_) {
+      if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+    }
+    record_pairs_.resize(2 * record_index_.size());
+    return fail();
+  }
+  pos_ = p;
+  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+  memo_count_ = fast_memo_count_;
+  Record R;
+  R.first = static_cast<std::uint32_t>(record_index_.size());
+  R.n = fast_record_pairs_;
+  R.height = D.height;
+  for (std::size_t k = 0; k < R.n; ++k) record_index_.push_back(fast_record_index_[k]);
+  PyRef r;
+  r.kind = PyKind::kDict;
+  r.flags = kPyRefRecord;
+  r.height = D.height;
+  r.n = R.n;
+  r.v = records_.size() | ((record_gen_ & 0xffffffffu) << 32);
+  records_.push_back(R);
+  for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
+  Slot s;
+  s.ref = r;
+  s.level = level;
+  stack_.push_back(s);
+  fast_ops_ = ops;
+  ++fast_count_;
+  ++record_count_;
+  return true;
+}
 complete:
   ops += fast_pair_ops_;
   const PyRef r = FastFinish(st[0]);
@@ -2070,15 +2278,17 @@ absl::Status Reader::Step(std::uint8_t op) {
       if (fast_dicts_ && FastDict()) return absl::OkStatus();
       return PushNew(PyKind::kDict);
     case ')': return Push(Store(PyKind::kTuple, nullptr, 0, 1));
-    case 'a': {
+    case 'a': {  // (a record's placeholder is built by AppendTo unless the list is streamed)
       MS_RETURN_IF_ERROR(CheckTopValue(2));
       scratch_.clear();
-      scratch_.push_back(PopFinished());
+      const Slot top = stack_.back();
+      stack_.pop_back();
+      scratch_.push_back(FinishKeepRecord(top));
       return AppendTo(stack_.size() - 1, scratch_);
     }
     case 'e':
     case 0x90: {
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
+      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, nullptr, op == 'e'));
       if (stack_.empty()) return Error(absl::StrCat("stack underflow in ", OpName(op)));
       return AppendTo(stack_.size() - 1, scratch_);
     }
@@ -2175,6 +2385,8 @@ absl::Status Reader::Step(std::uint8_t op) {
 absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
   std::uint64_t ops = 0, next_check = kBudgetCheckEvery;
   fast_dicts_ = options_.fast_dicts && !options_.stream_inside_items;
+  records_on_ = fast_dicts_ && options_.fast_records && options_.on_record && !options_.record_keys.empty() &&
+                options_.record_keys.size() <= kMaxRecordKeys;
   absl::Status status;
   while (!stopped_) {
     op_offset_ = base_ + pos_;
@@ -2184,6 +2396,8 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
       break;
     }
     status = Step(op_);
+    if (record_stale_) [[unlikely]]
+      status = Error("internal error: a record outlived its batch");
     if (!status.ok()) break;
     ops += 1 + fast_ops_;
     fast_ops_ = 0;
@@ -2197,13 +2411,14 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
   if (status.ok()) {
     root = Finish(stack_.back());
     stack_.clear();
-    status = CheckBudget();
+    status = record_stale_ ? Error("internal error: a record outlived its batch") : CheckBudget();
   }
   if (stats != nullptr) {
     stats->input_bytes = base_ + pos_;
     stats->peak_working_bytes = std::max(peak_, WorkingBytes());
     stats->shared_containers = cons_refs_.size();
     stats->fast_dicts = fast_count_;
+    stats->records = record_count_;
   }
   if (!status.ok()) return status;
   return PickleDoc(std::move(arena_), root);
