@@ -42,7 +42,7 @@ constexpr std::size_t kFastWindow = 16 << 10;
 constexpr std::size_t kFastMaxMarks = 16;
 constexpr std::size_t kFastMaxBoxes = 64;
 constexpr std::size_t kFastMaxStack = 2048;
-constexpr std::size_t kFastMaxDictItems = 64;  // 32 pairs: the general path's small-dict case
+constexpr std::size_t kFastMaxDictItems = 64;   // 32 pairs: the general path's small-dict case
 constexpr std::size_t kFastMaxListItems = 999;  // below CPython's batch of 1000 (no second batch)
 
 const char* OpName(std::uint8_t op) {
@@ -298,35 +298,58 @@ const char* KindName(PyKind k) {
 template <typename T>
 class FastVec {
  public:
+  FastVec() = default;
+  FastVec(const FastVec&) = delete;
+  FastVec& operator=(const FastVec&) = delete;
+  FastVec(FastVec&& o) noexcept { *this = std::move(o); }
+  FastVec& operator=(FastVec&& o) noexcept {
+    buf_ = std::move(o.buf_);
+    data_ = buf_.data();
+    size_ = o.size_;
+    cap_ = buf_.size();
+    o.data_ = nullptr;
+    o.size_ = o.cap_ = 0;
+    return *this;
+  }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  std::size_t capacity() const { return buf_.size(); }
-  T* data() { return buf_.data(); }
-  const T* data() const { return buf_.data(); }
-  T* begin() { return buf_.data(); }
-  T* end() { return buf_.data() + size_; }
-  T& operator[](std::size_t i) { return buf_[i]; }
-  const T& operator[](std::size_t i) const { return buf_[i]; }
-  T& back() { return buf_[size_ - 1]; }
-  const T& back() const { return buf_[size_ - 1]; }
+  std::size_t capacity() const { return cap_; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  T& back() { return data_[size_ - 1]; }
+  const T& back() const { return data_[size_ - 1]; }
   [[gnu::always_inline]] void push_back(const T& v) {
-    if (size_ == buf_.size()) [[unlikely]]
+    if (size_ == cap_) [[unlikely]]
       Grow(size_ + 1);
-    buf_[size_++] = v;
+    data_[size_++] = v;
   }
   void pop_back() { --size_; }
   void clear() { size_ = 0; }
   // Shrinks, or grows with default values.
   void resize(std::size_t n) {
-    if (n > buf_.size()) Grow(n);
-    for (std::size_t k = size_; k < n; ++k) buf_[k] = T();
+    if (n > cap_) Grow(n);
+    for (std::size_t k = size_; k < n; ++k) data_[k] = T();
     size_ = n;
   }
+  // Room for n values (written through data(), then set_size).
+  void reserve(std::size_t n) {
+    if (n > cap_) Grow(n);
+  }
+  void set_size(std::size_t n) { size_ = n; }
 
  private:
-  [[gnu::noinline]] void Grow(std::size_t need) { buf_.resize(std::max<std::size_t>({need, 2 * buf_.size(), 8})); }
+  [[gnu::noinline]] void Grow(std::size_t need) {
+    buf_.resize(std::max<std::size_t>({need, 2 * buf_.size(), 8}));
+    data_ = buf_.data();
+    cap_ = buf_.size();
+  }
   std::vector<T> buf_;  // its size is the capacity
-  std::size_t size_ = 0;
+  T* data_ = nullptr;
+  std::size_t size_ = 0, cap_ = 0;
 };
 
 // A list or dict still being filled. Builders are pooled: their vectors keep
@@ -661,8 +684,8 @@ class Reader {
            cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
            tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
            marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16 +
-           records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) +
-           record_index_.capacity() + record_memo_.capacity() * 16;
+           records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) + record_index_.capacity() +
+           record_memo_.capacity() * 16;
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
@@ -1173,7 +1196,7 @@ class Reader {
   FastVec<PyRef> scratch_;
   // The dict fast path's state, reused from one dict to the next.
   bool fast_dicts_ = false;
-  std::uint64_t fast_ops_ = 0;  // opcodes the fast path consumed (for the budget checks)
+  std::uint64_t fast_ops_ = 0;    // opcodes the fast path consumed (for the budget checks)
   std::uint64_t fast_count_ = 0;  // dicts it read
   std::uint64_t fast_pair_ops_ = 0;
   std::unique_ptr<FastVal[]> fast_vals_;  // the fast path's stack (kFastMaxStack values)
@@ -1207,9 +1230,9 @@ class Reader {
     std::uint32_t n = 0;
     std::uint8_t index = 0;
   };
-  KeyAt record_key_at_[kMaxRecordKeys];         // the key last seen at each position of a record
-  std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
-  std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
+  KeyAt record_key_at_[kMaxRecordKeys];                           // the key last seen at each position of a record
+  std::uint8_t fast_record_index_[kMaxRecordKeys] = {};           // FastPairs<true>: the key index of each pair
+  std::uint32_t fast_record_pairs_ = 0;                           // FastPairs<true>: its pairs (in record_pairs_)
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1526,7 +1549,7 @@ bool Reader::FastPairs(std::size_t& pos) {
   PickleArena& a = *arena_;
   FastBox& D = fast_boxes_[0];
   // The next opcode, after FRAMEs; 0 at the end of the buffer (not an opcode this reads).
-  const auto next = [&]() __attribute__((always_inline)) -> std::uint8_t {
+  const auto next = [&]() __attribute__((always_inline))->std::uint8_t {
     if (p < end && b[p] != 0x95) [[likely]]
       return b[p++];
     while (p < end && b[p] == 0x95) {
@@ -1536,7 +1559,7 @@ bool Reader::FastPairs(std::size_t& pos) {
     if (p >= end) return 0;
     return b[p++];
   };
-  const auto peek = [&]() __attribute__((always_inline)) -> std::uint8_t {
+  const auto peek = [&]() __attribute__((always_inline))->std::uint8_t {
     if (p < end && b[p] != 0x95) [[likely]]
       return b[p];
     std::size_t q = p;
@@ -1584,7 +1607,7 @@ bool Reader::FastPairs(std::size_t& pos) {
   };
   const std::uint64_t* open_ids = nullptr;  // memo ids of the list being read (not finished: not readable)
   std::uint8_t open_n = 0;
-  const auto get = [&](std::uint8_t op, PyRef& r) __attribute__((always_inline)) {
+  const auto get = [&](std::uint8_t op, PyRef & r) __attribute__((always_inline)) {
     std::uint64_t id;
     if (op == 'h') {
       if (end - p < 1) return false;
@@ -1609,7 +1632,7 @@ bool Reader::FastPairs(std::size_t& pos) {
     op = next();
   }
   if (op != '(') return false;
-  [[maybe_unused]] std::uint32_t present = 0;  // kRecord: the key indices met
+  [[maybe_unused]] std::uint32_t present = 0;                               // kRecord: the key indices met
   [[maybe_unused]] const std::size_t record_pairs0 = record_pairs_.size();  // kRecord: where its pairs start
   for (;;) {
     op = next();
@@ -1653,9 +1676,39 @@ bool Reader::FastPairs(std::size_t& pos) {
         std::uint8_t o = peek();
         if (o == '(') {
           (void)next();
-          for (o = next(); o != 'e'; o = next()) {
-            if (scratch_.size() == kFastMaxListItems || !item(o)) return false;
+          // The items: BINGET / LONG_BINGET of finished values up to APPENDS,
+          // read in a tight loop (a traceback's 10 to 30 frames per entry);
+          // anything else (FRAME, the buffer's end) by the steps above.
+          scratch_.reserve(kFastMaxListItems);
+          PyRef* const out = scratch_.data();
+          std::size_t count = 0;
+          for (;;) {
+            std::uint64_t id;
+            if (end - p >= 5 && b[p] == 'h') [[likely]] {
+              id = b[p + 1];
+              p += 2;
+            } else if (end - p >= 5 && b[p] == 'j') {
+              id = b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) |
+                   (std::uint64_t{b[p + 4]} << 24);
+              p += 5;
+            } else {
+              o = next();
+              if (o == 'e') break;
+              scratch_.set_size(count);
+              if (count == kFastMaxListItems || !item(o)) return false;
+              ++count;
+              continue;
+            }
+            if (count == kFastMaxListItems) return false;
+            for (std::uint8_t k = 0; k < nids; ++k) {
+              if (ids[k] == id) return false;  // the list itself, not finished
+            }
+            PyRef& r = out[count];
+            if (!FastLookup(id, r)) return false;
+            if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+            ++count;
           }
+          scratch_.set_size(count);
         } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
           const std::size_t save = p;
           PyRef r;
@@ -1746,13 +1799,13 @@ bool Reader::FastDict() {
     a.tree.resize(tree0);
     return false;
   };
-#define MS_FAST_PUSH(r)                          \
-  do {                                           \
-    if (sp >= kFastMaxStack) return fail();      \
-    st[sp].ref = (r);                            \
-    st[sp].box = -1;                             \
-    st[sp].mark = false;                         \
-    ++sp;                                        \
+#define MS_FAST_PUSH(r)                     \
+  do {                                      \
+    if (sp >= kFastMaxStack) return fail(); \
+    st[sp].ref = (r);                       \
+    st[sp].box = -1;                        \
+    st[sp].mark = false;                    \
+    ++sp;                                   \
   } while (0)
   const auto open_box = [&](PyKind kind) {
     if (fast_nboxes_ == kFastMaxBoxes || sp >= kFastMaxStack) return false;
@@ -1801,8 +1854,8 @@ bool Reader::FastDict() {
     return fast_nmarks_ == 0 || fast_marks_[fast_nmarks_ - 1] < sp - n;
   };
   const auto u32 = [&] {
-    const std::uint64_t x = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) |
-                            (std::uint64_t{b[p + 3]} << 24);
+    const std::uint64_t x =
+        b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) | (std::uint64_t{b[p + 3]} << 24);
     p += 4;
     return x;
   };
@@ -1944,7 +1997,7 @@ bool Reader::FastDict() {
   }
 #undef MS_FAST_PUSH
   goto complete;  // the loop above ends with the dict complete
-complete_record: {
+complete_record : {
   // A record: its pairs kept for on_record, a placeholder pushed (FastPairs<true> read no nested box).
   ops += fast_pair_ops_;
   const FastBox& D = fast_boxes_[0];

@@ -264,7 +264,7 @@ inline constexpr std::size_t kMaxPickleStack = 1 << 17;
 inline constexpr std::size_t kMaxRecordKeys = 16;
 struct PickleRecord {
   const PickleArena* arena = nullptr;
-  const PyRef* pairs = nullptr;         // 2 * n
+  const PyRef* pairs = nullptr;             // 2 * n
   const std::uint8_t* key_index = nullptr;  // n
   std::uint32_t n = 0;
   PyView key(std::size_t i) const { return PyView(arena, pairs[2 * i]); }

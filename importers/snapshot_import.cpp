@@ -96,33 +96,18 @@ Field FieldOf(std::string_view k) {
 
 // The keys the reader hands over as records (PickleReadOptions::record_keys):
 // every known key, so that an entry of known keys is never built as a dict.
-struct RecordKey {
-  const char* text;
-  Field field;
-};
-constexpr RecordKey kRecordKeys[] = {
-    {"action", Field::kAction},
-    {"addr", Field::kAddr},
-    {"size", Field::kSize},
-    {"stream", Field::kStream},
-    {"time_us", Field::kTimeUs},
-    {"frames", Field::kFrames},
-    {"compile_context", Field::kCompileContext},
-    {"user_metadata", Field::kUserMetadata},
-    {"pool_id", Field::kPoolId},
-    {"device_free", Field::kDeviceFree},
-    {"name", Field::kName},
-    {"stage", Field::kStage},
-    {"device", Field::kOtherKnown},
-    {"requested_size", Field::kOtherKnown},
-    {"real_size", Field::kOtherKnown},
-};
-static_assert(std::size(kRecordKeys) <= kMaxRecordKeys);
+// A key's index is its Field (the last three, ignored, have slots of their own).
+constexpr const char* kRecordKeys[] = {
+    "addr",   "size",        "stream", "time_us", "frames", "pool_id",        "compile_context", "user_metadata",
+    "action", "device_free", "name",   "stage",   "device", "requested_size", "real_size"};
+constexpr std::size_t kEntrySlots = std::size(kRecordKeys);
+static_assert(kEntrySlots <= kMaxRecordKeys);
+static_assert(static_cast<std::size_t>(Field::kStage) == 11 && static_cast<std::size_t>(Field::kOtherKnown) == 12);
 
 // The fields of one trace entry, as the reader stored them (kMissing:
 // absent), by Field (kOtherKnown's slot takes the keys memscope ignores).
 struct EntryFields {
-  std::array<PyRef, static_cast<std::size_t>(Field::kOtherKnown) + 1> v{};
+  std::array<PyRef, kEntrySlots> v{};
   bool unknown_keys = false;
   [[gnu::always_inline]] const PyRef& operator[](Field f) const { return v[static_cast<std::size_t>(f)]; }
   // A key of a dict (the first `action` counts, as PyView::Get would give).
@@ -497,7 +482,7 @@ struct DeviceBuilder {
   void Record(const PickleRecord& r) {
     EntryFields f;
     // (each key once: the reader hands over no record with a key twice)
-    for (std::uint32_t k = 0; k < r.n; ++k) f.v[static_cast<std::size_t>(kRecordKeys[r.key_index[k]].field)] = r.pairs[2 * k + 1];
+    for (std::uint32_t k = 0; k < r.n; ++k) f.v[r.key_index[k]] = r.pairs[2 * k + 1];
     Apply(f, r.arena, nullptr);
   }
 
@@ -505,8 +490,8 @@ struct DeviceBuilder {
   void Apply(const EntryFields& f, const PickleArena* arena, const PyView* e) {
     ++entries;
     const PyView action_v(arena, f[Field::kAction]), time_v(arena, f[Field::kTimeUs]),
-        frames_v(arena, f[Field::kFrames]), pool_v(arena, f[Field::kPoolId]), context_v(arena, f[Field::kCompileContext]),
-        metadata_v(arena, f[Field::kUserMetadata]);
+        frames_v(arena, f[Field::kFrames]), pool_v(arena, f[Field::kPoolId]),
+        context_v(arena, f[Field::kCompileContext]), metadata_v(arena, f[Field::kUserMetadata]);
     const PyView addr_v(arena, f[Field::kAddr]), size_v(arena, f[Field::kSize]), stream_v(arena, f[Field::kStream]);
     const bool unknown_keys = f.unknown_keys;
     const std::optional<std::string_view> action = action_v.AsString();
@@ -657,25 +642,25 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   std::string current_label;
   DeviceBuilder* current = nullptr;
   const auto select = [&](const PicklePath& p) -> absl::Status {
-      int device = 0;
-      if (!absl::SimpleAtoi(absl::string_view(p[1]).substr(1, p[1].size() - 2), &device) || device < 0 ||
-          device > kMaxTimelineDeviceIndex) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
-      }
-      const bool first = !devices.contains(device);
-      current = &devices[device];
-      current->out.device = device;
-      current_label = p[1];
-      if (first && devices.size() == 1) {
-        // Room for the requests the file can hold (a trace entry takes 40
-        // bytes or more of pickle; an alloc entry about 80): reserved address
-        // space costs no memory until used, and a vector of millions grown
-        // by doubling copies (and faults in) every element again.
-        const std::uint64_t entries = file_size / 40;
-        current->out.requests.requests.reserve(entries);
-        current->times.reserve(entries);
-        current->out.requests.ids.reserve(entries / 2);
-      }
+    int device = 0;
+    if (!absl::SimpleAtoi(absl::string_view(p[1]).substr(1, p[1].size() - 2), &device) || device < 0 ||
+        device > kMaxTimelineDeviceIndex) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
+    }
+    const bool first = !devices.contains(device);
+    current = &devices[device];
+    current->out.device = device;
+    current_label = p[1];
+    if (first && devices.size() == 1) {
+      // Room for the requests the file can hold (a trace entry takes 40
+      // bytes or more of pickle; an alloc entry about 80): reserved address
+      // space costs no memory until used, and a vector of millions grown
+      // by doubling copies (and faults in) every element again.
+      const std::uint64_t entries = file_size / 40;
+      current->out.requests.requests.reserve(entries);
+      current->times.reserve(entries);
+      current->out.requests.ids.reserve(entries / 2);
+    }
     return absl::OkStatus();
   };
   options.on_item = [&](const PicklePath& p, PyView item) -> absl::Status {
@@ -692,7 +677,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     return absl::OkStatus();
   };
   // Entries of known keys holding their frames list come as records (no dict built).
-  for (const RecordKey& k : kRecordKeys) options.record_keys.emplace_back(k.text);
+  for (const char* k : kRecordKeys) options.record_keys.emplace_back(k);
   options.on_record = [&](const PicklePath& p, const PickleRecord& r) -> absl::Status {
     if (current == nullptr || p[1] != current_label) [[unlikely]] {
       if (absl::Status s = select(p); !s.ok()) return s;
