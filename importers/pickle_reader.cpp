@@ -1727,9 +1727,28 @@ bool Reader::FastPairs(std::size_t& pos) {
         D.height = std::max(D.height, AddHeight(val.height));
         break;
       }
-      default:  // the scalars and strings FastDict's stack machine reads too
-        if (DecodeFastScalar(op, b, p, end, a.chars, val) != FastScalar::kOk || !memo_next(val)) return false;
+      default: {  // the scalars and strings FastDict's stack machine reads too
+        if (DecodeFastScalar(op, b, p, end, a.chars, val) != FastScalar::kOk) return false;
+        // A tuple of up to three numbers (a pool_id: (0, 0), written anew
+        // for each entry): more numbers (no key can be one), then TUPLE1/2/3.
+        const auto number = [](std::uint8_t o) { return o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N'; };
+        std::uint8_t o = peek();
+        if (number(op) && (number(o) || o == 0x85)) {
+          PyRef t[3];
+          t[0] = val;
+          std::size_t n = 1;
+          for (; n < 3 && number(o); o = peek()) {
+            (void)next();
+            if (DecodeFastScalar(o, b, p, end, a.chars, t[n++]) != FastScalar::kOk) return false;
+          }
+          if (o != 0x84 + n) return false;
+          (void)next();
+          val = Store(PyKind::kTuple, t, n, 1);
+          D.height = std::max(D.height, AddHeight(val.height));
+        }
+        if (!memo_next(val)) return false;
         break;
+      }
     }
     if constexpr (kRecord) {
       // Its key's index (a key met twice, or not a record key: left to the dict paths).

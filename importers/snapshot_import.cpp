@@ -626,6 +626,11 @@ std::string PoolText(const PyView& pool) {
 }  // namespace
 
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path) {
+  return ReadPytorchSnapshot(path, SnapshotReadOptions{});
+}
+
+absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path,
+                                                               const SnapshotReadOptions& how) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   std::error_code size_error;
@@ -634,6 +639,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   std::map<int, DeviceBuilder> devices;
   PickleReadOptions options;
   options.stream_inside_items = false;
+  options.fast_dicts = how.fast_dicts;
+  options.fast_records = how.records;
   options.stream_list = [](const PicklePath& p) {
     return p.size() == 2 && p[0] == "device_traces" && p[1].size() > 2 && p[1].front() == '[';
   };
