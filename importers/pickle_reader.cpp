@@ -1632,8 +1632,15 @@ bool Reader::FastPairs(std::size_t& pos) {
     op = next();
   }
   if (op != '(') return false;
-  [[maybe_unused]] std::uint32_t present = 0;                               // kRecord: the key indices met
-  [[maybe_unused]] const std::size_t record_pairs0 = record_pairs_.size();  // kRecord: where its pairs start
+  [[maybe_unused]] std::uint32_t present = 0;  // kRecord: the key indices met
+  // kRecord: its pairs go straight to record_pairs_ (room made here; its size set at the end).
+  [[maybe_unused]] const std::size_t record_pairs0 = record_pairs_.size();
+  [[maybe_unused]] PyRef* record_out = nullptr;
+  [[maybe_unused]] std::size_t record_n = 0;
+  if constexpr (kRecord) {
+    record_pairs_.reserve(record_pairs0 + 2 * kMaxRecordKeys);
+    record_out = record_pairs_.data() + record_pairs0;
+  }
   for (;;) {
     op = next();
     if (op == 'u') break;
@@ -1752,7 +1759,7 @@ bool Reader::FastPairs(std::size_t& pos) {
     }
     if constexpr (kRecord) {
       // Its key's index (a key met twice, or not a record key: left to the dict paths).
-      const std::size_t k = (record_pairs_.size() - record_pairs0) / 2;
+      const std::size_t k = record_n;
       if (k >= kMaxRecordKeys) return false;
       KeyAt& at = record_key_at_[k];
       std::uint8_t index = at.index;
@@ -1765,8 +1772,9 @@ bool Reader::FastPairs(std::size_t& pos) {
       if (present & bit) return false;
       present |= bit;
       fast_record_index_[k] = index;
-      record_pairs_.push_back(key);  // straight where the record keeps them
-      record_pairs_.push_back(val);
+      record_out[2 * k] = key;  // straight where the record keeps them
+      record_out[2 * k + 1] = val;
+      record_n = k + 1;
       continue;
     }
     // Into the dict, as SETITEMS would (a duplicate key: left to the general path).
@@ -1785,10 +1793,11 @@ bool Reader::FastPairs(std::size_t& pos) {
   }
   if constexpr (kRecord) {
     if (D.height < 2) return false;
-    fast_record_pairs_ = static_cast<std::uint32_t>((record_pairs_.size() - record_pairs0) / 2);
+    fast_record_pairs_ = static_cast<std::uint32_t>(record_n);
   }
   const std::uint8_t after = peek();
   if (after != '}' && after != 'e') return false;
+  if constexpr (kRecord) record_pairs_.set_size(record_pairs0 + 2 * record_n);
   fast_pair_ops_ = (p - pos) / 2;  // about: every opcode here takes 2 bytes or more
   pos = p;
   return true;
@@ -2035,7 +2044,9 @@ complete_record : {
   R.first = static_cast<std::uint32_t>(record_index_.size());
   R.n = fast_record_pairs_;
   R.height = D.height;
-  for (std::size_t k = 0; k < R.n; ++k) record_index_.push_back(fast_record_index_[k]);
+  record_index_.reserve(R.first + R.n);
+  std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
+  record_index_.set_size(R.first + R.n);
   PyRef r;
   r.kind = PyKind::kDict;
   r.flags = kPyRefRecord;
