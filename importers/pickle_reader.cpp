@@ -44,6 +44,10 @@ constexpr std::size_t kFastMaxBoxes = 64;
 constexpr std::size_t kFastMaxStack = 2048;
 constexpr std::size_t kFastMaxDictItems = 64;   // 32 pairs: the general path's small-dict case
 constexpr std::size_t kFastMaxListItems = 999;  // below CPython's batch of 1000 (no second batch)
+// The frames lists cache (FastPairs): lists of at most this many bytes of
+// memo references, at most this many lists.
+constexpr std::size_t kListCacheMaxBytes = 4096;
+constexpr std::size_t kListCacheMaxLists = 1 << 20;
 
 const char* OpName(std::uint8_t op) {
   switch (op) {
@@ -424,18 +428,28 @@ class MemoTable {
       ref.height = static_cast<std::uint16_t>((token & kTokenMask) >> 32);
     }
     if (id < dense_.size()) [[likely]] {
+      Count(dense_[id]);
       dense_[id] = ref;
     } else {
-      Entry(id, bytes_read) = ref;
+      PyRef& e = Entry(id, bytes_read);
+      Count(e);
+      e = ref;
     }
   }
   void Erase(std::uint64_t id) {
     if (id < dense_.size()) {
+      Count(dense_[id]);
       dense_[id] = PyRef();
-    } else {
-      sparse_.erase(id);
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      Count(it->second);
+      sparse_.erase(it);
     }
   }
+  // How many times an entry a finished value could have read (not missing,
+  // not an open list/dict, not a record's placeholder) was replaced or
+  // erased: while it stays the same, every memo reference means what it
+  // meant (the frames lists cache relies on it).
+  std::uint64_t changes() const { return changes_; }
   std::uint64_t Bytes() const { return dense_.capacity() * sizeof(PyRef) + sparse_.capacity() * (sizeof(PyRef) + 9); }
 
  private:
@@ -458,8 +472,12 @@ class MemoTable {
     }
     return sparse_[id];
   }
+  [[gnu::always_inline]] void Count(const PyRef& old) {
+    if (old.kind != PyKind::kMissing && !(old.flags & (kPyRefOpen | kPyRefRecord))) ++changes_;
+  }
   std::vector<PyRef> dense_;
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
+  std::uint64_t changes_ = 0;
 };
 
 // One of 64 bits for a str key, from its length, first and last bytes: equal
@@ -587,6 +605,25 @@ enum class FastScalar : std::uint8_t { kOk, kOther, kBad };
   }
 }
 
+// A hash of a span of input bytes (a frames list's memo references).
+std::uint64_t BytesHash(const unsigned char* b, std::size_t n) {
+  __extension__ using U128 = unsigned __int128;
+  const auto mum = [](std::uint64_t x, std::uint64_t y) {
+    const U128 m = static_cast<U128>(x) * y;
+    return static_cast<std::uint64_t>(m) ^ static_cast<std::uint64_t>(m >> 64);
+  };
+  std::uint64_t h = mum(n ^ 0xa0761d6478bd642full, 0xe7037ed1a0b428dbull);
+  std::size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, b + k, 8);
+    h = mum(h ^ w, 0x8ebc6af09c88c6e3ull);
+  }
+  std::uint64_t w = 0;
+  for (std::size_t j = 0; k < n; ++k, ++j) w |= std::uint64_t{b[k]} << (8 * j);
+  return mum(h ^ w, 0x589965cc75374cc3ull);
+}
+
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
 
 class Reader {
@@ -685,7 +722,8 @@ class Reader {
            tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
            marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16 +
            records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) + record_index_.capacity() +
-           record_memo_.capacity() * 16;
+           record_memo_.capacity() * 16 + list_cache_.capacity() * 13 +
+           list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity();
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
@@ -1230,9 +1268,19 @@ class Reader {
     std::uint32_t n = 0;
     std::uint8_t index = 0;
   };
-  KeyAt record_key_at_[kMaxRecordKeys];                           // the key last seen at each position of a record
-  std::uint8_t fast_record_index_[kMaxRecordKeys] = {};           // FastPairs<true>: the key index of each pair
-  std::uint32_t fast_record_pairs_ = 0;                           // FastPairs<true>: its pairs (in record_pairs_)
+  KeyAt record_key_at_[kMaxRecordKeys];                  // the key last seen at each position of a record
+  std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
+  std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
+  // Frames lists by their bytes (FastPairs): the stored list, valid while
+  // memo_.changes() is what it was.
+  struct CachedList {
+    std::size_t offset, length;  // in list_cache_bytes_
+    PyRef list;
+    std::uint64_t changes;
+  };
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> list_cache_;  // BytesHash -> list_cache_items_
+  std::vector<CachedList> list_cache_items_;
+  std::string list_cache_bytes_;
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1566,6 +1614,10 @@ bool Reader::FastPairs(std::size_t& pos) {
     while (q < end && b[q] == 0x95) q += 9;
     return q < end ? b[q] : 0;
   };
+  // Whether a frames list may come from list_cache_: not after a memo write
+  // of this decode over an existing entry (not counted in memo_.changes()
+  // until it is made).
+  bool list_cache_ok = true;
   // A memo write (MEMOIZE, BINPUT, LONG_BINPUT) of `r`, if one comes next.
   const auto memo = [&](const PyRef& r, std::uint64_t* id_out) {
     const std::uint8_t op = peek();
@@ -1583,6 +1635,9 @@ bool Reader::FastPairs(std::size_t& pos) {
       p += 4;
     }
     const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    if (const PyRef* d = memo_.Dense(id); d == nullptr || d->kind != PyKind::kMissing) {
+      list_cache_ok = false;  // a write over an entry (or one not known to be empty): no cached frames lists
+    }
     if (fast_memo_bloom_ & bit) {
       for (const auto& [k, v] : fast_memo_) {
         if (k == id) return false;
@@ -1681,15 +1736,36 @@ bool Reader::FastPairs(std::size_t& pos) {
           return true;
         };
         std::uint8_t o = peek();
+        bool cached = false, stored = false;
         if (o == '(') {
           (void)next();
-          // The items: BINGET / LONG_BINGET of finished values up to APPENDS,
-          // read in a tight loop (a traceback's 10 to 30 frames per entry);
-          // anything else (FRAME, the buffer's end) by the steps above.
+          // The items' bytes (BINGET / LONG_BINGET up to APPENDS): a list of
+          // the same bytes read before, while no memo entry has changed
+          // since, is the same list (list_cache_).
+          std::size_t q = p;
+          while (end - q >= 5 && (b[q] == 'h' || b[q] == 'j')) q += b[q] == 'h' ? 2 : 5;
+          const std::size_t span = q - p;
+          const bool cacheable = list_cache_ok && q < end && b[q] == 'e' && span > 0 && span <= kListCacheMaxBytes;
+          std::uint64_t span_hash = 0;
+          if (cacheable) {
+            span_hash = BytesHash(b + p, span);
+            if (auto it = list_cache_.find(span_hash); it != list_cache_.end()) {
+              const CachedList& c = list_cache_items_[it->second];
+              if (c.changes == memo_.changes() && c.length == span &&
+                  std::memcmp(list_cache_bytes_.data() + c.offset, b + p, span) == 0) {
+                val = c.list;
+                p = q + 1;
+                cached = true;
+              }
+            }
+          }
+          // The items: read in a tight loop (a traceback's 10 to 30 frames
+          // per entry); anything else (FRAME, the buffer's end) by the steps above.
           scratch_.reserve(kFastMaxListItems);
           PyRef* const out = scratch_.data();
           std::size_t count = 0;
-          for (;;) {
+          bool clean = cacheable;  // every item a finished value of the memo as it stands
+          for (; !cached;) {
             std::uint64_t id;
             if (end - p >= 5 && b[p] == 'h') [[likely]] {
               id = b[p + 1];
@@ -1701,11 +1777,13 @@ bool Reader::FastPairs(std::size_t& pos) {
             } else {
               o = next();
               if (o == 'e') break;
+              clean = false;
               scratch_.set_size(count);
               if (count == kFastMaxListItems || !item(o)) return false;
               ++count;
               continue;
             }
+            if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) clean = false;  // maybe this decode's
             if (count == kFastMaxListItems) return false;
             for (std::uint8_t k = 0; k < nids; ++k) {
               if (ids[k] == id) return false;  // the list itself, not finished
@@ -1715,7 +1793,21 @@ bool Reader::FastPairs(std::size_t& pos) {
             if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
             ++count;
           }
-          scratch_.set_size(count);
+          stored = true;
+          if (!cached) {
+            scratch_.set_size(count);
+            val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+            if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
+              auto [it, added] =
+                  list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
+              if (!added) {  // the same hash: the newer list replaces the older
+                list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
+              } else {
+                list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
+              }
+              list_cache_bytes_.append(reinterpret_cast<const char*>(b) + (q - span), span);
+            }
+          }
         } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
           const std::size_t save = p;
           PyRef r;
@@ -1729,7 +1821,7 @@ bool Reader::FastPairs(std::size_t& pos) {
           }
         }
         open_n = 0;
-        val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+        if (!stored) val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
         for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.emplace_back(ids[k], val);
         D.height = std::max(D.height, AddHeight(val.height));
         break;

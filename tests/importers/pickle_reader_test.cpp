@@ -237,6 +237,29 @@ del ri[1106]['pool_id']
 rimp = {'segments': [], 'device_traces': [ri], 'allocator_settings': {}, 'external_annotations': []}
 for p in (2, 4):
     dump('rec_imp_p%d.pickle' % p, rimp, p)
+
+# Frames lists read again by their bytes (the reader's cache), written by
+# hand (protocol 4, no FRAME): entries 1 to 8 have the same frames bytes (memo
+# references 100 and 101); entry 4 replaces 100 (a str) before its frames,
+# entry 7 replaces 101: each must read what the memo holds then.
+def ustr(t):
+    b = t.encode()
+    return b'\x8c' + len(b).to_bytes(1, 'little') + b
+def put(i): return b'r' + i.to_bytes(4, 'little')
+def get(i): return b'j' + i.to_bytes(4, 'little')
+def frame(i, name): return b'}' + put(i) + b'(' + ustr('filename') + ustr(name) + ustr('line') + b'K\x07u'
+def entry(i, frames, extra=b''):
+    return (b'}' + put(1000 + i) + b'(' + ustr('action') + ustr('alloc') + ustr('addr') + b'J' +
+            (4096 * (i + 1)).to_bytes(4, 'little') + ustr('size') + b'M\x00\x02' + extra + ustr('frames') + b']' +
+            put(2000 + i) + b'(' + frames + b'e' + b'u')
+refs = get(100) + get(101)
+lc = b'\x80\x04}' + put(0) + b'(' + ustr('device_traces') + b']' + put(1) + b'(' + b']' + put(2)
+lc += b'(' + entry(0, frame(100, 'a.py') + frame(101, 'b.py')) + entry(1, refs) + b'e'  # the first batch
+lc += b'(' + entry(2, refs) + entry(3, refs) + entry(4, refs, ustr('user_metadata') + ustr('x') + put(100))
+lc += entry(5, refs) + entry(6, refs) + entry(7, refs, ustr('user_metadata') + ustr('y') + put(101)) + entry(8, refs)
+lc += b'e' + b'e' + b'u.'
+with open(os.path.join(out, 'list_cache_p4.pickle'), 'wb') as f:
+    f.write(lc)
 )PY";
 
 std::string Hex(const std::string& s) {
@@ -979,6 +1002,29 @@ TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
   const Read torch = read("torch_p4.pickle", How::kRecords);
   CHECK(torch.items.size() == 40000);
   CHECK(torch.stats.records == 40000 - 1000);  // every entry after the first batch
+  // The frames lists cache: the same bytes mean another list once the memo changed.
+  {
+    const Read general = read("list_cache_p4.pickle", How::kGeneral);
+    const Read fast = read("list_cache_p4.pickle", How::kFast);
+    const Read records = read("list_cache_p4.pickle", How::kRecords);
+    REQUIRE(general.error.empty());
+    CHECK(fast.error.empty());
+    CHECK(records.error.empty());
+    REQUIRE(general.items.size() == 9);
+    CHECK(fast.items == general.items);
+    CHECK(records.items == general.items);
+    CHECK(records.stats.records == 7);                                          // 2 to 8 (0 and 1: the first batch)
+    const std::string a = "{s8:66696c656e616d65:s4:612e7079,s4:6c696e65:i7;}";  // {'filename': 'a.py', 'line': 7}
+    const std::string b = "{s8:66696c656e616d65:s4:622e7079,s4:6c696e65:i7;}";
+    const std::string x = "s1:78", y = "s1:79";
+    for (std::size_t k = 1; k <= 8; ++k) {
+      INFO(k);
+      const std::string frames = k < 4   ? "[" + a + "," + b + "]"
+                                 : k < 7 ? "[" + x + "," + b + "]"
+                                         : "[" + x + "," + y + "]";
+      CHECK(records.items[k].find("s6:6672616d6573:" + frames + "}") != std::string::npos);
+    }
+  }
   const Read imp = read("rec_imp_p4.pickle", How::kRecords);
   // Less 1100 (an unknown key), 1104 (name and stage: not among these
   // keys) and 1106 (no list, dict or tuple in it).
