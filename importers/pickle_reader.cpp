@@ -42,8 +42,12 @@ constexpr std::size_t kFastWindow = 16 << 10;
 constexpr std::size_t kFastMaxMarks = 16;
 constexpr std::size_t kFastMaxBoxes = 64;
 constexpr std::size_t kFastMaxStack = 2048;
-constexpr std::size_t kFastMaxDictItems = 64;  // 32 pairs: the general path's small-dict case
+constexpr std::size_t kFastMaxDictItems = 64;   // 32 pairs: the general path's small-dict case
 constexpr std::size_t kFastMaxListItems = 999;  // below CPython's batch of 1000 (no second batch)
+// The frames lists cache (FastPairs): lists of at most this many bytes of
+// memo references, at most this many lists.
+constexpr std::size_t kListCacheMaxBytes = 4096;
+constexpr std::size_t kListCacheMaxLists = 1 << 20;
 
 const char* OpName(std::uint8_t op) {
   switch (op) {
@@ -298,35 +302,58 @@ const char* KindName(PyKind k) {
 template <typename T>
 class FastVec {
  public:
+  FastVec() = default;
+  FastVec(const FastVec&) = delete;
+  FastVec& operator=(const FastVec&) = delete;
+  FastVec(FastVec&& o) noexcept { *this = std::move(o); }
+  FastVec& operator=(FastVec&& o) noexcept {
+    buf_ = std::move(o.buf_);
+    data_ = buf_.data();
+    size_ = o.size_;
+    cap_ = buf_.size();
+    o.data_ = nullptr;
+    o.size_ = o.cap_ = 0;
+    return *this;
+  }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  std::size_t capacity() const { return buf_.size(); }
-  T* data() { return buf_.data(); }
-  const T* data() const { return buf_.data(); }
-  T* begin() { return buf_.data(); }
-  T* end() { return buf_.data() + size_; }
-  T& operator[](std::size_t i) { return buf_[i]; }
-  const T& operator[](std::size_t i) const { return buf_[i]; }
-  T& back() { return buf_[size_ - 1]; }
-  const T& back() const { return buf_[size_ - 1]; }
+  std::size_t capacity() const { return cap_; }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  T& back() { return data_[size_ - 1]; }
+  const T& back() const { return data_[size_ - 1]; }
   [[gnu::always_inline]] void push_back(const T& v) {
-    if (size_ == buf_.size()) [[unlikely]]
+    if (size_ == cap_) [[unlikely]]
       Grow(size_ + 1);
-    buf_[size_++] = v;
+    data_[size_++] = v;
   }
   void pop_back() { --size_; }
   void clear() { size_ = 0; }
   // Shrinks, or grows with default values.
   void resize(std::size_t n) {
-    if (n > buf_.size()) Grow(n);
-    for (std::size_t k = size_; k < n; ++k) buf_[k] = T();
+    if (n > cap_) Grow(n);
+    for (std::size_t k = size_; k < n; ++k) data_[k] = T();
     size_ = n;
   }
+  // Room for n values (written through data(), then set_size).
+  void reserve(std::size_t n) {
+    if (n > cap_) Grow(n);
+  }
+  void set_size(std::size_t n) { size_ = n; }
 
  private:
-  [[gnu::noinline]] void Grow(std::size_t need) { buf_.resize(std::max<std::size_t>({need, 2 * buf_.size(), 8})); }
+  [[gnu::noinline]] void Grow(std::size_t need) {
+    buf_.resize(std::max<std::size_t>({need, 2 * buf_.size(), 8}));
+    data_ = buf_.data();
+    cap_ = buf_.size();
+  }
   std::vector<T> buf_;  // its size is the capacity
-  std::size_t size_ = 0;
+  T* data_ = nullptr;
+  std::size_t size_ = 0, cap_ = 0;
 };
 
 // A list or dict still being filled. Builders are pooled: their vectors keep
@@ -395,20 +422,34 @@ class MemoTable {
   }
   // A finished value; or an open list/dict (kPyRefOpen) with its builder's
   // token (compare tokens masked with kTokenMask).
-  void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
+  [[gnu::always_inline]] void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
     if (ref.flags & kPyRefOpen) {
       ref.n = static_cast<std::uint32_t>(token);
       ref.height = static_cast<std::uint16_t>((token & kTokenMask) >> 32);
     }
-    Entry(id, bytes_read) = ref;
+    if (id < dense_.size()) [[likely]] {
+      Count(dense_[id]);
+      dense_[id] = ref;
+    } else {
+      PyRef& e = Entry(id, bytes_read);
+      Count(e);
+      e = ref;
+    }
   }
   void Erase(std::uint64_t id) {
     if (id < dense_.size()) {
+      Count(dense_[id]);
       dense_[id] = PyRef();
-    } else {
-      sparse_.erase(id);
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      Count(it->second);
+      sparse_.erase(it);
     }
   }
+  // How many times an entry a finished value could have read (not missing,
+  // not an open list/dict, not a record's placeholder) was replaced or
+  // erased: while it stays the same, every memo reference means what it
+  // meant (the frames lists cache relies on it).
+  std::uint64_t changes() const { return changes_; }
   std::uint64_t Bytes() const { return dense_.capacity() * sizeof(PyRef) + sparse_.capacity() * (sizeof(PyRef) + 9); }
 
  private:
@@ -431,8 +472,12 @@ class MemoTable {
     }
     return sparse_[id];
   }
+  [[gnu::always_inline]] void Count(const PyRef& old) {
+    if (old.kind != PyKind::kMissing && !(old.flags & (kPyRefOpen | kPyRefRecord))) ++changes_;
+  }
   std::vector<PyRef> dense_;
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
+  std::uint64_t changes_ = 0;
 };
 
 // One of 64 bits for a str key, from its length, first and last bytes: equal
@@ -560,6 +605,25 @@ enum class FastScalar : std::uint8_t { kOk, kOther, kBad };
   }
 }
 
+// A hash of a span of input bytes (a frames list's memo references).
+std::uint64_t BytesHash(const unsigned char* b, std::size_t n) {
+  __extension__ using U128 = unsigned __int128;
+  const auto mum = [](std::uint64_t x, std::uint64_t y) {
+    const U128 m = static_cast<U128>(x) * y;
+    return static_cast<std::uint64_t>(m) ^ static_cast<std::uint64_t>(m >> 64);
+  };
+  std::uint64_t h = mum(n ^ 0xa0761d6478bd642full, 0xe7037ed1a0b428dbull);
+  std::size_t k = 0;
+  for (; k + 8 <= n; k += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, b + k, 8);
+    h = mum(h ^ w, 0x8ebc6af09c88c6e3ull);
+  }
+  std::uint64_t w = 0;
+  for (std::size_t j = 0; k < n; ++k, ++j) w |= std::uint64_t{b[k]} << (8 * j);
+  return mum(h ^ w, 0x589965cc75374cc3ull);
+}
+
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
 
 class Reader {
@@ -656,7 +720,10 @@ class Reader {
     return a.chars.capacity() + (a.shared.capacity() + a.tree.capacity() + cons_refs_.capacity()) * sizeof(PyRef) +
            cons_next_.capacity() * 4 + cons_head_.capacity() * 16 + stack_.capacity() * sizeof(Slot) + memo_.Bytes() +
            tree_memo_.capacity() * 16 + builders_.size() * (sizeof(Builder) + 16) + builder_bytes_ +
-           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16;
+           marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16 +
+           records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) + record_index_.capacity() +
+           record_memo_.capacity() * 16 + list_cache_.capacity() * 13 +
+           list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity();
   }
   absl::Status CheckBudget() {
     const std::uint64_t used = WorkingBytes();
@@ -780,8 +847,19 @@ class Reader {
     return r;
   }
   // A stack value as a finished reference (freezing an open list/dict).
-  PyRef Finish(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
+  PyRef Finish(const Slot& s) {
+    if (s.ref.flags & kPyRefRecord) [[unlikely]]
+      return BuildRecord(s.ref);
+    return s.open() ? Freeze(s.ref) : s.ref;
+  }
+  // A stack value as a finished reference, a record's placeholder kept as it is.
+  PyRef FinishKeepRecord(const Slot& s) { return s.open() ? Freeze(s.ref) : s.ref; }
   void SetMemo(std::uint64_t id, const PyRef& r) {
+    if (r.flags & kPyRefRecord) {  // a record's placeholder: forgotten at the batch's end (ReleaseRecords)
+      memo_.Set(id, r, 0, base_ + pos_);
+      record_memo_.push_back({id, r.v});
+      return;
+    }
     memo_.Set(id, r, 0, base_ + pos_);
     if (IsContainerKind(r.kind) && r.n > 0 && !(r.flags & kPyRefShared)) tree_memo_.emplace_back(id, r.v);
   }
@@ -836,7 +914,8 @@ class Reader {
   // checking; false leaves everything (errors included) to Get.
   [[gnu::always_inline]] bool PushMemoFast(std::uint64_t id) {
     const MemoEntry m = memo_.Find(id);
-    if (m.ref.kind == PyKind::kMissing || m.token != 0 || stack_.size() >= kMaxPickleStack) {
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord) ||
+        stack_.size() >= kMaxPickleStack) {
       return false;
     }
     const std::uint32_t level = NextLevel(false);
@@ -884,7 +963,7 @@ class Reader {
     return Finish(s);
   }
   // Takes the values above the topmost MARK (finished) into `out`, and the MARK.
-  absl::Status TakeFromMark(FastVec<PyRef>& out, std::uint32_t* mark_level = nullptr) {
+  absl::Status TakeFromMark(FastVec<PyRef>& out, std::uint32_t* mark_level = nullptr, bool keep_records = false) {
     if (marks_.empty()) return Error(absl::StrCat("no MARK for ", OpName(op_)));
     std::size_t m = marks_.back();
     marks_.pop_back();
@@ -892,7 +971,11 @@ class Reader {
     const std::size_t n = stack_.size() - m - 1;
     if (out.capacity() < n) out.resize(n);
     out.clear();
-    for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+    if (keep_records) {
+      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(FinishKeepRecord(stack_[k]));
+    } else {
+      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+    }
     stack_.resize(m);
     return absl::OkStatus();
   }
@@ -1094,17 +1177,22 @@ class Reader {
     std::uint8_t memos = 0;
   };
   bool FastDict();
+  template <bool kRecord>
   bool FastPairs(std::size_t& pos);
+  std::uint8_t RecordKeyIndex(const PyRef& key) const;
+  PyRef BuildRecord(const PyRef& placeholder);
+  void ReleaseRecords();
   [[gnu::always_inline]] bool FastLookup(std::uint64_t id, PyRef& out) const {
     if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) [[unlikely]]
       return FastLookupWritten(id, out);
     if (const PyRef* d = memo_.Dense(id)) [[likely]] {  // what Find does, without building an entry
-      if (d->kind == PyKind::kMissing || (d->flags & kPyRefOpen)) return false;
+      if (d->kind == PyKind::kMissing || (d->flags & (kPyRefOpen | kPyRefRecord))) return false;
       out = *d;
       return true;
     }
     const MemoEntry m = memo_.Find(id);
-    if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+    // none, open in the general path, or a record's placeholder
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord)) return false;
     out = m.ref;
     return true;
   }
@@ -1146,7 +1234,7 @@ class Reader {
   FastVec<PyRef> scratch_;
   // The dict fast path's state, reused from one dict to the next.
   bool fast_dicts_ = false;
-  std::uint64_t fast_ops_ = 0;  // opcodes the fast path consumed (for the budget checks)
+  std::uint64_t fast_ops_ = 0;    // opcodes the fast path consumed (for the budget checks)
   std::uint64_t fast_count_ = 0;  // dicts it read
   std::uint64_t fast_pair_ops_ = 0;
   std::unique_ptr<FastVal[]> fast_vals_;  // the fast path's stack (kFastMaxStack values)
@@ -1157,6 +1245,42 @@ class Reader {
   std::vector<std::pair<std::uint64_t, PyRef>> fast_memo_;  // memo writes, made when the dict is done
   std::uint64_t fast_memo_bloom_ = 0;                       // bit (id & 63) of every id written by this decode
   std::uint64_t fast_memo_count_ = 0;
+  // Records (PickleReadOptions::on_record): placeholders on the stack stand
+  // for records_[v & 0xffffffff] of generation v >> 32 (records_ is emptied
+  // at the end of each batch of the streamed list, which takes them all).
+  struct Record {
+    std::uint32_t first = 0;  // its pairs: record_pairs_[2 * first...], record_index_[first...]
+    std::uint32_t n = 0;
+    std::uint16_t height = 1;
+    bool built = false;
+    PyRef dict;  // once built
+  };
+  bool records_on_ = false;
+  FastVec<Record> records_;
+  FastVec<PyRef> record_pairs_;
+  FastVec<std::uint8_t> record_index_;
+  FastVec<std::pair<std::uint64_t, std::uint64_t>> record_memo_;  // (memo id, placeholder's v) written
+  std::uint64_t record_gen_ = 1;
+  std::uint64_t record_count_ = 0;
+  bool record_stale_ = false;  // a placeholder outlived its batch (a reader bug: an error, not a crash)
+  struct KeyAt {
+    std::uint64_t v = ~std::uint64_t{0};
+    std::uint32_t n = 0;
+    std::uint8_t index = 0;
+  };
+  KeyAt record_key_at_[kMaxRecordKeys];                  // the key last seen at each position of a record
+  std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
+  std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
+  // Frames lists by their bytes (FastPairs): the stored list, valid while
+  // memo_.changes() is what it was.
+  struct CachedList {
+    std::size_t offset, length;  // in list_cache_bytes_
+    PyRef list;
+    std::uint64_t changes;
+  };
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> list_cache_;  // BytesHash -> list_cache_items_
+  std::vector<CachedList> list_cache_items_;
+  std::string list_cache_bytes_;
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1185,15 +1309,84 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
     MS_RETURN_IF_ERROR(CheckDepth(h));
     ++B->appended;
     if (B->streamed == 1) {
-      if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+      if (e.flags & kPyRefRecord) {  // a record: to on_record, unless something built its dict
+        const std::size_t i = static_cast<std::size_t>(e.v & 0xffffffffu);
+        if ((e.v >> 32) != (record_gen_ & 0xffffffffu) || i >= records_.size()) {
+          record_stale_ = true;
+          return Error("internal error: a record outlived its batch");
+        }
+        const Record& R = records_[i];
+        if (R.built) {
+          if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
+        } else {
+          PickleRecord rec;
+          rec.arena = arena_.get();
+          rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
+          rec.key_index = record_index_.data() + R.first;
+          rec.n = R.n;
+          MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
+        }
+      } else if (options_.on_item) {
+        MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+      }
     } else {
       B->height = std::max(B->height, h);
-      AddItem(*B, e);
+      AddItem(*B, (e.flags & kPyRefRecord) ? BuildRecord(e) : e);
     }
   }
-  if (B->streamed == 1) ReleaseTree(B->tree_mark);
+  if (B->streamed == 1) {
+    ReleaseTree(B->tree_mark);
+    ReleaseRecords();
+  }
   items.clear();
   return absl::OkStatus();
+}
+
+std::uint8_t Reader::RecordKeyIndex(const PyRef& key) const {
+  const std::string_view text(arena_->chars.data() + key.v, key.n);
+  for (std::size_t k = 0; k < options_.record_keys.size(); ++k) {
+    if (options_.record_keys[k] == text) return static_cast<std::uint8_t>(k);
+  }
+  return 0xff;
+}
+
+// The dict a record's placeholder stands for (built once; the memo entries
+// that pointed at the placeholder then point at the dict, as they would have
+// all along without records).
+PyRef Reader::BuildRecord(const PyRef& placeholder) {
+  const std::size_t i = static_cast<std::size_t>(placeholder.v & 0xffffffffu);
+  if ((placeholder.v >> 32) != (record_gen_ & 0xffffffffu) || i >= records_.size()) {
+    record_stale_ = true;  // Run reports it
+    return ScalarRef(PyKind::kNone, 0);
+  }
+  Record& R = records_[i];
+  if (!R.built) {
+    R.dict = Store(PyKind::kDict, record_pairs_.data() + 2 * std::size_t{R.first}, 2 * std::size_t{R.n}, R.height);
+    R.built = true;
+    for (std::size_t k = 0; k < record_memo_.size(); ++k) {  // record_memo_ grows in SetMemo: by index
+      const auto [id, v] = record_memo_[k];
+      if (v != placeholder.v) continue;
+      const MemoEntry m = memo_.Find(id);
+      if ((m.ref.flags & kPyRefRecord) && m.ref.v == v) SetMemo(id, R.dict);
+    }
+  }
+  return R.dict;
+}
+
+// The end of a streamed list's batch, which took every placeholder: the memo
+// forgets those still named (the general path's dict, in the tree, would be
+// released now: ReleaseTree), and the records go.
+void Reader::ReleaseRecords() {
+  if (records_.empty() && record_memo_.empty()) return;
+  for (const auto& [id, v] : record_memo_) {
+    const MemoEntry m = memo_.Find(id);
+    if ((m.ref.flags & kPyRefRecord) && m.ref.v == v) memo_.Erase(id);
+  }
+  record_memo_.clear();
+  records_.clear();
+  record_pairs_.clear();
+  record_index_.clear();
+  ++record_gen_;
 }
 
 absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
@@ -1300,6 +1493,7 @@ absl::Status Reader::Get(std::uint64_t id) {
       return Error(absl::StrCat("bad memo reference ", id));
     return Push(CopyOpen(m.ref));
   }
+  if (m.ref.flags & kPyRefRecord) return Push(BuildRecord(m.ref));
   return Push(m.ref);
 }
 
@@ -1337,7 +1531,8 @@ bool Reader::FastLookupWritten(std::uint64_t id, PyRef& out) const {
     }
   }
   const MemoEntry m = memo_.Find(id);
-  if (m.ref.kind == PyKind::kMissing || m.token != 0) return false;  // none, or open in the general path
+  // none, open in the general path, or a record's placeholder
+  if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord)) return false;
   out = m.ref;
   return true;
 }
@@ -1387,6 +1582,14 @@ bool Reader::FastInto(FastBox& box, FastVal* vals, std::size_t n) {
 // SETITEMS, and next another EMPTY_DICT or APPENDS. Adding each pair to the
 // dict as it is read is what the MARK ... SETITEMS batch does at its end.
 // False at anything else (the caller starts again on its stack).
+//
+// kRecord (PickleReadOptions::on_record): the same, and each key's index in
+// record_keys too (fast_record_index_), found by where its bytes are (the
+// key at the same position of the previous record: a memo reference to the
+// same stored string) or else by its text; false for a key not among them,
+// one met twice, more than kMaxRecordKeys pairs, or a dict that holds no
+// container (the general path would keep it in the shared pool).
+template <bool kRecord>
 bool Reader::FastPairs(std::size_t& pos) {
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
@@ -1394,7 +1597,7 @@ bool Reader::FastPairs(std::size_t& pos) {
   PickleArena& a = *arena_;
   FastBox& D = fast_boxes_[0];
   // The next opcode, after FRAMEs; 0 at the end of the buffer (not an opcode this reads).
-  const auto next = [&]() __attribute__((always_inline)) -> std::uint8_t {
+  const auto next = [&]() __attribute__((always_inline))->std::uint8_t {
     if (p < end && b[p] != 0x95) [[likely]]
       return b[p++];
     while (p < end && b[p] == 0x95) {
@@ -1404,13 +1607,17 @@ bool Reader::FastPairs(std::size_t& pos) {
     if (p >= end) return 0;
     return b[p++];
   };
-  const auto peek = [&]() __attribute__((always_inline)) -> std::uint8_t {
+  const auto peek = [&]() __attribute__((always_inline))->std::uint8_t {
     if (p < end && b[p] != 0x95) [[likely]]
       return b[p];
     std::size_t q = p;
     while (q < end && b[q] == 0x95) q += 9;
     return q < end ? b[q] : 0;
   };
+  // Whether a frames list may come from list_cache_: not after a memo write
+  // of this decode over an existing entry (not counted in memo_.changes()
+  // until it is made).
+  bool list_cache_ok = true;
   // A memo write (MEMOIZE, BINPUT, LONG_BINPUT) of `r`, if one comes next.
   const auto memo = [&](const PyRef& r, std::uint64_t* id_out) {
     const std::uint8_t op = peek();
@@ -1428,6 +1635,9 @@ bool Reader::FastPairs(std::size_t& pos) {
       p += 4;
     }
     const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    if (const PyRef* d = memo_.Dense(id); d == nullptr || d->kind != PyKind::kMissing) {
+      list_cache_ok = false;  // a write over an entry (or one not known to be empty): no cached frames lists
+    }
     if (fast_memo_bloom_ & bit) {
       for (const auto& [k, v] : fast_memo_) {
         if (k == id) return false;
@@ -1452,7 +1662,7 @@ bool Reader::FastPairs(std::size_t& pos) {
   };
   const std::uint64_t* open_ids = nullptr;  // memo ids of the list being read (not finished: not readable)
   std::uint8_t open_n = 0;
-  const auto get = [&](std::uint8_t op, PyRef& r) __attribute__((always_inline)) {
+  const auto get = [&](std::uint8_t op, PyRef & r) __attribute__((always_inline)) {
     std::uint64_t id;
     if (op == 'h') {
       if (end - p < 1) return false;
@@ -1477,6 +1687,15 @@ bool Reader::FastPairs(std::size_t& pos) {
     op = next();
   }
   if (op != '(') return false;
+  [[maybe_unused]] std::uint32_t present = 0;  // kRecord: the key indices met
+  // kRecord: its pairs go straight to record_pairs_ (room made here; its size set at the end).
+  [[maybe_unused]] const std::size_t record_pairs0 = record_pairs_.size();
+  [[maybe_unused]] PyRef* record_out = nullptr;
+  [[maybe_unused]] std::size_t record_n = 0;
+  if constexpr (kRecord) {
+    record_pairs_.reserve(record_pairs0 + 2 * kMaxRecordKeys);
+    record_out = record_pairs_.data() + record_pairs0;
+  }
   for (;;) {
     op = next();
     if (op == 'u') break;
@@ -1517,10 +1736,77 @@ bool Reader::FastPairs(std::size_t& pos) {
           return true;
         };
         std::uint8_t o = peek();
+        bool cached = false, stored = false;
         if (o == '(') {
           (void)next();
-          for (o = next(); o != 'e'; o = next()) {
-            if (scratch_.size() == kFastMaxListItems || !item(o)) return false;
+          // The items' bytes (BINGET / LONG_BINGET up to APPENDS): a list of
+          // the same bytes read before, while no memo entry has changed
+          // since, is the same list (list_cache_).
+          std::size_t q = p;
+          while (end - q >= 5 && (b[q] == 'h' || b[q] == 'j')) q += b[q] == 'h' ? 2 : 5;
+          const std::size_t span = q - p;
+          const bool cacheable = list_cache_ok && q < end && b[q] == 'e' && span > 0 && span <= kListCacheMaxBytes;
+          std::uint64_t span_hash = 0;
+          if (cacheable) {
+            span_hash = BytesHash(b + p, span);
+            if (auto it = list_cache_.find(span_hash); it != list_cache_.end()) {
+              const CachedList& c = list_cache_items_[it->second];
+              if (c.changes == memo_.changes() && c.length == span &&
+                  std::memcmp(list_cache_bytes_.data() + c.offset, b + p, span) == 0) {
+                val = c.list;
+                p = q + 1;
+                cached = true;
+              }
+            }
+          }
+          // The items: read in a tight loop (a traceback's 10 to 30 frames
+          // per entry); anything else (FRAME, the buffer's end) by the steps above.
+          scratch_.reserve(kFastMaxListItems);
+          PyRef* const out = scratch_.data();
+          std::size_t count = 0;
+          bool clean = cacheable;  // every item a finished value of the memo as it stands
+          for (; !cached;) {
+            std::uint64_t id;
+            if (end - p >= 5 && b[p] == 'h') [[likely]] {
+              id = b[p + 1];
+              p += 2;
+            } else if (end - p >= 5 && b[p] == 'j') {
+              id = b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) |
+                   (std::uint64_t{b[p + 4]} << 24);
+              p += 5;
+            } else {
+              o = next();
+              if (o == 'e') break;
+              clean = false;
+              scratch_.set_size(count);
+              if (count == kFastMaxListItems || !item(o)) return false;
+              ++count;
+              continue;
+            }
+            if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) clean = false;  // maybe this decode's
+            if (count == kFastMaxListItems) return false;
+            for (std::uint8_t k = 0; k < nids; ++k) {
+              if (ids[k] == id) return false;  // the list itself, not finished
+            }
+            PyRef& r = out[count];
+            if (!FastLookup(id, r)) return false;
+            if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+            ++count;
+          }
+          stored = true;
+          if (!cached) {
+            scratch_.set_size(count);
+            val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+            if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
+              auto [it, added] =
+                  list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
+              if (!added) {  // the same hash: the newer list replaces the older
+                list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
+              } else {
+                list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
+              }
+              list_cache_bytes_.append(reinterpret_cast<const char*>(b) + (q - span), span);
+            }
           }
         } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
           const std::size_t save = p;
@@ -1535,14 +1821,53 @@ bool Reader::FastPairs(std::size_t& pos) {
           }
         }
         open_n = 0;
-        val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+        if (!stored) val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
         for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.emplace_back(ids[k], val);
         D.height = std::max(D.height, AddHeight(val.height));
         break;
       }
-      default:  // the scalars and strings FastDict's stack machine reads too
-        if (DecodeFastScalar(op, b, p, end, a.chars, val) != FastScalar::kOk || !memo_next(val)) return false;
+      default: {  // the scalars and strings FastDict's stack machine reads too
+        if (DecodeFastScalar(op, b, p, end, a.chars, val) != FastScalar::kOk) return false;
+        // A tuple of up to three numbers (a pool_id: (0, 0), written anew
+        // for each entry): more numbers (no key can be one), then TUPLE1/2/3.
+        const auto number = [](std::uint8_t o) { return o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N'; };
+        std::uint8_t o = peek();
+        if (number(op) && (number(o) || o == 0x85)) {
+          PyRef t[3];
+          t[0] = val;
+          std::size_t n = 1;
+          for (; n < 3 && number(o); o = peek()) {
+            (void)next();
+            if (DecodeFastScalar(o, b, p, end, a.chars, t[n++]) != FastScalar::kOk) return false;
+          }
+          if (o != 0x84 + n) return false;
+          (void)next();
+          val = Store(PyKind::kTuple, t, n, 1);
+          D.height = std::max(D.height, AddHeight(val.height));
+        }
+        if (!memo_next(val)) return false;
         break;
+      }
+    }
+    if constexpr (kRecord) {
+      // Its key's index (a key met twice, or not a record key: left to the dict paths).
+      const std::size_t k = record_n;
+      if (k >= kMaxRecordKeys) return false;
+      KeyAt& at = record_key_at_[k];
+      std::uint8_t index = at.index;
+      if (at.v != key.v || at.n != key.n) [[unlikely]] {
+        index = RecordKeyIndex(key);
+        if (index == 0xff) return false;
+        at = KeyAt{key.v, key.n, index};
+      }
+      const std::uint32_t bit = std::uint32_t{1} << index;
+      if (present & bit) return false;
+      present |= bit;
+      fast_record_index_[k] = index;
+      record_out[2 * k] = key;  // straight where the record keeps them
+      record_out[2 * k + 1] = val;
+      record_n = k + 1;
+      continue;
     }
     // Into the dict, as SETITEMS would (a duplicate key: left to the general path).
     if (D.items.size() + 2 > kFastMaxDictItems) return false;
@@ -1558,8 +1883,13 @@ bool Reader::FastPairs(std::size_t& pos) {
     D.items.push_back(key);
     D.items.push_back(val);
   }
+  if constexpr (kRecord) {
+    if (D.height < 2) return false;
+    fast_record_pairs_ = static_cast<std::uint32_t>(record_n);
+  }
   const std::uint8_t after = peek();
   if (after != '}' && after != 'e') return false;
+  if constexpr (kRecord) record_pairs_.set_size(record_pairs0 + 2 * record_n);
   fast_pair_ops_ = (p - pos) / 2;  // about: every opcode here takes 2 bytes or more
   pos = p;
   return true;
@@ -1589,13 +1919,13 @@ bool Reader::FastDict() {
     a.tree.resize(tree0);
     return false;
   };
-#define MS_FAST_PUSH(r)                          \
-  do {                                           \
-    if (sp >= kFastMaxStack) return fail();      \
-    st[sp].ref = (r);                            \
-    st[sp].box = -1;                             \
-    st[sp].mark = false;                         \
-    ++sp;                                        \
+#define MS_FAST_PUSH(r)                     \
+  do {                                      \
+    if (sp >= kFastMaxStack) return fail(); \
+    st[sp].ref = (r);                       \
+    st[sp].box = -1;                        \
+    st[sp].mark = false;                    \
+    ++sp;                                   \
   } while (0)
   const auto open_box = [&](PyKind kind) {
     if (fast_nboxes_ == kFastMaxBoxes || sp >= kFastMaxStack) return false;
@@ -1644,24 +1974,37 @@ bool Reader::FastDict() {
     return fast_nmarks_ == 0 || fast_marks_[fast_nmarks_ - 1] < sp - n;
   };
   const auto u32 = [&] {
-    const std::uint64_t x = b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) |
-                            (std::uint64_t{b[p + 3]} << 24);
+    const std::uint64_t x =
+        b[p] | (std::uint64_t{b[p + 1]} << 8) | (std::uint64_t{b[p + 2]} << 16) | (std::uint64_t{b[p + 3]} << 24);
     p += 4;
     return x;
   };
+  const auto restart = [&] {  // again from the EMPTY_DICT
+    a.chars.resize(chars0);
+    a.tree.resize(tree0);
+    p = pos_;
+    fast_nmarks_ = 0;
+    fast_nboxes_ = 0;
+    fast_memo_.clear();
+    fast_memo_bloom_ = 0;
+    fast_memo_count_ = memo_count_;
+    sp = 0;
+    return open_box(PyKind::kDict);
+  };
   if (!open_box(PyKind::kDict)) return false;
-  if (FastPairs(p)) goto complete;
+  if (records_on_) {
+    if (FastPairs<true>(p)) goto complete_record;
+    record_pairs_.resize(2 * record_index_.size());  // what it wrote there
+    // Not a record. The keys it learnt from strings read now (dropped
+    // below: their bytes will be reused) are forgotten.
+    for (KeyAt& at : record_key_at_) {
+      if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+    }
+    if (!restart()) return false;
+  }
+  if (FastPairs<false>(p)) goto complete;
   // Not the common shape: again from the EMPTY_DICT, on the stack.
-  a.chars.resize(chars0);
-  a.tree.resize(tree0);
-  p = pos_;
-  fast_nmarks_ = 0;
-  fast_nboxes_ = 0;
-  fast_memo_.clear();
-  fast_memo_bloom_ = 0;
-  fast_memo_count_ = memo_count_;
-  sp = 0;
-  if (!open_box(PyKind::kDict)) return false;
+  if (!restart()) return false;
   for (;;) {
     if (sp == 1 && fast_nmarks_ == 0) {
       std::size_t q = p;
@@ -1773,6 +2116,46 @@ bool Reader::FastDict() {
     }
   }
 #undef MS_FAST_PUSH
+  goto complete;  // the loop above ends with the dict complete
+complete_record : {
+  // A record: its pairs kept for on_record, a placeholder pushed (FastPairs<true> read no nested box).
+  ops += fast_pair_ops_;
+  const FastBox& D = fast_boxes_[0];
+  const std::uint32_t level = NextLevel(false);
+  if (std::uint64_t{level} + D.height > options_.max_depth || records_.size() >= 0xffffffffu) {
+    for (KeyAt& at : record_key_at_) {
+      if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+    }
+    record_pairs_.resize(2 * record_index_.size());
+    return fail();
+  }
+  pos_ = p;
+  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+  memo_count_ = fast_memo_count_;
+  Record R;
+  R.first = static_cast<std::uint32_t>(record_index_.size());
+  R.n = fast_record_pairs_;
+  R.height = D.height;
+  record_index_.reserve(R.first + R.n);
+  std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
+  record_index_.set_size(R.first + R.n);
+  PyRef r;
+  r.kind = PyKind::kDict;
+  r.flags = kPyRefRecord;
+  r.height = D.height;
+  r.n = R.n;
+  r.v = records_.size() | ((record_gen_ & 0xffffffffu) << 32);
+  records_.push_back(R);
+  for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
+  Slot s;
+  s.ref = r;
+  s.level = level;
+  stack_.push_back(s);
+  fast_ops_ = ops;
+  ++fast_count_;
+  ++record_count_;
+  return true;
+}
 complete:
   ops += fast_pair_ops_;
   const PyRef r = FastFinish(st[0]);
@@ -2070,15 +2453,17 @@ absl::Status Reader::Step(std::uint8_t op) {
       if (fast_dicts_ && FastDict()) return absl::OkStatus();
       return PushNew(PyKind::kDict);
     case ')': return Push(Store(PyKind::kTuple, nullptr, 0, 1));
-    case 'a': {
+    case 'a': {  // (a record's placeholder is built by AppendTo unless the list is streamed)
       MS_RETURN_IF_ERROR(CheckTopValue(2));
       scratch_.clear();
-      scratch_.push_back(PopFinished());
+      const Slot top = stack_.back();
+      stack_.pop_back();
+      scratch_.push_back(FinishKeepRecord(top));
       return AppendTo(stack_.size() - 1, scratch_);
     }
     case 'e':
     case 0x90: {
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
+      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, nullptr, op == 'e'));
       if (stack_.empty()) return Error(absl::StrCat("stack underflow in ", OpName(op)));
       return AppendTo(stack_.size() - 1, scratch_);
     }
@@ -2175,6 +2560,8 @@ absl::Status Reader::Step(std::uint8_t op) {
 absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
   std::uint64_t ops = 0, next_check = kBudgetCheckEvery;
   fast_dicts_ = options_.fast_dicts && !options_.stream_inside_items;
+  records_on_ = fast_dicts_ && options_.fast_records && options_.on_record && !options_.record_keys.empty() &&
+                options_.record_keys.size() <= kMaxRecordKeys;
   absl::Status status;
   while (!stopped_) {
     op_offset_ = base_ + pos_;
@@ -2184,6 +2571,8 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
       break;
     }
     status = Step(op_);
+    if (record_stale_) [[unlikely]]
+      status = Error("internal error: a record outlived its batch");
     if (!status.ok()) break;
     ops += 1 + fast_ops_;
     fast_ops_ = 0;
@@ -2197,13 +2586,14 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
   if (status.ok()) {
     root = Finish(stack_.back());
     stack_.clear();
-    status = CheckBudget();
+    status = record_stale_ ? Error("internal error: a record outlived its batch") : CheckBudget();
   }
   if (stats != nullptr) {
     stats->input_bytes = base_ + pos_;
     stats->peak_working_bytes = std::max(peak_, WorkingBytes());
     stats->shared_containers = cons_refs_.size();
     stats->fast_dicts = fast_count_;
+    stats->records = record_count_;
   }
   if (!status.ok()) return status;
   return PickleDoc(std::move(arena_), root);

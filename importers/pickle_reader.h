@@ -99,6 +99,7 @@ struct PyRef {
 inline constexpr std::uint8_t kPyRefUnsigned = 1;  // kInt above INT64_MAX: v holds the uint64
 inline constexpr std::uint8_t kPyRefShared = 2;    // container stored in the shared (deduplicated) pool
 inline constexpr std::uint8_t kPyRefOpen = 4;      // reader-internal: a list/dict still being filled
+inline constexpr std::uint8_t kPyRefRecord = 8;    // reader-internal: a record's placeholder (on_record)
 
 // The storage of one read: string bytes and the elements of containers.
 struct PickleArena {
@@ -255,6 +256,21 @@ using PicklePath = std::vector<std::string>;
 
 inline constexpr std::size_t kMaxPickleStack = 1 << 17;
 
+// What a record (PickleReadOptions::on_record) hands over: a dict item of a
+// streamed list, not built. Its pairs in the pickle's order (key, value,
+// key, value...: what the dict's elements would be) and, for each pair, the
+// index of its key in PickleReadOptions::record_keys. Valid only during the
+// call; strings and containers are in the arena.
+inline constexpr std::size_t kMaxRecordKeys = 16;
+struct PickleRecord {
+  const PickleArena* arena = nullptr;
+  const PyRef* pairs = nullptr;             // 2 * n
+  const std::uint8_t* key_index = nullptr;  // n
+  std::uint32_t n = 0;
+  PyView key(std::size_t i) const { return PyView(arena, pairs[2 * i]); }
+  PyView value(std::size_t i) const { return PyView(arena, pairs[2 * i + 1]); }
+};
+
 struct PickleReadOptions {
   // Lists for which this returns true are streamed: each of their items is
   // passed to on_item as soon as it is complete and is NOT kept in the result
@@ -280,6 +296,22 @@ struct PickleReadOptions {
   // either way (tests/importers/pickle_reader_test.cpp reads every test
   // pickle both ways); false reads everything the general way.
   bool fast_dicts = true;
+  // Records (with fast_dicts and stream_inside_items false, and on_record
+  // set): a dict read by the fast path's common shape (see FastPairs in the
+  // .cpp) whose keys are all str keys among record_keys (at most
+  // kMaxRecordKeys, each at most once) and that holds a list, dict or tuple
+  // (so the general path would not keep it past its batch) is not built: a
+  // placeholder waits on the stack and, when the streamed list's APPENDS or
+  // APPEND takes it, on_record gets its pairs and key indices instead of
+  // on_item getting the dict. Anything else uses the dict (on_item), and a
+  // placeholder used in any other way (a memo reference to it, a tuple or a
+  // list holding it...) is built into the dict it stands for then. The memo,
+  // the values, the order of the calls and the errors are the same as
+  // without records (tests/importers/pickle_reader_test.cpp and the pickle
+  // fuzzer read every input both ways). fast_records false: no records.
+  std::vector<std::string> record_keys;
+  std::function<absl::Status(const PicklePath& list_path, const PickleRecord& record)> on_record;
+  bool fast_records = true;
   std::uint64_t max_depth = 1000;
   // The working-memory budget (see the header comment).
   std::uint64_t max_working_bytes_fixed = 256ull << 20;
@@ -292,6 +324,7 @@ struct PickleReadStats {
   std::uint64_t peak_working_bytes = 0;  // the most the reader held at once (estimated from capacities)
   std::uint64_t shared_containers = 0;   // distinct containers in the shared pool
   std::uint64_t fast_dicts = 0;          // dicts read by the fast path (PickleReadOptions::fast_dicts)
+  std::uint64_t records = 0;             // of those, handed to on_record (not built)
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the

@@ -62,7 +62,10 @@ enum class Field : std::uint8_t {
   kCompileContext,
   kUserMetadata,
   kAction,
-  kOtherKnown,  // device_free, name, stage, device, requested_size, real_size
+  kDeviceFree,
+  kName,
+  kStage,
+  kOtherKnown,  // device, requested_size, real_size
   kUnknown
 };
 
@@ -72,8 +75,8 @@ Field FieldOf(std::string_view k) {
     case 4:
       if (k[0] == 'a') return is("addr", Field::kAddr);
       if (k[0] == 's') return is("size", Field::kSize);
-      return is("name", Field::kOtherKnown);
-    case 5: return is("stage", Field::kOtherKnown);
+      return is("name", Field::kName);
+    case 5: return is("stage", Field::kStage);
     case 6:
       if (k[0] == 's') return is("stream", Field::kStream);
       if (k[0] == 'f') return is("frames", Field::kFrames);
@@ -83,13 +86,39 @@ Field FieldOf(std::string_view k) {
       if (k[0] == 't') return is("time_us", Field::kTimeUs);
       return is("pool_id", Field::kPoolId);
     case 9: return is("real_size", Field::kOtherKnown);
-    case 11: return is("device_free", Field::kOtherKnown);
+    case 11: return is("device_free", Field::kDeviceFree);
     case 13: return is("user_metadata", Field::kUserMetadata);
     case 14: return is("requested_size", Field::kOtherKnown);
     case 15: return is("compile_context", Field::kCompileContext);
     default: return Field::kUnknown;
   }
 }
+
+// The keys the reader hands over as records (PickleReadOptions::record_keys):
+// every known key, so that an entry of known keys is never built as a dict.
+// A key's index is its Field (the last three, ignored, have slots of their own).
+constexpr const char* kRecordKeys[] = {
+    "addr",   "size",        "stream", "time_us", "frames", "pool_id",        "compile_context", "user_metadata",
+    "action", "device_free", "name",   "stage",   "device", "requested_size", "real_size"};
+constexpr std::size_t kEntrySlots = std::size(kRecordKeys);
+static_assert(kEntrySlots <= kMaxRecordKeys);
+static_assert(static_cast<std::size_t>(Field::kStage) == 11 && static_cast<std::size_t>(Field::kOtherKnown) == 12);
+
+// The fields of one trace entry, as the reader stored them (kMissing:
+// absent), by Field (kOtherKnown's slot takes the keys memscope ignores).
+struct EntryFields {
+  std::array<PyRef, kEntrySlots> v{};
+  bool unknown_keys = false;
+  [[gnu::always_inline]] const PyRef& operator[](Field f) const { return v[static_cast<std::size_t>(f)]; }
+  // A key of a dict (the first `action` counts, as PyView::Get would give).
+  [[gnu::always_inline]] void Set(Field field, const PyRef& value) {
+    if (field == Field::kUnknown) [[unlikely]] {
+      unknown_keys = true;
+    } else if (field != Field::kAction || v[static_cast<std::size_t>(field)].kind == PyKind::kMissing) {
+      v[static_cast<std::size_t>(field)] = value;
+    }
+  }
+};
 
 // A trace entry's action (kOther: one memscope does not model).
 enum class Action : std::uint8_t {
@@ -423,12 +452,11 @@ struct DeviceBuilder {
     times.push_back(time_us);
   }
 
+  // A trace entry read as a dict (one the reader did not hand over as a record).
   void Entry(const PyView& e) {
-    ++entries;
     // One pass over the keys (str keys, each classified once per distinct
     // string of the pickle); what depends on the action is done after it.
-    PyView action_v, addr_v, size_v, stream_v, time_v, frames_v, pool_v, context_v, metadata_v;
-    bool unknown_keys = false;
+    EntryFields f;
     // The pairs as stored (what e.key(k) and e.value(k) give, without a view per key).
     const PyRef* const pairs = e.dict_elements();
     const PickleArena* const arena = e.arena();
@@ -436,7 +464,6 @@ struct DeviceBuilder {
     for (std::size_t k = 0; k < n_pairs; ++k) {
       const PyRef& key = pairs[2 * k];
       if (key.kind != PyKind::kString) continue;
-      const auto value = [&] { return PyView(arena, pairs[2 * k + 1]); };
       // Entries repeat their keys in one order, each key the same stored
       // string (a memo reference): the key at this position last time first.
       Field field;
@@ -446,22 +473,27 @@ struct DeviceBuilder {
         field = field_names.Of(key, std::string_view(arena->chars.data() + key.v, key.n), FieldOf);
         if (k < kKeyPositions) key_at[k] = {key.v, key.n, field};
       }
-      switch (field) {
-        case Field::kAddr: addr_v = value(); break;
-        case Field::kSize: size_v = value(); break;
-        case Field::kStream: stream_v = value(); break;
-        case Field::kTimeUs: time_v = value(); break;
-        case Field::kFrames: frames_v = value(); break;
-        case Field::kPoolId: pool_v = value(); break;
-        case Field::kCompileContext: context_v = value(); break;
-        case Field::kUserMetadata: metadata_v = value(); break;
-        case Field::kAction:
-          if (!action_v.valid()) action_v = value();
-          break;
-        case Field::kOtherKnown: break;
-        case Field::kUnknown: unknown_keys = true; break;
-      }
+      f.Set(field, pairs[2 * k + 1]);
     }
+    Apply(f, arena, &e);
+  }
+
+  // A trace entry handed over as a record: its keys are kRecordKeys[index].
+  void Record(const PickleRecord& r) {
+    EntryFields f;
+    // (each key once: the reader hands over no record with a key twice)
+    for (std::uint32_t k = 0; k < r.n; ++k) f.v[r.key_index[k]] = r.pairs[2 * k + 1];
+    Apply(f, r.arena, nullptr);
+  }
+
+  // `e`: the entry as a dict, for the names of unknown keys (records have none).
+  void Apply(const EntryFields& f, const PickleArena* arena, const PyView* e) {
+    ++entries;
+    const PyView action_v(arena, f[Field::kAction]), time_v(arena, f[Field::kTimeUs]),
+        frames_v(arena, f[Field::kFrames]), pool_v(arena, f[Field::kPoolId]),
+        context_v(arena, f[Field::kCompileContext]), metadata_v(arena, f[Field::kUserMetadata]);
+    const PyView addr_v(arena, f[Field::kAddr]), size_v(arena, f[Field::kSize]), stream_v(arena, f[Field::kStream]);
+    const bool unknown_keys = f.unknown_keys;
     const std::optional<std::string_view> action = action_v.AsString();
     if (!action) {
       unknown_actions.Add("(no action)");
@@ -473,10 +505,10 @@ struct DeviceBuilder {
       ++compile_contexts;
     }
     if (const std::optional<std::string_view> m = metadata_v.AsString(); m && !m->empty()) ++user_metadata;
-    if (unknown_keys) {
-      for (std::size_t k = 0; k < e.size(); ++k) {
-        const std::optional<std::string_view> key = e.key(k).AsString();
-        if (key && field_names.Of(e.key(k).ref(), *key, FieldOf) == Field::kUnknown) unknown_fields.Add(*key);
+    if (unknown_keys && e != nullptr) {
+      for (std::size_t k = 0; k < e->size(); ++k) {
+        const std::optional<std::string_view> key = e->key(k).AsString();
+        if (key && field_names.Of(e->key(k).ref(), *key, FieldOf) == Field::kUnknown) unknown_fields.Add(*key);
       }
     }
     const std::uint64_t addr = UIntOr0(addr_v);
@@ -496,8 +528,7 @@ struct DeviceBuilder {
     if (act == Action::kAlloc) {
       const auto [it, fresh] = live.try_emplace(addr, 0);  // one probe: its slot is set below
       if (!fresh) {                                        // a free the trace lost
-        Request f{RequestOp::kFree, it->second, 0, 0, 0};
-        Push(f, time_us);
+        Push(Request{RequestOp::kFree, it->second, 0, 0, 0}, time_us);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
       tags.Tag(frames_v, r, out.requests);
@@ -537,14 +568,14 @@ struct DeviceBuilder {
       ++ooms;
       last_oom_entry = entries;
       oom_size = size;
-      const std::uint64_t device_free = UIntOr0(e.Get("device_free"));
+      const std::uint64_t device_free = UIntOr0(PyView(arena, f[Field::kDeviceFree]));
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
       }
     } else if (act == Action::kUserDefined) {
       // PyTorch 2.1-2.3: record_function annotations inside the trace.
-      const std::optional<std::string_view> name = e.Get("name").AsString();
-      const std::optional<std::string_view> stage = e.Get("stage").AsString();
+      const std::optional<std::string_view> name = PyView(arena, f[Field::kName]).AsString();
+      const std::optional<std::string_view> stage = PyView(arena, f[Field::kStage]).AsString();
       if (name) {
         Request r{RequestOp::kMark, 0, 0, 0, 0};
         if (stage) r.op = *stage == "END" ? RequestOp::kPhaseEnd : RequestOp::kPhaseBegin;
@@ -595,6 +626,11 @@ std::string PoolText(const PyView& pool) {
 }  // namespace
 
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path) {
+  return ReadPytorchSnapshot(path, SnapshotReadOptions{});
+}
+
+absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path,
+                                                               const SnapshotReadOptions& how) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   std::error_code size_error;
@@ -603,6 +639,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   std::map<int, DeviceBuilder> devices;
   PickleReadOptions options;
   options.stream_inside_items = false;
+  options.fast_dicts = how.fast_dicts;
+  options.fast_records = how.records;
   options.stream_list = [](const PicklePath& p) {
     return p.size() == 2 && p[0] == "device_traces" && p[1].size() > 2 && p[1].front() == '[';
   };
@@ -610,27 +648,31 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   // is the same for every entry of one list).
   std::string current_label;
   DeviceBuilder* current = nullptr;
+  const auto select = [&](const PicklePath& p) -> absl::Status {
+    int device = 0;
+    if (!absl::SimpleAtoi(absl::string_view(p[1]).substr(1, p[1].size() - 2), &device) || device < 0 ||
+        device > kMaxTimelineDeviceIndex) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
+    }
+    const bool first = !devices.contains(device);
+    current = &devices[device];
+    current->out.device = device;
+    current_label = p[1];
+    if (first && devices.size() == 1) {
+      // Room for the requests the file can hold (a trace entry takes 40
+      // bytes or more of pickle; an alloc entry about 80): reserved address
+      // space costs no memory until used, and a vector of millions grown
+      // by doubling copies (and faults in) every element again.
+      const std::uint64_t entries = file_size / 40;
+      current->out.requests.requests.reserve(entries);
+      current->times.reserve(entries);
+      current->out.requests.ids.reserve(entries / 2);
+    }
+    return absl::OkStatus();
+  };
   options.on_item = [&](const PicklePath& p, PyView item) -> absl::Status {
-    if (current == nullptr || p[1] != current_label) {
-      int device = 0;
-      if (!absl::SimpleAtoi(absl::string_view(p[1]).substr(1, p[1].size() - 2), &device) || device < 0 ||
-          device > kMaxTimelineDeviceIndex) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": bad device_traces index ", p[1]));
-      }
-      const bool first = !devices.contains(device);
-      current = &devices[device];
-      current->out.device = device;
-      current_label = p[1];
-      if (first && devices.size() == 1) {
-        // Room for the requests the file can hold (a trace entry takes 40
-        // bytes or more of pickle; an alloc entry about 80): reserved address
-        // space costs no memory until used, and a vector of millions grown
-        // by doubling copies (and faults in) every element again.
-        const std::uint64_t entries = file_size / 40;
-        current->out.requests.requests.reserve(entries);
-        current->times.reserve(entries);
-        current->out.requests.ids.reserve(entries / 2);
-      }
+    if (current == nullptr || p[1] != current_label) [[unlikely]] {
+      if (absl::Status s = select(p); !s.ok()) return s;
     }
     DeviceBuilder& b = *current;
     if (!item.is_dict()) {
@@ -639,6 +681,15 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       return absl::OkStatus();
     }
     b.Entry(item);
+    return absl::OkStatus();
+  };
+  // Entries of known keys holding their frames list come as records (no dict built).
+  for (const char* k : kRecordKeys) options.record_keys.emplace_back(k);
+  options.on_record = [&](const PicklePath& p, const PickleRecord& r) -> absl::Status {
+    if (current == nullptr || p[1] != current_label) [[unlikely]] {
+      if (absl::Status s = select(p); !s.ok()) return s;
+    }
+    current->Record(r);
     return absl::OkStatus();
   };
   absl::StatusOr<PickleDoc> doc = ReadPickle(in, path, options);

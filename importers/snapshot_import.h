@@ -51,6 +51,16 @@ struct ImportedTrace {
 // read its state with ReadPytorchSnapshotState instead.
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path);
 
+// How the pickle reader goes about it (for tests and benchmarks: the result
+// is the same either way). records: trace entries of known keys handed
+// over as records (PickleReadOptions::on_record), no dict built; fast_dicts:
+// the reader's trace-entry fast path (PickleReadOptions::fast_dicts).
+struct SnapshotReadOptions {
+  bool records = true;
+  bool fast_dicts = true;
+};
+absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path, const SnapshotReadOptions& how);
+
 // The state of a snapshot's segments and blocks (exact block sizes, no
 // history), one Timeline per device: segment_alloc (or segment_map for
 // expandable segments) and alloc events in address order. Accepts the 2.x and

@@ -4,10 +4,12 @@
 // Reads the input whole, then with every list at depth 2 streamed (as
 // device_traces are); walks each value read through PyView (shared nodes
 // included). Then streamed as the snapshot importer reads, with the
-// trace-entry fast path (PickleReadOptions::fast_dicts) on and off: both
-// must succeed or fail together and read the same values. Errors are
-// expected and ignored; crashes, sanitizer reports, hangs and a difference
-// between the two paths are findings.
+// trace-entry fast path (PickleReadOptions::fast_dicts) on and off, and on
+// with records (PickleReadOptions::on_record, the keys of a PyTorch trace
+// entry and two short ones a mutation can reach): all three must succeed or
+// fail together and read the same values (a record digested as the dict it
+// stands for). Errors are expected and ignored; crashes, sanitizer reports,
+// hangs and a difference between the paths are findings.
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -93,25 +95,48 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // may differ (one known case: a dict as the key of a SETITEM into an entry
   // the fast path read is "unhashable" in one, "complete" in the other).
   o.stream_inside_items = false;
-  std::string digests[2];
-  bool ok[2];
-  for (int fast = 1; fast >= 0; --fast) {
-    o.fast_dicts = fast == 1;
-    std::string& d = digests[fast];
+  std::string digests[3];
+  bool ok[3];
+  for (int how = 2; how >= 0; --how) {  // 2: records, 1: fast dicts, 0: the general path
+    o.fast_dicts = how >= 1;
+    std::string& d = digests[how];
     o.on_item = [&](const memscope::PicklePath&, memscope::PyView item) {
       std::uint64_t b = 2000;
       Digest(item, b, d);
       d += '\n';
       return absl::OkStatus();
     };
+    o.record_keys.clear();
+    o.on_record = nullptr;
+    if (how == 2) {
+      o.record_keys = {"action",          "addr",          "size",    "stream", "time_us", "frames",
+                       "compile_context", "user_metadata", "pool_id", "a",      "b"};
+      o.on_record = [&](const memscope::PicklePath&, const memscope::PickleRecord& r) {
+        // As Digest writes the dict: its kind, no bytes, its size, then its pairs.
+        std::uint64_t b = 2000 - 1;  // less the dict's own node
+        d += static_cast<char>('a' + static_cast<int>(memscope::PyKind::kDict));
+        d += "0:";
+        d += std::to_string(r.n);
+        for (std::uint32_t k = 0; k < r.n && b > 0; ++k) {
+          if (r.key_index[k] >= o.record_keys.size() || r.key(k).AsString() != o.record_keys[r.key_index[k]]) {
+            __builtin_trap();  // a key index that is not the key's
+          }
+          Digest(r.key(k), b, d);
+          Digest(r.value(k), b, d);
+        }
+        d += '\n';
+        return absl::OkStatus();
+      };
+    }
     std::istringstream in(bytes);
     auto doc = memscope::ReadPickle(in, "fuzz.pickle", o);
-    ok[fast] = doc.ok();
+    ok[how] = doc.ok();
     if (doc.ok()) {
       std::uint64_t b = 20000;
       Digest(doc->root(), b, d);
     }
   }
   if (ok[0] != ok[1] || digests[0] != digests[1]) __builtin_trap();
+  if (ok[0] != ok[2] || digests[0] != digests[2]) __builtin_trap();
   return 0;
 }
