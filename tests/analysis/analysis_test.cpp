@@ -244,8 +244,8 @@ void RequirePeaksAsTwoWalks(std::uint64_t seed, int operations, unsigned drift, 
   RankAnalysis two(s.t);  // without checkpoints: the second walk takes the peaks
   TimelineWalk first(s.t);
   REQUIRE(first.Run({&two.first_walk()}).ok());
-  REQUIRE(two.second_walk_end() == std::max(two.report().peak_allocated.event_index,
-                                            two.report().peak_reserved.event_index) + 1);
+  REQUIRE(two.second_walk_end() ==
+          std::max(two.report().peak_allocated.event_index, two.report().peak_reserved.event_index) + 1);
   TimelineWalk second(s.t);
   REQUIRE(second.Run({&two.second_walk()}, two.second_walk_end()).ok());
   const RankReport& r = two.report();
@@ -282,7 +282,7 @@ void RequirePeaksAsTwoWalks(std::uint64_t seed, int operations, unsigned drift, 
 }  // namespace
 
 TEST_CASE("one walk: the peaks' owners, sites and fragmentation from checkpoints equal the second walk's") {
-  RequirePeaksAsTwoWalks(1, 30000, 3);    // a slow rise: the peak near the end
+  RequirePeaksAsTwoWalks(1, 30000, 3);  // a slow rise: the peak near the end
   RequirePeaksAsTwoWalks(2, 30000, 1);
   RequirePeaksAsTwoWalks(3, 24000, 2, "expandable_segments:True");
   RequirePeaksAsTwoWalks(4, 24000, 2, "max_split_size_mb:24");
