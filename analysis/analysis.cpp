@@ -1,6 +1,8 @@
 #include "analysis/analysis.h"
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
@@ -96,15 +98,15 @@ namespace {
 // and the state at the end.
 class FirstWalk final : public WalkListener {
  public:
-  FirstWalk(RankReport& r, std::size_t end) : r_(r), end_(end) {}
+  FirstWalk(RankReport& r, std::size_t end, bool at_peaks) : r_(r), end_(end), at_peaks_(at_peaks) {}
 
   void OnEvent(const TimelineWalk& walk, const Event& e) override {
     const TraceModel& model = walk.model();
     const std::size_t i = walk.applied() - 1;
     // The first event at which a new maximum is reached is the peak.
     const bool first = i == 0;
-    Track(walk, model.allocated(), first, r_.peak_allocated);
-    Track(walk, model.reserved(), first, r_.peak_reserved);
+    if (Track(walk, model.allocated(), first, r_.peak_allocated) && at_peaks_) Keep(walk, at_allocated_);
+    if (Track(walk, model.reserved(), first, r_.peak_reserved) && at_peaks_) Keep(walk, at_reserved_);
     if (walk.applied() == end_) {
       r_.fragmentation_at_end = model.Fragmentation();
       r_.model_at_end = std::make_shared<const TraceModel>(model);
@@ -121,12 +123,70 @@ class FirstWalk final : public WalkListener {
     r_.fragmentation_at_exit = walk.model().Fragmentation();
     if (end_ == 0) r_.fragmentation_at_end = r_.fragmentation_at_exit;
     r_.lower_bound = walk.model().peak_live_requested();
+    if (at_peaks_) AtPeaks(walk.timeline());
   }
 
  private:
-  static void Track(const TimelineWalk& walk, std::uint64_t value, bool first, PeakInfo& peak) {
+  // A copy of the model after `applied` events.
+  struct Checkpoint {
+    std::shared_ptr<const TraceModel> model;
+    std::size_t applied = 0;
+  };
+
+  // At a new peak: the peak's checkpoint is the latest copy of the model, or
+  // a new copy when the latest is `gap_` events or more behind. The state at
+  // the final peak is then at most `gap_` events from its checkpoint, and at
+  // most one copy is taken per `gap_` events.
+  void Keep(const TimelineWalk& walk, Checkpoint& at) {
+    if (latest_.model == nullptr || walk.applied() - latest_.applied >= gap_) {
+      latest_.model = std::make_shared<const TraceModel>(walk.model());
+      latest_.applied = walk.applied();
+      // Copying costs about as much as applying a few events per block held:
+      // a gap of 16 events per block and segment keeps the copies to a few
+      // percent of the walk and the replay from them short.
+      gap_ = std::max<std::size_t>(kMinGap, 16 * (walk.model().blocks().size() + walk.model().segments().size()));
+    }
+    at = latest_;
+  }
+
+  // Who held the memory at the peaks (top owners, top sites) and the
+  // fragmentation at the peak of allocated: the model at each peak, rebuilt
+  // from its checkpoint by applying the events between them (which the walk
+  // applied without error).
+  void AtPeaks(const Timeline& t) {
+    struct Target {
+      std::size_t index;
+      bool allocated;
+      const Checkpoint* from;
+    };
+    std::vector<Target> targets;
+    if (at_allocated_.model != nullptr) targets.push_back({r_.peak_allocated.event_index, true, &at_allocated_});
+    if (at_reserved_.model != nullptr) targets.push_back({r_.peak_reserved.event_index, false, &at_reserved_});
+    std::sort(targets.begin(), targets.end(), [](const Target& a, const Target& b) { return a.index < b.index; });
+    std::optional<TraceModel> model;
+    std::size_t applied = 0;
+    const Checkpoint* from = nullptr;
+    for (const Target& target : targets) {
+      if (from != target.from || !model || applied > target.index + 1) {
+        from = target.from;
+        model.emplace(*from->model);
+        applied = from->applied;
+      }
+      for (; applied < target.index + 1; ++applied) {
+        (void)model->Apply(t.events[applied], t.stack_of(applied));
+      }
+      PeakInfo& peak = target.allocated ? r_.peak_allocated : r_.peak_reserved;
+      peak.top_owners = TopOwners(*model, t);
+      peak.top_sites = TopSites(*model, t);
+      if (target.allocated) r_.fragmentation_at_peak = model->Fragmentation();
+    }
+    at_allocated_ = at_reserved_ = latest_ = Checkpoint{};
+  }
+
+  // Whether a new peak was set.
+  static bool Track(const TimelineWalk& walk, std::uint64_t value, bool first, PeakInfo& peak) {
     // (first: event 0 always sets the peaks, whatever their value.)
-    if (!first && value <= peak.bytes) return;
+    if (!first && value <= peak.bytes) return false;
     const Event& e = walk.timeline().events[walk.applied() - 1];
     peak.bytes = value;
     peak.event_index = walk.applied() - 1;
@@ -135,6 +195,7 @@ class FirstWalk final : public WalkListener {
     // event 0 can set a peak at a phase mark, with nothing allocated).
     peak.phase = first && e.type == EventType::kPhaseBegin ? "" : walk.InnermostPhaseName();
     peak.by_category = walk.model().allocated_by_category();
+    return true;
   }
 
   static PhaseRow Row(const TimelineWalk& walk, const Event& e) {
@@ -177,16 +238,24 @@ class FirstWalk final : public WalkListener {
     return oom;
   }
 
+  static constexpr std::size_t kMinGap = 4096;
+
   RankReport& r_;
   const std::size_t end_;  // the events up to the moment `end`
+  const bool at_peaks_;    // take the peaks' owners, sites and fragmentation in this walk
+  Checkpoint latest_;
+  Checkpoint at_allocated_;
+  Checkpoint at_reserved_;
+  std::size_t gap_ = kMinGap;
 };
 
 // The second walk: owners and fragmentation at the peaks the first found.
 class SecondWalk final : public WalkListener {
  public:
-  explicit SecondWalk(RankReport& r) : r_(r) {}
+  SecondWalk(RankReport& r, bool done) : r_(r), done_(done) {}
 
   void OnEvent(const TimelineWalk& walk, const Event& /*e*/) override {
+    if (done_) return;  // the first walk took them
     const std::size_t i = walk.applied() - 1;
     if (i == r_.peak_allocated.event_index) {
       r_.peak_allocated.top_owners = TopOwners(walk.model(), walk.timeline());
@@ -201,11 +270,12 @@ class SecondWalk final : public WalkListener {
 
  private:
   RankReport& r_;
+  const bool done_;
 };
 
 }  // namespace
 
-RankAnalysis::RankAnalysis(const Timeline& t) {
+RankAnalysis::RankAnalysis(const Timeline& t, bool peaks_in_first_walk) : peaks_in_first_walk_(peaks_in_first_walk) {
   RankReport& r = report_;
   r.rank = t.rank;
   r.device_index = t.device_index;
@@ -214,23 +284,21 @@ RankAnalysis::RankAnalysis(const Timeline& t) {
   r.torn_bytes = t.torn_bytes;
   r.wall_start_us = t.wall_start_us;
   r.events = t.events.size();
-  first_ = std::make_unique<FirstWalk>(r, EndOfLastStep(t));
-  second_ = std::make_unique<SecondWalk>(r);
+  first_ = std::make_unique<FirstWalk>(r, EndOfLastStep(t), peaks_in_first_walk);
+  second_ = std::make_unique<SecondWalk>(r, peaks_in_first_walk);
 }
 
 RankAnalysis::~RankAnalysis() = default;
 
 std::size_t RankAnalysis::second_walk_end() const {
-  if (report_.events == 0) return 0;
+  if (report_.events == 0 || peaks_in_first_walk_) return 0;
   return std::max(report_.peak_allocated.event_index, report_.peak_reserved.event_index) + 1;
 }
 
 absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
-  RankAnalysis analysis(t);
+  RankAnalysis analysis(t, /*peaks_in_first_walk=*/true);
   TimelineWalk first(t);
   if (absl::Status s = first.Run({&analysis.first_walk()}); !s.ok()) return s;
-  TimelineWalk second(t);
-  if (absl::Status s = second.Run({&analysis.second_walk()}, analysis.second_walk_end()); !s.ok()) return s;
   return std::move(analysis.report());
 }
 

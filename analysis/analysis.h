@@ -1,8 +1,9 @@
 // Analyses of one rank's recording, as listeners of a TimelineWalk
 // (timeline_walk.h): the phase table, peak attribution, fragmentation at the
 // end, the peak and an OOM, and the lower bound. The first walk finds the
-// moments (the peaks, the OOM, the phase ends, the end); a second one, as far
-// as the later peak, takes who held the memory there.
+// moments (the peaks, the OOM, the phase ends, the end); who held the memory
+// at the peaks comes from copies of the model that walk keeps (AnalyzeRank),
+// or from a second walk as far as the later peak (RankAnalysis's default).
 #ifndef MEMSCOPE_ANALYSIS_ANALYSIS_H_
 #define MEMSCOPE_ANALYSIS_ANALYSIS_H_
 
@@ -146,7 +147,8 @@ struct RankReport {
   }
 };
 
-// Analyses one rank (two walks, the second only as far as the later peak).
+// Analyses one rank: one walk over the timeline (RankAnalysis with
+// peaks_in_first_walk), then the states at the peaks from checkpoints.
 // Errors: an inconsistent timeline, naming the event.
 absl::StatusOr<RankReport> AnalyzeRank(const Timeline& timeline);
 
@@ -162,9 +164,15 @@ absl::StatusOr<RankReport> AnalyzeRank(const Timeline& timeline);
 //
 // After the first walk, report() holds everything but the peaks' top_owners
 // and fragmentation_at_peak, which the second walk adds.
+//
+// With `peaks_in_first_walk`, the first walk also keeps copies of the model
+// (checkpoints) at new peaks, at most one per few thousand events, and at its
+// end rebuilds the model at each peak from its checkpoint: report() is then
+// complete after the first walk, second_walk_end() is 0 and the second walk's
+// listener does nothing (AnalyzeRank: one walk).
 class RankAnalysis {
  public:
-  explicit RankAnalysis(const Timeline& timeline);
+  explicit RankAnalysis(const Timeline& timeline, bool peaks_in_first_walk = false);
   ~RankAnalysis();
   RankAnalysis(const RankAnalysis&) = delete;
   RankAnalysis& operator=(const RankAnalysis&) = delete;
@@ -176,6 +184,7 @@ class RankAnalysis {
   RankReport& report() { return report_; }
 
  private:
+  bool peaks_in_first_walk_;
   RankReport report_;
   std::unique_ptr<WalkListener> first_;
   std::unique_ptr<WalkListener> second_;

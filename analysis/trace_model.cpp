@@ -32,8 +32,7 @@ TraceModel::TraceModel(const AllocatorConfig& config) : max_split_size_(config.m
   }
 }
 
-absl::btree_map<std::uint64_t, TraceModel::Segment>::iterator TraceModel::FindSegment(std::uint64_t addr,
-                                                                                      std::uint64_t size) {
+TraceModel::SegmentMap::iterator TraceModel::FindSegment(std::uint64_t addr, std::uint64_t size) {
   auto it = segments_.upper_bound(addr);
   if (it == segments_.begin()) return segments_.end();
   --it;

@@ -19,11 +19,11 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "allocator/config.h"
@@ -85,8 +85,14 @@ class TraceModel {
   std::uint64_t live_requested() const { return live_requested_; }
   std::uint64_t peak_live_requested() const { return peak_live_requested_; }
 
-  const absl::btree_map<std::uint64_t, Segment>& segments() const { return segments_; }
-  const absl::btree_map<std::uint64_t, Block>& blocks() const { return blocks_; }
+  // Ordered by address. std::map, not a btree: an alloc inserts and a free
+  // erases a block, and a node-based tree does that without moving the other
+  // blocks or splitting nodes; its iterators also stay valid across other
+  // changes.
+  using SegmentMap = std::map<std::uint64_t, Segment>;
+  using BlockMap = std::map<std::uint64_t, Block>;
+  const SegmentMap& segments() const { return segments_; }
+  const BlockMap& blocks() const { return blocks_; }
 
   // Segments and blocks in the shape of memory._snapshot(): free gaps
   // appear as inactive blocks (the allocator merges free neighbours, so each
@@ -108,22 +114,21 @@ class TraceModel {
   // How placing a block in its free gap changes inactive_split (count, bytes);
   // removing it changes them by the opposite. The block must not be in
   // blocks_; `next` is blocks_.lower_bound(addr), which the caller has.
-  using BlockMap = absl::btree_map<std::uint64_t, Block>;
   std::pair<std::int64_t, std::int64_t> InactiveDelta(std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr,
                                                       std::uint64_t size, BlockMap::const_iterator next) const;
   // The segment containing [addr, addr + size), or end().
-  absl::btree_map<std::uint64_t, Segment>::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
+  SegmentMap::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
 
   std::size_t max_split_size_;
   DeviceStats stats_;
-  absl::btree_map<std::uint64_t, Segment> segments_;
-  absl::btree_map<std::uint64_t, Block> blocks_;  // active blocks (allocated or pending)
+  SegmentMap segments_;
+  BlockMap blocks_;  // active blocks (allocated or pending)
   std::array<std::int64_t, kNumCategories> by_category_{};
   absl::flat_hash_map<std::uint32_t, std::int64_t> by_owner_;
   std::uint64_t live_requested_ = 0;
   std::uint64_t peak_live_requested_ = 0;
   // The block of the last free_requested, for its free_completed (which
-  // follows at once for a plain free): one btree descent instead of two.
+  // follows at once for a plain free): one tree descent instead of two.
   // Set by ApplyFreeRequested, dropped when blocks_ changes (an alloc, a
   // completed free). A copy or move of the model starts without it (it
   // points into this model's map).

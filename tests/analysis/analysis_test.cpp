@@ -3,6 +3,9 @@
 #include "analysis/analysis.h"
 
 #include <catch2/catch.hpp>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "../recording/recording_session.h"
 
@@ -207,4 +210,80 @@ TEST_CASE("table units: the largest of G, M, K in which the table's largest valu
         "step  phase               ACTIVATION        GRADIENT\n"
         "0     forward                   600K              0K\n"
         "0     backward                  600K            700K\n");
+}
+
+namespace {
+
+// AnalyzeRank (one walk; the states at the peaks rebuilt from checkpoints)
+// against RankAnalysis's two walks (the second applies every event up to the
+// later peak) on a random recording of `operations` allocator calls, whose
+// live bytes drift up by `drift` per mille of the operations (a late peak).
+void RequirePeaksAsTwoWalks(std::uint64_t seed, int operations, unsigned drift, const std::string& conf = "") {
+  Session s(4096 * MiB, conf);
+  std::mt19937_64 rng(seed);
+  std::vector<DevicePtr> live;
+  static const char* const kOwners[] = {"embed", "attn", "mlp", "head", "opt", "loss", "norm"};
+  for (int i = 0; i < operations; ++i) {
+    if (i % 997 == 0) s.rec.PhaseBegin(Phase::kForward, i / 997);
+    const unsigned op = static_cast<unsigned>(rng() % 1000);
+    if (op < 500 + drift || live.empty()) {
+      const std::size_t size = rng() % 3 == 0 ? 1 + rng() % (1 << 20) : 512 * 1024 + rng() % (4 * MiB);
+      live.push_back(s.Alloc(size, static_cast<Category>(rng() % kNumCategories), kOwners[rng() % 7]));
+    } else if (op < 995) {
+      const std::size_t k = rng() % live.size();
+      MustFree(s.a, live[k]);
+      live[k] = live.back();
+      live.pop_back();
+    } else {
+      s.a.EmptyCache();
+    }
+    if (i % 997 == 996) s.rec.PhaseEnd(Phase::kForward, i / 997);
+  }
+  absl::StatusOr<RankReport> one = AnalyzeRank(s.t);
+  REQUIRE(one.ok());
+  RankAnalysis two(s.t);  // without checkpoints: the second walk takes the peaks
+  TimelineWalk first(s.t);
+  REQUIRE(first.Run({&two.first_walk()}).ok());
+  REQUIRE(two.second_walk_end() ==
+          std::max(two.report().peak_allocated.event_index, two.report().peak_reserved.event_index) + 1);
+  TimelineWalk second(s.t);
+  REQUIRE(second.Run({&two.second_walk()}, two.second_walk_end()).ok());
+  const RankReport& r = two.report();
+  INFO("seed " << seed << ", " << s.t.events.size() << " events, peaks at events " << r.peak_allocated.event_index
+               << " and " << r.peak_reserved.event_index);
+  // Far enough into the recording that the peaks are rebuilt from a copy
+  // taken on the way, not from the start.
+  REQUIRE(r.peak_allocated.event_index > 8192);
+  REQUIRE_FALSE(r.peak_allocated.top_sites.empty());
+  REQUIRE_FALSE(r.peak_allocated.top_owners.empty());
+  CHECK(one->peak_allocated.event_index == r.peak_allocated.event_index);
+  CHECK(one->peak_allocated.top_owners == r.peak_allocated.top_owners);
+  CHECK(one->peak_allocated.top_sites == r.peak_allocated.top_sites);
+  CHECK(one->peak_reserved.event_index == r.peak_reserved.event_index);
+  CHECK(one->peak_reserved.top_owners == r.peak_reserved.top_owners);
+  CHECK(one->peak_reserved.top_sites == r.peak_reserved.top_sites);
+  const FragmentationInfo& a = one->fragmentation_at_peak;
+  const FragmentationInfo& b = r.fragmentation_at_peak;
+  CHECK(a.reserved == b.reserved);
+  CHECK(a.allocated == b.allocated);
+  CHECK(a.allocated == r.peak_allocated.bytes);
+  CHECK(a.inactive_split_bytes == b.inactive_split_bytes);
+  CHECK(a.free_in_segments == b.free_in_segments);
+  CHECK(a.largest_free_block == b.largest_free_block);
+  CHECK(a.fragmentation == b.fragmentation);
+  CHECK(a.segments == b.segments);
+  CHECK(a.free_blocks == b.free_blocks);
+  // The sum of the top owners at the peak of allocated is the peak when there are at most five.
+  std::int64_t owned = 0;
+  for (const auto& [owner, bytes] : one->peak_allocated.top_owners) owned += bytes;
+  if (one->peak_allocated.top_owners.size() < 5) CHECK(owned == static_cast<std::int64_t>(r.peak_allocated.bytes));
+}
+
+}  // namespace
+
+TEST_CASE("one walk: the peaks' owners, sites and fragmentation from checkpoints equal the second walk's") {
+  RequirePeaksAsTwoWalks(1, 30000, 3);  // a slow rise: the peak near the end
+  RequirePeaksAsTwoWalks(2, 30000, 1);
+  RequirePeaksAsTwoWalks(3, 24000, 2, "expandable_segments:True");
+  RequirePeaksAsTwoWalks(4, 24000, 2, "max_split_size_mb:24");
 }
