@@ -358,8 +358,16 @@ struct StackTags {
 struct DeviceBuilder {
   ImportedTrace out;
   std::vector<double> times;                               // time_us per request, for placing annotations
-  absl::flat_hash_map<std::uint64_t, std::uint32_t> live;  // address -> slot
-  absl::flat_hash_set<std::uint64_t> ever_allocated;
+  // Every address the trace allocated at (one hash probe per alloc or free):
+  // its slot while live, and the slot of a delayed free waiting on its own
+  // stream (WaitStream) until its free_completed.
+  struct AddrState {
+    std::uint32_t slot = 0;
+    std::uint32_t wait_slot = 0;
+    bool live = false;
+    bool waiting = false;
+  };
+  absl::flat_hash_map<std::uint64_t, AddrState> addrs;
   absl::flat_hash_set<std::uint64_t> trace_segments;  // segment addresses the trace allocated or mapped
   std::uint64_t unknown_frees = 0;
   std::uint64_t ooms = 0;
@@ -394,7 +402,7 @@ struct DeviceBuilder {
     double time_us;
   };
   std::optional<Held> held;
-  absl::flat_hash_map<std::uint64_t, StreamId> waiting;  // address -> its synthetic stream
+  std::uint64_t waiting = 0;  // addresses with a delayed free waiting (AddrState::waiting)
   std::uint64_t delayed_frees = 0;
   // Expandable segments seen so far: base and the end of the furthest range mapped in them.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations;
@@ -429,7 +437,10 @@ struct DeviceBuilder {
     if (!completed_at_once) {
       const StreamId s = WaitStream(held->slot);
       Push(Request{RequestOp::kRecordStream, held->slot, 0, s, 0}, held->time_us);
-      waiting[held->addr] = s;
+      AddrState& a = addrs[held->addr];
+      if (!a.waiting) ++waiting;
+      a.waiting = true;
+      a.wait_slot = held->slot;
       ++delayed_frees;
     }
     Push(Request{RequestOp::kFree, held->slot, 0, 0, 0}, held->time_us);
@@ -526,28 +537,31 @@ struct DeviceBuilder {
       if (completes_held) return;
     }
     if (act == Action::kAlloc) {
-      const auto [it, fresh] = live.try_emplace(addr, 0);  // one probe: its slot is set below
-      if (!fresh) {                                        // a free the trace lost
-        Push(Request{RequestOp::kFree, it->second, 0, 0, 0}, time_us);
+      AddrState& a = addrs[addr];  // one probe: its slot is set below
+      if (a.live) {                // a free the trace lost
+        Push(Request{RequestOp::kFree, a.slot, 0, 0, 0}, time_us);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
       tags.Tag(frames_v, r, out.requests);
-      it->second = r.slot;
-      ever_allocated.insert(addr);
+      a.slot = r.slot;
+      a.live = true;
       Push(r, time_us);
       last_alloc_entry = entries;
     } else if (act == Action::kFreeRequested) {
-      auto it = live.find(addr);
-      if (it == live.end()) {
+      auto it = addrs.find(addr);
+      if (it == addrs.end() || !it->second.live) {
         ++unknown_frees;
         return;
       }
-      held = Held{addr, it->second, time_us};
-      live.erase(it);
+      held = Held{addr, it->second.slot, time_us};
+      it->second.live = false;
     } else if (act == Action::kFreeCompleted) {
-      if (auto w = waiting.find(addr); w != waiting.end()) {
-        Push(Request{RequestOp::kSync, 0, 0, w->second, 0}, time_us);
-        waiting.erase(w);
+      if (waiting != 0) {
+        if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
+          Push(Request{RequestOp::kSync, 0, 0, WaitStream(w->second.wait_slot), 0}, time_us);
+          w->second.waiting = false;
+          --waiting;
+        }
       }
     } else if (act == Action::kSegmentAlloc || act == Action::kSegmentMap) {
       out.segment_actions.push_back(
@@ -744,7 +758,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
     for (const Preexisting& p : preexisting[device]) {
-      if (b.ever_allocated.contains(p.addr)) continue;
+      if (b.addrs.contains(p.addr)) continue;
       Request r{RequestOp::kAlloc, b.Slot(p.addr), p.size, 0, 0};
       b.tags.Tag(p.frames, r, t.requests);
       r.time_us = t.requests.time_origin_us;
