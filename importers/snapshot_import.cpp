@@ -252,7 +252,8 @@ Category CategoryFromFrames(const PyView& frames) {
   }
   std::uint8_t rules = 0;
   for (std::size_t k = 0; k < frames.size(); ++k) {
-    rules |= FrameRules(frames[k].Get("filename").AsString().value_or(""), frames[k].Get("name").AsString().value_or(""));
+    rules |=
+        FrameRules(frames[k].Get("filename").AsString().value_or(""), frames[k].Get("name").AsString().value_or(""));
   }
   return CategoryOfRules(rules);
 }
@@ -403,7 +404,7 @@ struct StackTags {
 // Builds one device's request trace from trace entries, in order.
 struct DeviceBuilder {
   ImportedTrace out;
-  std::vector<double> times;                               // time_us per request, for placing annotations
+  std::vector<double> times;  // time_us per request, for placing annotations
   // Every address the trace allocated at (one hash probe per alloc or free):
   // its slot while live, and the slot of a delayed free waiting on its own
   // stream (WaitStream) until its free_completed.
