@@ -209,6 +209,40 @@ bool LibraryFrame(std::string_view file) {
          file.ends_with(".cu") || file.ends_with(".cuh") || file.starts_with("<") || file == "??";
 }
 
+// The category rules, in their order: bit k of a frame's mask says it
+// matches rule k.
+std::uint8_t FrameRules(std::string_view f, std::string_view n) {
+  std::uint8_t m = 0;
+  if (Contains(f, "torch/optim/")) m |= 1;
+  if (Contains(n, "Reducer") || Contains(n, "reducer") || Contains(n, "bucket") ||
+      (Contains(f, "torch/nn/parallel/distributed.py") && Contains(n, "_rebuild_buckets"))) {
+    m |= 2;
+  }
+  if (Contains(f, "torch/distributed/") || Contains(n, "c10d::") || Contains(n, "_sync_module_states") ||
+      Contains(n, "_sync_buffers") || Contains(n, "_sync_params")) {
+    m |= 4;
+  }
+  if (Contains(f, "torch/autograd/") || Contains(n, "AccumulateGrad") || Contains(n, "autograd::Engine") ||
+      (Contains(f, "torch/_tensor.py") && n == "backward")) {
+    m |= 8;
+  }
+  if (Contains(f, "torch/nn/init.py") || n == "reset_parameters" ||
+      (Contains(f, "torch/nn/modules/module.py") && (n == "_apply" || n == "to" || n == "cuda"))) {
+    m |= 16;
+  }
+  if (Contains(f, "torch/utils/data/")) m |= 32;
+  if (n == "forward" || Contains(f, "torch/nn/modules/") || Contains(f, "torch/nn/functional.py")) m |= 64;
+  return m;
+}
+
+// The first rule any frame matches (`rules`: the frames' masks or'ed).
+Category CategoryOfRules(std::uint8_t rules) {
+  static constexpr Category kOrder[] = {Category::kOptimizerState, Category::kDdpBucket, Category::kCommTemp,
+                                        Category::kGradient,       Category::kParameter, Category::kInput,
+                                        Category::kActivation};
+  return rules == 0 ? Category::kOther : kOrder[std::countr_zero(rules)];
+}
+
 // The category of an allocation from its stack: the first rule that any
 // frame matches, in this order.
 Category CategoryFromFrames(const PyView& frames) {
@@ -216,53 +250,12 @@ Category CategoryFromFrames(const PyView& frames) {
   if (std::optional<std::string_view> name = frames[0].Get("name").AsString(); name && name->starts_with("memscope ")) {
     if (std::optional<Category> c = ParseCategory(name->substr(9))) return *c;
   }
-  // Each frame's file and function, looked up once for all the rules.
-  std::vector<std::pair<std::string_view, std::string_view>> files_names(frames.size());
+  std::uint8_t rules = 0;
   for (std::size_t k = 0; k < frames.size(); ++k) {
-    files_names[k] = {frames[k].Get("filename").AsString().value_or(""), frames[k].Get("name").AsString().value_or("")};
+    rules |=
+        FrameRules(frames[k].Get("filename").AsString().value_or(""), frames[k].Get("name").AsString().value_or(""));
   }
-  auto any = [&](auto&& pred) {
-    for (const auto& [file, name] : files_names) {
-      if (pred(file, name)) return true;
-    }
-    return false;
-  };
-  if (any([](std::string_view f, std::string_view) { return Contains(f, "torch/optim/"); })) {
-    return Category::kOptimizerState;
-  }
-  if (any([](std::string_view f, std::string_view n) {
-        return Contains(n, "Reducer") || Contains(n, "reducer") || Contains(n, "bucket") ||
-               (Contains(f, "torch/nn/parallel/distributed.py") && Contains(n, "_rebuild_buckets"));
-      })) {
-    return Category::kDdpBucket;
-  }
-  if (any([](std::string_view f, std::string_view n) {
-        return Contains(f, "torch/distributed/") || Contains(n, "c10d::") || Contains(n, "_sync_module_states") ||
-               Contains(n, "_sync_buffers") || Contains(n, "_sync_params");
-      })) {
-    return Category::kCommTemp;
-  }
-  if (any([](std::string_view f, std::string_view n) {
-        return Contains(f, "torch/autograd/") || Contains(n, "AccumulateGrad") || Contains(n, "autograd::Engine") ||
-               (Contains(f, "torch/_tensor.py") && n == "backward");
-      })) {
-    return Category::kGradient;
-  }
-  if (any([](std::string_view f, std::string_view n) {
-        return Contains(f, "torch/nn/init.py") || n == "reset_parameters" ||
-               (Contains(f, "torch/nn/modules/module.py") && (n == "_apply" || n == "to" || n == "cuda"));
-      })) {
-    return Category::kParameter;
-  }
-  if (any([](std::string_view f, std::string_view) { return Contains(f, "torch/utils/data/"); })) {
-    return Category::kInput;
-  }
-  if (any([](std::string_view f, std::string_view n) {
-        return n == "forward" || Contains(f, "torch/nn/modules/") || Contains(f, "torch/nn/functional.py");
-      })) {
-    return Category::kActivation;
-  }
-  return Category::kOther;
+  return CategoryOfRules(rules);
 }
 
 // "file:line function" of the innermost frame of the user's code ("" if none).
@@ -284,27 +277,6 @@ std::string FrameText(std::string_view file, std::int64_t line, std::string_view
   return absl::StrCat(std::string(file), ":", line, " ", std::string(name));
 }
 
-// The frames as read, and the site: the user's frames from the innermost
-// outwards (the innermost frame when none is the user's).
-AllocStack StackFromFrames(const PyView& frames) {
-  AllocStack stack;
-  stack.frames.reserve(frames.size());
-  std::vector<std::string> user;
-  for (std::size_t k = 0; k < frames.size(); ++k) {
-    const PyView f = frames[k];
-    StackFrame& frame = stack.frames.emplace_back();
-    frame.filename = std::string(f.Get("filename").AsString().value_or(""));
-    frame.line = f.Get("line").AsInt().value_or(0);
-    frame.name = std::string(f.Get("name").AsString().value_or(""));
-    if (!LibraryFrame(frame.filename)) user.push_back(FrameText(frame.filename, frame.line, frame.name));
-  }
-  if (user.empty() && !stack.frames.empty()) {
-    user.push_back(FrameText(stack.frames[0].filename, stack.frames[0].line, stack.frames[0].name));
-  }
-  stack.site = absl::StrJoin(user, " <- ");
-  return stack;
-}
-
 // Category, owner and stack per distinct stack: frames lists are shared nodes
 // of the pickle, so one computation serves every entry that holds the same
 // stack; equal stacks in separate lists share one stack too.
@@ -316,6 +288,29 @@ struct StackTags {
   absl::flat_hash_map<std::uint64_t, Tags> by_node;
   absl::flat_hash_map<std::string, std::uint32_t> by_content;  // frames as text -> stack
   std::uint64_t attributed = 0, from_frames = 0;
+  // What the stacks need of one frame, once per frame dict of the pickle
+  // (frame dicts shared by many lists: by their stored identity).
+  struct FrameInfo {
+    StackFrame frame;
+    std::string text;     // FrameText
+    std::string content;  // its part of by_content's key
+    std::uint8_t rules = 0;
+    bool library = false;
+  };
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> frame_by_node;
+  std::vector<FrameInfo> frame_infos;
+  std::vector<FrameInfo> unshared;  // this list's frames that are not shared nodes
+  std::vector<const FrameInfo*> list;
+
+  static void MakeFrameInfo(const PyView& f, FrameInfo& info) {
+    info.frame.filename = std::string(f.Get("filename").AsString().value_or(""));
+    info.frame.line = f.Get("line").AsInt().value_or(0);
+    info.frame.name = std::string(f.Get("name").AsString().value_or(""));
+    info.text = FrameText(info.frame.filename, info.frame.line, info.frame.name);
+    info.content = absl::StrCat(info.frame.filename, "\n", info.frame.line, "\n", info.frame.name, "\n");
+    info.rules = FrameRules(info.frame.filename, info.frame.name);
+    info.library = LibraryFrame(info.frame.filename);
+  }
 
   void Tag(const PyView& frames, Request& r, RequestTrace& trace) {
     if (!frames.is_list() || frames.size() == 0) return;
@@ -331,22 +326,74 @@ struct StackTags {
         return;
       }
     }
-    r.category = CategoryFromFrames(frames);
-    std::string owner = OwnerFromFrames(frames);
-    r.text = 0;
-    if (!owner.empty()) {
-      trace.strings.push_back(std::move(owner));
-      r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
-    }
     r.stack = 0;
+    r.text = 0;
     // memscope's own exports carry tags, not stacks: their site is category and owner.
     const std::optional<std::string_view> first = frames[0].Get("name").AsString();
-    if (!(first && first->starts_with("memscope "))) {
-      AllocStack stack = StackFromFrames(frames);
+    if (first && first->starts_with("memscope ")) {
+      r.category = CategoryFromFrames(frames);
+      std::string owner = OwnerFromFrames(frames);
+      if (!owner.empty()) {
+        trace.strings.push_back(std::move(owner));
+        r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
+      }
+    } else {
+      // What CategoryFromFrames and OwnerFromFrames give, and the stack: the
+      // frames as read, and the site (the user's frames from the innermost
+      // outwards, or the innermost frame when none is the user's), from each
+      // frame's FrameInfo.
+      list.clear();
+      unshared.clear();
+      unshared.reserve(frames.size());  // (no reallocation below: list points into it)
+      for (std::size_t k = 0; k < frames.size(); ++k) {
+        const PyView f = frames[k];
+        if (f.ref().flags & kPyRefShared) {
+          const std::uint64_t node = f.ref().v * 2 + (f.ref().n > 0 ? 1 : 0);
+          auto [it, added] = frame_by_node.try_emplace(node, static_cast<std::uint32_t>(frame_infos.size()));
+          if (added) MakeFrameInfo(f, frame_infos.emplace_back());
+          list.push_back(&frame_infos[it->second]);
+        } else {
+          MakeFrameInfo(f, unshared.emplace_back());
+          list.push_back(&unshared.back());
+        }
+      }
+      // (frame_infos may have grown: the pointers are taken again)
+      for (std::size_t k = 0, u = 0; k < frames.size(); ++k) {
+        const PyView f = frames[k];
+        if (f.ref().flags & kPyRefShared) {
+          list[k] = &frame_infos[frame_by_node.find(f.ref().v * 2 + (f.ref().n > 0 ? 1 : 0))->second];
+        } else {
+          list[k] = &unshared[u++];
+        }
+      }
+      std::uint8_t rules = 0;
+      for (const FrameInfo* i : list) rules |= i->rules;
+      r.category = CategoryOfRules(rules);
+      for (const FrameInfo* i : list) {
+        if (i->library) continue;
+        if (!i->text.empty()) {
+          trace.strings.push_back(i->text);
+          r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
+        }
+        break;
+      }
       std::string content;
-      for (const StackFrame& f : stack.frames) absl::StrAppend(&content, f.filename, "\n", f.line, "\n", f.name, "\n");
+      for (const FrameInfo* i : list) content += i->content;
       auto [it, added] = by_content.try_emplace(std::move(content), static_cast<std::uint32_t>(trace.stacks.size()));
-      if (added) trace.stacks.push_back(std::move(stack));
+      if (added) {
+        AllocStack stack;
+        stack.frames.reserve(list.size());
+        bool user = false;  // the site: the user's frames joined by " <- "
+        for (const FrameInfo* i : list) {
+          stack.frames.push_back(i->frame);
+          if (i->library) continue;
+          if (user) stack.site += " <- ";
+          stack.site += i->text;
+          user = true;
+        }
+        if (!user && !list.empty()) stack.site = list[0]->text;
+        trace.stacks.push_back(std::move(stack));
+      }
       r.stack = it->second;
     }
     if (r.category != Category::kOther) ++attributed;
@@ -357,9 +404,17 @@ struct StackTags {
 // Builds one device's request trace from trace entries, in order.
 struct DeviceBuilder {
   ImportedTrace out;
-  std::vector<double> times;                               // time_us per request, for placing annotations
-  absl::flat_hash_map<std::uint64_t, std::uint32_t> live;  // address -> slot
-  absl::flat_hash_set<std::uint64_t> ever_allocated;
+  std::vector<double> times;  // time_us per request, for placing annotations
+  // Every address the trace allocated at (one hash probe per alloc or free):
+  // its slot while live, and the slot of a delayed free waiting on its own
+  // stream (WaitStream) until its free_completed.
+  struct AddrState {
+    std::uint32_t slot = 0;
+    std::uint32_t wait_slot = 0;
+    bool live = false;
+    bool waiting = false;
+  };
+  absl::flat_hash_map<std::uint64_t, AddrState> addrs;
   absl::flat_hash_set<std::uint64_t> trace_segments;  // segment addresses the trace allocated or mapped
   std::uint64_t unknown_frees = 0;
   std::uint64_t ooms = 0;
@@ -394,7 +449,7 @@ struct DeviceBuilder {
     double time_us;
   };
   std::optional<Held> held;
-  absl::flat_hash_map<std::uint64_t, StreamId> waiting;  // address -> its synthetic stream
+  std::uint64_t waiting = 0;  // addresses with a delayed free waiting (AddrState::waiting)
   std::uint64_t delayed_frees = 0;
   // Expandable segments seen so far: base and the end of the furthest range mapped in them.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations;
@@ -429,7 +484,10 @@ struct DeviceBuilder {
     if (!completed_at_once) {
       const StreamId s = WaitStream(held->slot);
       Push(Request{RequestOp::kRecordStream, held->slot, 0, s, 0}, held->time_us);
-      waiting[held->addr] = s;
+      AddrState& a = addrs[held->addr];
+      if (!a.waiting) ++waiting;
+      a.waiting = true;
+      a.wait_slot = held->slot;
       ++delayed_frees;
     }
     Push(Request{RequestOp::kFree, held->slot, 0, 0, 0}, held->time_us);
@@ -526,28 +584,31 @@ struct DeviceBuilder {
       if (completes_held) return;
     }
     if (act == Action::kAlloc) {
-      const auto [it, fresh] = live.try_emplace(addr, 0);  // one probe: its slot is set below
-      if (!fresh) {                                        // a free the trace lost
-        Push(Request{RequestOp::kFree, it->second, 0, 0, 0}, time_us);
+      AddrState& a = addrs[addr];  // one probe: its slot is set below
+      if (a.live) {                // a free the trace lost
+        Push(Request{RequestOp::kFree, a.slot, 0, 0, 0}, time_us);
       }
       Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
       tags.Tag(frames_v, r, out.requests);
-      it->second = r.slot;
-      ever_allocated.insert(addr);
+      a.slot = r.slot;
+      a.live = true;
       Push(r, time_us);
       last_alloc_entry = entries;
     } else if (act == Action::kFreeRequested) {
-      auto it = live.find(addr);
-      if (it == live.end()) {
+      auto it = addrs.find(addr);
+      if (it == addrs.end() || !it->second.live) {
         ++unknown_frees;
         return;
       }
-      held = Held{addr, it->second, time_us};
-      live.erase(it);
+      held = Held{addr, it->second.slot, time_us};
+      it->second.live = false;
     } else if (act == Action::kFreeCompleted) {
-      if (auto w = waiting.find(addr); w != waiting.end()) {
-        Push(Request{RequestOp::kSync, 0, 0, w->second, 0}, time_us);
-        waiting.erase(w);
+      if (waiting != 0) {
+        if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
+          Push(Request{RequestOp::kSync, 0, 0, WaitStream(w->second.wait_slot), 0}, time_us);
+          w->second.waiting = false;
+          --waiting;
+        }
       }
     } else if (act == Action::kSegmentAlloc || act == Action::kSegmentMap) {
       out.segment_actions.push_back(
@@ -744,7 +805,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
     for (const Preexisting& p : preexisting[device]) {
-      if (b.ever_allocated.contains(p.addr)) continue;
+      if (b.addrs.contains(p.addr)) continue;
       Request r{RequestOp::kAlloc, b.Slot(p.addr), p.size, 0, 0};
       b.tags.Tag(p.frames, r, t.requests);
       r.time_us = t.requests.time_origin_us;
