@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -76,6 +77,25 @@ class Recorder final : public AllocatorObserver {
 
   EventSink& sink() { return sink_; }
 
+  // For a caller that tags many allocations with owners it has seen before
+  // (a replay opens a tag per request): the string id of the current tag's
+  // owner when the recorder knows it (it recorded an alloc under this very
+  // tag), else nullopt; and UseOwnerId tells the recorder that the current
+  // tag's owner `owner` has id `id` (one the recorder gave it), so the
+  // allocs under this tag skip the string table. Same ids, same records.
+  std::optional<std::uint32_t> CurrentOwnerId() const {
+    if (ScopedTag::current().generation != last_generation_) return std::nullopt;
+    return last_owner_id_;
+  }
+  void UseOwnerId(std::string_view owner, std::uint32_t id) {
+    Sync sync(*this);
+    last_generation_ = ScopedTag::current().generation;
+    if (last_owner_id_ != id) {
+      last_owner_.assign(owner.data(), owner.size());
+      last_owner_id_ = id;
+    }
+  }
+
   // Replaying a trace that has its own times: events and marks from now on
   // carry `ns` (since the recording's start) instead of the clock's time,
   // until ClearTraceTime().
@@ -114,8 +134,8 @@ class Recorder final : public AllocatorObserver {
   static bool Refill(RecordSink& sink);  // RecordSink::refill
 
   std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
-  std::int64_t Now();  // a mark's time; restarts the sampled clock
-  std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
+  std::int64_t Now();                           // a mark's time; restarts the sampled clock
+  std::uint32_t OwnerId(const AllocTag& tag);   // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                   std::int64_t micro_batch = kNoMicroBatch);
   void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);
@@ -124,11 +144,11 @@ class Recorder final : public AllocatorObserver {
   TimelineWriter* writer_;  // sink_ when it is a timeline file's writer, else null
   std::int64_t start_ns_;
   RecordClock clock_;
-  int countdown_ = 1;             // kSampled: allocator events until the next clock read
-  std::int64_t sampled_ns_ = 0;   // kSampled: the last time read (since start_ns_)
-  std::string last_owner_;           // the owner of the previous allocation...
+  int countdown_ = 1;                  // kSampled: allocator events until the next clock read
+  std::int64_t sampled_ns_ = 0;        // kSampled: the last time read (since start_ns_)
+  std::string last_owner_;             // the owner of the previous allocation...
   std::uint64_t last_generation_ = 0;  // ...the generation of its tag (alloc_tag.h)...
-  std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
+  std::uint32_t last_owner_id_ = 0;    // ...and its string id ("" is 0)
   bool use_trace_time_ = false;
   std::int64_t trace_time_ns_ = 0;
   RecordSink* fast_ = nullptr;  // writer_'s state when the clock is sampled (record_sink())
