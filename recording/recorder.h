@@ -134,8 +134,8 @@ class Recorder final : public AllocatorObserver {
   static bool Refill(RecordSink& sink);  // RecordSink::refill
 
   std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
-  std::int64_t Now();                           // a mark's time; restarts the sampled clock
-  std::uint32_t OwnerId(const AllocTag& tag);   // the string id of the tag's owner
+  std::int64_t Now();  // a mark's time; restarts the sampled clock
+  std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                   std::int64_t micro_batch = kNoMicroBatch);
   void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);
@@ -144,11 +144,11 @@ class Recorder final : public AllocatorObserver {
   TimelineWriter* writer_;  // sink_ when it is a timeline file's writer, else null
   std::int64_t start_ns_;
   RecordClock clock_;
-  int countdown_ = 1;                  // kSampled: allocator events until the next clock read
-  std::int64_t sampled_ns_ = 0;        // kSampled: the last time read (since start_ns_)
-  std::string last_owner_;             // the owner of the previous allocation...
+  int countdown_ = 1;             // kSampled: allocator events until the next clock read
+  std::int64_t sampled_ns_ = 0;   // kSampled: the last time read (since start_ns_)
+  std::string last_owner_;           // the owner of the previous allocation...
   std::uint64_t last_generation_ = 0;  // ...the generation of its tag (alloc_tag.h)...
-  std::uint32_t last_owner_id_ = 0;    // ...and its string id ("" is 0)
+  std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
   bool use_trace_time_ = false;
   std::int64_t trace_time_ns_ = 0;
   RecordSink* fast_ = nullptr;  // writer_'s state when the clock is sampled (record_sink())
