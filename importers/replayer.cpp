@@ -1,5 +1,7 @@
 #include "importers/replayer.h"
 
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +29,13 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   result.device_memory = device.capacity();
   result.requests_total = trace.requests.size();
   std::size_t live = 0;
+  // The recorder's string id of each owner (by index into trace.strings),
+  // once an alloc under it was recorded: the next allocs of that owner hand
+  // it over (a replay opens a tag per request; without this the recorder
+  // would look each owner up in its string table by text).
+  constexpr std::uint32_t kUnknownId = ~std::uint32_t{0};
+  std::vector<std::uint32_t> owner_ids(recorder != nullptr ? trace.strings.size() : 0, kUnknownId);
+  if (trace.stacks.size() > 1) result.alloc_stacks.reserve(trace.requests.size());  // address space until used
   const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
   if (planned) {
     device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
@@ -42,7 +51,13 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
     switch (r.op) {
       case RequestOp::kAlloc: {
         ScopedTag tag(r.category, trace.strings[r.text]);
+        if (recorder != nullptr && owner_ids[r.text] != kUnknownId) {
+          recorder->UseOwnerId(trace.strings[r.text], owner_ids[r.text]);
+        }
         absl::StatusOr<DevicePtr> p = allocator.Malloc(r.size, r.stream);
+        if (recorder != nullptr && owner_ids[r.text] == kUnknownId) {
+          if (std::optional<std::uint32_t> id = recorder->CurrentOwnerId()) owner_ids[r.text] = *id;
+        }
         if (!p.ok()) {
           if (!absl::IsResourceExhausted(p.status())) {
             return absl::Status(p.status().code(), absl::StrCat(where(), p.status().message()));

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -75,6 +76,25 @@ class Recorder final : public AllocatorObserver {
   void CollectiveEnd(std::string_view kind, std::uint64_t bytes);
 
   EventSink& sink() { return sink_; }
+
+  // For a caller that tags many allocations with owners it has seen before
+  // (a replay opens a tag per request): the string id of the current tag's
+  // owner when the recorder knows it (it recorded an alloc under this very
+  // tag), else nullopt; and UseOwnerId tells the recorder that the current
+  // tag's owner `owner` has id `id` (one the recorder gave it), so the
+  // allocs under this tag skip the string table. Same ids, same records.
+  std::optional<std::uint32_t> CurrentOwnerId() const {
+    if (ScopedTag::current().generation != last_generation_) return std::nullopt;
+    return last_owner_id_;
+  }
+  void UseOwnerId(std::string_view owner, std::uint32_t id) {
+    Sync sync(*this);
+    last_generation_ = ScopedTag::current().generation;
+    if (last_owner_id_ != id) {
+      last_owner_.assign(owner.data(), owner.size());
+      last_owner_id_ = id;
+    }
+  }
 
   // Replaying a trace that has its own times: events and marks from now on
   // carry `ns` (since the recording's start) instead of the clock's time,
