@@ -1,18 +1,28 @@
 #include "recording/recorder.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "allocator/fast_clock.h"
 
 namespace memscope {
 namespace {
 
-std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so marks and events agree
+// The recorder's clock. kWall: the allocator's (FastNowNs), so that marks
+// and the allocator's event times agree. kSampled: the allocator reads no
+// clock, and the recorder reads steady_clock itself (a vDSO call, about
+// 25 ns, once every kClockSampleEvents events): FastNowNs's first call
+// calibrates the TSC for 5 ms, which a simulated run would pay for nothing.
+std::int64_t ClockNs(RecordClock clock) {
+  if (clock == RecordClock::kWall) return FastNowNs();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 }  // namespace
 
 Recorder::Recorder(EventSink& sink, RecordClock clock)
-    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {
+    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(ClockNs(clock)), clock_(clock) {
   if (writer_ != nullptr && clock_ == RecordClock::kSampled) {
     fast_ = &writer_->record_sink();
     fast_->refill = &Recorder::Refill;
@@ -37,7 +47,7 @@ bool Recorder::Refill(RecordSink& sink) {
   if (r.countdown_ == 1) {
     // The countdown's last event: it reads the clock (as EventTime), and
     // takes one unit of the new budget without counting down.
-    r.sampled_ns_ = SteadyNs() - r.start_ns_;
+    r.sampled_ns_ = ClockNs(r.clock_) - r.start_ns_;
     r.countdown_ = kClockSampleEvents + 1;
     const auto t = static_cast<std::uint64_t>(r.sampled_ns_);
     if (t != sink.prev_time) r.writer_->AppendTime(t);
@@ -73,7 +83,7 @@ std::int64_t Recorder::Now() {
   if (use_trace_time_) return trace_time_ns_;
   // A mark reads the clock; the sampled clock restarts from it, so that the
   // events after the mark are never earlier than it.
-  sampled_ns_ = SteadyNs() - start_ns_;
+  sampled_ns_ = ClockNs(clock_) - start_ns_;
   countdown_ = kClockSampleEvents;
   return sampled_ns_;
 }
@@ -96,7 +106,7 @@ inline std::int64_t Recorder::EventTime(const TraceEvent& e) {
   if (clock_ == RecordClock::kSampled && !use_trace_time_) {
     if (--countdown_ == 0) {
       countdown_ = kClockSampleEvents;
-      sampled_ns_ = SteadyNs() - start_ns_;
+      sampled_ns_ = ClockNs(clock_) - start_ns_;
     }
     return sampled_ns_;
   }

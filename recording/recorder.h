@@ -32,7 +32,8 @@ enum class RecordClock : std::uint8_t {
   // Every allocator call reads the clock (the allocator's FastNowNs): exact
   // times, for runs whose time means something (kernels that really run).
   kWall,
-  // Simulated runs: the allocator reads no clock. The recorder reads it at
+  // Simulated runs: the allocator reads no clock. The recorder reads
+  // steady_clock (not the TSC: no 5 ms calibration to pay) at
   // every phase mark, mark and collective, and at every kClockSampleEvents-th
   // allocator event (a free that completes at once, one OnFreeAtOnce call,
   // counts once); an allocator event carries the last time read. Times
