@@ -337,10 +337,13 @@ class TimelineWriter final : public EventSink {
                      std::uint64_t requested, std::uint64_t stream, std::uint64_t name, unsigned kinds,
                      unsigned small);
   void WriteBuffer();                      // writes the buffer's bytes (errors kept in error_)
+  void Preallocate(std::size_t bytes);     // the file's blocks for a write of `bytes` at its end
   void AppendRaw(std::string_view bytes);  // a string or config record
 
   std::string path_;
   int fd_;
+  std::uint64_t file_bytes_ = kTimelineHeaderSize;  // written to fd_ (Create wrote the header)
+  bool preallocate_ = true;                         // fallocate works here (Preallocate)
   std::unique_ptr<char[]> buffer_;
   std::unique_ptr<Slot[]> slots_;  // the fields of the allocs in the slots
   std::unique_ptr<std::uint64_t[]> slot_seq_;
