@@ -61,6 +61,32 @@ struct RecordSink {
   bool (*refill)(RecordSink& sink) = nullptr;
   void* owner = nullptr;  // (refill's)
 
+  // The bytes of the two hot records (timeline.h), at `p`; each returns the
+  // record's end. Both the fast path below and the TimelineWriter write them
+  // through these, so that the format has one encoder.
+  //
+  // A compact alloc: `d_units` (addr - previous addr) / 512, which must fit
+  // an int32; size / 512 below 2^32; `slack` (size - requested) below 2^24;
+  // `category` below 16. Writes 13 bytes: the 13th is slack, overwritten by
+  // the next record (the caller keeps room for it).
+  [[gnu::always_inline]] static char* PutCompactAlloc(char* p, unsigned small, unsigned category,
+                                                      std::int64_t d_units, std::uint64_t size, std::uint64_t slack) {
+    p[0] = static_cast<char>(kCompactAlloc | small << 4 | category);
+    const std::uint64_t word = (static_cast<std::uint64_t>(d_units) & 0xffffffffu) | (size >> 9) << 32;
+    std::memcpy(p + 1, &word, 8);
+    const auto slack32 = static_cast<std::uint32_t>(slack);
+    std::memcpy(p + 9, &slack32, 4);  // 3 bytes; the 4th is the next record's
+    return p + 12;
+  }
+  // A lean free of slot `s` (below 2^12), tag bits `bits` (kLeanFree, and
+  // kFoldedFree when its free_completed is folded in): 2 bytes.
+  [[gnu::always_inline]] static char* PutLeanFree(char* p, std::size_t s, unsigned bits) {
+    // Bytes (bits | s >> 8, s & 255): s's two bytes swapped, tag bits set.
+    const auto tag = static_cast<std::uint16_t>(std::rotl(static_cast<std::uint16_t>(s), 8) | bits);
+    std::memcpy(p, &tag, 2);
+    return p + 2;
+  }
+
   [[gnu::cold]] [[gnu::noinline]] bool Refill() { return refill != nullptr && refill(*this); }
 
   // An alloc as a compact record, if it can be one; returns whether it was
@@ -81,13 +107,7 @@ struct RecordSink {
     if (tag.generation != fast_generation || stream != prev_stream || escapes != 0 || (budget <= 0 && !Refill())) {
       return false;
     }
-    char* p = cur;
-    p[0] = static_cast<char>(kCompactAlloc | small << 4 | category);
-    const std::uint64_t word = (static_cast<std::uint64_t>(d_units) & 0xffffffffu) | (size >> 9) << 32;
-    std::memcpy(p + 1, &word, 8);
-    const auto slack32 = static_cast<std::uint32_t>(slack);
-    std::memcpy(p + 9, &slack32, 4);  // 3 bytes; the 4th is overwritten by the next record
-    cur = p + 12;
+    cur = PutCompactAlloc(cur, small, category, d_units, size, slack);
     --budget;
     prev_addr = addr;
     prev_size = size;
@@ -103,10 +123,7 @@ struct RecordSink {
                                             std::uint64_t record_id) {
     const std::size_t s = SlotOf(addr);
     if (slot_seq[s] != record_id || (budget <= 0 && !Refill())) return false;
-    // Bytes (0xc0 | s >> 8, s & 255): s's two bytes swapped (s < 2^12), tag bits set.
-    const auto tag = static_cast<std::uint16_t>(std::rotl(static_cast<std::uint16_t>(s), 8) | kLeanFree | kFoldedFree);
-    std::memcpy(cur, &tag, 2);
-    cur += 2;
+    cur = PutLeanFree(cur, s, kLeanFree | kFoldedFree);
     --budget;
     prev_addr = addr;
     prev_size = size;

@@ -1,18 +1,63 @@
 #include "recording/recorder.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include "allocator/fast_clock.h"
 
 namespace memscope {
 namespace {
 
-std::int64_t SteadyNs() { return FastNowNs(); }  // the allocator's clock, so marks and events agree
+std::int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Below this much steady_clock time since its first reading, a sampled
+// clock does not trust a TSC rate (20 ms: a read's jitter of about 50 ns is
+// 2.5 ppm of it).
+constexpr std::int64_t kTscCalibrationNs = 20'000'000;
 
 }  // namespace
 
+std::int64_t Recorder::ClockNs() {
+  // kWall: the allocator's clock (FastNowNs), so that marks and the
+  // allocator's event times agree.
+  if (clock_ == RecordClock::kWall) return FastNowNs();
+  // kSampled: the allocator reads no clock; the recorder reads its own.
+  // FastNowNs's first call spins 5 ms calibrating the TSC, which a short
+  // simulated run would pay for nothing; this reads steady_clock (a vDSO
+  // call, 40-50 ns here under load) and calibrates the TSC on the side from
+  // its own readings, then reads the TSC (15-25 ns here), starting from the
+  // last steady reading: times stay monotonic.
+#if defined(__x86_64__)
+  if (tsc_ns_per_tick_ > 0.0) {
+    const auto ticks = static_cast<std::int64_t>(__rdtsc() - tsc_base_);
+    return tsc_base_ns_ + static_cast<std::int64_t>(static_cast<double>(ticks) * tsc_ns_per_tick_);
+  }
+  const std::int64_t ns = SteadyNs();
+  const std::uint64_t tsc = __rdtsc();
+  if (tsc_base_ == 0) {
+    tsc_base_ = tsc;
+    tsc_base_ns_ = ns;
+  } else if (ns - tsc_base_ns_ >= kTscCalibrationNs && tsc > tsc_base_) {
+    tsc_ns_per_tick_ = static_cast<double>(ns - tsc_base_ns_) / static_cast<double>(tsc - tsc_base_);
+    tsc_base_ = tsc;
+    tsc_base_ns_ = ns;
+  }
+  return ns;
+#else
+  return SteadyNs();
+#endif
+}
+
 Recorder::Recorder(EventSink& sink, RecordClock clock)
-    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(SteadyNs()), clock_(clock) {
+    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(0), clock_(clock) {
+  start_ns_ = ClockNs();
   if (writer_ != nullptr && clock_ == RecordClock::kSampled) {
     fast_ = &writer_->record_sink();
     fast_->refill = &Recorder::Refill;
@@ -37,7 +82,7 @@ bool Recorder::Refill(RecordSink& sink) {
   if (r.countdown_ == 1) {
     // The countdown's last event: it reads the clock (as EventTime), and
     // takes one unit of the new budget without counting down.
-    r.sampled_ns_ = SteadyNs() - r.start_ns_;
+    r.sampled_ns_ = r.ClockNs() - r.start_ns_;
     r.countdown_ = kClockSampleEvents + 1;
     const auto t = static_cast<std::uint64_t>(r.sampled_ns_);
     if (t != sink.prev_time) r.writer_->AppendTime(t);
@@ -73,7 +118,7 @@ std::int64_t Recorder::Now() {
   if (use_trace_time_) return trace_time_ns_;
   // A mark reads the clock; the sampled clock restarts from it, so that the
   // events after the mark are never earlier than it.
-  sampled_ns_ = SteadyNs() - start_ns_;
+  sampled_ns_ = ClockNs() - start_ns_;
   countdown_ = kClockSampleEvents;
   return sampled_ns_;
 }
@@ -96,7 +141,7 @@ inline std::int64_t Recorder::EventTime(const TraceEvent& e) {
   if (clock_ == RecordClock::kSampled && !use_trace_time_) {
     if (--countdown_ == 0) {
       countdown_ = kClockSampleEvents;
-      sampled_ns_ = SteadyNs() - start_ns_;
+      sampled_ns_ = ClockNs() - start_ns_;
     }
     return sampled_ns_;
   }

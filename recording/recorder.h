@@ -33,7 +33,9 @@ enum class RecordClock : std::uint8_t {
   // Every allocator call reads the clock (the allocator's FastNowNs): exact
   // times, for runs whose time means something (kernels that really run).
   kWall,
-  // Simulated runs: the allocator reads no clock. The recorder reads it at
+  // Simulated runs: the allocator reads no clock. The recorder reads its
+  // own (steady_clock, then the TSC once calibrated from those readings: no
+  // 5 ms calibration spin, unlike FastNowNs) at
   // every phase mark, mark and collective, and at every kClockSampleEvents-th
   // allocator event (a free that completes at once, one OnFreeAtOnce call,
   // counts once); an allocator event carries the last time read. Times
@@ -135,6 +137,7 @@ class Recorder final : public AllocatorObserver {
 
   std::int64_t EventTime(const TraceEvent& e);  // an allocator event's time (the clock mode's)
   std::int64_t Now();  // a mark's time; restarts the sampled clock
+  std::int64_t ClockNs();  // the clock mode's clock (recorder.cpp)
   std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
                   std::int64_t micro_batch = kNoMicroBatch);
@@ -153,6 +156,11 @@ class Recorder final : public AllocatorObserver {
   std::int64_t trace_time_ns_ = 0;
   RecordSink* fast_ = nullptr;  // writer_'s state when the clock is sampled (record_sink())
   long granted_ = 0;            // the budget last granted to fast_
+  // kSampled on x86-64 (ClockNs): a TSC reading and the steady_clock time
+  // at it (tsc_base_ 0: none yet), and the rate found (0: not yet).
+  std::uint64_t tsc_base_ = 0;
+  std::int64_t tsc_base_ns_ = 0;
+  double tsc_ns_per_tick_ = 0.0;
 };
 
 }  // namespace memscope

@@ -171,9 +171,38 @@ void TimelineWriter::AppendRaw(std::string_view bytes) {
 }
 
 void TimelineWriter::WriteBuffer() {
-  if (used() != 0 && error_.ok()) error_ = WriteAll(fd_, buffer_.get(), used(), path_);
+  if (used() != 0 && error_.ok()) {
+    Preallocate(used());
+    error_ = WriteAll(fd_, buffer_.get(), used(), path_);
+    file_bytes_ += used();
+  }
   sink_.cur = buffer_.get();
   fold_at_ = nullptr;  // written: its tag can no longer be changed
+}
+
+void TimelineWriter::Preallocate(std::size_t bytes) {
+#if defined(__linux__)
+  // The blocks a write of a full buffer is about to fill, allocated in one
+  // call: ext4 otherwise reserves a delayed block per page inside write()
+  // (writing 14.3 MB in 1 MiB writes to a new ext4 file here: 3.2-3.6 ms
+  // with it, 3.9-8.4 ms without). Only the blocks the write fills entirely
+  // (nothing beyond the data; a crash between the two calls leaves at most
+  // a buffer's blocks allocated past the end, never in the file), and the
+  // file's size does not move (FALLOC_FL_KEEP_SIZE): it still grows by
+  // write() alone, so that a torn tail is what it was. An error (a file
+  // system without fallocate) only ends the preallocation.
+  constexpr std::uint64_t kBlock = 4096;
+  constexpr std::size_t kMinBytes = std::size_t{64} << 10;  // phase-end flushes are left alone
+  if (!preallocate_ || bytes < kMinBytes) return;
+  const std::uint64_t begin = (file_bytes_ + kBlock - 1) & ~(kBlock - 1);
+  const std::uint64_t end = (file_bytes_ + bytes) & ~(kBlock - 1);
+  if (end <= begin) return;
+  if (::fallocate(fd_, FALLOC_FL_KEEP_SIZE, static_cast<off_t>(begin), static_cast<off_t>(end - begin)) != 0) {
+    preallocate_ = false;
+  }
+#else
+  (void)bytes;
+#endif
 }
 
 absl::Status TimelineWriter::Flush() {

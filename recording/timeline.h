@@ -201,10 +201,8 @@ class TimelineWriter final : public EventSink {
         if (time != sink_.prev_time) p = PutTime(p, time);
         fold_at_ = p;
         fold_bit_ = 0x40;
-        p[0] = static_cast<char>(kLeanFree | (s >> 8));
-        p[1] = static_cast<char>(s);
         SetPrevious(time, addr, size, requested, stream, name, kinds, small);
-        sink_.cur = p + 2;
+        sink_.cur = RecordSink::PutLeanFree(p, s, kLeanFree);
         fold_end_ = sink_.cur;
         return;
       }
@@ -218,14 +216,9 @@ class TimelineWriter final : public EventSink {
           slack < (1u << 24) && requested <= size && stream == sink_.prev_stream && name == sink_.last_alloc_name &&
           static_cast<unsigned>(category) < 16) {
         if (time != sink_.prev_time) p = PutTime(p, time);
-        p[0] = static_cast<char>(kCompactAlloc | small << 4 | static_cast<unsigned>(category));
-        const std::uint64_t word = (static_cast<std::uint64_t>(d_units) & 0xffffffffu) | (size >> 9) << 32;
-        std::memcpy(p + 1, &word, 8);
-        const auto slack32 = static_cast<std::uint32_t>(slack);
-        std::memcpy(p + 9, &slack32, 4);
         SetPrevious(time, addr, size, requested, stream, name, kinds, small);
         sink_.last_alloc_name = name;
-        sink_.cur = p + 12;
+        sink_.cur = RecordSink::PutCompactAlloc(p, small, static_cast<unsigned>(category), d_units, size, slack);
         return;
       }
     }
@@ -344,10 +337,13 @@ class TimelineWriter final : public EventSink {
                      std::uint64_t requested, std::uint64_t stream, std::uint64_t name, unsigned kinds,
                      unsigned small);
   void WriteBuffer();                      // writes the buffer's bytes (errors kept in error_)
+  void Preallocate(std::size_t bytes);     // the file's blocks for a write of `bytes` at its end
   void AppendRaw(std::string_view bytes);  // a string or config record
 
   std::string path_;
   int fd_;
+  std::uint64_t file_bytes_ = kTimelineHeaderSize;  // written to fd_ (Create wrote the header)
+  bool preallocate_ = true;                         // fallocate works here (Preallocate)
   std::unique_ptr<char[]> buffer_;
   std::unique_ptr<Slot[]> slots_;  // the fields of the allocs in the slots
   std::unique_ptr<std::uint64_t[]> slot_seq_;

@@ -6,6 +6,7 @@
 #include "recording/timeline.h"
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "../allocator/test_util.h"
 #include "recording/recorder.h"
@@ -382,6 +384,32 @@ TEST_CASE("version 4: every event type and every record form reads back as writt
     previous = part->events.size();
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a sampled clock stays monotonic and on time once it reads the TSC (after 20 ms)") {
+  // The recorder reads steady_clock until 20 ms of it calibrate the TSC,
+  // then the TSC from the last steady reading: marks over 60 ms (a mark
+  // reads the clock) must never go back, and the last must be steady_clock's
+  // time since the start to within 0.5 ms.
+  const auto steady_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  Timeline t;
+  MemorySink sink(t);
+  const std::int64_t start = steady_ns();
+  Recorder rec(sink, RecordClock::kSampled);
+  std::int64_t before_end = 0;
+  while ((before_end = steady_ns() - start) < 60'000'000) {
+    rec.Mark("tick");
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  rec.Mark("end");
+  const std::int64_t after_end = steady_ns() - start;
+  REQUIRE(t.events.size() >= 3);
+  for (std::size_t i = 1; i < t.events.size(); ++i) CHECK(t.events[i].time_ns >= t.events[i - 1].time_ns);
+  CHECK(t.events.back().time_ns >= before_end - 500'000);
+  CHECK(t.events.back().time_ns <= after_end + 500'000);
 }
 
 TEST_CASE("version 4: a Recorder's sampled clock reads no clock in the allocator and keeps times monotonic") {
