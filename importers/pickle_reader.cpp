@@ -1907,11 +1907,14 @@ bool Reader::FastDict() {
   if (!fast_vals_) fast_vals_ = std::make_unique<FastVal[]>(kFastMaxStack);
   FastVal* const st = fast_vals_.get();
   std::size_t sp = 0;  // values on st
-  fast_nmarks_ = 0;
-  fast_nboxes_ = 0;
-  fast_memo_.clear();
-  fast_memo_bloom_ = 0;
-  fast_memo_count_ = memo_count_;
+  const auto clear_state = [&] {  // the decoder's marks, boxes and memo writes: none yet
+    fast_nmarks_ = 0;
+    fast_nboxes_ = 0;
+    fast_memo_.clear();
+    fast_memo_bloom_ = 0;
+    fast_memo_count_ = memo_count_;
+  };
+  clear_state();
   fast_pair_ops_ = 0;
   std::uint64_t ops = 0;
   const auto fail = [&] {
@@ -1980,14 +1983,9 @@ bool Reader::FastDict() {
     return x;
   };
   const auto restart = [&] {  // again from the EMPTY_DICT
-    a.chars.resize(chars0);
-    a.tree.resize(tree0);
+    fail();
     p = pos_;
-    fast_nmarks_ = 0;
-    fast_nboxes_ = 0;
-    fast_memo_.clear();
-    fast_memo_bloom_ = 0;
-    fast_memo_count_ = memo_count_;
+    clear_state();
     sp = 0;
     return open_box(PyKind::kDict);
   };
