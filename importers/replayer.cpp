@@ -134,18 +134,38 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   return result;
 }
 
-void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
-  if (trace.stacks.size() <= 1 || result.alloc_stacks.empty()) return;
-  std::vector<std::uint32_t> stacks(timeline.events.size(), 0);
+namespace {
+
+// Each alloc event's stack (index into the trace's stacks), or nothing when
+// the timeline has no stacks to take or its alloc events do not follow the replay's.
+bool EventStacks(const RequestTrace& trace, const ReplayResult& result, const Timeline& timeline,
+                 std::vector<std::uint32_t>& stacks) {
+  if (trace.stacks.size() <= 1 || result.alloc_stacks.empty()) return false;
+  stacks.assign(timeline.events.size(), 0);
   std::size_t k = 0;
   for (std::size_t i = 0; i < timeline.events.size(); ++i) {
     const Event& e = timeline.events[i];
     if (e.type != EventType::kAlloc) continue;
-    if (k >= result.alloc_stacks.size() || result.alloc_stacks[k].first != e.addr) return;
+    if (k >= result.alloc_stacks.size() || result.alloc_stacks[k].first != e.addr) return false;
     stacks[i] = result.alloc_stacks[k++].second;
   }
-  if (k != result.alloc_stacks.size()) return;
+  return k == result.alloc_stacks.size();
+}
+
+}  // namespace
+
+void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
+  std::vector<std::uint32_t> stacks;
+  if (!EventStacks(trace, result, timeline, stacks)) return;
   timeline.stacks = trace.stacks;
+  timeline.event_stacks = std::move(stacks);
+}
+
+void AttachStacksMoving(RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
+  std::vector<std::uint32_t> stacks;
+  if (!EventStacks(trace, result, timeline, stacks)) return;
+  timeline.stacks = std::move(trace.stacks);
+  trace.stacks.clear();
   timeline.event_stacks = std::move(stacks);
 }
 

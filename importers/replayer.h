@@ -48,6 +48,9 @@ struct ReplayResult {
 // trace's stacks: each alloc event the stack of its request. Leaves the
 // timeline without stacks when its alloc events do not follow the replay's.
 void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline);
+// The same, moving the trace's stacks into the timeline instead of copying
+// them (`trace.stacks` is left empty), for callers done with them.
+void AttachStacksMoving(RequestTrace& trace, const ReplayResult& result, Timeline& timeline);
 
 // Replays `trace` with `config` on a SimDevice of `device_memory` bytes. An
 // out-of-memory stops the replay and is part of the result (not an error);

@@ -211,14 +211,14 @@ RequestTrace DemoTrace() {
     owner = layer_owner.back();
   };
   auto alloc = [&](std::uint32_t s, std::size_t size) {
-    Request r{RequestOp::kAlloc, s, size, 0, ++line};
+    Request r{.op = RequestOp::kAlloc, .slot = s, .size = size, .line = ++line};
     r.category = category;
     r.text = owner;
     t.requests.push_back(r);
   };
-  auto free = [&](std::uint32_t s) { t.requests.push_back({RequestOp::kFree, s, 0, 0, ++line}); };
+  auto free = [&](std::uint32_t s) { t.requests.push_back({.op = RequestOp::kFree, .slot = s, .line = ++line}); };
   auto phase = [&](RequestOp op, Phase p, std::int64_t step) {
-    Request r{op, 0, 0, 0, ++line};
+    Request r{.op = op, .line = ++line};
     r.phase = p;
     r.step = step;
     t.requests.push_back(r);

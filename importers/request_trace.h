@@ -40,19 +40,22 @@ enum class RequestOp : std::uint8_t { kAlloc, kFree, kRecordStream, kEmptyCache,
 // Request::stream of a sync that completes every stream.
 inline constexpr StreamId kAllStreams = ~StreamId{0};
 
+// 56 bytes (a 1 GB snapshot holds ~10M of them): the small fields first,
+// then the 8-byte ones. Initialise by name (designated initialisers).
 struct Request {
   RequestOp op;
+  Category category = Category::kOther;  // alloc
+  Phase phase = Phase::kUser;            // phase marks
   std::uint32_t slot = 0;                // dense index of the id (alloc/free/record_stream)
   std::size_t size = 0;                  // alloc
   StreamId stream = 0;                   // alloc, record_stream, sync (kAllStreams: every stream)
   std::uint64_t line = 0;                // 1-based line in the source, for messages
-  Category category = Category::kOther;  // alloc
-  Phase phase = Phase::kUser;            // phase marks
   std::int64_t step = kNoStep;           // phase marks
   std::uint32_t text = 0;                // index into strings: alloc owner, user phase label, mark text
   std::uint32_t stack = 0;               // alloc: index into stacks (a PyTorch snapshot's frames), 0 for none
   std::int64_t time_us = -1;             // when the source says it happened (PyTorch's time_us); -1: unknown
 };
+static_assert(sizeof(Request) == 56, "Request: keep the small fields together");
 
 struct RequestTrace {
   std::vector<Request> requests;

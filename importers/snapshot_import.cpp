@@ -483,14 +483,14 @@ struct DeviceBuilder {
     if (!held) return;
     if (!completed_at_once) {
       const StreamId s = WaitStream(held->slot);
-      Push(Request{RequestOp::kRecordStream, held->slot, 0, s, 0}, held->time_us);
+      Push(Request{.op = RequestOp::kRecordStream, .slot = held->slot, .stream = s}, held->time_us);
       AddrState& a = addrs[held->addr];
       if (!a.waiting) ++waiting;
       a.waiting = true;
       a.wait_slot = held->slot;
       ++delayed_frees;
     }
-    Push(Request{RequestOp::kFree, held->slot, 0, 0, 0}, held->time_us);
+    Push(Request{.op = RequestOp::kFree, .slot = held->slot}, held->time_us);
     held.reset();
   }
 
@@ -586,9 +586,9 @@ struct DeviceBuilder {
     if (act == Action::kAlloc) {
       AddrState& a = addrs[addr];  // one probe: its slot is set below
       if (a.live) {                // a free the trace lost
-        Push(Request{RequestOp::kFree, a.slot, 0, 0, 0}, time_us);
+        Push(Request{.op = RequestOp::kFree, .slot = a.slot}, time_us);
       }
-      Request r{RequestOp::kAlloc, Slot(addr), size, stream, 0};
+      Request r{.op = RequestOp::kAlloc, .slot = Slot(addr), .size = size, .stream = stream};
       tags.Tag(frames_v, r, out.requests);
       a.slot = r.slot;
       a.live = true;
@@ -605,7 +605,7 @@ struct DeviceBuilder {
     } else if (act == Action::kFreeCompleted) {
       if (waiting != 0) {
         if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
-          Push(Request{RequestOp::kSync, 0, 0, WaitStream(w->second.wait_slot), 0}, time_us);
+          Push(Request{.op = RequestOp::kSync, .stream = WaitStream(w->second.wait_slot)}, time_us);
           w->second.waiting = false;
           --waiting;
         }
@@ -623,7 +623,7 @@ struct DeviceBuilder {
           {act == Action::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
       reserved -= static_cast<std::int64_t>(size);
       if (out.requests.requests.empty() || out.requests.requests.back().op != RequestOp::kEmptyCache) {
-        Push(Request{RequestOp::kEmptyCache, 0, 0, 0, 0}, time_us);
+        Push(Request{.op = RequestOp::kEmptyCache}, time_us);
       }
     } else if (act == Action::kOom) {
       ++ooms;
@@ -638,7 +638,7 @@ struct DeviceBuilder {
       const std::optional<std::string_view> name = PyView(arena, f[Field::kName]).AsString();
       const std::optional<std::string_view> stage = PyView(arena, f[Field::kStage]).AsString();
       if (name) {
-        Request r{RequestOp::kMark, 0, 0, 0, 0};
+        Request r{.op = RequestOp::kMark};
         if (stage) r.op = *stage == "END" ? RequestOp::kPhaseEnd : RequestOp::kPhaseBegin;
         AnnotationPhase(std::string(*name), r, out.requests);
         if (r.op == RequestOp::kMark && r.phase != Phase::kUser) {
@@ -806,7 +806,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     std::vector<Request> head;
     for (const Preexisting& p : preexisting[device]) {
       if (b.addrs.contains(p.addr)) continue;
-      Request r{RequestOp::kAlloc, b.Slot(p.addr), p.size, 0, 0};
+      Request r{.op = RequestOp::kAlloc, .slot = b.Slot(p.addr), .size = p.size};
       b.tags.Tag(p.frames, r, t.requests);
       r.time_us = t.requests.time_origin_us;
       head.push_back(r);
@@ -829,7 +829,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       const std::optional<std::string_view> stage = a.Get("stage").AsString();
       if (!name || !stage || DeviceOf(a) != device) continue;
       const double time_us = a.Get("time_us").AsNumber().value_or(0);
-      Request r{*stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd, 0, 0, 0, 0};
+      Request r{.op = *stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd};
       AnnotationPhase(std::string(*name), r, t.requests);
       if (b.time_known)
         r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
@@ -859,7 +859,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     // the OOM implies.
     if (b.ooms > 0) {
       if (b.last_oom_entry > b.last_alloc_entry && b.oom_size > 0) {
-        Request r{RequestOp::kAlloc, b.Slot(0), b.oom_size, 0, b.last_oom_entry};
+        Request r{.op = RequestOp::kAlloc, .slot = b.Slot(0), .size = b.oom_size, .line = b.last_oom_entry};
         if (b.time_known) r.time_us = static_cast<std::int64_t>(b.last_time);
         merged.push_back(r);
       }
@@ -1037,7 +1037,7 @@ absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& sou
     } else if (!absl::SimpleAtoi(stream_text, &stream)) {
       return error("bad Stream '" + stream_text + "'");
     }
-    Request r{RequestOp::kAlloc, 0, size, stream, line_no};
+    Request r{.op = RequestOp::kAlloc, .size = size, .stream = stream, .line = line_no};
     if (action == "allocate") {
       if (live.contains(pointer)) return error("allocate of " + pointer + ", which is already allocated");
       t.ids.push_back(pointer);

@@ -23,8 +23,13 @@
 namespace memscope {
 namespace fs = std::filesystem;
 
-absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
-                                      std::uint64_t device_memory, int rank, ReplayResult* result) {
+namespace {
+
+// RecordReplay's body: `movable` (the trace itself, when the caller gives
+// up its stacks) gets its stacks moved into the timeline.
+absl::StatusOr<Timeline> RecordReplayImpl(const RequestTrace& trace, RequestTrace* movable,
+                                          const AllocatorConfig& config, std::uint64_t device_memory, int rank,
+                                          ReplayResult* result) {
   // In memory, on GPU 0 whatever device the trace came from (the timeline keeps `rank`).
   RankSessionOptions options;
   options.rank = rank;
@@ -42,10 +47,26 @@ absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const Allocator
   if (!r.ok()) return r.status();
   if (absl::Status s = session.Finish(); !s.ok()) return s;
   Timeline timeline = std::move(session.timeline());
-  AttachStacks(trace, *r, timeline);
+  if (movable != nullptr) {
+    AttachStacksMoving(*movable, *r, timeline);
+  } else {
+    AttachStacks(trace, *r, timeline);
+  }
   r->alloc_stacks.clear();
   if (result != nullptr) *result = std::move(*r);
   return timeline;
+}
+
+}  // namespace
+
+absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
+                                      std::uint64_t device_memory, int rank, ReplayResult* result) {
+  return RecordReplayImpl(trace, nullptr, config, device_memory, rank, result);
+}
+
+absl::StatusOr<Timeline> RecordReplayTakingStacks(RequestTrace& trace, const AllocatorConfig& config,
+                                                  std::uint64_t device_memory, int rank, ReplayResult* result) {
+  return RecordReplayImpl(trace, &trace, config, device_memory, rank, result);
 }
 
 absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
@@ -109,7 +130,7 @@ absl::StatusOr<std::vector<Timeline>> LoadSnapshot(const std::string& path, std:
   }
   if (!imported.ok()) return imported.status();
   std::vector<Timeline> timelines;
-  for (const ImportedTrace& trace : *imported) {
+  for (ImportedTrace& trace : *imported) {
     absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse(trace.alloc_conf);
     if (!config.ok()) return config.status();
     // An OOM snapshot is replayed on the capacity its oom entry implies,
@@ -118,7 +139,8 @@ absl::StatusOr<std::vector<Timeline>> LoadSnapshot(const std::string& path, std:
                                      ? trace.device_capacity
                                      : device_memory;
     ReplayResult replayed;
-    absl::StatusOr<Timeline> t = RecordReplay(trace.requests, *config, memory, trace.device, &replayed);
+    // The trace is not needed after its replay: its stacks move into the timeline.
+    absl::StatusOr<Timeline> t = RecordReplayTakingStacks(trace.requests, *config, memory, trace.device, &replayed);
     if (!t.ok()) return t.status();
     t->device_capacity = memory;
     // The snapshot's own clock: event times are its time_us (kept by the replay).

@@ -55,6 +55,11 @@ absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vect
 // replay's own result goes to `result` when given.
 absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
                                       std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
+// The same, moving the trace's stacks into the timeline instead of copying
+// them: `trace.stacks` is left empty (the rest of the trace is unchanged).
+absl::StatusOr<Timeline> RecordReplayTakingStacks(RequestTrace& trace, const AllocatorConfig& config,
+                                                  std::uint64_t device_memory, int rank,
+                                                  ReplayResult* result = nullptr);
 
 // What `memscope replay --out` recorded: the replay's own result and the
 // analyses of the run it wrote.

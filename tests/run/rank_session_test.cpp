@@ -5,6 +5,7 @@
 #include "allocator/alloc_tag.h"
 #include "recording/timeline.h"
 #include "run/rank_session.h"
+#include "run/run.h"
 
 namespace memscope {
 namespace {
@@ -108,6 +109,32 @@ TEST_CASE("RankSession on a host-backed device gives tensors real bytes") {
   REQUIRE(p.ok());
   CHECK(session.context().HostPointer(*p) != nullptr);
   REQUIRE(session.allocator().Free(*p).ok());
+}
+
+TEST_CASE("RecordReplayTakingStacks gives the timeline RecordReplay's stacks, moved out of the trace") {
+  RequestTrace trace;
+  trace.ids = {"a", "b", "c"};
+  trace.stacks.push_back(AllocStack{{}, "train.py:10 forward"});
+  trace.stacks.push_back(AllocStack{{}, "train.py:20 backward"});
+  trace.requests.push_back(Request{.op = RequestOp::kAlloc, .slot = 0, .size = kMiB, .stack = 2});
+  trace.requests.push_back(Request{.op = RequestOp::kAlloc, .slot = 1, .size = 3 * kMiB});
+  trace.requests.push_back(Request{.op = RequestOp::kFree, .slot = 0});
+  trace.requests.push_back(Request{.op = RequestOp::kAlloc, .slot = 2, .size = 2 * kMiB, .stack = 1});
+  absl::StatusOr<Timeline> copied = RecordReplay(trace, AllocatorConfig{}, 256 * kMiB, 0);
+  REQUIRE(copied.ok());
+  REQUIRE(trace.stacks.size() == 3);  // the const one copies
+  absl::StatusOr<Timeline> moved = RecordReplayTakingStacks(trace, AllocatorConfig{}, 256 * kMiB, 0);
+  REQUIRE(moved.ok());
+  CHECK(trace.stacks.empty());
+  REQUIRE(moved->stacks.size() == 3);
+  CHECK(moved->stacks[1].site == "train.py:10 forward");
+  CHECK(moved->stacks[2].site == "train.py:20 backward");
+  CHECK(moved->event_stacks == copied->event_stacks);
+  std::vector<std::uint32_t> alloc_stacks;
+  for (std::size_t i = 0; i < moved->events.size(); ++i) {
+    if (moved->events[i].type == EventType::kAlloc) alloc_stacks.push_back(moved->event_stacks[i]);
+  }
+  CHECK(alloc_stacks == std::vector<std::uint32_t>{2, 0, 1});
 }
 
 }  // namespace
