@@ -1177,6 +1177,17 @@ class Reader {
     std::uint8_t memos = 0;
   };
   bool FastDict();
+  // The end of a dict read fast: its value (a dict or a record's
+  // placeholder) pushed at `level`, the opcodes it took counted.
+  [[gnu::always_inline]] bool FastPush(const PyRef& r, std::uint32_t level, std::uint64_t ops) {
+    Slot s;
+    s.ref = r;
+    s.level = level;
+    stack_.push_back(s);
+    fast_ops_ = ops;
+    ++fast_count_;
+    return true;
+  }
   template <bool kRecord>
   bool FastPairs(std::size_t& pos);
   std::uint8_t RecordKeyIndex(const PyRef& key) const;
@@ -2145,14 +2156,8 @@ complete_record : {
   r.v = records_.size() | ((record_gen_ & 0xffffffffu) << 32);
   records_.push_back(R);
   for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
-  Slot s;
-  s.ref = r;
-  s.level = level;
-  stack_.push_back(s);
-  fast_ops_ = ops;
-  ++fast_count_;
   ++record_count_;
-  return true;
+  return FastPush(r, level, ops);
 }
 complete:
   ops += fast_pair_ops_;
@@ -2162,13 +2167,7 @@ complete:
   pos_ = p;
   for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
   memo_count_ = fast_memo_count_;
-  Slot s;
-  s.ref = r;
-  s.level = level;
-  stack_.push_back(s);
-  fast_ops_ = ops;
-  ++fast_count_;
-  return true;
+  return FastPush(r, level, ops);
 }
 
 absl::Status Reader::Long(const unsigned char* b, std::size_t n) {
