@@ -842,6 +842,28 @@ class GlooCommunicator final : public Communicator {
     GlooCall([&] { payload(static_cast<std::uint32_t>(2 * seq + 1)); });
   }
 
+  // Waits until `ready` holds for `word` (a futex word in rank r's check
+  // region), in futex slices of 50 ms: a peer that is gone or failed ends it
+  // at once ("aborted: a peer is gone"), and `deadline` with "Timed out
+  // waiting ...ms for <what>" (both through Fail, which names the ranks).
+  template <typename Ready>
+  void AwaitPeerWord(int r, const std::uint32_t& word, Ready ready, Clock::time_point deadline, const char* what) {
+    const CheckRegion* theirs = peer_regions_[static_cast<std::size_t>(r)];
+    for (;;) {
+      const std::uint32_t v = Word(word).load(std::memory_order_acquire);
+      if (ready(v)) return;
+      if (Word(theirs->failed).load(std::memory_order_acquire) != 0 || Unlocked(peer_fds_[r])) {
+        Fail(DescribeFailure(What(), "aborted: a peer is gone"), true);
+      }
+      const Clock::time_point now = Clock::now();
+      if (now >= deadline) {
+        Fail(DescribeFailure(What(), "Timed out waiting " + std::to_string(timeout_.count()) + "ms for " + what),
+             true);
+      }
+      FutexWait(&word, v, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50)));
+    }
+  }
+
   // Collective #seq's payload from rank r's mailbox (`bytes` of it), once r
   // has left it there. The wait is the check's (futex slices of 50 ms, a
   // peer that is gone or failed ends it, the timeout names who is missing).
@@ -851,20 +873,8 @@ class GlooCommunicator final : public Communicator {
   const char* AwaitMail(int r, std::uint64_t seq, std::size_t bytes) {
     const CheckRegion* theirs = peer_regions_[static_cast<std::size_t>(r)];
     const auto want = static_cast<std::uint32_t>(seq);
-    const Clock::time_point deadline = Clock::now() + timeout_;
-    for (;;) {
-      const std::uint32_t v = Word(theirs->mailed).load(std::memory_order_acquire);
-      if (v == want) break;
-      if (Word(theirs->failed).load(std::memory_order_acquire) != 0 || Unlocked(peer_fds_[r])) {
-        Fail(DescribeFailure(What(), "aborted: a peer is gone"), true);
-      }
-      const Clock::time_point now = Clock::now();
-      if (now >= deadline) {
-        Fail(DescribeFailure(What(), "Timed out waiting " + std::to_string(timeout_.count()) + "ms for the payload"),
-             true);
-      }
-      FutexWait(&theirs->mailed, v, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50)));
-    }
+    AwaitPeerWord(r, theirs->mailed, [want](std::uint32_t v) { return v == want; }, Clock::now() + timeout_,
+                  "the payload");
     if (theirs->mail_bytes != bytes) {
       Fail(DescribeFailure(What(), "rank " + std::to_string(r) + "'s payload is out of step"), true);
     }
@@ -950,19 +960,7 @@ class GlooCommunicator final : public Communicator {
     for (int r = 0; r < world_size_; ++r) {
       if (r == rank_) continue;
       const CheckRegion* theirs = peer_regions_[static_cast<std::size_t>(r)];
-      for (;;) {
-        const std::uint32_t v = Word(theirs->published).load(std::memory_order_acquire);
-        if (v >= k) break;
-        if (Word(theirs->failed).load(std::memory_order_acquire) != 0 || Unlocked(peer_fds_[r])) {
-          Fail(DescribeFailure(What(), "aborted: a peer is gone"), true);
-        }
-        const Clock::time_point now = Clock::now();
-        if (now >= deadline) {
-          Fail(DescribeFailure(What(), "Timed out waiting " + std::to_string(timeout_.count()) + "ms for the check"),
-               true);
-        }
-        FutexWait(&theirs->published, v, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50)));
-      }
+      AwaitPeerWord(r, theirs->published, [k](std::uint32_t v) { return v >= k; }, deadline, "the check");
       const std::uint64_t* slot = theirs->slots[k % 2];
       if (slot[0] != k) Fail(DescribeFailure(What(), "check #" + std::to_string(k) + " out of step"), true);
       std::copy(slot + 1, slot + 1 + words, all.begin() + static_cast<std::ptrdiff_t>(words * static_cast<std::size_t>(r)));
