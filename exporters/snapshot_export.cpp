@@ -220,7 +220,10 @@ class SnapshotWriter {
     }
     w_.BeginList();
     if (stack != 0 && stack < timeline_.stacks.size()) {
-      for (const StackFrame& f : timeline_.stacks[stack].frames) WriteFrame(f.filename, f.line, f.name);
+      for (const std::uint32_t id : timeline_.stacks[stack].frames) {
+        const StackFrame& f = timeline_.stack_frames[id];
+        WriteFrame(f.filename, f.line, f.name);
+      }
     } else {
       const std::string& text = timeline_.str(owner);
       WriteFrame(text.empty() ? std::string_view("??") : std::string_view(text), 0, FrameName(category));
@@ -412,7 +415,10 @@ class SnapshotWriter {
       if (++n % PickleWriter::kBatchSize == 0) b += static_cast<char>(0x65);  // APPENDS
     };
     if (has_stack) {
-      for (const StackFrame& fr : timeline_.stacks[stack].frames) frame(fr.filename, fr.line, fr.name);
+      for (const std::uint32_t id : timeline_.stacks[stack].frames) {
+        const StackFrame& fr = timeline_.stack_frames[id];
+        frame(fr.filename, fr.line, fr.name);
+      }
     } else {
       const std::string& text = timeline_.str(owner);
       frame(text.empty() ? std::string_view("??") : std::string_view(text), 0, FrameName(category));

@@ -21,8 +21,8 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
                                       Recorder* recorder) {
-  std::vector<DevicePtr> ptrs(trace.ids.size(), 0);
-  std::vector<std::size_t> sizes(trace.ids.size(), 0);
+  std::vector<DevicePtr> ptrs(trace.slot_count(), 0);
+  std::vector<std::size_t> sizes(trace.slot_count(), 0);
 
   ReplayResult result;
   result.alloc_conf = allocator.config().text;
@@ -63,7 +63,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
             return absl::Status(p.status().code(), absl::StrCat(where(), p.status().message()));
           }
           if (allocator.last_oom().has_value()) {
-            result.oom = ReplayOom{i, r.line, trace.ids[r.slot], *allocator.last_oom()};
+            result.oom = ReplayOom{i, r.line, trace.IdOf(r.slot), *allocator.last_oom()};
           } else {
             // A size no device has (1 EB or more): PyTorch raises its
             // OutOfMemoryError before asking the device, and so does the
@@ -75,7 +75,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
             info.diagnosis =
                 absl::StrCat("memscope: the request of ", r.size, " B is larger than any device; PyTorch refuses ",
                              "requests of 1 EB and more before asking the device.");
-            result.oom = ReplayOom{i, r.line, trace.ids[r.slot], std::move(info)};
+            result.oom = ReplayOom{i, r.line, trace.IdOf(r.slot), std::move(info)};
           }
           break;
         }
@@ -158,6 +158,7 @@ void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timelin
   std::vector<std::uint32_t> stacks;
   if (!EventStacks(trace, result, timeline, stacks)) return;
   timeline.stacks = trace.stacks;
+  timeline.stack_frames = trace.stack_frames;
   timeline.event_stacks = std::move(stacks);
 }
 
@@ -165,7 +166,9 @@ void AttachStacksMoving(RequestTrace& trace, const ReplayResult& result, Timelin
   std::vector<std::uint32_t> stacks;
   if (!EventStacks(trace, result, timeline, stacks)) return;
   timeline.stacks = std::move(trace.stacks);
+  timeline.stack_frames = std::move(trace.stack_frames);
   trace.stacks.clear();
+  trace.stack_frames.clear();
   timeline.event_stacks = std::move(stacks);
 }
 

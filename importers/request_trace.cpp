@@ -1,6 +1,7 @@
 #include "importers/request_trace.h"
 
 #include <algorithm>
+#include <bit>
 #include <fstream>
 
 #include "absl/container/flat_hash_map.h"
@@ -177,8 +178,20 @@ absl::StatusOr<RequestTrace> ReadJsonlTraceFile(const std::string& path) {
   return ReadJsonlTrace(in, path);
 }
 
+std::string RequestTrace::IdOf(std::uint32_t slot) const {
+  if (address_ids.empty()) return slot < ids.size() ? ids[slot] : std::string();
+  if (slot >= address_ids.size()) return std::string();
+  const std::uint64_t addr = address_ids[slot];
+  char text[18] = {'0', 'x'};  // absl::Hex's digits, without its formatting machinery
+  std::size_t n = 2;
+  for (int shift = (addr == 0 ? 0 : (63 - std::countl_zero(addr)) / 4 * 4); shift >= 0; shift -= 4) {
+    text[n++] = "0123456789abcdef"[(addr >> shift) & 15];
+  }
+  return std::string(text, n);
+}
+
 std::uint64_t PeakLiveBytes(const RequestTrace& trace) {
-  std::vector<std::uint64_t> size(trace.ids.size(), 0);
+  std::vector<std::uint64_t> size(trace.slot_count(), 0);
   std::uint64_t live = 0;
   std::uint64_t peak = 0;
   for (const Request& r : trace.requests) {

@@ -60,6 +60,9 @@ static_assert(sizeof(Request) == 56, "Request: keep the small fields together");
 struct RequestTrace {
   std::vector<Request> requests;
   std::vector<std::string> ids;          // slot -> the id as written
+  // Or, for a source whose ids are addresses (a PyTorch snapshot), slot ->
+  // address, the id "0x" and its hex digits (IdOf); a trace has one or the other.
+  std::vector<std::uint64_t> address_ids;
   std::vector<std::string> strings{""};  // owners, labels, mark texts; 0 is ""
   std::string source;                    // file name, or "<embedded>"
   // Unix microseconds of the source's first request when it has times (a
@@ -68,6 +71,7 @@ struct RequestTrace {
   std::int64_t time_origin_us = -1;
   // The allocations' stacks (a PyTorch snapshot's frames); 0 is none.
   std::vector<AllocStack> stacks{AllocStack{}};
+  std::vector<StackFrame> stack_frames;  // the frames the stacks' indices name, each distinct frame once
   // The addresses the source's device gave, in order (a PyTorch snapshot's
   // segment_alloc entries; the first segment_map of each expandable
   // segment): a replay places its segments there while its calls follow the
@@ -77,6 +81,10 @@ struct RequestTrace {
   // The plan applies from this request on (the requests before it recreate
   // blocks the trace never allocated: their segments are not in the plan).
   std::size_t planned_from_request = 0;
+
+  // How many slots there are, and the id of one as written.
+  std::size_t slot_count() const { return address_ids.empty() ? ids.size() : address_ids.size(); }
+  std::string IdOf(std::uint32_t slot) const;
 };
 
 // Reads a JSON-lines request trace. Any malformed line is an error naming the

@@ -286,30 +286,94 @@ struct StackTags {
     std::uint32_t owner, stack;
   };
   absl::flat_hash_map<std::uint64_t, Tags> by_node;
-  absl::flat_hash_map<std::string, std::uint32_t> by_content;  // frames as text -> stack
   std::uint64_t attributed = 0, from_frames = 0;
-  // What the stacks need of one frame, once per frame dict of the pickle
-  // (frame dicts shared by many lists: by their stored identity).
+  // Each distinct frame (by content) once: trace.stack_frames[id], and what
+  // the stacks need of it. Frame dicts shared by many lists are found by
+  // their stored identity, the others (and the first of each shared one) by content.
+  static constexpr std::uint32_t kNoOwner = ~std::uint32_t{0};
   struct FrameInfo {
-    StackFrame frame;
-    std::string text;     // FrameText
-    std::string content;  // its part of by_content's key
+    std::string text;  // FrameText
+    std::uint32_t owner = kNoOwner;  // text's index in trace.strings, once it was an owner
     std::uint8_t rules = 0;
     bool library = false;
   };
   absl::flat_hash_map<std::uint64_t, std::uint32_t> frame_by_node;
-  std::vector<FrameInfo> frame_infos;
-  std::vector<FrameInfo> unshared;  // this list's frames that are not shared nodes
-  std::vector<const FrameInfo*> list;
+  absl::flat_hash_map<std::string, std::uint32_t> frame_by_content;
+  std::vector<FrameInfo> frame_infos;  // by frame id
+  // Stacks by their frames' ids (4 bytes each, a string key): equal stacks
+  // in separate lists are one stack. Per stack, its category and owner.
+  absl::flat_hash_map<std::string, std::uint32_t> by_ids;
+  struct StackTag {
+    Category category;
+    std::uint32_t owner;
+  };
+  std::vector<StackTag> stack_tags{StackTag{Category::kOther, 0}};  // by stack index (0: none)
+  std::string ids_key;             // reused: one list's key
+  std::vector<std::uint32_t> ids;  // reused: one list's frame ids
 
-  static void MakeFrameInfo(const PyView& f, FrameInfo& info) {
-    info.frame.filename = std::string(f.Get("filename").AsString().value_or(""));
-    info.frame.line = f.Get("line").AsInt().value_or(0);
-    info.frame.name = std::string(f.Get("name").AsString().value_or(""));
-    info.text = FrameText(info.frame.filename, info.frame.line, info.frame.name);
-    info.content = absl::StrCat(info.frame.filename, "\n", info.frame.line, "\n", info.frame.name, "\n");
-    info.rules = FrameRules(info.frame.filename, info.frame.name);
-    info.library = LibraryFrame(info.frame.filename);
+  std::uint32_t FrameId(const PyView& f, RequestTrace& trace) {
+    const bool shared = (f.ref().flags & kPyRefShared) != 0;
+    const std::uint64_t node = f.ref().v * 2 + (f.ref().n > 0 ? 1 : 0);
+    if (shared) {
+      if (auto it = frame_by_node.find(node); it != frame_by_node.end()) return it->second;
+    }
+    StackFrame frame;
+    frame.filename = std::string(f.Get("filename").AsString().value_or(""));
+    frame.line = f.Get("line").AsInt().value_or(0);
+    frame.name = std::string(f.Get("name").AsString().value_or(""));
+    // (the file name's length first: no two frames have the same key)
+    auto [it, added] = frame_by_content.try_emplace(
+        absl::StrCat(frame.filename.size(), ":", frame.filename, ":", frame.line, ":", frame.name),
+        static_cast<std::uint32_t>(frame_infos.size()));
+    if (added) {
+      FrameInfo& info = frame_infos.emplace_back();
+      info.text = FrameText(frame.filename, frame.line, frame.name);
+      info.rules = FrameRules(frame.filename, frame.name);
+      info.library = LibraryFrame(frame.filename);
+      trace.stack_frames.push_back(std::move(frame));
+    }
+    if (shared) frame_by_node.emplace(node, it->second);
+    return it->second;
+  }
+
+  // A new stack of the frames `ids`: its category (the first rule any frame
+  // matches), owner (the innermost frame of the user's code) and site.
+  std::uint32_t AddStack(RequestTrace& trace) {
+    std::uint8_t rules = 0;
+    for (const std::uint32_t id : ids) rules |= frame_infos[id].rules;
+    StackTag tag{CategoryOfRules(rules), 0};
+    for (const std::uint32_t id : ids) {
+      FrameInfo& i = frame_infos[id];
+      if (i.library) continue;
+      if (!i.text.empty()) {
+        if (i.owner == kNoOwner) {
+          trace.strings.push_back(i.text);
+          i.owner = static_cast<std::uint32_t>(trace.strings.size() - 1);
+        }
+        tag.owner = i.owner;
+      }
+      break;
+    }
+    AllocStack stack;
+    stack.frames = ids;
+    // The site: the user's frames joined by " <- ", or the innermost frame when none is the user's.
+    std::size_t length = 0;
+    for (const std::uint32_t id : ids) {
+      if (!frame_infos[id].library) length += frame_infos[id].text.size() + 4;
+    }
+    stack.site.reserve(length);
+    bool user = false;
+    for (const std::uint32_t id : ids) {
+      const FrameInfo& i = frame_infos[id];
+      if (i.library) continue;
+      if (user) stack.site += " <- ";
+      stack.site += i.text;
+      user = true;
+    }
+    if (!user && !ids.empty()) stack.site = frame_infos[ids[0]].text;
+    trace.stacks.push_back(std::move(stack));
+    stack_tags.push_back(tag);
+    return static_cast<std::uint32_t>(trace.stacks.size() - 1);
   }
 
   void Tag(const PyView& frames, Request& r, RequestTrace& trace) {
@@ -338,63 +402,22 @@ struct StackTags {
         r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
       }
     } else {
-      // What CategoryFromFrames and OwnerFromFrames give, and the stack: the
-      // frames as read, and the site (the user's frames from the innermost
-      // outwards, or the innermost frame when none is the user's), from each
-      // frame's FrameInfo.
-      list.clear();
-      unshared.clear();
-      unshared.reserve(frames.size());  // (no reallocation below: list points into it)
-      for (std::size_t k = 0; k < frames.size(); ++k) {
-        const PyView f = frames[k];
-        if (f.ref().flags & kPyRefShared) {
-          const std::uint64_t node = f.ref().v * 2 + (f.ref().n > 0 ? 1 : 0);
-          auto [it, added] = frame_by_node.try_emplace(node, static_cast<std::uint32_t>(frame_infos.size()));
-          if (added) MakeFrameInfo(f, frame_infos.emplace_back());
-          list.push_back(&frame_infos[it->second]);
-        } else {
-          MakeFrameInfo(f, unshared.emplace_back());
-          list.push_back(&unshared.back());
-        }
+      // What CategoryFromFrames and OwnerFromFrames give, and the stack,
+      // from the frames' ids: once per distinct stack.
+      const std::size_t n = frames.size();
+      ids.resize(n);
+      for (std::size_t k = 0; k < n; ++k) ids[k] = FrameId(frames[k], trace);
+      ids_key.assign(reinterpret_cast<const char*>(ids.data()), n * sizeof(std::uint32_t));
+      std::uint32_t stack;
+      if (auto it = by_ids.find(ids_key); it != by_ids.end()) {
+        stack = it->second;
+      } else {
+        stack = AddStack(trace);
+        by_ids.emplace(ids_key, stack);
       }
-      // (frame_infos may have grown: the pointers are taken again)
-      for (std::size_t k = 0, u = 0; k < frames.size(); ++k) {
-        const PyView f = frames[k];
-        if (f.ref().flags & kPyRefShared) {
-          list[k] = &frame_infos[frame_by_node.find(f.ref().v * 2 + (f.ref().n > 0 ? 1 : 0))->second];
-        } else {
-          list[k] = &unshared[u++];
-        }
-      }
-      std::uint8_t rules = 0;
-      for (const FrameInfo* i : list) rules |= i->rules;
-      r.category = CategoryOfRules(rules);
-      for (const FrameInfo* i : list) {
-        if (i->library) continue;
-        if (!i->text.empty()) {
-          trace.strings.push_back(i->text);
-          r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
-        }
-        break;
-      }
-      std::string content;
-      for (const FrameInfo* i : list) content += i->content;
-      auto [it, added] = by_content.try_emplace(std::move(content), static_cast<std::uint32_t>(trace.stacks.size()));
-      if (added) {
-        AllocStack stack;
-        stack.frames.reserve(list.size());
-        bool user = false;  // the site: the user's frames joined by " <- "
-        for (const FrameInfo* i : list) {
-          stack.frames.push_back(i->frame);
-          if (i->library) continue;
-          if (user) stack.site += " <- ";
-          stack.site += i->text;
-          user = true;
-        }
-        if (!user && !list.empty()) stack.site = list[0]->text;
-        trace.stacks.push_back(std::move(stack));
-      }
-      r.stack = it->second;
+      r.category = stack_tags[stack].category;
+      r.text = stack_tags[stack].owner;
+      r.stack = stack;
     }
     if (r.category != Category::kOther) ++attributed;
     if (shared) by_node.emplace(key, Tags{r.category, r.text, r.stack});
@@ -494,14 +517,10 @@ struct DeviceBuilder {
     held.reset();
   }
 
+  // A new slot for an allocation at `addr` (its id is the address, RequestTrace::IdOf).
   std::uint32_t Slot(std::uint64_t addr) {
-    char text[18] = {'0', 'x'};  // absl::Hex's digits, without its formatting machinery
-    int n = 2;
-    for (int shift = (addr == 0 ? 0 : (63 - std::countl_zero(addr)) / 4 * 4); shift >= 0; shift -= 4) {
-      text[n++] = "0123456789abcdef"[(addr >> shift) & 15];
-    }
-    out.requests.ids.emplace_back(text, static_cast<std::size_t>(n));
-    return static_cast<std::uint32_t>(out.requests.ids.size() - 1);
+    out.requests.address_ids.push_back(addr);
+    return static_cast<std::uint32_t>(out.requests.address_ids.size() - 1);
   }
   void Push(Request r, double time_us) {
     r.line = entries;  // the entry's position in the device trace (1-based)
@@ -727,7 +746,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       const std::uint64_t entries = file_size / 40;
       current->out.requests.requests.reserve(entries);
       current->times.reserve(entries);
-      current->out.requests.ids.reserve(entries / 2);
+      current->out.requests.address_ids.reserve(entries / 2);
     }
     return absl::OkStatus();
   };

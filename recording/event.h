@@ -124,8 +124,11 @@ struct StackFrame {
 // frames of the user's code from the innermost one outwards ("file:line
 // function", joined by " <- "; the innermost frame when none is the user's),
 // the key by which bytes are summed by stack.
+// Its frames are indices into the frame table of its trace or timeline
+// (RequestTrace::stack_frames, Timeline::stack_frames): stacks share their
+// frames, each distinct frame stored once.
 struct AllocStack {
-  std::vector<StackFrame> frames;
+  std::vector<std::uint32_t> frames;
   std::string site;
 };
 
@@ -150,6 +153,7 @@ struct Timeline {
   // is none; event_stacks is empty or holds, per event, the index of its
   // allocation's stack (0 for every other event).
   std::vector<AllocStack> stacks{AllocStack{}};
+  std::vector<StackFrame> stack_frames;  // the frames the stacks' indices name
   std::vector<std::uint32_t> event_stacks;
   std::uint32_t stack_of(std::size_t event) const { return event < event_stacks.size() ? event_stacks[event] : 0; }
 

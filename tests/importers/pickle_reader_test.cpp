@@ -1049,11 +1049,14 @@ std::string Digest(const std::vector<ImportedTrace>& traces) {
                       static_cast<int>(r.category), " ", static_cast<int>(r.phase), " ", r.step, " ", r.text, " ",
                       r.stack, " ", r.time_us, "\n");
     }
-    for (const std::string& s : t.requests.ids) absl::StrAppend(&d, "id ", s, "\n");
+    for (std::uint32_t s = 0; s < t.requests.slot_count(); ++s) absl::StrAppend(&d, "id ", t.requests.IdOf(s), "\n");
     for (const std::string& s : t.requests.strings) absl::StrAppend(&d, "string ", s, "\n");
     for (const AllocStack& s : t.requests.stacks) {
       absl::StrAppend(&d, "stack ", s.site, "\n");
-      for (const StackFrame& fr : s.frames) absl::StrAppend(&d, "  ", fr.filename, ":", fr.line, " ", fr.name, "\n");
+      for (const std::uint32_t id : s.frames) {
+        const StackFrame& fr = t.requests.stack_frames[id];
+        absl::StrAppend(&d, "  ", fr.filename, ":", fr.line, " ", fr.name, "\n");
+      }
     }
     for (const PlannedAddress& a : t.requests.planned_mallocs)
       absl::StrAppend(&d, "malloc ", a.size, " ", a.addr, "\n");
