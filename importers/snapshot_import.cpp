@@ -529,6 +529,25 @@ struct DeviceBuilder {
     times.push_back(time_us);
   }
 
+  // IsDefaultPool, remembering the last default pool_id that is a shared
+  // node of the read (entries mostly refer to one stored (0, 0)): shared
+  // nodes never change during a read.
+  struct PoolNode {
+    std::uint64_t v = 0;
+    std::uint32_t n = 0;
+    PyKind kind = PyKind::kMissing;
+  } default_pool_node;
+  bool DefaultPool(const PyView& pool) {
+    const PyRef& ref = pool.ref();
+    const bool shared = (ref.flags & kPyRefShared) != 0;
+    if (shared && ref.kind == default_pool_node.kind && ref.v == default_pool_node.v && ref.n == default_pool_node.n) {
+      return true;
+    }
+    const bool is_default = IsDefaultPool(pool);
+    if (is_default && shared) default_pool_node = {ref.v, ref.n, ref.kind};
+    return is_default;
+  }
+
   // A trace entry read as a dict (one the reader did not hand over as a record).
   void Entry(const PyView& e) {
     // One pass over the keys (str keys, each classified once per distinct
@@ -577,7 +596,7 @@ struct DeviceBuilder {
       return;
     }
     const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
-    if (pool_v.valid() && act == Action::kAlloc && !IsDefaultPool(pool_v)) ++private_pool_allocs;
+    if (pool_v.valid() && act == Action::kAlloc && !DefaultPool(pool_v)) ++private_pool_allocs;
     if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
       ++compile_contexts;
     }

@@ -56,7 +56,11 @@ std::int64_t Recorder::ClockNs() {
 }
 
 Recorder::Recorder(EventSink& sink, RecordClock clock)
-    : sink_(sink), writer_(dynamic_cast<TimelineWriter*>(&sink)), start_ns_(0), clock_(clock) {
+    : sink_(sink),
+      writer_(dynamic_cast<TimelineWriter*>(&sink)),
+      memory_(dynamic_cast<MemorySink*>(&sink)),
+      start_ns_(0),
+      clock_(clock) {
   start_ns_ = ClockNs();
   if (writer_ != nullptr && clock_ == RecordClock::kSampled) {
     fast_ = &writer_->record_sink();
@@ -150,6 +154,24 @@ inline std::int64_t Recorder::EventTime(const TraceEvent& e) {
 
 void Recorder::OnFreeAtOnce(const TraceEvent& e) {
   Sync sync(*this);
+  if (memory_ != nullptr) {
+    // What the two OnEvent calls of AllocatorObserver::OnFreeAtOnce append
+    // (each reads its time), straight into the timeline.
+    Event out;
+    out.type = EventType::kFreeRequested;
+    out.set_small_pool(e.small_pool);
+    out.addr = e.addr;
+    out.size = e.size;
+    out.requested_size = e.requested_size;
+    out.stream = e.stream;
+    std::vector<Event>& events = memory_->events();
+    out.time_ns = EventTime(e);
+    events.push_back(out);
+    out.type = EventType::kFreeCompleted;
+    out.time_ns = EventTime(e);
+    events.push_back(out);
+    return;
+  }
   if (writer_ == nullptr) {
     AllocatorObserver::OnFreeAtOnce(e);
     return;
@@ -202,6 +224,10 @@ void Recorder::OnEvent(const TraceEvent& e) {
     const AllocTag& tag = ScopedTag::current();
     out.category = tag.category;
     out.name = OwnerId(tag);
+  }
+  if (memory_ != nullptr) {
+    memory_->events().push_back(out);
+    return;
   }
   sink_.Append(out);
 }

@@ -145,6 +145,7 @@ class Recorder final : public AllocatorObserver {
 
   EventSink& sink_;
   TimelineWriter* writer_;  // sink_ when it is a timeline file's writer, else null
+  MemorySink* memory_;      // sink_ when it is a timeline in memory, else null
   std::int64_t start_ns_;
   RecordClock clock_;
   int countdown_ = 1;             // kSampled: allocator events until the next clock read

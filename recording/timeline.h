@@ -137,6 +137,8 @@ class MemorySink final : public EventSink {
   std::uint32_t Intern(std::string_view text) override;
   void Append(const Event& event) override { timeline_.events.push_back(event); }
   absl::Status Flush() override { return absl::OkStatus(); }
+  // The events appended so far (a Recorder appends the allocator's events here directly).
+  std::vector<Event>& events() { return timeline_.events; }
 
  private:
   Timeline& timeline_;
