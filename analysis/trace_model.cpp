@@ -88,7 +88,15 @@ absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
   }
   // `next` (the first block after the new one) serves both the gap and the insertion.
   const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size, next);
-  blocks_.emplace_hint(next, e.addr, Block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack});
+  const Block block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack};
+  if (!spare_.node.empty()) {
+    spare_.node.key() = e.addr;
+    spare_.node.mapped() = block;
+    blocks_.insert(next, std::move(spare_.node));
+    spare_.node = {};
+  } else {
+    blocks_.emplace_hint(next, e.addr, block);
+  }
   pending_hint_.valid = false;
   Change(stats_.inactive_split, small, split_delta);
   Change(stats_.inactive_split_bytes, small, split_bytes_delta);
@@ -120,7 +128,7 @@ absl::Status TraceModel::ApplyFreeRequested(const Event& e) {
   Change(stats_.allocated_bytes, small, -static_cast<std::int64_t>(b.size));
   if (b.size >= max_split_size_) stats_.oversize_allocations.Decrease(1);
   by_category_[static_cast<int>(b.category)] -= static_cast<std::int64_t>(b.size);
-  if ((by_owner_[b.owner] -= static_cast<std::int64_t>(b.size)) == 0) by_owner_.erase(b.owner);
+  by_owner_[b.owner] -= static_cast<std::int64_t>(b.size);  // (an owner at 0 stays: fewer inserts)
   live_requested_ -= b.requested;
   return absl::OkStatus();
 }
@@ -133,7 +141,8 @@ absl::Status TraceModel::ApplyFreeCompleted(const Event& e) {
   }
   const Block b = it->second;
   auto seg = FindSegment(e.addr, b.size);
-  const auto next = blocks_.erase(it);  // the first block after it: its gap's end
+  const auto next = std::next(it);  // the first block after it: its gap's end
+  spare_.node = blocks_.extract(it);
   pending_hint_.valid = false;
   Change(stats_.active, small, -1);
   Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));

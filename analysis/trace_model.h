@@ -77,7 +77,8 @@ class TraceModel {
   const DeviceStats& stats() const { return stats_; }
   std::uint64_t allocated() const { return static_cast<std::uint64_t>(All(stats_.allocated_bytes).current); }
   std::uint64_t reserved() const { return static_cast<std::uint64_t>(All(stats_.reserved_bytes).current); }
-  // Allocated bytes (block sizes) per category, and per owner string id.
+  // Allocated bytes (block sizes) per category, and per owner string id (an
+  // owner that held blocks and holds none now stays, at 0).
   const std::array<std::int64_t, kNumCategories>& allocated_by_category() const { return by_category_; }
   const absl::flat_hash_map<std::uint32_t, std::int64_t>& allocated_by_owner() const { return by_owner_; }
   // Bytes the program asked for and still holds, and their peak: the lower
@@ -145,6 +146,22 @@ class TraceModel {
     ~PendingHint() = default;
   };
   PendingHint pending_hint_;
+  // The node of the last block whose free completed, kept for the next
+  // alloc (allocs and frees alternate: no heap allocation per block). A
+  // copy of the model starts without one.
+  struct SpareNode {
+    BlockMap::node_type node;
+    SpareNode() = default;
+    SpareNode(const SpareNode& /*other*/) {}
+    SpareNode& operator=(const SpareNode& /*other*/) {
+      node = {};
+      return *this;
+    }
+    SpareNode(SpareNode&&) = default;
+    SpareNode& operator=(SpareNode&&) = default;
+    ~SpareNode() = default;
+  };
+  SpareNode spare_;
 };
 
 }  // namespace memscope

@@ -427,7 +427,16 @@ struct StackTags {
 // Builds one device's request trace from trace entries, in order.
 struct DeviceBuilder {
   ImportedTrace out;
-  std::vector<double> times;  // time_us per request, for placing annotations
+  // time_us per request, for placing annotations: kept only from the first
+  // request whose time_us is not the one its Request::time_us gives back
+  // (TimeOf): PyTorch's times are whole microseconds, so mostly never.
+  std::vector<double> times;
+  bool times_kept = false;
+  double TimeOf(std::size_t i) const {
+    if (times_kept) return times[i];
+    const std::int64_t t = out.requests.requests[i].time_us;
+    return t >= 0 ? static_cast<double>(t) : 0.0;
+  }
   // Every address the trace allocated at (one hash probe per alloc or free):
   // its slot while live, and the slot of a delayed free waiting on its own
   // stream (WaitStream) until its free_completed.
@@ -525,8 +534,13 @@ struct DeviceBuilder {
   void Push(Request r, double time_us) {
     r.line = entries;  // the entry's position in the device trace (1-based)
     if (time_known) r.time_us = static_cast<std::int64_t>(time_us);
+    if (!times_kept && (r.time_us >= 0 ? static_cast<double>(r.time_us) : 0.0) != time_us) [[unlikely]] {
+      times.reserve(out.requests.requests.capacity());
+      for (std::size_t i = 0; i < out.requests.requests.size(); ++i) times.push_back(TimeOf(i));
+      times_kept = true;
+    }
     out.requests.requests.push_back(r);
-    times.push_back(time_us);
+    if (times_kept) times.push_back(time_us);
   }
 
   // IsDefaultPool, remembering the last default pool_id that is a shared
@@ -764,7 +778,6 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       // by doubling copies (and faults in) every element again.
       const std::uint64_t entries = file_size / 40;
       current->out.requests.requests.reserve(entries);
-      current->times.reserve(entries);
       current->out.requests.address_ids.reserve(entries / 2);
     }
     return absl::OkStatus();
@@ -885,8 +898,9 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     }
     for (std::size_t i = 0; !(head.empty() && marks.empty()) && i < t.requests.requests.size(); ++i) {
       // A scope's START goes before the entries of its microsecond, its END after them.
-      while (m < marks.size() && (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= b.times[i]
-                                                                               : marks[m].first < b.times[i])) {
+      const double time_i = b.TimeOf(i);
+      while (m < marks.size() && (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= time_i
+                                                                               : marks[m].first < time_i)) {
         merged.push_back(marks[m++].second);
       }
       merged.push_back(t.requests.requests[i]);
