@@ -42,9 +42,9 @@ std::string StepText(const PhaseRow& row) {
 // The five largest owners of allocated bytes.
 std::vector<std::pair<std::string, std::int64_t>> TopOwners(const TraceModel& model, const Timeline& t) {
   std::vector<std::pair<std::string, std::int64_t>> owners;
-  for (const auto& [id, bytes] : model.allocated_by_owner()) {
+  model.allocated_by_owner().ForEach([&](std::uint32_t id, std::int64_t bytes) {
     if (bytes > 0) owners.emplace_back(id == 0 ? "(untagged)" : t.str(id), bytes);
-  }
+  });
   std::sort(owners.begin(), owners.end(), [](const auto& a, const auto& b) {
     return a.second != b.second ? a.second > b.second : a.first < b.first;
   });

@@ -17,6 +17,7 @@
 #ifndef MEMSCOPE_ANALYSIS_TRACE_MODEL_H_
 #define MEMSCOPE_ANALYSIS_TRACE_MODEL_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -46,6 +47,36 @@ struct FragmentationInfo {
   double fragmentation = 0.0;
   std::uint64_t segments = 0;
   std::uint64_t free_blocks = 0;
+};
+
+// Allocated bytes per owner string id: the ids a recording gives (dense,
+// from 0) in a vector, a larger one (a file may hold any id) in a map.
+class OwnerBytes {
+ public:
+  static constexpr std::uint32_t kDense = 1u << 16;
+  std::int64_t& operator[](std::uint32_t id) {
+    if (id < kDense) [[likely]] {
+      if (id >= dense_.size()) dense_.resize(std::min<std::size_t>(kDense, std::max<std::size_t>(id + 1, 2 * dense_.size())), 0);
+      return dense_[id];
+    }
+    return sparse_[id];
+  }
+  // The bytes of `id` (0 for an owner never seen).
+  std::int64_t at(std::uint32_t id) const {
+    if (id < dense_.size()) return dense_[id];
+    const auto it = sparse_.find(id);
+    return it == sparse_.end() ? 0 : it->second;
+  }
+  // f(id, bytes) for every owner seen (some at 0 bytes), in no particular order.
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (std::size_t id = 0; id < dense_.size(); ++id) f(static_cast<std::uint32_t>(id), dense_[id]);
+    for (const auto& [id, bytes] : sparse_) f(id, bytes);
+  }
+
+ private:
+  std::vector<std::int64_t> dense_;
+  absl::flat_hash_map<std::uint32_t, std::int64_t> sparse_;
 };
 
 class TraceModel {
@@ -80,7 +111,7 @@ class TraceModel {
   // Allocated bytes (block sizes) per category, and per owner string id (an
   // owner that held blocks and holds none now stays, at 0).
   const std::array<std::int64_t, kNumCategories>& allocated_by_category() const { return by_category_; }
-  const absl::flat_hash_map<std::uint32_t, std::int64_t>& allocated_by_owner() const { return by_owner_; }
+  const OwnerBytes& allocated_by_owner() const { return by_owner_; }
   // Bytes the program asked for and still holds, and their peak: the lower
   // bound no allocator can beat.
   std::uint64_t live_requested() const { return live_requested_; }
@@ -125,7 +156,7 @@ class TraceModel {
   SegmentMap segments_;
   BlockMap blocks_;  // active blocks (allocated or pending)
   std::array<std::int64_t, kNumCategories> by_category_{};
-  absl::flat_hash_map<std::uint32_t, std::int64_t> by_owner_;
+  OwnerBytes by_owner_;
   std::uint64_t live_requested_ = 0;
   std::uint64_t peak_live_requested_ = 0;
   // The block of the last free_requested, for its free_completed (which

@@ -51,19 +51,6 @@ std::optional<Phase> ParsePhase(std::string_view name) {
   return std::nullopt;
 }
 
-bool ChangesMemory(EventType t) {
-  switch (t) {
-    case EventType::kAlloc:
-    case EventType::kFreeRequested:
-    case EventType::kFreeCompleted:
-    case EventType::kSegmentAlloc:
-    case EventType::kSegmentFree:
-    case EventType::kSegmentMap:
-    case EventType::kSegmentUnmap: return true;
-    default: return false;
-  }
-}
-
 std::string PhaseMarkName(Phase phase, std::int64_t step, std::string_view label, std::int64_t micro_batch) {
   std::string name(phase == Phase::kUser && !label.empty() ? label : PhaseName(phase));
   if (step >= 0) {

@@ -48,8 +48,11 @@ static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(T
 std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
 bool IsAllocatorAction(EventType t);
 // Whether an event changes allocated, reserved or active bytes (alloc,
-// free_*, segment_*).
-bool ChangesMemory(EventType t);
+// free_*, segment_*: kAlloc to kSegmentUnmap). Inline: every event of an
+// analysis asks.
+inline bool ChangesMemory(EventType t) {
+  return static_cast<std::uint8_t>(t) <= static_cast<std::uint8_t>(EventType::kSegmentUnmap);
+}
 
 // The name of a phase mark everywhere memscope shows one (tables, --at,
 // Chrome trace slices, snapshot annotations): "forward:3", "model" when there

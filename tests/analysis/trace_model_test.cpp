@@ -2,6 +2,7 @@
 #include "analysis/trace_model.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <random>
 
 #include "../allocator/test_util.h"
@@ -130,6 +131,27 @@ TEST_CASE("bytes per category and owner, and the lower bound of live requested b
   CHECK(f.model.peak_live_requested() == 8 * MiB + 1000);
   (void)w;
   (void)x;
+}
+
+TEST_CASE("owner bytes: dense ids in a vector, any other id in a map, every owner seen visited") {
+  OwnerBytes o;
+  CHECK(o.at(0) == 0);
+  CHECK(o.at(7) == 0);
+  o[3] += 100;
+  o[0] += 5;
+  o[OwnerBytes::kDense] += 7;  // the first id past the vector
+  o[0xffffffffu] += 9;
+  o[3] -= 100;  // back to 0: still seen
+  CHECK(o.at(3) == 0);
+  CHECK(o.at(0) == 5);
+  CHECK(o.at(OwnerBytes::kDense) == 7);
+  CHECK(o.at(0xffffffffu) == 9);
+  CHECK(o.at(4) == 0);
+  std::map<std::uint32_t, std::int64_t> seen;
+  o.ForEach([&](std::uint32_t id, std::int64_t bytes) {
+    if (bytes != 0 || id == 3) seen[id] = bytes;
+  });
+  CHECK(seen == std::map<std::uint32_t, std::int64_t>{{0, 5}, {3, 0}, {OwnerBytes::kDense, 7}, {0xffffffffu, 9}});
 }
 
 TEST_CASE("fragmentation: 1 - largest free block / free bytes in segments") {
