@@ -28,7 +28,8 @@ absl::Status TimelineWalk::Run(const std::vector<WalkListener*>& listeners, std:
     }
     first_ns_ = std::min(first_ns_, e.time_ns);
     last_ns_ = std::max(last_ns_, e.time_ns);
-    ApplyPhases(e);
+    // (With no phase open, only a phase mark changes the phases.)
+    if (!open_.empty() || e.type == EventType::kPhaseBegin || e.type == EventType::kPhaseEnd) ApplyPhases(e);
     ++applied_;
     for (WalkListener* l : listeners) l->OnEvent(*this, e);
   }
