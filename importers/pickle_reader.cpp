@@ -1192,7 +1192,8 @@ class Reader {
   }
   template <bool kRecord>
   bool FastPairs(std::size_t& pos);
-  [[gnu::noinline]] bool TemplatePairs(std::size_t& pos);
+  struct Template;
+  [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
   bool TemplateRecord();
   bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
   struct TmplState {  // TemplatePairs' memo writes so far
@@ -1309,20 +1310,27 @@ class Reader {
   std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
   std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
   std::uint32_t fast_key_pos_[kMaxRecordKeys] = {};      // FastPairs<true>: where each key's opcode is in buf_
-  // The template (TemplatePairs): the keys of the last record FastPairs<true>
+  // The templates (TemplatePairs): the keys of a record FastPairs<true>
   // read, each a memo reference (its bytes, little-endian, and a mask of
   // their length), the string it gave and its key index; valid while
-  // memo_.changes() is tmpl_changes_. tmpl_n_ 0: none.
+  // memo_.changes() is `changes`. n 0: none. Two of them, the one last used
+  // first (tmpl_[tmpl_first_]): entries of two shapes in turn (an alloc with
+  // more keys than a free) take one each.
   struct TmplKey {
     std::uint64_t bytes = 0, mask = 0;
     PyRef key;
     std::uint8_t len = 0;
   };
-  TmplKey tmpl_keys_[kMaxRecordKeys];
-  std::uint8_t tmpl_index_[kMaxRecordKeys] = {};
-  std::uint32_t tmpl_n_ = 0;
-  std::uint64_t tmpl_changes_ = 0;
-  std::uint64_t tmpl_count_ = 0;  // records read by the template
+  struct Template {
+    TmplKey keys[kMaxRecordKeys];
+    std::uint8_t index[kMaxRecordKeys] = {};
+    std::uint32_t n = 0;
+    std::uint64_t changes = 0;
+  };
+  Template tmpl_[2];
+  Template tmpl_build_;  // BuildTemplate's
+  std::uint32_t tmpl_first_ = 0;
+  std::uint64_t tmpl_count_ = 0;  // records read by a template
   // Frames lists by their bytes (FastPairs): the stored list, valid while
   // memo_.changes() is what it was.
   struct CachedList {
@@ -1973,12 +1981,18 @@ bool Reader::FastPairs(std::size_t& pos) {
 // The keys' strings are what the memo held when the template was made:
 // valid while no entry a finished value could have read has changed
 // (memo_.changes()).
+//
+// Two templates: BuildTemplate makes one of the record's keys (the same keys
+// as a template's: that one again, its memo changes count renewed; else in
+// place of the one used longer ago), and TemplateRecord tries the one used
+// last first.
 void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
-  tmpl_n_ = 0;
+  Template& T = tmpl_build_;
+  T.n = 0;
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   for (std::uint32_t k = 0; k < n; ++k) {
     const std::size_t at = fast_key_pos_[k];
-    TmplKey& t = tmpl_keys_[k];
+    TmplKey& t = T.keys[k];
     std::uint64_t id;
     if (at + 5 > end_) return;
     if (b[at] == 'h') {
@@ -2000,10 +2014,20 @@ void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
         std::memcmp(&t.key, &pairs[2 * k], sizeof(PyRef)) != 0) {
       return;
     }
-    tmpl_index_[k] = fast_record_index_[k];
+    T.index[k] = fast_record_index_[k];
   }
-  tmpl_n_ = n;
-  tmpl_changes_ = memo_.changes();
+  T.n = n;
+  T.changes = memo_.changes();
+  const auto same_keys = [&](const Template& o) {
+    if (o.n != n) return false;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      if (o.keys[k].bytes != T.keys[k].bytes || o.keys[k].mask != T.keys[k].mask) return false;
+    }
+    return true;
+  };
+  std::uint32_t slot = same_keys(tmpl_[tmpl_first_]) ? tmpl_first_ : 1 - tmpl_first_;
+  tmpl_[slot] = T;
+  tmpl_first_ = slot;
 }
 
 // A MEMOIZE of TemplatePairs: the id, as FastPairs' memo() takes it.
@@ -2133,9 +2157,9 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   return true;
 }
 
-bool Reader::TemplatePairs(std::size_t& pos) {
-  if (tmpl_changes_ != memo_.changes()) return false;
-  const std::uint32_t n = tmpl_n_;
+bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
+  if (T.changes != memo_.changes()) return false;
+  const std::uint32_t n = T.n;
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos;
@@ -2155,7 +2179,7 @@ bool Reader::TemplatePairs(std::size_t& pos) {
   PyRef* const out = record_pairs_.data() + record_pairs0;
   std::uint16_t height = 1;  // of the values read here (the others raise D.height)
   for (std::uint32_t k = 0; k < n; ++k) {
-    const TmplKey& t = tmpl_keys_[k];
+    const TmplKey& t = T.keys[k];
     // Room for the key (5 bytes at most), the opcode and argument of a
     // value read here (10 at most: LONG1 of 8 bytes) and one byte more.
     if (end - p < 16) return false;
@@ -2172,8 +2196,8 @@ bool Reader::TemplatePairs(std::size_t& pos) {
       id = b[p + 1];
       p += 2;
     } else if (op == 'j') {
-      id = b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) |
-           (std::uint64_t{b[p + 4]} << 24);
+      id =
+          b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) | (std::uint64_t{b[p + 4]} << 24);
       p += 5;
     } else {
       // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
@@ -2223,11 +2247,14 @@ bool Reader::TemplatePairs(std::size_t& pos) {
     }
     if (IsContainerKind(val.kind)) height = std::max(height, AddHeight(val.height));
   }
-  // SETITEMS, and next another entry or the APPENDS of the batch.
+  // SETITEMS, and next (after FRAMEs, as FastPairs peeks) another entry or the APPENDS of the batch.
   D.height = std::max(D.height, height);
-  if (end - p < 2 || b[p] != 'u' || (b[p + 1] != '}' && b[p + 1] != 'e') || D.height < 2) return false;
+  if (p >= end || b[p] != 'u' || D.height < 2) return false;
   ++p;
-  std::memcpy(fast_record_index_, tmpl_index_, kMaxRecordKeys);
+  std::size_t q = p;
+  while (q < end && b[q] == 0x95) q += 9;
+  if (q >= end || (b[q] != '}' && b[q] != 'e')) return false;
+  std::memcpy(fast_record_index_, T.index, kMaxRecordKeys);
   fast_record_pairs_ = n;
   record_pairs_.set_size(record_pairs0 + 2 * std::size_t{n});
   fast_memo_count_ = s.next_id;
@@ -2237,26 +2264,36 @@ bool Reader::TemplatePairs(std::size_t& pos) {
   return true;
 }
 
-// A record by the template: TemplatePairs from the EMPTY_DICT, then
-// PushRecord; false having changed nothing the dict paths can see (what it
-// added to the arena dropped), and FastDict reads the entry as without it.
+// A record by a template: TemplatePairs from the EMPTY_DICT with the one
+// used last, then the other, then PushRecord; false having changed nothing
+// the dict paths can see (what it added to the arena dropped), and FastDict
+// reads the entry as without templates.
 bool Reader::TemplateRecord() {
   PickleArena& a = *arena_;
   const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
-  // The state TemplatePairs and PushRecord use: box 0 (the dict), the memo writes.
   if (fast_boxes_.empty()) fast_boxes_.emplace_back();
   FastBox& D = fast_boxes_[0];
-  D.height = 1;
-  D.memos = 0;
-  fast_nboxes_ = 1;
-  fast_nmarks_ = 0;
-  fast_memo_.clear();
-  fast_memo_bloom_ = 0;
-  fast_memo_count_ = memo_count_;
-  std::size_t p = pos_;
-  if (TemplatePairs(p) && PushRecord(p, chars0, true)) return true;
-  a.chars.resize(chars0);
-  a.tree.resize(tree0);
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    const std::uint32_t slot = k == 0 ? tmpl_first_ : 1 - tmpl_first_;
+    if (tmpl_[slot].n == 0) break;
+    // The state TemplatePairs and PushRecord use: box 0 (the dict), the memo writes.
+    D.height = 1;
+    D.memos = 0;
+    fast_nboxes_ = 1;
+    fast_nmarks_ = 0;
+    fast_memo_.clear();
+    fast_memo_bloom_ = 0;
+    fast_memo_count_ = memo_count_;
+    std::size_t p = pos_;
+    const bool read = TemplatePairs(tmpl_[slot], p);
+    if (read && PushRecord(p, chars0, true)) {
+      tmpl_first_ = slot;
+      return true;
+    }
+    a.chars.resize(chars0);
+    a.tree.resize(tree0);
+    if (read) break;  // too deep: so it is without templates
+  }
   return false;
 }
 
@@ -2310,7 +2347,7 @@ bool Reader::FastDict() {
   // Only inside an item of a streamed list: no path is asked for there.
   if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
   Window(kFastWindow);
-  if (tmpl_n_ != 0 && TemplateRecord()) return true;
+  if (tmpl_[tmpl_first_].n != 0 && TemplateRecord()) return true;
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos_;
@@ -2318,7 +2355,7 @@ bool Reader::FastDict() {
   const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
   if (!fast_vals_) fast_vals_ = std::make_unique<FastVal[]>(kFastMaxStack);
   FastVal* const st = fast_vals_.get();
-  std::size_t sp = 0;  // values on st
+  std::size_t sp = 0;             // values on st
   const auto clear_state = [&] {  // the decoder's marks, boxes and memo writes: none yet
     fast_nmarks_ = 0;
     fast_nboxes_ = 0;
