@@ -2644,6 +2644,15 @@ absl::Status Reader::Step(std::uint8_t op) {
       } else {
         (void)PopFinished();
       }
+      // A dict uncovered in an item of a streamed list (an entry, once what
+      // followed it is popped): the dict fast path has finished it (nothing
+      // but a POP lets anything add to it) where the general path has not,
+      // so a SETITEMS into it next would read differently. Python writes no
+      // such POP; refused either way.
+      if (!options_.stream_inside_items && !stack_.empty() && !stack_.back().mark &&
+          stack_.back().ref.kind == PyKind::kDict && InsideStreamedList(stack_.size())) {
+        return Error("POP that uncovers a dict in an item of a streamed list: not supported");
+      }
       return absl::OkStatus();
     case '1':  // POP_MARK
       return TakeFromMark(scratch_);

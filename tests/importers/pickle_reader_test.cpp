@@ -509,6 +509,18 @@ def torch_template_records(data):
 with open(os.path.join(out, 'torch_p4.pickle'), 'rb') as f:
     write('torch_template.txt', str(torch_template_records(f.read())))
 
+# A POP that uncovers an entry the fast path read (E1, then E2 popped), and
+# a SETITEMS into it: Python adds the pair to E1; the reader refuses the POP
+# (the fast path has finished E1, the general path has not).
+e = lambda i: b'}' + put(10 + i) + b'(' + ustr('action') + ustr('alloc') + b'u'
+pp = b'\x80\x04}' + put(0) + b'(' + ustr('device_traces') + b']' + put(1) + b']' + put(2) + b'('
+pp += e(0) + b'e('
+pp += e(1) + e(2) + b'0(' + ustr('size') + b'K\x07ue' + b'a' + b'u.'
+assert pickle.loads(pp) == {'device_traces': [[{'action': 'alloc'}, {'action': 'alloc', 'size': 7}]]}
+with open(os.path.join(out, 'pop_p4.pickle'), 'wb') as f:
+    f.write(pp)
+write('pop_offset.txt', str(pp.index(b'0(')))
+
 data, tentries = template_pickle()
 with open(os.path.join(out, 'tmpl_p4.pickle'), 'wb') as f:
     f.write(data)
@@ -1395,6 +1407,26 @@ TEST_CASE("pickle_reader: the record templates read exactly what records read wi
   const Read rec = read("rec_imp_p4.pickle", true, true);
   CHECK(rec.stats.records == 200 - 3);
   CHECK(rec.stats.template_records == 197 - 2);
+  // A POP that uncovers an entry read fast: the same error every way.
+  {
+    const std::string error = absl::StrCat("INVALID_ARGUMENT: pop_p4.pickle: offset ",
+                                           ReadText(f / "pop_offset.txt"),
+                                           ": POP that uncovers a dict in an item of a streamed list: not supported");
+    const Read general = read("pop_p4.pickle", false, false);
+    CHECK(general.error == error);
+    CHECK(general.items.size() == 1);  // E0 (E1 and E2 wait in their batch)
+    const Read on = read("pop_p4.pickle", true, true), off = read("pop_p4.pickle", true, false);
+    same(on, off);
+    CHECK(on.error == error);
+    CHECK(on.items == general.items);
+    PickleReadOptions o;  // the fast path without records
+    o.stream_inside_items = false;
+    o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
+    PickleReadStats stats;
+    const absl::StatusOr<PickleDoc> fast = ReadFile(f / "pop_p4.pickle", o, &stats);
+    CHECK(fast.status().ToString() == error);
+    CHECK(stats.fast_dicts == 1);  // E1 (E2 is followed by the POP)
+  }
   const Read lc = read("list_cache_p4.pickle", true, true);
   CHECK(lc.stats.records == 7);
   CHECK(lc.stats.template_records == 0);  // keys written out in every entry: no template
