@@ -1316,10 +1316,15 @@ class Reader {
   // memo_.changes() is `changes`. n 0: none. Two of them, the one last used
   // first (tmpl_[tmpl_first_]): entries of two shapes in turn (an alloc with
   // more keys than a free) take one each.
+  // A pair whose value was a memo reference or a BININT1/2/4 also keeps
+  // the pair's bytes (8 at most) and that value: the same bytes again are
+  // the same value (pair_mask 0 and pair_bytes ~0: none).
   struct TmplKey {
     std::uint64_t bytes = 0, mask = 0;
-    PyRef key;
-    std::uint8_t len = 0;
+    std::uint64_t pair_bytes = ~std::uint64_t{0}, pair_mask = 0;
+    PyRef key, value;
+    std::uint16_t value_height = 1;  // what the value adds to the dict's height
+    std::uint8_t len = 0, pair_len = 0;
   };
   struct Template {
     TmplKey keys[kMaxRecordKeys];
@@ -2015,6 +2020,47 @@ void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
       return;
     }
     T.index[k] = fast_record_index_[k];
+    // The value's bytes, when they alone say what it is.
+    t.pair_bytes = ~std::uint64_t{0};
+    t.pair_mask = 0;
+    const std::size_t v = at + t.len;
+    std::size_t vlen = 0;
+    if (v < end_) {
+      switch (b[v]) {
+        case 'h':
+        case 'K': vlen = 2; break;
+        case 'M': vlen = 3; break;
+        case 'j':
+        case 'J': vlen = 5; break;
+        default: break;
+      }
+    }
+    const PyRef& value = pairs[2 * k + 1];
+    if (vlen != 0 && t.len + vlen <= 8 && v + vlen <= end_) {
+      // What the bytes read now is the value the record holds (a memo
+      // reference's entry; an int, not the first number of a tuple).
+      const std::uint32_t u32 = v + 5 > end_ ? 0
+                                             : b[v + 1] | (std::uint32_t{b[v + 2]} << 8) |
+                                                   (std::uint32_t{b[v + 3]} << 16) | (std::uint32_t{b[v + 4]} << 24);
+      PyRef now;
+      bool same;
+      switch (b[v]) {
+        case 'h': same = MemoValue(b[v + 1], now); break;
+        case 'j': same = MemoValue(u32, now); break;
+        case 'K': now = IntRef(b[v + 1]), same = true; break;
+        case 'M': now = IntRef(b[v + 1] | (std::int64_t{b[v + 2]} << 8)), same = true; break;
+        default: now = IntRef(static_cast<std::int32_t>(u32)), same = true; break;
+      }
+      same = same && std::memcmp(&now, &value, sizeof(PyRef)) == 0;
+      if (same) {
+        t.pair_len = static_cast<std::uint8_t>(t.len + vlen);
+        t.pair_bytes = 0;
+        for (std::size_t j = 0; j < t.pair_len; ++j) t.pair_bytes |= std::uint64_t{b[at + j]} << (8 * j);
+        t.pair_mask = t.pair_len == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * t.pair_len)) - 1;
+        t.value = value;
+        t.value_height = IsContainerKind(value.kind) ? AddHeight(value.height) : 1;
+      }
+    }
   }
   T.n = n;
   T.changes = memo_.changes();
@@ -2186,6 +2232,13 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
     std::uint64_t w;
     std::memcpy(&w, b + p, 8);
     if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
+    if ((w & t.pair_mask) == t.pair_bytes) {  // the very bytes of the template's pair: its value
+      p += t.pair_len;
+      out[2 * k] = t.key;
+      out[2 * k + 1] = t.value;
+      height = std::max(height, t.value_height);
+      continue;
+    }
     if ((w & t.mask) != t.bytes) return false;
     p += t.len;
     out[2 * k] = t.key;
