@@ -312,14 +312,15 @@ struct PickleReadOptions {
   std::vector<std::string> record_keys;
   std::function<absl::Status(const PicklePath& list_path, const PickleRecord& record)> on_record;
   bool fast_records = true;
-  // Records: the template (see TemplatePairs in the .cpp). The keys of the
-  // last record read, as the bytes of their memo references, are matched
-  // against the next entry's bytes directly and its values decoded in one
-  // pass; any difference (another key, another opcode, a FRAME, the end of
-  // the read buffer, a memo change...) reads the entry as without it. The
-  // records, memo, values, calls and errors are the same either way
+  // Records: the templates (see TemplatePairs in the .cpp). The keys of the
+  // records last read (two shapes), as the bytes of their memo references,
+  // are matched against the next entry's bytes directly and its values
+  // decoded in one pass; any difference (another key, another opcode, a
+  // FRAME inside the entry, the end of the read buffer, a memo change...)
+  // reads the entry as without them. The records, memo, values, calls,
+  // errors and stats are the same either way
   // (tests/importers/pickle_reader_test.cpp reads every test pickle both
-  // ways); false: no template.
+  // ways, the pickle fuzzer every input); false: no templates.
   bool fast_template = true;
   std::uint64_t max_depth = 1000;
   // The working-memory budget (see the header comment).
