@@ -1,6 +1,7 @@
 #include "importers/pickle_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "importers/zero_array.h"
 
 namespace memscope {
 
@@ -395,6 +397,16 @@ struct MemoEntry {
 // grows to ids below half the bytes read so far (every memoized value costs
 // at least two bytes of input: its opcode and a PUT or MEMOIZE), so it
 // stays within the reader's budget.
+// MemoTable's slots start as all-zero bytes (ZeroArray): that must be PyRef().
+constexpr bool PyRefZeroIsMissing() {
+  const auto bytes = std::bit_cast<std::array<unsigned char, sizeof(PyRef)>>(PyRef());
+  for (unsigned char c : bytes) {
+    if (c != 0) return false;
+  }
+  return true;
+}
+static_assert(PyRefZeroIsMissing());
+
 class MemoTable {
  public:
   static constexpr std::uint64_t kTokenMask = (std::uint64_t{1} << 48) - 1;
@@ -460,8 +472,7 @@ class MemoTable {
     if (id < bytes_read / 2 + 4096) {
       std::size_t n = std::max<std::size_t>(dense_.size() * 2, 1024);
       n = std::max<std::size_t>(std::min<std::size_t>(n, bytes_read / 2 + 4096), id + 1);
-      dense_.reserve(n);  // exactly n: resize alone may double
-      dense_.resize(n);
+      dense_.Grow(n);  // the new slots are PyRef() (all zero bytes), untouched
       for (auto it = sparse_.begin(); it != sparse_.end();) {  // ids now in the vector's range move there
         if (it->first < n) {
           dense_[it->first] = it->second;
@@ -477,7 +488,7 @@ class MemoTable {
   [[gnu::always_inline]] void Count(const PyRef& old) {
     if (old.kind != PyKind::kMissing && !(old.flags & (kPyRefOpen | kPyRefRecord))) ++changes_;
   }
-  std::vector<PyRef> dense_;
+  ZeroArray<PyRef> dense_;
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
   std::uint64_t changes_ = 0;
 };
