@@ -1,6 +1,7 @@
 #include "importers/pickle_reader.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "importers/zero_array.h"
 
 namespace memscope {
 
@@ -395,6 +397,16 @@ struct MemoEntry {
 // grows to ids below half the bytes read so far (every memoized value costs
 // at least two bytes of input: its opcode and a PUT or MEMOIZE), so it
 // stays within the reader's budget.
+// MemoTable's slots start as all-zero bytes (ZeroArray): that must be PyRef().
+constexpr bool PyRefZeroIsMissing() {
+  const auto bytes = std::bit_cast<std::array<unsigned char, sizeof(PyRef)>>(PyRef());
+  for (unsigned char c : bytes) {
+    if (c != 0) return false;
+  }
+  return true;
+}
+static_assert(PyRefZeroIsMissing());
+
 class MemoTable {
  public:
   static constexpr std::uint64_t kTokenMask = (std::uint64_t{1} << 48) - 1;
@@ -420,6 +432,8 @@ class MemoTable {
   [[gnu::always_inline]] const PyRef* Dense(std::uint64_t id) const {
     return id < dense_.size() ? dense_.data() + id : nullptr;
   }
+  const PyRef* DenseData() const { return dense_.data(); }
+  std::size_t DenseSize() const { return dense_.size(); }
   // A finished value; or an open list/dict (kPyRefOpen) with its builder's
   // token (compare tokens masked with kTokenMask).
   [[gnu::always_inline]] void Set(std::uint64_t id, PyRef ref, std::uint64_t token, std::uint64_t bytes_read) {
@@ -458,8 +472,7 @@ class MemoTable {
     if (id < bytes_read / 2 + 4096) {
       std::size_t n = std::max<std::size_t>(dense_.size() * 2, 1024);
       n = std::max<std::size_t>(std::min<std::size_t>(n, bytes_read / 2 + 4096), id + 1);
-      dense_.reserve(n);  // exactly n: resize alone may double
-      dense_.resize(n);
+      dense_.Grow(n);  // the new slots are PyRef() (all zero bytes), untouched
       for (auto it = sparse_.begin(); it != sparse_.end();) {  // ids now in the vector's range move there
         if (it->first < n) {
           dense_[it->first] = it->second;
@@ -475,7 +488,7 @@ class MemoTable {
   [[gnu::always_inline]] void Count(const PyRef& old) {
     if (old.kind != PyKind::kMissing && !(old.flags & (kPyRefOpen | kPyRefRecord))) ++changes_;
   }
-  std::vector<PyRef> dense_;
+  ZeroArray<PyRef> dense_;
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
   std::uint64_t changes_ = 0;
 };
@@ -1190,6 +1203,31 @@ class Reader {
   }
   template <bool kRecord>
   bool FastPairs(std::size_t& pos);
+  struct Template;
+  [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
+  bool TemplateRecord();
+  bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
+  struct TmplState {  // TemplatePairs' memo writes so far
+    std::uint64_t bloom = 0, next_id = 0;
+    bool list_cache_ok = true;
+  };
+  std::uint64_t TmplMemoize(TmplState& s) const;
+  [[gnu::noinline]] bool TmplScalarTail(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s);
+  [[gnu::noinline]] bool TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s);
+  void BuildTemplate(const PyRef* pairs, std::uint32_t n);
+  // A memo reference's value as FastLookup gives it outside a decode (no
+  // memo write of the decode is readable: their ids are all new).
+  [[gnu::always_inline]] bool MemoValue(std::uint64_t id, PyRef& out) const {
+    if (const PyRef* d = memo_.Dense(id)) [[likely]] {
+      if (d->kind == PyKind::kMissing || (d->flags & (kPyRefOpen | kPyRefRecord))) return false;
+      out = *d;
+      return true;
+    }
+    const MemoEntry m = memo_.Find(id);
+    if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord)) return false;
+    out = m.ref;
+    return true;
+  }
   std::uint8_t RecordKeyIndex(const PyRef& key) const;
   PyRef BuildRecord(const PyRef& placeholder);
   void ReleaseRecords();
@@ -1282,6 +1320,33 @@ class Reader {
   KeyAt record_key_at_[kMaxRecordKeys];                  // the key last seen at each position of a record
   std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
   std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
+  std::uint32_t fast_key_pos_[kMaxRecordKeys] = {};      // FastPairs<true>: where each key's opcode is in buf_
+  // The templates (TemplatePairs): the keys of a record FastPairs<true>
+  // read, each a memo reference (its bytes, little-endian, and a mask of
+  // their length), the string it gave and its key index; valid while
+  // memo_.changes() is `changes`. n 0: none. Two of them, the one last used
+  // first (tmpl_[tmpl_first_]): entries of two shapes in turn (an alloc with
+  // more keys than a free) take one each.
+  // A pair whose value was a memo reference or a BININT1/2/4 also keeps
+  // the pair's bytes (8 at most) and that value: the same bytes again are
+  // the same value (pair_mask 0 and pair_bytes ~0: none).
+  struct TmplKey {
+    std::uint64_t bytes = 0, mask = 0;
+    std::uint64_t pair_bytes = ~std::uint64_t{0}, pair_mask = 0;
+    PyRef key, value;
+    std::uint16_t value_height = 1;  // what the value adds to the dict's height
+    std::uint8_t len = 0, pair_len = 0;
+  };
+  struct Template {
+    TmplKey keys[kMaxRecordKeys];
+    std::uint8_t index[kMaxRecordKeys] = {};
+    std::uint32_t n = 0;
+    std::uint64_t changes = 0;
+  };
+  Template tmpl_[2];
+  Template tmpl_build_;  // BuildTemplate's
+  std::uint32_t tmpl_first_ = 0;
+  std::uint64_t tmpl_count_ = 0;  // records read by a template
   // Frames lists by their bytes (FastPairs): the stored list, valid while
   // memo_.changes() is what it was.
   struct CachedList {
@@ -1711,6 +1776,7 @@ bool Reader::FastPairs(std::size_t& pos) {
     op = next();
     if (op == 'u') break;
     PyRef key, val;
+    [[maybe_unused]] const std::size_t key_pos = p - 1;  // (next() read the opcode at p - 1)
     if (op == 'h' || op == 'j') {
       if (!get(op, key)) return false;
     } else if (op == 0x8c) {
@@ -1875,6 +1941,7 @@ bool Reader::FastPairs(std::size_t& pos) {
       if (present & bit) return false;
       present |= bit;
       fast_record_index_[k] = index;
+      fast_key_pos_[k] = static_cast<std::uint32_t>(key_pos);
       record_out[2 * k] = key;  // straight where the record keeps them
       record_out[2 * k + 1] = val;
       record_n = k + 1;
@@ -1906,10 +1973,445 @@ bool Reader::FastPairs(std::size_t& pos) {
   return true;
 }
 
+// ---- The template (records).
+//
+// Trace entries repeat one shape: the same keys, each the same memo
+// reference to the same stored string, in the same order, each with a value
+// of the same few opcodes. BuildTemplate keeps, from the last record
+// FastPairs<true> read, each key's bytes ('h' and its id, or 'j' and its
+// four) and what they gave; TemplatePairs then reads an entry by comparing
+// its key bytes with those (one load and a compare each) and decoding each
+// value straight from its opcode: no FRAME scan per opcode, no key index
+// lookup, no duplicate check (the keys are the template's, distinct). It
+// takes a subset of what FastPairs<true> takes, and reads it the same way,
+// into the same places: the record's pairs and key indices, the same Store
+// calls in the same order, the same memo writes (fast_memo_, D.memo) and
+// frames lists cache decisions, the same opcode count. Anything else
+// returns false (the caller drops what it read and runs FastPairs<true> from
+// the EMPTY_DICT), notably: another key or order, a FRAME anywhere in the
+// entry (FastPairs reads through it), a memo write other than MEMOIZE (a
+// MEMOIZE writes a new id, never over an entry), a memo reference to
+// anything not a finished value of the memo as it stands (this decode's own
+// writes included), an opcode it does not decode, the end of the buffer.
+//
+// The keys' strings are what the memo held when the template was made:
+// valid while no entry a finished value could have read has changed
+// (memo_.changes()).
+//
+// Two templates: BuildTemplate makes one of the record's keys (the same keys
+// as a template's: that one again, its memo changes count renewed; else in
+// place of the one used longer ago), and TemplateRecord tries the one used
+// last first.
+void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
+  Template& T = tmpl_build_;
+  T.n = 0;
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const std::size_t at = fast_key_pos_[k];
+    TmplKey& t = T.keys[k];
+    std::uint64_t id;
+    if (at + 5 > end_) return;
+    if (b[at] == 'h') {
+      t.len = 2;
+      id = b[at + 1];
+    } else if (b[at] == 'j') {
+      t.len = 5;
+      id = b[at + 1] | (std::uint64_t{b[at + 2]} << 8) | (std::uint64_t{b[at + 3]} << 16) |
+           (std::uint64_t{b[at + 4]} << 24);
+    } else {
+      return;  // a key written out (its first use): no template yet
+    }
+    t.bytes = 0;
+    for (std::size_t j = 0; j < t.len; ++j) t.bytes |= std::uint64_t{b[at + j]} << (8 * j);
+    t.mask = t.len == 2 ? 0xffffu : 0xffffffffffu;
+    // What the reference reads now (the memo writes of the entry made) is
+    // the key the record holds.
+    if (!MemoValue(id, t.key) || t.key.kind != PyKind::kString ||
+        std::memcmp(&t.key, &pairs[2 * k], sizeof(PyRef)) != 0) {
+      return;
+    }
+    T.index[k] = fast_record_index_[k];
+    // The value's bytes, when they alone say what it is.
+    t.pair_bytes = ~std::uint64_t{0};
+    t.pair_mask = 0;
+    const std::size_t v = at + t.len;
+    std::size_t vlen = 0;
+    if (v < end_) {
+      switch (b[v]) {
+        case 'h':
+        case 'K': vlen = 2; break;
+        case 'M': vlen = 3; break;
+        case 'j':
+        case 'J': vlen = 5; break;
+        default: break;
+      }
+    }
+    const PyRef& value = pairs[2 * k + 1];
+    if (vlen != 0 && t.len + vlen <= 8 && v + vlen <= end_) {
+      // What the bytes read now is the value the record holds (a memo
+      // reference's entry; an int, not the first number of a tuple).
+      const std::uint32_t u32 = v + 5 > end_ ? 0
+                                             : b[v + 1] | (std::uint32_t{b[v + 2]} << 8) |
+                                                   (std::uint32_t{b[v + 3]} << 16) | (std::uint32_t{b[v + 4]} << 24);
+      PyRef now;
+      bool same;
+      switch (b[v]) {
+        case 'h': same = MemoValue(b[v + 1], now); break;
+        case 'j': same = MemoValue(u32, now); break;
+        case 'K': now = IntRef(b[v + 1]), same = true; break;
+        case 'M': now = IntRef(b[v + 1] | (std::int64_t{b[v + 2]} << 8)), same = true; break;
+        default: now = IntRef(static_cast<std::int32_t>(u32)), same = true; break;
+      }
+      same = same && std::memcmp(&now, &value, sizeof(PyRef)) == 0;
+      if (same) {
+        t.pair_len = static_cast<std::uint8_t>(t.len + vlen);
+        t.pair_bytes = 0;
+        for (std::size_t j = 0; j < t.pair_len; ++j) t.pair_bytes |= std::uint64_t{b[at + j]} << (8 * j);
+        t.pair_mask = t.pair_len == 8 ? ~std::uint64_t{0} : (std::uint64_t{1} << (8 * t.pair_len)) - 1;
+        t.value = value;
+        t.value_height = IsContainerKind(value.kind) ? AddHeight(value.height) : 1;
+      }
+    }
+  }
+  T.n = n;
+  T.changes = memo_.changes();
+  const auto same_keys = [&](const Template& o) {
+    if (o.n != n) return false;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      if (o.keys[k].bytes != T.keys[k].bytes || o.keys[k].mask != T.keys[k].mask) return false;
+    }
+    return true;
+  };
+  std::uint32_t slot = same_keys(tmpl_[tmpl_first_]) ? tmpl_first_ : 1 - tmpl_first_;
+  tmpl_[slot] = T;
+  tmpl_first_ = slot;
+}
+
+// A MEMOIZE of TemplatePairs: the id, as FastPairs' memo() takes it.
+[[gnu::always_inline]] inline std::uint64_t Reader::TmplMemoize(TmplState& s) const {
+  const std::uint64_t id = s.next_id++;
+  if (const PyRef* d = memo_.Dense(id); d == nullptr || d->kind != PyKind::kMissing) s.list_cache_ok = false;
+  s.bloom |= std::uint64_t{1} << (id & 63);
+  return id;
+}
+
+// What may follow a number of TemplatePairs (`op`, its value `val`, read up
+// to p): more numbers and TUPLE1/2/3 (a tuple), then a MEMOIZE; as FastPairs
+// reads them.
+bool Reader::TmplScalarTail(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s) {
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const std::size_t end = end_;
+  const auto number = [](std::uint8_t o) { return o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N'; };
+  if (p >= end) return false;
+  std::uint8_t o = b[p];
+  if (number(op) && (number(o) || o == 0x85)) {
+    PyRef tv[3];
+    tv[0] = val;
+    std::size_t nt = 1;
+    while (nt < 3 && number(o)) {
+      ++p;
+      if (DecodeFastScalar(o, b, p, end, arena_->chars, tv[nt++]) != FastScalar::kOk || p >= end) return false;
+      o = b[p];
+    }
+    if (o != 0x84 + nt) return false;
+    ++p;
+    val = Store(PyKind::kTuple, tv, nt, 1);
+    FastBox& D = fast_boxes_[0];
+    D.height = std::max(D.height, AddHeight(val.height));
+    if (p >= end) return false;
+  }
+  if (b[p] == 0x94) {
+    ++p;
+    fast_memo_.emplace_back(TmplMemoize(s), val);
+  }
+  return true;
+}
+
+// The values TemplatePairs' loop leaves (`op` read, its argument from p): a
+// new list, the other scalars and strings.
+bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s) {
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const std::size_t end = end_;
+  const auto u32 = [&](std::size_t q) {
+    return b[q] | (std::uint64_t{b[q + 1]} << 8) | (std::uint64_t{b[q + 2]} << 16) | (std::uint64_t{b[q + 3]} << 24);
+  };
+  if (op != ']') {  // a scalar or string, a tuple of up to three numbers; then maybe its MEMOIZE
+    if (DecodeFastScalar(op, b, p, end, arena_->chars, val) != FastScalar::kOk) return false;
+    return TmplScalarTail(op, p, val, s);
+  }
+  // A new list: MEMOIZE, then MARK, memo references, APPENDS; or one and APPEND; or none.
+  if (end - p < 2 || b[p] != 0x94) return false;
+  ++p;
+  const std::uint64_t list_id = TmplMemoize(s);
+  scratch_.clear();
+  std::uint16_t h = 1;
+  const std::uint8_t o = b[p];
+  if (o == '(') {
+    ++p;
+    std::size_t q = p;
+    while (end - q >= 5 && (b[q] == 'h' || b[q] == 'j')) q += b[q] == 'h' ? 2 : 5;
+    if (q >= end || b[q] != 'e') return false;
+    const std::size_t span = q - p;
+    const bool cacheable = s.list_cache_ok && span > 0 && span <= kListCacheMaxBytes;
+    std::uint64_t span_hash = 0;
+    bool cached = false;
+    if (cacheable) {
+      span_hash = BytesHash(b + p, span);
+      if (auto it = list_cache_.find(span_hash); it != list_cache_.end()) {
+        const CachedList& c = list_cache_items_[it->second];
+        if (c.changes == memo_.changes() && c.length == span &&
+            std::memcmp(list_cache_bytes_.data() + c.offset, b + p, span) == 0) {
+          val = c.list;
+          cached = true;
+        }
+      }
+    }
+    scratch_.reserve(kFastMaxListItems);
+    if (!cached) {
+      PyRef* const items = scratch_.data();
+      std::size_t count = 0;
+      bool clean = cacheable;
+      for (std::size_t r = p; r < q;) {  // the scan above read their opcodes: in the buffer
+        std::uint64_t id;
+        if (b[r] == 'h') {
+          id = b[r + 1];
+          r += 2;
+        } else {
+          id = u32(r + 1);
+          r += 5;
+        }
+        if (s.bloom & (std::uint64_t{1} << (id & 63))) clean = false;
+        if (count == kFastMaxListItems || !MemoValue(id, items[count])) return false;
+        if (IsContainerKind(items[count].kind)) h = std::max(h, AddHeight(items[count].height));
+        ++count;
+      }
+      scratch_.set_size(count);
+      val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+      if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
+        auto [it, added] = list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
+        if (!added) {
+          list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
+        } else {
+          list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
+        }
+        list_cache_bytes_.append(reinterpret_cast<const char*>(b) + p, span);
+      }
+    }
+    p = q + 1;
+  } else if ((o == 'h' && end - p >= 3 && b[p + 2] == 'a') || (o == 'j' && end - p >= 6 && b[p + 5] == 'a')) {
+    PyRef r;
+    if (!MemoValue(o == 'h' ? b[p + 1] : u32(p + 1), r)) return false;
+    p += o == 'h' ? 3 : 6;
+    if (IsContainerKind(r.kind)) h = std::max(h, AddHeight(r.height));
+    scratch_.push_back(r);
+    val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
+  } else {  // empty: the next key follows (anything else fails there)
+    val = Store(PyKind::kList, scratch_.data(), 0, h);
+  }
+  fast_memo_.emplace_back(list_id, val);
+  FastBox& D = fast_boxes_[0];
+  D.height = std::max(D.height, AddHeight(val.height));
+  return true;
+}
+
+bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
+  if (T.changes != memo_.changes()) return false;
+  const std::uint32_t n = T.n;
+  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const std::size_t end = end_;
+  std::size_t p = pos;
+  FastBox& D = fast_boxes_[0];
+  // (no memo entry changes during the read: its writes are made at its end)
+  const PyRef* const dense = memo_.DenseData();
+  const std::size_t dense_n = memo_.DenseSize();
+  TmplState s;
+  s.next_id = fast_memo_count_;
+  // The dict's MEMOIZE, its MARK.
+  if (end - p < 2 || b[p] != 0x94 || b[p + 1] != '(') return false;
+  p += 2;
+  D.memo[0] = TmplMemoize(s);
+  D.memos = 1;
+  const std::size_t record_pairs0 = record_pairs_.size();
+  record_pairs_.reserve(record_pairs0 + 2 * kMaxRecordKeys);
+  PyRef* const out = record_pairs_.data() + record_pairs0;
+  std::uint16_t height = 1;  // of the values read here (the others raise D.height)
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const TmplKey& t = T.keys[k];
+    // Room for the key (5 bytes at most), the opcode and argument of a
+    // value read here (10 at most: LONG1 of 8 bytes) and one byte more.
+    if (end - p < 16) return false;
+    std::uint64_t w;
+    std::memcpy(&w, b + p, 8);
+    if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
+    if ((w & t.pair_mask) == t.pair_bytes) {  // the very bytes of the template's pair: its value
+      p += t.pair_len;
+      out[2 * k] = t.key;
+      out[2 * k + 1] = t.value;
+      height = std::max(height, t.value_height);
+      continue;
+    }
+    if ((w & t.mask) != t.bytes) return false;
+    p += t.len;
+    out[2 * k] = t.key;
+    PyRef& val = out[2 * k + 1];
+    const std::uint8_t op = b[p];
+    std::uint64_t id;
+    if (op == 'h') {  // a memo reference (no memo write may follow: the next key or SETITEMS must)
+      id = b[p + 1];
+      p += 2;
+    } else if (op == 'j') {
+      id =
+          b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) | (std::uint64_t{b[p + 4]} << 24);
+      p += 5;
+    } else {
+      // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
+      // non-negative LONG1 of 8 bytes at most); anything else by TmplValue.
+      if (op == 'K') {
+        val = IntRef(b[p + 1]);
+        p += 2;
+      } else if (op == 'J') {
+        val = IntRef(static_cast<std::int32_t>(b[p + 1] | (std::uint32_t{b[p + 2]} << 8) |
+                                               (std::uint32_t{b[p + 3]} << 16) | (std::uint32_t{b[p + 4]} << 24)));
+        p += 5;
+      } else if (op == 0x8a && b[p + 1] <= 8 && (b[p + 1] == 0 || (b[p + 1 + b[p + 1]] & 0x80) == 0)) {
+        const std::size_t nb = b[p + 1];
+        std::uint64_t v = 0;
+        if constexpr (std::endian::native == std::endian::little) {
+          std::memcpy(&v, b + p + 2, 8);  // (within the 16 bytes)
+          if (nb < 8) v &= (std::uint64_t{1} << (8 * nb)) - 1;
+        } else {
+          for (std::size_t j = nb; j > 0; --j) v = (v << 8) | b[p + 1 + j];
+        }
+        val = UIntRef(v);
+        p += 2 + nb;
+      } else if (op == 'M') {
+        val = IntRef(b[p + 1] | (std::int64_t{b[p + 2]} << 8));
+        p += 3;
+      } else {
+        std::size_t q = p + 1;
+        if (!TmplValue(op, q, val, s)) return false;
+        p = q;
+        continue;
+      }
+      // A tuple or a MEMOIZE may follow a number.
+      const std::uint8_t o = b[p];
+      if (o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N' || o == 0x85 || o == 0x94) {
+        std::size_t q = p;
+        if (!TmplScalarTail(op, q, val, s)) return false;
+        p = q;
+      }
+      continue;
+    }
+    if (id < dense_n) [[likely]] {  // MemoValue, its first case here
+      const PyRef& d = dense[id];
+      if (d.kind == PyKind::kMissing || (d.flags & (kPyRefOpen | kPyRefRecord))) return false;
+      val = d;
+    } else if (!MemoValue(id, val)) {
+      return false;
+    }
+    if (IsContainerKind(val.kind)) height = std::max(height, AddHeight(val.height));
+  }
+  // SETITEMS, and next (after FRAMEs, as FastPairs peeks) another entry or the APPENDS of the batch.
+  D.height = std::max(D.height, height);
+  if (p >= end || b[p] != 'u' || D.height < 2) return false;
+  ++p;
+  std::size_t q = p;
+  while (q < end && b[q] == 0x95) q += 9;
+  if (q >= end || (b[q] != '}' && b[q] != 'e')) return false;
+  std::memcpy(fast_record_index_, T.index, kMaxRecordKeys);
+  fast_record_pairs_ = n;
+  record_pairs_.set_size(record_pairs0 + 2 * std::size_t{n});
+  fast_memo_count_ = s.next_id;
+  fast_memo_bloom_ |= s.bloom;
+  fast_pair_ops_ = (p - pos) / 2;
+  pos = p;
+  return true;
+}
+
+// A record by a template: TemplatePairs from the EMPTY_DICT with the one
+// used last, then the other, then PushRecord; false having changed nothing
+// the dict paths can see (what it added to the arena dropped), and FastDict
+// reads the entry as without templates.
+bool Reader::TemplateRecord() {
+  PickleArena& a = *arena_;
+  const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
+  if (fast_boxes_.empty()) fast_boxes_.emplace_back();
+  FastBox& D = fast_boxes_[0];
+  for (std::uint32_t k = 0; k < 2; ++k) {
+    const std::uint32_t slot = k == 0 ? tmpl_first_ : 1 - tmpl_first_;
+    if (tmpl_[slot].n == 0) break;
+    // The state TemplatePairs and PushRecord use: box 0 (the dict), the memo writes.
+    D.height = 1;
+    D.memos = 0;
+    fast_nboxes_ = 1;
+    fast_nmarks_ = 0;
+    fast_memo_.clear();
+    fast_memo_bloom_ = 0;
+    fast_memo_count_ = memo_count_;
+    std::size_t p = pos_;
+    const bool read = TemplatePairs(tmpl_[slot], p);
+    if (read && PushRecord(p, chars0, true)) {
+      tmpl_first_ = slot;
+      return true;
+    }
+    a.chars.resize(chars0);
+    a.tree.resize(tree0);
+    if (read) break;  // too deep: so it is without templates
+  }
+  return false;
+}
+
+// The end of a record FastPairs<true> or TemplatePairs read (up to p, the
+// dict in box 0, its pairs in record_pairs_ beyond its size): its memo
+// writes made, its pairs and key indices kept for on_record, a placeholder
+// pushed. False, having made none of that, when it would be too deep (the
+// caller drops what was read; the general path gives the error).
+bool Reader::PushRecord(std::size_t p, std::size_t chars0, bool from_template) {
+  const FastBox& D = fast_boxes_[0];
+  const std::uint32_t level = NextLevel(false);
+  if (std::uint64_t{level} + D.height > options_.max_depth || records_.size() >= 0xffffffffu) {
+    for (KeyAt& at : record_key_at_) {
+      if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+    }
+    record_pairs_.resize(2 * record_index_.size());
+    return false;
+  }
+  pos_ = p;
+  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+  memo_count_ = fast_memo_count_;
+  Record R;
+  R.first = static_cast<std::uint32_t>(record_index_.size());
+  R.n = fast_record_pairs_;
+  R.height = D.height;
+  record_index_.reserve(R.first + R.n);
+  if (record_index_.capacity() >= R.first + kMaxRecordKeys) {  // the common case: one fixed-size copy
+    std::memcpy(record_index_.data() + R.first, fast_record_index_, kMaxRecordKeys);
+  } else {
+    std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
+  }
+  record_index_.set_size(R.first + R.n);
+  PyRef r;
+  r.kind = PyKind::kDict;
+  r.flags = kPyRefRecord;
+  r.height = D.height;
+  r.n = R.n;
+  r.v = records_.size() | ((record_gen_ & 0xffffffffu) << 32);
+  records_.push_back(R);
+  for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
+  ++record_count_;
+  if (from_template) {
+    ++tmpl_count_;
+  } else if (options_.fast_template) {
+    BuildTemplate(record_pairs_.data() + 2 * std::size_t{R.first}, R.n);
+  }
+  return FastPush(r, level, fast_pair_ops_);
+}
+
 bool Reader::FastDict() {
   // Only inside an item of a streamed list: no path is asked for there.
   if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
   Window(kFastWindow);
+  if (tmpl_[tmpl_first_].n != 0 && TemplateRecord()) return true;
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos_;
@@ -1917,7 +2419,7 @@ bool Reader::FastDict() {
   const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
   if (!fast_vals_) fast_vals_ = std::make_unique<FastVal[]>(kFastMaxStack);
   FastVal* const st = fast_vals_.get();
-  std::size_t sp = 0;  // values on st
+  std::size_t sp = 0;             // values on st
   const auto clear_state = [&] {  // the decoder's marks, boxes and memo writes: none yet
     fast_nmarks_ = 0;
     fast_nboxes_ = 0;
@@ -2002,7 +2504,10 @@ bool Reader::FastDict() {
   };
   if (!open_box(PyKind::kDict)) return false;
   if (records_on_) {
-    if (FastPairs<true>(p)) goto complete_record;
+    if (FastPairs<true>(p)) {
+      if (PushRecord(p, chars0, false)) return true;
+      return fail();
+    }
     record_pairs_.resize(2 * record_index_.size());  // what it wrote there
     // Not a record. The keys it learnt from strings read now (dropped
     // below: their bytes will be reused) are forgotten.
@@ -2125,41 +2630,7 @@ bool Reader::FastDict() {
     }
   }
 #undef MS_FAST_PUSH
-  goto complete;  // the loop above ends with the dict complete
-complete_record : {
-  // A record: its pairs kept for on_record, a placeholder pushed (FastPairs<true> read no nested box).
-  ops += fast_pair_ops_;
-  const FastBox& D = fast_boxes_[0];
-  const std::uint32_t level = NextLevel(false);
-  if (std::uint64_t{level} + D.height > options_.max_depth || records_.size() >= 0xffffffffu) {
-    for (KeyAt& at : record_key_at_) {
-      if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
-    }
-    record_pairs_.resize(2 * record_index_.size());
-    return fail();
-  }
-  pos_ = p;
-  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
-  memo_count_ = fast_memo_count_;
-  Record R;
-  R.first = static_cast<std::uint32_t>(record_index_.size());
-  R.n = fast_record_pairs_;
-  R.height = D.height;
-  record_index_.reserve(R.first + R.n);
-  std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
-  record_index_.set_size(R.first + R.n);
-  PyRef r;
-  r.kind = PyKind::kDict;
-  r.flags = kPyRefRecord;
-  r.height = D.height;
-  r.n = R.n;
-  r.v = records_.size() | ((record_gen_ & 0xffffffffu) << 32);
-  records_.push_back(R);
-  for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
-  ++record_count_;
-  return FastPush(r, level, ops);
-}
-complete:
+complete:  // the loop above ends with the dict complete
   ops += fast_pair_ops_;
   const PyRef r = FastFinish(st[0]);
   const std::uint32_t level = NextLevel(false);
@@ -2236,6 +2707,15 @@ absl::Status Reader::Step(std::uint8_t op) {
         marks_.pop_back();
       } else {
         (void)PopFinished();
+      }
+      // A dict uncovered in an item of a streamed list (an entry, once what
+      // followed it is popped): the dict fast path has finished it (nothing
+      // but a POP lets anything add to it) where the general path has not,
+      // so a SETITEMS into it next would read differently. Python writes no
+      // such POP; refused either way.
+      if (!options_.stream_inside_items && !stack_.empty() && !stack_.back().mark &&
+          stack_.back().ref.kind == PyKind::kDict && InsideStreamedList(stack_.size())) {
+        return Error("POP that uncovers a dict in an item of a streamed list: not supported");
       }
       return absl::OkStatus();
     case '1':  // POP_MARK
@@ -2591,6 +3071,7 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
     stats->shared_containers = cons_refs_.size();
     stats->fast_dicts = fast_count_;
     stats->records = record_count_;
+    stats->template_records = tmpl_count_;
   }
   if (!status.ok()) return status;
   return PickleDoc(std::move(arena_), root);

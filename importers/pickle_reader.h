@@ -312,6 +312,16 @@ struct PickleReadOptions {
   std::vector<std::string> record_keys;
   std::function<absl::Status(const PicklePath& list_path, const PickleRecord& record)> on_record;
   bool fast_records = true;
+  // Records: the templates (see TemplatePairs in the .cpp). The keys of the
+  // records last read (two shapes), as the bytes of their memo references,
+  // are matched against the next entry's bytes directly and its values
+  // decoded in one pass; any difference (another key, another opcode, a
+  // FRAME inside the entry, the end of the read buffer, a memo change...)
+  // reads the entry as without them. The records, memo, values, calls,
+  // errors and stats are the same either way
+  // (tests/importers/pickle_reader_test.cpp reads every test pickle both
+  // ways, the pickle fuzzer every input); false: no templates.
+  bool fast_template = true;
   std::uint64_t max_depth = 1000;
   // The working-memory budget (see the header comment).
   std::uint64_t max_working_bytes_fixed = 256ull << 20;
@@ -325,6 +335,7 @@ struct PickleReadStats {
   std::uint64_t shared_containers = 0;   // distinct containers in the shared pool
   std::uint64_t fast_dicts = 0;          // dicts read by the fast path (PickleReadOptions::fast_dicts)
   std::uint64_t records = 0;             // of those, handed to on_record (not built)
+  std::uint64_t template_records = 0;    // of those, read by the template (PickleReadOptions::fast_template)
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the

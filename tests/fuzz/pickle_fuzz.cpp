@@ -6,9 +6,10 @@
 // included). Then streamed as the snapshot importer reads, with the
 // trace-entry fast path (PickleReadOptions::fast_dicts) on and off, and on
 // with records (PickleReadOptions::on_record, the keys of a PyTorch trace
-// entry and two short ones a mutation can reach): all three must succeed or
-// fail together and read the same values (a record digested as the dict it
-// stands for). Errors are expected and ignored; crashes, sanitizer reports,
+// entry and two short ones a mutation can reach), with and without the
+// record templates (PickleReadOptions::fast_template): all four must succeed
+// or fail together and read the same values (a record digested as the dict
+// it stands for). Errors are expected and ignored; crashes, sanitizer reports,
 // hangs and a difference between the paths are findings.
 #include <cstddef>
 #include <cstdint>
@@ -95,10 +96,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // may differ (one known case: a dict as the key of a SETITEM into an entry
   // the fast path read is "unhashable" in one, "complete" in the other).
   o.stream_inside_items = false;
-  std::string digests[3];
-  bool ok[3];
-  for (int how = 2; how >= 0; --how) {  // 2: records, 1: fast dicts, 0: the general path
+  std::string digests[4];
+  bool ok[4];
+  memscope::PickleReadStats stats[4];
+  for (int how = 3; how >= 0; --how) {  // 3: records, 2: records without templates, 1: fast dicts, 0: general
     o.fast_dicts = how >= 1;
+    o.fast_template = how == 3;
     std::string& d = digests[how];
     o.on_item = [&](const memscope::PicklePath&, memscope::PyView item) {
       std::uint64_t b = 2000;
@@ -108,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     };
     o.record_keys.clear();
     o.on_record = nullptr;
-    if (how == 2) {
+    if (how >= 2) {
       o.record_keys = {"action",          "addr",          "size",    "stream", "time_us", "frames",
                        "compile_context", "user_metadata", "pool_id", "a",      "b"};
       o.on_record = [&](const memscope::PicklePath&, const memscope::PickleRecord& r) {
@@ -129,7 +132,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       };
     }
     std::istringstream in(bytes);
-    auto doc = memscope::ReadPickle(in, "fuzz.pickle", o);
+    auto doc = memscope::ReadPickle(in, "fuzz.pickle", o, &stats[how]);
     ok[how] = doc.ok();
     if (doc.ok()) {
       std::uint64_t b = 20000;
@@ -138,5 +141,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (ok[0] != ok[1] || digests[0] != digests[1]) __builtin_trap();
   if (ok[0] != ok[2] || digests[0] != digests[2]) __builtin_trap();
+  if (ok[2] != ok[3] || digests[2] != digests[3]) __builtin_trap();
+  // The templates change nothing but how the records are decoded: the same
+  // memory, shared nodes, dicts read fast and records.
+  const memscope::PickleReadStats &a = stats[2], &t = stats[3];
+  if (a.input_bytes != t.input_bytes || a.peak_working_bytes != t.peak_working_bytes ||
+      a.shared_containers != t.shared_containers || a.fast_dicts != t.fast_dicts || a.records != t.records) {
+    __builtin_trap();
+  }
   return 0;
 }

@@ -28,7 +28,7 @@ namespace {
 // Writes the test pickles, and next to each the canonical text of what
 // Python holds (see Canon below, which prints a PyValue the same way).
 constexpr const char* kGenerator = R"PY(
-import collections, os, pickle, random, struct, sys
+import collections, os, pickle, pickletools, random, struct, sys
 
 out = sys.argv[1]
 
@@ -260,6 +260,271 @@ lc += entry(5, refs) + entry(6, refs) + entry(7, refs, ustr('user_metadata') + u
 lc += b'e' + b'e' + b'u.'
 with open(os.path.join(out, 'list_cache_p4.pickle'), 'wb') as f:
     f.write(lc)
+
+# The record template (PickleReadOptions::fast_template), written by hand
+# (protocol 4, MEMOIZE as Python's pickler writes it) so that each entry's
+# shape is known. Device 0's entries, after a first batch (E0, read
+# generally: the list is not known to be streamed yet):
+#   E1       keys action, addr, size, frames (order A): read by FastPairs, the template made
+#   E2-E4    order A, frames [f0, f1] (E1's bytes: the lists cache), [f0] (APPEND), []: template
+#   E5       order A with a FRAME between addr and its value: FastPairs, the template made again
+#   E6, E7   order A (a FRAME before E6's EMPTY_DICT, between entries): template
+#   E8       order B (action, size, addr, frames): FastPairs
+#   E9-E11   order B (E11 in the next batch): template
+#   E12      no frames (not a record); its size 'x' is put over the memo id of the str 'addr'
+#   E13      order B's bytes, its addr key now 'x' (the memo changed): a dict, not a record
+#   E14      order B, 'addr' written anew (a key not by reference): FastPairs, no template
+#   E15      order B: FastPairs, the template made; E16, E17: template
+#   E18      order C (action, addr, size, frames, compile_context, pool_id; a new str and a
+#            new tuple each entry, MEMOIZEd): FastPairs, its new keys written out: no template
+#   E19      order C: FastPairs, the template made; E20: template
+#   E21      order C, the dict memoized by BINPUT (its next id, as MEMOIZE would): FastPairs
+#   E22      template
+#   E23      order B: the other template (made at E15)
+#   E24      order C: the other template again
+#   E25      order C, its frames list put (LONG_BINPUT) over E24's frames list's id: FastPairs
+#   E26      template
+# 24 records (E12 and E13 are not), 15 of them by a template.
+def template_pickle():
+
+    class Asm:
+        def __init__(self):
+            self.b = bytearray(b'\x80\x04')
+            self.memo = {}
+            self.n = 0
+        def w(self, x):
+            self.b += x
+        def memoize(self, key=None):
+            self.w(b'\x94')
+            if key is not None:
+                self.memo[key] = self.n
+            self.n += 1
+        def ref(self, key):
+            i = self.memo[key]
+            self.w(b'h' + bytes([i]) if i < 256 else b'j' + i.to_bytes(4, 'little'))
+        def s(self, text, fresh=False):
+            if not fresh and ('s', text) in self.memo:
+                self.ref(('s', text))
+                return text
+            e = text.encode()
+            self.w(b'\x8c' + bytes([len(e)]) + e)
+            self.memoize(('s', text))
+            return text
+        def int_(self, x):
+            if 0 <= x < 256:
+                self.w(b'K' + bytes([x]))
+            elif -2**31 <= x < 2**31:
+                self.w(b'J' + x.to_bytes(4, 'little', signed=True))
+            else:
+                e = pickle.encode_long(x)
+                self.w(b'\x8a' + bytes([len(e)]) + e)
+            return x
+
+    a = Asm()
+    fd = []  # the frame dicts (Python objects), memo keys ('f', k)
+    def frame_dict(k):
+        d = {'filename': 'f%d.py' % k, 'line': k + 1}
+        a.w(b'}')
+        a.memoize(('f', k))
+        a.w(b'(')
+        a.s('filename'); a.s(d['filename']); a.s('line'); a.int_(d['line'])
+        a.w(b'u')
+        fd.append(d)
+    def frames(ks, define=False, put_over=None):
+        a.w(b']')
+        if put_over is None:
+            a.memoize(('l', len(a.b)))
+        else:
+            a.w(b'r' + a.memo[put_over].to_bytes(4, 'little'))
+        a.last_list = ('l', len(a.b))
+        a.memo[a.last_list] = a.n - 1 if put_over is None else a.memo[put_over]
+        if len(ks) == 1:
+            a.ref(('f', ks[0]))
+            a.w(b'a')
+        elif ks:
+            a.w(b'(')
+            for k in ks:
+                if define:
+                    frame_dict(k)
+                else:
+                    a.ref(('f', k))
+            a.w(b'e')
+        return [fd[k] for k in ks]
+    frame_at = None
+    def frame_start():  # a FRAME from here to the end of the entry
+        nonlocal frame_at
+        frame_at = len(a.b)
+    def frame_end():
+        nonlocal frame_at
+        if frame_at is not None:
+            a.b[frame_at:frame_at] = b'\x95' + (len(a.b) - frame_at).to_bytes(8, 'little')
+            frame_at = None
+
+    ORDER_A = ['action', 'addr', 'size', 'frames']
+    ORDER_B = ['action', 'size', 'addr', 'frames']
+    ORDER_C = ['action', 'addr', 'size', 'frames', 'compile_context', 'pool_id']
+    entries = []
+    def entry(k, order, fr=(0, 1), define=False, frame_before=None, frame_entry=False, dict_put=False,
+              list_over=None, size_str=None):
+        if frame_entry:
+            frame_start()
+        a.w(b'}')
+        if dict_put:
+            a.w(b'q' + bytes([a.n]))
+            a.n += 1
+        else:
+            a.memoize()
+        a.w(b'(')
+        e = {}
+        for key in order:
+            kt = a.s(key)
+            if frame_before == key:  # a FRAME between the key and its value
+                frame_start()
+            if key == 'action':
+                e[kt] = a.s(['alloc', 'free_requested', 'free_completed'][k % 3])
+            elif key == 'addr':
+                e[kt] = a.int_(0x10000 + 512 * k)
+            elif key == 'size':
+                if size_str is not None:
+                    e[kt] = a.s(size_str, fresh=True)
+                    a.b[-1:] = b'r' + a.memo[('s', 'addr')].to_bytes(4, 'little')  # put over 'addr', not MEMOIZE
+                    a.n -= 1
+                    a.memo[('s', size_str)] = a.memo[('s', 'addr')]
+                else:
+                    e[kt] = a.int_(2**40 + k)
+            elif key == 'frames':
+                e[kt] = frames(fr, define=define, put_over=list_over)
+            elif key == 'compile_context':
+                e[kt] = a.s('ctx%d' % k, fresh=True)
+            elif key == 'pool_id':
+                a.w(b'K\x00K\x00\x86')
+                a.memoize()
+                e[kt] = (0, 0)
+        a.w(b'u')
+        frame_end()
+        entries.append(e)
+
+    a.w(b'}'); a.memoize(); a.w(b'(')
+    a.s('device_traces')
+    a.w(b']'); a.memoize()
+    a.w(b']'); a.memoize()
+    a.w(b'(')
+    entry(0, ORDER_A, define=True)
+    a.w(b'e(')
+    entry(1, ORDER_A)
+    entry(2, ORDER_A)
+    entry(3, ORDER_A, fr=(0,))
+    entry(4, ORDER_A, fr=())
+    entry(5, ORDER_A, frame_before='addr')
+    entry(6, ORDER_A, frame_entry=True)
+    entry(7, ORDER_A)
+    entry(8, ORDER_B)
+    entry(9, ORDER_B, fr=(1, 0))
+    entry(10, ORDER_B)
+    a.w(b'e(')
+    entry(11, ORDER_B)
+    entry(12, ['action', 'addr', 'size'], size_str='x')
+    # E13: order B's bytes, the addr key by its old reference (now 'x')
+    a.memo[('s', 'addr')] = a.memo[('s', 'x')]
+    entry(13, ORDER_B)
+    entries[-1] = {('x' if key == 'addr' else key): v for key, v in entries[-1].items()}
+    del a.memo[('s', 'addr')]
+    entry(14, ORDER_B)
+    entry(15, ORDER_B)
+    entry(16, ORDER_B, fr=(1,))
+    entry(17, ORDER_B)
+    entry(18, ORDER_C)
+    entry(19, ORDER_C)
+    entry(20, ORDER_C, fr=())
+    entry(21, ORDER_C, dict_put=True)
+    entry(22, ORDER_C)
+    entry(23, ORDER_B)
+    entry(24, ORDER_C)
+    entry(25, ORDER_C, list_over=a.last_list)
+    entry(26, ORDER_C)
+    a.w(b'e')  # the device's list
+    a.w(b'a')  # into device_traces
+    a.s('segments'); a.w(b']'); a.memoize()
+    a.w(b'u.')
+    data = bytes(a.b)
+    value = pickle.loads(data)
+    assert value == {'device_traces': [entries], 'segments': []}, (value, entries)
+    return data, entries
+
+# torch_p4's records (its entries from the 1001st) read by a template: all
+# but the first of each shape (nine keys, six) and those with a FRAME
+# between their EMPTY_DICT and their SETITEMS (where Python's framing put
+# one: FastPairs reads through FRAMEs, the templates do not). The pickle's
+# stack is followed to find each entry's opcodes.
+def torch_template_records(data):
+    ops = list(pickletools.genops(data))
+    stack, memo, frames_at, spans = [], [], [], []
+    lists = 0  # EMPTY_LISTs after the key device_traces: its list, then device 0's
+    seen_key = False
+    dev = None
+    for i, (op, arg, pos) in enumerate(ops):
+        n = op.name
+        if n == 'FRAME':
+            frames_at.append(i)
+        elif n == 'MARK':
+            stack.append('mark')
+        elif n == 'MEMOIZE':
+            memo.append(stack[-1])
+        elif n in ('BINGET', 'LONG_BINGET'):
+            stack.append(memo[arg])
+        elif n in ('EMPTY_DICT', 'EMPTY_LIST'):
+            c = {'start': i, 'end': None}
+            if n == 'EMPTY_LIST' and seen_key:
+                lists += 1
+                if lists == 2:
+                    dev = c
+            stack.append(c)
+        elif n in ('SETITEMS', 'APPENDS'):
+            k = len(stack) - 1 - stack[::-1].index('mark')
+            items = stack[k + 1:]
+            del stack[k:]
+            if n == 'SETITEMS':
+                stack[-1]['end'] = i
+            elif stack[-1] is dev:
+                spans += [(c['start'], c['end']) for c in items]
+        elif n in ('SETITEM', 'APPEND'):
+            del stack[-2 if n == 'SETITEM' else -1:]
+        elif n.startswith('TUPLE') and n != 'TUPLE':
+            del stack[len(stack) - int(n[-1]):]
+            stack.append('v')
+        elif n not in ('PROTO', 'STOP'):
+            if n == 'SHORT_BINUNICODE' and arg == 'device_traces':
+                seen_key = True
+            stack.append('v')
+    entries = pickle.loads(data)['device_traces'][0]
+    assert len(spans) == len(entries)
+    shapes, count = set(), 0
+    for e, (a, b) in zip(entries[1000:], spans[1000:]):
+        shape = tuple(e)
+        framed = any(a < f < b for f in frames_at)
+        if shape in shapes and not framed:
+            count += 1
+        shapes.add(shape)
+    return count
+with open(os.path.join(out, 'torch_p4.pickle'), 'rb') as f:
+    write('torch_template.txt', str(torch_template_records(f.read())))
+
+# A POP that uncovers an entry the fast path read (E1, then E2 popped), and
+# a SETITEMS into it: Python adds the pair to E1; the reader refuses the POP
+# (the fast path has finished E1, the general path has not).
+e = lambda i: b'}' + put(10 + i) + b'(' + ustr('action') + ustr('alloc') + b'u'
+pp = b'\x80\x04}' + put(0) + b'(' + ustr('device_traces') + b']' + put(1) + b']' + put(2) + b'('
+pp += e(0) + b'e('
+pp += e(1) + e(2) + b'0(' + ustr('size') + b'K\x07ue' + b'a' + b'u.'
+assert pickle.loads(pp) == {'device_traces': [[{'action': 'alloc'}, {'action': 'alloc', 'size': 7}]]}
+with open(os.path.join(out, 'pop_p4.pickle'), 'wb') as f:
+    f.write(pp)
+write('pop_offset.txt', str(pp.index(b'0(')))
+
+data, tentries = template_pickle()
+with open(os.path.join(out, 'tmpl_p4.pickle'), 'wb') as f:
+    f.write(data)
+write('tmpl.canon', '\n'.join(canon(e) for e in tentries) + '\n')
 )PY";
 
 std::string Hex(const std::string& s) {
@@ -1034,6 +1299,137 @@ TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
   CHECK(!imp.as_record[1106]);
   CHECK(imp.as_record[1102]);
   CHECK(imp.as_record[1105]);
+}
+
+// The record templates (PickleReadOptions::fast_template): the same items,
+// records, tree, errors and memo as FastPairs<true> alone (every test pickle
+// read both ways, the reader's stats equal), and the entries they read.
+TEST_CASE("pickle_reader: the record templates read exactly what records read without them") {
+  const Fixture& f = Files();
+  struct Read {
+    std::vector<std::string> items;
+    std::vector<bool> as_record;
+    std::string root;
+    std::string error;
+    PickleReadStats stats;
+  };
+  auto read = [&](const std::string& name, bool records, bool templates, const std::string& list = "[0]") {
+    Read r;
+    PickleReadOptions o;
+    o.stream_inside_items = false;
+    o.fast_template = templates;
+    o.stream_list = [&](const PicklePath& path) { return path.size() == 2 && path[1] == list; };
+    o.on_item = [&](const PicklePath&, PyView item) {
+      r.items.push_back(Canon(item));
+      r.as_record.push_back(false);
+      return absl::OkStatus();
+    };
+    if (records) {
+      o.record_keys = kTorchKeys;
+      o.on_record = [&](const PicklePath&, const PickleRecord& rec) {
+        r.items.push_back(CanonRecord(rec));
+        r.as_record.push_back(true);
+        for (std::uint32_t k = 0; k < rec.n; ++k) CHECK(rec.key(k).AsString() == kTorchKeys[rec.key_index[k]]);
+        return absl::OkStatus();
+      };
+    }
+    absl::StatusOr<PickleDoc> v = ReadFile(f / name, o, &r.stats);
+    if (v.ok()) {
+      r.root = Canon(v->root());
+    } else {
+      r.error = v.status().ToString();
+    }
+    return r;
+  };
+  const auto same = [](const Read& a, const Read& b) {
+    CHECK(a.error == b.error);
+    CHECK(a.items == b.items);
+    CHECK(a.as_record == b.as_record);
+    CHECK(a.root == b.root);
+    CHECK(a.stats.input_bytes == b.stats.input_bytes);
+    CHECK(a.stats.peak_working_bytes == b.stats.peak_working_bytes);
+    CHECK(a.stats.shared_containers == b.stats.shared_containers);
+    CHECK(a.stats.fast_dicts == b.stats.fast_dicts);
+    CHECK(a.stats.records == b.stats.records);
+  };
+  // The file made for them (see the generator): each entry's way, exactly.
+  {
+    const Read on = read("tmpl_p4.pickle", true, true), off = read("tmpl_p4.pickle", true, false);
+    const Read general = read("tmpl_p4.pickle", false, false);
+    REQUIRE(on.error.empty());
+    same(on, off);
+    CHECK(on.items == general.items);
+    CHECK(on.items == Lines(ReadText(f / "tmpl.canon")));  // what Python reads
+    REQUIRE(on.items.size() == 27);
+    CHECK(on.stats.fast_dicts == 26);  // E1 to E26 (E0: the first batch)
+    CHECK(on.stats.records == 24);
+    CHECK(on.stats.template_records == 15);
+    CHECK(off.stats.template_records == 0);
+    for (std::size_t k = 0; k < 27; ++k) {
+      INFO(k);
+      CHECK(on.as_record[k] == (k != 0 && k != 12 && k != 13));
+    }
+    // E13: its addr key by the reference E12 put 'x' over (the memo changed: no template).
+    CHECK(on.items[13].find("s1:78:i72192;") != std::string::npos);
+    // E3, E4, E16, E20: frames of one item (APPEND) and none, read by a template.
+    CHECK(on.items[4].find("s6:6672616d6573:[]") != std::string::npos);
+    CHECK(on.items[20].find("s6:6672616d6573:[]") != std::string::npos);
+  }
+  // PyTorch's shape (torch_p4): allocs of nine keys, frees of six in turn;
+  // every record after the first of each shape by a template (the other one
+  // of the two after a change of shape), but those Python's framing put a
+  // FRAME inside (the generator counts them).
+  {
+    const Read on = read("torch_p4.pickle", true, true), off = read("torch_p4.pickle", true, false);
+    same(on, off);
+    CHECK(on.stats.records == 40000 - 1000);
+    const std::uint64_t expected = std::stoull(ReadText(f / "torch_template.txt"));
+    CHECK(expected > 40000 - 1000 - 2 - 100);  // Python frames every 64 KiB: 42 FRAMEs in its 2.7 MB
+    CHECK(on.stats.template_records == expected);
+  }
+  // Every other pickle: the same either way (with and without a streamed list).
+  for (const char* name : {"fast_p2.pickle",     "fast_p4.pickle",     "fast_p5.pickle",     "fast_err_p2.pickle",
+                           "fast_err_p4.pickle", "fast_err_p5.pickle", "fast_rec_p2.pickle", "fast_rec_p4.pickle",
+                           "fast_rec_p5.pickle", "snap_p1.pickle",     "snap_p2.pickle",     "snap_p4.pickle",
+                           "snap_p5.pickle",     "small_p2.pickle",    "small_p4.pickle",    "single_p2.pickle",
+                           "single_p4.pickle",   "rec_imp_p2.pickle",  "rec_imp_p4.pickle",  "list_cache_p4.pickle"}) {
+    INFO(name);
+    for (const char* list : {"[0]", "[2]"}) {
+      const Read on = read(name, true, true, list), off = read(name, true, false, list);
+      same(on, off);
+    }
+  }
+  // rec_imp: of its 197 records (1000 to 1199 less 1100, 1104 and 1106),
+  // 1000 (the first) and 1102 (a segment_alloc of six keys) are read by
+  // FastPairs; 1101 and 1103 to 1199 by the nine keys' template again (the
+  // dicts 1100, 1104 and 1106 change no memo entry), 1103 after the six
+  // keys' one failed.
+  const Read rec = read("rec_imp_p4.pickle", true, true);
+  CHECK(rec.stats.records == 200 - 3);
+  CHECK(rec.stats.template_records == 197 - 2);
+  // A POP that uncovers an entry read fast: the same error every way.
+  {
+    const std::string error = absl::StrCat("INVALID_ARGUMENT: pop_p4.pickle: offset ",
+                                           ReadText(f / "pop_offset.txt"),
+                                           ": POP that uncovers a dict in an item of a streamed list: not supported");
+    const Read general = read("pop_p4.pickle", false, false);
+    CHECK(general.error == error);
+    CHECK(general.items.size() == 1);  // E0 (E1 and E2 wait in their batch)
+    const Read on = read("pop_p4.pickle", true, true), off = read("pop_p4.pickle", true, false);
+    same(on, off);
+    CHECK(on.error == error);
+    CHECK(on.items == general.items);
+    PickleReadOptions o;  // the fast path without records
+    o.stream_inside_items = false;
+    o.stream_list = [](const PicklePath& path) { return path.size() == 2; };
+    PickleReadStats stats;
+    const absl::StatusOr<PickleDoc> fast = ReadFile(f / "pop_p4.pickle", o, &stats);
+    CHECK(fast.status().ToString() == error);
+    CHECK(stats.fast_dicts == 1);  // E1 (E2 is followed by the POP)
+  }
+  const Read lc = read("list_cache_p4.pickle", true, true);
+  CHECK(lc.stats.records == 7);
+  CHECK(lc.stats.template_records == 0);  // keys written out in every entry: no template
 }
 
 // The importer: the same requests, stacks, notes and segments with records,
