@@ -44,8 +44,16 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];
     if (planned && i == trace.planned_from_request && i > 0) device.PausePlan(false);
-    if (recorder != nullptr && trace.time_origin_us >= 0 && r.time_us >= 0) {
-      recorder->SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
+    // Times: the trace's own where it has them (a request without one keeps
+    // the last); a trace with none (a JSON request trace, a snapshot without
+    // time_us) puts request i at i microseconds, so that its outputs are the
+    // same on every run.
+    if (recorder != nullptr) {
+      if (trace.time_origin_us < 0) {
+        recorder->SetTraceTime(static_cast<std::int64_t>(i) * 1000);
+      } else if (r.time_us >= 0) {
+        recorder->SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
+      }
     }
     auto where = [&] { return absl::StrCat(trace.source, ":", r.line, ": "); };
     switch (r.op) {

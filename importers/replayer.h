@@ -64,7 +64,10 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 // The same on a caller's fresh `allocator` over `device` (a recording
 // RankSession's, run/rank_session.h, whose recorder already observes the
 // allocator): `recorder`, when given, gets only the trace's phase marks and
-// marks; the allocator's observer is left as it is.
+// marks; the allocator's observer is left as it is. Times: the recorder
+// gets each request's time (SetTraceTime): the trace's own where it has
+// them, else request i at i microseconds (a recorder of RecordClock::kTrace
+// then reads no clock: the same trace, the same times).
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
                                       Recorder* recorder = nullptr);
 

@@ -28,6 +28,8 @@ std::int64_t Recorder::ClockNs() {
   // kWall: the allocator's clock (FastNowNs), so that marks and the
   // allocator's event times agree.
   if (clock_ == RecordClock::kWall) return FastNowNs();
+  // kTrace: no clock at all (the times are the trace's).
+  if (clock_ == RecordClock::kTrace) return 0;
   // kSampled: the allocator reads no clock; the recorder reads its own.
   // FastNowNs's first call spins 5 ms calibrating the TSC, which a short
   // simulated run would pay for nothing; this reads steady_clock (a vDSO

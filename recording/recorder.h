@@ -43,6 +43,10 @@ enum class RecordClock : std::uint8_t {
   // most the time of the kClockSampleEvents events before it (about 10 us
   // when nothing but the allocator runs).
   kSampled,
+  // Replays: every time is the trace's (SetTraceTime before each request);
+  // the recorder and the allocator read no clock, so the same trace gives
+  // the same times on every run.
+  kTrace,
 };
 inline constexpr int kClockSampleEvents = 64;
 

@@ -36,7 +36,7 @@ absl::StatusOr<Timeline> RecordReplayImpl(const RequestTrace& trace, RequestTrac
   options.device_index = 0;
   options.device_memory = device_memory;
   options.config = config;
-  if (trace.time_origin_us >= 0) options.clock = RecordClock::kWall;  // the trace's own times
+  options.clock = RecordClock::kTrace;  // the trace's own times, or 1 us a request (ReplayOn)
   RankSession session(options);
   if (absl::Status s = session.Start(); !s.ok()) return s;
   // Room for the events (an alloc, a free's two, segments): reserved address
@@ -82,7 +82,7 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
     options.device_memory = device_memory;
     options.config = config;
     options.timeline_path = run_dir.Timeline(0);
-    if (trace.time_origin_us >= 0) options.clock = RecordClock::kWall;  // the trace's own times
+    options.clock = RecordClock::kTrace;  // the trace's own times, or 1 us a request (ReplayOn)
     RankSession session(options);
     if (absl::Status s = session.Start(); !s.ok()) return s;
     absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());

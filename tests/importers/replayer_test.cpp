@@ -54,3 +54,34 @@ TEST_CASE("replayer: every alloc event carries its request's owner and category"
   // Each owner interned once, the recorder's earlier strings kept.
   CHECK(timeline.strings == std::vector<std::string>{"", "late", "dec", "enc", "between"});
 }
+
+TEST_CASE("replayer: a trace without times puts request i at i microseconds, the same on every run") {
+  const std::string text = R"({"action":"alloc","id":"a","size":1024}
+{"action":"alloc","id":"b","size":2048}
+{"action":"free","id":"a"}
+{"action":"mark","text":"between"}
+{"action":"alloc","id":"c","size":512}
+)";
+  absl::StatusOr<AllocatorConfig> config = AllocatorConfig::Parse("");
+  REQUIRE(config.ok());
+  std::vector<std::vector<std::pair<EventType, std::int64_t>>> runs;
+  for (int run = 0; run < 2; ++run) {
+    std::istringstream in(text);
+    absl::StatusOr<RequestTrace> trace = ReadJsonlTrace(in, "t.jsonl");
+    REQUIRE(trace.ok());
+    REQUIRE(trace->time_origin_us == -1);
+    Timeline timeline;
+    MemorySink sink(timeline);
+    Recorder recorder(sink, RecordClock::kTrace);
+    absl::StatusOr<ReplayResult> r = Replay(*trace, *config, std::size_t{1} << 30, &recorder);
+    REQUIRE(r.ok());
+    auto& got = runs.emplace_back();
+    for (const Event& e : timeline.events) got.emplace_back(e.type, e.time_ns);
+  }
+  const std::vector<std::pair<EventType, std::int64_t>> expected{
+      {EventType::kSegmentAlloc, 0},     {EventType::kAlloc, 0},           {EventType::kAlloc, 1000},
+      {EventType::kFreeRequested, 2000}, {EventType::kFreeCompleted, 2000}, {EventType::kMark, 3000},
+      {EventType::kAlloc, 4000}};
+  CHECK(runs[0] == expected);
+  CHECK(runs[1] == expected);
+}
