@@ -738,12 +738,17 @@ class Reader {
            record_memo_.capacity() * 16 + list_cache_.capacity() * 13 +
            list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity();
   }
-  absl::Status CheckBudget() {
-    const std::uint64_t used = WorkingBytes();
+  // The working-memory check without its error: the peak updated, false
+  // if the budget is exceeded.
+  bool BudgetOk(std::uint64_t& used, std::uint64_t& read) {
+    used = WorkingBytes();
     peak_ = std::max(peak_, used);
-    const std::uint64_t read = base_ + pos_;
-    const std::uint64_t limit = options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
-    if (used > limit) {
+    read = base_ + pos_;
+    return used <= options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
+  }
+  absl::Status CheckBudget() {
+    std::uint64_t used, read;
+    if (!BudgetOk(used, read)) {
       return Error(absl::StrCat("the pickle needs more than ", options_.max_working_bytes_per_input_byte,
                                 " bytes of working memory per byte of input (", used, " bytes after ", read,
                                 " bytes): refused"));
@@ -1206,6 +1211,31 @@ class Reader {
   struct Template;
   [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
   bool TemplateRecord();
+  // After a record FastDict pushed: true if the next opcode is an
+  // EMPTY_DICT that FastDict would read the same way if Run's loop handed it
+  // over; the record's opcodes then counted as Run counts them (and Run's
+  // working-memory check made when due: if it fails, false, and Run makes it
+  // again and stops with its error), the EMPTY_DICT read as Run reads an
+  // opcode, the window made.
+  [[gnu::always_inline]] bool NextTemplateEntry() {
+    if (pos_ >= end_ || buf_[pos_] != '}') return false;
+    // (Still inside the streamed list's item batch: FastDict found it so,
+    // and the stack has only grown by the records pushed since.)
+    if (stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
+    const std::uint64_t ops = run_ops_ + 1 + fast_ops_;
+    if (ops >= run_next_check_) {  // Run's check, made here; if it fails, Run makes it again and stops
+      std::uint64_t used, read;
+      if (!BudgetOk(used, read)) return false;
+      run_next_check_ = ops + kBudgetCheckEvery;
+    }
+    run_ops_ = ops;
+    fast_ops_ = 0;
+    op_offset_ = base_ + pos_;
+    op_ = '}';
+    ++pos_;
+    Window(kFastWindow);
+    return true;
+  }
   bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
   struct TmplState {  // TemplatePairs' memo writes so far
     std::uint64_t bloom = 0, next_id = 0;
@@ -1285,6 +1315,9 @@ class Reader {
   bool fast_dicts_ = false;
   std::uint64_t fast_ops_ = 0;    // opcodes the fast path consumed (for the budget checks)
   std::uint64_t fast_count_ = 0;  // dicts it read
+  // Run's opcode count and its next working-memory check (FastDict's run of
+  // template records counts the opcodes it reads in their place: see NextTemplateEntry).
+  std::uint64_t run_ops_ = 0, run_next_check_ = kBudgetCheckEvery;
   std::uint64_t fast_pair_ops_ = 0;
   std::unique_ptr<FastVal[]> fast_vals_;  // the fast path's stack (kFastMaxStack values)
   std::size_t fast_marks_[kFastMaxMarks] = {};
@@ -2095,6 +2128,17 @@ void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
   return id;
 }
 
+// The opcodes after a number that TmplScalarTail reads (a number, TUPLE1,
+// MEMOIZE): one load of this table instead of seven compares.
+constexpr std::array<bool, 256> kAfterNumber = [] {
+  std::array<bool, 256> t{};
+  for (const std::uint8_t o : {std::uint8_t{'K'}, std::uint8_t{'M'}, std::uint8_t{'J'}, std::uint8_t{0x8a},
+                               std::uint8_t{'N'}, std::uint8_t{0x85}, std::uint8_t{0x94}}) {
+    t[o] = true;
+  }
+  return t;
+}();
+
 // What may follow a number of TemplatePairs (`op`, its value `val`, read up
 // to p): more numbers and TUPLE1/2/3 (a tuple), then a MEMOIZE; as FastPairs
 // reads them.
@@ -2294,8 +2338,7 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
         continue;
       }
       // A tuple or a MEMOIZE may follow a number.
-      const std::uint8_t o = b[p];
-      if (o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N' || o == 0x85 || o == 0x94) {
+      if (kAfterNumber[b[p]]) [[unlikely]] {
         std::size_t q = p;
         if (!TmplScalarTail(op, q, val, s)) return false;
         p = q;
@@ -2411,7 +2454,16 @@ bool Reader::FastDict() {
   // Only inside an item of a streamed list: no path is asked for there.
   if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
   Window(kFastWindow);
-  if (tmpl_[tmpl_first_].n != 0 && TemplateRecord()) return true;
+  if (tmpl_[tmpl_first_].n != 0 && TemplateRecord()) {
+    // A run of entries: while the next opcode is another entry's
+    // EMPTY_DICT, it is read here, as Run and Step would read it (the same
+    // opcode counts and working-memory checks: see NextTemplateEntry),
+    // without going back to the opcode loop.
+    for (;;) {
+      if (!NextTemplateEntry()) return true;  // the record pushed; Run reads on
+      if (!TemplateRecord()) break;           // that EMPTY_DICT read on below, as without the run
+    }
+  }
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos_;
@@ -3035,7 +3087,6 @@ absl::Status Reader::Step(std::uint8_t op) {
 }
 
 absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
-  std::uint64_t ops = 0, next_check = kBudgetCheckEvery;
   fast_dicts_ = options_.fast_dicts && !options_.stream_inside_items;
   records_on_ = fast_dicts_ && options_.fast_records && options_.on_record && !options_.record_keys.empty() &&
                 options_.record_keys.size() <= kMaxRecordKeys;
@@ -3051,10 +3102,10 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
     if (record_stale_) [[unlikely]]
       status = Error("internal error: a record outlived its batch");
     if (!status.ok()) break;
-    ops += 1 + fast_ops_;
+    run_ops_ += 1 + fast_ops_;
     fast_ops_ = 0;
-    if (ops >= next_check) {
-      next_check = ops + kBudgetCheckEvery;
+    if (run_ops_ >= run_next_check_) {
+      run_next_check_ = run_ops_ + kBudgetCheckEvery;
       status = CheckBudget();
       if (!status.ok()) break;
     }

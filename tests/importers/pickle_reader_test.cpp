@@ -1432,6 +1432,62 @@ TEST_CASE("pickle_reader: the record templates read exactly what records read wi
   CHECK(lc.stats.template_records == 0);  // keys written out in every entry: no template
 }
 
+// FastDict reads a run of template records without going back to the opcode
+// loop: it counts their opcodes and makes the working-memory checks as the
+// loop would. With a budget that runs out in the middle of the trace
+// entries, the read stops at the same opcode with the same error, the same
+// items handed over and the same peak, with and without templates.
+TEST_CASE("pickle_reader: a run of template records keeps the working-memory checks where they were") {
+  const Fixture& f = Files();
+  struct Read {
+    std::size_t items = 0;
+    std::string error;
+    PickleReadStats stats;
+  };
+  const auto read = [&](bool templates, std::uint64_t fixed) {
+    Read r;
+    PickleReadOptions o;
+    o.stream_inside_items = false;
+    o.fast_template = templates;
+    o.max_working_bytes_fixed = fixed;
+    o.max_working_bytes_per_input_byte = 0;
+    o.stream_list = [](const PicklePath& path) { return path.size() == 2 && path[1] == "[0]"; };
+    o.on_item = [&](const PicklePath&, PyView) {
+      ++r.items;
+      return absl::OkStatus();
+    };
+    o.record_keys = kTorchKeys;
+    o.on_record = [&](const PicklePath&, const PickleRecord&) {
+      ++r.items;
+      return absl::OkStatus();
+    };
+    absl::StatusOr<PickleDoc> v = ReadFile(f / "torch_p4.pickle", o, &r.stats);
+    if (!v.ok()) r.error = v.status().ToString();
+    return r;
+  };
+  const Read full = read(true, 1ull << 40);
+  REQUIRE(full.error.empty());
+  REQUIRE(full.items == 40000);
+  CHECK(full.stats.template_records > 38000);
+  CHECK(full.stats.peak_working_bytes == read(false, 1ull << 40).stats.peak_working_bytes);
+  // Budgets from the peak down: those that stop the read among the entries.
+  std::size_t among_entries = 0;
+  for (std::uint64_t cut = 1; cut <= 64; ++cut) {
+    const std::uint64_t fixed = full.stats.peak_working_bytes - cut * (full.stats.peak_working_bytes / 256);
+    INFO("budget " << fixed);
+    const Read on = read(true, fixed), off = read(false, fixed);
+    REQUIRE(!on.error.empty());
+    CHECK_THAT(on.error, Catch::Contains("bytes of working memory per byte of input"));
+    CHECK(on.error == off.error);
+    CHECK(on.items == off.items);
+    CHECK(on.stats.input_bytes == off.stats.input_bytes);
+    CHECK(on.stats.peak_working_bytes == off.stats.peak_working_bytes);
+    CHECK(on.stats.records == off.stats.records);
+    if (on.items > 1000 && on.items < 39000 && on.stats.template_records > 0) ++among_entries;
+  }
+  CHECK(among_entries > 0);
+}
+
 // The importer: the same requests, stacks, notes and segments with records,
 // without them and without the fast path; exact values for records' and
 // dicts' entries side by side.
