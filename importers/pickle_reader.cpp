@@ -736,7 +736,8 @@ class Reader {
            marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16 +
            records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) + record_index_.capacity() +
            record_memo_.capacity() * 16 + list_cache_.capacity() * 13 +
-           list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity();
+           list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity() +
+           list_prefix_.capacity() * 13;
   }
   // The working-memory check without its error: the peak updated, false
   // if the budget is exceeded.
@@ -1390,6 +1391,51 @@ class Reader {
   absl::flat_hash_map<std::uint64_t, std::uint32_t> list_cache_;  // BytesHash -> list_cache_items_
   std::vector<CachedList> list_cache_items_;
   std::string list_cache_bytes_;
+  // The lists of at least 16 bytes by their first 16 (PrefixHash), the one
+  // cached last: TmplValue finds a cached list without scanning its items'
+  // opcodes for where they end or hashing them all.
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> list_prefix_;
+  static std::uint64_t PrefixHash(const unsigned char* b) {
+    std::uint64_t w0, w1;
+    std::memcpy(&w0, b, 8);
+    std::memcpy(&w1, b + 8, 8);
+    __extension__ using U128 = unsigned __int128;
+    const U128 m = static_cast<U128>(w0 ^ 0xa0761d6478bd642full) * (w1 ^ 0xe7037ed1a0b428dbull);
+    return static_cast<std::uint64_t>(m) ^ static_cast<std::uint64_t>(m >> 64);
+  }
+  // Keeps a list read from `span` bytes of memo references (hash BytesHash of them).
+  void CacheList(std::uint64_t span_hash, const unsigned char* bytes, std::size_t span, const PyRef& list) {
+    auto [it, added] = list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
+    if (!added) {  // the same hash: the newer list replaces the older
+      list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, list, memo_.changes()};
+    } else {
+      list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, list, memo_.changes()});
+    }
+    list_cache_bytes_.append(reinterpret_cast<const char*>(bytes), span);
+    if (span >= 16) list_prefix_[PrefixHash(bytes)] = it->second;
+  }
+  // A frames list's items from p (after its MARK): true, `list` and p past
+  // its APPENDS, if they are the bytes of the list cached last with the same
+  // first 16 bytes and an APPENDS follows. Then the scan and the lookup by
+  // all their bytes (TmplValue) would find that very list: the bytes are
+  // memo references (they were when cached), so the scan would end where
+  // they end (the 3 bytes after them in the buffer: the scan's bound for a
+  // BINGET there), and the item list_cache_ holds for their hash is the one
+  // they were cached in (an item is only ever replaced through its hash).
+  [[gnu::always_inline]] bool PrefixCachedList(std::size_t& p, PyRef& list) const {
+    const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+    if (end_ - p < 16 || list_prefix_.empty()) return false;
+    const auto it = list_prefix_.find(PrefixHash(b + p));
+    if (it == list_prefix_.end()) return false;
+    const CachedList& c = list_cache_items_[it->second];
+    if (c.changes != memo_.changes() || end_ - p < c.length + 3 || b[p + c.length] != 'e' ||
+        std::memcmp(list_cache_bytes_.data() + c.offset, b + p, c.length) != 0) {
+      return false;
+    }
+    list = c.list;
+    p += c.length + 1;
+    return true;
+  }
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1908,14 +1954,7 @@ bool Reader::FastPairs(std::size_t& pos) {
             scratch_.set_size(count);
             val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
             if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
-              auto [it, added] =
-                  list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
-              if (!added) {  // the same hash: the newer list replaces the older
-                list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
-              } else {
-                list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
-              }
-              list_cache_bytes_.append(reinterpret_cast<const char*>(b) + (q - span), span);
+              CacheList(span_hash, b + (q - span), span, val);
             }
           }
         } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
@@ -2192,6 +2231,13 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   const std::uint8_t o = b[p];
   if (o == '(') {
     ++p;
+    if (s.list_cache_ok && PrefixCachedList(p, val)) {
+      scratch_.reserve(kFastMaxListItems);  // (as below: the same capacities)
+      fast_memo_.emplace_back(list_id, val);
+      FastBox& D = fast_boxes_[0];
+      D.height = std::max(D.height, AddHeight(val.height));
+      return true;
+    }
     std::size_t q = p;
     while (end - q >= 5 && (b[q] == 'h' || b[q] == 'j')) q += b[q] == 'h' ? 2 : 5;
     if (q >= end || b[q] != 'e') return false;
@@ -2232,13 +2278,7 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
       scratch_.set_size(count);
       val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
       if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
-        auto [it, added] = list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
-        if (!added) {
-          list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
-        } else {
-          list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
-        }
-        list_cache_bytes_.append(reinterpret_cast<const char*>(b) + p, span);
+        CacheList(span_hash, b + p, span, val);
       }
     }
     p = q + 1;
