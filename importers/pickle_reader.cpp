@@ -1237,7 +1237,7 @@ class Reader {
     Window(kFastWindow);
     return true;
   }
-  bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
+  [[gnu::always_inline]] inline bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
   struct TmplState {  // TemplatePairs' memo writes so far
     std::uint64_t bloom = 0, next_id = 0;
     bool list_cache_ok = true;
@@ -2494,14 +2494,14 @@ bool Reader::FastDict() {
   // Only inside an item of a streamed list: no path is asked for there.
   if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
   Window(kFastWindow);
-  if (tmpl_[tmpl_first_].n != 0 && TemplateRecord()) {
+  if (tmpl_[tmpl_first_].n != 0) {
     // A run of entries: while the next opcode is another entry's
     // EMPTY_DICT, it is read here, as Run and Step would read it (the same
     // opcode counts and working-memory checks: see NextTemplateEntry),
-    // without going back to the opcode loop.
-    for (;;) {
+    // without going back to the opcode loop. (One call of TemplateRecord:
+    // inlined.) An entry no template reads is read on below, as without the run.
+    while (TemplateRecord()) {
       if (!NextTemplateEntry()) return true;  // the record pushed; Run reads on
-      if (!TemplateRecord()) break;           // that EMPTY_DICT read on below, as without the run
     }
   }
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
