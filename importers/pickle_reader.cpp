@@ -736,14 +736,20 @@ class Reader {
            marks_.capacity() * 8 + scratch_.capacity() * sizeof(PyRef) + streaming_.capacity() * 16 +
            records_.capacity() * sizeof(Record) + record_pairs_.capacity() * sizeof(PyRef) + record_index_.capacity() +
            record_memo_.capacity() * 16 + list_cache_.capacity() * 13 +
-           list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity();
+           list_cache_items_.capacity() * sizeof(CachedList) + list_cache_bytes_.capacity() +
+           list_prefix_.capacity() * 13;
+  }
+  // The working-memory check without its error: the peak updated, false
+  // if the budget is exceeded.
+  bool BudgetOk(std::uint64_t& used, std::uint64_t& read) {
+    used = WorkingBytes();
+    peak_ = std::max(peak_, used);
+    read = base_ + pos_;
+    return used <= options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
   }
   absl::Status CheckBudget() {
-    const std::uint64_t used = WorkingBytes();
-    peak_ = std::max(peak_, used);
-    const std::uint64_t read = base_ + pos_;
-    const std::uint64_t limit = options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
-    if (used > limit) {
+    std::uint64_t used, read;
+    if (!BudgetOk(used, read)) {
       return Error(absl::StrCat("the pickle needs more than ", options_.max_working_bytes_per_input_byte,
                                 " bytes of working memory per byte of input (", used, " bytes after ", read,
                                 " bytes): refused"));
@@ -1206,7 +1212,32 @@ class Reader {
   struct Template;
   [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
   bool TemplateRecord();
-  bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
+  // After a record FastDict pushed: true if the next opcode is an
+  // EMPTY_DICT that FastDict would read the same way if Run's loop handed it
+  // over; the record's opcodes then counted as Run counts them (and Run's
+  // working-memory check made when due: if it fails, false, and Run makes it
+  // again and stops with its error), the EMPTY_DICT read as Run reads an
+  // opcode, the window made.
+  [[gnu::always_inline]] bool NextTemplateEntry() {
+    if (pos_ >= end_ || buf_[pos_] != '}') return false;
+    // (Still inside the streamed list's item batch: FastDict found it so,
+    // and the stack has only grown by the records pushed since.)
+    if (stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
+    const std::uint64_t ops = run_ops_ + 1 + fast_ops_;
+    if (ops >= run_next_check_) {  // Run's check, made here; if it fails, Run makes it again and stops
+      std::uint64_t used, read;
+      if (!BudgetOk(used, read)) return false;
+      run_next_check_ = ops + kBudgetCheckEvery;
+    }
+    run_ops_ = ops;
+    fast_ops_ = 0;
+    op_offset_ = base_ + pos_;
+    op_ = '}';
+    ++pos_;
+    Window(kFastWindow);
+    return true;
+  }
+  [[gnu::always_inline]] inline bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
   struct TmplState {  // TemplatePairs' memo writes so far
     std::uint64_t bloom = 0, next_id = 0;
     bool list_cache_ok = true;
@@ -1285,6 +1316,9 @@ class Reader {
   bool fast_dicts_ = false;
   std::uint64_t fast_ops_ = 0;    // opcodes the fast path consumed (for the budget checks)
   std::uint64_t fast_count_ = 0;  // dicts it read
+  // Run's opcode count and its next working-memory check (FastDict's run of
+  // template records counts the opcodes it reads in their place: see NextTemplateEntry).
+  std::uint64_t run_ops_ = 0, run_next_check_ = kBudgetCheckEvery;
   std::uint64_t fast_pair_ops_ = 0;
   std::unique_ptr<FastVal[]> fast_vals_;  // the fast path's stack (kFastMaxStack values)
   std::size_t fast_marks_[kFastMaxMarks] = {};
@@ -1357,6 +1391,51 @@ class Reader {
   absl::flat_hash_map<std::uint64_t, std::uint32_t> list_cache_;  // BytesHash -> list_cache_items_
   std::vector<CachedList> list_cache_items_;
   std::string list_cache_bytes_;
+  // The lists of at least 16 bytes by their first 16 (PrefixHash), the one
+  // cached last: TmplValue finds a cached list without scanning its items'
+  // opcodes for where they end or hashing them all.
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> list_prefix_;
+  static std::uint64_t PrefixHash(const unsigned char* b) {
+    std::uint64_t w0, w1;
+    std::memcpy(&w0, b, 8);
+    std::memcpy(&w1, b + 8, 8);
+    __extension__ using U128 = unsigned __int128;
+    const U128 m = static_cast<U128>(w0 ^ 0xa0761d6478bd642full) * (w1 ^ 0xe7037ed1a0b428dbull);
+    return static_cast<std::uint64_t>(m) ^ static_cast<std::uint64_t>(m >> 64);
+  }
+  // Keeps a list read from `span` bytes of memo references (hash BytesHash of them).
+  void CacheList(std::uint64_t span_hash, const unsigned char* bytes, std::size_t span, const PyRef& list) {
+    auto [it, added] = list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
+    if (!added) {  // the same hash: the newer list replaces the older
+      list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, list, memo_.changes()};
+    } else {
+      list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, list, memo_.changes()});
+    }
+    list_cache_bytes_.append(reinterpret_cast<const char*>(bytes), span);
+    if (span >= 16) list_prefix_[PrefixHash(bytes)] = it->second;
+  }
+  // A frames list's items from p (after its MARK): true, `list` and p past
+  // its APPENDS, if they are the bytes of the list cached last with the same
+  // first 16 bytes and an APPENDS follows. Then the scan and the lookup by
+  // all their bytes (TmplValue) would find that very list: the bytes are
+  // memo references (they were when cached), so the scan would end where
+  // they end (the 3 bytes after them in the buffer: the scan's bound for a
+  // BINGET there), and the item list_cache_ holds for their hash is the one
+  // they were cached in (an item is only ever replaced through its hash).
+  [[gnu::always_inline]] bool PrefixCachedList(std::size_t& p, PyRef& list) const {
+    const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+    if (end_ - p < 16 || list_prefix_.empty()) return false;
+    const auto it = list_prefix_.find(PrefixHash(b + p));
+    if (it == list_prefix_.end()) return false;
+    const CachedList& c = list_cache_items_[it->second];
+    if (c.changes != memo_.changes() || end_ - p < c.length + 3 || b[p + c.length] != 'e' ||
+        std::memcmp(list_cache_bytes_.data() + c.offset, b + p, c.length) != 0) {
+      return false;
+    }
+    list = c.list;
+    p += c.length + 1;
+    return true;
+  }
   std::string text_;                                              // protocol 0 text arguments
   std::vector<std::pair<std::size_t, std::uint64_t>> streaming_;  // streamed lists open: (stack position, token)
 };
@@ -1875,14 +1954,7 @@ bool Reader::FastPairs(std::size_t& pos) {
             scratch_.set_size(count);
             val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
             if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
-              auto [it, added] =
-                  list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
-              if (!added) {  // the same hash: the newer list replaces the older
-                list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
-              } else {
-                list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
-              }
-              list_cache_bytes_.append(reinterpret_cast<const char*>(b) + (q - span), span);
+              CacheList(span_hash, b + (q - span), span, val);
             }
           }
         } else if (o == 'h' || o == 'j') {  // one item and APPEND, or empty and the next key
@@ -2095,6 +2167,17 @@ void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
   return id;
 }
 
+// The opcodes after a number that TmplScalarTail reads (a number, TUPLE1,
+// MEMOIZE): one load of this table instead of seven compares.
+constexpr std::array<bool, 256> kAfterNumber = [] {
+  std::array<bool, 256> t{};
+  for (const std::uint8_t o : {std::uint8_t{'K'}, std::uint8_t{'M'}, std::uint8_t{'J'}, std::uint8_t{0x8a},
+                               std::uint8_t{'N'}, std::uint8_t{0x85}, std::uint8_t{0x94}}) {
+    t[o] = true;
+  }
+  return t;
+}();
+
 // What may follow a number of TemplatePairs (`op`, its value `val`, read up
 // to p): more numbers and TUPLE1/2/3 (a tuple), then a MEMOIZE; as FastPairs
 // reads them.
@@ -2148,6 +2231,13 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   const std::uint8_t o = b[p];
   if (o == '(') {
     ++p;
+    if (s.list_cache_ok && PrefixCachedList(p, val)) {
+      scratch_.reserve(kFastMaxListItems);  // (as below: the same capacities)
+      fast_memo_.emplace_back(list_id, val);
+      FastBox& D = fast_boxes_[0];
+      D.height = std::max(D.height, AddHeight(val.height));
+      return true;
+    }
     std::size_t q = p;
     while (end - q >= 5 && (b[q] == 'h' || b[q] == 'j')) q += b[q] == 'h' ? 2 : 5;
     if (q >= end || b[q] != 'e') return false;
@@ -2188,13 +2278,7 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
       scratch_.set_size(count);
       val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
       if (clean && (val.flags & kPyRefShared) && list_cache_items_.size() < kListCacheMaxLists) {
-        auto [it, added] = list_cache_.try_emplace(span_hash, static_cast<std::uint32_t>(list_cache_items_.size()));
-        if (!added) {
-          list_cache_items_[it->second] = CachedList{list_cache_bytes_.size(), span, val, memo_.changes()};
-        } else {
-          list_cache_items_.push_back(CachedList{list_cache_bytes_.size(), span, val, memo_.changes()});
-        }
-        list_cache_bytes_.append(reinterpret_cast<const char*>(b) + p, span);
+        CacheList(span_hash, b + p, span, val);
       }
     }
     p = q + 1;
@@ -2294,8 +2378,7 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
         continue;
       }
       // A tuple or a MEMOIZE may follow a number.
-      const std::uint8_t o = b[p];
-      if (o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N' || o == 0x85 || o == 0x94) {
+      if (kAfterNumber[b[p]]) [[unlikely]] {
         std::size_t q = p;
         if (!TmplScalarTail(op, q, val, s)) return false;
         p = q;
@@ -2411,7 +2494,16 @@ bool Reader::FastDict() {
   // Only inside an item of a streamed list: no path is asked for there.
   if (!InsideStreamedList(stack_.size()) || stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
   Window(kFastWindow);
-  if (tmpl_[tmpl_first_].n != 0 && TemplateRecord()) return true;
+  if (tmpl_[tmpl_first_].n != 0) {
+    // A run of entries: while the next opcode is another entry's
+    // EMPTY_DICT, it is read here, as Run and Step would read it (the same
+    // opcode counts and working-memory checks: see NextTemplateEntry),
+    // without going back to the opcode loop. (One call of TemplateRecord:
+    // inlined.) An entry no template reads is read on below, as without the run.
+    while (TemplateRecord()) {
+      if (!NextTemplateEntry()) return true;  // the record pushed; Run reads on
+    }
+  }
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos_;
@@ -3035,7 +3127,6 @@ absl::Status Reader::Step(std::uint8_t op) {
 }
 
 absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
-  std::uint64_t ops = 0, next_check = kBudgetCheckEvery;
   fast_dicts_ = options_.fast_dicts && !options_.stream_inside_items;
   records_on_ = fast_dicts_ && options_.fast_records && options_.on_record && !options_.record_keys.empty() &&
                 options_.record_keys.size() <= kMaxRecordKeys;
@@ -3051,10 +3142,10 @@ absl::StatusOr<PickleDoc> Reader::Run(PickleReadStats* stats) {
     if (record_stale_) [[unlikely]]
       status = Error("internal error: a record outlived its batch");
     if (!status.ok()) break;
-    ops += 1 + fast_ops_;
+    run_ops_ += 1 + fast_ops_;
     fast_ops_ = 0;
-    if (ops >= next_check) {
-      next_check = ops + kBudgetCheckEvery;
+    if (run_ops_ >= run_next_check_) {
+      run_next_check_ = run_ops_ + kBudgetCheckEvery;
       status = CheckBudget();
       if (!status.ok()) break;
     }

@@ -525,6 +525,45 @@ data, tentries = template_pickle()
 with open(os.path.join(out, 'tmpl_p4.pickle'), 'wb') as f:
     f.write(data)
 write('tmpl.canon', '\n'.join(canon(e) for e in tentries) + '\n')
+
+# Frames lists of 16 bytes of BINGETs and more, which a template finds by
+# their first 16 bytes (PrefixCachedList: the list cached last with them):
+# the same bytes again (E1, E7), the same length and first 16 with other
+# items after them (E2: by all its bytes, cached), a list found by all its
+# bytes after another with its first 16 was cached (E3, E5, E9), longer
+# (E4) and shorter (E6, E8: its APPENDS before the cached one's). Every list
+# starts with the same 8 frames. The frame dicts are pickled first (BINGETs
+# of one byte: a frame is 2 bytes). (After a first batch of 1000 entries:
+# the list is streamed from its second batch.)
+ppool = [{'filename': 'p%d.py' % k, 'line': k} for k in range(20)]
+def pentry(k, fr):
+    return {'action': 'alloc', 'addr': 4096 * k, 'size': 512, 'stream': 0, 'time_us': 1000 + k,
+            'frames': [ppool[j] for j in fr]}
+pentries = [pentry(k, ()) for k in range(1000)] + [pentry(0, range(10)), pentry(1, range(10)), pentry(2, list(range(8)) + [15, 16]), pentry(3, range(10)),
+            pentry(4, range(12)), pentry(5, range(10)), pentry(6, range(8)), pentry(7, range(8)),
+            pentry(8, range(9)), pentry(9, range(12))]
+# A memo reference whose id has bit (id % 64) of a memo write of its entry
+# keeps its list out of the cache (the reader's bloom of its writes): pad
+# strings before the entries move their ids clear of the frames' ids.
+def pmemo_ids(data):
+    ids, n, start = [], 0, data.index(b'\x8c\x06action')
+    for op, arg, pos in pickletools.genops(data):
+        if op.name == 'MEMOIZE':
+            if pos > start:
+                ids.append(n)
+            n += 1
+    return ids
+for pad in range(64):
+    pdata = pickle.dumps({'pool': ppool, 'pad': ['pad%d' % k for k in range(pad)], 'device_traces': [pentries],
+                          'segments': []}, protocol=4)
+    written = {i % 64 for i in pmemo_ids(pdata)[-2 * 10:]}
+    if not written & {(2 * j + 3) % 64 for j in range(20)}:
+        break
+else:
+    raise AssertionError('no padding')
+with open(os.path.join(out, 'prefix_p4.pickle'), 'wb') as f:
+    f.write(pdata)
+write('prefix.canon', '\n'.join(canon(e) for e in pentries) + '\n')
 )PY";
 
 std::string Hex(const std::string& s) {
@@ -1427,9 +1466,76 @@ TEST_CASE("pickle_reader: the record templates read exactly what records read wi
     CHECK(fast.status().ToString() == error);
     CHECK(stats.fast_dicts == 1);  // E1 (E2 is followed by the POP)
   }
+  // Frames lists found by their first 16 bytes (see the generator): every
+  // entry as Python reads it, the same with and without templates, every
+  // record after the first by a template.
+  {
+    const Read on = read("prefix_p4.pickle", true, true, "[0]"), off = read("prefix_p4.pickle", true, false, "[0]");
+    REQUIRE(on.error.empty());
+    same(on, off);
+    CHECK(on.items == Lines(ReadText(f / "prefix.canon")));
+    CHECK(on.stats.records == 10);  // the second batch
+    CHECK(on.stats.template_records == 9);
+  }
   const Read lc = read("list_cache_p4.pickle", true, true);
   CHECK(lc.stats.records == 7);
   CHECK(lc.stats.template_records == 0);  // keys written out in every entry: no template
+}
+
+// FastDict reads a run of template records without going back to the opcode
+// loop: it counts their opcodes and makes the working-memory checks as the
+// loop would. With a budget that runs out in the middle of the trace
+// entries, the read stops at the same opcode with the same error, the same
+// items handed over and the same peak, with and without templates.
+TEST_CASE("pickle_reader: a run of template records keeps the working-memory checks where they were") {
+  const Fixture& f = Files();
+  struct Read {
+    std::size_t items = 0;
+    std::string error;
+    PickleReadStats stats;
+  };
+  const auto read = [&](bool templates, std::uint64_t fixed) {
+    Read r;
+    PickleReadOptions o;
+    o.stream_inside_items = false;
+    o.fast_template = templates;
+    o.max_working_bytes_fixed = fixed;
+    o.max_working_bytes_per_input_byte = 0;
+    o.stream_list = [](const PicklePath& path) { return path.size() == 2 && path[1] == "[0]"; };
+    o.on_item = [&](const PicklePath&, PyView) {
+      ++r.items;
+      return absl::OkStatus();
+    };
+    o.record_keys = kTorchKeys;
+    o.on_record = [&](const PicklePath&, const PickleRecord&) {
+      ++r.items;
+      return absl::OkStatus();
+    };
+    absl::StatusOr<PickleDoc> v = ReadFile(f / "torch_p4.pickle", o, &r.stats);
+    if (!v.ok()) r.error = v.status().ToString();
+    return r;
+  };
+  const Read full = read(true, 1ull << 40);
+  REQUIRE(full.error.empty());
+  REQUIRE(full.items == 40000);
+  CHECK(full.stats.template_records > 38000);
+  CHECK(full.stats.peak_working_bytes == read(false, 1ull << 40).stats.peak_working_bytes);
+  // Budgets from the peak down: those that stop the read among the entries.
+  std::size_t among_entries = 0;
+  for (std::uint64_t cut = 1; cut <= 64; ++cut) {
+    const std::uint64_t fixed = full.stats.peak_working_bytes - cut * (full.stats.peak_working_bytes / 256);
+    INFO("budget " << fixed);
+    const Read on = read(true, fixed), off = read(false, fixed);
+    REQUIRE(!on.error.empty());
+    CHECK_THAT(on.error, Catch::Contains("bytes of working memory per byte of input"));
+    CHECK(on.error == off.error);
+    CHECK(on.items == off.items);
+    CHECK(on.stats.input_bytes == off.stats.input_bytes);
+    CHECK(on.stats.peak_working_bytes == off.stats.peak_working_bytes);
+    CHECK(on.stats.records == off.stats.records);
+    if (on.items > 1000 && on.items < 39000 && on.stats.template_records > 0) ++among_entries;
+  }
+  CHECK(among_entries > 0);
 }
 
 // The importer: the same requests, stacks, notes and segments with records,
