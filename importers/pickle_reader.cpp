@@ -1247,9 +1247,10 @@ class Reader {
   [[gnu::noinline]] bool TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s);
   void BuildTemplate(const PyRef* pairs, std::uint32_t n);
   // A memo reference's value as FastLookup gives it outside a decode (no
-  // memo write of the decode is readable: their ids are all new).
+  // memo write of the decode is readable: their ids are all new): none, an
+  // open list/dict of the general path or a record's placeholder is no value.
   [[gnu::always_inline]] bool MemoValue(std::uint64_t id, PyRef& out) const {
-    if (const PyRef* d = memo_.Dense(id)) [[likely]] {
+    if (const PyRef* d = memo_.Dense(id)) [[likely]] {  // what Find does, without building an entry
       if (d->kind == PyKind::kMissing || (d->flags & (kPyRefOpen | kPyRefRecord))) return false;
       out = *d;
       return true;
@@ -1262,19 +1263,25 @@ class Reader {
   std::uint8_t RecordKeyIndex(const PyRef& key) const;
   PyRef BuildRecord(const PyRef& placeholder);
   void ReleaseRecords();
+  // The list_cache_ entry of a frames list's item bytes (`span` bytes at
+  // `items`, hashed to `hash`), while no memo entry has changed since it was
+  // stored: the same bytes are the same list.
+  [[gnu::always_inline]] bool CachedListOf(const unsigned char* items, std::size_t span, std::uint64_t hash,
+                                           PyRef& out) const {
+    auto it = list_cache_.find(hash);
+    if (it == list_cache_.end()) return false;
+    const CachedList& c = list_cache_items_[it->second];
+    if (c.changes != memo_.changes() || c.length != span ||
+        std::memcmp(list_cache_bytes_.data() + c.offset, items, span) != 0) {
+      return false;
+    }
+    out = c.list;
+    return true;
+  }
   [[gnu::always_inline]] bool FastLookup(std::uint64_t id, PyRef& out) const {
     if (fast_memo_bloom_ & (std::uint64_t{1} << (id & 63))) [[unlikely]]
       return FastLookupWritten(id, out);
-    if (const PyRef* d = memo_.Dense(id)) [[likely]] {  // what Find does, without building an entry
-      if (d->kind == PyKind::kMissing || (d->flags & (kPyRefOpen | kPyRefRecord))) return false;
-      out = *d;
-      return true;
-    }
-    const MemoEntry m = memo_.Find(id);
-    // none, open in the general path, or a record's placeholder
-    if (m.ref.kind == PyKind::kMissing || m.token != 0 || (m.ref.flags & kPyRefRecord)) return false;
-    out = m.ref;
-    return true;
+    return MemoValue(id, out);
   }
   bool FastLookupWritten(std::uint64_t id, PyRef& out) const;
   [[gnu::always_inline]] PyRef FastFinish(const FastVal& v) { return v.box < 0 ? v.ref : FastStore(v.box); }
@@ -1905,14 +1912,9 @@ bool Reader::FastPairs(std::size_t& pos) {
           std::uint64_t span_hash = 0;
           if (cacheable) {
             span_hash = BytesHash(b + p, span);
-            if (auto it = list_cache_.find(span_hash); it != list_cache_.end()) {
-              const CachedList& c = list_cache_items_[it->second];
-              if (c.changes == memo_.changes() && c.length == span &&
-                  std::memcmp(list_cache_bytes_.data() + c.offset, b + p, span) == 0) {
-                val = c.list;
-                p = q + 1;
-                cached = true;
-              }
+            if (CachedListOf(b + p, span, span_hash, val)) {
+              p = q + 1;
+              cached = true;
             }
           }
           // The items: read in a tight loop (a traceback's 10 to 30 frames
@@ -2247,14 +2249,7 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
     bool cached = false;
     if (cacheable) {
       span_hash = BytesHash(b + p, span);
-      if (auto it = list_cache_.find(span_hash); it != list_cache_.end()) {
-        const CachedList& c = list_cache_items_[it->second];
-        if (c.changes == memo_.changes() && c.length == span &&
-            std::memcmp(list_cache_bytes_.data() + c.offset, b + p, span) == 0) {
-          val = c.list;
-          cached = true;
-        }
-      }
+      cached = CachedListOf(b + p, span, span_hash, val);
     }
     scratch_.reserve(kFastMaxListItems);
     if (!cached) {

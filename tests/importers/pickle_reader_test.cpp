@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "importers/snapshot_import.h"
+#include "python_generated.h"
 
 using namespace memscope;
 
@@ -622,26 +623,10 @@ std::vector<std::string> Lines(const std::string& text) {
 }
 
 // The generated files, made once for all test cases and removed at exit.
-struct Fixture {
-  std::filesystem::path dir;
-  Fixture() {
-    char tmpl[] = "/tmp/pickle_reader_test.XXXXXX";
-    char* d = mkdtemp(tmpl);
-    REQUIRE(d != nullptr);
-    dir = d;
-    std::ofstream(dir / "gen.py") << kGenerator;
-    std::string cmd = "python3 '" + (dir / "gen.py").string() + "' '" + dir.string() + "'";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-  }
-  ~Fixture() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-  std::filesystem::path operator/(const std::string& name) const { return dir / name; }
-};
+using Fixture = memscope::testing::PythonGenerated;
 
 const Fixture& Files() {
-  static Fixture f;
+  static Fixture f("pickle_reader_test", kGenerator);
   return f;
 }
 

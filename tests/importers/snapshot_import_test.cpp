@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "importers/request_trace.h"
 #include "importers/snapshot_import.h"
+#include "python_generated.h"
 
 using namespace memscope;
 
@@ -57,25 +58,10 @@ with open(os.path.join(out, 'times.pickle'), 'wb') as fh:
     pickle.dump(snap, fh, protocol=4)
 )PY";
 
-struct Fixture {
-  std::filesystem::path dir;
-  Fixture() {
-    char tmpl[] = "/tmp/snapshot_import_test.XXXXXX";
-    char* d = mkdtemp(tmpl);
-    REQUIRE(d != nullptr);
-    dir = d;
-    std::ofstream(dir / "gen.py") << kGenerator;
-    const std::string cmd = "python3 '" + (dir / "gen.py").string() + "' '" + dir.string() + "'";
-    REQUIRE(std::system(cmd.c_str()) == 0);
-  }
-  ~Fixture() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
+using Fixture = memscope::testing::PythonGenerated;
 
 const Fixture& Files() {
-  static Fixture f;
+  static Fixture f("snapshot_import_test", kGenerator);
   return f;
 }
 
