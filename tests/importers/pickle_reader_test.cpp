@@ -1052,33 +1052,67 @@ TEST_CASE("pickle_reader: hostile shapes are refused before they cost memory") {
   CHECK(stats.peak_working_bytes <= 16 * stats.input_bytes + (1u << 20));
 }
 
+// The dict a record stands for, as Canon writes it.
+std::string CanonRecord(const PickleRecord& r) {
+  std::string out = "{";
+  for (std::uint32_t k = 0; k < r.n; ++k) {
+    if (k) out += ',';
+    out += Canon(r.key(k)) + ":" + Canon(r.value(k));
+  }
+  return out + "}";
+}
+
+const std::vector<std::string> kTorchKeys = {
+    "action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata", "pool_id"};
+
+// A read that streams the list at root[list] (each item to on_item, or to
+// on_record when `record_keys` is given), with `o`'s other options: the
+// items as read (canonical text), which were records, the tree, the error.
+struct StreamedRead {
+  std::vector<std::string> items;
+  std::vector<bool> as_record;
+  std::string root;
+  std::string error;
+  PickleReadStats stats;
+};
+StreamedRead ReadStreamed(const std::filesystem::path& file, PickleReadOptions o, const std::string& list,
+                          const std::vector<std::string>* record_keys) {
+  StreamedRead r;
+  o.stream_inside_items = false;
+  o.stream_list = [&](const PicklePath& path) { return path.size() == 2 && path[1] == list; };
+  o.on_item = [&](const PicklePath&, PyView item) {
+    r.items.push_back(Canon(item));
+    r.as_record.push_back(false);
+    return absl::OkStatus();
+  };
+  if (record_keys != nullptr) {
+    o.record_keys = *record_keys;
+    o.on_record = [&](const PicklePath& path, const PickleRecord& rec) {
+      CHECK(path.size() == 2);
+      r.items.push_back(CanonRecord(rec));
+      r.as_record.push_back(true);
+      for (std::uint32_t k = 0; k < rec.n; ++k) CHECK(rec.key(k).AsString() == (*record_keys)[rec.key_index[k]]);
+      return absl::OkStatus();
+    };
+  }
+  absl::StatusOr<PickleDoc> v = ReadFile(file, o, &r.stats);
+  if (v.ok()) {
+    r.root = Canon(v->root());
+  } else {
+    r.error = v.status().ToString();
+  }
+  return r;
+}
+
 // The trace-entry fast path reads what the general path reads: every item,
 // the tree, the errors, on every protocol; and it does read the entries.
 TEST_CASE("pickle_reader: the trace-entry fast path reads exactly what the general path reads") {
   const Fixture& f = Files();
-  struct Read {
-    std::vector<std::string> items;
-    std::string root;
-    std::string error;
-    PickleReadStats stats;
-  };
+  using Read = StreamedRead;
   auto read = [&](const std::string& name, bool fast, const std::string& list = "[0]") {
-    Read r;
     PickleReadOptions o;
-    o.stream_inside_items = false;
     o.fast_dicts = fast;
-    o.stream_list = [&](const PicklePath& path) { return path.size() == 2 && path[1] == list; };
-    o.on_item = [&](const PicklePath&, PyView item) {
-      r.items.push_back(Canon(item));
-      return absl::OkStatus();
-    };
-    absl::StatusOr<PickleDoc> v = ReadFile(f / name, o, &r.stats);
-    if (v.ok()) {
-      r.root = Canon(v->root());
-    } else {
-      r.error = v.status().ToString();
-    }
-    return r;
+    return ReadStreamed(f / name, o, list, nullptr);
   };
   for (int p = 0; p <= 5; ++p) {
     INFO("protocol " << p);
@@ -1158,60 +1192,17 @@ TEST_CASE("pickle_reader: the trace-entry fast path reads exactly what the gener
   CHECK(torch.stats.fast_dicts == 40000 - 1000);  // every entry after the first batch
 }
 
-// The dict a record stands for, as Canon writes it.
-std::string CanonRecord(const PickleRecord& r) {
-  std::string out = "{";
-  for (std::uint32_t k = 0; k < r.n; ++k) {
-    if (k) out += ',';
-    out += Canon(r.key(k)) + ":" + Canon(r.value(k));
-  }
-  return out + "}";
-}
-
-const std::vector<std::string> kTorchKeys = {
-    "action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata", "pool_id"};
-
 // Records (PickleReadOptions::on_record): the same items, in the same order,
 // the same tree and errors as the dict paths; which entries become records.
 TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
   const Fixture& f = Files();
-  struct Read {
-    std::vector<std::string> items;
-    std::vector<bool> as_record;
-    std::string root;
-    std::string error;
-    PickleReadStats stats;
-  };
+  using Read = StreamedRead;
   enum class How { kGeneral, kFast, kRecords };
   auto read = [&](const std::string& name, How how, const std::string& list = "[0]",
                   const std::vector<std::string>& keys = kTorchKeys) {
-    Read r;
     PickleReadOptions o;
-    o.stream_inside_items = false;
     o.fast_dicts = how != How::kGeneral;
-    o.stream_list = [&](const PicklePath& path) { return path.size() == 2 && path[1] == list; };
-    o.on_item = [&](const PicklePath&, PyView item) {
-      r.items.push_back(Canon(item));
-      r.as_record.push_back(false);
-      return absl::OkStatus();
-    };
-    if (how == How::kRecords) {
-      o.record_keys = keys;
-      o.on_record = [&](const PicklePath& path, const PickleRecord& rec) {
-        CHECK(path.size() == 2);
-        r.items.push_back(CanonRecord(rec));
-        r.as_record.push_back(true);
-        for (std::uint32_t k = 0; k < rec.n; ++k) CHECK(rec.key(k).AsString() == keys[rec.key_index[k]]);
-        return absl::OkStatus();
-      };
-    }
-    absl::StatusOr<PickleDoc> v = ReadFile(f / name, o, &r.stats);
-    if (v.ok()) {
-      r.root = Canon(v->root());
-    } else {
-      r.error = v.status().ToString();
-    }
-    return r;
+    return ReadStreamed(f / name, o, list, how == How::kRecords ? &keys : nullptr);
   };
   for (int p = 0; p <= 5; ++p) {
     INFO("protocol " << p);
@@ -1330,40 +1321,11 @@ TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
 // read both ways, the reader's stats equal), and the entries they read.
 TEST_CASE("pickle_reader: the record templates read exactly what records read without them") {
   const Fixture& f = Files();
-  struct Read {
-    std::vector<std::string> items;
-    std::vector<bool> as_record;
-    std::string root;
-    std::string error;
-    PickleReadStats stats;
-  };
+  using Read = StreamedRead;
   auto read = [&](const std::string& name, bool records, bool templates, const std::string& list = "[0]") {
-    Read r;
     PickleReadOptions o;
-    o.stream_inside_items = false;
     o.fast_template = templates;
-    o.stream_list = [&](const PicklePath& path) { return path.size() == 2 && path[1] == list; };
-    o.on_item = [&](const PicklePath&, PyView item) {
-      r.items.push_back(Canon(item));
-      r.as_record.push_back(false);
-      return absl::OkStatus();
-    };
-    if (records) {
-      o.record_keys = kTorchKeys;
-      o.on_record = [&](const PicklePath&, const PickleRecord& rec) {
-        r.items.push_back(CanonRecord(rec));
-        r.as_record.push_back(true);
-        for (std::uint32_t k = 0; k < rec.n; ++k) CHECK(rec.key(k).AsString() == kTorchKeys[rec.key_index[k]]);
-        return absl::OkStatus();
-      };
-    }
-    absl::StatusOr<PickleDoc> v = ReadFile(f / name, o, &r.stats);
-    if (v.ok()) {
-      r.root = Canon(v->root());
-    } else {
-      r.error = v.status().ToString();
-    }
-    return r;
+    return ReadStreamed(f / name, o, list, records ? &kTorchKeys : nullptr);
   };
   const auto same = [](const Read& a, const Read& b) {
     CHECK(a.error == b.error);
