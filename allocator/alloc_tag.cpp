@@ -32,6 +32,13 @@ ScopedTag::ScopedTag(Category category, std::string_view owner)
   tag.generation = NextGeneration();
 }
 
+void ScopedTag::Retag(Category category, std::string_view owner) {
+  AllocTag& tag = internal::current_alloc_tag;
+  tag.category = category;
+  tag.owner = owner;
+  tag.generation = NextGeneration();
+}
+
 ScopedTag::~ScopedTag() {
   AllocTag& tag = internal::current_alloc_tag;
   tag.category = saved_category_;

@@ -36,6 +36,12 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   constexpr std::uint32_t kUnknownId = ~std::uint32_t{0};
   std::vector<std::uint32_t> owner_ids(recorder != nullptr ? trace.strings.size() : 0, kUnknownId);
   if (trace.stacks.size() > 1) result.alloc_stacks.reserve(trace.requests.size());  // address space until used
+  // The allocations' tag: one scope for the whole replay, retagged when an
+  // alloc's category or owner differs from the last one's (nothing but an
+  // alloc reads the tag).
+  std::optional<ScopedTag> tag;
+  Category tag_category = Category::kOther;
+  std::uint32_t tag_text = 0;
   const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
   if (planned) {
     device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
@@ -58,7 +64,13 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
     auto where = [&] { return absl::StrCat(trace.source, ":", r.line, ": "); };
     switch (r.op) {
       case RequestOp::kAlloc: {
-        ScopedTag tag(r.category, trace.strings[r.text]);
+        if (!tag) {
+          tag.emplace(r.category, trace.strings[r.text]);
+        } else if (r.category != tag_category || r.text != tag_text) {
+          tag->Retag(r.category, trace.strings[r.text]);
+        }
+        tag_category = r.category;
+        tag_text = r.text;
         if (recorder != nullptr && owner_ids[r.text] != kUnknownId) {
           recorder->UseOwnerId(trace.strings[r.text], owner_ids[r.text]);
         }

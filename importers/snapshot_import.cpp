@@ -107,15 +107,22 @@ static_assert(static_cast<std::size_t>(Field::kStage) == 11 && static_cast<std::
 // The fields of one trace entry, as the reader stored them (kMissing:
 // absent), by Field (kOtherKnown's slot takes the keys memscope ignores).
 struct EntryFields {
-  std::array<PyRef, kEntrySlots> v{};
+  static constexpr std::uint32_t kNone = ~std::uint32_t{0};
+  const PyRef* pairs = nullptr;  // the entry's pairs: key, value, key, value...
+  std::array<std::uint32_t, kEntrySlots> at;  // by Field: the pair that holds it, kNone when absent
   bool unknown_keys = false;
-  [[gnu::always_inline]] const PyRef& operator[](Field f) const { return v[static_cast<std::size_t>(f)]; }
-  // A key of a dict (the first `action` counts, as PyView::Get would give).
-  [[gnu::always_inline]] void Set(Field field, const PyRef& value) {
+  explicit EntryFields(const PyRef* p) : pairs(p) { at.fill(kNone); }
+  [[gnu::always_inline]] const PyRef& operator[](Field f) const {
+    static constexpr PyRef kMissing{};
+    const std::uint32_t k = at[static_cast<std::size_t>(f)];
+    return k == kNone ? kMissing : pairs[2 * std::size_t{k} + 1];
+  }
+  // The key of pair k of a dict (the first `action` counts, as PyView::Get would give).
+  [[gnu::always_inline]] void Set(Field field, std::uint32_t k) {
     if (field == Field::kUnknown) [[unlikely]] {
       unknown_keys = true;
-    } else if (field != Field::kAction || v[static_cast<std::size_t>(field)].kind == PyKind::kMissing) {
-      v[static_cast<std::size_t>(field)] = value;
+    } else if (field != Field::kAction || at[static_cast<std::size_t>(field)] == kNone) {
+      at[static_cast<std::size_t>(field)] = k;
     }
   }
 };
@@ -570,9 +577,9 @@ struct DeviceBuilder {
   void Entry(const PyView& e) {
     // One pass over the keys (str keys, each classified once per distinct
     // string of the pickle); what depends on the action is done after it.
-    EntryFields f;
     // The pairs as stored (what e.key(k) and e.value(k) give, without a view per key).
     const PyRef* const pairs = e.dict_elements();
+    EntryFields f(pairs);
     const PickleArena* const arena = e.arena();
     const std::size_t n_pairs = pairs == nullptr || arena == nullptr ? 0 : e.size();
     for (std::size_t k = 0; k < n_pairs; ++k) {
@@ -587,16 +594,16 @@ struct DeviceBuilder {
         field = field_names.Of(key, std::string_view(arena->chars.data() + key.v, key.n), FieldOf);
         if (k < kKeyPositions) key_at[k] = {key.v, key.n, field};
       }
-      f.Set(field, pairs[2 * k + 1]);
+      f.Set(field, static_cast<std::uint32_t>(k));
     }
     Apply(f, arena, &e);
   }
 
   // A trace entry handed over as a record: its keys are kRecordKeys[index].
   void Record(const PickleRecord& r) {
-    EntryFields f;
+    EntryFields f(r.pairs);
     // (each key once: the reader hands over no record with a key twice)
-    for (std::uint32_t k = 0; k < r.n; ++k) f.v[r.key_index[k]] = r.pairs[2 * k + 1];
+    for (std::uint32_t k = 0; k < r.n; ++k) f.at[r.key_index[k]] = k;
     Apply(f, r.arena, nullptr);
   }
 
