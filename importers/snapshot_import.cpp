@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -293,6 +294,14 @@ struct StackTags {
     std::uint32_t owner, stack;
   };
   absl::flat_hash_map<std::uint64_t, Tags> by_node;
+  // by_node's entries last found, direct-mapped by key (key ~0: none): a
+  // trace's allocations repeat a few thousand stacks.
+  struct Recent {
+    std::uint64_t key = ~std::uint64_t{0};
+    Tags tags{};
+  };
+  static constexpr std::size_t kRecent = 4096;
+  std::unique_ptr<Recent[]> recent = std::make_unique<Recent[]>(kRecent);
   std::uint64_t attributed = 0, from_frames = 0;
   // Each distinct frame (by content) once: trace.stack_frames[id], and what
   // the stacks need of it. Frame dicts shared by many lists are found by
@@ -389,10 +398,18 @@ struct StackTags {
     const bool shared = (frames.ref().flags & kPyRefShared) != 0;
     const std::uint64_t key = frames.ref().v * 2 + (frames.ref().n > 0 ? 1 : 0);
     if (shared) {
-      if (auto it = by_node.find(key); it != by_node.end()) {
-        r.category = it->second.category;
-        r.text = it->second.owner;
-        r.stack = it->second.stack;
+      Recent& hot = recent[(key ^ (key >> 12)) & (kRecent - 1)];
+      const Tags* found = nullptr;
+      if (hot.key == key) {
+        found = &hot.tags;
+      } else if (auto it = by_node.find(key); it != by_node.end()) {
+        hot = Recent{key, it->second};
+        found = &it->second;
+      }
+      if (found != nullptr) {
+        r.category = found->category;
+        r.text = found->owner;
+        r.stack = found->stack;
         if (r.category != Category::kOther) ++attributed;
         return;
       }
@@ -611,9 +628,7 @@ struct DeviceBuilder {
   void Apply(const EntryFields& f, const PickleArena* arena, const PyView* e) {
     ++entries;
     const PyView action_v(arena, f[Field::kAction]), time_v(arena, f[Field::kTimeUs]),
-        frames_v(arena, f[Field::kFrames]), pool_v(arena, f[Field::kPoolId]),
         context_v(arena, f[Field::kCompileContext]), metadata_v(arena, f[Field::kUserMetadata]);
-    const PyView addr_v(arena, f[Field::kAddr]), size_v(arena, f[Field::kSize]), stream_v(arena, f[Field::kStream]);
     const bool unknown_keys = f.unknown_keys;
     const std::optional<std::string_view> action = action_v.AsString();
     if (!action) {
@@ -621,7 +636,9 @@ struct DeviceBuilder {
       return;
     }
     const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
-    if (pool_v.valid() && act == Action::kAlloc && !DefaultPool(pool_v)) ++private_pool_allocs;
+    if (act == Action::kAlloc) {
+      if (const PyView pool_v(arena, f[Field::kPoolId]); pool_v.valid() && !DefaultPool(pool_v)) ++private_pool_allocs;
+    }
     if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
       ++compile_contexts;
     }
@@ -632,11 +649,10 @@ struct DeviceBuilder {
         if (key && field_names.Of(e->key(k).ref(), *key, FieldOf) == Field::kUnknown) unknown_fields.Add(*key);
       }
     }
-    const std::uint64_t addr = UIntOr0(addr_v);
-    const std::uint64_t size = UIntOr0(size_v);
-    const std::uint64_t stream = UIntOr0(stream_v);
-    const double time_us = time_v.AsNumber().value_or(last_time);
-    if (time_v.AsNumber()) {
+    const std::uint64_t addr = UIntOr0(PyView(arena, f[Field::kAddr]));
+    const std::optional<double> time = time_v.AsNumber();
+    const double time_us = time.value_or(last_time);
+    if (time) {
       if (!time_known) out.requests.time_origin_us = static_cast<std::int64_t>(time_us);
       time_known = true;
     }
@@ -646,7 +662,13 @@ struct DeviceBuilder {
       Release(completes_held);
       if (completes_held) return;
     }
+    // (size, stream and frames: read where they are used)
+    const auto size_of = [&] { return UIntOr0(PyView(arena, f[Field::kSize])); };
+    const auto stream_of = [&] { return UIntOr0(PyView(arena, f[Field::kStream])); };
     if (act == Action::kAlloc) {
+      const std::uint64_t size = size_of();
+      const std::uint64_t stream = stream_of();
+      const PyView frames_v(arena, f[Field::kFrames]);
       AddrState& a = addrs[addr];  // one probe: its slot is set below
       if (a.live) {                // a free the trace lost
         Push(Request{.op = RequestOp::kFree, .slot = a.slot}, time_us);
@@ -679,12 +701,14 @@ struct DeviceBuilder {
         }
       }
     } else if (act == Action::kSegmentAlloc || act == Action::kSegmentMap) {
+      const std::uint64_t size = size_of();
       out.segment_actions.push_back(
           {act == Action::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
       if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
     } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
+      const std::uint64_t size = size_of();
       // empty_cache() (or the release-all retry before an OOM): the replay
       // empties its cache here too, once for the run of segment frees.
       out.segment_actions.push_back(
@@ -696,7 +720,7 @@ struct DeviceBuilder {
     } else if (act == Action::kOom) {
       ++ooms;
       last_oom_entry = entries;
-      oom_size = size;
+      oom_size = size_of();
       const std::uint64_t device_free = UIntOr0(PyView(arena, f[Field::kDeviceFree]));
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
