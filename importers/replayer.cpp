@@ -1,7 +1,9 @@
 #include "importers/replayer.h"
 
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +22,7 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 }
 
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
-                                      Recorder* recorder) {
+                                      Recorder* recorder, const std::vector<Event>* recorded) {
   std::vector<DevicePtr> ptrs(trace.slot_count(), 0);
   std::vector<std::size_t> sizes(trace.slot_count(), 0);
 
@@ -35,7 +37,14 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   // would look each owner up in its string table by text).
   constexpr std::uint32_t kUnknownId = ~std::uint32_t{0};
   std::vector<std::uint32_t> owner_ids(recorder != nullptr ? trace.strings.size() : 0, kUnknownId);
-  if (trace.stacks.size() > 1) result.alloc_stacks.reserve(trace.requests.size());  // address space until used
+  const bool with_stacks = trace.stacks.size() > 1;
+  const bool direct_stacks = with_stacks && recorded != nullptr;
+  result.event_stacks_ok = direct_stacks;
+  if (direct_stacks) {
+    result.alloc_event_stacks.reserve(trace.requests.size());  // address space until used
+  } else if (with_stacks) {
+    result.alloc_stacks.reserve(trace.requests.size());
+  }
   // The allocations' tag: one scope for the whole replay, retagged when an
   // alloc's category or owner differs from the last one's (nothing but an
   // alloc reads the tag).
@@ -99,7 +108,17 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
           }
           break;
         }
-        if (*p != 0 && trace.stacks.size() > 1) result.alloc_stacks.emplace_back(*p, r.stack);
+        if (*p != 0 && direct_stacks) {
+          // The alloc is the last event the allocator recorded for this call.
+          if (!recorded->empty() && recorded->size() <= std::numeric_limits<std::uint32_t>::max() &&
+              recorded->back().type == EventType::kAlloc && recorded->back().addr == *p) {
+            result.alloc_event_stacks.emplace_back(static_cast<std::uint32_t>(recorded->size() - 1), r.stack);
+          } else {
+            result.event_stacks_ok = false;
+          }
+        } else if (*p != 0 && with_stacks) {
+          result.alloc_stacks.emplace_back(*p, r.stack);
+        }
         ptrs[r.slot] = *p;
         sizes[r.slot] = r.size;
         live += r.size;
@@ -160,7 +179,17 @@ namespace {
 // the timeline has no stacks to take or its alloc events do not follow the replay's.
 bool EventStacks(const RequestTrace& trace, const ReplayResult& result, const Timeline& timeline,
                  std::vector<std::uint32_t>& stacks) {
-  if (trace.stacks.size() <= 1 || result.alloc_stacks.empty()) return false;
+  if (trace.stacks.size() <= 1) return false;
+  if (result.event_stacks_ok) {  // taken as the replay went (ReplayOn's `recorded`)
+    if (result.alloc_event_stacks.empty()) return false;
+    stacks.assign(timeline.events.size(), 0);
+    for (const auto& [event, stack] : result.alloc_event_stacks) {
+      if (event >= stacks.size()) return false;
+      stacks[event] = stack;
+    }
+    return true;
+  }
+  if (result.alloc_stacks.empty()) return false;
   stacks.assign(timeline.events.size(), 0);
   std::size_t k = 0;
   for (std::size_t i = 0; i < timeline.events.size(); ++i) {

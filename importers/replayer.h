@@ -42,6 +42,12 @@ struct ReplayResult {
   // When the trace has stacks: per allocation that got a block, in order,
   // its address and its stack (RequestTrace::stacks), for AttachStacks.
   std::vector<std::pair<DevicePtr, std::uint32_t>> alloc_stacks;
+  // Or, when the replay was given the recorder's events (ReplayOn's
+  // `recorded`): per allocation that got a block, the index of its event
+  // and its stack, taken as the replay went; `event_stacks_ok` false when
+  // an alloc's event was not the last one recorded (then no stacks).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> alloc_event_stacks;
+  bool event_stacks_ok = false;
 };
 
 // Gives `timeline` (the recording of the replay that produced `result`) the
@@ -68,8 +74,11 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 // gets each request's time (SetTraceTime): the trace's own where it has
 // them, else request i at i microseconds (a recorder of RecordClock::kTrace
 // then reads no clock: the same trace, the same times).
+// `recorded`: the recorder's events when it records into memory
+// (MemorySink): each alloc's stack is then taken as its event is recorded
+// (ReplayResult::event_stacks) instead of matched afterwards by address.
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
-                                      Recorder* recorder = nullptr);
+                                      Recorder* recorder = nullptr, const std::vector<Event>* recorded = nullptr);
 
 }  // namespace memscope
 

@@ -43,7 +43,10 @@ absl::StatusOr<Timeline> RecordReplayImpl(const RequestTrace& trace, RequestTrac
   // space costs no memory until used, and millions of events grown by
   // doubling are copied (and faulted in) again at every step.
   session.timeline().events.reserve(session.timeline().events.size() + 2 * trace.requests.size() + 64);
-  absl::StatusOr<ReplayResult> r = ReplayOn(trace, session.allocator(), session.device(), &session.recorder());
+  // (The recorder records into session.timeline(): the replay takes each
+  // alloc's stack as its event is recorded.)
+  absl::StatusOr<ReplayResult> r =
+      ReplayOn(trace, session.allocator(), session.device(), &session.recorder(), &session.timeline().events);
   if (!r.ok()) return r.status();
   if (absl::Status s = session.Finish(); !s.ok()) return s;
   Timeline timeline = std::move(session.timeline());
@@ -53,6 +56,7 @@ absl::StatusOr<Timeline> RecordReplayImpl(const RequestTrace& trace, RequestTrac
     AttachStacks(trace, *r, timeline);
   }
   r->alloc_stacks.clear();
+  r->alloc_event_stacks.clear();
   if (result != nullptr) *result = std::move(*r);
   return timeline;
 }
