@@ -450,6 +450,16 @@ class MemoTable {
       e = ref;
     }
   }
+  // Erase(id) if the entry is still the record placeholder whose v is `v`
+  // (a placeholder is no finished value: no change counted).
+  [[gnu::always_inline]] void EraseRecord(std::uint64_t id, std::uint64_t v) {
+    if (id < dense_.size()) [[likely]] {
+      PyRef& d = dense_[id];
+      if ((d.flags & kPyRefRecord) && d.v == v) d = PyRef();
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      if ((it->second.flags & kPyRefRecord) && it->second.v == v) sparse_.erase(it);
+    }
+  }
   void Erase(std::uint64_t id) {
     if (id < dense_.size()) {
       Count(dense_[id]);
@@ -988,13 +998,15 @@ class Reader {
     marks_.pop_back();
     if (mark_level != nullptr) *mark_level = stack_[m].level;
     const std::size_t n = stack_.size() - m - 1;
-    if (out.capacity() < n) out.resize(n);
-    out.clear();
+    out.reserve(n);
+    PyRef* const o = out.data();  // (Finish and Freeze touch neither the stack nor `out`)
+    const Slot* const from = stack_.data() + m + 1;
     if (keep_records) {
-      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(FinishKeepRecord(stack_[k]));
+      for (std::size_t k = 0; k < n; ++k) o[k] = FinishKeepRecord(from[k]);
     } else {
-      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+      for (std::size_t k = 0; k < n; ++k) o[k] = Finish(from[k]);
     }
+    out.set_size(n);
     stack_.resize(m);
     return absl::OkStatus();
   }
@@ -1210,6 +1222,7 @@ class Reader {
   template <bool kRecord>
   bool FastPairs(std::size_t& pos);
   struct Template;
+  template <bool kChecked>
   [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
   bool TemplateRecord();
   // After a record FastDict pushed: true if the next opcode is an
@@ -1466,40 +1479,47 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
       }
     }
   }
-  for (const PyRef& e : items) {
-    const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
-    MS_RETURN_IF_ERROR(CheckDepth(h));
-    ++B->appended;
-    if (B->streamed == 1) {
-      if (e.flags & kPyRefRecord) {  // a record: to on_record, unless something built its dict
-        const std::size_t i = static_cast<std::size_t>(e.v & 0xffffffffu);
-        if ((e.v >> 32) != (record_gen_ & 0xffffffffu) || i >= records_.size()) {
-          record_stale_ = true;
-          return Error("internal error: a record outlived its batch");
-        }
-        const Record& R = records_[i];
-        if (R.built) {
-          if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
-        } else {
-          PickleRecord rec;
-          rec.arena = arena_.get();
-          rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
-          rec.key_index = record_index_.data() + R.first;
-          rec.n = R.n;
-          MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
-        }
-      } else if (options_.on_item) {
-        MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
-      }
-    } else {
+  const std::uint64_t max_depth = options_.max_depth;
+  if (B->streamed != 1) {
+    for (const PyRef& e : items) {
+      const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
+      if (h > max_depth) return CheckDepth(h);
+      ++B->appended;
       B->height = std::max(B->height, h);
       AddItem(*B, (e.flags & kPyRefRecord) ? BuildRecord(e) : e);
     }
+    items.clear();
+    return absl::OkStatus();
   }
-  if (B->streamed == 1) {
-    ReleaseTree(B->tree_mark);
-    ReleaseRecords();
+  // Streamed: each item to on_item, or its record to on_record.
+  const std::uint64_t gen = record_gen_ & 0xffffffffu;
+  PickleRecord rec;
+  rec.arena = arena_.get();
+  for (const PyRef& e : items) {
+    const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
+    if (h > max_depth) return CheckDepth(h);
+    ++B->appended;
+    if (e.flags & kPyRefRecord) {  // a record: to on_record, unless something built its dict
+      const std::size_t i = static_cast<std::size_t>(e.v & 0xffffffffu);
+      if ((e.v >> 32) != gen || i >= records_.size()) {
+        record_stale_ = true;
+        return Error("internal error: a record outlived its batch");
+      }
+      const Record& R = records_[i];
+      if (R.built) {
+        if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
+      } else {
+        rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
+        rec.key_index = record_index_.data() + R.first;
+        rec.n = R.n;
+        MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
+      }
+    } else if (options_.on_item) {
+      MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+    }
   }
+  ReleaseTree(B->tree_mark);
+  ReleaseRecords();
   items.clear();
   return absl::OkStatus();
 }
@@ -1540,10 +1560,7 @@ PyRef Reader::BuildRecord(const PyRef& placeholder) {
 // released now: ReleaseTree), and the records go.
 void Reader::ReleaseRecords() {
   if (records_.empty() && record_memo_.empty()) return;
-  for (const auto& [id, v] : record_memo_) {
-    const MemoEntry m = memo_.Find(id);
-    if ((m.ref.flags & kPyRefRecord) && m.ref.v == v) memo_.Erase(id);
-  }
+  for (const auto& [id, v] : record_memo_) memo_.EraseRecord(id, v);
   record_memo_.clear();
   records_.clear();
   record_pairs_.clear();
@@ -2293,105 +2310,148 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   return true;
 }
 
+// The bytes masks of LONG1's argument by its length (0 to 8 bytes).
+constexpr std::array<std::uint64_t, 9> kLowBytes = [] {
+  std::array<std::uint64_t, 9> m{};
+  for (std::size_t k = 0; k < 8; ++k) m[k] = (std::uint64_t{1} << (8 * k)) - 1;
+  m[8] = ~std::uint64_t{0};
+  return m;
+}();
+
+// The longest a pair TemplatePairs reads inline takes, and the one byte it
+// looks at after it: a key (5 bytes at most) and a value of 10 at most
+// (LONG1 of 8 bytes). One bound check for the whole entry (MEMOIZE, MARK,
+// n such pairs, SETITEMS) lets the pairs read without one each; a value of
+// another length (TmplValue, TmplScalarTail) checks again for the pairs left.
+constexpr std::size_t kTmplPairBytes = 16;
+
+template <bool kChecked>
 bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
   if (T.changes != memo_.changes()) return false;
   const std::uint32_t n = T.n;
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos;
+  // The dict's MEMOIZE, its MARK; room for every pair and the SETITEMS (kChecked: the
+  // end of the buffer is nearer: a check per pair instead, as many bytes wanted).
+  if ((kChecked ? end - p < 2 : end - p < 3 + kTmplPairBytes * std::size_t{n}) || b[p] != 0x94 || b[p + 1] != '(') {
+    return false;
+  }
+  p += 2;
   FastBox& D = fast_boxes_[0];
   // (no memo entry changes during the read: its writes are made at its end)
   const PyRef* const dense = memo_.DenseData();
   const std::size_t dense_n = memo_.DenseSize();
   TmplState s;
   s.next_id = fast_memo_count_;
-  // The dict's MEMOIZE, its MARK.
-  if (end - p < 2 || b[p] != 0x94 || b[p + 1] != '(') return false;
-  p += 2;
   D.memo[0] = TmplMemoize(s);
   D.memos = 1;
   const std::size_t record_pairs0 = record_pairs_.size();
   record_pairs_.reserve(record_pairs0 + 2 * kMaxRecordKeys);
-  PyRef* const out = record_pairs_.data() + record_pairs0;
+  PyRef* o = record_pairs_.data() + record_pairs0;
   std::uint16_t height = 1;  // of the values read here (the others raise D.height)
-  for (std::uint32_t k = 0; k < n; ++k) {
-    const TmplKey& t = T.keys[k];
-    // Room for the key (5 bytes at most), the opcode and argument of a
-    // value read here (10 at most: LONG1 of 8 bytes) and one byte more.
-    if (end - p < 16) return false;
+  constexpr PyRef kInt = [] {
+    PyRef r;
+    r.kind = PyKind::kInt;
+    return r;
+  }();
+  const TmplKey* const t_end = T.keys + n;
+  for (const TmplKey* t = T.keys; t != t_end; ++t, o += 2) {
+    if constexpr (kChecked) {
+      if (end - p < kTmplPairBytes) return false;
+    }
     std::uint64_t w;
     std::memcpy(&w, b + p, 8);
     if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
-    if ((w & t.pair_mask) == t.pair_bytes) {  // the very bytes of the template's pair: its value
-      p += t.pair_len;
-      out[2 * k] = t.key;
-      out[2 * k + 1] = t.value;
-      height = std::max(height, t.value_height);
+    if ((w & t->pair_mask) == t->pair_bytes) {  // the very bytes of the template's pair: its value
+      p += t->pair_len;
+      o[0] = t->key;
+      o[1] = t->value;
+      height = std::max(height, t->value_height);
       continue;
     }
-    if ((w & t.mask) != t.bytes) return false;
-    p += t.len;
-    out[2 * k] = t.key;
-    PyRef& val = out[2 * k + 1];
+    if ((w & t->mask) != t->bytes) return false;
+    p += t->len;
+    o[0] = t->key;
     const std::uint8_t op = b[p];
     std::uint64_t id;
-    if (op == 'h') {  // a memo reference (no memo write may follow: the next key or SETITEMS must)
-      id = b[p + 1];
-      p += 2;
-    } else if (op == 'j') {
-      id =
-          b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) | (std::uint64_t{b[p + 4]} << 24);
-      p += 5;
-    } else {
-      // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
-      // non-negative LONG1 of 8 bytes at most); anything else by TmplValue.
-      if (op == 'K') {
-        val = IntRef(b[p + 1]);
+    PyRef val = kInt;
+    // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
+    // non-negative LONG1 of 8 bytes at most), a memo reference; anything
+    // else by TmplValue.
+    switch (op) {
+      case 'h':  // a memo reference (no memo write may follow: the next key or SETITEMS must)
+        id = b[p + 1];
         p += 2;
-      } else if (op == 'J') {
-        val = IntRef(static_cast<std::int32_t>(b[p + 1] | (std::uint32_t{b[p + 2]} << 8) |
-                                               (std::uint32_t{b[p + 3]} << 16) | (std::uint32_t{b[p + 4]} << 24)));
+        break;
+      case 'j':
+        id = b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) |
+             (std::uint64_t{b[p + 4]} << 24);
         p += 5;
-      } else if (op == 0x8a && b[p + 1] <= 8 && (b[p + 1] == 0 || (b[p + 1 + b[p + 1]] & 0x80) == 0)) {
+        break;
+      case 'K':
+        val.v = b[p + 1];
+        p += 2;
+        goto number;
+      case 'M':
+        val.v = b[p + 1] | (std::uint64_t{b[p + 2]} << 8);
+        p += 3;
+        goto number;
+      case 'J':
+        val.v = static_cast<std::uint64_t>(std::int64_t{static_cast<std::int32_t>(
+            b[p + 1] | (std::uint32_t{b[p + 2]} << 8) | (std::uint32_t{b[p + 3]} << 16) |
+            (std::uint32_t{b[p + 4]} << 24))});
+        p += 5;
+        goto number;
+      case 0x8a: {
         const std::size_t nb = b[p + 1];
-        std::uint64_t v = 0;
+        if (nb > 8 || (nb != 0 && (b[p + 1 + nb] & 0x80) != 0)) goto other;
+        std::uint64_t v;
         if constexpr (std::endian::native == std::endian::little) {
-          std::memcpy(&v, b + p + 2, 8);  // (within the 16 bytes)
-          if (nb < 8) v &= (std::uint64_t{1} << (8 * nb)) - 1;
+          std::memcpy(&v, b + p + 2, 8);  // (within the pair's 16 bytes)
+          v &= kLowBytes[nb];
         } else {
+          v = 0;
           for (std::size_t j = nb; j > 0; --j) v = (v << 8) | b[p + 1 + j];
         }
-        val = UIntRef(v);
+        val.v = v;  // (below 2^63: a plain int)
         p += 2 + nb;
-      } else if (op == 'M') {
-        val = IntRef(b[p + 1] | (std::int64_t{b[p + 2]} << 8));
-        p += 3;
-      } else {
-        std::size_t q = p + 1;
-        if (!TmplValue(op, q, val, s)) return false;
-        p = q;
-        continue;
+        goto number;
       }
-      // A tuple or a MEMOIZE may follow a number.
-      if (kAfterNumber[b[p]]) [[unlikely]] {
-        std::size_t q = p;
-        if (!TmplScalarTail(op, q, val, s)) return false;
-        p = q;
-      }
-      continue;
+      default:
+        goto other;
     }
-    if (id < dense_n) [[likely]] {  // MemoValue, its first case here
+    // The memo reference's value: MemoValue, its first case here.
+    if (id < dense_n) [[likely]] {
       const PyRef& d = dense[id];
       if (d.kind == PyKind::kMissing || (d.flags & (kPyRefOpen | kPyRefRecord))) return false;
-      val = d;
-    } else if (!MemoValue(id, val)) {
-      return false;
+      o[1] = d;
+      if (IsContainerKind(d.kind)) height = std::max(height, AddHeight(d.height));
+    } else {
+      if (!MemoValue(id, o[1])) return false;
+      if (IsContainerKind(o[1].kind)) height = std::max(height, AddHeight(o[1].height));
     }
-    if (IsContainerKind(val.kind)) height = std::max(height, AddHeight(val.height));
+    continue;
+  number:
+    o[1] = val;
+    // A tuple or a MEMOIZE may follow a number.
+    if (kAfterNumber[b[p]]) [[unlikely]] {
+      std::size_t q = p;
+      if (!TmplScalarTail(op, q, o[1], s)) return false;
+      p = q;
+      if (!kChecked && end - p < 1 + kTmplPairBytes * static_cast<std::size_t>(t_end - t - 1)) return false;
+    }
+    continue;
+  other : {
+    std::size_t q = p + 1;
+    if (!TmplValue(op, q, o[1], s)) return false;
+    p = q;
+    if (!kChecked && end - p < 1 + kTmplPairBytes * static_cast<std::size_t>(t_end - t - 1)) return false;
+  }
   }
   // SETITEMS, and next (after FRAMEs, as FastPairs peeks) another entry or the APPENDS of the batch.
   D.height = std::max(D.height, height);
-  if (p >= end || b[p] != 'u' || D.height < 2) return false;
+  if ((kChecked && p >= end) || b[p] != 'u' || D.height < 2) return false;
   ++p;
   std::size_t q = p;
   while (q < end && b[q] == 0x95) q += 9;
@@ -2427,7 +2487,9 @@ bool Reader::TemplateRecord() {
     fast_memo_bloom_ = 0;
     fast_memo_count_ = memo_count_;
     std::size_t p = pos_;
-    const bool read = TemplatePairs(tmpl_[slot], p);
+    const Template& T = tmpl_[slot];
+    const bool read = end_ - p >= 3 + kTmplPairBytes * std::size_t{T.n} ? TemplatePairs<false>(T, p)
+                                                                          : TemplatePairs<true>(T, p);
     if (read && PushRecord(p, chars0, true)) {
       tmpl_first_ = slot;
       return true;
