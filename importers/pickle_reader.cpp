@@ -1224,7 +1224,7 @@ class Reader {
   struct Template;
   template <bool kChecked>
   [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
-  bool TemplateRecord();
+  bool TemplateRun();
   // After a record FastDict pushed: true if the next opcode is an
   // EMPTY_DICT that FastDict would read the same way if Run's loop handed it
   // over; the record's opcodes then counted as Run counts them (and Run's
@@ -2091,7 +2091,7 @@ bool Reader::FastPairs(std::size_t& pos) {
 //
 // Two templates: BuildTemplate makes one of the record's keys (the same keys
 // as a template's: that one again, its memo changes count renewed; else in
-// place of the one used longer ago), and TemplateRecord tries the one used
+// place of the one used longer ago), and TemplateRun tries the one used
 // last first.
 void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
   Template& T = tmpl_build_;
@@ -2466,39 +2466,84 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
   return true;
 }
 
-// A record by a template: TemplatePairs from the EMPTY_DICT with the one
-// used last, then the other, then PushRecord; false having changed nothing
-// the dict paths can see (what it added to the arena dropped), and FastDict
-// reads the entry as without templates.
-bool Reader::TemplateRecord() {
+// FastDict's run of entries read by the templates: a record by a template
+// (TemplatePairs from the EMPTY_DICT with the one used last, then the
+// other; then PushRecord's work), and while the next opcode is another
+// entry's EMPTY_DICT (NextTemplateEntry), on. What stays the same for the
+// whole run is found once: the records' level (after the first record, the
+// stack's top is the record pushed before, at that level) and their
+// generation. True when it ends after a record pushed (Run reads on);
+// false having changed nothing the dict paths can see (what it added to
+// the arena dropped) when the entry at pos_ is one no template reads, or
+// would be too deep: FastDict reads it as without templates.
+bool Reader::TemplateRun() {
   PickleArena& a = *arena_;
-  const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
   if (fast_boxes_.empty()) fast_boxes_.emplace_back();
   FastBox& D = fast_boxes_[0];
-  for (std::uint32_t k = 0; k < 2; ++k) {
-    const std::uint32_t slot = k == 0 ? tmpl_first_ : 1 - tmpl_first_;
-    if (tmpl_[slot].n == 0) break;
-    // The state TemplatePairs and PushRecord use: box 0 (the dict), the memo writes.
-    D.height = 1;
-    D.memos = 0;
-    fast_nboxes_ = 1;
-    fast_nmarks_ = 0;
-    fast_memo_.clear();
-    fast_memo_bloom_ = 0;
-    fast_memo_count_ = memo_count_;
-    std::size_t p = pos_;
-    const Template& T = tmpl_[slot];
-    const bool read = end_ - p >= 3 + kTmplPairBytes * std::size_t{T.n} ? TemplatePairs<false>(T, p)
-                                                                          : TemplatePairs<true>(T, p);
-    if (read && PushRecord(p, chars0, true)) {
-      tmpl_first_ = slot;
-      return true;
+  const std::uint32_t level = NextLevel(false);
+  const std::uint64_t gen = (record_gen_ & 0xffffffffu) << 32;
+  for (;;) {
+    // A record by a template: the one used last, then the other.
+    const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
+    std::uint32_t slot = tmpl_first_;
+    std::size_t p = 0;
+    bool read = false;
+    for (std::uint32_t k = 0; k < 2; ++k, slot = 1 - slot) {
+      const Template& T = tmpl_[slot];
+      if (T.n == 0) break;
+      D.height = 1;
+      D.memos = 0;
+      fast_nboxes_ = 1;
+      fast_nmarks_ = 0;
+      fast_memo_.clear();
+      fast_memo_bloom_ = 0;
+      fast_memo_count_ = memo_count_;
+      p = pos_;
+      read = end_ - p >= 3 + kTmplPairBytes * std::size_t{T.n} ? TemplatePairs<false>(T, p)
+                                                                : TemplatePairs<true>(T, p);
+      if (read) break;
+      a.chars.resize(chars0);
+      a.tree.resize(tree0);
     }
-    a.chars.resize(chars0);
-    a.tree.resize(tree0);
-    if (read) break;  // too deep: so it is without templates
+    if (!read) return false;
+    // PushRecord, from a template.
+    if (std::uint64_t{level} + D.height > options_.max_depth || records_.size() >= 0xffffffffu) {
+      for (KeyAt& at : record_key_at_) {
+        if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+      }
+      record_pairs_.resize(2 * record_index_.size());
+      a.chars.resize(chars0);
+      a.tree.resize(tree0);
+      return false;  // too deep: so it is without templates
+    }
+    tmpl_first_ = slot;
+    pos_ = p;
+    for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+    memo_count_ = fast_memo_count_;
+    Record R;
+    R.first = static_cast<std::uint32_t>(record_index_.size());
+    R.n = fast_record_pairs_;
+    R.height = D.height;
+    record_index_.reserve(R.first + R.n);  // (as PushRecord: the same capacities)
+    if (record_index_.capacity() >= R.first + kMaxRecordKeys) [[likely]] {
+      std::memcpy(record_index_.data() + R.first, fast_record_index_, kMaxRecordKeys);
+    } else {
+      std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
+    }
+    record_index_.set_size(R.first + R.n);
+    PyRef r;
+    r.kind = PyKind::kDict;
+    r.flags = kPyRefRecord;
+    r.height = D.height;
+    r.n = R.n;
+    r.v = records_.size() | gen;
+    records_.push_back(R);
+    SetMemo(D.memo[0], r);  // (TemplatePairs: the dict's one MEMOIZE)
+    ++record_count_;
+    ++tmpl_count_;
+    FastPush(r, level, fast_pair_ops_);
+    if (!NextTemplateEntry()) return true;
   }
-  return false;
 }
 
 // The end of a record FastPairs<true> or TemplatePairs read (up to p, the
@@ -2555,11 +2600,9 @@ bool Reader::FastDict() {
     // A run of entries: while the next opcode is another entry's
     // EMPTY_DICT, it is read here, as Run and Step would read it (the same
     // opcode counts and working-memory checks: see NextTemplateEntry),
-    // without going back to the opcode loop. (One call of TemplateRecord:
-    // inlined.) An entry no template reads is read on below, as without the run.
-    while (TemplateRecord()) {
-      if (!NextTemplateEntry()) return true;  // the record pushed; Run reads on
-    }
+    // without going back to the opcode loop (TemplateRun). An entry no
+    // template reads is read on below, as without the run.
+    if (TemplateRun()) return true;  // records pushed; Run reads on
   }
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
