@@ -1384,12 +1384,21 @@ class Reader {
   // A pair whose value was a memo reference or a BININT1/2/4 also keeps
   // the pair's bytes (8 at most) and that value: the same bytes again are
   // the same value (pair_mask 0 and pair_bytes ~0: none).
+  // And the shape of the value: the key's bytes with the value's opcode
+  // (and LONG1's length byte) after them, when that opcode is one whose
+  // argument has a fixed length: a memo reference, BININT1/2/4, LONG1 of
+  // 8 bytes at most (vkind; vmask 0 and vbytes ~0: none). The same bytes
+  // again: the value is read from its argument without a look at its opcode.
+  enum : std::uint8_t { kVNone, kVMemo1, kVMemo4, kVInt1, kVInt2, kVInt4, kVLong1 };
   struct TmplKey {
     std::uint64_t bytes = 0, mask = 0;
     std::uint64_t pair_bytes = ~std::uint64_t{0}, pair_mask = 0;
+    std::uint64_t vbytes = ~std::uint64_t{0}, vmask = 0;
+    std::uint64_t varg_mask = 0, vsign = 0;  // LONG1: its argument's bytes, their top bit
     PyRef key, value;
     std::uint16_t value_height = 1;  // what the value adds to the dict's height
     std::uint8_t len = 0, pair_len = 0;
+    std::uint8_t vkind = kVNone, vlen = 0, varg = 0;  // vlen: bytes of vbytes; varg: of the argument after them
   };
   struct Template {
     TmplKey keys[kMaxRecordKeys];
@@ -2093,6 +2102,14 @@ bool Reader::FastPairs(std::size_t& pos) {
 // as a template's: that one again, its memo changes count renewed; else in
 // place of the one used longer ago), and TemplateRun tries the one used
 // last first.
+// The masks of the low k bytes of a word (k = 0 to 8).
+constexpr std::array<std::uint64_t, 9> kLowBytes = [] {
+  std::array<std::uint64_t, 9> m{};
+  for (std::size_t k = 0; k < 8; ++k) m[k] = (std::uint64_t{1} << (8 * k)) - 1;
+  m[8] = ~std::uint64_t{0};
+  return m;
+}();
+
 void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
   Template& T = tmpl_build_;
   T.n = 0;
@@ -2122,6 +2139,34 @@ void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
       return;
     }
     T.index[k] = fast_record_index_[k];
+    // The value's shape.
+    t.vkind = kVNone;
+    t.vbytes = ~std::uint64_t{0};
+    t.vmask = 0;
+    if (const std::size_t v = at + t.len; v + 2 <= end_) {
+      std::uint8_t kind = kVNone, vlen = static_cast<std::uint8_t>(t.len + 1), arg = 0;
+      switch (b[v]) {
+        case 'h': kind = kVMemo1, arg = 1; break;
+        case 'j': kind = kVMemo4, arg = 4; break;
+        case 'K': kind = kVInt1, arg = 1; break;
+        case 'M': kind = kVInt2, arg = 2; break;
+        case 'J': kind = kVInt4, arg = 4; break;
+        case 0x8a:
+          if (b[v + 1] <= 8) kind = kVLong1, arg = b[v + 1], ++vlen;
+          break;
+        default: break;
+      }
+      if (kind != kVNone) {
+        t.vkind = kind;
+        t.vlen = vlen;
+        t.varg = arg;
+        t.vmask = kLowBytes[vlen];
+        t.vbytes = 0;
+        for (std::size_t j = 0; j < vlen; ++j) t.vbytes |= std::uint64_t{b[at + j]} << (8 * j);
+        t.varg_mask = kLowBytes[arg];
+        t.vsign = arg == 0 ? 0 : std::uint64_t{0x80} << (8 * (arg - 1));
+      }
+    }
     // The value's bytes, when they alone say what it is.
     t.pair_bytes = ~std::uint64_t{0};
     t.pair_mask = 0;
@@ -2310,14 +2355,6 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   return true;
 }
 
-// The bytes masks of LONG1's argument by its length (0 to 8 bytes).
-constexpr std::array<std::uint64_t, 9> kLowBytes = [] {
-  std::array<std::uint64_t, 9> m{};
-  for (std::size_t k = 0; k < 8; ++k) m[k] = (std::uint64_t{1} << (8 * k)) - 1;
-  m[8] = ~std::uint64_t{0};
-  return m;
-}();
-
 // The longest a pair TemplatePairs reads inline takes, and the one byte it
 // looks at after it: a key (5 bytes at most) and a value of 10 at most
 // (LONG1 of 8 bytes). One bound check for the whole entry (MEMOIZE, MARK,
@@ -2370,12 +2407,54 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
       height = std::max(height, t->value_height);
       continue;
     }
+    std::uint64_t id;
+    PyRef val = kInt;
+    std::uint8_t op;
+    if ((w & t->vmask) == t->vbytes) {  // the key and the value's opcode of the template's shape
+      o[0] = t->key;
+      const unsigned char* const arg = b + p + t->vlen;
+      op = b[p + t->len];
+      switch (t->vkind) {
+        case kVMemo1:
+          id = arg[0];
+          p += t->vlen + 1;
+          goto memo;
+        case kVMemo4:
+          id = arg[0] | (std::uint64_t{arg[1]} << 8) | (std::uint64_t{arg[2]} << 16) | (std::uint64_t{arg[3]} << 24);
+          p += t->vlen + 4;
+          goto memo;
+        case kVInt1:
+          val.v = arg[0];
+          p += t->vlen + 1;
+          goto number;
+        case kVInt2:
+          val.v = arg[0] | (std::uint64_t{arg[1]} << 8);
+          p += t->vlen + 2;
+          goto number;
+        case kVInt4:
+          val.v = static_cast<std::uint64_t>(std::int64_t{static_cast<std::int32_t>(
+              arg[0] | (std::uint32_t{arg[1]} << 8) | (std::uint32_t{arg[2]} << 16) | (std::uint32_t{arg[3]} << 24))});
+          p += t->vlen + 4;
+          goto number;
+        default: {  // kVLong1
+          std::uint64_t v;
+          std::memcpy(&v, arg, 8);  // (within the pair's 16 bytes)
+          if constexpr (std::endian::native == std::endian::big) v = __builtin_bswap64(v);
+          v &= t->varg_mask;
+          if (v & t->vsign) {  // negative: by TmplValue
+            p += t->len;
+            goto other;
+          }
+          val.v = v;
+          p += t->vlen + t->varg;
+          goto number;
+        }
+      }
+    }
     if ((w & t->mask) != t->bytes) return false;
     p += t->len;
     o[0] = t->key;
-    const std::uint8_t op = b[p];
-    std::uint64_t id;
-    PyRef val = kInt;
+    op = b[p];
     // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
     // non-negative LONG1 of 8 bytes at most), a memo reference; anything
     // else by TmplValue.
@@ -2421,7 +2500,7 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
       default:
         goto other;
     }
-    // The memo reference's value: MemoValue, its first case here.
+  memo:  // The memo reference's value: MemoValue, its first case here.
     if (id < dense_n) [[likely]] {
       const PyRef& d = dense[id];
       if (d.kind == PyKind::kMissing || (d.flags & (kPyRefOpen | kPyRefRecord))) return false;
