@@ -1223,7 +1223,7 @@ class Reader {
   bool FastPairs(std::size_t& pos);
   struct Template;
   template <bool kChecked>
-  [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
+  [[gnu::always_inline]] inline bool TemplatePairs(const Template& T, std::size_t& pos);
   bool TemplateRun();
   // After a record FastDict pushed: true if the next opcode is an
   // EMPTY_DICT that FastDict would read the same way if Run's loop handed it
