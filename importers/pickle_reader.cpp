@@ -450,6 +450,16 @@ class MemoTable {
       e = ref;
     }
   }
+  // Erase(id) if the entry is still the record placeholder whose v is `v`
+  // (a placeholder is no finished value: no change counted).
+  [[gnu::always_inline]] void EraseRecord(std::uint64_t id, std::uint64_t v) {
+    if (id < dense_.size()) [[likely]] {
+      PyRef& d = dense_[id];
+      if ((d.flags & kPyRefRecord) && d.v == v) d = PyRef();
+    } else if (auto it = sparse_.find(id); it != sparse_.end()) {
+      if ((it->second.flags & kPyRefRecord) && it->second.v == v) sparse_.erase(it);
+    }
+  }
   void Erase(std::uint64_t id) {
     if (id < dense_.size()) {
       Count(dense_[id]);
@@ -988,13 +998,15 @@ class Reader {
     marks_.pop_back();
     if (mark_level != nullptr) *mark_level = stack_[m].level;
     const std::size_t n = stack_.size() - m - 1;
-    if (out.capacity() < n) out.resize(n);
-    out.clear();
+    out.reserve(n);
+    PyRef* const o = out.data();  // (Finish and Freeze touch neither the stack nor `out`)
+    const Slot* const from = stack_.data() + m + 1;
     if (keep_records) {
-      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(FinishKeepRecord(stack_[k]));
+      for (std::size_t k = 0; k < n; ++k) o[k] = FinishKeepRecord(from[k]);
     } else {
-      for (std::size_t k = m + 1; k < stack_.size(); ++k) out.push_back(Finish(stack_[k]));
+      for (std::size_t k = 0; k < n; ++k) o[k] = Finish(from[k]);
     }
+    out.set_size(n);
     stack_.resize(m);
     return absl::OkStatus();
   }
@@ -1210,8 +1222,9 @@ class Reader {
   template <bool kRecord>
   bool FastPairs(std::size_t& pos);
   struct Template;
-  [[gnu::noinline]] bool TemplatePairs(const Template& T, std::size_t& pos);
-  bool TemplateRecord();
+  template <bool kChecked>
+  [[gnu::always_inline]] inline bool TemplatePairs(const Template& T, std::size_t& pos);
+  bool TemplateRun();
   // After a record FastDict pushed: true if the next opcode is an
   // EMPTY_DICT that FastDict would read the same way if Run's loop handed it
   // over; the record's opcodes then counted as Run counts them (and Run's
@@ -1371,12 +1384,21 @@ class Reader {
   // A pair whose value was a memo reference or a BININT1/2/4 also keeps
   // the pair's bytes (8 at most) and that value: the same bytes again are
   // the same value (pair_mask 0 and pair_bytes ~0: none).
+  // And the shape of the value: the key's bytes with the value's opcode
+  // (and LONG1's length byte) after them, when that opcode is one whose
+  // argument has a fixed length: a memo reference, BININT1/2/4, LONG1 of
+  // 8 bytes at most (vkind; vmask 0 and vbytes ~0: none). The same bytes
+  // again: the value is read from its argument without a look at its opcode.
+  enum : std::uint8_t { kVNone, kVMemo1, kVMemo4, kVInt1, kVInt2, kVInt4, kVLong1 };
   struct TmplKey {
     std::uint64_t bytes = 0, mask = 0;
     std::uint64_t pair_bytes = ~std::uint64_t{0}, pair_mask = 0;
+    std::uint64_t vbytes = ~std::uint64_t{0}, vmask = 0;
+    std::uint64_t varg_mask = 0, vsign = 0;  // LONG1: its argument's bytes, their top bit
     PyRef key, value;
     std::uint16_t value_height = 1;  // what the value adds to the dict's height
     std::uint8_t len = 0, pair_len = 0;
+    std::uint8_t vkind = kVNone, vlen = 0, varg = 0;  // vlen: bytes of vbytes; varg: of the argument after them
   };
   struct Template {
     TmplKey keys[kMaxRecordKeys];
@@ -1466,40 +1488,47 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
       }
     }
   }
-  for (const PyRef& e : items) {
-    const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
-    MS_RETURN_IF_ERROR(CheckDepth(h));
-    ++B->appended;
-    if (B->streamed == 1) {
-      if (e.flags & kPyRefRecord) {  // a record: to on_record, unless something built its dict
-        const std::size_t i = static_cast<std::size_t>(e.v & 0xffffffffu);
-        if ((e.v >> 32) != (record_gen_ & 0xffffffffu) || i >= records_.size()) {
-          record_stale_ = true;
-          return Error("internal error: a record outlived its batch");
-        }
-        const Record& R = records_[i];
-        if (R.built) {
-          if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
-        } else {
-          PickleRecord rec;
-          rec.arena = arena_.get();
-          rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
-          rec.key_index = record_index_.data() + R.first;
-          rec.n = R.n;
-          MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
-        }
-      } else if (options_.on_item) {
-        MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
-      }
-    } else {
+  const std::uint64_t max_depth = options_.max_depth;
+  if (B->streamed != 1) {
+    for (const PyRef& e : items) {
+      const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
+      if (h > max_depth) return CheckDepth(h);
+      ++B->appended;
       B->height = std::max(B->height, h);
       AddItem(*B, (e.flags & kPyRefRecord) ? BuildRecord(e) : e);
     }
+    items.clear();
+    return absl::OkStatus();
   }
-  if (B->streamed == 1) {
-    ReleaseTree(B->tree_mark);
-    ReleaseRecords();
+  // Streamed: each item to on_item, or its record to on_record.
+  const std::uint64_t gen = record_gen_ & 0xffffffffu;
+  PickleRecord rec;
+  rec.arena = arena_.get();
+  for (const PyRef& e : items) {
+    const std::uint16_t h = IsContainerKind(e.kind) ? AddHeight(e.height) : 1;
+    if (h > max_depth) return CheckDepth(h);
+    ++B->appended;
+    if (e.flags & kPyRefRecord) {  // a record: to on_record, unless something built its dict
+      const std::size_t i = static_cast<std::size_t>(e.v & 0xffffffffu);
+      if ((e.v >> 32) != gen || i >= records_.size()) {
+        record_stale_ = true;
+        return Error("internal error: a record outlived its batch");
+      }
+      const Record& R = records_[i];
+      if (R.built) {
+        if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
+      } else {
+        rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
+        rec.key_index = record_index_.data() + R.first;
+        rec.n = R.n;
+        MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
+      }
+    } else if (options_.on_item) {
+      MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+    }
   }
+  ReleaseTree(B->tree_mark);
+  ReleaseRecords();
   items.clear();
   return absl::OkStatus();
 }
@@ -1540,10 +1569,7 @@ PyRef Reader::BuildRecord(const PyRef& placeholder) {
 // released now: ReleaseTree), and the records go.
 void Reader::ReleaseRecords() {
   if (records_.empty() && record_memo_.empty()) return;
-  for (const auto& [id, v] : record_memo_) {
-    const MemoEntry m = memo_.Find(id);
-    if ((m.ref.flags & kPyRefRecord) && m.ref.v == v) memo_.Erase(id);
-  }
+  for (const auto& [id, v] : record_memo_) memo_.EraseRecord(id, v);
   record_memo_.clear();
   records_.clear();
   record_pairs_.clear();
@@ -2074,8 +2100,16 @@ bool Reader::FastPairs(std::size_t& pos) {
 //
 // Two templates: BuildTemplate makes one of the record's keys (the same keys
 // as a template's: that one again, its memo changes count renewed; else in
-// place of the one used longer ago), and TemplateRecord tries the one used
+// place of the one used longer ago), and TemplateRun tries the one used
 // last first.
+// The masks of the low k bytes of a word (k = 0 to 8).
+constexpr std::array<std::uint64_t, 9> kLowBytes = [] {
+  std::array<std::uint64_t, 9> m{};
+  for (std::size_t k = 0; k < 8; ++k) m[k] = (std::uint64_t{1} << (8 * k)) - 1;
+  m[8] = ~std::uint64_t{0};
+  return m;
+}();
+
 void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
   Template& T = tmpl_build_;
   T.n = 0;
@@ -2105,6 +2139,34 @@ void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
       return;
     }
     T.index[k] = fast_record_index_[k];
+    // The value's shape.
+    t.vkind = kVNone;
+    t.vbytes = ~std::uint64_t{0};
+    t.vmask = 0;
+    if (const std::size_t v = at + t.len; v + 2 <= end_) {
+      std::uint8_t kind = kVNone, vlen = static_cast<std::uint8_t>(t.len + 1), arg = 0;
+      switch (b[v]) {
+        case 'h': kind = kVMemo1, arg = 1; break;
+        case 'j': kind = kVMemo4, arg = 4; break;
+        case 'K': kind = kVInt1, arg = 1; break;
+        case 'M': kind = kVInt2, arg = 2; break;
+        case 'J': kind = kVInt4, arg = 4; break;
+        case 0x8a:
+          if (b[v + 1] <= 8) kind = kVLong1, arg = b[v + 1], ++vlen;
+          break;
+        default: break;
+      }
+      if (kind != kVNone) {
+        t.vkind = kind;
+        t.vlen = vlen;
+        t.varg = arg;
+        t.vmask = kLowBytes[vlen];
+        t.vbytes = 0;
+        for (std::size_t j = 0; j < vlen; ++j) t.vbytes |= std::uint64_t{b[at + j]} << (8 * j);
+        t.varg_mask = kLowBytes[arg];
+        t.vsign = arg == 0 ? 0 : std::uint64_t{0x80} << (8 * (arg - 1));
+      }
+    }
     // The value's bytes, when they alone say what it is.
     t.pair_bytes = ~std::uint64_t{0};
     t.pair_mask = 0;
@@ -2293,105 +2355,182 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   return true;
 }
 
+// The longest a pair TemplatePairs reads inline takes, and the one byte it
+// looks at after it: a key (5 bytes at most) and a value of 10 at most
+// (LONG1 of 8 bytes). One bound check for the whole entry (MEMOIZE, MARK,
+// n such pairs, SETITEMS) lets the pairs read without one each; a value of
+// another length (TmplValue, TmplScalarTail) checks again for the pairs left.
+constexpr std::size_t kTmplPairBytes = 16;
+
+template <bool kChecked>
 bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
   if (T.changes != memo_.changes()) return false;
   const std::uint32_t n = T.n;
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
   std::size_t p = pos;
+  // The dict's MEMOIZE, its MARK; room for every pair and the SETITEMS (kChecked: the
+  // end of the buffer is nearer: a check per pair instead, as many bytes wanted).
+  if ((kChecked ? end - p < 2 : end - p < 3 + kTmplPairBytes * std::size_t{n}) || b[p] != 0x94 || b[p + 1] != '(') {
+    return false;
+  }
+  p += 2;
   FastBox& D = fast_boxes_[0];
   // (no memo entry changes during the read: its writes are made at its end)
   const PyRef* const dense = memo_.DenseData();
   const std::size_t dense_n = memo_.DenseSize();
   TmplState s;
   s.next_id = fast_memo_count_;
-  // The dict's MEMOIZE, its MARK.
-  if (end - p < 2 || b[p] != 0x94 || b[p + 1] != '(') return false;
-  p += 2;
   D.memo[0] = TmplMemoize(s);
   D.memos = 1;
   const std::size_t record_pairs0 = record_pairs_.size();
   record_pairs_.reserve(record_pairs0 + 2 * kMaxRecordKeys);
-  PyRef* const out = record_pairs_.data() + record_pairs0;
+  PyRef* o = record_pairs_.data() + record_pairs0;
   std::uint16_t height = 1;  // of the values read here (the others raise D.height)
-  for (std::uint32_t k = 0; k < n; ++k) {
-    const TmplKey& t = T.keys[k];
-    // Room for the key (5 bytes at most), the opcode and argument of a
-    // value read here (10 at most: LONG1 of 8 bytes) and one byte more.
-    if (end - p < 16) return false;
+  constexpr PyRef kInt = [] {
+    PyRef r;
+    r.kind = PyKind::kInt;
+    return r;
+  }();
+  const TmplKey* const t_end = T.keys + n;
+  for (const TmplKey* t = T.keys; t != t_end; ++t, o += 2) {
+    if constexpr (kChecked) {
+      if (end - p < kTmplPairBytes) return false;
+    }
     std::uint64_t w;
     std::memcpy(&w, b + p, 8);
     if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
-    if ((w & t.pair_mask) == t.pair_bytes) {  // the very bytes of the template's pair: its value
-      p += t.pair_len;
-      out[2 * k] = t.key;
-      out[2 * k + 1] = t.value;
-      height = std::max(height, t.value_height);
+    if ((w & t->pair_mask) == t->pair_bytes) {  // the very bytes of the template's pair: its value
+      p += t->pair_len;
+      o[0] = t->key;
+      o[1] = t->value;
+      height = std::max(height, t->value_height);
       continue;
     }
-    if ((w & t.mask) != t.bytes) return false;
-    p += t.len;
-    out[2 * k] = t.key;
-    PyRef& val = out[2 * k + 1];
-    const std::uint8_t op = b[p];
     std::uint64_t id;
-    if (op == 'h') {  // a memo reference (no memo write may follow: the next key or SETITEMS must)
-      id = b[p + 1];
-      p += 2;
-    } else if (op == 'j') {
-      id =
-          b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) | (std::uint64_t{b[p + 4]} << 24);
-      p += 5;
-    } else {
-      // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
-      // non-negative LONG1 of 8 bytes at most); anything else by TmplValue.
-      if (op == 'K') {
-        val = IntRef(b[p + 1]);
+    PyRef val = kInt;
+    std::uint8_t op;
+    if ((w & t->vmask) == t->vbytes) {  // the key and the value's opcode of the template's shape
+      o[0] = t->key;
+      const unsigned char* const arg = b + p + t->vlen;
+      op = b[p + t->len];
+      switch (t->vkind) {
+        case kVMemo1:
+          id = arg[0];
+          p += t->vlen + 1;
+          goto memo;
+        case kVMemo4:
+          id = arg[0] | (std::uint64_t{arg[1]} << 8) | (std::uint64_t{arg[2]} << 16) | (std::uint64_t{arg[3]} << 24);
+          p += t->vlen + 4;
+          goto memo;
+        case kVInt1:
+          val.v = arg[0];
+          p += t->vlen + 1;
+          goto number;
+        case kVInt2:
+          val.v = arg[0] | (std::uint64_t{arg[1]} << 8);
+          p += t->vlen + 2;
+          goto number;
+        case kVInt4:
+          val.v = static_cast<std::uint64_t>(std::int64_t{static_cast<std::int32_t>(
+              arg[0] | (std::uint32_t{arg[1]} << 8) | (std::uint32_t{arg[2]} << 16) | (std::uint32_t{arg[3]} << 24))});
+          p += t->vlen + 4;
+          goto number;
+        default: {  // kVLong1
+          std::uint64_t v;
+          std::memcpy(&v, arg, 8);  // (within the pair's 16 bytes)
+          if constexpr (std::endian::native == std::endian::big) v = __builtin_bswap64(v);
+          v &= t->varg_mask;
+          if (v & t->vsign) {  // negative: by TmplValue
+            p += t->len;
+            goto other;
+          }
+          val.v = v;
+          p += t->vlen + t->varg;
+          goto number;
+        }
+      }
+    }
+    if ((w & t->mask) != t->bytes) return false;
+    p += t->len;
+    o[0] = t->key;
+    op = b[p];
+    // An int as DecodeFastScalar reads it (BININT1, BININT2, BININT, a
+    // non-negative LONG1 of 8 bytes at most), a memo reference; anything
+    // else by TmplValue.
+    switch (op) {
+      case 'h':  // a memo reference (no memo write may follow: the next key or SETITEMS must)
+        id = b[p + 1];
         p += 2;
-      } else if (op == 'J') {
-        val = IntRef(static_cast<std::int32_t>(b[p + 1] | (std::uint32_t{b[p + 2]} << 8) |
-                                               (std::uint32_t{b[p + 3]} << 16) | (std::uint32_t{b[p + 4]} << 24)));
+        break;
+      case 'j':
+        id = b[p + 1] | (std::uint64_t{b[p + 2]} << 8) | (std::uint64_t{b[p + 3]} << 16) |
+             (std::uint64_t{b[p + 4]} << 24);
         p += 5;
-      } else if (op == 0x8a && b[p + 1] <= 8 && (b[p + 1] == 0 || (b[p + 1 + b[p + 1]] & 0x80) == 0)) {
+        break;
+      case 'K':
+        val.v = b[p + 1];
+        p += 2;
+        goto number;
+      case 'M':
+        val.v = b[p + 1] | (std::uint64_t{b[p + 2]} << 8);
+        p += 3;
+        goto number;
+      case 'J':
+        val.v = static_cast<std::uint64_t>(std::int64_t{static_cast<std::int32_t>(
+            b[p + 1] | (std::uint32_t{b[p + 2]} << 8) | (std::uint32_t{b[p + 3]} << 16) |
+            (std::uint32_t{b[p + 4]} << 24))});
+        p += 5;
+        goto number;
+      case 0x8a: {
         const std::size_t nb = b[p + 1];
-        std::uint64_t v = 0;
+        if (nb > 8 || (nb != 0 && (b[p + 1 + nb] & 0x80) != 0)) goto other;
+        std::uint64_t v;
         if constexpr (std::endian::native == std::endian::little) {
-          std::memcpy(&v, b + p + 2, 8);  // (within the 16 bytes)
-          if (nb < 8) v &= (std::uint64_t{1} << (8 * nb)) - 1;
+          std::memcpy(&v, b + p + 2, 8);  // (within the pair's 16 bytes)
+          v &= kLowBytes[nb];
         } else {
+          v = 0;
           for (std::size_t j = nb; j > 0; --j) v = (v << 8) | b[p + 1 + j];
         }
-        val = UIntRef(v);
+        val.v = v;  // (below 2^63: a plain int)
         p += 2 + nb;
-      } else if (op == 'M') {
-        val = IntRef(b[p + 1] | (std::int64_t{b[p + 2]} << 8));
-        p += 3;
-      } else {
-        std::size_t q = p + 1;
-        if (!TmplValue(op, q, val, s)) return false;
-        p = q;
-        continue;
+        goto number;
       }
-      // A tuple or a MEMOIZE may follow a number.
-      if (kAfterNumber[b[p]]) [[unlikely]] {
-        std::size_t q = p;
-        if (!TmplScalarTail(op, q, val, s)) return false;
-        p = q;
-      }
-      continue;
+      default:
+        goto other;
     }
-    if (id < dense_n) [[likely]] {  // MemoValue, its first case here
+  memo:  // The memo reference's value: MemoValue, its first case here.
+    if (id < dense_n) [[likely]] {
       const PyRef& d = dense[id];
       if (d.kind == PyKind::kMissing || (d.flags & (kPyRefOpen | kPyRefRecord))) return false;
-      val = d;
-    } else if (!MemoValue(id, val)) {
-      return false;
+      o[1] = d;
+      if (IsContainerKind(d.kind)) height = std::max(height, AddHeight(d.height));
+    } else {
+      if (!MemoValue(id, o[1])) return false;
+      if (IsContainerKind(o[1].kind)) height = std::max(height, AddHeight(o[1].height));
     }
-    if (IsContainerKind(val.kind)) height = std::max(height, AddHeight(val.height));
+    continue;
+  number:
+    o[1] = val;
+    // A tuple or a MEMOIZE may follow a number.
+    if (kAfterNumber[b[p]]) [[unlikely]] {
+      std::size_t q = p;
+      if (!TmplScalarTail(op, q, o[1], s)) return false;
+      p = q;
+      if (!kChecked && end - p < 1 + kTmplPairBytes * static_cast<std::size_t>(t_end - t - 1)) return false;
+    }
+    continue;
+  other : {
+    std::size_t q = p + 1;
+    if (!TmplValue(op, q, o[1], s)) return false;
+    p = q;
+    if (!kChecked && end - p < 1 + kTmplPairBytes * static_cast<std::size_t>(t_end - t - 1)) return false;
+  }
   }
   // SETITEMS, and next (after FRAMEs, as FastPairs peeks) another entry or the APPENDS of the batch.
   D.height = std::max(D.height, height);
-  if (p >= end || b[p] != 'u' || D.height < 2) return false;
+  if ((kChecked && p >= end) || b[p] != 'u' || D.height < 2) return false;
   ++p;
   std::size_t q = p;
   while (q < end && b[q] == 0x95) q += 9;
@@ -2406,37 +2545,84 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
   return true;
 }
 
-// A record by a template: TemplatePairs from the EMPTY_DICT with the one
-// used last, then the other, then PushRecord; false having changed nothing
-// the dict paths can see (what it added to the arena dropped), and FastDict
-// reads the entry as without templates.
-bool Reader::TemplateRecord() {
+// FastDict's run of entries read by the templates: a record by a template
+// (TemplatePairs from the EMPTY_DICT with the one used last, then the
+// other; then PushRecord's work), and while the next opcode is another
+// entry's EMPTY_DICT (NextTemplateEntry), on. What stays the same for the
+// whole run is found once: the records' level (after the first record, the
+// stack's top is the record pushed before, at that level) and their
+// generation. True when it ends after a record pushed (Run reads on);
+// false having changed nothing the dict paths can see (what it added to
+// the arena dropped) when the entry at pos_ is one no template reads, or
+// would be too deep: FastDict reads it as without templates.
+bool Reader::TemplateRun() {
   PickleArena& a = *arena_;
-  const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
   if (fast_boxes_.empty()) fast_boxes_.emplace_back();
   FastBox& D = fast_boxes_[0];
-  for (std::uint32_t k = 0; k < 2; ++k) {
-    const std::uint32_t slot = k == 0 ? tmpl_first_ : 1 - tmpl_first_;
-    if (tmpl_[slot].n == 0) break;
-    // The state TemplatePairs and PushRecord use: box 0 (the dict), the memo writes.
-    D.height = 1;
-    D.memos = 0;
-    fast_nboxes_ = 1;
-    fast_nmarks_ = 0;
-    fast_memo_.clear();
-    fast_memo_bloom_ = 0;
-    fast_memo_count_ = memo_count_;
-    std::size_t p = pos_;
-    const bool read = TemplatePairs(tmpl_[slot], p);
-    if (read && PushRecord(p, chars0, true)) {
-      tmpl_first_ = slot;
-      return true;
+  const std::uint32_t level = NextLevel(false);
+  const std::uint64_t gen = (record_gen_ & 0xffffffffu) << 32;
+  for (;;) {
+    // A record by a template: the one used last, then the other.
+    const std::size_t chars0 = a.chars.size(), tree0 = a.tree.size();
+    std::uint32_t slot = tmpl_first_;
+    std::size_t p = 0;
+    bool read = false;
+    for (std::uint32_t k = 0; k < 2; ++k, slot = 1 - slot) {
+      const Template& T = tmpl_[slot];
+      if (T.n == 0) break;
+      D.height = 1;
+      D.memos = 0;
+      fast_nboxes_ = 1;
+      fast_nmarks_ = 0;
+      fast_memo_.clear();
+      fast_memo_bloom_ = 0;
+      fast_memo_count_ = memo_count_;
+      p = pos_;
+      read = end_ - p >= 3 + kTmplPairBytes * std::size_t{T.n} ? TemplatePairs<false>(T, p)
+                                                                : TemplatePairs<true>(T, p);
+      if (read) break;
+      a.chars.resize(chars0);
+      a.tree.resize(tree0);
     }
-    a.chars.resize(chars0);
-    a.tree.resize(tree0);
-    if (read) break;  // too deep: so it is without templates
+    if (!read) return false;
+    // PushRecord, from a template.
+    if (std::uint64_t{level} + D.height > options_.max_depth || records_.size() >= 0xffffffffu) {
+      for (KeyAt& at : record_key_at_) {
+        if (at.v != ~std::uint64_t{0} && at.v + at.n > chars0) at = KeyAt{};
+      }
+      record_pairs_.resize(2 * record_index_.size());
+      a.chars.resize(chars0);
+      a.tree.resize(tree0);
+      return false;  // too deep: so it is without templates
+    }
+    tmpl_first_ = slot;
+    pos_ = p;
+    for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+    memo_count_ = fast_memo_count_;
+    Record R;
+    R.first = static_cast<std::uint32_t>(record_index_.size());
+    R.n = fast_record_pairs_;
+    R.height = D.height;
+    record_index_.reserve(R.first + R.n);  // (as PushRecord: the same capacities)
+    if (record_index_.capacity() >= R.first + kMaxRecordKeys) [[likely]] {
+      std::memcpy(record_index_.data() + R.first, fast_record_index_, kMaxRecordKeys);
+    } else {
+      std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
+    }
+    record_index_.set_size(R.first + R.n);
+    PyRef r;
+    r.kind = PyKind::kDict;
+    r.flags = kPyRefRecord;
+    r.height = D.height;
+    r.n = R.n;
+    r.v = records_.size() | gen;
+    records_.push_back(R);
+    SetMemo(D.memo[0], r);  // (TemplatePairs: the dict's one MEMOIZE)
+    ++record_count_;
+    ++tmpl_count_;
+    FastPush(r, level, fast_pair_ops_);
+    if (!NextTemplateEntry()) return true;
   }
-  return false;
 }
 
 // The end of a record FastPairs<true> or TemplatePairs read (up to p, the
@@ -2493,11 +2679,9 @@ bool Reader::FastDict() {
     // A run of entries: while the next opcode is another entry's
     // EMPTY_DICT, it is read here, as Run and Step would read it (the same
     // opcode counts and working-memory checks: see NextTemplateEntry),
-    // without going back to the opcode loop. (One call of TemplateRecord:
-    // inlined.) An entry no template reads is read on below, as without the run.
-    while (TemplateRecord()) {
-      if (!NextTemplateEntry()) return true;  // the record pushed; Run reads on
-    }
+    // without going back to the opcode loop (TemplateRun). An entry no
+    // template reads is read on below, as without the run.
+    if (TemplateRun()) return true;  // records pushed; Run reads on
   }
   const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
   const std::size_t end = end_;
