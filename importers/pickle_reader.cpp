@@ -674,7 +674,7 @@ struct MappedInput {
   std::size_t size = 0;      // the file's bytes
   std::size_t reserved = 0;  // the mapping's bytes (a whole number of pages)
   std::size_t page = 4096;
-  std::uint64_t released = 0;                  // bytes from base released
+  std::uint64_t released = 0;                               // bytes from base released
   std::uint64_t next_release = kMapKeep + kMapReleaseStep;  // Release when the read reaches this
 };
 
@@ -1391,7 +1391,7 @@ class Reader {
   std::istream* in_ = nullptr;  // null: the input is in memory (input_)
   const std::string& source_;
   const PickleReadOptions& options_;
-  std::vector<char> buf_;  // a stream's buffer
+  std::vector<char> buf_;        // a stream's buffer
   const char* input_ = nullptr;  // the input in memory, input_size_ bytes
   std::uint64_t input_size_ = 0;
   const char* data_ = nullptr;  // the buffer: buf_, or input_ + base_ (kBufferSize bytes at most)

@@ -1805,7 +1805,8 @@ TEST_CASE("pickle_reader: in place and mapped, the same as from a stream") {
     const std::string empty = (dir / "empty.pickle").string();
     WriteFile(empty, "");
     PickleReadStats stats;
-    CHECK(FileOutcome(empty, "mem.pickle", {}, &stats) == "INVALID_ARGUMENT: mem.pickle: offset 0: empty input: not a pickle");
+    CHECK(FileOutcome(empty, "mem.pickle", {}, &stats) ==
+          "INVALID_ARGUMENT: mem.pickle: offset 0: empty input: not a pickle");
     CHECK(!stats.mapped);
 
     const std::string fifo = (dir / "fifo.pickle").string();
