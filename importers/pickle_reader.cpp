@@ -9,6 +9,13 @@
 #include <limits>
 #include <memory>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -649,10 +656,88 @@ std::uint64_t BytesHash(const unsigned char* b, std::size_t n) {
 
 std::uint16_t AddHeight(std::uint16_t h) { return h == std::numeric_limits<std::uint16_t>::max() ? h : h + 1; }
 
+// A file mapped for a Reader (ReadPickleFile): the file's bytes, then
+// zeros up to kMapPadding bytes at least (an anonymous mapping under it), so
+// that reading a little beyond the end finds zeros, never SIGBUS (the
+// decoders check every read against the end: this is insurance). The pages
+// read are released behind the read position: whole pages more than
+// kMapKeep bytes behind it, every kMapReleaseStep bytes read (a mapped
+// page counts in the resident set as long as it is mapped). The reader
+// rewinds within one trace entry or kFastWindow at most; a page released
+// and read again would be read again from the file, the same bytes.
+constexpr std::size_t kMapPadding = 64 << 10;
+constexpr std::uint64_t kMapKeep = 4 << 20;
+constexpr std::uint64_t kMapReleaseStep = 4 << 20;
+struct MappedInput {
+  MappedInput() = default;
+  MappedInput(const MappedInput&) = delete;
+  MappedInput& operator=(const MappedInput&) = delete;
+  ~MappedInput() {
+    if (base != nullptr) munmap(base, reserved);
+  }
+  // Maps the regular file open as `fd`, of `size` bytes (> 0); false if it cannot.
+  bool Map(int fd, std::uint64_t size);
+  // The read has reached `read`: the pages wholly before read - kMapKeep released.
+  void Release(std::uint64_t read);
+
+  char* base = nullptr;
+  std::size_t size = 0;      // the file's bytes
+  std::size_t reserved = 0;  // the mapping's bytes (a whole number of pages)
+  std::size_t page = 4096;
+  std::uint64_t released = 0;                               // bytes from base released
+  std::uint64_t next_release = kMapKeep + kMapReleaseStep;  // Release when the read reaches this
+};
+
+bool MappedInput::Map(int fd, std::uint64_t file_size) {
+  const long p = sysconf(_SC_PAGESIZE);
+  page = p > 0 ? static_cast<std::size_t>(p) : 4096;
+  if (file_size == 0 || file_size > std::numeric_limits<std::size_t>::max() - 2 * kMapPadding - page) return false;
+  size = static_cast<std::size_t>(file_size);
+  reserved = (size + page - 1) / page * page + (kMapPadding + page - 1) / page * page;
+  void* area = mmap(nullptr, reserved, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (area == MAP_FAILED) return false;
+  base = static_cast<char*>(area);
+  if (mmap(area, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED) return false;
+  // Read once, in order. (MADV_WILLNEED, MADV_POPULATE_READ of the whole
+  // file or of the next 8 MiB at each release, or no advice at all cost the
+  // same CPU on a 80 MB snapshot, cached or not: README, Benchmarks.)
+  madvise(base, size, MADV_SEQUENTIAL);
+  return true;
+}
+
+void MappedInput::Release(std::uint64_t read) {
+  const std::uint64_t upto = (read - kMapKeep) / page * page;  // (read >= next_release > kMapKeep)
+  if (upto > released) {
+    madvise(base + released, static_cast<std::size_t>(upto - released), MADV_DONTNEED);
+    released = upto;
+  }
+  next_release = read + kMapReleaseStep;
+}
+
 class Reader {
  public:
+  // From a stream, through a kBufferSize buffer.
   Reader(std::istream& in, const std::string& source, const PickleReadOptions& options)
-      : in_(in), source_(source), options_(options), buf_(kBufferSize), arena_(std::make_shared<PickleArena>()) {}
+      : in_(&in), source_(source), options_(options), buf_(kBufferSize), arena_(std::make_shared<PickleArena>()) {
+    data_ = buf_.data();
+  }
+  // From the whole input in memory, in place: the buffer is a window on
+  // the input, moved where a stream's buffer would be filled (Refill,
+  // Window) and as large as it would be, without reading or copying
+  // anything; so everything else (where a fast path meets the end of the
+  // buffer, the strings appended piecewise, the working-memory checks and
+  // errors, the stats) is what a stream of the same bytes does. `map`, if
+  // given, is the mapped file `data` is: its pages are released behind the
+  // read position (at the working-memory checks).
+  Reader(std::string_view data, MappedInput* map, const std::string& source, const PickleReadOptions& options)
+      : source_(source),
+        options_(options),
+        input_(data.data()),
+        input_size_(data.size()),
+        map_(map),
+        arena_(std::make_shared<PickleArena>()) {
+    data_ = input_;
+  }
 
   absl::StatusOr<PickleDoc> Run(PickleReadStats* stats);
 
@@ -669,22 +754,33 @@ class Reader {
     base_ += end_;
     pos_ = end_ = 0;
     if (eof_) return false;
-    in_.read(buf_.data(), static_cast<std::streamsize>(buf_.size()));
-    end_ = static_cast<std::size_t>(in_.gcount());
+    end_ = Read(0, kBufferSize);
     if (end_ == 0) {
       eof_ = true;
       return false;
     }
     return true;
   }
+  // Reads up to n bytes into the buffer at `at` (the buffer starting at
+  // input byte base_): how many (0 at the end of the input). In memory,
+  // none is copied: the buffer is input_ + base_, and a read gets all it
+  // asks for up to the end, as a stream of a file does.
+  std::size_t Read(std::size_t at, std::size_t n) {
+    if (in_ == nullptr) {
+      data_ = input_ + base_;
+      return static_cast<std::size_t>(std::min<std::uint64_t>(n, input_size_ - (base_ + at)));
+    }
+    in_->read(buf_.data() + at, static_cast<std::streamsize>(n));
+    return static_cast<std::size_t>(in_->gcount());
+  }
   [[gnu::always_inline]] bool ReadByte(std::uint8_t& b) {
     if (pos_ == end_ && !Refill()) return false;
-    b = static_cast<std::uint8_t>(buf_[pos_++]);
+    b = static_cast<std::uint8_t>(data_[pos_++]);
     return true;
   }
   absl::Status ReadRaw(void* dst, std::size_t n) {
     if (end_ - pos_ >= n) {
-      std::memcpy(dst, buf_.data() + pos_, n);
+      std::memcpy(dst, data_ + pos_, n);
       pos_ += n;
       return absl::OkStatus();
     }
@@ -692,7 +788,7 @@ class Reader {
     while (n > 0) {
       if (pos_ == end_ && !Refill()) return Truncated();
       std::size_t k = std::min(n, end_ - pos_);
-      std::memcpy(d, buf_.data() + pos_, k);
+      std::memcpy(d, data_ + pos_, k);
       pos_ += k;
       d += k;
       n -= k;
@@ -705,7 +801,7 @@ class Reader {
     while (n > 0) {
       if (pos_ == end_ && !Refill()) return Truncated();
       std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(n, end_ - pos_));
-      out.append(buf_.data() + pos_, k);
+      out.append(data_ + pos_, k);
       pos_ += k;
       n -= k;
       if (n > 0) MS_RETURN_IF_ERROR(CheckBudget());
@@ -726,7 +822,7 @@ class Reader {
   [[gnu::always_inline]] absl::Status ReadLE(T& v) {
     unsigned char b[sizeof(T)];
     if (end_ - pos_ >= sizeof(T)) {  // the common case: in the buffer
-      std::memcpy(b, buf_.data() + pos_, sizeof(T));
+      std::memcpy(b, data_ + pos_, sizeof(T));
       pos_ += sizeof(T);
     } else {
       MS_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
@@ -755,6 +851,7 @@ class Reader {
     used = WorkingBytes();
     peak_ = std::max(peak_, used);
     read = base_ + pos_;
+    if (map_ != nullptr && read >= map_->next_release) map_->Release(read);
     return used <= options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
   }
   absl::Status CheckBudget() {
@@ -1183,13 +1280,12 @@ class Reader {
   // Makes at least n bytes available from pos_ (fewer at the end of the input).
   void Window(std::size_t n) {
     if (end_ - pos_ >= n || eof_) return;
-    std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+    if (in_ != nullptr) std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
     base_ += pos_;
     end_ -= pos_;
     pos_ = 0;
-    while (end_ < buf_.size() && !eof_) {
-      in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
-      const std::size_t got = static_cast<std::size_t>(in_.gcount());
+    while (end_ < kBufferSize && !eof_) {
+      const std::size_t got = Read(end_, kBufferSize - end_);
       if (got == 0) eof_ = true;
       end_ += got;
     }
@@ -1232,7 +1328,7 @@ class Reader {
   // again and stops with its error), the EMPTY_DICT read as Run reads an
   // opcode, the window made.
   [[gnu::always_inline]] bool NextTemplateEntry() {
-    if (pos_ >= end_ || buf_[pos_] != '}') return false;
+    if (pos_ >= end_ || data_[pos_] != '}') return false;
     // (Still inside the streamed list's item batch: FastDict found it so,
     // and the stack has only grown by the records pushed since.)
     if (stack_.size() + kFastMaxStack >= kMaxPickleStack) return false;
@@ -1305,10 +1401,14 @@ class Reader {
 
   static constexpr std::uint32_t kNoNext = ~std::uint32_t{0};
 
-  std::istream& in_;
+  std::istream* in_ = nullptr;  // null: the input is in memory (input_)
   const std::string& source_;
   const PickleReadOptions& options_;
-  std::vector<char> buf_;
+  std::vector<char> buf_;        // a stream's buffer
+  const char* input_ = nullptr;  // the input in memory, input_size_ bytes
+  std::uint64_t input_size_ = 0;
+  const char* data_ = nullptr;  // the buffer: buf_, or input_ + base_ (kBufferSize bytes at most)
+  MappedInput* map_ = nullptr;  // the mapped file input_ is, if it is one
   std::size_t pos_ = 0, end_ = 0;
   std::uint64_t base_ = 0;
   bool eof_ = false;
@@ -1374,7 +1474,7 @@ class Reader {
   KeyAt record_key_at_[kMaxRecordKeys];                  // the key last seen at each position of a record
   std::uint8_t fast_record_index_[kMaxRecordKeys] = {};  // FastPairs<true>: the key index of each pair
   std::uint32_t fast_record_pairs_ = 0;                  // FastPairs<true>: its pairs (in record_pairs_)
-  std::uint32_t fast_key_pos_[kMaxRecordKeys] = {};      // FastPairs<true>: where each key's opcode is in buf_
+  std::uint32_t fast_key_pos_[kMaxRecordKeys] = {};      // FastPairs<true>: where each key's opcode is in the buffer
   // The templates (TemplatePairs): the keys of a record FastPairs<true>
   // read, each a memo reference (its bytes, little-endian, and a mask of
   // their length), the string it gave and its key index; valid while
@@ -1452,7 +1552,7 @@ class Reader {
   // BINGET there), and the item list_cache_ holds for their hash is the one
   // they were cached in (an item is only ever replaced through its hash).
   [[gnu::always_inline]] bool PrefixCachedList(std::size_t& p, PyRef& list) const {
-    const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+    const auto* const b = reinterpret_cast<const unsigned char*>(data_);
     if (end_ - p < 16 || list_prefix_.empty()) return false;
     const auto it = list_prefix_.find(PrefixHash(b + p));
     if (it == list_prefix_.end()) return false;
@@ -1779,7 +1879,7 @@ bool Reader::FastInto(FastBox& box, FastVal* vals, std::size_t n) {
 // container (the general path would keep it in the shared pool).
 template <bool kRecord>
 bool Reader::FastPairs(std::size_t& pos) {
-  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const auto* const b = reinterpret_cast<const unsigned char*>(data_);
   const std::size_t end = end_;
   std::size_t p = pos;
   PickleArena& a = *arena_;
@@ -2113,7 +2213,7 @@ constexpr std::array<std::uint64_t, 9> kLowBytes = [] {
 void Reader::BuildTemplate(const PyRef* pairs, std::uint32_t n) {
   Template& T = tmpl_build_;
   T.n = 0;
-  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const auto* const b = reinterpret_cast<const unsigned char*>(data_);
   for (std::uint32_t k = 0; k < n; ++k) {
     const std::size_t at = fast_key_pos_[k];
     TmplKey& t = T.keys[k];
@@ -2246,7 +2346,7 @@ constexpr std::array<bool, 256> kAfterNumber = [] {
 // to p): more numbers and TUPLE1/2/3 (a tuple), then a MEMOIZE; as FastPairs
 // reads them.
 bool Reader::TmplScalarTail(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s) {
-  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const auto* const b = reinterpret_cast<const unsigned char*>(data_);
   const std::size_t end = end_;
   const auto number = [](std::uint8_t o) { return o == 'K' || o == 'M' || o == 'J' || o == 0x8a || o == 'N'; };
   if (p >= end) return false;
@@ -2277,7 +2377,7 @@ bool Reader::TmplScalarTail(std::uint8_t op, std::size_t& p, PyRef& val, TmplSta
 // The values TemplatePairs' loop leaves (`op` read, its argument from p): a
 // new list, the other scalars and strings.
 bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s) {
-  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const auto* const b = reinterpret_cast<const unsigned char*>(data_);
   const std::size_t end = end_;
   const auto u32 = [&](std::size_t q) {
     return b[q] | (std::uint64_t{b[q + 1]} << 8) | (std::uint64_t{b[q + 2]} << 16) | (std::uint64_t{b[q + 3]} << 24);
@@ -2366,7 +2466,7 @@ template <bool kChecked>
 bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
   if (T.changes != memo_.changes()) return false;
   const std::uint32_t n = T.n;
-  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const auto* const b = reinterpret_cast<const unsigned char*>(data_);
   const std::size_t end = end_;
   std::size_t p = pos;
   // The dict's MEMOIZE, its MARK; room for every pair and the SETITEMS (kChecked: the
@@ -2683,7 +2783,7 @@ bool Reader::FastDict() {
     // template reads is read on below, as without the run.
     if (TemplateRun()) return true;  // records pushed; Run reads on
   }
-  const auto* const b = reinterpret_cast<const unsigned char*>(buf_.data());
+  const auto* const b = reinterpret_cast<const unsigned char*>(data_);
   const std::size_t end = end_;
   std::size_t p = pos_;
   PickleArena& a = *arena_;
@@ -3353,6 +3453,40 @@ absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source
                                      PickleReadStats* stats) {
   Reader r(in, source, options);
   return r.Run(stats);
+}
+
+absl::StatusOr<PickleDoc> ReadPickleBytes(std::string_view data, const std::string& source,
+                                          const PickleReadOptions& options, PickleReadStats* stats) {
+  Reader r(data, nullptr, source, options);
+  return r.Run(stats);
+}
+
+absl::StatusOr<PickleDoc> ReadPickleFile(const std::string& path, const PickleReadOptions& options,
+                                         PickleReadStats* stats) {
+  // A regular file of some bytes is mapped; the stat first, so that nothing
+  // else (a FIFO: its writer) is opened twice.
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      MappedInput map;
+      const bool mapped = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+                          map.Map(fd, static_cast<std::uint64_t>(st.st_size));
+      close(fd);  // (the mapping holds the file)
+      if (mapped) {
+        Reader r(std::string_view(map.base, map.size), &map, path, options);
+        absl::StatusOr<PickleDoc> doc = r.Run(stats);
+        if (stats != nullptr) {
+          stats->mapped = true;
+          stats->released_bytes = map.released;
+        }
+        return doc;
+      }
+    }
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  return ReadPickle(in, path, options, stats);
 }
 
 }  // namespace memscope

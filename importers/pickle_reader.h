@@ -36,9 +36,20 @@
 // batch) takes a copy of what it holds; one that grows after that was
 // referred to from inside itself: a recursive structure, refused.
 //
+// Input: a stream (ReadPickle(std::istream&...)) is read through a 64 KiB
+// buffer; bytes in memory (ReadPickleBytes) and a regular file
+// (ReadPickleFile: mapped read-only) are read in place, through a 64 KiB
+// window on them that moves where the stream's buffer is refilled, with
+// nothing read or copied. So the three read the same: the values, memo,
+// calls, errors and their offsets, the working-memory checks, the stats
+// (tests/importers/pickle_reader_test.cpp and the pickle fuzzer read every
+// input these ways).
+//
 // Memory (bounded by the input, whatever it holds):
-// - the input is read through a 64 KiB buffer; strings are read as data
-//   arrives, so a declared length larger than the file costs nothing;
+// - strings are read as data arrives, so a declared length larger than the
+//   file costs nothing; of a mapped file, the pages read more than a few
+//   MiB behind the read position are released as it goes (its resident
+//   pages stay a few MiB whatever its size);
 // - nesting deeper than max_depth is refused when the deep value is pushed,
 //   before anything is built for it (10^7 nested lists cost nothing);
 // - at most kMaxPickleStack values may wait on the stack (a real snapshot
@@ -336,6 +347,11 @@ struct PickleReadStats {
   std::uint64_t fast_dicts = 0;          // dicts read by the fast path (PickleReadOptions::fast_dicts)
   std::uint64_t records = 0;             // of those, handed to on_record (not built)
   std::uint64_t template_records = 0;    // of those, read by the template (PickleReadOptions::fast_template)
+  // ReadPickleFile: whether the file was mapped (else read as a stream), and
+  // how many of its bytes were released (whole pages behind the read
+  // position) before the read ended.
+  bool mapped = false;
+  std::uint64_t released_bytes = 0;
 };
 
 // Reads one pickle from `in` (up to and including its STOP opcode; the
@@ -346,6 +362,22 @@ struct PickleReadStats {
 // depth beyond max_depth, invalid UTF-8, the working-memory budget, etc.
 absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source, const PickleReadOptions& options = {},
                                      PickleReadStats* stats = nullptr);
+
+// The same, of `data`: the whole input, in memory (read in place; nothing
+// is read beyond its end). What it reads, the errors included, is what
+// ReadPickle reads from a stream of the same bytes.
+absl::StatusOr<PickleDoc> ReadPickleBytes(std::string_view data, const std::string& source,
+                                          const PickleReadOptions& options = {}, PickleReadStats* stats = nullptr);
+
+// The same, of the file at `path` (`path` names it in errors): a regular
+// non-empty file is mapped read-only (mmap, MAP_PRIVATE; its pages are
+// released behind the read position as the read goes, see above), anything
+// that cannot be mapped (a FIFO, an empty file, /proc...) is read as a
+// stream. "cannot open '<path>'" (NotFound) if it cannot be opened. (A
+// mapped file must not shrink while it is read: the pages past its new end
+// are gone, SIGBUS.)
+absl::StatusOr<PickleDoc> ReadPickleFile(const std::string& path, const PickleReadOptions& options = {},
+                                         PickleReadStats* stats = nullptr);
 
 }  // namespace memscope
 

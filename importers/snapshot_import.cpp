@@ -784,8 +784,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
 
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path,
                                                                const SnapshotReadOptions& how) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  // (Read by ReadPickleFile below: mapped, or a stream; "cannot open" if it cannot be opened.)
   std::error_code size_error;
   std::uint64_t file_size = std::filesystem::file_size(path, size_error);
   if (size_error) file_size = 0;  // no reserve
@@ -844,7 +843,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     current->Record(r);
     return absl::OkStatus();
   };
-  absl::StatusOr<PickleDoc> doc = ReadPickle(in, path, options);
+  absl::StatusOr<PickleDoc> doc = ReadPickleFile(path, options);
   if (!doc.ok()) return doc.status();
   const PyView root = doc->root();
   if (root.is_list()) {
@@ -1012,13 +1011,11 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
 }
 
 absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
   PickleReadOptions options;  // the trace, if any, is not needed: stream and drop it
   options.stream_inside_items = false;
   options.stream_list = [](const PicklePath& p) { return p.size() == 2 && p[0] == "device_traces"; };
   options.on_item = [](const PicklePath&, PyView) { return absl::OkStatus(); };
-  absl::StatusOr<PickleDoc> doc = ReadPickle(in, path, options);
+  absl::StatusOr<PickleDoc> doc = ReadPickleFile(path, options);
   if (!doc.ok()) return doc.status();
   const PyView root = doc->root();
   const PyView segments = root.is_list() ? root : root.Get("segments");

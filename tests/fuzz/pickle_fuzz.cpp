@@ -9,8 +9,12 @@
 // entry and two short ones a mutation can reach), with and without the
 // record templates (PickleReadOptions::fast_template): all four must succeed
 // or fail together and read the same values (a record digested as the dict
-// it stands for). Errors are expected and ignored; crashes, sanitizer reports,
-// hangs and a difference between the paths are findings.
+// it stands for). Every read is made twice: from a stream (ReadPickle) and
+// in place (ReadPickleBytes, the input's own exactly-sized buffer: a read
+// beyond its end is a sanitizer report), which must give the same success,
+// error text, values, calls and stats. Errors are expected and ignored;
+// crashes, sanitizer reports, hangs and a difference between the paths are
+// findings.
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -69,26 +73,67 @@ void Digest(const memscope::PyView& v, std::uint64_t& budget, std::string& out) 
   }
 }
 
+bool SameStats(const memscope::PickleReadStats& a, const memscope::PickleReadStats& b) {
+  return a.input_bytes == b.input_bytes && a.peak_working_bytes == b.peak_working_bytes &&
+         a.shared_containers == b.shared_containers && a.fast_dicts == b.fast_dicts && a.records == b.records &&
+         a.template_records == b.template_records;
+}
+
+// A read of `bytes` with `o`, from a stream or in place (`view`: the
+// same bytes); ok, the error text, the stats.
+struct Read {
+  bool ok = false;
+  std::string error;
+  memscope::PickleReadStats stats;
+};
+absl::StatusOr<memscope::PickleDoc> ReadOne(const std::string& bytes, std::string_view view, bool in_place,
+                                            const memscope::PickleReadOptions& o, Read& r) {
+  absl::StatusOr<memscope::PickleDoc> doc;
+  if (in_place) {
+    doc = memscope::ReadPickleBytes(view, "fuzz.pickle", o, &r.stats);
+  } else {
+    std::istringstream in(bytes);
+    doc = memscope::ReadPickle(in, "fuzz.pickle", o, &r.stats);
+  }
+  r.ok = doc.ok();
+  if (!doc.ok()) r.error = std::string(doc.status().message());
+  return doc;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
+  const std::string_view view(reinterpret_cast<const char*>(data), size);
   std::uint64_t budget = 100000;
-  {
-    std::istringstream in(bytes);
-    auto doc = memscope::ReadPickle(in, "fuzz.pickle");
-    if (doc.ok()) Walk(doc->root(), budget);
-  }
+  // Whole, then with the lists at depth 2 streamed: from a stream and in place.
   memscope::PickleReadOptions o;
-  o.stream_list = [](const memscope::PicklePath& p) { return p.size() == 2; };
-  o.on_item = [&](const memscope::PicklePath&, memscope::PyView item) {
-    Walk(item, budget);
-    return absl::OkStatus();
-  };
-  {
-    std::istringstream in(bytes);
-    auto doc = memscope::ReadPickle(in, "fuzz.pickle", o);
-    if (doc.ok()) Walk(doc->root(), budget);
+  std::string* sink = nullptr;  // where the items' digests go
+  for (int streamed = 0; streamed < 2; ++streamed) {
+    if (streamed) {
+      o.stream_list = [](const memscope::PicklePath& p) { return p.size() == 2; };
+      o.on_item = [&](const memscope::PicklePath&, memscope::PyView item) {
+        Walk(item, budget);
+        std::uint64_t b = 2000;
+        Digest(item, b, *sink);
+        *sink += '\n';
+        return absl::OkStatus();
+      };
+    }
+    Read r[2];
+    std::string d[2];
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      sink = &d[in_place];
+      auto doc = ReadOne(bytes, view, in_place == 1, o, r[in_place]);
+      if (doc.ok()) {
+        Walk(doc->root(), budget);
+        std::uint64_t b = 20000;
+        Digest(doc->root(), b, d[in_place]);
+      }
+    }
+    if (r[0].ok != r[1].ok || r[0].error != r[1].error || d[0] != d[1] || !SameStats(r[0].stats, r[1].stats)) {
+      __builtin_trap();  // in place is not what a stream reads
+    }
   }
   // As the snapshot importer reads: no path for lists inside streamed items,
   // the trace-entry fast path on; and the same with the fast path off, which
@@ -102,11 +147,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int how = 3; how >= 0; --how) {  // 3: records, 2: records without templates, 1: fast dicts, 0: general
     o.fast_dicts = how >= 1;
     o.fast_template = how == 3;
-    std::string& d = digests[how];
+    std::string* d = &digests[how];  // (then the in-place read's)
     o.on_item = [&](const memscope::PicklePath&, memscope::PyView item) {
       std::uint64_t b = 2000;
-      Digest(item, b, d);
-      d += '\n';
+      Digest(item, b, *d);
+      *d += '\n';
       return absl::OkStatus();
     };
     o.record_keys.clear();
@@ -117,27 +162,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       o.on_record = [&](const memscope::PicklePath&, const memscope::PickleRecord& r) {
         // As Digest writes the dict: its kind, no bytes, its size, then its pairs.
         std::uint64_t b = 2000 - 1;  // less the dict's own node
-        d += static_cast<char>('a' + static_cast<int>(memscope::PyKind::kDict));
-        d += "0:";
-        d += std::to_string(r.n);
+        *d += static_cast<char>('a' + static_cast<int>(memscope::PyKind::kDict));
+        *d += "0:";
+        *d += std::to_string(r.n);
         for (std::uint32_t k = 0; k < r.n && b > 0; ++k) {
           if (r.key_index[k] >= o.record_keys.size() || r.key(k).AsString() != o.record_keys[r.key_index[k]]) {
             __builtin_trap();  // a key index that is not the key's
           }
-          Digest(r.key(k), b, d);
-          Digest(r.value(k), b, d);
+          Digest(r.key(k), b, *d);
+          Digest(r.value(k), b, *d);
         }
-        d += '\n';
+        *d += '\n';
         return absl::OkStatus();
       };
     }
-    std::istringstream in(bytes);
-    auto doc = memscope::ReadPickle(in, "fuzz.pickle", o, &stats[how]);
-    ok[how] = doc.ok();
-    if (doc.ok()) {
-      std::uint64_t b = 20000;
-      Digest(doc->root(), b, d);
+    Read r[2];
+    std::string in_place_digest;
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      if (in_place) d = &in_place_digest;
+      auto doc = ReadOne(bytes, view, in_place == 1, o, r[in_place]);
+      if (doc.ok()) {
+        std::uint64_t b = 20000;
+        Digest(doc->root(), b, *d);
+      }
     }
+    if (r[0].ok != r[1].ok || r[0].error != r[1].error || digests[how] != in_place_digest ||
+        !SameStats(r[0].stats, r[1].stats)) {
+      __builtin_trap();  // in place is not what a stream reads
+    }
+    ok[how] = r[0].ok;
+    stats[how] = r[0].stats;
   }
   if (ok[0] != ok[1] || digests[0] != digests[1]) __builtin_trap();
   if (ok[0] != ok[2] || digests[0] != digests[2]) __builtin_trap();
