@@ -20,6 +20,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "importers/prefault.h"
 #include "importers/zero_array.h"
 
 namespace memscope {
@@ -482,6 +483,12 @@ class MemoTable {
   // meant (the frames lists cache relies on it).
   std::uint64_t changes() const { return changes_; }
   std::uint64_t Bytes() const { return dense_.capacity() * sizeof(PyRef) + sparse_.capacity() * (sizeof(PyRef) + 9); }
+  // The dense slots from `next_id` on are about to be written (MEMOIZE
+  // takes ids in order): their pages populated a chunk ahead (prefault.h).
+  void PrefaultUpTo(std::uint64_t next_id) {
+    if (next_id >= dense_.size()) return;
+    ahead_.Advance(dense_.data(), dense_.size() * sizeof(PyRef), next_id * sizeof(PyRef));
+  }
 
  private:
   PyRef& Entry(std::uint64_t id, std::uint64_t bytes_read) {
@@ -506,6 +513,7 @@ class MemoTable {
     if (old.kind != PyKind::kMissing && !(old.flags & (kPyRefOpen | kPyRefRecord))) ++changes_;
   }
   ZeroArray<PyRef> dense_;
+  PrefaultAhead ahead_;
   absl::flat_hash_map<std::uint64_t, PyRef> sparse_;
   std::uint64_t changes_ = 0;
 };
@@ -852,6 +860,7 @@ class Reader {
     peak_ = std::max(peak_, used);
     read = base_ + pos_;
     if (map_ != nullptr && read >= map_->next_release) map_->Release(read);
+    memo_.PrefaultUpTo(std::max(memo_count_, fast_memo_count_));
     return used <= options_.max_working_bytes_fixed + options_.max_working_bytes_per_input_byte * read;
   }
   absl::Status CheckBudget() {

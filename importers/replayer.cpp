@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/sim_device.h"
+#include "importers/prefault.h"
 
 namespace memscope {
 
@@ -23,8 +24,15 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
                                       Recorder* recorder, const std::vector<Event>* recorded) {
-  std::vector<DevicePtr> ptrs(trace.slot_count(), 0);
-  std::vector<std::size_t> sizes(trace.slot_count(), 0);
+  std::vector<DevicePtr> ptrs;
+  std::vector<std::size_t> sizes;
+  ptrs.reserve(trace.slot_count());
+  sizes.reserve(trace.slot_count());
+  PrefaultForWrite(ptrs.data(), trace.slot_count() * sizeof(DevicePtr));
+  PrefaultForWrite(sizes.data(), trace.slot_count() * sizeof(std::size_t));
+  ptrs.resize(trace.slot_count(), 0);
+  sizes.resize(trace.slot_count(), 0);
+  PrefaultAhead events_ahead;  // the recorder's events, when they are in memory
 
   ReplayResult result;
   result.alloc_conf = allocator.config().text;
@@ -58,6 +66,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   }
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];
+    if (recorded != nullptr && i % 4096 == 0) {
+      events_ahead.Advance(recorded->data(), recorded->capacity() * sizeof(Event), recorded->size() * sizeof(Event));
+    }
     if (planned && i == trace.planned_from_request && i > 0) device.PausePlan(false);
     // Times: the trace's own where it has them (a request without one keeps
     // the last); a trace with none (a JSON request trace, a snapshot without

@@ -20,6 +20,7 @@
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "importers/pickle_reader.h"
+#include "importers/prefault.h"
 #include "recording/timeline.h"
 
 namespace memscope {
@@ -398,7 +399,7 @@ struct StackTags {
     const bool shared = (frames.ref().flags & kPyRefShared) != 0;
     const std::uint64_t key = frames.ref().v * 2 + (frames.ref().n > 0 ? 1 : 0);
     if (shared) {
-      Recent& hot = recent[(key ^ (key >> 12)) & (kRecent - 1)];
+      Recent& hot = recent[(key * 0x9e3779b97f4a7c15ull) >> (64 - std::countr_zero(kRecent))];
       const Tags* found = nullptr;
       if (hot.key == key) {
         found = &hot.tags;
@@ -509,6 +510,7 @@ struct DeviceBuilder {
     double time_us;
   };
   std::optional<Held> held;
+  PrefaultAhead requests_ahead;  // out.requests.requests' pages, populated ahead of its end
   std::uint64_t waiting = 0;  // addresses with a delayed free waiting (AddrState::waiting)
   std::uint64_t delayed_frees = 0;
   // Expandable segments seen so far: base and the end of the furthest range mapped in them.
@@ -567,7 +569,11 @@ struct DeviceBuilder {
       for (std::size_t i = 0; i < out.requests.requests.size(); ++i) times.push_back(TimeOf(i));
       times_kept = true;
     }
-    out.requests.requests.push_back(r);
+    std::vector<Request>& requests = out.requests.requests;
+    if (requests.size() % 4096 == 0) {
+      requests_ahead.Advance(requests.data(), requests.capacity() * sizeof(Request), requests.size() * sizeof(Request));
+    }
+    requests.push_back(r);
     if (times_kept) times.push_back(time_us);
   }
 
