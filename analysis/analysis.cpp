@@ -98,30 +98,30 @@ namespace {
 // and the state at the end.
 class FirstWalk final : public WalkListener {
  public:
-  FirstWalk(RankReport& r, std::size_t end, bool at_peaks) : r_(r), end_(end), at_peaks_(at_peaks) {}
+  FirstWalk(RankReport& r, std::size_t events, bool at_peaks) : r_(r), end_(events), at_peaks_(at_peaks) {}
 
+  // Per event only the comparisons; what a new peak, a phase end, an OOM or
+  // the moment `end` records is out of line.
   void OnEvent(const TimelineWalk& walk, const Event& e) override {
     const TraceModel& model = walk.model();
-    const std::size_t i = walk.applied() - 1;
-    // The first event at which a new maximum is reached is the peak.
-    const bool first = i == 0;
-    if (Track(walk, model.allocated(), first, r_.peak_allocated) && at_peaks_) Keep(walk, at_allocated_);
-    if (Track(walk, model.reserved(), first, r_.peak_reserved) && at_peaks_) Keep(walk, at_reserved_);
-    if (walk.applied() == end_) {
-      r_.fragmentation_at_end = model.Fragmentation();
-      r_.model_at_end = std::make_shared<const TraceModel>(model);
+    // The first event at which a new maximum is reached is the peak (event 0
+    // always sets both, whatever their value).
+    const bool first = walk.applied() == 1;
+    if (first || model.allocated() > r_.peak_allocated.bytes) [[unlikely]] {
+      NewPeak(walk, model.allocated(), first, r_.peak_allocated, at_allocated_);
     }
-    if (e.type == EventType::kPhaseEnd) {
-      r_.phases.push_back(Row(walk, e));
-    } else if (e.type == EventType::kOom && !r_.oom) {
-      r_.oom = Oom(walk, e);
+    if (first || model.reserved() > r_.peak_reserved.bytes) [[unlikely]] {
+      NewPeak(walk, model.reserved(), first, r_.peak_reserved, at_reserved_);
+    }
+    if (e.type == EventType::kPhaseEnd || e.type == EventType::kOom || walk.applied() == end_) [[unlikely]] {
+      Moments(walk, e);
     }
   }
 
   void OnFinish(const TimelineWalk& walk) override {
     r_.stats = walk.model().stats();
     r_.fragmentation_at_exit = walk.model().Fragmentation();
-    if (end_ == 0) r_.fragmentation_at_end = r_.fragmentation_at_exit;
+    if (walk.timeline().events.empty()) r_.fragmentation_at_end = r_.fragmentation_at_exit;
     r_.lower_bound = walk.model().peak_live_requested();
     if (at_peaks_) AtPeaks(walk.timeline());
   }
@@ -238,10 +238,39 @@ class FirstWalk final : public WalkListener {
     return oom;
   }
 
+  // A phase end, an OOM or the moment `end`.
+  [[gnu::noinline]] void Moments(const TimelineWalk& walk, const Event& e) {
+    // The moment `end` (EndOfLastStep), found at the first phase end of a
+    // step: a recording without steps (an imported snapshot) ends at its last
+    // event and is never scanned for one.
+    if (e.type == EventType::kPhaseEnd && e.step() != kNoStep && !end_found_) {
+      end_ = EndOfLastStep(walk.timeline());  // this event's or a later one's
+      end_found_ = true;
+    }
+    if (walk.applied() == end_) {
+      r_.fragmentation_at_end = walk.model().Fragmentation();
+      r_.model_at_end = std::make_shared<const TraceModel>(walk.model());
+      r_.model_at_end_events = walk.applied();
+    }
+    if (e.type == EventType::kPhaseEnd) {
+      r_.phases.push_back(Row(walk, e));
+    } else if (e.type == EventType::kOom && !r_.oom) {
+      r_.oom = Oom(walk, e);
+    }
+  }
+
+  [[gnu::noinline]] void NewPeak(const TimelineWalk& walk, std::uint64_t value, bool first, PeakInfo& peak,
+                                 Checkpoint& at) {
+    if (Track(walk, value, first, peak) && at_peaks_) Keep(walk, at);
+  }
+
   static constexpr std::size_t kMinGap = 4096;
 
   RankReport& r_;
-  const std::size_t end_;  // the events up to the moment `end`
+  // The events up to the moment `end`: all of them until a step's phase end
+  // is seen, then EndOfLastStep.
+  std::size_t end_;
+  bool end_found_ = false;
   const bool at_peaks_;    // take the peaks' owners, sites and fragmentation in this walk
   Checkpoint latest_;
   Checkpoint at_allocated_;
@@ -284,7 +313,7 @@ RankAnalysis::RankAnalysis(const Timeline& t, bool peaks_in_first_walk) : peaks_
   r.torn_bytes = t.torn_bytes;
   r.wall_start_us = t.wall_start_us;
   r.events = t.events.size();
-  first_ = std::make_unique<FirstWalk>(r, EndOfLastStep(t), peaks_in_first_walk);
+  first_ = std::make_unique<FirstWalk>(r, t.events.size(), peaks_in_first_walk);
   second_ = std::make_unique<SecondWalk>(r, peaks_in_first_walk);
 }
 
@@ -358,10 +387,10 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
                                                            const RankReport* report) {
   std::size_t end = t.events.size();
   if (moment.kind == Moment::Kind::kEnd) {
-    end = EndOfLastStep(t);
-    if (report != nullptr && report->model_at_end != nullptr && report->events == t.events.size() && end > 0) {
-      return std::make_pair(*report->model_at_end, end);  // the first walk kept it
+    if (report != nullptr && report->model_at_end != nullptr && report->events == t.events.size()) {
+      return std::make_pair(*report->model_at_end, report->model_at_end_events);  // the first walk kept it
     }
+    end = EndOfLastStep(t);
   } else if (moment.kind == Moment::Kind::kPeak) {
     std::optional<RankAnalysis> analysed;
     if (report == nullptr) {

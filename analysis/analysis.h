@@ -133,8 +133,9 @@ struct RankReport {
   std::uint64_t lower_bound = 0;  // peak of live requested bytes
   // The model at `end` (EndOfLastStep), kept by the first walk of
   // AnalyzeRank / RankAnalysis: ModelAt(end) with this report takes it instead
-  // of walking the timeline again. Null when not analysed here.
+  // of walking (or scanning) the timeline again. Null when not analysed here.
   std::shared_ptr<const TraceModel> model_at_end;
+  std::size_t model_at_end_events = 0;  // the events up to `end` (EndOfLastStep), with model_at_end
   // What `memscope run` adds:
   std::optional<DdpBuckets> ddp;  // the rank trained under DDP
   std::string status;             // "ok", "oom", "error", "comm_error", "failed", "stopped", "killed"; "" outside a run

@@ -32,6 +32,32 @@ TraceModel::TraceModel(const AllocatorConfig& config) : max_split_size_(config.m
   }
 }
 
+void SegmentRanges::Put(std::uint64_t start, std::uint64_t end, bool expandable) {
+  auto it = std::lower_bound(ranges_.begin(), ranges_.end(), start,
+                             [](const Range& r, std::uint64_t a) { return r.start < a; });
+  if (it != ranges_.end() && it->start == start) {
+    *it = Range{start, end, expandable};
+  } else {
+    ranges_.insert(it, Range{start, end, expandable});
+  }
+}
+
+void SegmentRanges::Erase(std::uint64_t start) {
+  auto it = std::lower_bound(ranges_.begin(), ranges_.end(), start,
+                             [](const Range& r, std::uint64_t a) { return r.start < a; });
+  if (it != ranges_.end() && it->start == start) ranges_.erase(it);
+}
+
+void TraceModel::PutSegment(std::uint64_t start, const Segment& seg) {
+  segments_[start] = seg;
+  seg_ranges_.Put(start, start + seg.size, seg.expandable);
+}
+
+void TraceModel::EraseSegment(SegmentMap::iterator it) {
+  seg_ranges_.Erase(it->first);
+  segments_.erase(it);
+}
+
 TraceModel::SegmentMap::iterator TraceModel::FindSegment(std::uint64_t addr, std::uint64_t size) {
   auto it = segments_.upper_bound(addr);
   if (it == segments_.begin()) return segments_.end();
@@ -47,17 +73,14 @@ TraceModel::SegmentMap::iterator TraceModel::FindSegment(std::uint64_t addr, std
 // pieces left beside the block. Returns pieces - whole; the caller has the
 // block out of blocks_ while this runs. O(log blocks), not O(blocks in the
 // segment): small-pool segments hold up to 4096 blocks.
-std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(std::uint64_t seg_addr, const Segment& seg,
-                                                                std::uint64_t addr, std::uint64_t size,
+std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(const SegmentRanges::Range& seg, std::uint64_t addr,
+                                                                std::uint64_t size, const BlockMap::value_type* prev,
                                                                 BlockMap::const_iterator next) const {
   if (seg.expandable) return {0, 0};  // PyTorch leaves expandable segments out of inactive_split
-  const std::uint64_t seg_end = seg_addr + seg.size;
+  const std::uint64_t seg_addr = seg.start;
+  const std::uint64_t seg_end = seg.end;
   const std::uint64_t hi = next != blocks_.end() && next->first < seg_end ? next->first : seg_end;
-  std::uint64_t lo = seg_addr;
-  if (next != blocks_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first >= seg_addr) lo = prev->first + prev->second.size;
-  }
+  const std::uint64_t lo = prev != nullptr && prev->first >= seg_addr ? prev->first + prev->second.size : seg_addr;
   const bool others = lo != seg_addr || hi != seg_end;
   const std::int64_t whole_count = others ? 1 : 0;
   const std::int64_t whole_bytes = others ? static_cast<std::int64_t>(hi - lo) : 0;
@@ -69,8 +92,8 @@ std::pair<std::int64_t, std::int64_t> TraceModel::InactiveDelta(std::uint64_t se
 absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
   const bool small = e.small_pool();
   const auto size = static_cast<std::int64_t>(e.size);
-  auto seg = FindSegment(e.addr, e.size);
-  if (seg == segments_.end()) {
+  const SegmentRanges::Range* seg = seg_ranges_.Find(e.addr, e.size);
+  if (seg == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("alloc of ", e.size, " B at ", Hex(e.addr), " is outside every segment"));
   }
@@ -79,15 +102,13 @@ absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
     return absl::InvalidArgumentError(
         absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(next->first)));
   }
-  if (next != blocks_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second.size > e.addr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(prev->first)));
-    }
+  const BlockMap::value_type* prev = next != blocks_.begin() ? &*std::prev(next) : nullptr;
+  if (prev != nullptr && prev->first + prev->second.size > e.addr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(prev->first)));
   }
   // `next` (the first block after the new one) serves both the gap and the insertion.
-  const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, e.size, next);
+  const auto [split_delta, split_bytes_delta] = InactiveDelta(*seg, e.addr, e.size, prev, next);
   const Block block{e.size, e.requested_size, e.stream, e.category, e.name, false, stack};
   if (!spare_.node.empty()) {
     spare_.node.key() = e.addr;
@@ -140,15 +161,16 @@ absl::Status TraceModel::ApplyFreeCompleted(const Event& e) {
     return absl::InvalidArgumentError(absl::StrCat("free_completed of ", Hex(e.addr), ", which was not freed"));
   }
   const Block b = it->second;
-  auto seg = FindSegment(e.addr, b.size);
+  const SegmentRanges::Range* seg = seg_ranges_.Find(e.addr, b.size);
   const auto next = std::next(it);  // the first block after it: its gap's end
+  const BlockMap::value_type* prev = it != blocks_.begin() ? &*std::prev(it) : nullptr;  // its gap's start
   spare_.node = blocks_.extract(it);
   pending_hint_.valid = false;
   Change(stats_.active, small, -1);
   Change(stats_.active_bytes, small, -static_cast<std::int64_t>(b.size));
   Change(stats_.requested_bytes, small, -static_cast<std::int64_t>(b.requested));
-  if (seg != segments_.end()) {
-    const auto [split_delta, split_bytes_delta] = InactiveDelta(seg->first, seg->second, e.addr, b.size, next);
+  if (seg != nullptr) {
+    const auto [split_delta, split_bytes_delta] = InactiveDelta(*seg, e.addr, b.size, prev, next);
     Change(stats_.inactive_split, small, -split_delta);
     Change(stats_.inactive_split_bytes, small, -split_bytes_delta);
   }
@@ -163,7 +185,7 @@ absl::Status TraceModel::ApplySegmentAlloc(const Event& e) {
       (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second.size > e.addr)) {
     return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", Hex(e.addr), " overlaps a segment"));
   }
-  segments_.emplace(e.addr, Segment{e.size, e.stream, small, false});
+  PutSegment(e.addr, Segment{e.size, e.stream, small, false});
   Change(stats_.segment, small, 1);
   Change(stats_.reserved_bytes, small, size);
   if (e.size >= max_split_size_) stats_.oversize_segments.Increase(1);
@@ -186,7 +208,7 @@ absl::Status TraceModel::ApplySegmentFree(const Event& e) {
   Change(stats_.reserved_bytes, small, -size);
   if (e.size >= max_split_size_) stats_.oversize_segments.Decrease(1);
   ++stats_.num_device_free;
-  segments_.erase(it);
+  EraseSegment(it);
   return absl::OkStatus();
 }
 
@@ -209,16 +231,16 @@ absl::Status TraceModel::ApplySegmentMap(const Event& e) {
         prev->second.small == small) {
       start = prev->first;
       length += prev->second.size;
-      segments_.erase(prev);
+      EraseSegment(prev);
     }
   }
   next = segments_.lower_bound(e.addr + e.size);
   if (next != segments_.end() && next->first == e.addr + e.size && next->second.expandable &&
       next->second.stream == e.stream && next->second.small == small) {
     length += next->second.size;
-    segments_.erase(next);
+    EraseSegment(next);
   }
-  segments_[start] = Segment{length, e.stream, small, true};
+  PutSegment(start, Segment{length, e.stream, small, true});
   Change(stats_.reserved_bytes, small, size);
   ++stats_.num_device_alloc;
   return absl::OkStatus();
@@ -237,12 +259,10 @@ absl::Status TraceModel::ApplySegmentUnmap(const Event& e) {
   }
   const std::uint64_t start = seg->first;
   const Segment s = seg->second;
-  segments_.erase(seg);
-  if (e.addr > start) segments_[start] = Segment{e.addr - start, s.stream, s.small, true};
+  EraseSegment(seg);
+  if (e.addr > start) PutSegment(start, Segment{e.addr - start, s.stream, s.small, true});
   const std::uint64_t end = start + s.size;
-  if (e.addr + e.size < end) {
-    segments_[e.addr + e.size] = Segment{end - (e.addr + e.size), s.stream, s.small, true};
-  }
+  if (e.addr + e.size < end) PutSegment(e.addr + e.size, Segment{end - (e.addr + e.size), s.stream, s.small, true});
   Change(stats_.reserved_bytes, small, -size);
   ++stats_.num_device_free;
   return absl::OkStatus();

@@ -79,6 +79,37 @@ class OwnerBytes {
   absl::flat_hash_map<std::uint32_t, std::int64_t> sparse_;
 };
 
+// The address ranges of a model's segments, sorted by start, in one array:
+// finding the segment that holds a block is a binary search over contiguous
+// entries instead of a descent of the segment tree. Segments change rarely
+// (segment events), blocks at every event. Plain values: a copy is valid.
+class SegmentRanges {
+ public:
+  struct Range {
+    std::uint64_t start = 0;
+    std::uint64_t end = 0;    // one past the last byte
+    bool expandable = false;  // a mapped range of an expandable segment
+    bool operator==(const Range&) const = default;
+  };
+  // Adds the range beginning at `start`, or replaces the one there.
+  void Put(std::uint64_t start, std::uint64_t end, bool expandable);
+  // Removes the range beginning at `start` (nothing when there is none).
+  void Erase(std::uint64_t start);
+  // The range holding all of [addr, addr + size), or nullptr.
+  const Range* Find(std::uint64_t addr, std::uint64_t size) const {
+    // The last range starting at or before addr.
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), addr,
+                               [](std::uint64_t a, const Range& r) { return a < r.start; });
+    if (it == ranges_.begin()) return nullptr;
+    --it;
+    return addr + size > it->end ? nullptr : &*it;
+  }
+  const std::vector<Range>& ranges() const { return ranges_; }
+
+ private:
+  std::vector<Range> ranges_;
+};
+
 class TraceModel {
  public:
   struct Block {
@@ -125,6 +156,8 @@ class TraceModel {
   using BlockMap = std::map<std::uint64_t, Block>;
   const SegmentMap& segments() const { return segments_; }
   const BlockMap& blocks() const { return blocks_; }
+  // The ranges of segments(), in the same order (what the block events search).
+  const SegmentRanges& segment_ranges() const { return seg_ranges_; }
 
   // Segments and blocks in the shape of memory._snapshot(): free gaps
   // appear as inactive blocks (the allocator merges free neighbours, so each
@@ -145,15 +178,22 @@ class TraceModel {
   void Change(StatArray& a, bool small, std::int64_t delta);
   // How placing a block in its free gap changes inactive_split (count, bytes);
   // removing it changes them by the opposite. The block must not be in
-  // blocks_; `next` is blocks_.lower_bound(addr), which the caller has.
-  std::pair<std::int64_t, std::int64_t> InactiveDelta(std::uint64_t seg_addr, const Segment& seg, std::uint64_t addr,
-                                                      std::uint64_t size, BlockMap::const_iterator next) const;
+  // blocks_; `next` is blocks_.lower_bound(addr) and `prev` the block before
+  // it (nullptr for none), which the caller has.
+  std::pair<std::int64_t, std::int64_t> InactiveDelta(const SegmentRanges::Range& seg, std::uint64_t addr,
+                                                      std::uint64_t size, const BlockMap::value_type* prev,
+                                                      BlockMap::const_iterator next) const;
+  // segments_[start] = seg, and the same in seg_ranges_.
+  void PutSegment(std::uint64_t start, const Segment& seg);
+  // segments_.erase(it), and the same in seg_ranges_.
+  void EraseSegment(SegmentMap::iterator it);
   // The segment containing [addr, addr + size), or end().
   SegmentMap::iterator FindSegment(std::uint64_t addr, std::uint64_t size);
 
   std::size_t max_split_size_;
   DeviceStats stats_;
   SegmentMap segments_;
+  SegmentRanges seg_ranges_;  // the ranges of segments_, for the lookups of every block event
   BlockMap blocks_;  // active blocks (allocated or pending)
   std::array<std::int64_t, kNumCategories> by_category_{};
   OwnerBytes by_owner_;

@@ -112,6 +112,12 @@ TEST_CASE("moments: end (after the last step), exit (after teardown), peak, oom 
   REQUIRE(r.ok());
   CHECK(r->fragmentation_at_end.allocated == 40 * MiB);
   CHECK(r->fragmentation_at_exit.allocated == 0);
+  // The first walk kept the model at end: ModelAt takes it, with its events.
+  CHECK(r->model_at_end_events == last_step_end);
+  auto end_kept = ModelAt(s.t, *ParseMoment("end"), &*r);
+  REQUIRE(end_kept.ok());
+  CHECK(end_kept->first.allocated() == 40 * MiB);
+  CHECK(end_kept->second == last_step_end);
   auto peak = ModelAt(s.t, *ParseMoment("peak"));
   REQUIRE(peak.ok());
   CHECK(peak->first.allocated() == 40 * MiB);
@@ -135,6 +141,15 @@ TEST_CASE("moments: a recording without steps ends at its last event (end = exit
   auto end = ModelAt(s.t, *ParseMoment("end"));
   REQUIRE(end.ok());
   CHECK(end->first.allocated() == 0);
+  auto r = AnalyzeRank(s.t);
+  REQUIRE(r.ok());
+  REQUIRE(r->model_at_end != nullptr);
+  CHECK(r->model_at_end_events == s.t.events.size());
+  CHECK(r->fragmentation_at_end.allocated == 0);
+  auto end_kept = ModelAt(s.t, *ParseMoment("end"), &*r);
+  REQUIRE(end_kept.ok());
+  CHECK(end_kept->first.allocated() == 0);
+  CHECK(end_kept->second == s.t.events.size());
 }
 
 TEST_CASE("micro-batches: phases labelled STEP.MICRO, and --at PHASE:STEP.MICRO picks one") {

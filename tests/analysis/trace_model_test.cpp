@@ -39,6 +39,13 @@ void RequireSameStats(const DeviceStats& model, const DeviceStats& allocator) {
   }
 }
 
+// segment_ranges() holds the ranges of segments(), in order.
+void RequireRangesOfSegments(const TraceModel& m) {
+  std::vector<SegmentRanges::Range> expected;
+  for (const auto& [addr, seg] : m.segments()) expected.push_back({addr, addr + seg.size, seg.expandable});
+  REQUIRE(m.segment_ranges().ranges() == expected);
+}
+
 void RunRandomized(const std::string& conf, std::uint64_t seed, int operations) {
   INFO("alloc_conf " << conf);
   const AllocatorConfig config = Conf(conf);
@@ -72,6 +79,7 @@ void RunRandomized(const std::string& conf, std::uint64_t seed, int operations) 
     INFO("operation " << i << ": " << s.ToString());
     REQUIRE(s.ok());
     RequireSameStats(f.model.stats(), a.GetStats());
+    RequireRangesOfSegments(f.model);
   }
   // The model's snapshot agrees with the allocator's own.
   const auto mine = f.model.Snapshot(0);
@@ -152,6 +160,58 @@ TEST_CASE("owner bytes: dense ids in a vector, any other id in a map, every owne
     if (bytes != 0 || id == 3) seen[id] = bytes;
   });
   CHECK(seen == std::map<std::uint32_t, std::int64_t>{{0, 5}, {3, 0}, {OwnerBytes::kDense, 7}, {0xffffffffu, 9}});
+}
+
+TEST_CASE("segment ranges: sorted by start, put replaces, find needs the whole range inside one") {
+  SegmentRanges r;
+  CHECK(r.Find(0, 1) == nullptr);
+  r.Put(0x3000, 0x4000, false);
+  r.Put(0x1000, 0x2000, true);
+  r.Put(0x2000, 0x3000, false);  // adjacent to both
+  using R = SegmentRanges::Range;
+  CHECK(r.ranges() == std::vector<R>{{0x1000, 0x2000, true}, {0x2000, 0x3000, false}, {0x3000, 0x4000, false}});
+  CHECK(r.Find(0x0fff, 1) == nullptr);                         // before the first
+  CHECK(*r.Find(0x1000, 0x1000) == R{0x1000, 0x2000, true});   // exactly the first
+  CHECK(*r.Find(0x1fff, 1) == R{0x1000, 0x2000, true});        // its last byte
+  CHECK(*r.Find(0x2000, 0) == R{0x2000, 0x3000, false});       // the next one's start
+  CHECK(r.Find(0x1800, 0x1000) == nullptr);                    // across two ranges
+  CHECK(*r.Find(0x3ff0, 0x10) == R{0x3000, 0x4000, false});
+  CHECK(r.Find(0x3ff0, 0x11) == nullptr);                      // past the last
+  CHECK(r.Find(0x4000, 1) == nullptr);
+  r.Put(0x2000, 0x2800, true);  // the same start: replaced
+  CHECK(r.ranges() == std::vector<R>{{0x1000, 0x2000, true}, {0x2000, 0x2800, true}, {0x3000, 0x4000, false}});
+  CHECK(r.Find(0x2800, 1) == nullptr);  // now a hole
+  r.Erase(0x1000);
+  r.Erase(0x1800);  // no range starts there: nothing
+  CHECK(r.ranges() == std::vector<R>{{0x2000, 0x2800, true}, {0x3000, 0x4000, false}});
+  CHECK(r.Find(0x1000, 1) == nullptr);
+}
+
+TEST_CASE("segment ranges follow segment maps and unmaps, which merge and split expandable segments") {
+  TraceModel m(Conf("expandable_segments:True"));
+  auto seg = [](EventType type, std::uint64_t addr, std::uint64_t size) {
+    Event e;
+    e.type = type;
+    e.addr = addr;
+    e.size = size;
+    return e;
+  };
+  using R = SegmentRanges::Range;
+  REQUIRE(m.Apply(seg(EventType::kSegmentMap, 0x200000, 0x200000)).ok());
+  REQUIRE(m.Apply(seg(EventType::kSegmentMap, 0x600000, 0x200000)).ok());
+  CHECK(m.segment_ranges().ranges() == std::vector<R>{{0x200000, 0x400000, true}, {0x600000, 0x800000, true}});
+  REQUIRE(m.Apply(seg(EventType::kSegmentMap, 0x400000, 0x200000)).ok());  // joins both
+  CHECK(m.segment_ranges().ranges() == std::vector<R>{{0x200000, 0x800000, true}});
+  REQUIRE(m.Apply(seg(EventType::kSegmentUnmap, 0x400000, 0x100000)).ok());  // splits it
+  CHECK(m.segment_ranges().ranges() == std::vector<R>{{0x200000, 0x400000, true}, {0x500000, 0x800000, true}});
+  REQUIRE(m.Apply(seg(EventType::kSegmentAlloc, 0x1000000, 0x200000)).ok());
+  REQUIRE(m.Apply(seg(EventType::kSegmentUnmap, 0x200000, 0x200000)).ok());  // all of the first
+  CHECK(m.segment_ranges().ranges() == std::vector<R>{{0x500000, 0x800000, true}, {0x1000000, 0x1200000, false}});
+  REQUIRE(m.Apply(seg(EventType::kSegmentFree, 0x1000000, 0x200000)).ok());
+  CHECK(m.segment_ranges().ranges() == std::vector<R>{{0x500000, 0x800000, true}});
+  RequireRangesOfSegments(m);
+  const TraceModel copy = m;  // plain values: the copy's ranges are its own and equal
+  CHECK(copy.segment_ranges().ranges() == m.segment_ranges().ranges());
 }
 
 TEST_CASE("fragmentation: 1 - largest free block / free bytes in segments") {
