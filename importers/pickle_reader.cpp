@@ -1356,6 +1356,8 @@ class Reader {
     return true;
   }
   [[gnu::always_inline]] inline bool PushRecord(std::size_t p, std::size_t chars0, bool from_template);
+  template <bool kOneMemo>
+  [[gnu::always_inline]] inline PyRef CommitRecord(std::uint64_t gen);
   struct TmplState {  // TemplatePairs' memo writes so far
     std::uint64_t bloom = 0, next_id = 0;
     bool list_cache_ok = true;
@@ -2654,6 +2656,43 @@ bool Reader::TemplatePairs(const Template& T, std::size_t& pos) {
   return true;
 }
 
+// A record of what box 0 read (its pairs in record_pairs_ beyond its size):
+// its memo writes made (the decode's, then the dict's own MEMOIZEs, with the
+// placeholder), its key indices kept; the placeholder (generation bits
+// `gen`), pushed nowhere yet. kOneMemo: the dict has exactly one MEMOIZE
+// (a template's), written without the loop.
+template <bool kOneMemo>
+[[gnu::always_inline]] inline PyRef Reader::CommitRecord(std::uint64_t gen) {
+  const FastBox& D = fast_boxes_[0];
+  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
+  memo_count_ = fast_memo_count_;
+  Record R;
+  R.first = static_cast<std::uint32_t>(record_index_.size());
+  R.n = fast_record_pairs_;
+  R.height = D.height;
+  record_index_.reserve(R.first + R.n);
+  if (record_index_.capacity() >= R.first + kMaxRecordKeys) [[likely]] {  // one fixed-size copy
+    std::memcpy(record_index_.data() + R.first, fast_record_index_, kMaxRecordKeys);
+  } else {
+    std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
+  }
+  record_index_.set_size(R.first + R.n);
+  PyRef r;
+  r.kind = PyKind::kDict;
+  r.flags = kPyRefRecord;
+  r.height = D.height;
+  r.n = R.n;
+  r.v = records_.size() | gen;
+  records_.push_back(R);
+  if constexpr (kOneMemo) {
+    SetMemo(D.memo[0], r);
+  } else {
+    for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
+  }
+  ++record_count_;
+  return r;
+}
+
 // FastDict's run of entries read by the templates: a record by a template
 // (TemplatePairs from the EMPTY_DICT with the one used last, then the
 // other; then PushRecord's work), and while the next opcode is another
@@ -2706,28 +2745,7 @@ bool Reader::TemplateRun() {
     }
     tmpl_first_ = slot;
     pos_ = p;
-    for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
-    memo_count_ = fast_memo_count_;
-    Record R;
-    R.first = static_cast<std::uint32_t>(record_index_.size());
-    R.n = fast_record_pairs_;
-    R.height = D.height;
-    record_index_.reserve(R.first + R.n);  // (as PushRecord: the same capacities)
-    if (record_index_.capacity() >= R.first + kMaxRecordKeys) [[likely]] {
-      std::memcpy(record_index_.data() + R.first, fast_record_index_, kMaxRecordKeys);
-    } else {
-      std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
-    }
-    record_index_.set_size(R.first + R.n);
-    PyRef r;
-    r.kind = PyKind::kDict;
-    r.flags = kPyRefRecord;
-    r.height = D.height;
-    r.n = R.n;
-    r.v = records_.size() | gen;
-    records_.push_back(R);
-    SetMemo(D.memo[0], r);  // (TemplatePairs: the dict's one MEMOIZE)
-    ++record_count_;
+    const PyRef r = CommitRecord<true>(gen);  // (TemplatePairs: the dict's one MEMOIZE)
     ++tmpl_count_;
     FastPush(r, level, fast_pair_ops_);
     if (!NextTemplateEntry()) return true;
@@ -2750,32 +2768,11 @@ bool Reader::PushRecord(std::size_t p, std::size_t chars0, bool from_template) {
     return false;
   }
   pos_ = p;
-  for (const auto& [id, ref] : fast_memo_) SetMemo(id, ref);
-  memo_count_ = fast_memo_count_;
-  Record R;
-  R.first = static_cast<std::uint32_t>(record_index_.size());
-  R.n = fast_record_pairs_;
-  R.height = D.height;
-  record_index_.reserve(R.first + R.n);
-  if (record_index_.capacity() >= R.first + kMaxRecordKeys) {  // the common case: one fixed-size copy
-    std::memcpy(record_index_.data() + R.first, fast_record_index_, kMaxRecordKeys);
-  } else {
-    std::memcpy(record_index_.data() + R.first, fast_record_index_, R.n);
-  }
-  record_index_.set_size(R.first + R.n);
-  PyRef r;
-  r.kind = PyKind::kDict;
-  r.flags = kPyRefRecord;
-  r.height = D.height;
-  r.n = R.n;
-  r.v = records_.size() | ((record_gen_ & 0xffffffffu) << 32);
-  records_.push_back(R);
-  for (std::uint8_t k = 0; k < D.memos; ++k) SetMemo(D.memo[k], r);
-  ++record_count_;
+  const PyRef r = CommitRecord<false>((record_gen_ & 0xffffffffu) << 32);
   if (from_template) {
     ++tmpl_count_;
   } else if (options_.fast_template) {
-    BuildTemplate(record_pairs_.data() + 2 * std::size_t{R.first}, R.n);
+    BuildTemplate(record_pairs_.data() + 2 * std::size_t{records_.back().first}, r.n);
   }
   return FastPush(r, level, fast_pair_ops_);
 }
