@@ -1,8 +1,23 @@
 #include "recording/event.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 namespace memscope {
+
+namespace {
+
+// t + d (d >= 0) without overflow: saturated at the largest time (a file
+// may hold any times; the spread of its last run goes past them).
+std::int64_t AddSaturating(std::int64_t t, std::uint64_t d) {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  // (modulo 2^64: kMax - t is in [0, 2^64) for any t)
+  const std::uint64_t room = static_cast<std::uint64_t>(kMax) - static_cast<std::uint64_t>(t);
+  return d >= room ? kMax : static_cast<std::int64_t>(static_cast<std::uint64_t>(t) + d);
+}
+
+}  // namespace
 
 void SpreadSampledTimes(std::vector<Event>& events, std::size_t from) {
   // The time per event seen in the runs spread so far: the last run, which
@@ -16,18 +31,21 @@ void SpreadSampledTimes(std::vector<Event>& events, std::size_t from) {
     while (j < events.size() && events[j].time_ns == t1) ++j;
     const auto n = static_cast<std::uint64_t>(j - i);
     if (n > 1 && j < events.size() && events[j].time_ns > t1) {
-      const auto span = static_cast<std::uint64_t>(events[j].time_ns - t1);
+      // (modulo 2^64: the difference of two int64 times fits in a uint64)
+      const std::uint64_t span = static_cast<std::uint64_t>(events[j].time_ns) - static_cast<std::uint64_t>(t1);
       for (std::size_t k = i + 1; k < j; ++k) {
         const auto step = static_cast<std::uint64_t>(k - i);
         // span * step / n without overflow: (q n + r) step / n = q step + r step / n, r step < n^2.
-        events[k].time_ns = t1 + static_cast<std::int64_t>(span / n * step + span % n * step / n);
+        events[k].time_ns = AddSaturating(t1, span / n * step + span % n * step / n);
       }
       spread_ns += span;
       spread_events += n;
     } else if (n > 1 && j == events.size()) {
       const std::uint64_t per_event = spread_events > 0 ? std::max<std::uint64_t>(spread_ns / spread_events, 1) : 1000;
       for (std::size_t k = i + 1; k < j; ++k) {
-        events[k].time_ns = t1 + static_cast<std::int64_t>(per_event * static_cast<std::uint64_t>(k - i));
+        std::uint64_t d;
+        if (__builtin_mul_overflow(per_event, static_cast<std::uint64_t>(k - i), &d)) d = ~std::uint64_t{0};
+        events[k].time_ns = AddSaturating(t1, d);
       }
     }
     i = j;

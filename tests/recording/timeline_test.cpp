@@ -6,6 +6,7 @@
 #include "recording/timeline.h"
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -601,6 +602,21 @@ TEST_CASE("SpreadSampledTimes spreads each run sharing a reading up to the next 
   e = at({0, 0, 10, 10, 20});
   SpreadSampledTimes(e, 2);
   CHECK(times(e) == std::vector<std::int64_t>{0, 0, 10, 15, 20});
+  // Times a file may hold at the ends of the range (the timeline fuzzer's
+  // finding: the arithmetic overflowed): a span wider than INT64_MAX spread
+  // exactly, and the last run's spread saturated at INT64_MAX.
+  constexpr std::int64_t kMin = std::numeric_limits<std::int64_t>::min();
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  e = at({kMin, kMin, kMax});  // span 2^64 - 1, half of it: -1 (rounded down)
+  SpreadSampledTimes(e);
+  CHECK(times(e) == std::vector<std::int64_t>{kMin, -1, kMax});
+  e = at({kMax - 1500, kMax - 1500, kMax - 1500});  // 1 us per event, then nothing past the end
+  SpreadSampledTimes(e);
+  CHECK(times(e) == std::vector<std::int64_t>{kMax - 1500, kMax - 500, kMax});
+  e = at({0, 0, kMax / 2, kMax / 2, kMax / 2, kMax / 2});  // the rate kMax / 4 per event, then saturated
+  SpreadSampledTimes(e);
+  CHECK(times(e) ==
+        std::vector<std::int64_t>{0, kMax / 4, kMax / 2, kMax / 2 + kMax / 4, kMax / 2 + 2 * (kMax / 4), kMax});
 }
 
 TEST_CASE("version 4: a file flagged as sampled-clock is read with its runs spread between the readings") {
