@@ -76,7 +76,7 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 // then reads no clock: the same trace, the same times).
 // `recorded`: the recorder's events when it records into memory
 // (MemorySink): each alloc's stack is then taken as its event is recorded
-// (ReplayResult::event_stacks) instead of matched afterwards by address.
+// (ReplayResult::alloc_event_stacks) instead of matched afterwards by address.
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
                                       Recorder* recorder = nullptr, const std::vector<Event>* recorded = nullptr);
 
