@@ -97,11 +97,12 @@ using FreeBlocks = FreeBlockSet<Block*>;
 inline FreeKey KeyOf(const Block* b) { return FreeKey{b->size, b->ptr}; }
 
 struct BlockPool {
-  explicit BlockPool(bool small) : is_small(small) {}
+  explicit BlockPool(bool small, std::uint16_t pool_index = 0) : is_small(small), index(pool_index) {}
   // Free, mapped blocks: one set per stream, in stream order.
   std::vector<std::pair<StreamId, std::unique_ptr<FreeBlocks>>> streams;
   absl::btree_map<AddressKey, Block*> unmapped;  // unmapped expandable ranges
   const bool is_small;
+  const std::uint16_t index;  // 0: the default pool; else its private pool's index
   std::int64_t get_free_blocks_call_count = 0;  // ages blocks for GC
 
   // The free blocks of `stream`, or nullptr if it never had any.
@@ -204,6 +205,16 @@ void Splice(Block* b, Block* before, Block* after) {
 
 constexpr std::size_t kOneExaByte = 1152921504606846976ULL;
 
+// PyTorch's PrivatePool: a CUDA graph's or a MemPool's own cached blocks.
+struct PrivatePool {
+  PrivatePool(PoolId pool_id, std::uint16_t index) : id(pool_id), large_blocks(false, index), small_blocks(true, index) {}
+  PoolId id;
+  BlockPool large_blocks;
+  BlockPool small_blocks;
+  // Released (use_count 0, graph_pools_freeable): empty_cache frees its segments.
+  bool freeable = false;
+};
+
 }  // namespace
 
 struct CachingAllocator::Impl {
@@ -234,6 +245,18 @@ struct CachingAllocator::Impl {
   DeviceStats stats;
   BlockPool large_blocks{false};
   BlockPool small_blocks{true};
+  std::vector<std::unique_ptr<PrivatePool>> private_pools;  // pool index i at [i - 1]
+  // f(BlockPool&) for the default pools, then each private pool's.
+  template <typename F>
+  void ForEachPool(F&& f) const {
+    f(small_blocks);
+    f(large_blocks);
+    for (const auto& pp : private_pools) {
+      f(pp->small_blocks);
+      f(pp->large_blocks);
+    }
+  }
+  PoolId IdOf(const BlockPool& pool) const { return pool.index == 0 ? PoolId{} : private_pools[pool.index - 1]->id; }
   AddressMap<Block> allocated_blocks;
   absl::flat_hash_set<Block*> pending_free;  // freed, waiting on stream events
   std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events;
@@ -271,7 +294,7 @@ struct CachingAllocator::Impl {
              StreamId stream, std::uint64_t record_id = 0) {
     if (observer == nullptr) return;
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
-    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time, record_id});
+    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time, record_id, pool.index});
   }
   // The alloc of `block` (an observer is attached) that the sink could not write.
   [[gnu::cold]] [[gnu::noinline]] void TraceAllocSlow(Block* block, const BlockPool& pool) {
@@ -283,7 +306,8 @@ struct CachingAllocator::Impl {
   [[gnu::cold]] [[gnu::noinline]] void TraceFreeAtOnceSlow(const Block* block, const BlockPool& pool) {
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
     observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
-                                      block->requested_size, block->stream, call_time, block->record_id});
+                                      block->requested_size, block->stream, call_time, block->record_id,
+                                      pool.index});
   }
 
   // `stats` keeps of each pool's Stat its current value, peak and
@@ -326,7 +350,8 @@ struct CachingAllocator::Impl {
     return s;
   }
 
-  [[gnu::always_inline]] inline absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream);
+  [[gnu::always_inline]] inline absl::StatusOr<DevicePtr> Malloc(std::size_t orig_size, StreamId stream,
+                                                                 std::uint16_t pool_index = 0);
   [[gnu::always_inline]] inline absl::Status Free(DevicePtr ptr);
   Block* AllocFoundBlock(AllocParams& p, std::size_t orig_size, bool split_remainder);
   bool ShouldSplit(const Block* block, std::size_t size) const;
@@ -365,10 +390,13 @@ CachingAllocator::Impl::~Impl() {
   expandable_segments.clear();  // unmaps pages and releases reservations
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, StreamId stream) {
+absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, StreamId stream,
+                                                         std::uint16_t pool_index) {
   ProcessEvents();
   const std::size_t size = RoundSize(orig_size);
-  BlockPool& pool = size <= kSmallSize ? small_blocks : large_blocks;
+  PrivatePool* pp = pool_index == 0 ? nullptr : private_pools[pool_index - 1].get();
+  BlockPool& pool = size <= kSmallSize ? (pp == nullptr ? small_blocks : pp->small_blocks)
+                                       : (pp == nullptr ? large_blocks : pp->large_blocks);
   AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, nullptr, {}, absl::OkStatus()};
 
   bool found = GetFreeBlock(p);
@@ -437,7 +465,8 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
   block->requested_size = orig_size;
   allocated_blocks.Insert(block->ptr, block);
   // The sink first (the recorded path tests one pointer; the plain path two).
-  if (sink != nullptr) {  // (then an observer is attached)
+  // Private pools' events go the slow way: the sink's records have no pool.
+  if (sink != nullptr && pool.index == 0) {  // (then an observer is attached)
     if (sink->TryAlloc(block->ptr, block->size, orig_size, block->stream, pool.is_small)) {
       block->record_id = sink->seq;
     } else {
@@ -615,6 +644,12 @@ void CachingAllocator::Impl::ReleaseCachedBlocks() {
   SynchronizeAndFreeEvents();
   ReleaseBlocks(large_blocks);
   ReleaseBlocks(small_blocks);
+  // graph_pools_freeable: released private pools, small blocks first.
+  for (const auto& pp : private_pools) {
+    if (!pp->freeable) continue;
+    ReleaseBlocks(pp->small_blocks);
+    ReleaseBlocks(pp->large_blocks);
+  }
 }
 
 void CachingAllocator::Impl::ReleaseBlocks(BlockPool& pool) {
@@ -672,7 +707,7 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
     InsertEvents(block);
   } else {
     // free_requested and free_completed at once: one observer call.
-    if (sink != nullptr) {  // (then an observer is attached)
+    if (sink != nullptr && pool.index == 0) {  // (then an observer is attached)
       if (!sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id)) TraceFreeAtOnceSlow(block, pool);
     } else if (observer != nullptr) {
       TraceFreeAtOnceSlow(block, pool);
@@ -940,13 +975,13 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
   info.reserved = static_cast<std::size_t>(AllCurrent(stats.reserved_bytes));
   info.inactive_split = static_cast<std::size_t>(AllCurrent(stats.inactive_split_bytes));
   std::size_t free_blocks = 0;
-  for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
-    pool->ForEach([&](const Block* b) {
+  ForEachPool([&](const BlockPool& pool) {
+    pool.ForEach([&](const Block* b) {
       info.cached_free += b->size;
       info.largest_free_block = std::max(info.largest_free_block, b->size);
       ++free_blocks;
     });
-  }
+  });
   const std::string allowed_info =
       set_fraction ? absl::StrCat(FormatSize(allowed_memory_maximum), " allowed; ") : std::string();
   info.message =
@@ -972,9 +1007,7 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
 
 std::vector<const Block*> CachingAllocator::Impl::AllBlocks() const {
   std::vector<const Block*> all;
-  for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
-    pool->ForEach([&](const Block* b) { all.push_back(b); });
-  }
+  ForEachPool([&](const BlockPool& pool) { pool.ForEach([&](const Block* b) { all.push_back(b); }); });
   allocated_blocks.ForEach([&](DevicePtr, const Block* b) { all.push_back(b); });
   for (const Block* b : pending_free) all.push_back(b);
   return all;
@@ -991,6 +1024,7 @@ std::vector<SegmentInfo> CachingAllocator::Impl::Snapshot() const {
     seg.stream = head->stream;
     seg.is_large = !head->pool->is_small;
     seg.is_expandable = head->expandable != nullptr;
+    seg.pool_id = IdOf(*head->pool);
     for (const Block* b = head; b != nullptr && b->mapped; b = b->next) {
       BlockInfo& info = seg.blocks.emplace_back();
       info.address = b->ptr;
@@ -1094,17 +1128,19 @@ absl::Status CachingAllocator::Impl::CheckInvariants() const {
   }
   // Expandable segments with nothing mapped have only an unmapped block, which
   // AllBlocks() does not list: count them from the pools.
-  for (const BlockPool* pool : {&small_blocks, &large_blocks}) {
-    for (const auto& [key, b] : pool->unmapped) {
+  absl::Status lone = absl::OkStatus();
+  ForEachPool([&](const BlockPool& pool) {
+    for (const auto& [key, b] : pool.unmapped) {
       if (b->prev == nullptr && b->next == nullptr && b->size != b->expandable->size()) {
-        return fail("lone unmapped range does not cover its reservation");
+        lone = fail("lone unmapped range does not cover its reservation");
       }
     }
-  }
+  });
+  if (!lone.ok()) return lone;
   // Every cudaMalloc'd segment must have been reached from some block.
   if (segments.size() + expandables_seen.size() != heads.size()) return fail("a segment has no blocks");
   std::size_t pool_entries = 0;
-  for (const BlockPool* pool : {&small_blocks, &large_blocks}) pool_entries += pool->size();
+  ForEachPool([&](const BlockPool& pool) { pool_entries += pool.size(); });
   std::size_t free_blocks = 0;
   for (const Block* head : heads) {
     for (const Block* b = head; b != nullptr; b = b->next) {
@@ -1172,6 +1208,49 @@ absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId st
   std::lock_guard<FastMutex> lock(mutex_);
   impl_->call_time = 0;
   return impl_->Malloc(size, stream);
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId stream, std::uint16_t pool) {
+  if (size == 0) return DevicePtr{0};
+  if (size >= kOneExaByte) {
+    return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
+  }
+  std::lock_guard<FastMutex> lock(mutex_);
+  if (pool > impl_->private_pools.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no memory pool with index ", pool));
+  }
+  impl_->call_time = 0;
+  return impl_->Malloc(size, stream, pool);
+}
+
+std::uint16_t CachingAllocator::PoolIndex(PoolId id) {
+  if (id.is_default()) return 0;
+  std::lock_guard<FastMutex> lock(mutex_);
+  auto& pools = impl_->private_pools;
+  for (std::size_t i = 0; i < pools.size(); ++i) {
+    if (pools[i]->id == id) return static_cast<std::uint16_t>(i + 1);
+  }
+  const auto index = static_cast<std::uint16_t>(pools.size() + 1);
+  pools.push_back(std::make_unique<PrivatePool>(id, index));
+  return index;
+}
+
+void CachingAllocator::ReleasePool(PoolId id) {
+  std::lock_guard<FastMutex> lock(mutex_);
+  impl_->call_time = 0;
+  for (auto& pp : impl_->private_pools) {
+    if (pp->id != id) continue;
+    pp->freeable = true;
+    impl_->ReleaseBlocks(pp->small_blocks);
+    impl_->ReleaseBlocks(pp->large_blocks);
+  }
+}
+
+std::vector<PoolId> CachingAllocator::pool_ids() const {
+  std::lock_guard<FastMutex> lock(mutex_);
+  std::vector<PoolId> ids{PoolId{}};
+  for (const auto& pp : impl_->private_pools) ids.push_back(pp->id);
+  return ids;
 }
 
 absl::Status CachingAllocator::Free(DevicePtr ptr) {

@@ -91,6 +91,24 @@ class CachingAllocator {
   // error for any other device failure.
   absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream = 0);
 
+  // Private pools (CUDA graphs, torch.cuda.MemPool). A request in a private
+  // pool (`pool`, an index from PoolIndex) is served only from that pool's
+  // cached blocks and new segments, and its blocks are never handed to any
+  // other pool, as in PyTorch while a capture or `with use_mem_pool(...)`
+  // routes a stream's allocations there. Blocks return to their own pool on
+  // free. empty_cache() and the out-of-memory release leave a private pool's
+  // segments alone until the pool is released. ReleasePool is what deleting
+  // a MemPool does (releasePool, use_count 0, then emptyCache(id)): the
+  // pool's wholly free segments are freed at once, and every later
+  // empty_cache() frees those that become free, as release_cached_blocks
+  // frees graph_pools_freeable.
+  // Index 0 is the default pool; PoolIndex(id) makes a pool on first use.
+  absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream, std::uint16_t pool);
+  std::uint16_t PoolIndex(PoolId id);
+  void ReleasePool(PoolId id);
+  // The id of each pool index: [0] is the default pool (0, 0).
+  std::vector<PoolId> pool_ids() const;
+
   // Frees an address returned by Malloc (0 is ignored). InvalidArgument for
   // an address that is not allocated.
   absl::Status Free(DevicePtr ptr);

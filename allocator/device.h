@@ -15,6 +15,7 @@
 #ifndef MEMSCOPE_ALLOCATOR_DEVICE_H_
 #define MEMSCOPE_ALLOCATOR_DEVICE_H_
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -33,6 +34,17 @@ using StreamId = std::uint64_t;
 
 // An event recorded on a stream; opaque to the allocator.
 using EventId = std::uint64_t;
+
+// A memory pool, PyTorch's MempoolId_t: (0, 0) is the default pool; a CUDA
+// graph's pool or a torch.cuda.MemPool has another id (PyTorch numbers graph
+// pools (id, 0) and MemPools (0, id)).
+struct PoolId {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  bool is_default() const { return first == 0 && second == 0; }
+  bool operator==(const PoolId&) const = default;
+  auto operator<=>(const PoolId&) const = default;
+};
 
 struct DeviceMemoryInfo {
   std::size_t free_bytes = 0;

@@ -46,6 +46,9 @@ struct TraceEvent {
   // free_requested: the record id of the block's alloc in the observer's
   // RecordSink (record_sink()), 0 when it has none.
   std::uint64_t record_id = 0;
+  // The block's or segment's pool: 0 for the default pool, else the
+  // allocator's index of a private pool (CachingAllocator::PoolIndex).
+  std::uint16_t pool = 0;
 };
 
 class AllocatorObserver {

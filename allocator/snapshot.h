@@ -35,6 +35,7 @@ struct SegmentInfo {
   StreamId stream = 0;
   bool is_large = false;  // segment_type "large" / "small"
   bool is_expandable = false;
+  PoolId pool_id;  // segment_pool_id: (0, 0) for the default pool
   std::vector<BlockInfo> blocks;
 };
 

@@ -475,6 +475,35 @@ std::string PhaseCategoryTableText(const RankReport& r) {
   return out;
 }
 
+std::vector<PoolBytes> BytesByPool(const TraceModel& model, const Timeline& t) {
+  if (!t.has_private_pools()) return {};
+  std::vector<PoolBytes> out(t.pools.size());
+  for (std::size_t k = 0; k < t.pools.size(); ++k) out[k].pool = t.pools[k];
+  for (const auto& [addr, seg] : model.segments()) {
+    if (seg.pool >= out.size()) continue;  // (no pool index past Timeline::pools is recorded)
+    PoolBytes& p = out[seg.pool];
+    p.reserved += seg.size;
+    ++p.segments;
+    for (auto it = model.blocks().lower_bound(addr); it != model.blocks().end() && it->first < addr + seg.size; ++it) {
+      if (!it->second.pending_free) p.allocated += it->second.size;
+    }
+  }
+  return out;
+}
+
+std::string PoolIdText(PoolId pool) { return absl::StrCat("(", pool.first, ", ", pool.second, ")"); }
+
+std::string PoolsText(const std::vector<PoolBytes>& pools) {
+  if (pools.empty()) return "";
+  std::string out = "by pool:\n";
+  for (const PoolBytes& p : pools) {
+    absl::StrAppend(&out, "  ", p.pool.is_default() ? "default pool " : "private pool ", PoolIdText(p.pool),
+                    ": reserved ", FormatSize(p.reserved), " in ", Counted(p.segments, "segment"), ", allocated ",
+                    FormatSize(p.allocated), "\n");
+  }
+  return out;
+}
+
 std::string FragmentationText(const FragmentationInfo& f) {
   return absl::StrFormat(
       "reserved %s, allocated %s, reserved - allocated %s\n"

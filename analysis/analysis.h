@@ -265,6 +265,21 @@ std::string FormatDeltaInUnit(std::int64_t bytes, TableUnit unit);
 // The fragmentation report as text.
 std::string FragmentationText(const FragmentationInfo& f);
 
+// Bytes by memory pool at one moment: the default pool and each private pool
+// (CUDA graph, torch.cuda.MemPool) of a replayed snapshot, in the order of
+// Timeline::pools. Empty for a timeline without private pools.
+struct PoolBytes {
+  PoolId pool;
+  std::uint64_t reserved = 0;   // bytes of its segments (mapped ranges)
+  std::uint64_t allocated = 0;  // bytes of its allocated blocks
+  std::uint64_t segments = 0;   // its segments (an expandable segment's mapped ranges each)
+};
+std::vector<PoolBytes> BytesByPool(const TraceModel& model, const Timeline& t);
+// "(0, 1)"
+std::string PoolIdText(PoolId pool);
+// "by pool:" and a line per pool ("" for none).
+std::string PoolsText(const std::vector<PoolBytes>& pools);
+
 }  // namespace memscope
 
 #endif  // MEMSCOPE_ANALYSIS_ANALYSIS_H_

@@ -185,7 +185,7 @@ absl::Status TraceModel::ApplySegmentAlloc(const Event& e) {
       (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second.size > e.addr)) {
     return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", Hex(e.addr), " overlaps a segment"));
   }
-  PutSegment(e.addr, Segment{e.size, e.stream, small, false});
+  PutSegment(e.addr, Segment{e.size, e.stream, small, false, e.pool()});
   Change(stats_.segment, small, 1);
   Change(stats_.reserved_bytes, small, size);
   if (e.size >= max_split_size_) stats_.oversize_segments.Increase(1);
@@ -228,7 +228,7 @@ absl::Status TraceModel::ApplySegmentMap(const Event& e) {
       return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
     }
     if (prev->second.expandable && prev->first + prev->second.size == e.addr && prev->second.stream == e.stream &&
-        prev->second.small == small) {
+        prev->second.small == small && prev->second.pool == e.pool()) {
       start = prev->first;
       length += prev->second.size;
       EraseSegment(prev);
@@ -236,11 +236,11 @@ absl::Status TraceModel::ApplySegmentMap(const Event& e) {
   }
   next = segments_.lower_bound(e.addr + e.size);
   if (next != segments_.end() && next->first == e.addr + e.size && next->second.expandable &&
-      next->second.stream == e.stream && next->second.small == small) {
+      next->second.stream == e.stream && next->second.small == small && next->second.pool == e.pool()) {
     length += next->second.size;
     EraseSegment(next);
   }
-  PutSegment(start, Segment{length, e.stream, small, true});
+  PutSegment(start, Segment{length, e.stream, small, true, e.pool()});
   Change(stats_.reserved_bytes, small, size);
   ++stats_.num_device_alloc;
   return absl::OkStatus();
@@ -260,9 +260,11 @@ absl::Status TraceModel::ApplySegmentUnmap(const Event& e) {
   const std::uint64_t start = seg->first;
   const Segment s = seg->second;
   EraseSegment(seg);
-  if (e.addr > start) PutSegment(start, Segment{e.addr - start, s.stream, s.small, true});
+  if (e.addr > start) PutSegment(start, Segment{e.addr - start, s.stream, s.small, true, s.pool});
   const std::uint64_t end = start + s.size;
-  if (e.addr + e.size < end) PutSegment(e.addr + e.size, Segment{end - (e.addr + e.size), s.stream, s.small, true});
+  if (e.addr + e.size < end) {
+    PutSegment(e.addr + e.size, Segment{end - (e.addr + e.size), s.stream, s.small, true, s.pool});
+  }
   Change(stats_.reserved_bytes, small, -size);
   ++stats_.num_device_free;
   return absl::OkStatus();
@@ -298,7 +300,7 @@ absl::Status TraceModel::Apply(const Event& e, std::uint32_t stack) {
   return absl::InvalidArgumentError(absl::StrCat("unknown event type ", static_cast<int>(e.type)));
 }
 
-std::vector<SegmentInfo> TraceModel::Snapshot(int device) const {
+std::vector<SegmentInfo> TraceModel::Snapshot(int device, const std::vector<PoolId>& pools) const {
   std::vector<SegmentInfo> result;
   for (const auto& [addr, seg] : segments_) {
     SegmentInfo& info = result.emplace_back();
@@ -308,6 +310,7 @@ std::vector<SegmentInfo> TraceModel::Snapshot(int device) const {
     info.stream = seg.stream;
     info.is_large = !seg.small;
     info.is_expandable = seg.expandable;
+    if (seg.pool != 0 && seg.pool < pools.size()) info.pool_id = pools[seg.pool];
     const std::uint64_t end = addr + seg.size;
     std::uint64_t cursor = addr;
     auto add_free = [&](std::uint64_t from, std::uint64_t to) {

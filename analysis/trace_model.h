@@ -126,6 +126,7 @@ class TraceModel {
     std::uint64_t stream = 0;
     bool small = false;
     bool expandable = false;  // a mapped range of an expandable segment
+    std::uint16_t pool = 0;   // Event::pool(): 0 the default pool, else an index into Timeline::pools
   };
 
   explicit TraceModel(const AllocatorConfig& config = {});
@@ -162,7 +163,8 @@ class TraceModel {
   // Segments and blocks in the shape of memory._snapshot(): free gaps
   // appear as inactive blocks (the allocator merges free neighbours, so each
   // gap is one free block).
-  std::vector<SegmentInfo> Snapshot(int device) const;
+  // `pools` (Timeline::pools) names each segment's pool (segment_pool_id).
+  std::vector<SegmentInfo> Snapshot(int device, const std::vector<PoolId>& pools = {}) const;
   FragmentationInfo Fragmentation() const;
 
  private:

@@ -91,6 +91,9 @@ int Summary(const ReadArgs& a) {
                        {"events", at->second},
                        {"memory_stats", stats},
                        {"fragmentation", FragmentationJson(at->first.Fragmentation())}});
+    if (const std::vector<PoolBytes> pools = BytesByPool(at->first, t); !pools.empty()) {
+      at_json.back()["pools"] = PoolsJson(pools);
+    }
     ptrs.push_back(&t);
     reports.push_back(std::move(*r));
   }
@@ -179,6 +182,10 @@ nlohmann::json SegmentMapJson(const Timeline& t, const TraceModel& model) {
                         {"expandable", seg.expandable},
                         {"free_bytes", seg.size - used},
                         {"blocks", pinned}});
+    if (t.has_private_pools()) {  // segment_pool_id, only where a snapshot has private pools
+      const PoolId pool = seg.pool < t.pools.size() ? t.pools[seg.pool] : PoolId{};
+      segments.back()["pool_id"] = {pool.first, pool.second};
+    }
   }
   std::stable_sort(segments.begin(), segments.end(), [](const nlohmann::json& x, const nlohmann::json& y) {
     return x["free_bytes"].get<std::uint64_t>() > y["free_bytes"].get<std::uint64_t>();
@@ -200,8 +207,10 @@ int Frag(const ReadArgs& a) {
     const nlohmann::json segments = SegmentMapJson(t, at->first);
     ranks.push_back(
         {{"rank", t.rank}, {"moment", moment->text}, {"fragmentation", FragmentationJson(f)}, {"segments", segments}});
+    const std::vector<PoolBytes> pools = BytesByPool(at->first, t);
+    if (!pools.empty()) ranks.back()["pools"] = PoolsJson(pools);
     absl::StrAppend(&text, text.empty() ? "" : "\n", "rank ", t.rank, " at ", moment->text, ":\n",
-                    FragmentationText(f));
+                    FragmentationText(f), PoolsText(pools));
     int shown = 0;
     for (const nlohmann::json& s : segments) {
       if (s["free_bytes"].get<std::uint64_t>() == 0 || s["blocks"].empty()) continue;  // only pinned free space
@@ -210,8 +219,13 @@ int Frag(const ReadArgs& a) {
         absl::StrAppend(&text, "  ...\n");
         break;
       }
-      absl::StrAppendFormat(&text, "  0x%x %s (%s pool): %s free, pinned by", s["address"].get<std::uint64_t>(),
-                            FormatSize(s["size"].get<std::uint64_t>()), s["pool"].get<std::string>(),
+      const std::string private_pool =
+          s.contains("pool_id") && !(s["pool_id"][0] == 0 && s["pool_id"][1] == 0)
+              ? absl::StrCat(", private pool (", s["pool_id"][0].get<std::uint64_t>(), ", ",
+                             s["pool_id"][1].get<std::uint64_t>(), ")")
+              : std::string();
+      absl::StrAppendFormat(&text, "  0x%x %s (%s pool%s): %s free, pinned by", s["address"].get<std::uint64_t>(),
+                            FormatSize(s["size"].get<std::uint64_t>()), s["pool"].get<std::string>(), private_pool,
                             FormatSize(s["free_bytes"].get<std::uint64_t>()));
       // Group the pinning blocks by category and owner, largest first; a
       // block with a stack (an imported snapshot) by its site, the stack.

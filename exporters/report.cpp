@@ -71,7 +71,8 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
                     FormatSize(r.oom->requested), "; ", r.oom->verdict, "\n");
     absl::StrAppend(&out, SitesText("top allocation sites at the OOM", r.oom->top_sites));
   }
-  absl::StrAppend(&out, "\nfragmentation at ", moment_text, ":\n", FragmentationText(at_moment.Fragmentation()));
+  absl::StrAppend(&out, "\nfragmentation at ", moment_text, ":\n", FragmentationText(at_moment.Fragmentation()),
+                  PoolsText(BytesByPool(at_moment, t)));
   absl::StrAppend(&out, "\nmemory_summary() at ", moment_text, ":\n", MemorySummary(at_moment.stats(), t.device_index));
   return out;
 }

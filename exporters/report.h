@@ -124,6 +124,8 @@ absl::StatusOr<DdpBuckets> DdpFromJson(const nlohmann::json& json);
 // FRAG above; the Write form streams the same object (keys sorted, as
 // nlohmann's dump prints them).
 nlohmann::json FragmentationJson(const FragmentationInfo& f);
+// [{"pool_id": [a, b], "reserved", "allocated", "segments"}, ...] (BytesByPool).
+nlohmann::json PoolsJson(const std::vector<PoolBytes>& pools);
 void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f);
 
 // {CATEGORY: bytes} for every category, as report.json's "by_category".

@@ -481,6 +481,17 @@ json ByCategoryJson(const std::array<std::int64_t, kNumCategories>& by_category)
   return j;
 }
 
+json PoolsJson(const std::vector<PoolBytes>& pools) {
+  json out = json::array();
+  for (const PoolBytes& p : pools) {
+    out.push_back({{"pool_id", {p.pool.first, p.pool.second}},
+                   {"reserved", p.reserved},
+                   {"allocated", p.allocated},
+                   {"segments", p.segments}});
+  }
+  return out;
+}
+
 json FragmentationJson(const FragmentationInfo& f) {
   return {{"reserved_bytes", f.reserved},
           {"allocated_bytes", f.allocated},

@@ -138,7 +138,7 @@ class SnapshotWriter {
     w_.BeginDict();
     Key("segments");
     w_.BeginList();
-    for (const SegmentInfo& segment : model.Snapshot(timeline_.device_index)) WriteSegment(segment);
+    for (const SegmentInfo& segment : model.Snapshot(timeline_.device_index, timeline_.pools)) WriteSegment(segment);
     w_.EndList();
 
     Key("device_traces");
@@ -266,12 +266,11 @@ class SnapshotWriter {
     w_.UInt(s.stream);
     Key("segment_type");
     w_.String(s.is_large ? "large" : "small");
-    // PyTorch's (0, 0) is the default pool: memscope has no private pools
-    // (CUDA graphs).
+    // (0, 0) is the default pool; a replayed snapshot's private pools keep their ids.
     Key("segment_pool_id");
     w_.BeginTuple(2);
-    w_.Int(0);
-    w_.Int(0);
+    w_.UInt(s.pool_id.first);
+    w_.UInt(s.pool_id.second);
     w_.EndTuple();
     Key("is_expandable");
     w_.Bool(s.is_expandable);
@@ -324,6 +323,14 @@ class SnapshotWriter {
     w_.UInt(e.stream);
     Key("time_us");
     w_.Int(TimeUs(timeline_, e));
+    if (e.pool() != 0) {  // a private pool's entry: its pool, as PyTorch's newer traces write on every entry
+      const PoolId pool = e.pool() < timeline_.pools.size() ? timeline_.pools[e.pool()] : PoolId{};
+      Key("pool_id");
+      w_.BeginTuple(2);
+      w_.UInt(pool.first);
+      w_.UInt(pool.second);
+      w_.EndTuple();
+    }
     if (e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted) {
       // A free carries the frames of its allocation (memscope keeps no stack of the free itself).
       const auto it = trace_stacks_.find(e.addr);
@@ -429,6 +436,7 @@ class SnapshotWriter {
 
   // WriteTraceEntry's dict as raw bytes; false: write it the ordinary way.
   bool WriteTraceEntryRaw(const Event& e) {
+    if (e.pool() != 0) return false;  // a private pool's entry carries pool_id: the general path
     const bool tagged =
         e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted;
     const FramesBytes* frames = &kNoFrames;

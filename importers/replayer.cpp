@@ -59,6 +59,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   std::optional<ScopedTag> tag;
   Category tag_category = Category::kOther;
   std::uint32_t tag_text = 0;
+  // The allocator's index of each of the trace's pools.
+  std::vector<std::uint16_t> pool_index(trace.pools.size(), 0);
+  for (std::size_t k = 1; k < trace.pools.size(); ++k) pool_index[k] = allocator.PoolIndex(trace.pools[k]);
   const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
   if (planned) {
     device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
@@ -94,7 +97,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
         if (recorder != nullptr && owner_ids[r.text] != kUnknownId) {
           recorder->UseOwnerId(trace.strings[r.text], owner_ids[r.text]);
         }
-        absl::StatusOr<DevicePtr> p = allocator.Malloc(r.size, r.stream);
+        absl::StatusOr<DevicePtr> p = r.pool == 0 ? allocator.Malloc(r.size, r.stream)
+                                                  : allocator.Malloc(
+                                                        r.size, r.stream, r.pool < pool_index.size() ? pool_index[r.pool] : 0);
         if (recorder != nullptr && owner_ids[r.text] == kUnknownId) {
           if (std::optional<std::uint32_t> id = recorder->CurrentOwnerId()) owner_ids[r.text] = *id;
         }
@@ -153,6 +158,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
         }
         break;
       case RequestOp::kEmptyCache: allocator.EmptyCache(); break;
+      case RequestOp::kReleasePool:
+        if (r.pool != 0 && r.pool < trace.pools.size()) allocator.ReleasePool(trace.pools[r.pool]);
+        break;
       case RequestOp::kSync:
         if (r.stream == kAllStreams) {
           device.CompleteAll();
@@ -181,6 +189,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   }
   result.stats = allocator.GetStats();
   result.memory_summary = allocator.MemorySummary();
+  result.pools = allocator.pool_ids();
   return result;
 }
 

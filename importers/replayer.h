@@ -35,6 +35,7 @@ struct ReplayResult {
   DeviceStats stats;                // at the end (or at the OOM)
   std::size_t peak_live_bytes = 0;  // peak of live requested bytes: the lower bound
   std::string memory_summary;       // torch.cuda.memory_summary() at the end
+  std::vector<PoolId> pools;        // the allocator's pools by index (Event::pool()): [0] the default
   // The source's addresses (RequestTrace::planned_*): how many segments got
   // theirs, and how many did not (the replay's calls differed from the source's there).
   std::uint64_t planned_taken = 0;

@@ -35,7 +35,20 @@
 
 namespace memscope {
 
-enum class RequestOp : std::uint8_t { kAlloc, kFree, kRecordStream, kEmptyCache, kSync, kPhaseBegin, kPhaseEnd, kMark };
+// kReleasePool: a private pool is gone (its CUDA graph or MemPool deleted):
+// the next empty_cache may free its segments (a PyTorch snapshot's
+// segment_free of a private pool's segment says so; JSON traces have none).
+enum class RequestOp : std::uint8_t {
+  kAlloc,
+  kFree,
+  kRecordStream,
+  kEmptyCache,
+  kSync,
+  kPhaseBegin,
+  kPhaseEnd,
+  kMark,
+  kReleasePool
+};
 
 // Request::stream of a sync that completes every stream.
 inline constexpr StreamId kAllStreams = ~StreamId{0};
@@ -46,6 +59,7 @@ struct Request {
   RequestOp op;
   Category category = Category::kOther;  // alloc
   Phase phase = Phase::kUser;            // phase marks
+  std::uint8_t pool = 0;                 // alloc, release_pool: index into pools (0: the default pool)
   std::uint32_t slot = 0;                // dense index of the id (alloc/free/record_stream)
   std::size_t size = 0;                  // alloc
   StreamId stream = 0;                   // alloc, record_stream, sync (kAllStreams: every stream)
@@ -64,6 +78,10 @@ struct RequestTrace {
   // address, the id "0x" and its hex digits (IdOf); a trace has one or the other.
   std::vector<std::uint64_t> address_ids;
   std::vector<std::string> strings{""};  // owners, labels, mark texts; 0 is ""
+  // The memory pools the requests name: [0] is the default pool, the others
+  // private pools (a PyTorch snapshot's pool_id / segment_pool_id), at most
+  // kMaxEventPool of them.
+  std::vector<PoolId> pools{PoolId{}};
   std::string source;                    // file name, or "<embedded>"
   // Unix microseconds of the source's first request when it has times (a
   // PyTorch snapshot's time_us); -1 otherwise. A replay recorded with a

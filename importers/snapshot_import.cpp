@@ -481,6 +481,11 @@ struct DeviceBuilder {
   std::uint64_t ooms = 0;
   std::uint64_t entries = 0;
   std::uint64_t private_pool_allocs = 0;
+  std::uint64_t pools_over = 0;  // allocations in pools past the kMaxEventPool-th: served from the default pool
+  // Segments of private pools (address -> index into out.requests.pools), and
+  // the pools a segment_free showed released.
+  absl::flat_hash_map<std::uint64_t, std::uint8_t> private_segments;
+  std::vector<bool> pool_released{false};
   StackTags tags;
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
@@ -596,6 +601,27 @@ struct DeviceBuilder {
     return is_default;
   }
 
+  // The index of `id` in out.requests.pools, added on first use; 0 for the
+  // default pool and past kMaxEventPool private pools (counted in pools_over).
+  std::uint8_t PoolIndexOf(PoolId id) {
+    if (id.is_default()) return 0;
+    std::vector<PoolId>& pools = out.requests.pools;
+    for (std::size_t k = 1; k < pools.size(); ++k) {
+      if (pools[k] == id) return static_cast<std::uint8_t>(k);
+    }
+    if (pools.size() > kMaxEventPool) {
+      ++pools_over;
+      return 0;
+    }
+    pools.push_back(id);
+    pool_released.push_back(false);
+    return static_cast<std::uint8_t>(pools.size() - 1);
+  }
+  std::uint8_t PoolIndexOf(const PyView& pool) {
+    if (!pool.valid() || DefaultPool(pool)) return 0;
+    return PoolIndexOf(PoolId{UIntOr0(pool[0]), UIntOr0(pool[1])});
+  }
+
   // A trace entry read as a dict (one the reader did not hand over as a record).
   void Entry(const PyView& e) {
     // One pass over the keys (str keys, each classified once per distinct
@@ -642,9 +668,8 @@ struct DeviceBuilder {
       return;
     }
     const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
-    if (act == Action::kAlloc) {
-      if (const PyView pool_v(arena, f[Field::kPoolId]); pool_v.valid() && !DefaultPool(pool_v)) ++private_pool_allocs;
-    }
+    // The entry's pool (PyTorch 2.6+ writes pool_id on every entry).
+    const PyView pool_v(arena, f[Field::kPoolId]);
     if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
       ++compile_contexts;
     }
@@ -680,6 +705,10 @@ struct DeviceBuilder {
         Push(Request{.op = RequestOp::kFree, .slot = a.slot}, time_us);
       }
       Request r{.op = RequestOp::kAlloc, .slot = Slot(addr), .size = size, .stream = stream};
+      if (pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
+        ++private_pool_allocs;
+        r.pool = PoolIndexOf(pool_v);
+      }
       tags.Tag(frames_v, r, out.requests);
       a.slot = r.slot;
       a.live = true;
@@ -712,6 +741,9 @@ struct DeviceBuilder {
           {act == Action::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
+      if (pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
+        if (const std::uint8_t pool = PoolIndexOf(pool_v); pool != 0) private_segments[addr] = pool;
+      }
       if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
     } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
       const std::uint64_t size = size_of();
@@ -720,8 +752,23 @@ struct DeviceBuilder {
       out.segment_actions.push_back(
           {act == Action::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
       reserved -= static_cast<std::int64_t>(size);
-      if (out.requests.requests.empty() || out.requests.requests.back().op != RequestOp::kEmptyCache) {
-        Push(Request{.op = RequestOp::kEmptyCache}, time_us);
+      // A private pool's segment freed while the pool was live: the pool
+      // was released then (its MemPool deleted: releasePool and
+      // emptyCache(id); a CUDA graph destroyed, then empty_cache), which
+      // frees that pool's free segments.
+      std::uint8_t pool = PoolIndexOf(pool_v);
+      if (pool == 0 && !private_segments.empty()) {
+        if (auto it = private_segments.find(addr); it != private_segments.end()) pool = it->second;
+      }
+      if (pool != 0 && !pool_released[pool]) [[unlikely]] {
+        pool_released[pool] = true;
+        Push(Request{.op = RequestOp::kReleasePool, .pool = pool}, time_us);
+      } else if (pool == 0 || out.requests.requests.empty() ||
+                 out.requests.requests.back().op != RequestOp::kReleasePool) {
+        // (a released pool's segment after its release request: freed by it)
+        if (out.requests.requests.empty() || out.requests.requests.back().op != RequestOp::kEmptyCache) {
+          Push(Request{.op = RequestOp::kEmptyCache}, time_us);
+        }
       }
     } else if (act == Action::kOom) {
       ++ooms;
@@ -870,6 +917,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   struct Preexisting {
     std::uint64_t addr, size;
     PyView frames;
+    PoolId pool;  // its segment's segment_pool_id
   };
   std::map<int, std::vector<Preexisting>> preexisting;
   std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
@@ -879,7 +927,12 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     const PyView seg = segments[s];
     const int device = DeviceOf(seg);
     segments_at_end[device].emplace_back(UIntOr0(seg.Get("address")), UIntOr0(seg.Get("total_size")));
-    if (const PyView pool = seg.Get("segment_pool_id"); !IsDefaultPool(pool)) ++private_pools[device][PoolText(pool)];
+    const PyView seg_pool = seg.Get("segment_pool_id");
+    PoolId pool_id;
+    if (!IsDefaultPool(seg_pool)) {
+      ++private_pools[device][PoolText(seg_pool)];
+      pool_id = PoolId{UIntOr0(seg_pool[0]), UIntOr0(seg_pool[1])};
+    }
     const PyView blocks = seg.Get("blocks");
     for (std::size_t k = 0; k < blocks.size(); ++k) {
       const PyView block = blocks[k];
@@ -888,7 +941,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       const std::uint64_t addr = UIntOr0(block.Get("address"));
       std::uint64_t size = UIntOr0(block.Get("requested_size"));
       if (size == 0) size = UIntOr0(block.Get("size"));
-      preexisting[device].push_back({addr, size, block.Get("frames")});
+      preexisting[device].push_back({addr, size, block.Get("frames"), pool_id});
     }
   }
 
@@ -905,6 +958,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     for (const Preexisting& p : preexisting[device]) {
       if (traced.contains(p.addr)) continue;
       Request r{.op = RequestOp::kAlloc, .slot = b.Slot(p.addr), .size = p.size};
+      r.pool = b.PoolIndexOf(p.pool);
       b.tags.Tag(p.frames, r, t.requests);
       r.time_us = t.requests.time_origin_us;
       head.push_back(r);
@@ -989,7 +1043,13 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
           "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ", b.private_pool_allocs,
           " allocations of the trace",
           pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", absl::StrJoin(pools, ", ")),
-          "; the replay serves them from the default pool"));
+          b.private_pool_allocs > 0
+              ? "; the replay keeps each pool's blocks and segments apart, as PyTorch does"
+              : "; its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves them "
+                "from the default pool",
+          b.pools_over > 0 ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", b.pools_over,
+                                          " allocations served from the default pool)")
+                           : std::string()));
     }
     if (b.tags.from_frames > 0) {
       t.notes.push_back(absl::StrCat("device ", device, ": ", b.tags.from_frames,

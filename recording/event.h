@@ -68,6 +68,11 @@ inline constexpr std::uint8_t kEventSmallPool = 1;  // the block or segment is i
 // once with the same fields (no stream waited). The reader turns it back
 // into the two events, so an Event in memory never carries it.
 inline constexpr std::uint8_t kEventCompletedAtOnce = 2;
+// Bits 2 to 7, only in memory (a replay's recording): the pool of an
+// allocator event, 0 for the default pool, else the index of a private pool
+// in Timeline::pools. Timeline files do not store it.
+inline constexpr int kEventPoolShift = 2;
+inline constexpr std::uint16_t kMaxEventPool = 63;
 
 // One event. Field use by type:
 //   alloc / free_*: addr, size (block), requested_size, stream, category, name = owner
@@ -95,6 +100,11 @@ struct Event {
   bool small_pool() const { return (flags & kEventSmallPool) != 0; }
   void set_small_pool(bool small) {
     flags = static_cast<std::uint8_t>(small ? flags | kEventSmallPool : flags & ~kEventSmallPool);
+  }
+  // Allocator events: the pool index (Timeline::pools), 0 for the default pool.
+  std::uint16_t pool() const { return static_cast<std::uint16_t>(flags >> kEventPoolShift); }
+  void set_pool(std::uint16_t pool) {
+    flags = static_cast<std::uint8_t>((flags & ((1u << kEventPoolShift) - 1)) | (pool << kEventPoolShift));
   }
   // phase_begin / phase_end: the training step, kNoStep before the first.
   std::int64_t step() const { return static_cast<std::int64_t>(addr); }
@@ -159,6 +169,11 @@ struct Timeline {
   std::vector<StackFrame> stack_frames;  // the frames the stacks' indices name
   std::vector<std::uint32_t> event_stacks;
   std::uint32_t stack_of(std::size_t event) const { return event < event_stacks.size() ? event_stacks[event] : 0; }
+  // The pools the allocator events name (Event::pool()): [0] is the default
+  // pool, the others private pools (CUDA graphs, torch.cuda.MemPool) of a
+  // replayed snapshot. Not stored in timeline files.
+  std::vector<PoolId> pools{PoolId{}};
+  bool has_private_pools() const { return pools.size() > 1; }
 
   const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
 };

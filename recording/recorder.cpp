@@ -162,6 +162,7 @@ void Recorder::OnFreeAtOnce(const TraceEvent& e) {
     Event out;
     out.type = EventType::kFreeRequested;
     out.set_small_pool(e.small_pool);
+    out.set_pool(e.pool);
     out.addr = e.addr;
     out.size = e.size;
     out.requested_size = e.requested_size;
@@ -217,6 +218,7 @@ void Recorder::OnEvent(const TraceEvent& e) {
   Event out;
   out.type = static_cast<EventType>(e.action);
   out.set_small_pool(e.small_pool);
+  out.set_pool(e.pool);
   out.time_ns = time;
   out.addr = e.addr;
   out.size = e.size;

@@ -50,6 +50,7 @@ absl::StatusOr<Timeline> RecordReplayImpl(const RequestTrace& trace, RequestTrac
   if (!r.ok()) return r.status();
   if (absl::Status s = session.Finish(); !s.ok()) return s;
   Timeline timeline = std::move(session.timeline());
+  timeline.pools = r->pools;
   if (movable != nullptr) {
     AttachStacksMoving(*movable, *r, timeline);
   } else {
