@@ -112,6 +112,38 @@ def two_devices():
     return snapshot(segs, [tr0, tr1])
 
 
+def mempool(released=False):
+    # A torch.cuda.MemPool (id (0, 1)) beside the default pool. The default
+    # pool cannot take the pool's free 20 MiB block: its 6 MiB request gets a
+    # segment of its own (a replay that merged the pools would make none).
+    # Deleting the MemPool (releasePool, emptyCache(id)) frees its segment.
+    a, b, c = BASE, BASE + 32 * MiB, BASE + 64 * MiB
+    tr = [entry("segment_alloc", a, 20 * MiB, 1, S1), entry("alloc", a, 8 * MiB, 1, S1),
+          entry("alloc", a + 8 * MiB, 8 * MiB, 2, S2),
+          entry("segment_alloc", b, 20 * MiB, 3, S2, pool_id=P), entry("alloc", b, 4 * MiB, 3, S2, pool_id=P),
+          entry("free_requested", b, 4 * MiB, 4, S2, pool_id=P), entry("free_completed", b, 4 * MiB, 4, S2, pool_id=P),
+          entry("segment_alloc", c, 20 * MiB, 5, S1), entry("alloc", c, 6 * MiB, 5, S1),
+          entry("alloc", b, 2 * MiB, 6, S2, pool_id=P)]
+    segs = [segment(a, 20 * MiB, [block(a, 8 * MiB, 8 * MiB, "active_allocated", S1),
+                                  block(a + 8 * MiB, 8 * MiB, 8 * MiB, "active_allocated", S2),
+                                  block(a + 16 * MiB, 4 * MiB, 0, "inactive", EMPTY)]),
+            segment(c, 20 * MiB, [block(c, 6 * MiB, 6 * MiB, "active_allocated", S1),
+                                  block(c + 6 * MiB, 14 * MiB, 0, "inactive", EMPTY)])]
+    pool_seg = segment(b, 20 * MiB, [block(b, 2 * MiB, 2 * MiB, "active_allocated", S2),
+                                     block(b + 2 * MiB, 18 * MiB, 0, "inactive", EMPTY)])
+    pool_seg["segment_pool_id"] = P
+    if released:
+        tr += [entry("free_requested", b, 2 * MiB, 7, S2, pool_id=P),
+               entry("free_completed", b, 2 * MiB, 7, S2, pool_id=P),
+               entry("segment_free", b, 20 * MiB, 8, EMPTY, pool_id=P)]
+    else:
+        segs.insert(1, pool_seg)
+    return snapshot(segs, [tr])
+
+
+P = (0, 1)
+
+
 def reserved_by_device(doc):
     out = {}
     for s in doc["segments"]:
@@ -122,13 +154,17 @@ def reserved_by_device(doc):
 tmp = tempfile.mkdtemp(prefix="memscope-torch-")
 try:
     cases = [("shared", shared_frames(), (2, 4, 5)), ("empty_cache", empty_cache(), (4,)),
-             ("expandable", expandable(), (5,)), ("oom", oom(), (4,)), ("two_devices", two_devices(), (2,))]
+             ("expandable", expandable(), (5,)), ("oom", oom(), (4,)), ("two_devices", two_devices(), (2,)),
+             ("mempool", mempool(), (2, 4, 5)), ("mempool_released", mempool(released=True), (4,))]
     # (peak allocated per device, number of segment actions --verify checks)
     expect = {"shared": ({0: 10 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)"),
               "empty_cache": ({0: 36 * MiB}, "all 5 segment actions match, in order (3 segment_alloc, 2 segment_free)"),
               "expandable": ({0: 30 * MiB}, "all 3 segment actions match, in order (2 segment_map, 1 segment_unmap)"),
               "oom": ({0: 60 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)"),
-              "two_devices": ({0: 2 * MiB, 1: 40 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)")}
+              "two_devices": ({0: 2 * MiB, 1: 40 * MiB}, "all 1 segment actions match, in order (1 segment_alloc)"),
+              "mempool": ({0: 24 * MiB}, "all 3 segment actions match, in order (3 segment_alloc)"),
+              "mempool_released": ({0: 24 * MiB},
+                                   "all 4 segment actions match, in order (3 segment_alloc, 1 segment_free)")}
     for name, doc, protocols in cases:
         for proto in protocols:
             path = os.path.join(tmp, f"{name}-p{proto}.pickle")
@@ -169,6 +205,36 @@ try:
     check("oom replayed", "OOM: request of 40.00 MiB; the device had 20.00 MiB free" in out, out)
     code, out, err = run("summary", os.path.join(tmp, "two_devices-p2.pickle"), "--rank", "1", "--json")
     check("device 1", code == 0 and [r["rank"] for r in json.loads(out)["ranks"]] == [1], (code, out[:200], err))
+
+    # Private pools: bytes by pool at the end, the file's segment_pool_id and
+    # pool_id written back by `memscope snapshot`.
+    for name, want_pool in (("mempool", {"pool_id": [0, 1], "reserved": 20 * MiB, "allocated": 2 * MiB,
+                                         "segments": 1}),
+                            ("mempool_released", {"pool_id": [0, 1], "reserved": 0, "allocated": 0, "segments": 0})):
+        path = os.path.join(tmp, f"{name}-p4.pickle")
+        code, out, err = run("frag", path, "--json")
+        pools = json.loads(out)["ranks"][0].get("pools") if code == 0 else None
+        want = [{"pool_id": [0, 0], "reserved": 40 * MiB, "allocated": 22 * MiB, "segments": 2}, want_pool]
+        check(f"{name}: bytes by pool", pools == want, (pools, err))
+        check(f"{name}: pools note", "the replay keeps each pool's blocks and segments apart" in err, err)
+        code, out, err = run("frag", path)
+        check(f"{name}: frag text by pool", code == 0 and "by pool:\n  default pool (0, 0): reserved 40.00 MiB in 2 "
+              "segments, allocated 22.00 MiB\n  private pool (0, 1): " in out, out)
+        code, out, err = run("summary", path, "--json")
+        pools = json.loads(out)["at"][0].get("pools") if code == 0 else None
+        check(f"{name}: summary bytes by pool", pools == want, pools)
+        back = os.path.join(tmp, f"{name}-back.pickle")
+        code, out, err = run("snapshot", path, "-o", back)
+        check(f"{name}: snapshot", code == 0, err)
+        with open(back, "rb") as f:
+            again = pickle.load(f)
+        doc = mempool(released=name == "mempool_released")
+        got = [(s["address"], s["segment_pool_id"]) for s in again["segments"]]
+        want = [(s["address"], s["segment_pool_id"]) for s in doc["segments"]]
+        check(f"{name}: segment_pool_id written back", got == want, (got, want))
+        got = [(e["action"], e["addr"], e.get("pool_id", (0, 0))) for e in again["device_traces"][0]]
+        want = [(e["action"], e["addr"], e["pool_id"]) for e in doc["device_traces"][0]]
+        check(f"{name}: pool_id written back", got == want, (got, want))
 
     # The file's own times are kept: exported again, the trace has the same time_us.
     back = os.path.join(tmp, "back.pickle")
