@@ -125,7 +125,7 @@ struct BlockPool {
 
   // Invariant: a block's key is taken from its fields, so a block must be
   // erased before its size or address changes and inserted again after.
-  void Insert(Block* b) {
+  [[gnu::always_inline]] void Insert(Block* b) {
     b->gc_count_base = get_free_blocks_call_count;
     b->set_pool_position(Get(b->stream).Insert(KeyOf(b), b));
   }
@@ -256,6 +256,11 @@ struct CachingAllocator::Impl {
       f(pp->large_blocks);
     }
   }
+  // The small or large side of private pool `index` for a rounded request of `size`.
+  [[gnu::cold]] [[gnu::noinline]] BlockPool& PrivateBlockPool(std::uint16_t index, std::size_t size) {
+    PrivatePool& pp = *private_pools[index - 1];
+    return size <= kSmallSize ? pp.small_blocks : pp.large_blocks;
+  }
   PoolId IdOf(const BlockPool& pool) const { return pool.index == 0 ? PoolId{} : private_pools[pool.index - 1]->id; }
   AddressMap<Block> allocated_blocks;
   absl::flat_hash_set<Block*> pending_free;  // freed, waiting on stream events
@@ -270,6 +275,9 @@ struct CachingAllocator::Impl {
   AllocatorObserver* observer = nullptr;
   bool observer_wants_time = false;  // observer->wants_time(), read at SetObserver
   RecordSink* sink = nullptr;        // observer->record_sink(), read at SetObserver
+  // `sink` while there is no private pool, else null: the sink's records
+  // have no pool, so with private pools every event takes the slow way.
+  RecordSink* fast_sink = nullptr;
   std::optional<OutOfMemoryInfo> last_oom;
   BlockArena arena;
 
@@ -316,13 +324,13 @@ struct CachingAllocator::Impl {
   // aggregate ("all") only its peak: its current value and totals are the
   // sums of the pools'. Stats() fills all of them in. An increase touches
   // one Stat and, when it grows, the aggregate's peak; a decrease one value.
-  static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
+  [[gnu::always_inline]] static void Increase(StatArray& a, const BlockPool& pool, std::int64_t amount) {
     a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].Increase(amount);
     Stat& all = a[static_cast<int>(StatType::kAll)];
     const std::int64_t current = AllCurrent(a);
     if (current > all.peak) all.peak = current;
   }
-  static void Decrease(StatArray& a, const BlockPool& pool, std::int64_t amount) {
+  [[gnu::always_inline]] static void Decrease(StatArray& a, const BlockPool& pool, std::int64_t amount) {
     a[static_cast<int>(pool.is_small ? StatType::kSmallPool : StatType::kLargePool)].current -= amount;
   }
   static std::int64_t AllCurrent(const StatArray& a) {
@@ -394,9 +402,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, 
                                                          std::uint16_t pool_index) {
   ProcessEvents();
   const std::size_t size = RoundSize(orig_size);
-  PrivatePool* pp = pool_index == 0 ? nullptr : private_pools[pool_index - 1].get();
-  BlockPool& pool = size <= kSmallSize ? (pp == nullptr ? small_blocks : pp->small_blocks)
-                                       : (pp == nullptr ? large_blocks : pp->large_blocks);
+  BlockPool& pool = pool_index == 0 ? (size <= kSmallSize ? small_blocks : large_blocks)
+                                     : PrivateBlockPool(pool_index, size);
   AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, nullptr, {}, absl::OkStatus()};
 
   bool found = GetFreeBlock(p);
@@ -465,10 +472,9 @@ Block* CachingAllocator::Impl::AllocFoundBlock(AllocParams& p, std::size_t orig_
   block->requested_size = orig_size;
   allocated_blocks.Insert(block->ptr, block);
   // The sink first (the recorded path tests one pointer; the plain path two).
-  // Private pools' events go the slow way: the sink's records have no pool.
-  if (sink != nullptr && pool.index == 0) {  // (then an observer is attached)
-    if (sink->TryAlloc(block->ptr, block->size, orig_size, block->stream, pool.is_small)) {
-      block->record_id = sink->seq;
+  if (fast_sink != nullptr) {  // (then an observer is attached)
+    if (fast_sink->TryAlloc(block->ptr, block->size, orig_size, block->stream, pool.is_small)) {
+      block->record_id = fast_sink->seq;
     } else {
       TraceAllocSlow(block, pool);
     }
@@ -707,8 +713,8 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
     InsertEvents(block);
   } else {
     // free_requested and free_completed at once: one observer call.
-    if (sink != nullptr && pool.index == 0) {  // (then an observer is attached)
-      if (!sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id)) TraceFreeAtOnceSlow(block, pool);
+    if (fast_sink != nullptr) {  // (then an observer is attached)
+      if (!fast_sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id)) TraceFreeAtOnceSlow(block, pool);
     } else if (observer != nullptr) {
       TraceFreeAtOnceSlow(block, pool);
     }
@@ -1200,23 +1206,13 @@ CachingAllocator::CachingAllocator(Device& device, AllocatorConfig config)
 
 CachingAllocator::~CachingAllocator() = default;
 
-absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId stream) {
-  if (size == 0) return DevicePtr{0};
-  if (size >= kOneExaByte) {
-    return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
-  }
-  std::lock_guard<FastMutex> lock(mutex_);
-  impl_->call_time = 0;
-  return impl_->Malloc(size, stream);
-}
-
 absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId stream, std::uint16_t pool) {
   if (size == 0) return DevicePtr{0};
   if (size >= kOneExaByte) {
     return absl::ResourceExhaustedError("CUDA out of memory. Tried to allocate more than 1EB memory.");
   }
   std::lock_guard<FastMutex> lock(mutex_);
-  if (pool > impl_->private_pools.size()) {
+  if (pool > impl_->private_pools.size()) [[unlikely]] {
     return absl::InvalidArgumentError(absl::StrCat("no memory pool with index ", pool));
   }
   impl_->call_time = 0;
@@ -1232,6 +1228,7 @@ std::uint16_t CachingAllocator::PoolIndex(PoolId id) {
   }
   const auto index = static_cast<std::uint16_t>(pools.size() + 1);
   pools.push_back(std::make_unique<PrivatePool>(id, index));
+  impl_->fast_sink = nullptr;
   return index;
 }
 
@@ -1371,6 +1368,7 @@ void CachingAllocator::SetObserver(AllocatorObserver* observer) {
   impl_->observer = observer;
   impl_->observer_wants_time = observer != nullptr && observer->wants_time();
   impl_->sink = observer != nullptr ? observer->record_sink() : nullptr;
+  impl_->fast_sink = impl_->private_pools.empty() ? impl_->sink : nullptr;
 }
 
 absl::Status CachingAllocator::CheckInvariants() const {

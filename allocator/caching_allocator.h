@@ -89,7 +89,7 @@ class CachingAllocator {
   // size 0, like PyTorch), ResourceExhausted with PyTorch's OOM message plus a
   // memscope diagnosis line when the device is full, or the device's own
   // error for any other device failure.
-  absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream = 0);
+  absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream = 0) { return Malloc(size, stream, 0); }
 
   // Private pools (CUDA graphs, torch.cuda.MemPool). A request in a private
   // pool (`pool`, an index from PoolIndex) is served only from that pool's

@@ -285,7 +285,7 @@ class FreeBlockSet {
   }
 
   // The index of the first of entries[0, n) not less than `key`.
-  static std::uint32_t LowerBoundIn(const Entry* entries, std::uint32_t n, const FreeKey& key) {
+  [[gnu::always_inline]] static std::uint32_t LowerBoundIn(const Entry* entries, std::uint32_t n, const FreeKey& key) {
     const Entry* first = entries;
     while (n > 1) {
       const std::uint32_t half = n / 2;

@@ -668,8 +668,8 @@ struct DeviceBuilder {
       return;
     }
     const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
-    // The entry's pool (PyTorch 2.6+ writes pool_id on every entry).
-    const PyView pool_v(arena, f[Field::kPoolId]);
+    // The entry's pool (newer PyTorch writes pool_id on every entry), read where it is used.
+    const auto pool_of = [&] { return PyView(arena, f[Field::kPoolId]); };
     if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
       ++compile_contexts;
     }
@@ -705,7 +705,7 @@ struct DeviceBuilder {
         Push(Request{.op = RequestOp::kFree, .slot = a.slot}, time_us);
       }
       Request r{.op = RequestOp::kAlloc, .slot = Slot(addr), .size = size, .stream = stream};
-      if (pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
+      if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
         ++private_pool_allocs;
         r.pool = PoolIndexOf(pool_v);
       }
@@ -741,7 +741,7 @@ struct DeviceBuilder {
           {act == Action::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
-      if (pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
+      if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
         if (const std::uint8_t pool = PoolIndexOf(pool_v); pool != 0) private_segments[addr] = pool;
       }
       if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
@@ -756,7 +756,7 @@ struct DeviceBuilder {
       // was released then (its MemPool deleted: releasePool and
       // emptyCache(id); a CUDA graph destroyed, then empty_cache), which
       // frees that pool's free segments.
-      std::uint8_t pool = PoolIndexOf(pool_v);
+      std::uint8_t pool = PoolIndexOf(pool_of());
       if (pool == 0 && !private_segments.empty()) {
         if (auto it = private_segments.find(addr); it != private_segments.end()) pool = it->second;
       }
