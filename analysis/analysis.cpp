@@ -122,6 +122,7 @@ class FirstWalk final : public WalkListener {
     r_.stats = walk.model().stats();
     r_.fragmentation_at_exit = walk.model().Fragmentation();
     if (walk.timeline().events.empty()) r_.fragmentation_at_end = r_.fragmentation_at_exit;
+    if (walk.timeline().events.empty()) r_.pools_at_end = BytesByPool(walk.model(), walk.timeline());
     r_.lower_bound = walk.model().peak_live_requested();
     if (at_peaks_) AtPeaks(walk.timeline());
   }
@@ -249,6 +250,7 @@ class FirstWalk final : public WalkListener {
     }
     if (walk.applied() == end_) {
       r_.fragmentation_at_end = walk.model().Fragmentation();
+      r_.pools_at_end = BytesByPool(walk.model(), walk.timeline());
       r_.model_at_end = std::make_shared<const TraceModel>(walk.model());
       r_.model_at_end_events = walk.applied();
     }

@@ -108,6 +108,16 @@ struct DdpBuckets {
   bool operator==(const DdpBuckets&) const = default;
 };
 
+// Bytes by memory pool at one moment: the default pool and each private pool
+// (CUDA graph, torch.cuda.MemPool) of a replayed snapshot, in the order of
+// Timeline::pools. Empty for a timeline without private pools.
+struct PoolBytes {
+  PoolId pool;
+  std::uint64_t reserved = 0;   // bytes of its segments (mapped ranges)
+  std::uint64_t allocated = 0;  // bytes of its allocated blocks
+  std::uint64_t segments = 0;   // its segments (an expandable segment's mapped ranges each)
+};
+
 // Everything report.json says about one rank (exporters/report.h has the
 // schema): the recording's header and its analyses, which AnalyzeRank fills,
 // and what only `memscope run` knows (ddp, status, losses), which it adds.
@@ -135,6 +145,9 @@ struct RankReport {
   // AnalyzeRank / RankAnalysis: ModelAt(end) with this report takes it instead
   // of walking (or scanning) the timeline again. Null when not analysed here.
   std::shared_ptr<const TraceModel> model_at_end;
+  // Bytes by pool at `end`, for a replayed snapshot with private pools (CUDA
+  // graphs, torch.cuda.MemPool); empty otherwise (BytesByPool).
+  std::vector<PoolBytes> pools_at_end;
   std::size_t model_at_end_events = 0;  // the events up to `end` (EndOfLastStep), with model_at_end
   // What `memscope run` adds:
   std::optional<DdpBuckets> ddp;  // the rank trained under DDP
@@ -265,15 +278,6 @@ std::string FormatDeltaInUnit(std::int64_t bytes, TableUnit unit);
 // The fragmentation report as text.
 std::string FragmentationText(const FragmentationInfo& f);
 
-// Bytes by memory pool at one moment: the default pool and each private pool
-// (CUDA graph, torch.cuda.MemPool) of a replayed snapshot, in the order of
-// Timeline::pools. Empty for a timeline without private pools.
-struct PoolBytes {
-  PoolId pool;
-  std::uint64_t reserved = 0;   // bytes of its segments (mapped ranges)
-  std::uint64_t allocated = 0;  // bytes of its allocated blocks
-  std::uint64_t segments = 0;   // its segments (an expandable segment's mapped ranges each)
-};
 std::vector<PoolBytes> BytesByPool(const TraceModel& model, const Timeline& t);
 // "(0, 1)"
 std::string PoolIdText(PoolId pool);

@@ -558,6 +558,7 @@ json RankReportJson(const RankReport& r) {
             {"peak_reserved_bytes", r.peak_reserved.bytes},
             {"overhead_bytes", r.overhead_bytes()}};
   if (r.stats_known) j["memory_stats"] = std::move(stats);
+  if (!r.pools_at_end.empty()) j["pools_at_end"] = PoolsJson(r.pools_at_end);
   if (!r.status.empty()) j["status"] = r.status;
   if (r.ddp) j["ddp"] = DdpJson(*r.ddp);
   if (!r.losses.empty()) {

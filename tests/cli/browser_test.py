@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from clitest import MiB, check, data, finish, run  # noqa: E402
+from clitest import DATA, MiB, check, data, finish, run  # noqa: E402
 import traces
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -335,6 +335,22 @@ try:
     check("GPU table: 2 contexts + rank 0's reserved + NCCL on GPU 0",
           gpus[0]["used_bytes"] == 1000 * MiB + gpus[0]["processes"][0]["reserved_bytes"] + 544 * MiB, gpus[0])
     d.save_screenshot(os.path.join(OUT, "report-gpu-table.png"))
+
+    # ---- private pools: a MemPool snapshot's bytes by pool at the end, under the rank's facts
+    mempool = os.path.join(DATA, "..", "..", "fuzz", "corpus", "pickle", "torch_mempool_p4.pickle")
+    pool_page = os.path.join(tmp, "mempool.html")
+    code, out, err = run("report", mempool, "-o", pool_page)
+    check("mempool report", code == 0, err)
+    pools = json_of("summary", mempool, "--json")["ranks"][0]["pools_at_end"]
+    open_page(d, pool_page, "mempool")
+    shown = d.find_element(By.CSS_SELECTOR, "p.pools[data-key=pools_at_end]").text
+    want = "by pool at end: " + " · ".join(
+        ("default pool" if p["pool_id"] == [0, 0] else "private pool") + f" ({p['pool_id'][0]}, {p['pool_id'][1]}) "
+        f"reserved {format_size(p['reserved'])} in {p['segments']} segment{'' if p['segments'] == 1 else 's'}, "
+        f"allocated {format_size(p['allocated'])}" for p in pools)
+    check("pools at end shown", shown == want, (shown, want))
+    check("pools at end: the MemPool's 20 MiB", "private pool (0, 1) reserved 20.00 MiB in 1 segment, allocated "
+          "2.00 MiB" in shown, shown)
 finally:
     if d is not None:
         d.quit()

@@ -223,6 +223,8 @@ try:
         code, out, err = run("summary", path, "--json")
         pools = json.loads(out)["at"][0].get("pools") if code == 0 else None
         check(f"{name}: summary bytes by pool", pools == want, pools)
+        check(f"{name}: report.json's pools_at_end", code == 0 and json.loads(out)["ranks"][0].get("pools_at_end") == want,
+              out[:300])
         back = os.path.join(tmp, f"{name}-back.pickle")
         code, out, err = run("snapshot", path, "-o", back)
         check(f"{name}: snapshot", code == 0, err)
