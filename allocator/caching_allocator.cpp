@@ -400,7 +400,9 @@ CachingAllocator::Impl::~Impl() {
 
 absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, StreamId stream,
                                                          std::uint16_t pool_index) {
-  ProcessEvents();
+  // (A request in a private pool runs while captures_underway is not empty:
+  // no event processing, no release-all retry.)
+  if (pool_index == 0) ProcessEvents();
   const std::size_t size = RoundSize(orig_size);
   BlockPool& pool = pool_index == 0 ? (size <= kSmallSize ? small_blocks : large_blocks)
                                      : PrivateBlockPool(pool_index, size);
@@ -415,7 +417,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, 
       found = AllocBlock(p, false);
       if (!found && p.fatal()) return p.err;
     }
-    if (!found) {
+    if (!found && pool_index == 0) {
       ReleaseCachedBlocks();
       found = AllocBlock(p, /*is_retry=*/true);
       if (!found && p.fatal()) return p.err;
@@ -980,21 +982,31 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
   info.allocated = static_cast<std::size_t>(AllCurrent(stats.allocated_bytes));
   info.reserved = static_cast<std::size_t>(AllCurrent(stats.reserved_bytes));
   info.inactive_split = static_cast<std::size_t>(AllCurrent(stats.inactive_split_bytes));
+  // The cache the request could have used: its own pool's small and large
+  // blocks (the default pool's, or its private pool's).
   std::size_t free_blocks = 0;
+  std::size_t in_private_pools = 0;  // PyTorch's "allocated in private pools": their cached free bytes
   ForEachPool([&](const BlockPool& pool) {
     pool.ForEach([&](const Block* b) {
+      if (pool.index != 0) in_private_pools += b->size;
+      if (pool.index != p.pool->index) return;
       info.cached_free += b->size;
       info.largest_free_block = std::max(info.largest_free_block, b->size);
       ++free_blocks;
     });
   });
+  const std::string private_pool_msg =
+      in_private_pools > 0
+          ? absl::StrCat("with ", FormatSize(in_private_pools), " allocated in private pools (e.g., CUDA Graphs), ")
+          : std::string();
   const std::string allowed_info =
       set_fraction ? absl::StrCat(FormatSize(allowed_memory_maximum), " allowed; ") : std::string();
   info.message =
       absl::StrCat("CUDA out of memory. Tried to allocate ", FormatSize(p.alloc_size), ". GPU ", device.index(),
                    " has a total capacity of ", FormatSize(mem.total_bytes), " of which ", FormatSize(mem.free_bytes),
                    " is free. ", allowed_info, "Of the allocated memory ", FormatSize(info.allocated),
-                   " is allocated by PyTorch, and ", FormatSize(info.reserved - info.allocated),
+                   " is allocated by PyTorch, ", private_pool_msg, "and ",
+                   FormatSize(info.reserved - info.allocated - in_private_pools),
                    " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
   info.diagnosis = absl::StrCat("memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (",
@@ -1219,12 +1231,16 @@ absl::StatusOr<DevicePtr> CachingAllocator::Malloc(std::size_t size, StreamId st
   return impl_->Malloc(size, stream, pool);
 }
 
-std::uint16_t CachingAllocator::PoolIndex(PoolId id) {
-  if (id.is_default()) return 0;
+absl::StatusOr<std::uint16_t> CachingAllocator::PoolIndex(PoolId id) {
+  if (id.is_default()) return std::uint16_t{0};
   std::lock_guard<FastMutex> lock(mutex_);
   auto& pools = impl_->private_pools;
   for (std::size_t i = 0; i < pools.size(); ++i) {
     if (pools[i]->id == id) return static_cast<std::uint16_t>(i + 1);
+  }
+  if (pools.size() >= kMaxPrivatePools) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("more than ", kMaxPrivatePools, " private memory pools on one allocator"));
   }
   const auto index = static_cast<std::uint16_t>(pools.size() + 1);
   pools.push_back(std::make_unique<PrivatePool>(id, index));

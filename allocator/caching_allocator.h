@@ -102,9 +102,14 @@ class CachingAllocator {
   // pool's wholly free segments are freed at once, and every later
   // empty_cache() frees those that become free, as release_cached_blocks
   // frees graph_pools_freeable.
-  // Index 0 is the default pool; PoolIndex(id) makes a pool on first use.
+  // While a request goes to a private pool, PyTorch's captures_underway is
+  // not empty: such a request neither processes pending stream events first
+  // nor frees the whole cache to retry before running out of memory.
+  // Index 0 is the default pool; PoolIndex(id) makes a pool on first use, at
+  // most kMaxPrivatePools of them (ResourceExhausted after).
+  static constexpr std::uint16_t kMaxPrivatePools = 63;
   absl::StatusOr<DevicePtr> Malloc(std::size_t size, StreamId stream, std::uint16_t pool);
-  std::uint16_t PoolIndex(PoolId id);
+  absl::StatusOr<std::uint16_t> PoolIndex(PoolId id);
   void ReleasePool(PoolId id);
   // The id of each pool index: [0] is the default pool (0, 0).
   std::vector<PoolId> pool_ids() const;

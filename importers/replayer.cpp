@@ -61,7 +61,11 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   std::uint32_t tag_text = 0;
   // The allocator's index of each of the trace's pools.
   std::vector<std::uint16_t> pool_index(trace.pools.size(), 0);
-  for (std::size_t k = 1; k < trace.pools.size(); ++k) pool_index[k] = allocator.PoolIndex(trace.pools[k]);
+  for (std::size_t k = 1; k < trace.pools.size(); ++k) {
+    absl::StatusOr<std::uint16_t> index = allocator.PoolIndex(trace.pools[k]);
+    if (!index.ok()) return absl::Status(index.status().code(), absl::StrCat(trace.source, ": ", index.status().message()));
+    pool_index[k] = *index;
+  }
   const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
   if (planned) {
     device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);

@@ -486,6 +486,8 @@ struct DeviceBuilder {
   // the pools a segment_free showed released.
   absl::flat_hash_map<std::uint64_t, std::uint8_t> private_segments;
   std::vector<bool> pool_released{false};
+  std::vector<std::size_t> release_request{0};  // per pool: its kReleasePool request, while pool_released
+  std::uint8_t oom_pool = 0;                     // the pool of the last oom entry
   StackTags tags;
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
@@ -603,23 +605,35 @@ struct DeviceBuilder {
 
   // The index of `id` in out.requests.pools, added on first use; 0 for the
   // default pool and past kMaxEventPool private pools (counted in pools_over).
-  std::uint8_t PoolIndexOf(PoolId id) {
+  // `over`: set when `id` is a private pool past the kMaxEventPool-th.
+  std::uint8_t PoolIndexOf(PoolId id, bool* over = nullptr) {
     if (id.is_default()) return 0;
     std::vector<PoolId>& pools = out.requests.pools;
     for (std::size_t k = 1; k < pools.size(); ++k) {
       if (pools[k] == id) return static_cast<std::uint8_t>(k);
     }
     if (pools.size() > kMaxEventPool) {
-      ++pools_over;
+      if (over != nullptr) *over = true;
       return 0;
     }
     pools.push_back(id);
     pool_released.push_back(false);
+    release_request.push_back(0);
     return static_cast<std::uint8_t>(pools.size() - 1);
   }
-  std::uint8_t PoolIndexOf(const PyView& pool) {
+  std::uint8_t PoolIndexOf(const PyView& pool, bool* over = nullptr) {
     if (!pool.valid() || DefaultPool(pool)) return 0;
-    return PoolIndexOf(PoolId{UIntOr0(pool[0]), UIntOr0(pool[1])});
+    return PoolIndexOf(PoolId{UIntOr0(pool[0]), UIntOr0(pool[1])}, over);
+  }
+  // Pool `pool` allocates again after a segment_free of its own taken for
+  // its release: that free was the allocator's (release_available_cached_blocks
+  // under max_split_size, which frees a live pool's oversize block inside an
+  // allocation; the replay does it too), not a release. The release request
+  // becomes a no-op (pool 0).
+  void StillLive(std::uint8_t pool) {
+    if (!pool_released[pool]) return;
+    pool_released[pool] = false;
+    out.requests.requests[release_request[pool]].pool = 0;
   }
 
   // A trace entry read as a dict (one the reader did not hand over as a record).
@@ -706,8 +720,13 @@ struct DeviceBuilder {
       }
       Request r{.op = RequestOp::kAlloc, .slot = Slot(addr), .size = size, .stream = stream};
       if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
-        ++private_pool_allocs;
-        r.pool = PoolIndexOf(pool_v);
+        bool over = false;
+        r.pool = PoolIndexOf(pool_v, &over);
+        if (over) ++pools_over;
+        if (r.pool != 0) {
+          ++private_pool_allocs;
+          StillLive(r.pool);
+        }
       }
       tags.Tag(frames_v, r, out.requests);
       a.slot = r.slot;
@@ -742,7 +761,10 @@ struct DeviceBuilder {
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
       if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
-        if (const std::uint8_t pool = PoolIndexOf(pool_v); pool != 0) private_segments[addr] = pool;
+        if (const std::uint8_t pool = PoolIndexOf(pool_v); pool != 0) {
+          private_segments[addr] = pool;
+          StillLive(pool);
+        }
       }
       if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
     } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
@@ -756,24 +778,31 @@ struct DeviceBuilder {
       // was released then (its MemPool deleted: releasePool and
       // emptyCache(id); a CUDA graph destroyed, then empty_cache), which
       // frees that pool's free segments.
-      std::uint8_t pool = PoolIndexOf(pool_of());
-      if (pool == 0 && !private_segments.empty()) {
+      // The segment's pool: the entry's pool_id, else the pool its
+      // segment_alloc named (entries without pool_id).
+      std::uint8_t pool = 0;
+      if (const PyView pool_v = pool_of(); pool_v.valid()) {
+        pool = PoolIndexOf(pool_v);
+      } else if (!private_segments.empty()) {
         if (auto it = private_segments.find(addr); it != private_segments.end()) pool = it->second;
       }
+      if (!private_segments.empty()) private_segments.erase(addr);
+      std::vector<Request>& requests = out.requests.requests;
       if (pool != 0 && !pool_released[pool]) [[unlikely]] {
         pool_released[pool] = true;
         Push(Request{.op = RequestOp::kReleasePool, .pool = pool}, time_us);
-      } else if (pool == 0 || out.requests.requests.empty() ||
-                 out.requests.requests.back().op != RequestOp::kReleasePool) {
-        // (a released pool's segment after its release request: freed by it)
-        if (out.requests.requests.empty() || out.requests.requests.back().op != RequestOp::kEmptyCache) {
-          Push(Request{.op = RequestOp::kEmptyCache}, time_us);
-        }
+        release_request[pool] = requests.size() - 1;
+      } else if (pool != 0 && !requests.empty() && requests.back().op == RequestOp::kReleasePool &&
+                 requests.back().pool == pool) {
+        // (freed by that release)
+      } else if (requests.empty() || requests.back().op != RequestOp::kEmptyCache) {
+        Push(Request{.op = RequestOp::kEmptyCache}, time_us);
       }
     } else if (act == Action::kOom) {
       ++ooms;
       last_oom_entry = entries;
       oom_size = size_of();
+      oom_pool = PoolIndexOf(pool_of());
       const std::uint64_t device_free = UIntOr0(PyView(arena, f[Field::kDeviceFree]));
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
@@ -821,6 +850,14 @@ std::string SettingsText(const PyView& settings) {
 int DeviceOf(const PyView& v) {
   const std::optional<std::int64_t> d = v.Get("device").AsInt();
   return d && *d >= 0 && *d <= kMaxTimelineDeviceIndex ? static_cast<int>(*d) : 0;
+}
+
+// "a, b, c" of at most 8 parts, then "and N more".
+std::string PoolList(const std::vector<std::string>& parts) {
+  constexpr std::size_t kShown = 8;
+  if (parts.size() <= kShown) return absl::StrJoin(parts, ", ");
+  return absl::StrCat(absl::StrJoin(parts.begin(), parts.begin() + kShown, ", "), " and ", parts.size() - kShown,
+                      " more");
 }
 
 std::string PoolText(const PyView& pool) {
@@ -953,12 +990,16 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
+    std::uint64_t head_private = 0;  // of them, blocks in private pools
     absl::flat_hash_set<std::uint64_t> traced;  // every address the trace allocated at
     if (!preexisting[device].empty()) traced.insert(t.requests.address_ids.begin(), t.requests.address_ids.end());
     for (const Preexisting& p : preexisting[device]) {
       if (traced.contains(p.addr)) continue;
       Request r{.op = RequestOp::kAlloc, .slot = b.Slot(p.addr), .size = p.size};
-      r.pool = b.PoolIndexOf(p.pool);
+      bool over = false;
+      r.pool = b.PoolIndexOf(p.pool, &over);
+      if (over) ++b.pools_over;
+      if (r.pool != 0) ++head_private;
       b.tags.Tag(p.frames, r, t.requests);
       r.time_us = t.requests.time_origin_us;
       head.push_back(r);
@@ -1013,6 +1054,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     if (b.ooms > 0) {
       if (b.last_oom_entry > b.last_alloc_entry && b.oom_size > 0) {
         Request r{.op = RequestOp::kAlloc, .slot = b.Slot(0), .size = b.oom_size, .line = b.last_oom_entry};
+        r.pool = b.oom_pool;
         if (b.time_known) r.time_us = static_cast<std::int64_t>(b.last_time);
         merged.push_back(r);
       }
@@ -1036,17 +1078,22 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     if (!b.unknown_fields.counts.empty()) {
       t.notes.push_back(absl::StrCat("trace entry fields memscope does not read: ", b.unknown_fields.Text()));
     }
-    if (b.private_pool_allocs > 0 || !private_pools[device].empty()) {
+    if (b.private_pool_allocs > 0 || head_private > 0 || !private_pools[device].empty()) {
       std::vector<std::string> pools;
       for (const auto& [pool, n] : private_pools[device]) pools.push_back(absl::StrCat(pool, ": ", n, " segments"));
+      std::string replay_how;
+      if (b.private_pool_allocs > 0) {
+        replay_how = "the replay keeps each pool's blocks and segments apart, as PyTorch does";
+      } else {
+        replay_how = "its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves the trace's "
+              "allocations from the default pool";
+        if (head_private > 0) absl::StrAppend(&replay_how, "; the blocks alive before the trace start in their segments' pools");
+      }
       t.notes.push_back(absl::StrCat(
           "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ", b.private_pool_allocs,
           " allocations of the trace",
-          pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", absl::StrJoin(pools, ", ")),
-          b.private_pool_allocs > 0
-              ? "; the replay keeps each pool's blocks and segments apart, as PyTorch does"
-              : "; its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves them "
-                "from the default pool",
+          head_private > 0 ? absl::StrCat(" and ", head_private, " blocks alive before it") : std::string(),
+          pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", PoolList(pools)), "; ", replay_how,
           b.pools_over > 0 ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", b.pools_over,
                                           " allocations served from the default pool)")
                            : std::string()));
@@ -1110,11 +1157,24 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
     t.device_index = device;
     t.alloc_conf = settings;
     std::map<std::string, std::uint64_t> pools;
+    std::uint64_t pools_over = 0;  // segments in pools past the kMaxEventPool-th: shown in the default pool
     for (const PyView& seg : segs) {
       const std::optional<std::string_view> type = seg.Get("segment_type").AsString();
       const bool expandable = seg.Get("is_expandable").bool_value();
-      if (const PyView pool = seg.Get("segment_pool_id"); !IsDefaultPool(pool)) ++pools[PoolText(pool)];
       Event e;
+      if (const PyView pool = seg.Get("segment_pool_id"); !IsDefaultPool(pool)) {
+        ++pools[PoolText(pool)];
+        const PoolId id{UIntOr0(pool[0]), UIntOr0(pool[1])};
+        const auto known = std::find(t.pools.begin(), t.pools.end(), id);
+        if (known != t.pools.end()) {
+          e.set_pool(static_cast<std::uint16_t>(known - t.pools.begin()));
+        } else if (!id.is_default() && t.pools.size() <= kMaxEventPool) {
+          t.pools.push_back(id);
+          e.set_pool(static_cast<std::uint16_t>(t.pools.size() - 1));
+        } else if (!id.is_default()) {
+          ++pools_over;
+        }
+      }
       e.type = expandable ? EventType::kSegmentMap : EventType::kSegmentAlloc;
       e.set_small_pool(type && *type == "small");
       e.addr = UIntOr0(seg.Get("address"));
@@ -1137,6 +1197,7 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
         Event a;
         a.type = EventType::kAlloc;
         a.set_small_pool(e.small_pool());
+        a.set_pool(e.pool());
         a.addr = addr;
         a.size = size;
         a.requested_size = requested != 0 ? requested : size;
@@ -1154,7 +1215,10 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
       std::vector<std::string> parts;
       for (const auto& [pool, n] : pools) parts.push_back(absl::StrCat(pool, ": ", n, " segments"));
       t.notes.push_back(absl::StrCat(
-          "device ", device, " has segments in private pools (CUDA graphs or MemPool): ", absl::StrJoin(parts, ", ")));
+          "device ", device, " has segments in private pools (CUDA graphs or MemPool): ", PoolList(parts),
+          pools_over > 0 ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", pools_over,
+                                        " segments shown in the default pool)")
+                         : std::string()));
     }
     timelines.push_back(std::move(t));
   }

@@ -22,6 +22,13 @@ DevicePtr MustMallocIn(CachingAllocator& a, std::size_t size, std::uint16_t pool
   return *p;
 }
 
+std::uint16_t Index(CachingAllocator& a, PoolId id) {
+  const absl::StatusOr<std::uint16_t> index = a.PoolIndex(id);
+  INFO(index.status().ToString());
+  REQUIRE(index.ok());
+  return *index;
+}
+
 const SegmentInfo* SegmentAt(const std::vector<SegmentInfo>& snap, DevicePtr p) {
   for (const SegmentInfo& s : snap) {
     if (p >= s.address && p < s.address + s.total_size) return &s;
@@ -37,19 +44,23 @@ constexpr PoolId kGraphPool{1, 0};  // CUDA graph pools are (n, 0)
 TEST_CASE("pool indices: 0 is the default pool, a private pool gets the next index once") {
   SimDevice gpu;
   CachingAllocator a(gpu);
-  CHECK(a.PoolIndex(PoolId{}) == 0);
-  CHECK(a.PoolIndex(kMemPool) == 1);
-  CHECK(a.PoolIndex(kGraphPool) == 2);
-  CHECK(a.PoolIndex(kMemPool) == 1);
+  CHECK(Index(a, PoolId{}) == 0);
+  CHECK(Index(a, kMemPool) == 1);
+  CHECK(Index(a, kGraphPool) == 2);
+  CHECK(Index(a, kMemPool) == 1);
   CHECK(a.pool_ids() == std::vector<PoolId>{PoolId{}, kMemPool, kGraphPool});
   const auto bad = a.Malloc(1024, 0, 3);
   CHECK(absl::IsInvalidArgument(bad.status()));
+  // At most kMaxPrivatePools (63: the pool index of a recorded event has 6 bits).
+  for (std::uint64_t n = 3; n <= CachingAllocator::kMaxPrivatePools; ++n) CHECK(Index(a, PoolId{0, n}) == n);
+  CHECK(absl::IsResourceExhausted(a.PoolIndex(PoolId{0, 64}).status()));
+  CHECK(Index(a, PoolId{0, 63}) == 63);
 }
 
 TEST_CASE("a private pool's free block is never handed to the default pool, nor the default pool's to it") {
   SimDevice gpu;
   CachingAllocator a(gpu);
-  const std::uint16_t pool = a.PoolIndex(kMemPool);
+  const std::uint16_t pool = Index(a, kMemPool);
   // 4 MiB: a 20 MiB segment (kLargeBuffer) in the pool.
   const DevicePtr p = MustMallocIn(a, 4 * MiB, pool);
   MustFree(a, p);
@@ -83,7 +94,7 @@ TEST_CASE("a private pool's free block is never handed to the default pool, nor 
 TEST_CASE("small requests in a private pool get a 2 MiB small segment of the pool's own") {
   SimDevice gpu;
   CachingAllocator a(gpu);
-  const std::uint16_t pool = a.PoolIndex(kGraphPool);
+  const std::uint16_t pool = Index(a, kGraphPool);
   const DevicePtr p = MustMallocIn(a, 1000, pool);
   const DevicePtr q = MustMalloc(a, 1000);
   const DeviceStats st = a.GetStats();
@@ -100,7 +111,7 @@ TEST_CASE("small requests in a private pool get a 2 MiB small segment of the poo
 TEST_CASE("empty_cache leaves a live private pool's segments; ReleasePool frees its free ones, later empty_cache the rest") {
   SimDevice gpu;
   CachingAllocator a(gpu);
-  const std::uint16_t pool = a.PoolIndex(kMemPool);
+  const std::uint16_t pool = Index(a, kMemPool);
   const DevicePtr p1 = MustMallocIn(a, 4 * MiB, pool);    // 20 MiB segment, stays allocated
   const DevicePtr p2 = MustMallocIn(a, 30 * MiB, pool);   // a 30 MiB segment of its own
   MustFree(a, p2);
@@ -125,7 +136,7 @@ TEST_CASE("empty_cache leaves a live private pool's segments; ReleasePool frees 
 TEST_CASE("the out-of-memory release frees the default pool's cache, not a live private pool's") {
   SimDevice gpu({.capacity = 60 * MiB});
   CachingAllocator a(gpu);
-  const std::uint16_t pool = a.PoolIndex(kMemPool);
+  const std::uint16_t pool = Index(a, kMemPool);
   MustFree(a, MustMallocIn(a, 30 * MiB, pool));  // 30 MiB cached in the pool
   MustFree(a, MustMalloc(a, 20 * MiB));          // 20 MiB cached in the default pool
   // 25 MiB: 10 MiB free on the device; the release-all retry frees the
@@ -134,16 +145,51 @@ TEST_CASE("the out-of-memory release frees the default pool's cache, not a live 
   CHECK(p != 0);
   CHECK(a.GetStats().num_alloc_retries == 1);
   CHECK(a.memory_reserved() == 56 * MiB);  // 30 MiB pool + the 26 MiB segment (25 MiB rounded to 2 MiB)
-  // A request the device cannot meet without the pool's cache fails.
+  // A request the device cannot meet without the pool's cache fails; PyTorch's
+  // message counts the private pools' cached free bytes apart.
   const auto q = a.Malloc(20 * MiB);
   CHECK(absl::IsResourceExhausted(q.status()));
+  CHECK_THAT(std::string(q.status().message()),
+             Catch::Contains("Of the allocated memory 26.00 MiB is allocated by PyTorch, with 30.00 MiB allocated in "
+                             "private pools (e.g., CUDA Graphs), and 0 bytes is reserved by PyTorch but unallocated."));
+  // The diagnosis counts the cache the request could use: the default pool's (none).
+  REQUIRE(a.last_oom().has_value());
+  CHECK(a.last_oom()->cached_free == 0);
+  RequireInvariants(a);
+}
+
+TEST_CASE("a request in a private pool neither frees the whole cache to retry nor processes stream events") {
+  // PyTorch: while captures_underway is not empty (a capture or use_mem_pool
+  // routes requests to the pool) malloc skips process_events and the
+  // release_cached_blocks retry.
+  SimDevice gpu({.capacity = 100 * MiB});
+  CachingAllocator a(gpu);
+  const std::uint16_t pool = Index(a, kMemPool);
+  MustFree(a, MustMalloc(a, 80 * MiB));  // 80 MiB cached in the default pool
+  const auto p = a.Malloc(70 * MiB, 0, pool);
+  CHECK(absl::IsResourceExhausted(p.status()));
+  CHECK(a.GetStats().num_alloc_retries == 0);
+  CHECK(a.memory_reserved() == 80 * MiB);
+  // A default-pool request does free it and retry.
+  const DevicePtr q = MustMalloc(a, 90 * MiB);
+  CHECK(q != 0);
+  CHECK(a.GetStats().num_alloc_retries == 1);
+  // Stream events: a block used on another stream waits in the pool's
+  // request; the default pool's next request processes the events.
+  const DevicePtr r = MustMallocIn(a, 1000, pool);
+  REQUIRE(a.RecordStream(r, 7).ok());
+  MustFree(a, r);
+  gpu.CompleteAll();
+  CHECK(MustMallocIn(a, 1000, pool) != r);  // the event is not processed: r is still pending
+  MustMalloc(a, 1000);                      // processes it
+  CHECK(MustMallocIn(a, 1000, pool) == r);
   RequireInvariants(a);
 }
 
 TEST_CASE("expandable segments: a private pool maps its own range, apart from the default pool's") {
   SimDevice gpu;
   CachingAllocator a(gpu, Conf("expandable_segments:True"));
-  const std::uint16_t pool = a.PoolIndex(kMemPool);
+  const std::uint16_t pool = Index(a, kMemPool);
   const DevicePtr p = MustMallocIn(a, 4 * MiB, pool);
   const DevicePtr q = MustMalloc(a, 4 * MiB);
   const auto snap = a.Snapshot();

@@ -238,6 +238,92 @@ try:
         want = [(e["action"], e["addr"], e["pool_id"]) for e in doc["device_traces"][0]]
         check(f"{name}: pool_id written back", got == want, (got, want))
 
+    # A private pool's request runs while captures_underway is not empty: it
+    # cannot free the default pool's cache to retry. An OOM entry in pool P
+    # (70 MiB, 20 MiB free on the device, 80 MiB cached in the default pool)
+    # is an OOM in the replay too.
+    d = BASE
+    tr = [entry("segment_alloc", d, 80 * MiB, 1, S1), entry("alloc", d, 80 * MiB, 1, S1),
+          entry("free_requested", d, 80 * MiB, 2, S1), entry("free_completed", d, 80 * MiB, 2, S1),
+          {"action": "oom", "device_free": 20 * MiB, "size": 70 * MiB, "stream": 0, "time_us": 3, "frames": S2,
+           "pool_id": P}]
+    seg = segment(d, 80 * MiB, [block(d, 80 * MiB, 0, "inactive", EMPTY)])
+    path = os.path.join(tmp, "pool-oom.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snapshot([seg], [tr]), f, protocol=4)
+    code, out, err = run("summary", path, "--json")
+    oom = json.loads(out)["ranks"][0]["oom"] if code == 0 else None
+    check("pool OOM replayed as an OOM", oom is not None and oom["requested_bytes"] == 70 * MiB, (oom, err))
+
+    # max_split_size set: release_available_cached_blocks frees a live pool's
+    # oversize cached block inside its next allocation (a segment_free of the
+    # pool that is not its release). The pool stays live: the later
+    # empty_cache frees the default pool's segment, not the pool's.
+    a, d, b = BASE, BASE + 128 * MiB, BASE + 256 * MiB
+    tr = [entry("segment_alloc", a, 60 * MiB, 1, S1, pool_id=P), entry("alloc", a, 60 * MiB, 1, S1, pool_id=P),
+          entry("free_requested", a, 60 * MiB, 2, S1, pool_id=P), entry("free_completed", a, 60 * MiB, 2, S1, pool_id=P),
+          entry("segment_alloc", d, 30 * MiB, 3, S2), entry("alloc", d, 30 * MiB, 3, S2),
+          entry("segment_free", a, 60 * MiB, 4, EMPTY, pool_id=P),
+          entry("segment_alloc", b, 22 * MiB, 4, S1, pool_id=P), entry("alloc", b, 22 * MiB, 4, S1, pool_id=P),
+          {"action": "oom", "device_free": 48 * MiB, "size": 80 * MiB, "stream": 0, "time_us": 5, "frames": S2,
+           "pool_id": (0, 0)},
+          entry("free_requested", b, 22 * MiB, 6, S1, pool_id=P), entry("free_completed", b, 22 * MiB, 6, S1, pool_id=P),
+          entry("free_requested", d, 30 * MiB, 6, S2), entry("free_completed", d, 30 * MiB, 6, S2),
+          entry("segment_free", d, 30 * MiB, 7, EMPTY)]
+    seg = segment(b, 22 * MiB, [block(b, 22 * MiB, 0, "inactive", EMPTY)])
+    seg["segment_pool_id"] = P
+    doc = snapshot([seg], [tr])
+    doc["allocator_settings"]["max_split_size"] = 20 * MiB
+    path = os.path.join(tmp, "pool-maxsplit.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(doc, f, protocol=4)
+    code, out, err = run("replay", path, "--verify")
+    check("max_split_size frees a live pool's block, not its release",
+          code == 0 and "all 5 segment actions match, in order (3 segment_alloc, 2 segment_free)" in out, (out, err))
+    code, out, err = run("frag", path, "--json")
+    pools = json.loads(out)["ranks"][0].get("pools") if code == 0 else None
+    check("the live pool keeps its segment", pools == [
+        {"pool_id": [0, 0], "reserved": 0, "allocated": 0, "segments": 0},
+        {"pool_id": [0, 1], "reserved": 22 * MiB, "allocated": 0, "segments": 1}], (pools, err))
+
+    # A private pool's segment address reused by a default-pool segment: its
+    # later segment_free (pool_id (0, 0)) is an empty_cache of the default pool.
+    X, Y, Q = BASE, BASE + 64 * MiB, (0, 2)
+    tr = [entry("segment_alloc", X, 20 * MiB, 1, S1, pool_id=P), entry("alloc", X, 2 * MiB, 1, S1, pool_id=P),
+          entry("free_requested", X, 2 * MiB, 2, S1, pool_id=P), entry("free_completed", X, 2 * MiB, 2, S1, pool_id=P),
+          entry("segment_free", X, 20 * MiB, 3, EMPTY, pool_id=P),
+          entry("segment_alloc", X, 20 * MiB, 4, S1), entry("alloc", X, 2 * MiB, 4, S1),
+          entry("free_requested", X, 2 * MiB, 5, S1), entry("free_completed", X, 2 * MiB, 5, S1),
+          entry("segment_alloc", Y, 20 * MiB, 6, S2, pool_id=Q), entry("alloc", Y, 2 * MiB, 6, S2, pool_id=Q),
+          entry("free_requested", Y, 2 * MiB, 7, S2, pool_id=Q), entry("free_completed", Y, 2 * MiB, 7, S2, pool_id=Q),
+          entry("segment_free", Y, 20 * MiB, 8, EMPTY, pool_id=Q),
+          entry("segment_free", X, 20 * MiB, 8, EMPTY)]
+    path = os.path.join(tmp, "pool-reused.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snapshot([], [tr]), f, protocol=4)
+    code, out, err = run("replay", path, "--verify")
+    check("reused address: default empty_cache",
+          code == 0 and "all 6 segment actions match, in order (3 segment_alloc, 3 segment_free)" in out, (out, err))
+
+    # A snapshot without a trace: its segments' pools are shown and written back.
+    seg = segment(BASE, 20 * MiB, [block(BASE, 2 * MiB, 2 * MiB, "active_allocated", S2),
+                                   block(BASE + 2 * MiB, 18 * MiB, 0, "inactive", EMPTY)])
+    seg["segment_pool_id"] = P
+    path = os.path.join(tmp, "pool-state.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snapshot([seg], []), f, protocol=4)
+    code, out, err = run("frag", path, "--json")
+    pools = json.loads(out)["ranks"][0].get("pools") if code == 0 else None
+    check("state only: bytes by pool", pools == [
+        {"pool_id": [0, 0], "reserved": 0, "allocated": 0, "segments": 0},
+        {"pool_id": [0, 1], "reserved": 20 * MiB, "allocated": 2 * MiB, "segments": 1}], (pools, err))
+    back = os.path.join(tmp, "pool-state-back.pickle")
+    code, out, err = run("snapshot", path, "-o", back)
+    with open(back, "rb") as f:
+        again = pickle.load(f)
+    check("state only: segment_pool_id written back", [s["segment_pool_id"] for s in again["segments"]] == [P],
+          again["segments"])
+
     # The file's own times are kept: exported again, the trace has the same time_us.
     back = os.path.join(tmp, "back.pickle")
     code, out, err = run("snapshot", os.path.join(tmp, "shared-p4.pickle"), "-o", back)
