@@ -36,6 +36,17 @@ const SegmentInfo* SegmentAt(const std::vector<SegmentInfo>& snap, DevicePtr p) 
   return nullptr;
 }
 
+// The snapshot's two segments: p's in pool `pool`, q's in the default pool.
+std::vector<SegmentInfo> RequireTwoPools(const CachingAllocator& a, DevicePtr p, PoolId pool, DevicePtr q) {
+  std::vector<SegmentInfo> snap = a.Snapshot();
+  REQUIRE(snap.size() == 2);
+  REQUIRE(SegmentAt(snap, p) != nullptr);
+  REQUIRE(SegmentAt(snap, q) != nullptr);
+  CHECK(SegmentAt(snap, p)->pool_id == pool);
+  CHECK(SegmentAt(snap, q)->pool_id == PoolId{});
+  return snap;
+}
+
 constexpr PoolId kMemPool{0, 1};  // torch.cuda.MemPool ids are (0, n)
 constexpr PoolId kGraphPool{1, 0};  // CUDA graph pools are (n, 0)
 
@@ -82,12 +93,7 @@ TEST_CASE("a private pool's free block is never handed to the default pool, nor 
   CHECK(st.allocated_bytes[kLarge].current == static_cast<std::int64_t>(8 * MiB));
   CHECK(st.segment[kLarge].current == 2);
   // The snapshot names each segment's pool (segment_pool_id).
-  const auto snap = a.Snapshot();
-  REQUIRE(snap.size() == 2);
-  REQUIRE(SegmentAt(snap, p) != nullptr);
-  REQUIRE(SegmentAt(snap, q) != nullptr);
-  CHECK(SegmentAt(snap, p)->pool_id == kMemPool);
-  CHECK(SegmentAt(snap, q)->pool_id == PoolId{});
+  RequireTwoPools(a, p, kMemPool, q);
   RequireInvariants(a);
 }
 
@@ -100,11 +106,8 @@ TEST_CASE("small requests in a private pool get a 2 MiB small segment of the poo
   const DeviceStats st = a.GetStats();
   CHECK(st.segment[kSmall].current == 2);
   CHECK(st.reserved_bytes[kSmall].current == static_cast<std::int64_t>(4 * MiB));
-  const auto snap = a.Snapshot();
-  REQUIRE(snap.size() == 2);
-  CHECK(SegmentAt(snap, p)->pool_id == kGraphPool);
+  const auto snap = RequireTwoPools(a, p, kGraphPool, q);
   CHECK_FALSE(SegmentAt(snap, p)->is_large);
-  CHECK(SegmentAt(snap, q)->pool_id == PoolId{});
   RequireInvariants(a);
 }
 
@@ -192,12 +195,9 @@ TEST_CASE("expandable segments: a private pool maps its own range, apart from th
   const std::uint16_t pool = Index(a, kMemPool);
   const DevicePtr p = MustMallocIn(a, 4 * MiB, pool);
   const DevicePtr q = MustMalloc(a, 4 * MiB);
-  const auto snap = a.Snapshot();
-  REQUIRE(snap.size() == 2);
-  CHECK(SegmentAt(snap, p)->pool_id == kMemPool);
+  const auto snap = RequireTwoPools(a, p, kMemPool, q);
   CHECK(SegmentAt(snap, p)->is_expandable);
   CHECK(SegmentAt(snap, p)->total_size == 20 * MiB);
-  CHECK(SegmentAt(snap, q)->pool_id == PoolId{});
   CHECK(a.memory_reserved() == 40 * MiB);
   RequireInvariants(a);
 }
