@@ -102,7 +102,7 @@ struct BlockPool {
   std::vector<std::pair<StreamId, std::unique_ptr<FreeBlocks>>> streams;
   absl::btree_map<AddressKey, Block*> unmapped;  // unmapped expandable ranges
   const bool is_small;
-  const std::uint16_t index;  // 0: the default pool; else its private pool's index
+  const std::uint16_t index;                    // 0: the default pool; else its private pool's index
   std::int64_t get_free_blocks_call_count = 0;  // ages blocks for GC
 
   // The free blocks of `stream`, or nullptr if it never had any.
@@ -207,7 +207,8 @@ constexpr std::size_t kOneExaByte = 1152921504606846976ULL;
 
 // PyTorch's PrivatePool: a CUDA graph's or a MemPool's own cached blocks.
 struct PrivatePool {
-  PrivatePool(PoolId pool_id, std::uint16_t index) : id(pool_id), large_blocks(false, index), small_blocks(true, index) {}
+  PrivatePool(PoolId pool_id, std::uint16_t index)
+      : id(pool_id), large_blocks(false, index), small_blocks(true, index) {}
   PoolId id;
   BlockPool large_blocks;
   BlockPool small_blocks;
@@ -302,7 +303,8 @@ struct CachingAllocator::Impl {
              StreamId stream, std::uint64_t record_id = 0) {
     if (observer == nullptr) return;
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
-    observer->OnEvent(TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time, record_id, pool.index});
+    observer->OnEvent(
+        TraceEvent{action, pool.is_small, addr, size, requested, stream, call_time, record_id, pool.index});
   }
   // The alloc of `block` (an observer is attached) that the sink could not write.
   [[gnu::cold]] [[gnu::noinline]] void TraceAllocSlow(Block* block, const BlockPool& pool) {
@@ -314,8 +316,7 @@ struct CachingAllocator::Impl {
   [[gnu::cold]] [[gnu::noinline]] void TraceFreeAtOnceSlow(const Block* block, const BlockPool& pool) {
     if (observer_wants_time && call_time == 0) call_time = FastNowNs();
     observer->OnFreeAtOnce(TraceEvent{TraceAction::kFreeRequested, pool.is_small, block->ptr, block->size,
-                                      block->requested_size, block->stream, call_time, block->record_id,
-                                      pool.index});
+                                      block->requested_size, block->stream, call_time, block->record_id, pool.index});
   }
 
   // `stats` keeps of each pool's Stat its current value, peak and
@@ -404,8 +405,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::Impl::Malloc(std::size_t orig_size, 
   // no event processing, no release-all retry.)
   if (pool_index == 0) ProcessEvents();
   const std::size_t size = RoundSize(orig_size);
-  BlockPool& pool = pool_index == 0 ? (size <= kSmallSize ? small_blocks : large_blocks)
-                                     : PrivateBlockPool(pool_index, size);
+  BlockPool& pool =
+      pool_index == 0 ? (size <= kSmallSize ? small_blocks : large_blocks) : PrivateBlockPool(pool_index, size);
   AllocParams p{stream, size, &pool, AllocationSize(size), nullptr, nullptr, {}, absl::OkStatus()};
 
   bool found = GetFreeBlock(p);
@@ -716,7 +717,8 @@ absl::Status CachingAllocator::Impl::Free(DevicePtr ptr) {
   } else {
     // free_requested and free_completed at once: one observer call.
     if (fast_sink != nullptr) {  // (then an observer is attached)
-      if (!fast_sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id)) TraceFreeAtOnceSlow(block, pool);
+      if (!fast_sink->TryFreeAtOnce(block->ptr, block->size, block->stream, block->record_id))
+        TraceFreeAtOnceSlow(block, pool);
     } else if (observer != nullptr) {
       TraceFreeAtOnceSlow(block, pool);
     }
@@ -1001,14 +1003,13 @@ absl::Status CachingAllocator::Impl::OutOfMemory(const AllocParams& p, std::size
           : std::string();
   const std::string allowed_info =
       set_fraction ? absl::StrCat(FormatSize(allowed_memory_maximum), " allowed; ") : std::string();
-  info.message =
-      absl::StrCat("CUDA out of memory. Tried to allocate ", FormatSize(p.alloc_size), ". GPU ", device.index(),
-                   " has a total capacity of ", FormatSize(mem.total_bytes), " of which ", FormatSize(mem.free_bytes),
-                   " is free. ", allowed_info, "Of the allocated memory ", FormatSize(info.allocated),
-                   " is allocated by PyTorch, ", private_pool_msg, "and ",
-                   FormatSize(info.reserved - info.allocated - in_private_pools),
-                   " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
-                   "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
+  info.message = absl::StrCat(
+      "CUDA out of memory. Tried to allocate ", FormatSize(p.alloc_size), ". GPU ", device.index(),
+      " has a total capacity of ", FormatSize(mem.total_bytes), " of which ", FormatSize(mem.free_bytes), " is free. ",
+      allowed_info, "Of the allocated memory ", FormatSize(info.allocated), " is allocated by PyTorch, ",
+      private_pool_msg, "and ", FormatSize(info.reserved - info.allocated - in_private_pools),
+      " is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.");
   info.diagnosis = absl::StrCat("memscope: the request of ", orig_size, " B needs a ", FormatSize(p.size), " block (",
                                 p.pool->is_small ? "small" : "large", " pool, stream ", p.stream, "); the cache holds ",
                                 FormatSize(info.cached_free), " free in ", Counted(free_blocks, "block"),

@@ -209,8 +209,8 @@ int Frag(const ReadArgs& a) {
         {{"rank", t.rank}, {"moment", moment->text}, {"fragmentation", FragmentationJson(f)}, {"segments", segments}});
     const std::vector<PoolBytes> pools = BytesByPool(at->first, t);
     if (!pools.empty()) ranks.back()["pools"] = PoolsJson(pools);
-    absl::StrAppend(&text, text.empty() ? "" : "\n", "rank ", t.rank, " at ", moment->text, ":\n",
-                    FragmentationText(f), PoolsText(pools));
+    absl::StrAppend(&text, text.empty() ? "" : "\n", "rank ", t.rank, " at ", moment->text, ":\n", FragmentationText(f),
+                    PoolsText(pools));
     int shown = 0;
     for (const nlohmann::json& s : segments) {
       if (s["free_bytes"].get<std::uint64_t>() == 0 || s["blocks"].empty()) continue;  // only pinned free space
@@ -219,11 +219,10 @@ int Frag(const ReadArgs& a) {
         absl::StrAppend(&text, "  ...\n");
         break;
       }
-      const std::string private_pool =
-          s.contains("pool_id") && !(s["pool_id"][0] == 0 && s["pool_id"][1] == 0)
-              ? absl::StrCat(", private pool (", s["pool_id"][0].get<std::uint64_t>(), ", ",
-                             s["pool_id"][1].get<std::uint64_t>(), ")")
-              : std::string();
+      const std::string private_pool = s.contains("pool_id") && !(s["pool_id"][0] == 0 && s["pool_id"][1] == 0)
+                                           ? absl::StrCat(", private pool (", s["pool_id"][0].get<std::uint64_t>(),
+                                                          ", ", s["pool_id"][1].get<std::uint64_t>(), ")")
+                                           : std::string();
       absl::StrAppendFormat(&text, "  0x%x %s (%s pool%s): %s free, pinned by", s["address"].get<std::uint64_t>(),
                             FormatSize(s["size"].get<std::uint64_t>()), s["pool"].get<std::string>(), private_pool,
                             FormatSize(s["free_bytes"].get<std::uint64_t>()));

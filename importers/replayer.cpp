@@ -63,7 +63,8 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   std::vector<std::uint16_t> pool_index(trace.pools.size(), 0);
   for (std::size_t k = 1; k < trace.pools.size(); ++k) {
     absl::StatusOr<std::uint16_t> index = allocator.PoolIndex(trace.pools[k]);
-    if (!index.ok()) return absl::Status(index.status().code(), absl::StrCat(trace.source, ": ", index.status().message()));
+    if (!index.ok())
+      return absl::Status(index.status().code(), absl::StrCat(trace.source, ": ", index.status().message()));
     pool_index[k] = *index;
   }
   const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
@@ -101,9 +102,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
         if (recorder != nullptr && owner_ids[r.text] != kUnknownId) {
           recorder->UseOwnerId(trace.strings[r.text], owner_ids[r.text]);
         }
-        absl::StatusOr<DevicePtr> p = r.pool == 0 ? allocator.Malloc(r.size, r.stream)
-                                                  : allocator.Malloc(
-                                                        r.size, r.stream, r.pool < pool_index.size() ? pool_index[r.pool] : 0);
+        absl::StatusOr<DevicePtr> p =
+            r.pool == 0 ? allocator.Malloc(r.size, r.stream)
+                        : allocator.Malloc(r.size, r.stream, r.pool < pool_index.size() ? pool_index[r.pool] : 0);
         if (recorder != nullptr && owner_ids[r.text] == kUnknownId) {
           if (std::optional<std::uint32_t> id = recorder->CurrentOwnerId()) owner_ids[r.text] = *id;
         }

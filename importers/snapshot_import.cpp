@@ -196,6 +196,9 @@ struct Unknowns {
   }
 };
 
+// A pool_id / segment_pool_id pair (a container of two ints; missing items are 0).
+PoolId PoolIdOf(const PyView& pool) { return PoolId{UIntOr0(pool[0]), UIntOr0(pool[1])}; }
+
 bool IsDefaultPool(const PyView& pool) {
   if (!pool.valid() || pool.kind() == PyKind::kNone) return true;
   for (std::size_t k = 0; k < pool.size(); ++k) {
@@ -487,7 +490,7 @@ struct DeviceBuilder {
   absl::flat_hash_map<std::uint64_t, std::uint8_t> private_segments;
   std::vector<bool> pool_released{false};
   std::vector<std::size_t> release_request{0};  // per pool: its kReleasePool request, while pool_released
-  std::uint8_t oom_pool = 0;                     // the pool of the last oom entry
+  std::uint8_t oom_pool = 0;                    // the pool of the last oom entry
   StackTags tags;
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
@@ -623,7 +626,7 @@ struct DeviceBuilder {
   }
   std::uint8_t PoolIndexOf(const PyView& pool, bool* over = nullptr) {
     if (!pool.valid() || DefaultPool(pool)) return 0;
-    return PoolIndexOf(PoolId{UIntOr0(pool[0]), UIntOr0(pool[1])}, over);
+    return PoolIndexOf(PoolIdOf(pool), over);
   }
   // Pool `pool` allocates again after a segment_free of its own taken for
   // its release: that free was the allocator's (release_available_cached_blocks
@@ -774,12 +777,12 @@ struct DeviceBuilder {
       out.segment_actions.push_back(
           {act == Action::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
       reserved -= static_cast<std::int64_t>(size);
-      // A private pool's segment freed while the pool was live: the pool
-      // was released then (its MemPool deleted: releasePool and
-      // emptyCache(id); a CUDA graph destroyed, then empty_cache), which
-      // frees that pool's free segments.
       // The segment's pool: the entry's pool_id, else the pool its
-      // segment_alloc named (entries without pool_id).
+      // segment_alloc named (entries without pool_id). A private pool's
+      // segment freed while the pool was live: the pool was released then
+      // (its MemPool deleted: releasePool and emptyCache(id); a CUDA graph
+      // destroyed, then empty_cache), which frees that pool's free segments
+      // (unless it allocates again: StillLive).
       std::uint8_t pool = 0;
       if (const PyView pool_v = pool_of(); pool_v.valid()) {
         pool = PoolIndexOf(pool_v);
@@ -968,7 +971,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     PoolId pool_id;
     if (!IsDefaultPool(seg_pool)) {
       ++private_pools[device][PoolText(seg_pool)];
-      pool_id = PoolId{UIntOr0(seg_pool[0]), UIntOr0(seg_pool[1])};
+      pool_id = PoolIdOf(seg_pool);
     }
     const PyView blocks = seg.Get("blocks");
     for (std::size_t k = 0; k < blocks.size(); ++k) {
@@ -990,7 +993,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
-    std::uint64_t head_private = 0;  // of them, blocks in private pools
+    std::uint64_t head_private = 0;             // of them, blocks in private pools
     absl::flat_hash_set<std::uint64_t> traced;  // every address the trace allocated at
     if (!preexisting[device].empty()) traced.insert(t.requests.address_ids.begin(), t.requests.address_ids.end());
     for (const Preexisting& p : preexisting[device]) {
@@ -1085,9 +1088,11 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
       if (b.private_pool_allocs > 0) {
         replay_how = "the replay keeps each pool's blocks and segments apart, as PyTorch does";
       } else {
-        replay_how = "its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves the trace's "
-              "allocations from the default pool";
-        if (head_private > 0) absl::StrAppend(&replay_how, "; the blocks alive before the trace start in their segments' pools");
+        replay_how =
+            "its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves the trace's "
+            "allocations from the default pool";
+        if (head_private > 0)
+          absl::StrAppend(&replay_how, "; the blocks alive before the trace start in their segments' pools");
       }
       t.notes.push_back(absl::StrCat(
           "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ", b.private_pool_allocs,
@@ -1164,7 +1169,7 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
       Event e;
       if (const PyView pool = seg.Get("segment_pool_id"); !IsDefaultPool(pool)) {
         ++pools[PoolText(pool)];
-        const PoolId id{UIntOr0(pool[0]), UIntOr0(pool[1])};
+        const PoolId id = PoolIdOf(pool);
         const auto known = std::find(t.pools.begin(), t.pools.end(), id);
         if (known != t.pools.end()) {
           e.set_pool(static_cast<std::uint16_t>(known - t.pools.begin()));
@@ -1216,9 +1221,9 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
       for (const auto& [pool, n] : pools) parts.push_back(absl::StrCat(pool, ": ", n, " segments"));
       t.notes.push_back(absl::StrCat(
           "device ", device, " has segments in private pools (CUDA graphs or MemPool): ", PoolList(parts),
-          pools_over > 0 ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", pools_over,
-                                        " segments shown in the default pool)")
-                         : std::string()));
+          pools_over > 0
+              ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", pools_over, " segments shown in the default pool)")
+              : std::string()));
     }
     timelines.push_back(std::move(t));
   }

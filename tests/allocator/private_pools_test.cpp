@@ -47,7 +47,7 @@ std::vector<SegmentInfo> RequireTwoPools(const CachingAllocator& a, DevicePtr p,
   return snap;
 }
 
-constexpr PoolId kMemPool{0, 1};  // torch.cuda.MemPool ids are (0, n)
+constexpr PoolId kMemPool{0, 1};    // torch.cuda.MemPool ids are (0, n)
 constexpr PoolId kGraphPool{1, 0};  // CUDA graph pools are (n, 0)
 
 }  // namespace
@@ -111,12 +111,13 @@ TEST_CASE("small requests in a private pool get a 2 MiB small segment of the poo
   RequireInvariants(a);
 }
 
-TEST_CASE("empty_cache leaves a live private pool's segments; ReleasePool frees its free ones, later empty_cache the rest") {
+TEST_CASE(
+    "empty_cache leaves a live private pool's segments; ReleasePool frees its free ones, later empty_cache the rest") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   const std::uint16_t pool = Index(a, kMemPool);
-  const DevicePtr p1 = MustMallocIn(a, 4 * MiB, pool);    // 20 MiB segment, stays allocated
-  const DevicePtr p2 = MustMallocIn(a, 30 * MiB, pool);   // a 30 MiB segment of its own
+  const DevicePtr p1 = MustMallocIn(a, 4 * MiB, pool);   // 20 MiB segment, stays allocated
+  const DevicePtr p2 = MustMallocIn(a, 30 * MiB, pool);  // a 30 MiB segment of its own
   MustFree(a, p2);
   const DevicePtr d = MustMalloc(a, 4 * MiB);  // the default pool's 20 MiB segment
   MustFree(a, d);
