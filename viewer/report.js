@@ -677,17 +677,10 @@
     const sec = el('section', { class: 'rank', id: 'run' + ri + '-rank' + rk.rank, 'data-rank': rk.rank },
       el('h3', { text: 'rank ' + rk.rank }), facts);
     if ((rep.pools_at_end || []).length) {
-      sec.append(el('p', {
-        class: 'pools',
-        'data-key': 'pools_at_end',
-        text: 'by pool at end: ' +
-            rep.pools_at_end
-                .map(
-                    p => (p.pool_id[0] === 0 && p.pool_id[1] === 0 ? 'default pool' : 'private pool') + ' (' +
-                        p.pool_id.join(', ') + ') reserved ' + fmtSize(p.reserved) + ' in ' + p.segments + ' segment' +
-                        (p.segments === 1 ? '' : 's') + ', allocated ' + fmtSize(p.allocated))
-                .join(' · ')
-      }));
+      sec.append(el('p', { class: 'pools', 'data-key': 'pools_at_end', text: 'by pool at end: ' +
+        rep.pools_at_end.map(p => (p.pool_id[0] === 0 && p.pool_id[1] === 0 ? 'default pool' : 'private pool') +
+          ' (' + p.pool_id.join(', ') + ') reserved ' + fmtSize(p.reserved) + ' in ' + p.segments +
+          ' segment' + (p.segments === 1 ? '' : 's') + ', allocated ' + fmtSize(p.allocated)).join(' · ') }));
     }
     if (rep.oom) {
       sec.append(el('p', { class: 'oom-note', text: 'OOM' + (rep.oom.phase ? ' in ' + rep.oom.phase : '') +
