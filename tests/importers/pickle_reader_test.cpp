@@ -572,45 +572,68 @@ with open(os.path.join(out, 'prefix_p4.pickle'), 'wb') as f:
 write('prefix.canon', '\n'.join(canon(e) for e in pentries) + '\n')
 )PY";
 
-std::string Hex(const std::string& s) {
-  static const char* d = "0123456789abcdef";
-  std::string r;
-  for (unsigned char c : s) {
-    r += d[c >> 4];
-    r += d[c & 15];
+// Canon's text of `v`, appended to `out` (one string for the whole value:
+// the equivalence tests canonicalise every entry of 40,000-entry files).
+void CanonTo(const PyView& v, std::string& out) {
+  auto hex = [&out](char tag, std::string_view bytes) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    out += tag;
+    absl::StrAppend(&out, bytes.size(), ":");
+    // In chunks through a buffer (the sanitizer build is unoptimised: no
+    // per-character string calls).
+    char buffer[256];
+    while (!bytes.empty()) {
+      const std::size_t n = std::min(bytes.size(), sizeof buffer / 2);
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto c = static_cast<unsigned char>(bytes[i]);
+        buffer[2 * i] = kDigits[c >> 4];
+        buffer[2 * i + 1] = kDigits[c & 15];
+      }
+      out.append(buffer, 2 * n);
+      bytes.remove_prefix(n);
+    }
+  };
+  switch (v.kind()) {
+    case PyKind::kMissing: out += '?'; return;
+    case PyKind::kNone: out += 'N'; return;
+    case PyKind::kBool: out += v.bool_value() ? 'T' : 'F'; return;
+    case PyKind::kInt:
+      if (v.is_unsigned()) {
+        absl::StrAppend(&out, "i", *v.AsUInt(), ";");
+      } else {
+        absl::StrAppend(&out, "i", *v.AsInt(), ";");
+      }
+      return;
+    case PyKind::kFloat: absl::StrAppend(&out, "f", std::bit_cast<std::uint64_t>(v.float_value()), ";"); return;
+    case PyKind::kString: hex('s', v.bytes()); return;
+    case PyKind::kBytes: hex('b', v.bytes()); return;
+    case PyKind::kList:
+    case PyKind::kTuple:
+      out += v.is_list() ? '[' : '(';
+      for (std::size_t k = 0; k < v.size(); ++k) {
+        if (k) out += ',';
+        CanonTo(v[k], out);
+      }
+      out += v.is_list() ? ']' : ')';
+      return;
+    case PyKind::kDict:
+      out += '{';
+      for (std::size_t k = 0; k < v.size(); ++k) {
+        if (k) out += ',';
+        CanonTo(v.key(k), out);
+        out += ':';
+        CanonTo(v.value(k), out);
+      }
+      out += '}';
+      return;
   }
-  return r;
+  out += '?';
 }
 
 std::string Canon(const PyView& v) {
-  switch (v.kind()) {
-    case PyKind::kMissing: return "?";
-    case PyKind::kNone: return "N";
-    case PyKind::kBool: return v.bool_value() ? "T" : "F";
-    case PyKind::kInt:
-      return v.is_unsigned() ? absl::StrCat("i", *v.AsUInt(), ";") : absl::StrCat("i", *v.AsInt(), ";");
-    case PyKind::kFloat: return absl::StrCat("f", std::bit_cast<std::uint64_t>(v.float_value()), ";");
-    case PyKind::kString: return absl::StrCat("s", v.bytes().size(), ":", Hex(std::string(v.bytes())));
-    case PyKind::kBytes: return absl::StrCat("b", v.bytes().size(), ":", Hex(std::string(v.bytes())));
-    case PyKind::kList:
-    case PyKind::kTuple: {
-      std::string r = v.is_list() ? "[" : "(";
-      for (std::size_t k = 0; k < v.size(); ++k) {
-        if (k) r += ',';
-        r += Canon(v[k]);
-      }
-      return r + (v.is_list() ? "]" : ")");
-    }
-    case PyKind::kDict: {
-      std::string r = "{";
-      for (std::size_t k = 0; k < v.size(); ++k) {
-        if (k) r += ',';
-        r += Canon(v.key(k)) + ":" + Canon(v.value(k));
-      }
-      return r + "}";
-    }
-  }
-  return "?";
+  std::string r;
+  CanonTo(v, r);
+  return r;
 }
 
 std::string ReadText(const std::filesystem::path& p) {
