@@ -129,11 +129,37 @@ class SnapshotWriter {
   }
 
   void Write(const TraceModel& model, std::size_t events_until, std::size_t max_entries) {
-    // The tags of the blocks alive at the snapshot, for their frames.
+    // The tags of the blocks alive at the snapshot, for their frames. A
+    // segment_alloc or segment_map takes the tag of the allocation that made
+    // it (the next alloc: the allocator records both inside one call), as
+    // PyTorch gives them, and the segment, the context of that cudaMalloc
+    // (context_when_segment_allocated; for an expandable segment, the map
+    // that starts its mapped range).
+    std::vector<std::size_t> waiting;  // segment events before their alloc
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
-      if (e.type == EventType::kAlloc) live_tags_[e.addr] = {e.category, e.name, timeline_.stack_of(i)};
-      if (e.type == EventType::kFreeCompleted) live_tags_.erase(e.addr);
+      switch (e.type) {
+        case EventType::kAlloc: {
+          const Tag tag{e.category, e.name, timeline_.stack_of(i)};
+          live_tags_[e.addr] = tag;
+          for (const std::size_t s : waiting) {
+            const Event& segment = timeline_.events[s];
+            segment_entry_tags_[s] = tag;
+            if (segment.type == EventType::kSegmentAlloc || !segment_tags_.contains(segment.addr)) {
+              segment_tags_[segment.addr] = tag;
+            }
+          }
+          waiting.clear();
+          break;
+        }
+        case EventType::kFreeCompleted: live_tags_.erase(e.addr); break;
+        case EventType::kSegmentAlloc:
+        case EventType::kSegmentMap: waiting.push_back(i); break;
+        case EventType::kSegmentFree:
+        case EventType::kSegmentUnmap: segment_tags_.erase(e.addr); break;
+        case EventType::kOom: waiting.clear(); break;
+        default: break;
+      }
     }
     w_.BeginDict();
     Key("segments");
@@ -196,6 +222,10 @@ class SnapshotWriter {
   }
 
  private:
+  struct Tag {
+    Category category;
+    std::uint32_t owner, stack;
+  };
   void Key(std::string_view key) { w_.String(key); }
   void EmptyFrames() {
     Key("frames");
@@ -274,7 +304,11 @@ class SnapshotWriter {
     w_.EndTuple();
     Key("is_expandable");
     w_.Bool(s.is_expandable);
-    EmptyFrames();
+    if (const auto it = segment_tags_.find(s.address); it != segment_tags_.end()) {
+      TagFrames(it->second.category, it->second.owner, it->second.stack);
+    } else {
+      EmptyFrames();
+    }
     Key("blocks");
     w_.BeginList();
     for (const BlockInfo& b : s.blocks) {
@@ -335,10 +369,20 @@ class SnapshotWriter {
       // A free carries the frames of its allocation (memscope keeps no stack of the free itself).
       const auto it = trace_stacks_.find(e.addr);
       TagFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
+    } else if (const Tag* tag = SegmentEntryTag(e)) {
+      TagFrames(tag->category, tag->owner, tag->stack);
     } else {
       EmptyFrames();
     }
     w_.EndDict();
+  }
+
+  // The tag of the allocation that made a segment_alloc or segment_map
+  // entry (the event being written), or null.
+  const Tag* SegmentEntryTag(const Event& e) const {
+    if (e.type != EventType::kSegmentAlloc && e.type != EventType::kSegmentMap) return nullptr;
+    const auto it = segment_entry_tags_.find(static_cast<std::size_t>(&e - timeline_.events.data()));
+    return it == segment_entry_tags_.end() ? nullptr : &it->second;
   }
 
   void WriteAllocatorSettings() {
@@ -443,6 +487,8 @@ class SnapshotWriter {
     if (tagged) {
       const auto it = trace_stacks_.find(e.addr);
       frames = &PickledFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
+    } else if (const Tag* tag = SegmentEntryTag(e)) {
+      frames = &PickledFrames(tag->category, tag->owner, tag->stack);
     }
     const std::string_view action = EventTypeName(e.type);
     if (!frames->ok || action.size() >= 256) return false;
@@ -491,12 +537,10 @@ class SnapshotWriter {
 
   W& w_;
   const Timeline& timeline_;
-  std::array<std::string, kNumCategories> category_frame_names_;  // "memscope ACTIVATION": a frame's name
-  struct Tag {
-    Category category;
-    std::uint32_t owner, stack;
-  };
+  std::array<std::string, kNumCategories> category_frame_names_;    // "memscope ACTIVATION": a frame's name
   absl::flat_hash_map<std::uint64_t, Tag> live_tags_;               // address -> tag of the blocks at the snapshot
+  absl::flat_hash_map<std::uint64_t, Tag> segment_tags_;            // segment address -> tag of the alloc that made it
+  absl::flat_hash_map<std::size_t, Tag> segment_entry_tags_;  // event index of a segment_alloc/map -> its alloc's tag
   absl::flat_hash_map<std::uint64_t, std::uint32_t> trace_stacks_;  // address -> stack, while writing the trace
 };
 

@@ -336,6 +336,26 @@ try:
     check("annotation times kept", [(a["name"], a["stage"], a["time_us"]) for a in again["external_annotations"]] ==
           [("forward:0", "START", 100), ("forward:0", "END", 120)], again["external_annotations"])
 
+    # Segment entries and segments carry the frames of the allocation that
+    # made them, as PyTorch writes them (the cudaMalloc's context; none for
+    # segment_free / segment_unmap, which come from empty_cache).
+    for name, proto, doc in [("shared", 4, shared_frames()), ("empty_cache", 4, empty_cache()),
+                             ("expandable", 5, expandable())]:
+        back = os.path.join(tmp, f"{name}-segment-frames.pickle")
+        code, out, err = run("snapshot", os.path.join(tmp, f"{name}-p{proto}.pickle"), "-o", back, "--at", "exit")
+        check(f"{name}: snapshot", code == 0, err)
+        with open(back, "rb") as f:
+            again = pickle.load(f)
+        got = [(e["action"], e["frames"]) for e in again["device_traces"][0] if e["action"].startswith("segment")]
+        want = [(e["action"], e["frames"]) for e in doc["device_traces"][0] if e["action"].startswith("segment")]
+        check(f"{name}: segment entries carry their allocation's frames", got == want, (got, want))
+        # shared: the segment's own frames in the file; empty_cache: the
+        # segment made after empty_cache(), by the S1 allocation; expandable:
+        # the range mapped again after its unmap, by the S2 allocation.
+        want = {"shared": [S1], "empty_cache": [S1], "expandable": [S2]}[name]
+        check(f"{name}: a segment carries the frames of the allocation that made it",
+              [s["frames"] for s in again["segments"]] == want, again["segments"])
+
     # The file's own addresses: segments where its segment_alloc / segment_map
     # entries put them, so the allocator's splits give every block the
     # address of its alloc entry (a base unlike memscope's own 0x7f0000000000,

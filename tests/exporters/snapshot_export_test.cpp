@@ -216,7 +216,8 @@ for g in segs:
     eq(g["segment_pool_id"], (0, 0), "segment_pool_id")
     eq(type(g["segment_pool_id"]), tuple, "segment_pool_id type")
     eq(g["is_expandable"], False, "is_expandable")
-    eq(g["frames"], [], "segment frames")
+    # the frames of the allocation that made the segment, as PyTorch's cudaMalloc context
+    eq(g["frames"], [{"filename": "??", "line": 0, "name": "memscope OTHER"}], "segment frames")
     eq(g["stream"], 0, "segment stream")
     for b in g["blocks"]:
         eq(list(b), BLOCK_KEYS, "block keys")
@@ -245,8 +246,9 @@ eq(s["device_traces"][0], [], "device 0 trace")
 trace = s["device_traces"][1]
 for e in trace:
     eq(list(e), ["action", "addr", "size", "stream", "time_us", "frames"], "trace entry keys")
+    # (a segment_alloc: its allocation's frames)
     eq(e["frames"], [{"filename": "??", "line": 0, "name": "memscope OTHER"}]
-       if e["action"] in ("alloc", "free_requested", "free_completed") else [], "trace frames")
+       if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc") else [], "trace frames")
 got = [(e["action"], e["addr"], e["size"], e["stream"]) for e in trace]
 ONE_B = SMALL + 1048576  # the 1 B block, freed, then reused by the 4096 B one
 eq(got, [("segment_alloc", SMALL, 2097152, 0),
