@@ -168,7 +168,7 @@ absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<Imp
       snapshot->notes.push_back(absl::StrCat("the snapshot has traces for ", imported->size(),
                                              " devices; replaying device ", snapshot->device));
     }
-    for (const std::string& note : snapshot->notes) std::fprintf(stderr, "memscope: note: %s\n", note.c_str());
+    PrintNotes(snapshot->notes);  // (escaped: a note can quote the file's own field names)
     return snapshot->requests;
   }
   if (*kind == InputKind::kRmmCsv) {
