@@ -1,5 +1,6 @@
 #include "allocator/config.h"
 
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <vector>
@@ -193,7 +194,14 @@ class Parser {
 
 }  // namespace
 
+namespace {
+std::atomic<std::uint64_t> parse_count{0};
+}  // namespace
+
+std::uint64_t AllocatorConfig::ParseCount() { return parse_count.load(std::memory_order_relaxed); }
+
 absl::StatusOr<AllocatorConfig> AllocatorConfig::Parse(std::string_view text) {
+  parse_count.fetch_add(1, std::memory_order_relaxed);
   AllocatorConfig config;
   config.text = std::string(text);
   Parser parser(Lex(text));

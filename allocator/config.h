@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -47,6 +48,9 @@ struct AllocatorConfig {
 
   // Parses PYTORCH_CUDA_ALLOC_CONF syntax. Empty text gives the defaults.
   static absl::StatusOr<AllocatorConfig> Parse(std::string_view text);
+  // How many times Parse has run in this process: the tests prove with it
+  // that a load parses each recording's settings once (tests/load/).
+  static std::uint64_t ParseCount();
 
   // Parses PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF, else defaults.
   static absl::StatusOr<AllocatorConfig> FromEnvironment();

@@ -6,12 +6,7 @@
 
 namespace memscope {
 
-AllocatorConfig TimelineConfig(const Timeline& timeline) {
-  absl::StatusOr<AllocatorConfig> c = AllocatorConfig::Parse(timeline.alloc_conf);
-  return c.ok() ? *c : AllocatorConfig{};
-}
-
-TimelineWalk::TimelineWalk(const Timeline& timeline) : timeline_(timeline), model_(TimelineConfig(timeline)) {
+TimelineWalk::TimelineWalk(const Timeline& timeline) : timeline_(timeline), model_(timeline.settings) {
   if (!timeline.events.empty()) first_ns_ = last_ns_ = timeline.events.front().time_ns;
 }
 

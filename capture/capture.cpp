@@ -19,8 +19,8 @@
 #include "capture/module.h"
 #include "exporters/report.h"
 #include "nlohmann/json.hpp"
-#include "run/output_file.h"
-#include "run/run_directory.h"
+#include "load/output_file.h"
+#include "load/run_directory.h"
 
 extern char** environ;
 

@@ -5,7 +5,7 @@
 // record_function scopes and, on a GPU, records the memory history and writes
 // RUN/snapshot-rank-R.pickle per rank (RANK, as torchrun sets it) at exit and
 // at an OOM. Afterwards run.json (command "capture") names those snapshots,
-// so every command reads RUN as a multi-rank run (run/run.h, LoadRun).
+// so every command reads RUN as a multi-rank run (load/recording.h, LoadTimelines).
 //
 // The job keeps memscope's standard input, output and error; memscope's
 // own lines go to standard error. Its exit status is the job's, as a shell
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "run/manifest.h"
+#include "load/manifest.h"
 
 namespace memscope {
 

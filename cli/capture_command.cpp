@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "capture/capture.h"
 #include "cli/commands.h"
-#include "run/run_directory.h"
+#include "load/run_directory.h"
 
 namespace memscope::cli {
 namespace {

@@ -17,6 +17,7 @@
 #include "check/check.h"
 #include "cli/commands.h"
 #include "nlohmann/json.hpp"
+#include "load/recording.h"
 #include "run/run.h"
 
 namespace memscope::cli {

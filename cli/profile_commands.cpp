@@ -21,17 +21,18 @@
 #include "nlohmann/json.hpp"
 #include "recording/timeline.h"
 #include "run/gpu_table.h"
-#include "run/manifest.h"
-#include "run/output_file.h"
+#include "load/manifest.h"
+#include "load/output_file.h"
+#include "load/recording.h"
 #include "run/run.h"
-#include "run/run_directory.h"
+#include "load/run_directory.h"
 
 namespace memscope::cli {
 namespace {
 
 // Loads RUN and keeps the ranks asked for (all when rank < 0).
 absl::StatusOr<std::vector<Timeline>> LoadRanks(const std::string& path, int rank) {
-  absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
+  absl::StatusOr<std::vector<Timeline>> run = LoadTimelines(path);
   if (run.ok()) PrintNotes(*run);
   if (!run.ok() || rank < 0) return run;
   for (Timeline& t : *run) {

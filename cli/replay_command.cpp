@@ -23,10 +23,11 @@
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
 #include "importers/snapshot_import.h"
-#include "importers/timeline_requests.h"
 #include "recording/timeline.h"
+#include "load/record_replay.h"
+#include "load/recording.h"
 #include "run/run.h"
-#include "run/run_directory.h"
+#include "load/run_directory.h"
 
 namespace memscope::cli {
 namespace {
@@ -42,13 +43,6 @@ struct ReplayArgs {
   int rank = 0;                  // of a run directory
   double memory_fraction = 1.0;  // torch.cuda.set_per_process_memory_fraction
   bool memory_fraction_given = false;
-};
-
-// What a recording (a run directory or a timeline) brings besides its
-// requests: its own settings and device size, the defaults of its replay.
-struct RecordingDefaults {
-  std::string alloc_conf;
-  std::uint64_t device_memory = 0;
 };
 
 int Fail(absl::string_view message) { return cli::Fail("replay", message); }
@@ -117,87 +111,39 @@ absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const Alloca
   return out;
 }
 
-// The simulated GPU's size: --device-memory, else a recording's own, else
-// 80 GiB (1 GiB for the embedded demo, so that its fragmentation shows).
-absl::StatusOr<std::uint64_t> DeviceMemory(const ReplayArgs& args, const std::optional<RecordingDefaults>& recording) {
-  if (args.device_memory.empty() && recording && recording->device_memory > 0) return recording->device_memory;
-  if (args.device_memory.empty()) return args.file.empty() ? 1ULL << 30 : 80ULL << 30;
+// The simulated GPU's size: --device-memory, else the source's own (a
+// recording's, or the capacity a snapshot's OOM implies), else 80 GiB (1 GiB
+// for the embedded demo, so that its fragmentation shows).
+absl::StatusOr<std::uint64_t> DeviceMemory(const ReplayArgs& args, const ReplaySource* source) {
+  if (args.device_memory.empty() && source != nullptr && source->device_memory > 0) return source->device_memory;
+  if (args.device_memory.empty()) return args.file.empty() ? 1ULL << 30 : kDefaultReplayDeviceMemory;
   absl::StatusOr<std::uint64_t> parsed = ParseSize(args.device_memory);
   if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", parsed.status().message()));
   if (*parsed == 0) return absl::InvalidArgumentError("--device-memory: must be greater than 0");
   return *parsed;
 }
 
-// The input: the embedded demo, a JSON-lines trace, RMM's CSV, or a PyTorch
-// snapshot (then also `snapshot`, its notes printed on stderr).
-absl::StatusOr<RequestTrace> ReadInput(const ReplayArgs& args, std::optional<ImportedTrace>& snapshot,
-                                       std::optional<RecordingDefaults>& recording) {
-  if (args.file.empty()) return DemoTrace();
-  absl::StatusOr<InputKind> kind = DetectInput(args.file);
-  if (!kind.ok()) return kind.status();
-  if (*kind == InputKind::kDirectory || *kind == InputKind::kTimeline) {
-    // A recording: the whole request stream of one rank, from its first event to its last.
-    absl::StatusOr<std::vector<Timeline>> run = LoadRun(args.file);
-    if (!run.ok()) return run.status();
-    PrintNotes(*run);
-    const Timeline* t = nullptr;
-    for (const Timeline& each : *run) {
-      if (each.rank == args.rank) t = &each;
-    }
-    if (t == nullptr) return absl::NotFoundError(absl::StrCat("'", args.file, "' has no rank ", args.rank));
-    const std::string source = *kind == InputKind::kDirectory ? absl::StrCat(args.file, " rank ", t->rank) : args.file;
-    TimelineRequests requests = RequestsFromTimeline(*t, source);
-    if (run->size() > 1) {
-      PrintNotes(std::vector<std::string>{
-          absl::StrCat("the run has ", run->size(), " ranks; replaying rank ", t->rank, " (choose with --rank)")});
-    }
-    if (requests.delayed_frees > 0) {
-      PrintNotes(std::vector<std::string>{
-          absl::StrCat(Counted(requests.delayed_frees, "free"),
-                       " waited on a stream in the recording; a timeline does not hold record_stream, so the "
-                       "replay completes them at once")});
-    }
-    recording = RecordingDefaults{t->alloc_conf, t->device_capacity};
-    return std::move(requests.trace);
+// The input: the embedded demo, or what load/ reads of FILE (OpenReplaySource).
+absl::StatusOr<ReplaySource> ReadInput(const ReplayArgs& args) {
+  if (args.file.empty()) {
+    ReplaySource demo;
+    demo.trace = DemoTrace();
+    return demo;
   }
-  if (*kind == InputKind::kPickle) {
-    absl::StatusOr<std::vector<ImportedTrace>> imported = ReadPytorchSnapshot(args.file);
-    if (!imported.ok()) return imported.status();
-    snapshot = std::move(imported->front());
-    if (imported->size() > 1) {
-      snapshot->notes.push_back(absl::StrCat("the snapshot has traces for ", imported->size(),
-                                             " devices; replaying device ", snapshot->device));
-    }
-    PrintNotes(snapshot->notes);  // (escaped: a note can quote the file's own field names)
-    return snapshot->requests;
-  }
-  if (*kind == InputKind::kRmmCsv) {
-    std::ifstream in(args.file);
-    return ReadRmmCsv(in, args.file);
-  }
-  // JSON lines; an unknown or empty file gets the JSON-lines reader's own error.
-  return ReadJsonlTraceFile(args.file);
+  return OpenReplaySource(args.file, args.rank);
 }
 
 // The settings to replay under: each --alloc-conf; without one, a
 // snapshot's own settings, or the environment's (and, for the demo, also
 // expandable segments). --out records only the first.
-absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args,
-                                                      const std::optional<ImportedTrace>& snapshot,
-                                                      const std::optional<RecordingDefaults>& recording) {
+absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args, const ReplaySource& source) {
   std::vector<AllocatorConfig> configs;
   const std::vector<std::string>& texts = args.alloc_confs;
   if (texts.empty()) {
-    if (snapshot) {
-      // A PyTorch snapshot is replayed under its own settings unless told otherwise.
-      absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
-      if (!own.ok()) return own.status();
-      configs.push_back(*own);
-    } else if (recording) {
-      // A recording is replayed under the settings it ran with unless told otherwise.
-      absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(recording->alloc_conf);
-      if (!own.ok()) return own.status();
-      configs.push_back(*own);
+    if (source.settings) {
+      // A PyTorch snapshot or a recording is replayed under its own settings
+      // (parsed when it was read) unless told otherwise.
+      configs.push_back(*source.settings);
     } else {
       absl::StatusOr<AllocatorConfig> env = AllocatorConfig::FromEnvironment();
       if (!env.ok()) return env.status();
@@ -227,9 +173,7 @@ absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args,
 // segment_free, segment_map and segment_unmap, with the same sizes, in order.
 int Verify(const RequestTrace& trace, const std::optional<ImportedTrace>& snapshot, std::uint64_t device_memory) {
   if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment actions)");
-  absl::StatusOr<AllocatorConfig> own = AllocatorConfig::Parse(snapshot->alloc_conf);
-  if (!own.ok()) return Fail(std::string(own.status().message()));
-  absl::StatusOr<Timeline> t = RecordReplay(trace, *own, device_memory, snapshot->device);
+  absl::StatusOr<Timeline> t = RecordReplay(trace, snapshot->settings, device_memory, snapshot->device);
   if (!t.ok()) return Fail(std::string(t.status().message()));
   std::vector<ImportedTrace::SegmentAction> mine;
   for (const Event& e : t->events) {
@@ -325,18 +269,15 @@ void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::v
 
 int Run(const ReplayArgs& args) {
   if (args.rank < 0) return Fail("--rank must be 0 or more");
-  std::optional<ImportedTrace> snapshot;
-  std::optional<RecordingDefaults> recording;
-  absl::StatusOr<RequestTrace> read = ReadInput(args, snapshot, recording);
-  absl::StatusOr<std::uint64_t> memory = DeviceMemory(args, recording);
+  absl::StatusOr<ReplaySource> read = ReadInput(args);
+  if (read.ok()) PrintNotes(read->notes);  // (escaped: a note can quote the file's own field names)
+  absl::StatusOr<std::uint64_t> memory = DeviceMemory(args, read.ok() ? &*read : nullptr);
   if (!memory.ok()) return Fail(memory.status().message());
-  std::uint64_t device_memory = *memory;
+  const std::uint64_t device_memory = *memory;
   if (!read.ok()) return Fail(read.status().message());
-  const RequestTrace& trace = *read;
-  if (args.device_memory.empty() && snapshot && snapshot->device_capacity != 0) {
-    device_memory = snapshot->device_capacity;  // the capacity its OOM implies
-  }
-  absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, snapshot, recording);
+  const RequestTrace& trace = read->trace;
+  const std::optional<ImportedTrace>& snapshot = read->snapshot;
+  absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, *read);
   if (!settings.ok()) return Fail(settings.status().message());
   if (args.memory_fraction_given) {
     if (!(args.memory_fraction >= 0.0 && args.memory_fraction <= 1.0)) {

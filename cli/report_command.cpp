@@ -11,7 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
 #include "run/gpu_table.h"
-#include "run/output_file.h"
+#include "load/output_file.h"
+#include "load/recording.h"
 #include "run/run.h"
 #include "viewer/html_report.h"
 
@@ -29,7 +30,7 @@ int Report(const ReportArgs& a) {
   if (a.output.empty()) return Fail("report", "-o FILE must not be empty");
   std::vector<std::vector<Timeline>> loaded;
   for (const std::string& path : a.inputs) {
-    absl::StatusOr<std::vector<Timeline>> run = LoadRun(path);
+    absl::StatusOr<std::vector<Timeline>> run = LoadTimelines(path);
     if (!run.ok()) return Fail("report", run.status().message());
     PrintNotes(*run);
     loaded.push_back(std::move(*run));

@@ -387,9 +387,8 @@ class SnapshotWriter {
 
   void WriteAllocatorSettings() {
     // Settings text memscope could not parse still identifies the run, so it
-    // is kept; the values then are the defaults.
-    AllocatorConfig config;
-    if (auto parsed = AllocatorConfig::Parse(timeline_.alloc_conf); parsed.ok()) config = *std::move(parsed);
+    // is kept; the values then are the defaults (Timeline::settings).
+    const AllocatorConfig& config = timeline_.settings;
     w_.BeginDict();
     Key("PYTORCH_CUDA_ALLOC_CONF");
     w_.String(timeline_.alloc_conf);

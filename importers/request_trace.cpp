@@ -237,7 +237,6 @@ RequestTrace DemoTrace() {
     t.requests.push_back(r);
   };
 
-  constexpr std::size_t kMiB = 1024 * 1024;
   constexpr int kLayers = 12;
   // Parameters: 12 layers of a 24 MiB weight and a 16 KiB bias.
   phase(RequestOp::kPhaseBegin, Phase::kModel, kNoStep);

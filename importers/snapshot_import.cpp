@@ -830,11 +830,16 @@ struct DeviceBuilder {
   }
 };
 
-std::string SettingsText(const PyView& settings) {
-  if (!settings.is_dict()) return "";
+// The snapshot's allocator settings, parsed here once (the rest of a load
+// reads the value): its PYTORCH_CUDA_ALLOC_CONF text when memscope can parse
+// it, else the settings its fields give.
+AllocatorConfig SnapshotSettings(const PyView& settings) {
+  if (!settings.is_dict()) return AllocatorConfig{};
   if (std::optional<std::string_view> text = settings.Get("PYTORCH_CUDA_ALLOC_CONF").AsString()) {
     // Accept it only if memscope can parse it (PyTorch may list keys memscope refuses).
-    if (AllocatorConfig::Parse(std::string(*text)).ok()) return std::string(*text);
+    if (absl::StatusOr<AllocatorConfig> parsed = AllocatorConfig::Parse(std::string(*text)); parsed.ok()) {
+      return *std::move(parsed);
+    }
   }
   std::vector<std::string> parts;
   if (std::optional<std::int64_t> m = settings.Get("max_split_size").AsInt(); m && *m > 0) {
@@ -847,7 +852,9 @@ std::string SettingsText(const PyView& settings) {
       parts.push_back(absl::StrCat("garbage_collection_threshold:", g.float_value()));
     }
   }
-  return absl::StrJoin(parts, ",");
+  if (parts.empty()) return AllocatorConfig{};
+  absl::StatusOr<AllocatorConfig> parsed = AllocatorConfig::Parse(absl::StrJoin(parts, ","));
+  return parsed.ok() ? *std::move(parsed) : AllocatorConfig{};
 }
 
 int DeviceOf(const PyView& v) {
@@ -949,7 +956,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": not a PyTorch memory snapshot (expected a dict with \"segments\" and \"device_traces\")"));
   }
-  const std::string settings = SettingsText(root.Get("allocator_settings"));
+  const AllocatorConfig settings = SnapshotSettings(root.Get("allocator_settings"));
 
   // Blocks alive at the snapshot that the trace never allocated were
   // allocated before the trace began: they start the replay. Segments the
@@ -989,7 +996,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   for (auto& [device, b] : devices) {
     b.Release(/*completed_at_once=*/false);  // the trace ended before its free completed
     ImportedTrace& t = b.out;
-    t.alloc_conf = settings;
+    t.settings = settings;
+    t.alloc_conf = settings.text;
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
     // Preexisting blocks first, in address order.
     std::vector<Request> head;
@@ -1151,8 +1159,8 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
     }
     by_device[DeviceOf(segments[k])].push_back(segments[k]);
   }
-  std::string settings;
-  if (root.is_dict()) settings = SettingsText(root.Get("allocator_settings"));
+  AllocatorConfig settings;
+  if (root.is_dict()) settings = SnapshotSettings(root.Get("allocator_settings"));
   std::vector<Timeline> timelines;
   for (auto& [device, segs] : by_device) {
     std::sort(segs.begin(), segs.end(),
@@ -1160,7 +1168,7 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
     Timeline t;
     t.rank = device;
     t.device_index = device;
-    t.alloc_conf = settings;
+    t.SetAllocConf(settings);
     std::map<std::string, std::uint64_t> pools;
     std::uint64_t pools_over = 0;  // segments in pools past the kMaxEventPool-th: shown in the default pool
     for (const PyView& seg : segs) {

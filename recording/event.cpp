@@ -98,4 +98,15 @@ std::string_view EventTypeName(EventType t) {
   }
 }
 
+void Timeline::SetAllocConf(std::string text) {
+  absl::StatusOr<AllocatorConfig> parsed = AllocatorConfig::Parse(text);
+  settings = parsed.ok() ? *std::move(parsed) : AllocatorConfig{};
+  alloc_conf = std::move(text);
+}
+
+void Timeline::SetAllocConf(const AllocatorConfig& value) {
+  settings = value;
+  alloc_conf = value.text;
+}
+
 }  // namespace memscope

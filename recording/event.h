@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "allocator/alloc_tag.h"
+#include "allocator/config.h"
 #include "allocator/observer.h"
 
 namespace memscope {
@@ -152,7 +153,14 @@ struct Timeline {
   int device_index = 0;
   std::uint64_t device_capacity = 0;
   std::int64_t wall_start_us = 0;  // Unix time of the start, microseconds
+  // The allocator settings' text as recorded (kept even where memscope
+  // cannot parse it: it still names the run) and its value, parsed once by
+  // whoever made the timeline (SetAllocConf): the defaults where the text
+  // does not parse. Readers of settings use `settings`, never parse again.
   std::string alloc_conf;
+  AllocatorConfig settings;
+  void SetAllocConf(std::string text);             // parses the text
+  void SetAllocConf(const AllocatorConfig& value);  // text and value as they are
   std::vector<std::string> strings{""};  // id -> text; id 0 is ""
   std::vector<Event> events;
   std::uint64_t torn_bytes = 0;    // bytes of an incomplete last record, ignored

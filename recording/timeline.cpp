@@ -305,7 +305,7 @@ absl::Status ParseFixedRecords(std::string_view body, Timeline& t, const std::st
     Event e;
     std::memcpy(&e, r, sizeof(Event));
     if (type == kRecordConfig) {
-      t.alloc_conf = t.str(ids.Resolve(e.name));
+      t.SetAllocConf(t.str(ids.Resolve(e.name)));
       continue;
     }
     if (!KnownEventType(e.type)) return UnknownType(source, i, type);
@@ -441,7 +441,7 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
         torn();
         break;
       }
-      t.alloc_conf = t.str(ids.Resolve(conf));
+      t.SetAllocConf(t.str(ids.Resolve(conf)));
       continue;
     }
     if (type == kRecordTime && version >= 4) {
@@ -556,6 +556,20 @@ absl::StatusOr<Timeline> ReadTimelineFile(const std::string& path) {
   while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) bytes.append(chunk, static_cast<std::size_t>(in.gcount()));
   if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read timeline '", path, "'"));
   return ParseTimeline(bytes, path);
+}
+
+absl::Status WriteTimelineFile(const std::string& path, const Timeline& timeline) {
+  absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(path, timeline);
+  if (!writer.ok()) return writer.status();
+  std::vector<std::uint32_t> ids(timeline.strings.size(), 0);  // the timeline's id -> the file's (0: not yet)
+  for (Event e : timeline.events) {
+    if (e.name != 0 && e.name < ids.size()) {
+      if (ids[e.name] == 0) ids[e.name] = (*writer)->Intern(timeline.strings[e.name]);
+      e.name = ids[e.name];
+    }
+    (*writer)->Append(e);
+  }
+  return (*writer)->Flush();
 }
 
 }  // namespace memscope

@@ -380,6 +380,12 @@ absl::Status ValidateTimelineHeader(const Timeline& t, const std::string& source
 // range); a torn tail is not an
 // error (see Timeline::torn_bytes).
 absl::StatusOr<Timeline> ReadTimelineFile(const std::string& path);
+
+// Writes a recording made in memory to a timeline file (created,
+// truncated): its header, then its events, their names interned again.
+// Reading the file back gives the same events and header; what files do not
+// hold (stacks, pools, notes) stays in memory. Errors name the file.
+absl::Status WriteTimelineFile(const std::string& path, const Timeline& timeline);
 absl::StatusOr<Timeline> ParseTimeline(std::string_view bytes, const std::string& source);
 
 }  // namespace memscope

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
 #include "run/gpu_table.h"
+#include "load/recording.h"
 #include "run/run.h"
 
 namespace memscope {
@@ -175,7 +176,7 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
   std::vector<absl::Status> write_errors;
   if (absl::Status s = out.manifest.Write(run.dir.Manifest()); !s.ok()) write_errors.push_back(s);
 
-  absl::StatusOr<std::vector<Timeline>> recorded = LoadRun(run.dir.root());
+  absl::StatusOr<std::vector<Timeline>> recorded = LoadTimelines(run.dir.root());
   if (!recorded.ok()) {
     // Nothing to analyse (a full disk, say), but the ranks' story is told.
     Judge(run, out);

@@ -18,8 +18,8 @@
 #include "analysis/analysis.h"
 #include "recording/event.h"
 #include "run/launcher.h"
-#include "run/manifest.h"
-#include "run/run_directory.h"
+#include "load/manifest.h"
+#include "load/run_directory.h"
 
 namespace memscope {
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
-#include "run/run_directory.h"
+#include "load/run_directory.h"
 
 namespace memscope {
 

@@ -18,7 +18,7 @@
 
 #include "analysis/analysis.h"
 #include "nlohmann/json.hpp"
-#include "run/manifest.h"
+#include "load/manifest.h"
 
 namespace memscope {
 

@@ -16,8 +16,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "run/output_file.h"
-#include "run/run_directory.h"
+#include "load/output_file.h"
+#include "load/run_directory.h"
 
 extern char** environ;
 

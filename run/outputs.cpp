@@ -10,8 +10,8 @@
 #include "exporters/chrome_trace.h"
 #include "exporters/report.h"
 #include "exporters/snapshot_export.h"
-#include "run/output_file.h"
-#include "run/run_directory.h"
+#include "load/output_file.h"
+#include "load/run_directory.h"
 #include "viewer/html_report.h"
 
 namespace memscope {

@@ -26,6 +26,16 @@
 namespace memscope {
 namespace {
 
+// DDP's buckets as rank-R.json and report.json record them (DdpBuckets,
+// analysis/analysis.h).
+std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buckets) {
+  std::vector<DdpBucket> out;
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    out.push_back({i, buckets[i].bytes, std::string(DTypeName(buckets[i].dtype)), buckets[i].params});
+  }
+  return out;
+}
+
 // The address a rank's Gloo TCP transport binds to: MEMSCOPE_BIND_ADDR when
 // set; this host's name when MASTER_ADDR names another machine (multi-node
 // under torchrun or Slurm); else the loopback (one machine).

@@ -15,8 +15,8 @@
 #include "allocator/config.h"
 #include "run/devices.h"
 #include "run/launcher.h"
-#include "run/manifest.h"
-#include "run/run_directory.h"
+#include "load/manifest.h"
+#include "load/run_directory.h"
 #include "tensor/blas_workspace.h"
 #include "train/trainer.h"
 

@@ -1,71 +1,33 @@
 #include "run/rank_session.h"
 
-#include <chrono>
-
 namespace memscope {
+namespace {
 
-RankSession::RankSession(const RankSessionOptions& options)
-    : options_(options),
-      device_({.capacity = options.device_memory,
-               .index = options.device_index >= 0 ? options.device_index : options.rank,
-               .host_backed = options.exec == ExecMode::kCpu}),
-      allocator_(device_, options.config),
-      context_(allocator_, options.exec, options.exec == ExecMode::kCpu ? &device_ : nullptr) {
-  context_.set_blas_workspaces(options.blas_workspaces);
-  timeline_.rank = options.rank;
-  timeline_.world_size = options.world_size;
-  timeline_.device_index = options.timeline_device_index >= 0 ? options.timeline_device_index : options.rank;
-  timeline_.device_capacity = options.device_memory;
-  timeline_.alloc_conf = options.config.text;
-  clock_ = options.clock ? *options.clock : options.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled;
-  timeline_.sampled_clock = clock_ == RecordClock::kSampled;
-}
-
-RankSession::~RankSession() { (void)Finish(); }
-
-absl::Status RankSession::Open() {
-  if (sink_ != nullptr) return absl::OkStatus();
-  if (options_.timeline_path.empty()) {
-    sink_ = std::make_unique<MemorySink>(timeline_);
-  } else {
-    timeline_.wall_start_us =
-        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-            .count();
-    absl::StatusOr<std::unique_ptr<TimelineWriter>> writer = TimelineWriter::Create(options_.timeline_path, timeline_);
-    if (!writer.ok()) return writer.status();
-    sink_ = std::move(*writer);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RankSession::Start() {
-  if (absl::Status s = Open(); !s.ok()) return s;
-  if (attached_) return absl::OkStatus();
+RecordingSessionOptions CoreOptions(const RankSessionOptions& o) {
+  RecordingSessionOptions core;
+  core.rank = o.rank;
+  core.world_size = o.world_size;
+  core.device_index = o.device_index;
+  core.timeline_device_index = o.timeline_device_index;
+  core.device_memory = o.device_memory;
+  core.config = o.config;
+  core.host_backed = o.exec == ExecMode::kCpu;
   // Wall time per allocator call only where kernels really run (--exec cpu):
   // a meta run's allocator events take the sampled clock (recorder.h), its
   // phase marks and collectives keep the wall time.
-  recorder_ = std::make_unique<Recorder>(*sink_, clock_);
-  allocator_.SetObserver(recorder_.get());
-  attached_ = true;
-  return absl::OkStatus();
+  core.clock = o.clock ? *o.clock : o.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled;
+  core.timeline_path = o.timeline_path;
+  return core;
 }
 
-absl::Status RankSession::Finish() {
-  if (sink_ == nullptr) return absl::OkStatus();
-  if (attached_) allocator_.SetObserver(nullptr);
-  attached_ = false;
-  absl::Status flushed = sink_->Flush();
-  // In memory, as a file's reader does (a file's events are spread when read).
-  if (options_.timeline_path.empty() && timeline_.sampled_clock) {
-    SpreadSampledTimes(timeline_.events, spread_from_);
-    spread_from_ = timeline_.events.size();
-  }
-  // A writer closes its file when destroyed; the recorder goes with its sink.
-  if (!options_.timeline_path.empty()) {
-    recorder_.reset();
-    sink_.reset();
-  }
-  return flushed;
+}  // namespace
+
+RankSession::RankSession(const RankSessionOptions& options)
+    : core_(CoreOptions(options)),
+      context_(core_.allocator(), options.exec, options.exec == ExecMode::kCpu ? &core_.device() : nullptr) {
+  context_.set_blas_workspaces(options.blas_workspaces);
 }
+
+RankSession::~RankSession() { (void)Finish(); }
 
 }  // namespace memscope

@@ -1,8 +1,8 @@
-// RankSession: what one rank records with, wired once. It owns a simulated
-// GPU, the caching allocator on it, the recorder observing the allocator, and
-// where the events go (a timeline file for `memscope run` and `replay --out`,
-// or a Timeline in memory for RecordReplay and the tests), plus the
-// DeviceContext that tensors and the trainer allocate through.
+// RankSession: what one rank records with, wired once: a RecordingSession
+// (load/recording_session.h: a simulated GPU, the caching allocator on it,
+// the recorder, and where the events go: a timeline file for `memscope run`,
+// or a Timeline in memory for the tests) plus the DeviceContext that tensors
+// and the trainer allocate through.
 //
 //   RankSessionOptions options;
 //   options.rank = r;
@@ -23,11 +23,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "allocator/caching_allocator.h"
 #include "allocator/config.h"
-#include "allocator/sim_device.h"
-#include "recording/recorder.h"
-#include "recording/timeline.h"
+#include "load/recording_session.h"
 #include "tensor/tensor.h"
 
 namespace memscope {
@@ -65,36 +62,21 @@ class RankSession {
   RankSession(const RankSession&) = delete;
   RankSession& operator=(const RankSession&) = delete;
 
-  // Creates the timeline file (a no-op in memory), so that a rank that fails
-  // before it records anything (a rendezvous error) still leaves its
-  // timeline. The error names the file. Idempotent.
-  absl::Status Open();
+  // RecordingSession's (load/recording_session.h).
+  absl::Status Open() { return core_.Open(); }
+  absl::Status Start() { return core_.Start(); }
+  absl::Status Finish() { return core_.Finish(); }
 
-  // Opens when not yet open, then attaches the recorder to the allocator:
-  // nothing is recorded before, and event times count from here.
-  absl::Status Start();
-
-  // Detaches the recorder and flushes and closes the file. Idempotent.
-  absl::Status Finish();
-
-  SimDevice& device() { return device_; }
-  CachingAllocator& allocator() { return allocator_; }
-  Recorder& recorder() { return *recorder_; }  // between Start and Finish
+  SimDevice& device() { return core_.device(); }
+  CachingAllocator& allocator() { return core_.allocator(); }
+  Recorder& recorder() { return core_.recorder(); }  // between Start and Finish
   DeviceContext& context() { return context_; }
   // The recording in memory (its header only, when recording to a file).
-  Timeline& timeline() { return timeline_; }
+  Timeline& timeline() { return core_.timeline(); }
 
  private:
-  RankSessionOptions options_;
-  SimDevice device_;
-  CachingAllocator allocator_;
+  RecordingSession core_;
   DeviceContext context_;
-  Timeline timeline_;
-  std::unique_ptr<EventSink> sink_;
-  std::unique_ptr<Recorder> recorder_;
-  bool attached_ = false;
-  RecordClock clock_;
-  std::size_t spread_from_ = 0;  // in memory: events before this have had SpreadSampledTimes
 };
 
 }  // namespace memscope

@@ -1,6 +1,7 @@
-// Loading runs and reports, and writing a run's outputs. A run directory's
-// files are named in run/run_directory.h. Commands take a run directory or a
-// single timeline file.
+// Writing a run's outputs (one driver: two walks over each rank's events),
+// `memscope replay --out`, and one side of `memscope compare`. Loading is
+// load/'s (load/recording.h); a run directory's files are named in
+// load/run_directory.h.
 #ifndef MEMSCOPE_RUN_RUN_H_
 #define MEMSCOPE_RUN_RUN_H_
 
@@ -15,51 +16,18 @@
 #include "exporters/report.h"
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
+#include "load/recording.h"
 #include "nlohmann/json.hpp"
 #include "recording/event.h"
 
 namespace memscope {
 
-// Reads every rank-R.timeline of a run directory (ordered by rank), one
-// timeline file, or a PyTorch snapshot pickle (each device's trace replayed
-// under the snapshot's own allocator settings on a simulated GPU of
-// `device_memory` bytes; one Timeline per device, rank = device). Errors name
-// the path and what is wrong.
-// An OOM snapshot whose `oom` entry implies the device's capacity is replayed
-// on that capacity when `device_memory` is the default.
-inline constexpr std::uint64_t kDefaultReplayDeviceMemory = 80ULL << 30;
-absl::StatusOr<std::vector<Timeline>> LoadRun(const std::string& path,
-                                              std::uint64_t device_memory = kDefaultReplayDeviceMemory);
-
-// A run's report and, when it was analysed here, the recording it analyses.
-struct LoadedReport {
-  Report report;
-  std::vector<Timeline> timelines;  // empty when read from a report.json file
-};
-
-// The report of a run directory, timeline file or PyTorch snapshot (loaded
-// with LoadRun and analysed afresh), or of a report.json file (recognised by
-// its content: a JSON object). Errors name the path: missing, unreadable, not
-// JSON, not a usable memscope.report/1 (ReportFromJson's errors), or
-// LoadRun's and AnalyzeRank's errors. The
-// readers' notes are in the timelines' `notes`.
-absl::StatusOr<LoadedReport> LoadReport(const std::string& path);
-
-// Reads PATH as LoadReport does (run directory, timeline file, PyTorch
-// snapshot, report.json) plus the run.json of the run directory, or the one
-// next to the file, when there is one, as one side of `memscope compare`.
-// `notes` (if given) receives the readers' notes. Errors: LoadReport's.
+// Reads PATH as LoadReport does (load/recording.h: run directory, timeline
+// file, PyTorch snapshot, report.json) plus the run.json of the run
+// directory, or the one next to the file, when there is one, as one side of
+// `memscope compare`. `notes` (if given) receives the readers' notes.
+// Errors: LoadReport's.
 absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vector<std::string>* notes = nullptr);
-
-// Replays a request trace under `config`, recording it into a Timeline; the
-// replay's own result goes to `result` when given.
-absl::StatusOr<Timeline> RecordReplay(const RequestTrace& trace, const AllocatorConfig& config,
-                                      std::uint64_t device_memory, int rank, ReplayResult* result = nullptr);
-// The same, moving the trace's stacks into the timeline instead of copying
-// them: `trace.stacks` is left empty (the rest of the trace is unchanged).
-absl::StatusOr<Timeline> RecordReplayTakingStacks(RequestTrace& trace, const AllocatorConfig& config,
-                                                  std::uint64_t device_memory, int rank,
-                                                  ReplayResult* result = nullptr);
 
 // What `memscope replay --out` recorded: the replay's own result and the
 // analyses of the run it wrote.

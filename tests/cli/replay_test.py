@@ -80,7 +80,7 @@ for name, expect in [("bad_json.jsonl", "bad_json.jsonl:3: not valid JSON"),
     code, out, err = run("replay", data(name))
     check(f"{name} exit", code == 2, code)
     check(f"{name} message", expect in err and err.count("\n") == 1 and out == "", err)
-for args, expect in [(["replay", data("missing.jsonl")], "cannot open"),
+for args, expect in [(["replay", data("missing.jsonl")], "does not exist"),
                      (["replay", data("one_mib.jsonl"), "--alloc-conf", "max_split_size_mb:5"], "max_split_size_mb"),
                      (["replay", data("one_mib.jsonl"), "--alloc-conf", "nope:1"], "unknown key 'nope'"),
                      (["replay", data("one_mib.jsonl"), "--device-memory", "lots"], "--device-memory"),

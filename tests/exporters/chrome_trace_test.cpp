@@ -307,7 +307,7 @@ TEST_CASE("chrome trace: layout for Perfetto's streaming reader", "[chrome_trace
 
 TEST_CASE("chrome trace: otherData describes each rank", "[chrome_trace]") {
   Run r(40 * MiB, 2);
-  r.tl.alloc_conf = "expandable_segments:False";
+  r.tl.SetAllocConf("expandable_segments:False");
   RecordRank1(r);
   const json trace = Export({&r.tl});
   const json& other = trace["otherData"];

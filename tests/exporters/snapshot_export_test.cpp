@@ -111,7 +111,7 @@ struct KnownTrace {
   KnownTrace() : gpu({.capacity = 8 * kGiB}), a(gpu, Conf(kConf)), sink(tl), rec(sink) {
     tl.device_index = 1;  // device 0's trace list must be there, empty
     tl.wall_start_us = kWallStartUs;
-    tl.alloc_conf = kConf;
+    tl.SetAllocConf(kConf);
     a.SetObserver(&rec);
     rec.PhaseBegin(Phase::kForward, 0);
     one_mib = MustMalloc(a, MiB);   // small pool: a 2 MiB segment
@@ -434,7 +434,7 @@ TEST_CASE("an oom entry carries device_free and the request; memscope-only actio
 
 TEST_CASE("settings text that does not parse is kept, with default values") {
   Timeline tl;
-  tl.alloc_conf = "no_such_key:1";
+  tl.SetAllocConf("no_such_key:1");
   std::ostringstream out;
   REQUIRE(WriteSnapshot(tl, TraceModel(), 0, SnapshotFormat::kJson, out).ok());
   const nlohmann::json s = nlohmann::json::parse(out.str());

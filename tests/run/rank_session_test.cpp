@@ -5,6 +5,7 @@
 #include "allocator/alloc_tag.h"
 #include "recording/timeline.h"
 #include "run/rank_session.h"
+#include "load/record_replay.h"
 #include "run/run.h"
 
 namespace memscope {

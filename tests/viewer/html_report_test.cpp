@@ -8,6 +8,7 @@
 #include <string>
 
 #include "importers/request_trace.h"
+#include "load/record_replay.h"
 #include "run/run.h"
 
 using namespace memscope;

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "run/run_directory.h"
+#include "load/run_directory.h"
 
 namespace memscope {
 namespace {

@@ -1,6 +1,6 @@
 // OutputFile's buffer: small writes gathered, a write that does not fit sent
 // with what is buffered in one writev; the file holds every byte in order.
-#include "run/output_file.h"
+#include "load/output_file.h"
 
 #include <catch2/catch.hpp>
 

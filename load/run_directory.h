@@ -1,6 +1,6 @@
-// The run directory (DESIGN.md "The run directory"): the one place that knows
+// The run directory (docs/design.md, "The run directory"): the one place that knows
 // the name of every file a run writes or reads, so that the writers (memscope
-// run, replay --out, the launcher's logs) and the readers (LoadRun, compare)
+// run, replay --out, the launcher's logs) and the readers (LoadTimelines, compare)
 // agree on them.
 //
 //   RUN/run.json                   the run manifest (RunManifest)
@@ -14,8 +14,8 @@
 //   RUN/.memscope-lock             held (flock) by the run writing here; says who
 //   RUN/.memscope-capture/         memscope capture: its Python start-up module
 //                                  (sitecustomize.py) and each rank's capture status (rank-R.json)
-#ifndef MEMSCOPE_RUN_RUN_DIRECTORY_H_
-#define MEMSCOPE_RUN_RUN_DIRECTORY_H_
+#ifndef MEMSCOPE_LOAD_RUN_DIRECTORY_H_
+#define MEMSCOPE_LOAD_RUN_DIRECTORY_H_
 
 #include <optional>
 #include <string>
@@ -117,4 +117,4 @@ class RunDirectory {
 
 }  // namespace memscope
 
-#endif  // MEMSCOPE_RUN_RUN_DIRECTORY_H_
+#endif  // MEMSCOPE_LOAD_RUN_DIRECTORY_H_

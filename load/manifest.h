@@ -1,12 +1,12 @@
-// The two JSON files that describe a run (DESIGN.md "The run directory"),
+// The two JSON files that describe a run (docs/design.md, "The run directory"),
 // typed: run.json (`RunManifest`, schema memscope.run/1), written once by
 // `memscope run`, `memscope replay --out` or `memscope capture` after the ranks end, and
 // rank-R.json (`RankStatus`), written by each rank as it ends and read by
 // the aggregation (run/aggregate.h). Both read back what they write (ToJson
 // then FromJson is the identity), and FromJson rejects a document that is not
 // one with a one-line error.
-#ifndef MEMSCOPE_RUN_MANIFEST_H_
-#define MEMSCOPE_RUN_MANIFEST_H_
+#ifndef MEMSCOPE_LOAD_MANIFEST_H_
+#define MEMSCOPE_LOAD_MANIFEST_H_
 
 #include <cstdint>
 #include <optional>
@@ -16,16 +16,10 @@
 #include "absl/status/statusor.h"
 #include "analysis/analysis.h"
 #include "nlohmann/json.hpp"
-#include "reducer/ddp.h"
 
 namespace memscope {
 
 inline constexpr const char* kRunSchema = "memscope.run/1";
-
-// DDP's buckets as run.json/rank-R.json and report.json record them: the
-// one type is DdpBuckets (analysis/analysis.h), written and read by
-// DdpJson/DdpFromJson (exporters/report.h).
-std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buckets);
 
 // The first loss that is not finite (the training diverged: --lr too large),
 // as {index in `losses`, the loss}; nullopt when every loss is finite.
@@ -180,4 +174,4 @@ struct RunManifest {
 
 }  // namespace memscope
 
-#endif  // MEMSCOPE_RUN_MANIFEST_H_
+#endif  // MEMSCOPE_LOAD_MANIFEST_H_

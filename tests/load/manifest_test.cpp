@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "run/manifest.h"
+#include "load/manifest.h"
 
 namespace memscope {
 namespace {

@@ -1,4 +1,4 @@
-#include "run/output_file.h"
+#include "load/output_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -12,8 +12,8 @@
 //   OutputFile out(path);
 //   WriteChromeTrace(..., out.stream());
 //   if (absl::Status s = out.Commit(); !s.ok()) ...
-#ifndef MEMSCOPE_RUN_OUTPUT_FILE_H_
-#define MEMSCOPE_RUN_OUTPUT_FILE_H_
+#ifndef MEMSCOPE_LOAD_OUTPUT_FILE_H_
+#define MEMSCOPE_LOAD_OUTPUT_FILE_H_
 
 #include <memory>
 #include <ostream>
@@ -80,4 +80,4 @@ int OpenForWritingNoFollow(const std::string& path, int extra_flags = 0);
 
 }  // namespace memscope
 
-#endif  // MEMSCOPE_RUN_OUTPUT_FILE_H_
+#endif  // MEMSCOPE_LOAD_OUTPUT_FILE_H_

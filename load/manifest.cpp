@@ -1,4 +1,4 @@
-#include "run/manifest.h"
+#include "load/manifest.h"
 
 #include <cmath>
 #include <filesystem>
@@ -7,8 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
-#include "run/output_file.h"
-#include "tensor/tensor.h"
+#include "load/output_file.h"
 
 namespace memscope {
 namespace {
@@ -149,14 +148,6 @@ TrainingManifest TrainingFromJson(const json& j) {
 }
 
 }  // namespace
-
-std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buckets) {
-  std::vector<DdpBucket> out;
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    out.push_back({i, buckets[i].bytes, std::string(DTypeName(buckets[i].dtype)), buckets[i].params});
-  }
-  return out;
-}
 
 json RankStatus::ToJson() const {
   json j = {{"rank", rank},

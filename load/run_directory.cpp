@@ -1,4 +1,4 @@
-#include "run/run_directory.h"
+#include "load/run_directory.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
