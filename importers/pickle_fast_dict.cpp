@@ -245,8 +245,7 @@ bool Reader::PairList(PairCursor& c, PyRef& val) {
 // `val` (`h` its height so far). The items' bytes (BINGET / LONG_BINGET up
 // to APPENDS): a list of the same bytes read before, while no memo entry has
 // changed since, is the same list (list_cache_).
-bool Reader::PairListItems(PairCursor& c, const std::uint64_t* ids, std::uint8_t nids, std::uint16_t& h,
-                           PyRef& val) {
+bool Reader::PairListItems(PairCursor& c, const std::uint64_t* ids, std::uint8_t nids, std::uint16_t& h, PyRef& val) {
   const unsigned char* const b = c.b;
   const std::size_t end = c.end;
   std::size_t& p = c.p;
@@ -591,8 +590,8 @@ bool Reader::FastStackDict(std::size_t& p, FastVal* st, std::size_t& sp, std::ui
   for (;;) {
     if (sp == 1 && fast_nmarks_ == 0) {
       std::size_t q = p;
-      while (q < end && b[q] == 0x95) q += 9;      // FRAME
-      if (q >= end) return false;                  // cannot tell what follows
+      while (q < end && b[q] == 0x95) q += 9;       // FRAME
+      if (q >= end) return false;                   // cannot tell what follows
       if (b[q] == '}' || b[q] == 'e') return true;  // complete: nothing can add to it
     }
     if (p >= end) return false;

@@ -132,7 +132,6 @@ int HexDigit(char c) {
   return -1;
 }
 
-
 // Parses a decimal integer (optional sign); false if it is not one or is
 // outside [-2^63, 2^64).
 bool ParseDecimal(std::string_view t, PyRef& out) {
@@ -367,7 +366,7 @@ absl::Status Reader::Long(const unsigned char* b, std::size_t n) {
 // The dispatch table of the reader: one case per pickle opcode (protocols 0
 // to 5), each a few lines, in the order of Python's pickletools. Kept as one
 // switch so that a reader can hold it next to pickletools' table; the work of
-// each case lives in the helpers above.
+// each case lives in the helpers above and in the Reader class (pickle_internal.h).
 absl::Status Reader::Step(std::uint8_t op) {
   // opcode dispatch: one case per pickle opcode (exempt from the 120-line rule)
   std::string& chars = arena_->chars;
