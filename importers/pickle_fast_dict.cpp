@@ -74,7 +74,7 @@ bool Reader::FastLookupWritten(std::uint64_t id, PyRef& out) const {
 PyRef Reader::FastStore(std::int32_t box) {
   const FastBox& B = fast_boxes_[static_cast<std::size_t>(box)];
   const PyRef r = Store(B.kind, B.items.data(), B.items.size(), B.height);
-  for (std::uint8_t k = 0; k < B.memos; ++k) fast_memo_.emplace_back(B.memo[k], r);
+  for (std::uint8_t k = 0; k < B.memos; ++k) fast_memo_.push_back({B.memo[k], r});
   return r;
 }
 
@@ -181,7 +181,7 @@ struct Reader::PairCursor {
     if (id_out != nullptr) {
       *id_out = id;
     } else {
-      r.fast_memo_.emplace_back(id, v);
+      r.fast_memo_.push_back({id, v});
     }
     return true;
   }
@@ -236,7 +236,7 @@ bool Reader::PairList(PairCursor& c, PyRef& val) {
   }
   c.open_n = 0;
   if (!stored) val = Store(PyKind::kList, scratch_.data(), scratch_.size(), h);
-  for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.emplace_back(ids[k], val);
+  for (std::uint8_t k = 0; k < nids; ++k) fast_memo_.push_back({ids[k], val});
   c.D.height = std::max(c.D.height, AddHeight(val.height));
   return true;
 }
@@ -521,7 +521,7 @@ bool Reader::FastPut(FastVal* st, std::size_t sp, std::uint64_t id) {
     if (B.memos == 4) return false;
     B.memo[B.memos++] = id;
   } else {
-    fast_memo_.emplace_back(id, top.ref);
+    fast_memo_.push_back({id, top.ref});
   }
   return true;
 }

@@ -624,8 +624,8 @@ class Reader {
   std::size_t fast_nmarks_ = 0;
   std::vector<FastBox> fast_boxes_;
   std::size_t fast_nboxes_ = 0;
-  std::vector<std::pair<std::uint64_t, PyRef>> fast_memo_;  // memo writes, made when the dict is done
-  std::uint64_t fast_memo_bloom_ = 0;                       // bit (id & 63) of every id written by this decode
+  FastVec<std::pair<std::uint64_t, PyRef>> fast_memo_;  // memo writes, made when the dict is done
+  std::uint64_t fast_memo_bloom_ = 0;                   // bit (id & 63) of every id written by this decode
   std::uint64_t fast_memo_count_ = 0;
   // Records (PickleReadOptions::on_record): placeholders on the stack stand
   // for records_[v & 0xffffffff] of generation v >> 32 (records_ is emptied

@@ -236,7 +236,7 @@ bool Reader::TmplScalarTail(std::uint8_t op, std::size_t& p, PyRef& val, TmplSta
   }
   if (b[p] == 0x94) {
     ++p;
-    fast_memo_.emplace_back(TmplMemoize(s), val);
+    fast_memo_.push_back({TmplMemoize(s), val});
   }
   return true;
 }
@@ -261,7 +261,7 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
     ++p;
     if (s.list_cache_ok && PrefixCachedList(p, val)) {
       scratch_.reserve(kFastMaxListItems);  // (as below: the same capacities)
-      fast_memo_.emplace_back(list_id, val);
+      fast_memo_.push_back({list_id, val});
       FastBox& D = fast_boxes_[0];
       D.height = std::max(D.height, AddHeight(val.height));
       return true;
@@ -312,7 +312,7 @@ bool Reader::TmplValue(std::uint8_t op, std::size_t& p, PyRef& val, TmplState& s
   } else {  // empty: the next key follows (anything else fails there)
     val = Store(PyKind::kList, scratch_.data(), 0, h);
   }
-  fast_memo_.emplace_back(list_id, val);
+  fast_memo_.push_back({list_id, val});
   FastBox& D = fast_boxes_[0];
   D.height = std::max(D.height, AddHeight(val.height));
   return true;
