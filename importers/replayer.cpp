@@ -22,16 +22,113 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
   return result;
 }
 
+namespace {
+
+// The allocator's index of each of the trace's pools ([0], the default pool: 0).
+absl::StatusOr<std::vector<std::uint16_t>> PoolIndices(const RequestTrace& trace, CachingAllocator& allocator) {
+  std::vector<std::uint16_t> pool_index(trace.pools.size(), 0);
+  for (std::size_t k = 1; k < trace.pools.size(); ++k) {
+    absl::StatusOr<std::uint16_t> index = allocator.PoolIndex(trace.pools[k]);
+    if (!index.ok())
+      return absl::Status(index.status().code(), absl::StrCat(trace.source, ": ", index.status().message()));
+    pool_index[k] = *index;
+  }
+  return pool_index;
+}
+
+// n zeroed slots, their pages faulted in before the replay writes them (PrefaultForWrite).
+template <typename T>
+std::vector<T> PrefaultedSlots(std::size_t n) {
+  std::vector<T> slots;
+  slots.reserve(n);
+  PrefaultForWrite(slots.data(), n * sizeof(T));
+  slots.resize(n, 0);
+  return slots;
+}
+
+// The allocations' tag: one scope for the whole replay, retagged when an
+// alloc's category or owner differs from the last one's (nothing but an
+// alloc reads the tag).
+class ReplayTag {
+ public:
+  [[gnu::always_inline]] void Set(Category category, std::uint32_t text, const std::vector<std::string>& strings) {
+    if (!tag_) {
+      tag_.emplace(category, strings[text]);
+    } else if (category != category_ || text != text_) {
+      tag_->Retag(category, strings[text]);
+    }
+    category_ = category;
+    text_ = text;
+  }
+
+ private:
+  std::optional<ScopedTag> tag_;
+  Category category_ = Category::kOther;
+  std::uint32_t text_ = 0;
+};
+
+// Gives the recorder request i's time: the trace's own where it has them (a
+// request without one keeps the last); a trace with none (a JSON request
+// trace, a snapshot without time_us) puts request i at i microseconds, so
+// that its outputs are the same on every run.
+[[gnu::always_inline]] inline void SetRequestTime(Recorder& recorder, const RequestTrace& trace, std::size_t i,
+                                                  const Request& r) {
+  if (trace.time_origin_us < 0) {
+    recorder.SetTraceTime(static_cast<std::int64_t>(i) * 1000);
+  } else if (r.time_us >= 0) {
+    recorder.SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
+  }
+}
+
+// The OOM of alloc request i, which the allocator refused with `status` (resource exhausted).
+ReplayOom OomOf(const RequestTrace& trace, std::size_t i, const Request& r, const CachingAllocator& allocator,
+                const SimDevice& device, const absl::Status& status) {
+  if (allocator.last_oom().has_value()) return ReplayOom{i, r.line, trace.IdOf(r.slot), *allocator.last_oom()};
+  // A size no device has (1 EB or more): PyTorch raises its
+  // OutOfMemoryError before asking the device, and so does the
+  // allocator. It is an OOM like any other: the replay's answer.
+  OutOfMemoryInfo info;
+  info.requested = r.size;
+  info.device_total = device.capacity();
+  info.message = std::string(status.message());
+  info.diagnosis = absl::StrCat("memscope: the request of ", r.size, " B is larger than any device; PyTorch refuses ",
+                                "requests of 1 EB and more before asking the device.");
+  return ReplayOom{i, r.line, trace.IdOf(r.slot), std::move(info)};
+}
+
+// Keeps the stack of an allocation that got block `p` for AttachStacks: with
+// the recorder's events (`recorded`), by the index of its alloc event, the
+// last one recorded; else by its address.
+[[gnu::always_inline]] inline void KeepAllocStack(ReplayResult& result, DevicePtr p, std::uint32_t stack,
+                                                  const std::vector<Event>* recorded) {
+  if (recorded == nullptr) {
+    result.alloc_stacks.emplace_back(p, stack);
+  } else if (!recorded->empty() && recorded->size() <= std::numeric_limits<std::uint32_t>::max() &&
+             recorded->back().type == EventType::kAlloc && recorded->back().addr == p) {
+    result.alloc_event_stacks.emplace_back(static_cast<std::uint32_t>(recorded->size() - 1), stack);
+  } else {
+    result.event_stacks_ok = false;
+  }
+}
+
+// The end of a replay: the plan's counts, the allocator's stats, summary and pools.
+void FinishReplay(CachingAllocator& allocator, SimDevice& device, bool planned, ReplayResult& result) {
+  if (planned) {
+    result.planned_taken = device.planned_taken();
+    result.planned_missed = device.planned_missed();
+    device.PlanAddresses({}, {});
+  }
+  result.stats = allocator.GetStats();
+  result.memory_summary = allocator.MemorySummary();
+  result.pools = allocator.pool_ids();
+}
+
+}  // namespace
+
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
                                       Recorder* recorder, const std::vector<Event>* recorded) {
-  std::vector<DevicePtr> ptrs;
-  std::vector<std::size_t> sizes;
-  ptrs.reserve(trace.slot_count());
-  sizes.reserve(trace.slot_count());
-  PrefaultForWrite(ptrs.data(), trace.slot_count() * sizeof(DevicePtr));
-  PrefaultForWrite(sizes.data(), trace.slot_count() * sizeof(std::size_t));
-  ptrs.resize(trace.slot_count(), 0);
-  sizes.resize(trace.slot_count(), 0);
+  std::vector<DevicePtr> ptrs = PrefaultedSlots<DevicePtr>(trace.slot_count());
+  std::vector<std::size_t> sizes = PrefaultedSlots<std::size_t>(trace.slot_count());
   PrefaultAhead events_ahead;  // the recorder's events, when they are in memory
 
   ReplayResult result;
@@ -53,20 +150,10 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   } else if (with_stacks) {
     result.alloc_stacks.reserve(trace.requests.size());
   }
-  // The allocations' tag: one scope for the whole replay, retagged when an
-  // alloc's category or owner differs from the last one's (nothing but an
-  // alloc reads the tag).
-  std::optional<ScopedTag> tag;
-  Category tag_category = Category::kOther;
-  std::uint32_t tag_text = 0;
-  // The allocator's index of each of the trace's pools.
-  std::vector<std::uint16_t> pool_index(trace.pools.size(), 0);
-  for (std::size_t k = 1; k < trace.pools.size(); ++k) {
-    absl::StatusOr<std::uint16_t> index = allocator.PoolIndex(trace.pools[k]);
-    if (!index.ok())
-      return absl::Status(index.status().code(), absl::StrCat(trace.source, ": ", index.status().message()));
-    pool_index[k] = *index;
-  }
+  ReplayTag tag;
+  absl::StatusOr<std::vector<std::uint16_t>> pool_indices = PoolIndices(trace, allocator);
+  if (!pool_indices.ok()) return pool_indices.status();
+  const std::vector<std::uint16_t> pool_index = *std::move(pool_indices);
   const bool planned = !trace.planned_mallocs.empty() || !trace.planned_reservations.empty();
   if (planned) {
     device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
@@ -78,27 +165,11 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
       events_ahead.Advance(recorded->data(), recorded->capacity() * sizeof(Event), recorded->size() * sizeof(Event));
     }
     if (planned && i == trace.planned_from_request && i > 0) device.PausePlan(false);
-    // Times: the trace's own where it has them (a request without one keeps
-    // the last); a trace with none (a JSON request trace, a snapshot without
-    // time_us) puts request i at i microseconds, so that its outputs are the
-    // same on every run.
-    if (recorder != nullptr) {
-      if (trace.time_origin_us < 0) {
-        recorder->SetTraceTime(static_cast<std::int64_t>(i) * 1000);
-      } else if (r.time_us >= 0) {
-        recorder->SetTraceTime((r.time_us - trace.time_origin_us) * 1000);
-      }
-    }
+    if (recorder != nullptr) SetRequestTime(*recorder, trace, i, r);
     auto where = [&] { return absl::StrCat(trace.source, ":", r.line, ": "); };
     switch (r.op) {
       case RequestOp::kAlloc: {
-        if (!tag) {
-          tag.emplace(r.category, trace.strings[r.text]);
-        } else if (r.category != tag_category || r.text != tag_text) {
-          tag->Retag(r.category, trace.strings[r.text]);
-        }
-        tag_category = r.category;
-        tag_text = r.text;
+        tag.Set(r.category, r.text, trace.strings);
         if (recorder != nullptr && owner_ids[r.text] != kUnknownId) {
           recorder->UseOwnerId(trace.strings[r.text], owner_ids[r.text]);
         }
@@ -112,34 +183,10 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
           if (!absl::IsResourceExhausted(p.status())) {
             return absl::Status(p.status().code(), absl::StrCat(where(), p.status().message()));
           }
-          if (allocator.last_oom().has_value()) {
-            result.oom = ReplayOom{i, r.line, trace.IdOf(r.slot), *allocator.last_oom()};
-          } else {
-            // A size no device has (1 EB or more): PyTorch raises its
-            // OutOfMemoryError before asking the device, and so does the
-            // allocator. It is an OOM like any other: the replay's answer.
-            OutOfMemoryInfo info;
-            info.requested = r.size;
-            info.device_total = device.capacity();
-            info.message = std::string(p.status().message());
-            info.diagnosis =
-                absl::StrCat("memscope: the request of ", r.size, " B is larger than any device; PyTorch refuses ",
-                             "requests of 1 EB and more before asking the device.");
-            result.oom = ReplayOom{i, r.line, trace.IdOf(r.slot), std::move(info)};
-          }
+          result.oom = OomOf(trace, i, r, allocator, device, p.status());
           break;
         }
-        if (*p != 0 && direct_stacks) {
-          // The alloc is the last event the allocator recorded for this call.
-          if (!recorded->empty() && recorded->size() <= std::numeric_limits<std::uint32_t>::max() &&
-              recorded->back().type == EventType::kAlloc && recorded->back().addr == *p) {
-            result.alloc_event_stacks.emplace_back(static_cast<std::uint32_t>(recorded->size() - 1), r.stack);
-          } else {
-            result.event_stacks_ok = false;
-          }
-        } else if (*p != 0 && with_stacks) {
-          result.alloc_stacks.emplace_back(*p, r.stack);
-        }
+        if (*p != 0 && with_stacks) KeepAllocStack(result, *p, r.stack, direct_stacks ? recorded : nullptr);
         ptrs[r.slot] = *p;
         sizes[r.slot] = r.size;
         live += r.size;
@@ -187,14 +234,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
     result.requests_done = i + 1;
   }
   if (recorder != nullptr) recorder->ClearTraceTime();
-  if (planned) {
-    result.planned_taken = device.planned_taken();
-    result.planned_missed = device.planned_missed();
-    device.PlanAddresses({}, {});
-  }
-  result.stats = allocator.GetStats();
-  result.memory_summary = allocator.MemorySummary();
-  result.pools = allocator.pool_ids();
+  FinishReplay(allocator, device, planned, result);
   return result;
 }
 

@@ -673,6 +673,83 @@ struct DeviceBuilder {
     Apply(f, r.arena, nullptr);
   }
 
+  // Counts the entry's compile_context and user_metadata, and its keys memscope
+  // does not read (`e`: the entry as a dict, when it has unknown keys).
+  [[gnu::always_inline]] void CountExtras(const PyView& context_v, const PyView& metadata_v, bool unknown_keys,
+                                          const PyView* e) {
+    if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
+      ++compile_contexts;
+    }
+    if (const std::optional<std::string_view> m = metadata_v.AsString(); m && !m->empty()) ++user_metadata;
+    if (unknown_keys && e != nullptr) {
+      for (std::size_t k = 0; k < e->size(); ++k) {
+        const std::optional<std::string_view> key = e->key(k).AsString();
+        if (key && field_names.Of(e->key(k).ref(), *key, FieldOf) == Field::kUnknown) unknown_fields.Add(*key);
+      }
+    }
+  }
+
+  // An alloc entry: a request of a new slot (after a free the trace lost, when
+  // its address is still live), in its pool, tagged from its frames.
+  [[gnu::always_inline]] void AllocEntry(const EntryFields& f, const PickleArena* arena, std::uint64_t addr,
+                                         double time_us) {
+    const std::uint64_t size = UIntOr0(PyView(arena, f[Field::kSize]));
+    const std::uint64_t stream = UIntOr0(PyView(arena, f[Field::kStream]));
+    const PyView frames_v(arena, f[Field::kFrames]);
+    AddrState& a = addrs[addr];  // one probe: its slot is set below
+    if (a.live) {                // a free the trace lost
+      Push(Request{.op = RequestOp::kFree, .slot = a.slot}, time_us);
+    }
+    Request r{.op = RequestOp::kAlloc, .slot = Slot(addr), .size = size, .stream = stream};
+    if (const PyView pool_v(arena, f[Field::kPoolId]); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
+      bool over = false;
+      r.pool = PoolIndexOf(pool_v, &over);
+      if (over) ++pools_over;
+      if (r.pool != 0) {
+        ++private_pool_allocs;
+        StillLive(r.pool);
+      }
+    }
+    tags.Tag(frames_v, r, out.requests);
+    a.slot = r.slot;
+    a.live = true;
+    Push(r, time_us);
+    last_alloc_entry = entries;
+  }
+
+  // A segment_free or segment_unmap entry of `size` bytes: the release of
+  // its private pool, or else an empty_cache.
+  void SegmentFreeEntry(const PyView& pool_v, std::uint64_t addr, std::uint64_t size, bool unmap, double time_us) {
+    // empty_cache() (or the release-all retry before an OOM): the replay
+    // empties its cache here too, once for the run of segment frees.
+    out.segment_actions.push_back({unmap ? EventType::kSegmentUnmap : EventType::kSegmentFree, size});
+    reserved -= static_cast<std::int64_t>(size);
+    // The segment's pool: the entry's pool_id, else the pool its
+    // segment_alloc named (entries without pool_id). A private pool's
+    // segment freed while the pool was live: the pool was released then
+    // (its MemPool deleted: releasePool and emptyCache(id); a CUDA graph
+    // destroyed, then empty_cache), which frees that pool's free segments
+    // (unless it allocates again: StillLive).
+    std::uint8_t pool = 0;
+    if (pool_v.valid()) {
+      pool = PoolIndexOf(pool_v);
+    } else if (!private_segments.empty()) {
+      if (auto it = private_segments.find(addr); it != private_segments.end()) pool = it->second;
+    }
+    if (!private_segments.empty()) private_segments.erase(addr);
+    std::vector<Request>& requests = out.requests.requests;
+    if (pool != 0 && !pool_released[pool]) [[unlikely]] {
+      pool_released[pool] = true;
+      Push(Request{.op = RequestOp::kReleasePool, .pool = pool}, time_us);
+      release_request[pool] = requests.size() - 1;
+    } else if (pool != 0 && !requests.empty() && requests.back().op == RequestOp::kReleasePool &&
+               requests.back().pool == pool) {
+      // (freed by that release)
+    } else if (requests.empty() || requests.back().op != RequestOp::kEmptyCache) {
+      Push(Request{.op = RequestOp::kEmptyCache}, time_us);
+    }
+  }
+
   // `e`: the entry as a dict, for the names of unknown keys (records have none).
   void Apply(const EntryFields& f, const PickleArena* arena, const PyView* e) {
     ++entries;
@@ -687,16 +764,7 @@ struct DeviceBuilder {
     const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
     // The entry's pool (newer PyTorch writes pool_id on every entry), read where it is used.
     const auto pool_of = [&] { return PyView(arena, f[Field::kPoolId]); };
-    if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
-      ++compile_contexts;
-    }
-    if (const std::optional<std::string_view> m = metadata_v.AsString(); m && !m->empty()) ++user_metadata;
-    if (unknown_keys && e != nullptr) {
-      for (std::size_t k = 0; k < e->size(); ++k) {
-        const std::optional<std::string_view> key = e->key(k).AsString();
-        if (key && field_names.Of(e->key(k).ref(), *key, FieldOf) == Field::kUnknown) unknown_fields.Add(*key);
-      }
-    }
+    CountExtras(context_v, metadata_v, unknown_keys, e);
     const std::uint64_t addr = UIntOr0(PyView(arena, f[Field::kAddr]));
     const std::optional<double> time = time_v.AsNumber();
     const double time_us = time.value_or(last_time);
@@ -712,30 +780,8 @@ struct DeviceBuilder {
     }
     // (size, stream and frames: read where they are used)
     const auto size_of = [&] { return UIntOr0(PyView(arena, f[Field::kSize])); };
-    const auto stream_of = [&] { return UIntOr0(PyView(arena, f[Field::kStream])); };
     if (act == Action::kAlloc) {
-      const std::uint64_t size = size_of();
-      const std::uint64_t stream = stream_of();
-      const PyView frames_v(arena, f[Field::kFrames]);
-      AddrState& a = addrs[addr];  // one probe: its slot is set below
-      if (a.live) {                // a free the trace lost
-        Push(Request{.op = RequestOp::kFree, .slot = a.slot}, time_us);
-      }
-      Request r{.op = RequestOp::kAlloc, .slot = Slot(addr), .size = size, .stream = stream};
-      if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
-        bool over = false;
-        r.pool = PoolIndexOf(pool_v, &over);
-        if (over) ++pools_over;
-        if (r.pool != 0) {
-          ++private_pool_allocs;
-          StillLive(r.pool);
-        }
-      }
-      tags.Tag(frames_v, r, out.requests);
-      a.slot = r.slot;
-      a.live = true;
-      Push(r, time_us);
-      last_alloc_entry = entries;
+      AllocEntry(f, arena, addr, time_us);
     } else if (act == Action::kFreeRequested) {
       auto it = addrs.find(addr);
       if (it == addrs.end() || !it->second.live) {
@@ -771,36 +817,7 @@ struct DeviceBuilder {
       }
       if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
     } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
-      const std::uint64_t size = size_of();
-      // empty_cache() (or the release-all retry before an OOM): the replay
-      // empties its cache here too, once for the run of segment frees.
-      out.segment_actions.push_back(
-          {act == Action::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
-      reserved -= static_cast<std::int64_t>(size);
-      // The segment's pool: the entry's pool_id, else the pool its
-      // segment_alloc named (entries without pool_id). A private pool's
-      // segment freed while the pool was live: the pool was released then
-      // (its MemPool deleted: releasePool and emptyCache(id); a CUDA graph
-      // destroyed, then empty_cache), which frees that pool's free segments
-      // (unless it allocates again: StillLive).
-      std::uint8_t pool = 0;
-      if (const PyView pool_v = pool_of(); pool_v.valid()) {
-        pool = PoolIndexOf(pool_v);
-      } else if (!private_segments.empty()) {
-        if (auto it = private_segments.find(addr); it != private_segments.end()) pool = it->second;
-      }
-      if (!private_segments.empty()) private_segments.erase(addr);
-      std::vector<Request>& requests = out.requests.requests;
-      if (pool != 0 && !pool_released[pool]) [[unlikely]] {
-        pool_released[pool] = true;
-        Push(Request{.op = RequestOp::kReleasePool, .pool = pool}, time_us);
-        release_request[pool] = requests.size() - 1;
-      } else if (pool != 0 && !requests.empty() && requests.back().op == RequestOp::kReleasePool &&
-                 requests.back().pool == pool) {
-        // (freed by that release)
-      } else if (requests.empty() || requests.back().op != RequestOp::kEmptyCache) {
-        Push(Request{.op = RequestOp::kEmptyCache}, time_us);
-      }
+      SegmentFreeEntry(pool_of(), addr, size_of(), act == Action::kSegmentUnmap, time_us);
     } else if (act == Action::kOom) {
       ++ooms;
       last_oom_entry = entries;
@@ -874,6 +891,191 @@ std::string PoolText(const PyView& pool) {
   std::vector<std::string> parts;
   for (std::size_t k = 0; k < pool.size(); ++k) parts.push_back(absl::StrCat(UIntOr0(pool[k])));
   return absl::StrCat("(", absl::StrJoin(parts, ", "), ")");
+}
+
+// Blocks alive at the snapshot that the trace never allocated were
+// allocated before the trace began: they start the replay. Segments the
+// trace never allocated count in the reserved bytes of an OOM's capacity.
+struct Preexisting {
+  std::uint64_t addr, size;
+  PyView frames;
+  PoolId pool;  // its segment's segment_pool_id
+};
+
+// What the snapshot's "segments" say, per device.
+struct SnapshotSegments {
+  std::map<int, std::vector<Preexisting>> preexisting;
+  std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
+  std::map<int, std::map<std::string, std::uint64_t>> private_pools;                    // device -> pool -> segments
+};
+
+// Reads the snapshot's segments: their blocks alive at the end, addresses and private pools.
+SnapshotSegments ReadSegments(const PyView& root) {
+  SnapshotSegments out;
+  const PyView segments = root.Get("segments");
+  for (std::size_t s = 0; s < segments.size(); ++s) {
+    const PyView seg = segments[s];
+    const int device = DeviceOf(seg);
+    out.segments_at_end[device].emplace_back(UIntOr0(seg.Get("address")), UIntOr0(seg.Get("total_size")));
+    const PyView seg_pool = seg.Get("segment_pool_id");
+    PoolId pool_id;
+    if (!IsDefaultPool(seg_pool)) {
+      ++out.private_pools[device][PoolText(seg_pool)];
+      pool_id = PoolIdOf(seg_pool);
+    }
+    const PyView blocks = seg.Get("blocks");
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      const PyView block = blocks[k];
+      const std::optional<std::string_view> state = block.Get("state").AsString();
+      if (!state || *state != "active_allocated") continue;
+      const std::uint64_t addr = UIntOr0(block.Get("address"));
+      std::uint64_t size = UIntOr0(block.Get("requested_size"));
+      if (size == 0) size = UIntOr0(block.Get("size"));
+      out.preexisting[device].push_back({addr, size, block.Get("frames"), pool_id});
+    }
+  }
+  return out;
+}
+
+// The allocs of the blocks alive at the snapshot that the trace never
+// allocated, in address order; `head_private`: how many are in private pools.
+std::vector<Request> HeadRequests(DeviceBuilder& b, const std::vector<Preexisting>& preexisting,
+                                  std::uint64_t& head_private) {
+  ImportedTrace& t = b.out;
+  std::vector<Request> head;
+  absl::flat_hash_set<std::uint64_t> traced;  // every address the trace allocated at
+  if (!preexisting.empty()) traced.insert(t.requests.address_ids.begin(), t.requests.address_ids.end());
+  for (const Preexisting& p : preexisting) {
+    if (traced.contains(p.addr)) continue;
+    Request r{.op = RequestOp::kAlloc, .slot = b.Slot(p.addr), .size = p.size};
+    bool over = false;
+    r.pool = b.PoolIndexOf(p.pool, &over);
+    if (over) ++b.pools_over;
+    if (r.pool != 0) ++head_private;
+    b.tags.Tag(p.frames, r, t.requests);
+    r.time_us = t.requests.time_origin_us;
+    head.push_back(r);
+  }
+  return head;
+}
+
+// The device's annotations (record_function scopes, memscope's phase marks)
+// as phase marks with their times, in time order.
+std::vector<std::pair<double, Request>> AnnotationMarks(const PyView& root, int device, DeviceBuilder& b) {
+  ImportedTrace& t = b.out;
+  std::vector<std::pair<double, Request>> marks;
+  const PyView ann = root.Get("external_annotations");
+  for (std::size_t k = 0; k < ann.size(); ++k) {
+    const PyView a = ann[k];
+    const std::optional<std::string_view> name = a.Get("name").AsString();
+    const std::optional<std::string_view> stage = a.Get("stage").AsString();
+    if (!name || !stage || DeviceOf(a) != device) continue;
+    const double time_us = a.Get("time_us").AsNumber().value_or(0);
+    Request r{.op = *stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd};
+    AnnotationPhase(std::string(*name), r, t.requests);
+    if (b.time_known) r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
+    marks.emplace_back(time_us, r);
+  }
+  std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  return marks;
+}
+
+// The head, then the trace's requests with the marks placed by time among
+// them (the trace's requests are moved out of b.out).
+std::vector<Request> MergedRequests(DeviceBuilder& b, const std::vector<Request>& head,
+                                    const std::vector<std::pair<double, Request>>& marks) {
+  std::vector<Request>& requests = b.out.requests.requests;
+  std::vector<Request> merged;
+  std::size_t m = 0;
+  if (head.empty() && marks.empty()) {
+    merged = std::move(requests);  // nothing to merge: no copy (at 10M entries, ~400 MB)
+  } else {
+    merged = head;
+    merged.reserve(head.size() + requests.size() + marks.size() + 1);
+  }
+  for (std::size_t i = 0; !(head.empty() && marks.empty()) && i < requests.size(); ++i) {
+    // A scope's START goes before the entries of its microsecond, its END after them.
+    const double time_i = b.TimeOf(i);
+    while (m < marks.size() &&
+           (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= time_i : marks[m].first < time_i)) {
+      merged.push_back(marks[m++].second);
+    }
+    merged.push_back(requests[i]);
+  }
+  while (m < marks.size()) merged.push_back(marks[m++].second);
+  return merged;
+}
+
+// An OOM that ended the trace's allocations (the snapshot was taken at
+// it): the failing request is replayed too, on a device of the capacity
+// the OOM implies (plus `segments_at_end` the trace never allocated).
+void AddOom(DeviceBuilder& b, int device, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& segments_at_end,
+            std::vector<Request>& merged) {
+  ImportedTrace& t = b.out;
+  if (b.last_oom_entry > b.last_alloc_entry && b.oom_size > 0) {
+    Request r{.op = RequestOp::kAlloc, .slot = b.Slot(0), .size = b.oom_size, .line = b.last_oom_entry};
+    r.pool = b.oom_pool;
+    if (b.time_known) r.time_us = static_cast<std::int64_t>(b.last_time);
+    merged.push_back(r);
+  }
+  std::uint64_t before_trace = 0;  // segments alive at the end that the trace never allocated
+  for (const auto& [addr, size] : segments_at_end) {
+    if (!b.trace_segments.contains(addr)) before_trace += size;
+  }
+  if (t.device_capacity != 0) t.device_capacity += before_trace;
+  t.notes.push_back(absl::StrCat(
+      "the trace of device ", device, " records ", b.ooms, " OOM(s)",
+      t.device_capacity != 0 ? absl::StrCat("; the first says the device had ", FormatSize(t.device_capacity),
+                                            " for this process (reserved + device_free): the replay uses that capacity")
+                             : std::string()));
+}
+
+// The notes on what the read of one device's trace skipped, kept apart or inferred.
+void AddReadNotes(const DeviceBuilder& b, int device, std::uint64_t head_private,
+                  const std::map<std::string, std::uint64_t>& private_pools, ImportedTrace& t) {
+  if (!b.unknown_actions.counts.empty()) {
+    t.notes.push_back(absl::StrCat("trace entries of device ", device,
+                                   " with actions memscope does not model were skipped: ", b.unknown_actions.Text()));
+  }
+  if (!b.unknown_fields.counts.empty()) {
+    t.notes.push_back(absl::StrCat("trace entry fields memscope does not read: ", b.unknown_fields.Text()));
+  }
+  if (b.private_pool_allocs > 0 || head_private > 0 || !private_pools.empty()) {
+    std::vector<std::string> pools;
+    for (const auto& [pool, n] : private_pools) pools.push_back(absl::StrCat(pool, ": ", n, " segments"));
+    std::string replay_how;
+    if (b.private_pool_allocs > 0) {
+      replay_how = "the replay keeps each pool's blocks and segments apart, as PyTorch does";
+    } else {
+      replay_how =
+          "its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves the trace's "
+          "allocations from the default pool";
+      if (head_private > 0)
+        absl::StrAppend(&replay_how, "; the blocks alive before the trace start in their segments' pools");
+    }
+    t.notes.push_back(absl::StrCat(
+        "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ", b.private_pool_allocs,
+        " allocations of the trace",
+        head_private > 0 ? absl::StrCat(" and ", head_private, " blocks alive before it") : std::string(),
+        pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", PoolList(pools)), "; ", replay_how,
+        b.pools_over > 0 ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", b.pools_over,
+                                        " allocations served from the default pool)")
+                         : std::string()));
+  }
+  if (b.tags.from_frames > 0) {
+    t.notes.push_back(absl::StrCat("device ", device, ": ", b.tags.from_frames,
+                                   " allocations carry stacks; categories from them for ", b.tags.attributed,
+                                   " (the rest OTHER), owners from the innermost frame outside torch"));
+  }
+  if (b.compile_contexts > 0 || b.user_metadata > 0) {
+    t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ", b.user_metadata,
+                                   " a user_metadata (kept in the file, not shown)"));
+  }
+  if (b.delayed_frees > 0) {
+    t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device,
+                                   " completed later than requested "
+                                   "(blocks used on other streams): they wait on stream events in the replay too"));
+  }
 }
 
 }  // namespace
@@ -957,40 +1159,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
         path, ": not a PyTorch memory snapshot (expected a dict with \"segments\" and \"device_traces\")"));
   }
   const AllocatorConfig settings = SnapshotSettings(root.Get("allocator_settings"));
-
-  // Blocks alive at the snapshot that the trace never allocated were
-  // allocated before the trace began: they start the replay. Segments the
-  // trace never allocated count in the reserved bytes of an OOM's capacity.
-  struct Preexisting {
-    std::uint64_t addr, size;
-    PyView frames;
-    PoolId pool;  // its segment's segment_pool_id
-  };
-  std::map<int, std::vector<Preexisting>> preexisting;
-  std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
-  std::map<int, std::map<std::string, std::uint64_t>> private_pools;                    // device -> pool -> segments
-  const PyView segments = root.Get("segments");
-  for (std::size_t s = 0; s < segments.size(); ++s) {
-    const PyView seg = segments[s];
-    const int device = DeviceOf(seg);
-    segments_at_end[device].emplace_back(UIntOr0(seg.Get("address")), UIntOr0(seg.Get("total_size")));
-    const PyView seg_pool = seg.Get("segment_pool_id");
-    PoolId pool_id;
-    if (!IsDefaultPool(seg_pool)) {
-      ++private_pools[device][PoolText(seg_pool)];
-      pool_id = PoolIdOf(seg_pool);
-    }
-    const PyView blocks = seg.Get("blocks");
-    for (std::size_t k = 0; k < blocks.size(); ++k) {
-      const PyView block = blocks[k];
-      const std::optional<std::string_view> state = block.Get("state").AsString();
-      if (!state || *state != "active_allocated") continue;
-      const std::uint64_t addr = UIntOr0(block.Get("address"));
-      std::uint64_t size = UIntOr0(block.Get("requested_size"));
-      if (size == 0) size = UIntOr0(block.Get("size"));
-      preexisting[device].push_back({addr, size, block.Get("frames"), pool_id});
-    }
-  }
+  SnapshotSegments segments = ReadSegments(root);
 
   std::vector<ImportedTrace> result;
   for (auto& [device, b] : devices) {
@@ -1000,21 +1169,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.alloc_conf = settings.text;
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
     // Preexisting blocks first, in address order.
-    std::vector<Request> head;
-    std::uint64_t head_private = 0;             // of them, blocks in private pools
-    absl::flat_hash_set<std::uint64_t> traced;  // every address the trace allocated at
-    if (!preexisting[device].empty()) traced.insert(t.requests.address_ids.begin(), t.requests.address_ids.end());
-    for (const Preexisting& p : preexisting[device]) {
-      if (traced.contains(p.addr)) continue;
-      Request r{.op = RequestOp::kAlloc, .slot = b.Slot(p.addr), .size = p.size};
-      bool over = false;
-      r.pool = b.PoolIndexOf(p.pool, &over);
-      if (over) ++b.pools_over;
-      if (r.pool != 0) ++head_private;
-      b.tags.Tag(p.frames, r, t.requests);
-      r.time_us = t.requests.time_origin_us;
-      head.push_back(r);
-    }
+    std::uint64_t head_private = 0;  // of them, blocks in private pools
+    const std::vector<Request> head = HeadRequests(b, segments.preexisting[device], head_private);
     if (!head.empty() || b.unknown_frees > 0) {
       t.notes.push_back(absl::StrCat("the trace of device ", device,
                                      " does not start at the beginning of the program (PyTorch's ring buffer "
@@ -1024,107 +1180,12 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
                                      "the replay; ",
                                      b.unknown_frees, " frees of earlier blocks were ignored"));
     }
-    // Annotations (record_function scopes, memscope's phase marks) as phase marks, placed by time.
-    std::vector<std::pair<double, Request>> marks;
-    const PyView ann = root.Get("external_annotations");
-    for (std::size_t k = 0; k < ann.size(); ++k) {
-      const PyView a = ann[k];
-      const std::optional<std::string_view> name = a.Get("name").AsString();
-      const std::optional<std::string_view> stage = a.Get("stage").AsString();
-      if (!name || !stage || DeviceOf(a) != device) continue;
-      const double time_us = a.Get("time_us").AsNumber().value_or(0);
-      Request r{.op = *stage == "START" ? RequestOp::kPhaseBegin : RequestOp::kPhaseEnd};
-      AnnotationPhase(std::string(*name), r, t.requests);
-      if (b.time_known)
-        r.time_us = std::max<std::int64_t>(static_cast<std::int64_t>(time_us), t.requests.time_origin_us);
-      marks.emplace_back(time_us, r);
-    }
-    std::stable_sort(marks.begin(), marks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    const std::vector<std::pair<double, Request>> marks = AnnotationMarks(root, device, b);
     t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
-    std::vector<Request> merged;
-    std::size_t m = 0;
-    if (head.empty() && marks.empty()) {
-      merged = std::move(t.requests.requests);  // nothing to merge: no copy (at 10M entries, ~400 MB)
-    } else {
-      merged = head;
-      merged.reserve(head.size() + t.requests.requests.size() + marks.size() + 1);
-    }
-    for (std::size_t i = 0; !(head.empty() && marks.empty()) && i < t.requests.requests.size(); ++i) {
-      // A scope's START goes before the entries of its microsecond, its END after them.
-      const double time_i = b.TimeOf(i);
-      while (m < marks.size() && (marks[m].second.op == RequestOp::kPhaseBegin ? marks[m].first <= time_i
-                                                                               : marks[m].first < time_i)) {
-        merged.push_back(marks[m++].second);
-      }
-      merged.push_back(t.requests.requests[i]);
-    }
-    while (m < marks.size()) merged.push_back(marks[m++].second);
-    // An OOM that ended the trace's allocations (the snapshot was taken at
-    // it): the failing request is replayed too, on a device of the capacity
-    // the OOM implies.
-    if (b.ooms > 0) {
-      if (b.last_oom_entry > b.last_alloc_entry && b.oom_size > 0) {
-        Request r{.op = RequestOp::kAlloc, .slot = b.Slot(0), .size = b.oom_size, .line = b.last_oom_entry};
-        r.pool = b.oom_pool;
-        if (b.time_known) r.time_us = static_cast<std::int64_t>(b.last_time);
-        merged.push_back(r);
-      }
-      std::uint64_t before_trace = 0;  // segments alive at the end that the trace never allocated
-      for (const auto& [addr, size] : segments_at_end[device]) {
-        if (!b.trace_segments.contains(addr)) before_trace += size;
-      }
-      if (t.device_capacity != 0) t.device_capacity += before_trace;
-      t.notes.push_back(
-          absl::StrCat("the trace of device ", device, " records ", b.ooms, " OOM(s)",
-                       t.device_capacity != 0
-                           ? absl::StrCat("; the first says the device had ", FormatSize(t.device_capacity),
-                                          " for this process (reserved + device_free): the replay uses that capacity")
-                           : std::string()));
-    }
+    std::vector<Request> merged = MergedRequests(b, head, marks);
+    if (b.ooms > 0) AddOom(b, device, segments.segments_at_end[device], merged);
     t.requests.requests = std::move(merged);
-    if (!b.unknown_actions.counts.empty()) {
-      t.notes.push_back(absl::StrCat("trace entries of device ", device,
-                                     " with actions memscope does not model were skipped: ", b.unknown_actions.Text()));
-    }
-    if (!b.unknown_fields.counts.empty()) {
-      t.notes.push_back(absl::StrCat("trace entry fields memscope does not read: ", b.unknown_fields.Text()));
-    }
-    if (b.private_pool_allocs > 0 || head_private > 0 || !private_pools[device].empty()) {
-      std::vector<std::string> pools;
-      for (const auto& [pool, n] : private_pools[device]) pools.push_back(absl::StrCat(pool, ": ", n, " segments"));
-      std::string replay_how;
-      if (b.private_pool_allocs > 0) {
-        replay_how = "the replay keeps each pool's blocks and segments apart, as PyTorch does";
-      } else {
-        replay_how =
-            "its trace entries name no pool (no pool_id: an older PyTorch), so the replay serves the trace's "
-            "allocations from the default pool";
-        if (head_private > 0)
-          absl::StrAppend(&replay_how, "; the blocks alive before the trace start in their segments' pools");
-      }
-      t.notes.push_back(absl::StrCat(
-          "device ", device, " uses private memory pools (CUDA graphs or torch.cuda.MemPool): ", b.private_pool_allocs,
-          " allocations of the trace",
-          head_private > 0 ? absl::StrCat(" and ", head_private, " blocks alive before it") : std::string(),
-          pools.empty() ? std::string() : absl::StrCat("; at the snapshot ", PoolList(pools)), "; ", replay_how,
-          b.pools_over > 0 ? absl::StrCat(" (past ", kMaxEventPool, " pools: ", b.pools_over,
-                                          " allocations served from the default pool)")
-                           : std::string()));
-    }
-    if (b.tags.from_frames > 0) {
-      t.notes.push_back(absl::StrCat("device ", device, ": ", b.tags.from_frames,
-                                     " allocations carry stacks; categories from them for ", b.tags.attributed,
-                                     " (the rest OTHER), owners from the innermost frame outside torch"));
-    }
-    if (b.compile_contexts > 0 || b.user_metadata > 0) {
-      t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ", b.user_metadata,
-                                     " a user_metadata (kept in the file, not shown)"));
-    }
-    if (b.delayed_frees > 0) {
-      t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device,
-                                     " completed later than requested "
-                                     "(blocks used on other streams): they wait on stream events in the replay too"));
-    }
+    AddReadNotes(b, device, head_private, segments.private_pools[device], t);
     result.push_back(std::move(t));
   }
   if (result.empty()) {

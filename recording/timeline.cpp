@@ -342,6 +342,78 @@ struct VarReader {
   std::uint64_t Delta() { return UnZigZag(Varint()); }
 };
 
+// The running values that versions 3 and 4's records are deltas of.
+struct VarDeltas {
+  std::uint64_t time = 0, addr = 0, size = 0, stream = 0, name = 0;
+};
+
+// Version 4's lean free of alloc slot `s` (its fields the slot's alloc's; no owner).
+[[gnu::always_inline]] inline Event LeanFree(std::uint8_t tag, const TimelineWriter::Slot& s, VarDeltas& d) {
+  Event e;
+  e.type = EventType::kFreeRequested;
+  e.flags = static_cast<std::uint8_t>(s.small | ((tag & 0x40) != 0 ? kEventCompletedAtOnce : 0));
+  e.time_ns = static_cast<std::int64_t>(d.time);
+  e.addr = d.addr = s.addr;
+  e.size = d.size = s.size;
+  e.requested_size = s.requested;
+  e.stream = d.stream = s.stream;
+  d.name = 0;
+  return e;
+}
+
+// Version 4's compact alloc: the 11 bytes at `p` after its tag (the address's
+// delta and the size in 512-byte units, then the slack); the last alloc's owner.
+[[gnu::always_inline]] inline Event CompactAlloc(std::uint8_t tag, const char* p, std::uint64_t alloc_name,
+                                                 VarDeltas& d) {
+  const auto word = Get<std::uint64_t>(p);
+  std::uint32_t slack = 0;
+  std::memcpy(&slack, p + 8, 3);
+  Event e;
+  e.type = EventType::kAlloc;
+  e.flags = static_cast<std::uint8_t>((tag >> 4) & 1);
+  e.time_ns = static_cast<std::int64_t>(d.time);
+  d.addr += static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(word & 0xffffffffu))) << 9;
+  d.size = (word >> 32) << 9;
+  e.addr = d.addr;
+  e.size = d.size;
+  e.requested_size = d.size - slack;
+  e.stream = d.stream;
+  d.name = alloc_name;
+  return e;
+}
+
+// A full record's 7 little-endian fields, of the byte lengths in `lengths`'
+// nibbles: false for a length over 8; `in.ok` turns false when they run past the end.
+[[gnu::always_inline]] inline bool ReadFields(VarReader& in, std::uint32_t lengths, std::uint64_t (&fields)[7]) {
+  for (int f = 0; f < 7; ++f) {
+    const unsigned n = (lengths >> (4 * f)) & 15;
+    if (n > 8) return false;
+    fields[f] = 0;
+    if (static_cast<std::size_t>(in.end - in.p) < n) {
+      in.ok = false;
+      break;
+    }
+    std::memcpy(&fields[f], in.p, n);  // little-endian
+    in.p += n;
+  }
+  return true;
+}
+
+// Adds a full record's field deltas to the running values and gives `e` them.
+[[gnu::always_inline]] inline void ApplyFields(const std::uint64_t (&fields)[7], VarDeltas& d, Event& e) {
+  const std::uint64_t d_requested = VarReader::UnZigZag(fields[3]);
+  d.time += VarReader::UnZigZag(fields[0]);
+  d.addr += VarReader::UnZigZag(fields[1]);
+  d.size += VarReader::UnZigZag(fields[2]);
+  d.stream += VarReader::UnZigZag(fields[4]);
+  d.name += VarReader::UnZigZag(fields[5]);
+  e.time_ns = static_cast<std::int64_t>(d.time);
+  e.addr = d.addr;
+  e.size = d.size;
+  e.requested_size = d.size + d_requested;
+  e.stream = d.stream;
+}
+
 // Versions 3 and 4: variable-length, delta-encoded records (timeline.h).
 absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::string& source, std::uint32_t version) {
   StringIds ids(t);
@@ -351,7 +423,7 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
   // 768 MB) so that a large file of other records cannot reserve gigabytes.
   t.events.reserve(std::min<std::size_t>(body.size() / (version >= 4 ? 4 : 8), std::size_t{1} << 24));
   VarReader in{body.data(), body.data() + body.size()};
-  std::uint64_t time = 0, addr = 0, size = 0, stream = 0, name = 0;
+  VarDeltas d;
   // Version 4: the alloc slots (as the writer's) and the last alloc's owner.
   std::vector<TimelineWriter::Slot> slots(version >= 4 ? std::size_t{1} << TimelineWriter::kSlotBits : 0);
   std::uint64_t alloc_name = 0;
@@ -363,12 +435,12 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
     if (e.type == EventType::kAlloc && version >= 4) {
       slots[TimelineWriter::SlotOf(e.addr)] =
           TimelineWriter::Slot{e.addr, e.size, e.requested_size, e.stream, 0, e.flags & kEventSmallPool ? 1u : 0u};
-      alloc_name = name;
+      alloc_name = d.name;
     }
     e.category = static_cast<Category>(kinds & 15);
     e.phase = static_cast<Phase>((kinds >> 4) & 15);
     // A name beyond 32 bits is no string of this file: it reads as "".
-    e.name = name <= 0xffffffffu ? ids.Resolve(static_cast<std::uint32_t>(name)) : ids.Resolve(0xffffffffu);
+    e.name = d.name <= 0xffffffffu ? ids.Resolve(static_cast<std::uint32_t>(d.name)) : ids.Resolve(0xffffffffu);
     PushEvent(t, e);
   };
   for (std::size_t i = 0; in.p != in.end; ++i) {
@@ -382,17 +454,7 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
       }
       if ((tag & 0x30) != 0) return corrupt(i, "has a bad slot");
       const std::size_t slot = (tag & 15u) << 8 | static_cast<std::uint8_t>(*in.p++);
-      const TimelineWriter::Slot& s = slots[slot];
-      Event e;
-      e.type = EventType::kFreeRequested;
-      e.flags = static_cast<std::uint8_t>(s.small | ((tag & 0x40) != 0 ? kEventCompletedAtOnce : 0));
-      e.time_ns = static_cast<std::int64_t>(time);
-      e.addr = addr = s.addr;
-      e.size = size = s.size;
-      e.requested_size = s.requested;
-      e.stream = stream = s.stream;
-      name = 0;
-      push(e, TimelineWriter::kDefaultKinds);
+      push(LeanFree(tag, slots[slot], d), TimelineWriter::kDefaultKinds);
       continue;
     }
     if (version >= 4 && (tag & TimelineWriter::kCompactAlloc) != 0) {
@@ -400,21 +462,8 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
         torn();
         break;
       }
-      const auto word = Get<std::uint64_t>(in.p);
-      std::uint32_t slack = 0;
-      std::memcpy(&slack, in.p + 8, 3);
+      const Event e = CompactAlloc(tag, in.p, alloc_name, d);
       in.p += 11;
-      Event e;
-      e.type = EventType::kAlloc;
-      e.flags = static_cast<std::uint8_t>((tag >> 4) & 1);
-      e.time_ns = static_cast<std::int64_t>(time);
-      addr += static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(word & 0xffffffffu))) << 9;
-      size = (word >> 32) << 9;
-      e.addr = addr;
-      e.size = size;
-      e.requested_size = size - slack;
-      e.stream = stream;
-      name = alloc_name;
       push(e, (tag & 15u) | static_cast<unsigned>(Phase::kUser) << 4);
       continue;
     }
@@ -445,13 +494,13 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
       continue;
     }
     if (type == kRecordTime && version >= 4) {
-      const std::uint64_t d = in.Delta();
+      const std::uint64_t delta = in.Delta();
       if (!in.ok) {
         if (in.overlong) return corrupt(i, "has an overlong varint");
         torn();
         break;
       }
-      time += d;
+      d.time += delta;
       continue;
     }
     Event e;
@@ -468,33 +517,13 @@ absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::stri
     if (reserved != 0 || ((lengths >> 24) & 15) > 1) return corrupt(i, "has a bad field length");
     e.flags = static_cast<std::uint8_t>(version >= 4 ? (lengths >> 28) & 3 : tag >> 6);
     std::uint64_t fields[7];
-    for (int f = 0; f < 7; ++f) {
-      const unsigned n = (lengths >> (4 * f)) & 15;
-      if (n > 8) return corrupt(i, "has a bad field length");
-      fields[f] = 0;
-      if (static_cast<std::size_t>(in.end - in.p) < n) {
-        in.ok = false;
-        break;
-      }
-      std::memcpy(&fields[f], in.p, n);  // little-endian
-      in.p += n;
-    }
+    if (!ReadFields(in, lengths, fields)) return corrupt(i, "has a bad field length");
     if (!in.ok) {
       torn();
       break;
     }
-    const std::uint64_t d_requested = VarReader::UnZigZag(fields[3]);
     const std::uint64_t kinds = ((lengths >> 24) & 15) != 0 ? fields[6] : TimelineWriter::kDefaultKinds;
-    time += VarReader::UnZigZag(fields[0]);
-    addr += VarReader::UnZigZag(fields[1]);
-    size += VarReader::UnZigZag(fields[2]);
-    stream += VarReader::UnZigZag(fields[4]);
-    name += VarReader::UnZigZag(fields[5]);
-    e.time_ns = static_cast<std::int64_t>(time);
-    e.addr = addr;
-    e.size = size;
-    e.requested_size = size + d_requested;
-    e.stream = stream;
+    ApplyFields(fields, d, e);
     push(e, kinds);
   }
   return absl::OkStatus();

@@ -705,14 +705,55 @@ class Builder {
 
   RunnerPtr BuildType(Ctx& c, Sig& sig) {
     const std::string& t = c.type;
+    if (t == "sequential" || t == "block" || t == "repeat" || t == "residual" || t == "shared") {
+      return Container(c, sig);
+    }
+    if (t == "linear" || t == "conv1d" || t == "conv2d" || t == "batch_norm2d" || t == "layer_norm" ||
+        t == "rms_norm") {
+      return WithParameters(c, sig);
+    }
+    if (t == "embedding") return Embedding(c, sig);
+    if (t == "lstm" || t == "gru") return Rnn(c, sig);
+    if (t == "dropout") {
+      c.Allow({"p"});
+      const double p = c.Num("p", 0.5);
+      if (p < 0 || p >= 1) c.Fail("field \"p\": expected 0 <= p < 1");
+      const float pf = static_cast<float>(p);
+      return Functional(c, std::make_unique<FnRunner>([pf](Tensor x) { return ops::Dropout(x, pf); }));
+    }
+    if (t == "relu" || t == "gelu" || t == "gelu_new" || t == "tanh" || t == "sigmoid" || t == "silu") {
+      return Functional(c, Activation(c, sig));
+    }
+    if (t == "max_pool2d" || t == "adaptive_avg_pool2d" || t == "flatten" || t == "reshape" || t == "select_token") {
+      return Shaping(c, sig);
+    }
+    if (t == "attention") return Attention(c, sig);
+    if (t == "gated_mlp") return GatedMlp(c, sig);
+    if (t == "heads") c.Fail("\"heads\" may only be the last of the top-level layers");
+    c.Fail(absl::StrCat(
+        "unknown layer type \"", t,
+        "\" (linear, conv1d, conv2d, batch_norm2d, layer_norm, rms_norm, embedding, lstm, gru, dropout, relu, gelu, "
+        "gelu_new, tanh, sigmoid, silu, max_pool2d, adaptive_avg_pool2d, flatten, reshape, select_token, attention, "
+        "gated_mlp, sequential, block, repeat, residual, shared, heads)"));
+  }
+
+  // The module of a container's layers: a group of its own when it is named, else its parent's.
+  Module& ContainerModule(Ctx& c) {
+    Module* m = &c.parent;
+    if (!c.name.empty()) {
+      m = &Create<Group>(c, c.parent, c.name);
+      c.module_path = m->path();
+    }
+    return *m;
+  }
+
+  // A layer of layers: sequential, block, repeat, residual, or shared (another named layer again).
+  RunnerPtr Container(Ctx& c, Sig& sig) {
+    const std::string& t = c.type;
     if (t == "sequential" || t == "block") {
       c.Allow({"layers"});
       if (!c.spec.contains("layers")) c.Fail("missing field \"layers\"");
-      Module* m = &c.parent;
-      if (!c.name.empty()) {
-        m = &Create<Group>(c, c.parent, c.name);
-        c.module_path = m->path();
-      }
+      Module* m = &ContainerModule(c);
       std::vector<RunnerPtr> children;
       const json& list = c.spec["layers"];
       if (!list.is_array()) c.Fail("field \"layers\": expected a list of layers");
@@ -727,11 +768,7 @@ class Builder {
       if (count > 100000) c.Fail("field \"count\": at most 100000 copies");
       const std::int64_t start = c.Int("start", 0, 0);
       if (!c.spec.contains("body")) c.Fail("missing field \"body\"");
-      Module* m = &c.parent;
-      if (!c.name.empty()) {
-        m = &Create<Group>(c, c.parent, c.name);
-        c.module_path = m->path();
-      }
+      Module* m = &ContainerModule(c);
       std::vector<RunnerPtr> children;
       for (std::int64_t i = 0; i < count; ++i) {
         children.push_back(Build(c.spec["body"], absl::StrCat(c.where, ".body (copy ", start + i, ")"), *m, sig,
@@ -742,11 +779,7 @@ class Builder {
     if (t == "residual") {
       c.Allow({"body", "shortcut", "add", "order"});
       if (!c.spec.contains("body")) c.Fail("missing field \"body\"");
-      Module* m = &c.parent;
-      if (!c.name.empty()) {
-        m = &Create<Group>(c, c.parent, c.name);
-        c.module_path = m->path();
-      }
+      Module* m = &ContainerModule(c);
       const Sig in = sig;
       Sig body_sig = sig;
       RunnerPtr body = BuildList(c.spec["body"], c.where + ".body", *m, body_sig, c.pdtype);
@@ -766,17 +799,21 @@ class Builder {
       return std::make_unique<ResidualRunner>(std::move(body), std::move(shortcut), add == "inplace",
                                               order == "input_first");
     }
-    if (t == "shared") {
-      c.Allow({"ref"});
-      const std::string ref = c.Str("ref", "");
-      auto it = layers_.find(ref);
-      if (it == layers_.end()) c.Fail(absl::StrCat("field \"ref\": no named layer \"", ref, "\" before this one"));
-      if (it->second.in.shape != sig.shape)
-        c.Fail(absl::StrCat("shape mismatch: \"", ref, "\" takes ", ShapeOf(it->second.in.shape), ", the input is ",
-                            ShapeOf(sig.shape)));
-      sig = it->second.out;
-      return std::make_unique<SharedRunner>(it->second.runner);
-    }
+    // shared: a named layer before this one, again
+    c.Allow({"ref"});
+    const std::string ref = c.Str("ref", "");
+    auto it = layers_.find(ref);
+    if (it == layers_.end()) c.Fail(absl::StrCat("field \"ref\": no named layer \"", ref, "\" before this one"));
+    if (it->second.in.shape != sig.shape)
+      c.Fail(absl::StrCat("shape mismatch: \"", ref, "\" takes ", ShapeOf(it->second.in.shape), ", the input is ",
+                          ShapeOf(sig.shape)));
+    sig = it->second.out;
+    return std::make_unique<SharedRunner>(it->second.runner);
+  }
+
+  // A layer with parameters of its own: linear, conv1d, conv2d, batch_norm2d, layer_norm, rms_norm.
+  RunnerPtr WithParameters(Ctx& c, Sig& sig) {
+    const std::string& t = c.type;
     if (t == "linear") {
       c.Allow({"in", "out", "bias", "tie"});
       NeedFloat(c, sig);
@@ -838,57 +875,53 @@ class Builder {
       BatchNorm2dLayer* p = &m;
       return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
     }
-    if (t == "layer_norm" || t == "rms_norm") {
-      c.Allow({"dim", "eps"});
-      NeedFloat(c, sig);
-      const std::int64_t dim = CheckIn(c, sig.shape.back(), "dim");
-      if (t == "layer_norm") {
-        LayerNormLayer& m = Create<LayerNormLayer>(c, c.parent, c.name, dim, static_cast<float>(c.Num("eps", 1e-5)));
-        c.module_path = m.path();
-        LayerNormLayer* p = &m;
-        return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
-      }
-      RmsNorm& m = Create<RmsNorm>(c, c.parent, c.name, dim, static_cast<float>(c.Num("eps", 1e-6)));
+    // layer_norm or rms_norm
+    c.Allow({"dim", "eps"});
+    NeedFloat(c, sig);
+    const std::int64_t dim = CheckIn(c, sig.shape.back(), "dim");
+    if (t == "layer_norm") {
+      LayerNormLayer& m = Create<LayerNormLayer>(c, c.parent, c.name, dim, static_cast<float>(c.Num("eps", 1e-5)));
       c.module_path = m.path();
-      RmsNorm* p = &m;
+      LayerNormLayer* p = &m;
       return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
     }
-    if (t == "embedding") return Embedding(c, sig);
-    if (t == "lstm" || t == "gru") {
-      c.Allow({"in", "hidden", "layers", "bidirectional", "batch_first"});
-      NeedFloat(c, sig);
-      NeedDims(c, sig, 3, c.Bool("batch_first", false) ? "batch, time, features" : "time, batch, features");
-      const std::int64_t in = CheckIn(c, sig.shape[2], "in");
-      const std::int64_t hidden = c.Int("hidden"), layers = c.Int("layers", 1);
-      const bool bidir = c.Bool("bidirectional", false), batch_first = c.Bool("batch_first", false);
-      CudnnRnnLayer& m = Create<CudnnRnnLayer>(c, c.parent, c.name, t == "lstm", in, hidden, layers, bidir);
-      c.module_path = m.path();
-      const std::int64_t features = hidden * (bidir ? 2 : 1);
-      sig.shape[2] = features;
-      CudnnRnnLayer* p = &m;
-      return std::make_unique<StateFnRunner>([p, batch_first, features](Tensor x, ForwardState& s) {
-        // cuDNN runs time-major: a batch_first input is transposed into a contiguous copy.
-        if (batch_first) x = ops::Contiguous(ops::Transpose(x, 0, 1));
-        const std::int64_t steps = x.sizes()[0], batch = x.sizes()[1];
-        ops::RnnResult r = p->Forward(ops::View(x, {-1, x.sizes()[2]}), batch);
-        x = Tensor();
-        // The (h, c) tuple dies last item first, as CPython's tuple does.
-        if (r.cy.defined()) s.locals.push_back(r.cy);
-        s.locals.push_back(r.hy);
-        Tensor out = ops::View(r.output, {steps, batch, features});
-        return batch_first ? ops::Transpose(out, 0, 1) : out;
-      });
-    }
-    if (t == "dropout") {
-      c.Allow({"p"});
-      const double p = c.Num("p", 0.5);
-      if (p < 0 || p >= 1) c.Fail("field \"p\": expected 0 <= p < 1");
-      const float pf = static_cast<float>(p);
-      return Functional(c, std::make_unique<FnRunner>([pf](Tensor x) { return ops::Dropout(x, pf); }));
-    }
-    if (t == "relu" || t == "gelu" || t == "gelu_new" || t == "tanh" || t == "sigmoid" || t == "silu") {
-      return Functional(c, Activation(c, sig));
-    }
+    RmsNorm& m = Create<RmsNorm>(c, c.parent, c.name, dim, static_cast<float>(c.Num("eps", 1e-6)));
+    c.module_path = m.path();
+    RmsNorm* p = &m;
+    return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
+  }
+
+  // An lstm or gru layer (cuDNN's).
+  RunnerPtr Rnn(Ctx& c, Sig& sig) {
+    const std::string& t = c.type;
+    c.Allow({"in", "hidden", "layers", "bidirectional", "batch_first"});
+    NeedFloat(c, sig);
+    NeedDims(c, sig, 3, c.Bool("batch_first", false) ? "batch, time, features" : "time, batch, features");
+    const std::int64_t in = CheckIn(c, sig.shape[2], "in");
+    const std::int64_t hidden = c.Int("hidden"), layers = c.Int("layers", 1);
+    const bool bidir = c.Bool("bidirectional", false), batch_first = c.Bool("batch_first", false);
+    CudnnRnnLayer& m = Create<CudnnRnnLayer>(c, c.parent, c.name, t == "lstm", in, hidden, layers, bidir);
+    c.module_path = m.path();
+    const std::int64_t features = hidden * (bidir ? 2 : 1);
+    sig.shape[2] = features;
+    CudnnRnnLayer* p = &m;
+    return std::make_unique<StateFnRunner>([p, batch_first, features](Tensor x, ForwardState& s) {
+      // cuDNN runs time-major: a batch_first input is transposed into a contiguous copy.
+      if (batch_first) x = ops::Contiguous(ops::Transpose(x, 0, 1));
+      const std::int64_t steps = x.sizes()[0], batch = x.sizes()[1];
+      ops::RnnResult r = p->Forward(ops::View(x, {-1, x.sizes()[2]}), batch);
+      x = Tensor();
+      // The (h, c) tuple dies last item first, as CPython's tuple does.
+      if (r.cy.defined()) s.locals.push_back(r.cy);
+      s.locals.push_back(r.hy);
+      Tensor out = ops::View(r.output, {steps, batch, features});
+      return batch_first ? ops::Transpose(out, 0, 1) : out;
+    });
+  }
+
+  // A parameterless layer that changes the shape: max_pool2d, adaptive_avg_pool2d, flatten, reshape, select_token.
+  RunnerPtr Shaping(Ctx& c, Sig& sig) {
+    const std::string& t = c.type;
     if (t == "max_pool2d") {
       c.Allow({"kernel", "stride", "padding"});
       NeedDims(c, sig, 4, "N, C, H, W");
@@ -959,22 +992,13 @@ class Builder {
       sig.shape = s;
       return Functional(c, std::make_unique<FnRunner>([s](Tensor x) { return ops::Reshape(x, s); }));
     }
-    if (t == "select_token") {
-      c.Allow({"index"});
-      NeedDims(c, sig, 3, "batch, tokens, features");
-      const std::int64_t index = c.Int("index", 0, 0);
-      if (index >= sig.shape[1]) c.Fail(absl::StrCat("field \"index\": the input has ", sig.shape[1], " tokens"));
-      sig.shape = {sig.shape[0], sig.shape[2]};
-      return Functional(c, std::make_unique<FnRunner>([index](Tensor x) { return ops::Select(x, 1, index); }));
-    }
-    if (t == "attention") return Attention(c, sig);
-    if (t == "gated_mlp") return GatedMlp(c, sig);
-    if (t == "heads") c.Fail("\"heads\" may only be the last of the top-level layers");
-    c.Fail(absl::StrCat(
-        "unknown layer type \"", t,
-        "\" (linear, conv1d, conv2d, batch_norm2d, layer_norm, rms_norm, embedding, lstm, gru, dropout, relu, gelu, "
-        "gelu_new, tanh, sigmoid, silu, max_pool2d, adaptive_avg_pool2d, flatten, reshape, select_token, attention, "
-        "gated_mlp, sequential, block, repeat, residual, shared, heads)"));
+    // select_token
+    c.Allow({"index"});
+    NeedDims(c, sig, 3, "batch, tokens, features");
+    const std::int64_t index = c.Int("index", 0, 0);
+    if (index >= sig.shape[1]) c.Fail(absl::StrCat("field \"index\": the input has ", sig.shape[1], " tokens"));
+    sig.shape = {sig.shape[0], sig.shape[2]};
+    return Functional(c, std::make_unique<FnRunner>([index](Tensor x) { return ops::Select(x, 1, index); }));
   }
 
   RunnerPtr Embedding(Ctx& c, Sig& sig) {

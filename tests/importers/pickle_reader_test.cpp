@@ -752,10 +752,9 @@ TEST_CASE("pickle_reader: Python's pickles of a 2.x snapshot read back exactly")
   }
 }
 
-TEST_CASE("pickle_reader: streamed device_traces") {
+TEST_CASE("pickle_reader: streamed device_traces hand on_item each entry, with or without streaming inside it") {
   const Fixture& f = Files();
   std::vector<std::string> traces0 = Lines(ReadText(f / "traces0.canon"));
-  std::vector<std::string> traces2 = Lines(ReadText(f / "traces2.canon"));
   REQUIRE(traces0.size() == 2600);
   std::set<std::string> frames0;
   {
@@ -840,6 +839,12 @@ TEST_CASE("pickle_reader: streamed device_traces") {
     CHECK(seen.count({"device_traces", "[2]"}) == 1);
     CHECK(seen.count({"segments", "[0]", "blocks"}) == 1);
   }
+}
+
+TEST_CASE("pickle_reader: another device and a one-device snapshot stream too, and an error from on_item stops the read") {
+  const Fixture& f = Files();
+  std::vector<std::string> traces0 = Lines(ReadText(f / "traces0.canon"));
+  std::vector<std::string> traces2 = Lines(ReadText(f / "traces2.canon"));
   // Another device, and a one-device snapshot (its list is APPENDed alone).
   for (int p : {2, 4}) {
     INFO("protocol " << p);
@@ -1303,22 +1308,25 @@ TEST_CASE("pickle_reader: the trace-entry fast path reads exactly what the gener
   CHECK(torch.stats.fast_dicts == 40000 - 1000);  // every entry after the first batch
 }
 
+// How a records test reads a list: the general path, the fast dicts, or records.
+enum class How { kGeneral, kFast, kRecords };
+
+// Streams `list` of the test pickle `name` as `how` says (records of `keys`).
+StreamedRead ReadAs(const std::string& name, How how, const std::string& list = "[0]",
+                    const std::vector<std::string>& keys = kTorchKeys) {
+  PickleReadOptions o;
+  o.fast_dicts = how != How::kGeneral;
+  return ReadStreamed(Files() / name, o, list, how == How::kRecords ? &keys : nullptr);
+}
+
 // Records (PickleReadOptions::on_record): the same items, in the same order,
 // the same tree and errors as the dict paths; which entries become records.
-TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
-  const Fixture& f = Files();
+TEST_CASE("pickle_reader: records read what the dict paths read, and entries of only the keys given become records") {
   using Read = StreamedRead;
-  enum class How { kGeneral, kFast, kRecords };
-  auto read = [&](const std::string& name, How how, const std::string& list = "[0]",
-                  const std::vector<std::string>& keys = kTorchKeys) {
-    PickleReadOptions o;
-    o.fast_dicts = how != How::kGeneral;
-    return ReadStreamed(f / name, o, list, how == How::kRecords ? &keys : nullptr);
-  };
   for (int p = 0; p <= 5; ++p) {
     INFO("protocol " << p);
     const std::string name = absl::StrCat("fast_p", p, ".pickle");
-    const Read general = read(name, How::kGeneral), records = read(name, How::kRecords);
+    const Read general = ReadAs(name, How::kGeneral), records = ReadAs(name, How::kRecords);
     CHECK(records.error == general.error);
     CHECK(records.items == general.items);
     CHECK(records.root == general.root);
@@ -1349,28 +1357,32 @@ TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
   }
   // No record keys given, or keys the entries do not use: no records, the same items.
   {
-    const Read general = read("fast_p4.pickle", How::kGeneral);
-    const Read none = read("fast_p4.pickle", How::kRecords, "[0]", {"other"});
+    const Read general = ReadAs("fast_p4.pickle", How::kGeneral);
+    const Read none = ReadAs("fast_p4.pickle", How::kRecords, "[0]", {"other"});
     CHECK(none.stats.records == 0);
     CHECK(none.stats.fast_dicts == 2002 - 9);
     CHECK(none.items == general.items);
     // More keys: the entries with t, big, neg or fresh become records too.
     std::vector<std::string> all = kTorchKeys;
     all.insert(all.end(), {"t", "flags", "big", "neg", "fresh"});
-    const Read more = read("fast_p4.pickle", How::kRecords, "[0]", all);
+    const Read more = ReadAs("fast_p4.pickle", How::kRecords, "[0]", all);
     CHECK(more.items == general.items);
     // Python counts 1,811 of the 1,993 with only those keys: all but the
     // 182 with 'flags' (a list of scalars, tuples and dicts: not a list of
     // memo references, which a record takes).
     CHECK(more.stats.records == 1811);
   }
+}
+
+TEST_CASE("pickle_reader: records give the dict paths' errors and items on the other pickles, frames lists cached") {
+  using Read = StreamedRead;
   // Errors: a memo reference to a released entry, a dict holding itself.
   for (int p : {2, 4, 5}) {
     INFO("protocol " << p);
     for (const char* base : {"fast_err_p", "fast_rec_p"}) {
       const std::string name = absl::StrCat(base, p, ".pickle");
-      const Read general = read(name, How::kGeneral), fast = read(name, How::kFast),
-                 records = read(name, How::kRecords);
+      const Read general = ReadAs(name, How::kGeneral), fast = ReadAs(name, How::kFast),
+                 records = ReadAs(name, How::kRecords);
       CHECK(!general.error.empty());
       CHECK(records.error == general.error);
       CHECK(records.error == fast.error);
@@ -1384,20 +1396,20 @@ TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
         "small_p4.pickle", "single_p2.pickle", "single_p4.pickle", "rec_imp_p2.pickle", "rec_imp_p4.pickle"}) {
     INFO(name);
     for (const char* list : {"[0]", "[2]"}) {
-      const Read general = read(name, How::kGeneral, list), records = read(name, How::kRecords, list);
+      const Read general = ReadAs(name, How::kGeneral, list), records = ReadAs(name, How::kRecords, list);
       CHECK(records.error == general.error);
       CHECK(records.items == general.items);
       CHECK(records.root == general.root);
     }
   }
-  const Read torch = read("torch_p4.pickle", How::kRecords);
+  const Read torch = ReadAs("torch_p4.pickle", How::kRecords);
   CHECK(torch.items.size() == 40000);
   CHECK(torch.stats.records == 40000 - 1000);  // every entry after the first batch
   // The frames lists cache: the same bytes mean another list once the memo changed.
   {
-    const Read general = read("list_cache_p4.pickle", How::kGeneral);
-    const Read fast = read("list_cache_p4.pickle", How::kFast);
-    const Read records = read("list_cache_p4.pickle", How::kRecords);
+    const Read general = ReadAs("list_cache_p4.pickle", How::kGeneral);
+    const Read fast = ReadAs("list_cache_p4.pickle", How::kFast);
+    const Read records = ReadAs("list_cache_p4.pickle", How::kRecords);
     REQUIRE(general.error.empty());
     CHECK(fast.error.empty());
     CHECK(records.error.empty());
@@ -1416,7 +1428,7 @@ TEST_CASE("pickle_reader: records read exactly what the dict paths read") {
       CHECK(records.items[k].find("s6:6672616d6573:" + frames + "}") != std::string::npos);
     }
   }
-  const Read imp = read("rec_imp_p4.pickle", How::kRecords);
+  const Read imp = ReadAs("rec_imp_p4.pickle", How::kRecords);
   // Less 1100 (an unknown key), 1104 (name and stage: not among these
   // keys) and 1106 (no list, dict or tuple in it).
   CHECK(imp.stats.records == 200 - 3);
@@ -1719,12 +1731,9 @@ std::string PadTo(const std::string& bytes, std::size_t size) {
 
 // The input in memory (ReadPickleBytes) and a mapped file (ReadPickleFile)
 // read what a stream reads: ReadBytes and ReadStreamed above compare every
-// read they make; here every test pickle read whole, truncated files, files
-// ending at a page boundary, the pages released behind the read, and the
-// files that are not mapped.
-TEST_CASE("pickle_reader: in place and mapped, the same as from a stream") {
+// read they make; here every test pickle read whole.
+TEST_CASE("pickle_reader: every test pickle reads the same in place, mapped and from a stream") {
   const Fixture& f = Files();
-  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   // Every test pickle, read whole and with the lists at depth 2 streamed.
   int files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(f.dir)) {
@@ -1760,7 +1769,14 @@ TEST_CASE("pickle_reader: in place and mapped, the same as from a stream") {
     }
   }
   CHECK(files >= 39);
+}
 
+// Mapped files read what a stream reads at their edges: truncated, ending at
+// a page boundary, large enough to release pages behind the read; and the
+// files that are not mapped.
+TEST_CASE("pickle_reader: truncated, page-aligned and large mapped files, and unmapped ones, read as a stream does") {
+  const Fixture& f = Files();
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::filesystem::path dir = f.dir / "mapped";
   std::filesystem::create_directories(dir);
   // Truncated files: the same one-line error, mapped or not, at every length.
