@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
+#include "base/trace_action.h"
 #include "importers/pickle_reader.h"
 #include "importers/prefault.h"
 #include "recording/timeline.h"
@@ -129,40 +130,9 @@ struct EntryFields {
   }
 };
 
-// A trace entry's action (kOther: one memscope does not model).
-enum class Action : std::uint8_t {
-  kAlloc,
-  kFreeRequested,
-  kFreeCompleted,
-  kSegmentAlloc,
-  kSegmentFree,
-  kSegmentMap,
-  kSegmentUnmap,
-  kOom,
-  kUserDefined,
-  kSnapshot,
-  kOther
-};
-
-Action ActionOf(std::string_view a) {
-  auto is = [&](std::string_view x, Action act) { return a == x ? act : Action::kOther; };
-  switch (a.size()) {
-    case 3: return is("oom", Action::kOom);
-    case 5: return is("alloc", Action::kAlloc);
-    case 8: return is("snapshot", Action::kSnapshot);
-    case 11: return is("segment_map", Action::kSegmentMap);
-    case 12:
-      if (a[8] == 'f') return is("segment_free", Action::kSegmentFree);
-      return is("user_defined", Action::kUserDefined);
-    case 13:
-      if (a[8] == 'u') return is("segment_unmap", Action::kSegmentUnmap);
-      return is("segment_alloc", Action::kSegmentAlloc);
-    case 14:
-      if (a[5] == 'r') return is("free_requested", Action::kFreeRequested);
-      return is("free_completed", Action::kFreeCompleted);
-    default: return Action::kOther;
-  }
-}
+// A trace entry's action (base/trace_action.h); nullopt: a name that is no
+// action at all. Those memscope does not model are noted as unknown below.
+using Action = std::optional<TraceAction>;
 
 // What a str of the pickle names (a Field or an Action), by where its bytes
 // are: a key or action written once and referred back to (BINGET) is the
@@ -684,7 +654,7 @@ struct DeviceBuilder {
       unknown_actions.Add("(no action)");
       return;
     }
-    const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
+    const Action act = action_names.Of(action_v.ref(), *action, ParseTraceAction);
     // The entry's pool (newer PyTorch writes pool_id on every entry), read where it is used.
     const auto pool_of = [&] { return PyView(arena, f[Field::kPoolId]); };
     if (const std::optional<std::string_view> c = context_v.AsString(); c && *c != "N/A" && !c->empty()) {
@@ -706,14 +676,14 @@ struct DeviceBuilder {
     }
     last_time = time_us;
     if (held) {
-      const bool completes_held = act == Action::kFreeCompleted && addr == held->addr;
+      const bool completes_held = act == TraceAction::kFreeCompleted && addr == held->addr;
       Release(completes_held);
       if (completes_held) return;
     }
     // (size, stream and frames: read where they are used)
     const auto size_of = [&] { return UIntOr0(PyView(arena, f[Field::kSize])); };
     const auto stream_of = [&] { return UIntOr0(PyView(arena, f[Field::kStream])); };
-    if (act == Action::kAlloc) {
+    if (act == TraceAction::kAlloc) {
       const std::uint64_t size = size_of();
       const std::uint64_t stream = stream_of();
       const PyView frames_v(arena, f[Field::kFrames]);
@@ -736,7 +706,7 @@ struct DeviceBuilder {
       a.live = true;
       Push(r, time_us);
       last_alloc_entry = entries;
-    } else if (act == Action::kFreeRequested) {
+    } else if (act == TraceAction::kFreeRequested) {
       auto it = addrs.find(addr);
       if (it == addrs.end() || !it->second.live) {
         ++unknown_frees;
@@ -748,7 +718,7 @@ struct DeviceBuilder {
       } else {
         addrs.erase(it);  // Release puts it back if its free waits
       }
-    } else if (act == Action::kFreeCompleted) {
+    } else if (act == TraceAction::kFreeCompleted) {
       if (waiting != 0) {
         if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
           Push(Request{.op = RequestOp::kSync, .stream = WaitStream(w->second.wait_slot)}, time_us);
@@ -757,10 +727,10 @@ struct DeviceBuilder {
           if (!w->second.live) addrs.erase(w);
         }
       }
-    } else if (act == Action::kSegmentAlloc || act == Action::kSegmentMap) {
+    } else if (act == TraceAction::kSegmentAlloc || act == TraceAction::kSegmentMap) {
       const std::uint64_t size = size_of();
       out.segment_actions.push_back(
-          {act == Action::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
+          {act == TraceAction::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
       if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
@@ -769,13 +739,13 @@ struct DeviceBuilder {
           StillLive(pool);
         }
       }
-      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
-    } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
+      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == TraceAction::kSegmentMap, addr, size);
+    } else if (act == TraceAction::kSegmentFree || act == TraceAction::kSegmentUnmap) {
       const std::uint64_t size = size_of();
       // empty_cache() (or the release-all retry before an OOM): the replay
       // empties its cache here too, once for the run of segment frees.
       out.segment_actions.push_back(
-          {act == Action::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
+          {act == TraceAction::kSegmentFree ? EventType::kSegmentFree : EventType::kSegmentUnmap, size});
       reserved -= static_cast<std::int64_t>(size);
       // The segment's pool: the entry's pool_id, else the pool its
       // segment_alloc named (entries without pool_id). A private pool's
@@ -801,7 +771,7 @@ struct DeviceBuilder {
       } else if (requests.empty() || requests.back().op != RequestOp::kEmptyCache) {
         Push(Request{.op = RequestOp::kEmptyCache}, time_us);
       }
-    } else if (act == Action::kOom) {
+    } else if (act == TraceAction::kOom) {
       ++ooms;
       last_oom_entry = entries;
       oom_size = size_of();
@@ -810,7 +780,7 @@ struct DeviceBuilder {
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
       }
-    } else if (act == Action::kUserDefined) {
+    } else if (act == TraceAction::kUserDefined) {
       // PyTorch 2.1-2.3: record_function annotations inside the trace.
       const std::optional<std::string_view> name = PyView(arena, f[Field::kName]).AsString();
       const std::optional<std::string_view> stage = PyView(arena, f[Field::kStage]).AsString();
@@ -824,7 +794,7 @@ struct DeviceBuilder {
         }
         Push(r, time_us);
       }
-    } else if (act != Action::kSnapshot) {
+    } else if (act != TraceAction::kSnapshot) {
       unknown_actions.Add(*action);
     }
   }

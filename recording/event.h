@@ -13,6 +13,7 @@
 
 #include "allocator/alloc_tag.h"
 #include "allocator/observer.h"
+#include "base/trace_action.h"
 
 namespace memscope {
 
@@ -23,18 +24,18 @@ std::string_view PhaseName(Phase p);  // "model", "ddp", "zero_grad", "forward",
 std::optional<Phase> ParsePhase(std::string_view name);
 
 enum class EventType : std::uint8_t {
-  // Allocator actions: the values of TraceAction.
-  kAlloc = 0,
-  kFreeRequested,
-  kFreeCompleted,
-  kSegmentAlloc,
-  kSegmentFree,
-  kSegmentMap,
-  kSegmentUnmap,
-  kOom,
-  kEmptyCache,
-  kAllocRetry,
-  kSyncAllStreams,
+  // Allocator actions: TraceAction's (base/trace_action.h), value for value.
+  kAlloc = static_cast<std::uint8_t>(TraceAction::kAlloc),
+  kFreeRequested = static_cast<std::uint8_t>(TraceAction::kFreeRequested),
+  kFreeCompleted = static_cast<std::uint8_t>(TraceAction::kFreeCompleted),
+  kSegmentAlloc = static_cast<std::uint8_t>(TraceAction::kSegmentAlloc),
+  kSegmentFree = static_cast<std::uint8_t>(TraceAction::kSegmentFree),
+  kSegmentMap = static_cast<std::uint8_t>(TraceAction::kSegmentMap),
+  kSegmentUnmap = static_cast<std::uint8_t>(TraceAction::kSegmentUnmap),
+  kOom = static_cast<std::uint8_t>(TraceAction::kOom),
+  kEmptyCache = static_cast<std::uint8_t>(TraceAction::kEmptyCache),
+  kAllocRetry = static_cast<std::uint8_t>(TraceAction::kAllocRetry),
+  kSyncAllStreams = static_cast<std::uint8_t>(TraceAction::kSyncAllStreams),
   // Marks set by the caller.
   kPhaseBegin = 32,
   kPhaseEnd = 33,
@@ -44,7 +45,7 @@ enum class EventType : std::uint8_t {
   kCollectiveBegin = 35,
   kCollectiveEnd = 36,
 };
-static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(TraceAction::kSyncAllStreams));
+static_assert(static_cast<int>(EventType::kSyncAllStreams) < static_cast<int>(EventType::kPhaseBegin));
 std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
 bool IsAllocatorAction(EventType t);
 // Whether an event changes allocated, reserved or active bytes (alloc,
