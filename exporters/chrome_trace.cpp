@@ -129,10 +129,6 @@ namespace {
 
 struct NoPayload {};
 
-bool SamePhase(const OpenPhase& p, const Event& e) {
-  return p.phase == e.phase && p.step == e.step() && p.label == e.name;
-}
-
 }  // namespace
 
 class ChromeTraceWriter::RankPlan final : public WalkListener {
@@ -368,16 +364,17 @@ void ChromeTraceWriter::RankWriter::WriteMetadata() {
   }
 }
 
-// The trace's rule: an end closes the latest-begun open phase with the same
-// phase, step and label, and nothing else. The walk closed its match and any
-// phase open inside it; those inner ones stay open here (pending_), and one
-// of them may be the latest match.
+// The trace's rule: an end closes the latest-begun open phase that matches
+// it (OpenPhase::ClosedBy, the walk's rule: phase, step, label and
+// micro-batch), and nothing else. The walk closed its match and any phase
+// open inside it; those inner ones stay open here (pending_), and one of
+// them may be the latest match.
 void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const Event& e) {
   const PhaseEnd& end = walk.phase_end();
   pending_.insert(pending_.end(), end.cut.begin(), end.cut.end());
   std::size_t latest = pending_.size();
   for (std::size_t k = 0; k < pending_.size(); ++k) {
-    if (SamePhase(pending_[k], e) &&
+    if (pending_[k].ClosedBy(e) &&
         (latest == pending_.size() || pending_[k].begin_event > pending_[latest].begin_event)) {
       latest = k;
     }

@@ -125,6 +125,18 @@ static_assert(std::is_trivially_copyable_v<Event>);
 inline constexpr std::int64_t kNoStep = -1;
 inline constexpr std::int64_t kNoMicroBatch = -1;
 
+// The phase-matching rule, the one every reader of phase marks keeps (the
+// timeline walk's phase stack, the Chrome trace's slices): the phase_end
+// `end` closes a phase that began with this phase, step, label and
+// micro-batch, all four equal. It lives here, beside Phase and Event, which
+// it compares (base/ sees neither).
+//
+//   ClosesPhase(end, Phase::kBackward, 0, 0, 1)  // end is "backward:0.1"'s end
+inline bool ClosesPhase(const Event& end, Phase phase, std::int64_t step, std::uint32_t label,
+                        std::int64_t micro_batch) {
+  return end.phase == phase && end.step() == step && end.name == label && end.micro_batch() == micro_batch;
+}
+
 // One frame of an allocation's stack, as PyTorch records it
 // (torch.cuda.memory._snapshot() "frames" entries, innermost first).
 struct StackFrame {
