@@ -17,28 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/address_map.h"
 #include "allocator/expandable_segment.h"
-#include "allocator/fast_clock.h"
 #include "allocator/free_block_set.h"
 #include "allocator/record_sink.h"
+#include "base/clock.h"
 
 namespace memscope {
-
-std::string_view TraceActionName(TraceAction action) {
-  switch (action) {
-    case TraceAction::kAlloc: return "alloc";
-    case TraceAction::kFreeRequested: return "free_requested";
-    case TraceAction::kFreeCompleted: return "free_completed";
-    case TraceAction::kSegmentAlloc: return "segment_alloc";
-    case TraceAction::kSegmentFree: return "segment_free";
-    case TraceAction::kSegmentMap: return "segment_map";
-    case TraceAction::kSegmentUnmap: return "segment_unmap";
-    case TraceAction::kOom: return "oom";
-    case TraceAction::kEmptyCache: return "empty_cache";
-    case TraceAction::kAllocRetry: return "alloc_retry";
-    case TraceAction::kSyncAllStreams: return "sync_all_streams";
-  }
-  return "unknown";
-}
 
 std::string_view BlockStateName(BlockState state) {
   switch (state) {

@@ -13,28 +13,14 @@
 #include <string_view>
 
 #include "allocator/device.h"
+#include "base/trace_action.h"
 
 namespace memscope {
 
 struct RecordSink;  // allocator/record_sink.h
 
-enum class TraceAction : std::uint8_t {
-  kAlloc,           // a block handed out: addr, size = block size, requested_size
-  kFreeRequested,   // the caller freed it (may still wait on stream events)
-  kFreeCompleted,   // the block is back in the cache
-  kSegmentAlloc,    // cudaMalloc: addr, size = segment size
-  kSegmentFree,     // cudaFree
-  kSegmentMap,      // expandable segment pages mapped: addr, size
-  kSegmentUnmap,    // expandable segment pages unmapped
-  kOom,             // out of memory: addr = device free bytes, size = rounded request
-  kEmptyCache,      // empty_cache() called (before the segments it frees)
-  kAllocRetry,      // device allocation retried after freeing the whole cache (num_alloc_retries)
-  kSyncAllStreams,  // all pending stream events waited for (num_sync_all_streams)
-};
-
-// PyTorch's snapshot name for an action ("alloc", "segment_map", ...).
-std::string_view TraceActionName(TraceAction action);
-
+// One action (base/trace_action.h: TraceAction, up to kSyncAllStreams; the
+// allocator never reports kSnapshot or kUserDefined).
 struct TraceEvent {
   TraceAction action;
   bool small_pool = false;  // the block's or segment's pool

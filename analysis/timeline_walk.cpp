@@ -44,8 +44,7 @@ void TimelineWalk::ApplyPhases(const Event& e) {
     phase_end_.depth = open_.size();
     phase_end_.cut.clear();
     for (std::size_t k = open_.size(); k-- > 0;) {
-      if (open_[k].phase == e.phase && open_[k].step == e.step() && open_[k].label == e.name &&
-          open_[k].micro_batch == e.micro_batch()) {
+      if (open_[k].ClosedBy(e)) {
         phase_end_.matched = true;
         phase_end_.depth = k;
         phase_end_.phase = open_[k];

@@ -49,6 +49,10 @@ struct OpenPhase {
   std::size_t begin_event = 0;       // index of its begin event
   std::uint64_t peak_allocated = 0;  // running max of allocated since it began
   std::int64_t micro_batch = kNoMicroBatch;  // --grad-accum's micro-batch, when labelled
+
+  // Whether the phase_end `end` closes this phase (ClosesPhase,
+  // recording/event.h: phase, step, label and micro-batch all equal).
+  bool ClosedBy(const Event& end) const { return ClosesPhase(end, phase, step, label, micro_batch); }
 };
 
 // What the phase end the walk just applied closed.

@@ -9,6 +9,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 
 namespace memscope::cli {
@@ -30,21 +31,11 @@ std::string EscapeForTerminal(absl::string_view text) {
     } else if (c < 0x80) {
       out += static_cast<char>(c);
     } else {
-      // Valid UTF-8 passes, except C1 controls (U+0080..U+009F, which some
-      // terminals obey); any other byte is shown as \xNN.
-      const std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
-      bool valid = n != 0 && i + n <= text.size();
-      for (std::size_t k = 1; valid && k < n; ++k) valid = (static_cast<unsigned char>(text[i + k]) & 0xc0) == 0x80;
-      if (valid && n == 3) {
-        const auto c1 = static_cast<unsigned char>(text[i + 1]);
-        valid = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 >= 0xa0);  // overlong, surrogates
-      }
-      if (valid && n == 4) {
-        const auto c1 = static_cast<unsigned char>(text[i + 1]);
-        valid = !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 >= 0x90);  // overlong, beyond U+10FFFF
-      }
-      if (valid && n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0) valid = false;  // C1
-      if (!valid) {
+      // Valid UTF-8 (base/utf8.h) passes, except C1 controls (U+0080..U+009F,
+      // which some terminals obey); any other byte is shown as \xNN.
+      const std::size_t n = Utf8Sequence(reinterpret_cast<const unsigned char*>(text.data()), text.size(), i);
+      const bool c1 = n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0;
+      if (n == 0 || c1) {
         hex(c);
         ++i;
         continue;

@@ -2,47 +2,55 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "analysis/counter_thinning.h"
 #include "analysis/trace_model.h"
-#include "exporters/decimal.h"
-#include "exporters/utf8.h"
+#include "base/decimal.h"
+#include "base/json_writer.h"
 
 namespace memscope {
 namespace {
 
 // ---------------------------------------------------------------------------
-// JSON text.
+// JSON text: one JsonWriter (base/json_writer.h), one event a line.
 
-template <typename T>
-void AppendNumber(std::string& out, T v) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  out.append(buf, r.ptr);
-}
+// Invalid UTF-8 bytes in any text (labels, marks, alloc_conf) become one
+// U+FFFD each, so every trace is valid JSON.
+constexpr JsonStyle kTraceStyle{.replace_each_byte = true};
 
-// Nanoseconds as microseconds with exactly three decimals ("1234.567").
-void AppendMicros(std::string& out, bool negative, std::uint64_t abs_ns) {
-  if (negative) out += '-';
-  AppendNumber(out, abs_ns / 1000);
+// Nanoseconds as microseconds with exactly three decimals ("1234.567"), at
+// `p`: at most kMaxMicrosBytes.
+constexpr std::size_t kMaxMicrosBytes = 1 + kMaxDecimalBytes + 4;
+char* PutMicros(char* p, bool negative, std::uint64_t abs_ns) {
+  if (negative) *p++ = '-';
+  p = PutDecimal(p, abs_ns / 1000);
   const auto frac = static_cast<unsigned>(abs_ns % 1000);
-  const char digits[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
-                          static_cast<char>('0' + frac % 10)};
-  out.append(digits, 4);
+  p[0] = '.';
+  p[1] = static_cast<char>('0' + frac / 100);
+  p[2] = static_cast<char>('0' + frac / 10 % 10);
+  p[3] = static_cast<char>('0' + frac % 10);
+  return p + 4;
 }
-void AppendMicros(std::string& out, std::int64_t ns) {
-  AppendMicros(out, ns < 0, ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns));
+char* PutMicros(char* p, std::int64_t ns) {
+  return PutMicros(p, ns < 0, ns < 0 ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns));
+}
+void Micros(JsonWriter& w, std::int64_t ns) { w.EndRawValue(PutMicros(w.BeginRawValue(kMaxMicrosBytes), ns)); }
+// A slice's duration from `begin_ns` to `end_ns`, 0 when it ends before it
+// begins. In unsigned arithmetic: corrupt times must not overflow.
+void Duration(JsonWriter& w, std::int64_t begin_ns, std::int64_t end_ns) {
+  const std::uint64_t ns =
+      end_ns > begin_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(begin_ns) : 0;
+  w.EndRawValue(PutMicros(w.BeginRawValue(kMaxMicrosBytes), false, ns));
 }
 
-// The same three, written at `p` (room for them reserved): the hot path of
-// the counter samples.
+// Counter samples' texts, written at `p` (room for them reserved): the hot path.
 char* PutText(char* p, std::string_view text) {
   std::memcpy(p, text.data(), text.size());
   return p + text.size();
@@ -53,167 +61,75 @@ char* CopyPadded(char* p, const char* text, std::size_t n) {
   for (std::size_t i = 0; i < n; i += 16) std::memcpy(p + i, text + i, 16);
   return p + n;
 }
-char* PutMicros(char* p, std::int64_t ns) {
-  const bool negative = ns < 0;
-  const std::uint64_t abs_ns = negative ? 0 - static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
-  if (negative) *p++ = '-';
-  p = PutDecimal(p, abs_ns / 1000);
-  const auto frac = static_cast<unsigned>(abs_ns % 1000);
-  p[0] = '.';
-  p[1] = static_cast<char>('0' + frac / 100);
-  p[2] = static_cast<char>('0' + frac / 10 % 10);
-  p[3] = static_cast<char>('0' + frac % 10);
-  return p + 4;
-}
+constexpr std::size_t kCopyPaddedOverrun = 32;
 
-// A JSON string literal. Invalid UTF-8 bytes become U+FFFD, so any text
-// (labels, marks, alloc_conf) yields valid JSON.
-template <typename Text>
-void AppendString(std::string& out, const Text& text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  out += '"';
-  std::size_t i = 0;
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20) {
-            const char esc[6] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
-            out.append(esc, 6);
-          } else {
-            out += static_cast<char>(c);
-          }
-      }
-      ++i;
-      continue;
-    }
-    // A multi-byte sequence; each byte of an invalid one becomes U+FFFD.
-    const std::size_t len = Utf8Sequence(s, n, i);
-    if (len != 0) {
-      out.append(reinterpret_cast<const char*>(s + i), len);
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";  // U+FFFD
-      ++i;
-    }
+// A number of any integer type: Int or UInt by its sign.
+template <typename T>
+void Number(JsonWriter& w, T v) {
+  if constexpr (std::is_signed_v<T>) {
+    w.Int(v);
+  } else {
+    w.UInt(v);
   }
-  out += '"';
 }
 
-// Streams the traceEvents array: each event is appended to a buffer, which
-// goes to the stream in large writes.
-class EventWriter {
- public:
-  explicit EventWriter(std::ostream& out) : out_(out) { buf_.resize(kFlushAt + 4096); }
+}  // namespace
 
-  // Starts an event object with its common fields; the caller appends the
+// The traceEvents array: each event an object on a line of its own. The
+// text goes to the stream in writes of 64 KiB or more, at an event's end.
+class ChromeTraceWriter::Events {
+ public:
+  explicit Events(std::ostream& out) : w_(out, kTraceStyle, kFlushAt + 4096) {}
+
+  // Starts an event object with its common fields; the caller writes the
   // rest and calls End(). "ts" comes first: Perfetto's JSON tokenizer scans
   // each event for it with a reader that rejects \u escapes, so no string
   // value may come before it.
-  std::string& Begin(std::int64_t ts_ns, const char* ph, int pid, int tid, absl::string_view name) {
-    text_ += first_ ? "\n{\"ts\":" : ",\n{\"ts\":";
-    first_ = false;
-    AppendMicros(text_, ph[0] == 'M' ? ts_ns : ts_ns + offset_ns_);
-    text_ += ",\"ph\":\"";
-    text_ += ph;
-    text_ += "\",\"pid\":";
-    AppendNumber(text_, pid);
-    text_ += ",\"tid\":";
-    AppendNumber(text_, tid);
-    text_ += ",\"name\":";
-    AppendString(text_, name);
-    return text_;
+  JsonWriter& Begin(std::int64_t ts_ns, std::string_view ph, int pid, int tid, std::string_view name) {
+    w_.LineBreak();
+    w_.BeginObject();
+    w_.Key("ts");
+    Micros(w_, ph[0] == 'M' ? ts_ns : ts_ns + offset_ns_);
+    w_.Key("ph");
+    w_.String(ph);
+    w_.Key("pid");
+    w_.Int(pid);
+    w_.Key("tid");
+    w_.Int(tid);
+    w_.Key("name");
+    w_.String(name);
+    return w_;
   }
   void End() {
-    text_ += '}';
-    Commit();
+    w_.EndObject();
+    EndOfEvents();
   }
-  // Text written with Begin or raw() goes to the trace.
-  void Commit() {
-    Put(text_.data(), text_.size());
-    text_.clear();
-    if (pos_ >= kFlushAt) Flush();
+  // After an event, or a counter sample's events written raw.
+  void EndOfEvents() {
+    if (w_.buffered() >= kFlushAt) w_.Flush();
   }
-  void Flush() {
-    Put(text_.data(), text_.size());
-    text_.clear();
-    out_.write(buf_.data(), static_cast<std::streamsize>(pos_));
-    pos_ = 0;
-  }
-  // The text of the event begun, or of what goes before the next one.
-  std::string& raw() { return text_; }
+  // The writer, for what is not an event (the header, the end).
+  JsonWriter& writer() { return w_; }
 
-  // Raw writing for the hot path: Open returns room for `max_bytes` (and 32
-  // more that may be written past it, CopyPadded's), EventStart writes an
-  // event's separator and "{\"ts\":" there, and Close takes the end of what
-  // was written.
-  char* Open(std::size_t max_bytes) {
-    if (!text_.empty()) Commit();
-    Room(max_bytes + 32);
-    return buf_.data() + pos_;
-  }
-  char* EventStart(char* p) {
-    p = PutText(p, first_ ? std::string_view("\n{\"ts\":") : std::string_view(",\n{\"ts\":"));
-    first_ = false;
-    return p;
-  }
-  void Close(const char* end) {
-    pos_ = static_cast<std::size_t>(end - buf_.data());
-    if (pos_ >= kFlushAt) Flush();
-  }
   std::int64_t offset_ns() const { return offset_ns_; }
   // Added to every event's time but metadata's: the rank's start on the
   // run's common clock.
   void set_offset_ns(std::int64_t offset) { offset_ns_ = offset; }
 
  private:
-  // Room for `n` more bytes in the buffer.
-  void Room(std::size_t n) {
-    if (pos_ + n <= buf_.size()) return;
-    out_.write(buf_.data(), static_cast<std::streamsize>(pos_));
-    pos_ = 0;
-    if (n > buf_.size()) buf_.resize(n);
-  }
-  void Put(const char* s, std::size_t n) {
-    Room(n);
-    std::memcpy(buf_.data() + pos_, s, n);
-    pos_ += n;
-  }
-
-  std::int64_t offset_ns_ = 0;
   static constexpr std::size_t kFlushAt = 1 << 16;
-  std::ostream& out_;
-  std::string buf_;  // its first pos_ bytes are the trace's next bytes
-  std::size_t pos_ = 0;
-  std::string text_;  // Begin's and raw()'s text, not yet in buf_
-  bool first_ = true;
+  JsonWriter w_;
+  std::int64_t offset_ns_ = 0;
 };
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // The first walk: which counter samples to keep.
 
 struct NoPayload {};
 
-bool SamePhase(const OpenPhase& p, const Event& e) {
-  return p.phase == e.phase && p.step == e.step() && p.label == e.name;
-}
-
 }  // namespace
-
-class ChromeTraceWriter::Events final : public EventWriter {
- public:
-  using EventWriter::EventWriter;
-};
 
 class ChromeTraceWriter::RankPlan final : public WalkListener {
  public:
@@ -247,20 +163,20 @@ class ChromeTraceWriter::RankPlan final : public WalkListener {
 
 class ChromeTraceWriter::RankWriter final : public WalkListener {
  public:
-  RankWriter(const RankPlan& plan, EventWriter& w) : plan_(plan), tl_(plan.timeline), w_(w) {
+  RankWriter(const RankPlan& plan, Events& w) : plan_(plan), tl_(plan.timeline), w_(w) {
     // A counter sample's text between its numbers (OnSample), written once.
     const std::string common = absl::StrCat(",\"ph\":\"C\",\"pid\":", tl_.rank, ",\"tid\":1,\"name\":");
     for (std::size_t k = 0; k < kTracks.size(); ++k) {
       track_text_[k] = common;
-      AppendString(track_text_[k], kTracks[k]);
+      JsonWriter::AppendString(track_text_[k], kTracks[k], kTraceStyle);
       track_text_[k] += ",\"cat\":\"memory\",\"args\":{\"bytes\":";
     }
     category_text_[0] = common;
-    AppendString(category_text_[0], std::string_view("memory by category"));
+    JsonWriter::AppendString(category_text_[0], "memory by category", kTraceStyle);
     category_text_[0] += ",\"cat\":\"memory\",\"args\":{";
     for (int c = 0; c < kNumCategories; ++c) {
       if (c > 0) category_text_[c] += ',';
-      AppendString(category_text_[c], CategoryName(static_cast<Category>(c)));
+      JsonWriter::AppendString(category_text_[c], CategoryName(static_cast<Category>(c)), kTraceStyle);
       category_text_[c] += ':';
     }
     sample_bytes_ = 0;  // at most: 4 events of separator, ts, texts, numbers and "}}"
@@ -290,10 +206,15 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
   void OnEvent(const TimelineWalk& walk, const Event& e) override {
     switch (e.type) {
       case EventType::kPhaseEnd: OnPhaseEnd(walk, e); break;
-      case EventType::kMark:
-        w_.Begin(e.time_ns, "i", tl_.rank, 0, tl_.str(e.name)) += ",\"cat\":\"mark\",\"s\":\"t\"";
+      case EventType::kMark: {
+        JsonWriter& m = w_.Begin(e.time_ns, "i", tl_.rank, 0, tl_.str(e.name));
+        m.Key("cat");
+        m.String("mark");
+        m.Key("s");
+        m.String("t");
         w_.End();
         break;
+      }
       case EventType::kOom: WriteOom(walk.model(), e); break;
       case EventType::kCollectiveBegin: collectives_.push_back(e); break;
       case EventType::kCollectiveEnd:
@@ -303,18 +224,18 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
         }
         break;
       case EventType::kEmptyCache: {
-        std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "empty_cache");
-        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"reserved\":";
-        AppendNumber(m, walk.model().reserved());
-        m += '}';
+        JsonWriter& m = AllocatorInstant(e, "empty_cache");
+        m.Key("reserved");
+        m.UInt(walk.model().reserved());
+        m.EndObject();
         w_.End();
         break;
       }
       case EventType::kAllocRetry: {
-        std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "alloc retry");
-        m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"size\":";
-        AppendNumber(m, e.size);
-        m += '}';
+        JsonWriter& m = AllocatorInstant(e, "alloc retry");
+        m.Key("size");
+        m.UInt(e.size);
+        m.EndObject();
         w_.End();
         break;
       }
@@ -338,18 +259,40 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
   void OnPhaseEnd(const TimelineWalk& walk, const Event& e);
   void WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished);
   void WriteOom(const TraceModel& model, const Event& e);
+  // An instant event of the allocator (thread 1), up to its open "args".
+  JsonWriter& AllocatorInstant(const Event& e, std::string_view name) {
+    JsonWriter& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, name);
+    m.Key("cat");
+    m.String("allocator");
+    m.Key("s");
+    m.String("p");
+    m.Key("args");
+    m.BeginObject();
+    return m;
+  }
   // A collective as a slice on thread 2, "communication".
   void WriteCollective(const Event& begin, std::int64_t end_ns, bool unfinished) {
-    std::string& b = w_.Begin(begin.time_ns, "X", tl_.rank, 2, tl_.str(begin.name));
-    b += ",\"cat\":\"communication\",\"dur\":";
-    // In unsigned arithmetic: corrupt times must not overflow.
-    AppendMicros(
-        b, false,
-        end_ns > begin.time_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(begin.time_ns) : 0);
-    b += ",\"args\":{\"bytes\":";
-    AppendNumber(b, begin.size);
-    if (unfinished) b += ",\"unfinished\":true";
-    b += '}';
+    Slice(2, tl_.str(begin.name), "communication", begin.time_ns, end_ns, "bytes", begin.size, unfinished);
+  }
+  // A slice ("X") on thread `tid` from begin_ns to end_ns, its args one
+  // number and, when it never ended, "unfinished".
+  template <typename T>
+  void Slice(int tid, std::string_view name, std::string_view cat, std::int64_t begin_ns, std::int64_t end_ns,
+             std::string_view arg, T value, bool unfinished) {
+    JsonWriter& b = w_.Begin(begin_ns, "X", tl_.rank, tid, name);
+    b.Key("cat");
+    b.String(cat);
+    b.Key("dur");
+    Duration(b, begin_ns, end_ns);
+    b.Key("args");
+    b.BeginObject();
+    b.Key(arg);
+    Number(b, value);
+    if (unfinished) {
+      b.Key("unfinished");
+      b.Bool(true);
+    }
+    b.EndObject();
     w_.End();
   }
   std::vector<Event> collectives_;  // begun, not yet ended (innermost last)
@@ -358,7 +301,7 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
   const RankPlan& plan_;
   static constexpr std::array<std::string_view, 3> kTracks = {"allocated", "reserved", "active"};
   const Timeline& tl_;
-  EventWriter& w_;
+  Events& w_;
   std::array<std::string, 3> track_text_;                  // after "ts": up to the track's bytes
   std::array<std::string, kNumCategories> category_text_;  // the category event's, before each category's bytes
   std::size_t sample_bytes_ = 0;                           // the most one sample's four events take
@@ -395,38 +338,43 @@ class ChromeTraceWriter::RankWriter final : public WalkListener {
 
 void ChromeTraceWriter::RankWriter::WriteMetadata() {
   const int pid = tl_.rank;
-  std::string& b = w_.Begin(0, "M", pid, 0, "process_name");
-  b += ",\"args\":{\"name\":";
-  AppendString(b, absl::StrCat("rank ", pid));
-  b += '}';
+  const auto args = [](JsonWriter& b, std::string_view key) {
+    b.Key("args");
+    b.BeginObject();
+    b.Key(key);
+  };
+  args(w_.Begin(0, "M", pid, 0, "process_name"), "name");
+  w_.writer().String(absl::StrCat("rank ", pid));
+  w_.writer().EndObject();
   w_.End();
-  w_.Begin(0, "M", pid, 0, "process_sort_index") += ",\"args\":{\"sort_index\":";
-  AppendNumber(w_.raw(), pid);
-  w_.raw() += '}';
+  args(w_.Begin(0, "M", pid, 0, "process_sort_index"), "sort_index");
+  w_.writer().Int(pid);
+  w_.writer().EndObject();
   w_.End();
   constexpr std::array<const char*, 3> kThreads = {"phases", "allocator", "communication"};
   for (int tid = 0; tid < (plan_.has_collectives ? 3 : 2); ++tid) {
-    w_.Begin(0, "M", pid, tid, "thread_name") += ",\"args\":{\"name\":\"";
-    w_.raw() += kThreads[static_cast<std::size_t>(tid)];
-    w_.raw() += "\"}";
+    args(w_.Begin(0, "M", pid, tid, "thread_name"), "name");
+    w_.writer().String(kThreads[static_cast<std::size_t>(tid)]);
+    w_.writer().EndObject();
     w_.End();
-    w_.Begin(0, "M", pid, tid, "thread_sort_index") += ",\"args\":{\"sort_index\":";
-    AppendNumber(w_.raw(), tid);
-    w_.raw() += '}';
+    args(w_.Begin(0, "M", pid, tid, "thread_sort_index"), "sort_index");
+    w_.writer().Int(tid);
+    w_.writer().EndObject();
     w_.End();
   }
 }
 
-// The trace's rule: an end closes the latest-begun open phase with the same
-// phase, step and label, and nothing else. The walk closed its match and any
-// phase open inside it; those inner ones stay open here (pending_), and one
-// of them may be the latest match.
+// The trace's rule: an end closes the latest-begun open phase that matches
+// it (OpenPhase::ClosedBy, the walk's rule: phase, step, label and
+// micro-batch), and nothing else. The walk closed its match and any phase
+// open inside it; those inner ones stay open here (pending_), and one of
+// them may be the latest match.
 void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const Event& e) {
   const PhaseEnd& end = walk.phase_end();
   pending_.insert(pending_.end(), end.cut.begin(), end.cut.end());
   std::size_t latest = pending_.size();
   for (std::size_t k = 0; k < pending_.size(); ++k) {
-    if (SamePhase(pending_[k], e) &&
+    if (pending_[k].ClosedBy(e) &&
         (latest == pending_.size() || pending_[k].begin_event > pending_[latest].begin_event)) {
       latest = k;
     }
@@ -441,34 +389,27 @@ void ChromeTraceWriter::RankWriter::OnPhaseEnd(const TimelineWalk& walk, const E
 }
 
 void ChromeTraceWriter::RankWriter::WriteSlice(const OpenPhase& p, std::int64_t end_ns, bool unfinished) {
-  std::string& b =
-      w_.Begin(p.begin_ns, "X", tl_.rank, 0, PhaseMarkName(p.phase, p.step, tl_.str(p.label), p.micro_batch));
-  b += ",\"cat\":\"phase\",\"dur\":";
-  // In unsigned arithmetic: corrupt times must not overflow.
-  AppendMicros(b, false,
-               end_ns > p.begin_ns ? static_cast<std::uint64_t>(end_ns) - static_cast<std::uint64_t>(p.begin_ns) : 0);
-  b += ",\"args\":{\"step\":";
-  AppendNumber(b, p.step);
-  if (unfinished) b += ",\"unfinished\":true";
-  b += '}';
-  w_.End();
+  Slice(0, PhaseMarkName(p.phase, p.step, tl_.str(p.label), p.micro_batch), "phase", p.begin_ns, end_ns, "step", p.step,
+        unfinished);
 }
 
 void ChromeTraceWriter::RankWriter::WriteOom(const TraceModel& model, const Event& e) {
-  std::string& m = w_.Begin(e.time_ns, "i", tl_.rank, 1, "OOM");
-  m += ",\"cat\":\"allocator\",\"s\":\"p\",\"args\":{\"requested_size\":";
-  AppendNumber(m, e.requested_size);
-  m += ",\"rounded_size\":";
-  AppendNumber(m, e.size);
-  m += ",\"device_free\":";
-  AppendNumber(m, e.device_free());
-  m += ",\"allocated\":";
-  AppendNumber(m, model.allocated());
-  m += ",\"reserved\":";
-  AppendNumber(m, model.reserved());
-  m += ",\"stream\":";
-  AppendNumber(m, e.stream);
-  m += e.small_pool() ? ",\"pool\":\"small\"}" : ",\"pool\":\"large\"}";
+  JsonWriter& m = AllocatorInstant(e, "OOM");
+  m.Key("requested_size");
+  m.UInt(e.requested_size);
+  m.Key("rounded_size");
+  m.UInt(e.size);
+  m.Key("device_free");
+  m.UInt(e.device_free());
+  m.Key("allocated");
+  m.UInt(model.allocated());
+  m.Key("reserved");
+  m.UInt(model.reserved());
+  m.Key("stream");
+  m.UInt(e.stream);
+  m.Key("pool");
+  m.String(e.small_pool() ? "small" : "large");
+  m.EndObject();
   w_.End();
 }
 
@@ -487,7 +428,10 @@ void ChromeTraceWriter::RankWriter::OnSample(const TraceModel& model, const Even
   const std::array<std::int64_t, 3> values = {All(st.allocated_bytes).current, All(st.reserved_bytes).current,
                                               All(st.active_bytes).current};
   const char* texts = pieces_.data();
-  char* p = w_.EventStart(w_.Open(sample_bytes_));
+  JsonWriter& w = w_.writer();
+  w.LineBreak();
+  char* const start = w.BeginRawValue(sample_bytes_ + kCopyPaddedOverrun);
+  char* p = PutText(start, "{\"ts\":");
   for (std::size_t k = 0; k < kTracks.size(); ++k) {
     p = CopyPadded(CopyPadded(p, ts, ts_len), texts + after_time_[k].at, after_time_[k].size);
     p = CopyPadded(numbers_[k].Put(p, values[k]), texts + after_number_[k].at, after_number_[k].size);
@@ -498,7 +442,8 @@ void ChromeTraceWriter::RankWriter::OnSample(const TraceModel& model, const Even
     const std::size_t n = kTracks.size() + k;
     p = CopyPadded(numbers_[n].Put(p, by_category[k]), texts + after_number_[n].at, after_number_[n].size);
   }
-  w_.Close(p);
+  w.EndRawValue(p);
+  w_.EndOfEvents();
 }
 
 // ---------------------------------------------------------------------------
@@ -533,25 +478,39 @@ WalkListener& ChromeTraceWriter::Write(const Timeline& timeline) {
 // displayTimeUnit first: Perfetto reads it only from the start of the file.
 void ChromeTraceWriter::WriteHeader() {
   header_written_ = true;
-  std::string& b = events_->raw();
-  b += "{\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"generator\":\"memscope\",\"ranks\":";
-  AppendNumber(b, plans_.size());
-  b += ",\"max_counter_samples_per_rank\":";
-  AppendNumber(b, max_samples_);
+  JsonWriter& w = events_->writer();
+  w.BeginObject();
+  w.Key("displayTimeUnit");
+  w.String("ms");
+  w.LineBreak();
+  w.Key("otherData");
+  w.BeginObject();
+  w.Key("generator");
+  w.String("memscope");
+  w.Key("ranks");
+  w.UInt(plans_.size());
+  w.Key("max_counter_samples_per_rank");
+  w.UInt(max_samples_);
   for (const auto& plan : plans_) {
     const Timeline& tl = plan->timeline;
-    const std::string prefix = absl::StrCat(",\"rank ", tl.rank, " ");
-    const auto key = [&](const char* name) -> std::string& { return b.append(prefix).append(name).append("\":"); };
-    AppendNumber(key("events"), tl.events.size());
-    AppendNumber(key("counter samples"), plan->span.samples);
-    AppendNumber(key("counter samples written"), plan->written());
-    AppendNumber(key("world_size"), tl.world_size);
-    AppendNumber(key("device"), tl.device_index);
-    AppendNumber(key("device_capacity"), tl.device_capacity);
-    AppendNumber(key("wall_start_us"), tl.wall_start_us);
-    AppendString(key("alloc_conf"), tl.alloc_conf);
+    const std::string prefix = absl::StrCat("rank ", tl.rank, " ");
+    const auto key = [&](const char* name) -> JsonWriter& {
+      w.Key(absl::StrCat(prefix, name));
+      return w;
+    };
+    Number(key("events"), tl.events.size());
+    Number(key("counter samples"), plan->span.samples);
+    Number(key("counter samples written"), plan->written());
+    Number(key("world_size"), tl.world_size);
+    Number(key("device"), tl.device_index);
+    Number(key("device_capacity"), tl.device_capacity);
+    Number(key("wall_start_us"), tl.wall_start_us);
+    key("alloc_conf").String(tl.alloc_conf);
   }
-  b += "},\n\"traceEvents\":[";
+  w.EndObject();
+  w.LineBreak();
+  w.Key("traceEvents");
+  w.BeginArray();
 }
 
 void ChromeTraceWriter::WriteGpuTable(const nlohmann::json& gpus) {
@@ -569,15 +528,24 @@ void ChromeTraceWriter::WriteGpuTable(const nlohmann::json& gpus) {
     const std::int64_t last = tl.events.empty() ? 0 : tl.events.back().time_ns;
     end_ns = std::max(end_ns, (tl.wall_start_us - earliest) * 1000 + last);
   }
-  Events& w = *events_;
-  w.set_offset_ns(0);
+  Events& events = *events_;
+  JsonWriter& w = events.writer();
+  events.set_offset_ns(0);
   const int pid = kGpusPid;
-  w.Begin(0, "M", pid, 0, "process_name") += ",\"args\":{\"name\":\"GPUs\"}";
-  w.End();
-  w.Begin(0, "M", pid, 0, "process_sort_index") += ",\"args\":{\"sort_index\":";
-  AppendNumber(w.raw(), pid);
-  w.raw() += '}';
-  w.End();
+  events.Begin(0, "M", pid, 0, "process_name");
+  w.Key("args");
+  w.BeginObject();
+  w.Key("name");
+  w.String("GPUs");
+  w.EndObject();
+  events.End();
+  events.Begin(0, "M", pid, 0, "process_sort_index");
+  w.Key("args");
+  w.BeginObject();
+  w.Key("sort_index");
+  w.Int(pid);
+  w.EndObject();
+  events.End();
   const auto bytes = [](const nlohmann::json& o, const char* key) -> std::uint64_t {
     const auto it = o.find(key);
     return it != o.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : 0;
@@ -597,31 +565,39 @@ void ChromeTraceWriter::WriteGpuTable(const nlohmann::json& gpus) {
       }
     }
     for (const std::int64_t ts : {std::int64_t{0}, end_ns}) {
-      std::string& b = w.Begin(ts, "C", pid, 0, name);
-      b += ",\"args\":{\"context\":";
-      AppendNumber(b, context);
-      b += ",\"reserved\":";
-      AppendNumber(b, reserved);
-      b += ",\"nccl\":";
-      AppendNumber(b, nccl);
-      b += '}';
-      w.End();
+      events.Begin(ts, "C", pid, 0, name);
+      w.Key("args");
+      w.BeginObject();
+      w.Key("context");
+      w.UInt(context);
+      w.Key("reserved");
+      w.UInt(reserved);
+      w.Key("nccl");
+      w.UInt(nccl);
+      w.EndObject();
+      events.End();
     }
     // "s" before "args": the row's own keys hold no '<' or escapes.
-    std::string& b = w.Begin(end_ns, "i", pid, 0, absl::StrCat(name, " processes"));
-    b += ",\"s\":\"p\",\"args\":";
-    b += gpu.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    w.End();
+    events.Begin(end_ns, "i", pid, 0, absl::StrCat(name, " processes"));
+    w.Key("s");
+    w.String("p");
+    w.Key("args");
+    w.Raw(gpu.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    events.End();
   }
 }
 
 absl::Status ChromeTraceWriter::Finish() {
   if (!header_written_) WriteHeader();
   writer_.reset();
-  events_->raw() += "\n]}\n";
-  events_->Flush();
+  JsonWriter& w = events_->writer();
+  w.Verbatim("\n");
+  w.EndArray();
+  w.EndObject();
+  w.Verbatim("\n");
+  const bool ok = w.Finish();
   out_.flush();
-  if (!out_) return absl::DataLossError("writing the Chrome trace failed");
+  if (!ok || !out_) return absl::DataLossError("writing the Chrome trace failed");
   return absl::OkStatus();
 }
 

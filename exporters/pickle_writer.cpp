@@ -5,7 +5,7 @@
 #include <limits>
 #include <utility>
 
-#include "exporters/utf8.h"
+#include "base/utf8.h"
 
 namespace memscope {
 namespace {
@@ -59,7 +59,7 @@ bool IsAscii(std::string_view s) {
 }
 
 // Length of the valid UTF-8 sequence starting at s[i], or 0 if the bytes
-// there are not one (utf8.h: overlong forms, surrogates and code points
+// there are not one (base/utf8.h: overlong forms, surrogates and code points
 // above U+10FFFF are invalid, as Python's decoder says).
 std::size_t Utf8SequenceLength(std::string_view s, std::size_t i) {
   if (static_cast<unsigned char>(s[i]) < 0x80) return 1;

@@ -86,6 +86,9 @@ class PickleWriter {
   // refuses to load a str that is not UTF-8, and one bad label must not make
   // a whole snapshot unreadable.
   void String(std::string_view utf8);
+  // A dict key: a str, as String writes it (JsonWriter's name, so that one
+  // template writes both formats).
+  void Key(std::string_view key) { String(key); }
 
   // The bytes of single values, for a caller that writes the same shapes many
   // times and keeps them (snapshot_export.cpp: the frames of each stack, and

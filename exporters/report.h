@@ -67,7 +67,7 @@
 
 namespace memscope {
 
-class JsonWriter;  // exporters/json_writer.h
+class JsonWriter;  // base/json_writer.h
 
 inline constexpr const char* kReportSchema = "memscope.report/1";
 inline constexpr const char* kMemscopeVersion = "memscope 0.1.0";

@@ -10,7 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/stats.h"
-#include "exporters/json_writer.h"
+#include "base/json_writer.h"
+#include "exporters/json_double.h"
 #include "exporters/report.h"
 
 namespace memscope {
@@ -509,7 +510,7 @@ void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f) {
   w.Key("allocated_bytes");
   w.UInt(f.allocated);
   w.Key("fragmentation");
-  w.Double(f.fragmentation);
+  WriteJsonDouble(w, f.fragmentation);
   w.Key("free_blocks");
   w.UInt(f.free_blocks);
   w.Key("free_in_segments_bytes");

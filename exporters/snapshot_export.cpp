@@ -9,104 +9,17 @@
 #include <type_traits>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "allocator/snapshot.h"
+#include "base/json_writer.h"
+#include "exporters/json_double.h"
 #include "exporters/pickle_writer.h"
 
 namespace memscope {
 namespace {
-
-// Streams JSON with the calls PickleWriter takes, so one function writes the
-// snapshot in both formats and they cannot drift apart. The layout is
-// exactly nlohmann::json::dump(1)'s; nlohmann formats the scalars (string
-// escaping, shortest round-trip doubles).
-class JsonWriter {
- public:
-  explicit JsonWriter(std::ostream& out) : out_(out) {}
-
-  void BeginDict() { Begin('{', true); }
-  void EndDict() { End('}'); }
-  void BeginList() { Begin('[', false); }
-  void EndList() { End(']'); }
-  void BeginTuple(std::size_t /*arity*/) { BeginList(); }
-  void EndTuple() { EndList(); }
-
-  void None() { Scalar("null"); }
-  void Bool(bool value) { Scalar(value ? "true" : "false"); }
-  void Int(std::int64_t value) { Scalar(std::to_string(value)); }
-  void UInt(std::uint64_t value) { Scalar(std::to_string(value)); }
-  void Float(double value) { Scalar(nlohmann::json(value).dump()); }
-  // Dict keys come through here too (the snapshot's keys are all strings).
-  // Invalid UTF-8 becomes U+FFFD, as in PickleWriter.
-  void String(std::string_view utf8) {
-    // Keys and most values are plain ASCII, which nlohmann writes unchanged:
-    // skip building a json value for them (a third of the JSON export's time).
-    bool plain = true;
-    for (const char c : utf8) plain = plain && c >= 0x20 && c < 0x7f && c != '"' && c != '\\';
-    if (plain) {
-      BeforeValue();
-      out_ << '"' << utf8 << '"';
-      return;
-    }
-    Scalar(nlohmann::json(std::string(utf8)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  }
-
-  absl::Status Finish() {
-    out_ << '\n';
-    out_.flush();
-    if (!out_) return absl::DataLossError("writing the JSON snapshot failed");
-    return absl::OkStatus();
-  }
-
- private:
-  struct Open {
-    bool dict;
-    std::size_t count = 0;  // values so far (a dict counts keys and values)
-  };
-
-  // Separator and indentation before a value: a dict value follows its key
-  // on the same line.
-  void BeforeValue() {
-    if (open_.empty()) return;
-    Open& o = open_.back();
-    if (o.dict && o.count % 2 == 1) {
-      out_ << ": ";
-    } else {
-      out_ << (o.count == 0 ? "\n" : ",\n");
-      Indent(open_.size());
-    }
-    ++o.count;
-  }
-  void Begin(char bracket, bool dict) {
-    BeforeValue();
-    out_ << bracket;
-    open_.push_back({dict});
-  }
-  void End(char bracket) {
-    const Open o = open_.back();
-    open_.pop_back();
-    if (o.count > 0) {
-      out_ << '\n';
-      Indent(open_.size());
-    }
-    out_ << bracket;
-  }
-  void Scalar(std::string_view text) {
-    BeforeValue();
-    out_ << text;
-  }
-  void Indent(std::size_t depth) {
-    for (std::size_t i = 0; i < depth; ++i) out_ << ' ';
-  }
-
-  std::ostream& out_;
-  std::vector<Open> open_;
-};
 
 std::int64_t TimeUs(const Timeline& timeline, const Event& e) { return timeline.wall_start_us + e.time_ns / 1000; }
 
@@ -226,7 +139,15 @@ class SnapshotWriter {
     Category category;
     std::uint32_t owner, stack;
   };
-  void Key(std::string_view key) { w_.String(key); }
+  void Key(std::string_view key) { w_.Key(key); }
+  // PickleWriter's BINFLOAT, or nlohmann's text in JSON (exporters/json_double.h).
+  void Float(double v) {
+    if constexpr (kPickle) {
+      w_.Float(v);
+    } else {
+      WriteJsonDouble(w_, v);
+    }
+  }
   void EmptyFrames() {
     Key("frames");
     w_.BeginList();
@@ -398,7 +319,7 @@ class SnapshotWriter {
     Key("max_non_split_rounding_size");
     w_.UInt(config.max_non_split_rounding_size);
     Key("garbage_collection_threshold");
-    w_.Float(config.garbage_collection_threshold);
+    Float(config.garbage_collection_threshold);
     Key("expandable_segments");
     w_.Bool(config.expandable_segments);
     // Keyed by the start of each power-of-two interval in MB, as PyTorch.
@@ -557,9 +478,14 @@ absl::Status WriteSnapshotImpl(const Timeline& timeline, const TraceModel& model
     return absl::InvalidArgumentError("WriteSnapshot: negative device index " + std::to_string(timeline.device_index));
   }
   if (format == SnapshotFormat::kJson) {
-    JsonWriter w(out);
+    // nlohmann::json::dump(1)'s layout (base/json_writer.h's indent), a newline at the end.
+    JsonWriter w(out, {.indent = 1});
     SnapshotWriter<JsonWriter>(w, timeline).Write(model, events_until, max_entries);
-    return w.Finish();
+    w.Verbatim("\n");
+    const bool written = w.Finish();
+    out.flush();
+    if (!written || !out) return absl::DataLossError("writing the JSON snapshot failed");
+    return absl::OkStatus();
   }
   PickleWriter w(out);
   w.set_raw_values(raw_values);

@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
+#include "base/trace_action.h"
 #include "importers/pickle_reader.h"
 #include "importers/prefault.h"
 #include "recording/timeline.h"
@@ -129,40 +130,9 @@ struct EntryFields {
   }
 };
 
-// A trace entry's action (kOther: one memscope does not model).
-enum class Action : std::uint8_t {
-  kAlloc,
-  kFreeRequested,
-  kFreeCompleted,
-  kSegmentAlloc,
-  kSegmentFree,
-  kSegmentMap,
-  kSegmentUnmap,
-  kOom,
-  kUserDefined,
-  kSnapshot,
-  kOther
-};
-
-Action ActionOf(std::string_view a) {
-  auto is = [&](std::string_view x, Action act) { return a == x ? act : Action::kOther; };
-  switch (a.size()) {
-    case 3: return is("oom", Action::kOom);
-    case 5: return is("alloc", Action::kAlloc);
-    case 8: return is("snapshot", Action::kSnapshot);
-    case 11: return is("segment_map", Action::kSegmentMap);
-    case 12:
-      if (a[8] == 'f') return is("segment_free", Action::kSegmentFree);
-      return is("user_defined", Action::kUserDefined);
-    case 13:
-      if (a[8] == 'u') return is("segment_unmap", Action::kSegmentUnmap);
-      return is("segment_alloc", Action::kSegmentAlloc);
-    case 14:
-      if (a[5] == 'r') return is("free_requested", Action::kFreeRequested);
-      return is("free_completed", Action::kFreeCompleted);
-    default: return Action::kOther;
-  }
-}
+// A trace entry's action (base/trace_action.h); nullopt: a name that is no
+// action at all. Those memscope does not model are noted as unknown below.
+using Action = std::optional<TraceAction>;
 
 // What a str of the pickle names (a Field or an Action), by where its bytes
 // are: a key or action written once and referred back to (BINGET) is the
@@ -761,7 +731,7 @@ struct DeviceBuilder {
       unknown_actions.Add("(no action)");
       return;
     }
-    const Action act = action_names.Of(action_v.ref(), *action, ActionOf);
+    const Action act = action_names.Of(action_v.ref(), *action, ParseTraceAction);
     // The entry's pool (newer PyTorch writes pool_id on every entry), read where it is used.
     const auto pool_of = [&] { return PyView(arena, f[Field::kPoolId]); };
     CountExtras(context_v, metadata_v, unknown_keys, e);
@@ -774,15 +744,15 @@ struct DeviceBuilder {
     }
     last_time = time_us;
     if (held) {
-      const bool completes_held = act == Action::kFreeCompleted && addr == held->addr;
+      const bool completes_held = act == TraceAction::kFreeCompleted && addr == held->addr;
       Release(completes_held);
       if (completes_held) return;
     }
     // (size, stream and frames: read where they are used)
     const auto size_of = [&] { return UIntOr0(PyView(arena, f[Field::kSize])); };
-    if (act == Action::kAlloc) {
+    if (act == TraceAction::kAlloc) {
       AllocEntry(f, arena, addr, time_us);
-    } else if (act == Action::kFreeRequested) {
+    } else if (act == TraceAction::kFreeRequested) {
       auto it = addrs.find(addr);
       if (it == addrs.end() || !it->second.live) {
         ++unknown_frees;
@@ -794,7 +764,7 @@ struct DeviceBuilder {
       } else {
         addrs.erase(it);  // Release puts it back if its free waits
       }
-    } else if (act == Action::kFreeCompleted) {
+    } else if (act == TraceAction::kFreeCompleted) {
       if (waiting != 0) {
         if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
           Push(Request{.op = RequestOp::kSync, .stream = WaitStream(w->second.wait_slot)}, time_us);
@@ -803,10 +773,10 @@ struct DeviceBuilder {
           if (!w->second.live) addrs.erase(w);
         }
       }
-    } else if (act == Action::kSegmentAlloc || act == Action::kSegmentMap) {
+    } else if (act == TraceAction::kSegmentAlloc || act == TraceAction::kSegmentMap) {
       const std::uint64_t size = size_of();
       out.segment_actions.push_back(
-          {act == Action::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
+          {act == TraceAction::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
       if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
@@ -815,10 +785,10 @@ struct DeviceBuilder {
           StillLive(pool);
         }
       }
-      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == Action::kSegmentMap, addr, size);
-    } else if (act == Action::kSegmentFree || act == Action::kSegmentUnmap) {
-      SegmentFreeEntry(pool_of(), addr, size_of(), act == Action::kSegmentUnmap, time_us);
-    } else if (act == Action::kOom) {
+      if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == TraceAction::kSegmentMap, addr, size);
+    } else if (act == TraceAction::kSegmentFree || act == TraceAction::kSegmentUnmap) {
+      SegmentFreeEntry(pool_of(), addr, size_of(), act == TraceAction::kSegmentUnmap, time_us);
+    } else if (act == TraceAction::kOom) {
       ++ooms;
       last_oom_entry = entries;
       oom_size = size_of();
@@ -827,7 +797,7 @@ struct DeviceBuilder {
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
       }
-    } else if (act == Action::kUserDefined) {
+    } else if (act == TraceAction::kUserDefined) {
       // PyTorch 2.1-2.3: record_function annotations inside the trace.
       const std::optional<std::string_view> name = PyView(arena, f[Field::kName]).AsString();
       const std::optional<std::string_view> stage = PyView(arena, f[Field::kStage]).AsString();
@@ -841,7 +811,7 @@ struct DeviceBuilder {
         }
         Push(r, time_us);
       }
-    } else if (act != Action::kSnapshot) {
+    } else if (act != TraceAction::kSnapshot) {
       unknown_actions.Add(*action);
     }
   }

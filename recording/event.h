@@ -14,6 +14,7 @@
 #include "allocator/alloc_tag.h"
 #include "allocator/config.h"
 #include "allocator/observer.h"
+#include "base/trace_action.h"
 
 namespace memscope {
 
@@ -24,18 +25,18 @@ std::string_view PhaseName(Phase p);  // "model", "ddp", "zero_grad", "forward",
 std::optional<Phase> ParsePhase(std::string_view name);
 
 enum class EventType : std::uint8_t {
-  // Allocator actions: the values of TraceAction.
-  kAlloc = 0,
-  kFreeRequested,
-  kFreeCompleted,
-  kSegmentAlloc,
-  kSegmentFree,
-  kSegmentMap,
-  kSegmentUnmap,
-  kOom,
-  kEmptyCache,
-  kAllocRetry,
-  kSyncAllStreams,
+  // Allocator actions: TraceAction's (base/trace_action.h), value for value.
+  kAlloc = static_cast<std::uint8_t>(TraceAction::kAlloc),
+  kFreeRequested = static_cast<std::uint8_t>(TraceAction::kFreeRequested),
+  kFreeCompleted = static_cast<std::uint8_t>(TraceAction::kFreeCompleted),
+  kSegmentAlloc = static_cast<std::uint8_t>(TraceAction::kSegmentAlloc),
+  kSegmentFree = static_cast<std::uint8_t>(TraceAction::kSegmentFree),
+  kSegmentMap = static_cast<std::uint8_t>(TraceAction::kSegmentMap),
+  kSegmentUnmap = static_cast<std::uint8_t>(TraceAction::kSegmentUnmap),
+  kOom = static_cast<std::uint8_t>(TraceAction::kOom),
+  kEmptyCache = static_cast<std::uint8_t>(TraceAction::kEmptyCache),
+  kAllocRetry = static_cast<std::uint8_t>(TraceAction::kAllocRetry),
+  kSyncAllStreams = static_cast<std::uint8_t>(TraceAction::kSyncAllStreams),
   // Marks set by the caller.
   kPhaseBegin = 32,
   kPhaseEnd = 33,
@@ -45,7 +46,7 @@ enum class EventType : std::uint8_t {
   kCollectiveBegin = 35,
   kCollectiveEnd = 36,
 };
-static_assert(static_cast<int>(EventType::kSyncAllStreams) == static_cast<int>(TraceAction::kSyncAllStreams));
+static_assert(static_cast<int>(EventType::kSyncAllStreams) < static_cast<int>(EventType::kPhaseBegin));
 std::string_view EventTypeName(EventType t);  // "alloc", ..., "phase_begin", "phase_end", "mark"
 bool IsAllocatorAction(EventType t);
 // Whether an event changes allocated, reserved or active bytes (alloc,
@@ -124,6 +125,18 @@ static_assert(std::is_trivially_copyable_v<Event>);
 
 inline constexpr std::int64_t kNoStep = -1;
 inline constexpr std::int64_t kNoMicroBatch = -1;
+
+// The phase-matching rule, the one every reader of phase marks keeps (the
+// timeline walk's phase stack, the Chrome trace's slices): the phase_end
+// `end` closes a phase that began with this phase, step, label and
+// micro-batch, all four equal. It lives here, beside Phase and Event, which
+// it compares (base/ sees neither).
+//
+//   ClosesPhase(end, Phase::kBackward, 0, 0, 1)  // end is "backward:0.1"'s end
+inline bool ClosesPhase(const Event& end, Phase phase, std::int64_t step, std::uint32_t label,
+                        std::int64_t micro_batch) {
+  return end.phase == phase && end.step() == step && end.name == label && end.micro_batch() == micro_batch;
+}
 
 // One frame of an allocation's stack, as PyTorch records it
 // (torch.cuda.memory._snapshot() "frames" entries, innermost first).

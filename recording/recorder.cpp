@@ -1,21 +1,15 @@
 #include "recording/recorder.h"
 
 #include <algorithm>
-#include <chrono>
 
 #if defined(__x86_64__)
 #include <x86intrin.h>
 #endif
 
-#include "allocator/fast_clock.h"
+#include "base/clock.h"
 
 namespace memscope {
 namespace {
-
-std::int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Below this much steady_clock time since its first reading, a sampled
 // clock does not trust a TSC rate (20 ms: a read's jitter of about 50 ns is

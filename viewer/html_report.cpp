@@ -15,13 +15,16 @@
 #include "analysis/counter_thinning.h"
 #include "analysis/timeline_walk.h"
 #include "analysis/trace_model.h"
-#include "exporters/decimal.h"
-#include "exporters/json_writer.h"
+#include "base/decimal.h"
+#include "base/json_writer.h"
 #include "exporters/report.h"
 #include "viewer/assets.h"
 
 namespace memscope {
 namespace {
+
+// The page's data sits in a <script>: no '<' in its JSON.
+constexpr JsonStyle kHtmlJson{.escape_lt = true};
 
 constexpr int kKindInactiveSplit = 10;  // free, in a segment holding allocations
 constexpr int kKindFree = 11;           // free, in an unused (releasable) segment
@@ -307,7 +310,7 @@ class ViewerRankListener::Impl {
   // walk goes; the moments' segment maps (megabytes) in pieces.
   std::vector<std::string> moments_pieces_;
   std::string bands_text_, marks_text_;
-  JsonWriter moments_{moments_pieces_, true}, bands_{bands_text_, true}, marks_{marks_text_, true};
+  JsonWriter moments_{moments_pieces_, kHtmlJson}, bands_{bands_text_, kHtmlJson}, marks_{marks_text_, kHtmlJson};
   int moments_count_ = 0;
   std::size_t marks_count_ = 0;
   std::map<std::int64_t, std::int64_t> step_begin_;
@@ -415,7 +418,7 @@ std::vector<std::string> ViewerRankListener::Impl::TakeDataPieces() {
   for (nlohmann::json& row : report["phases"]) row.erase("by_category");
 
   std::vector<std::string> out;
-  JsonWriter w(out, true);
+  JsonWriter w(out, kHtmlJson);
   w.BeginObject();
   w.Key("bands");
   w.Raw(bands_text_);
@@ -579,7 +582,7 @@ absl::Status WriteHtmlPage(const std::vector<HtmlPageRun>& runs, std::ostream& o
   }
   // Inside <script>, no "</script>" or "<!--" may appear: every '<' (only
   // ever inside JSON strings) is written as \u003c.
-  JsonWriter w(out, true);
+  JsonWriter w(out, kHtmlJson);
   pos = 0;
   for (std::size_t k = 0; k < markers.size(); ++k) {
     w.Verbatim(page.substr(pos, at[k] - pos));

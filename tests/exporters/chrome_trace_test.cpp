@@ -570,6 +570,27 @@ TEST_CASE("chrome trace: a phase stays open until its own end, even when an oute
   CHECK(xs[1]["args"]["unfinished"] == true);
 }
 
+TEST_CASE("chrome trace: a phase end closes only the phase of its own micro-batch, as the timeline walk does",
+          "[chrome_trace]") {
+  Run r(40 * MiB);
+  r.rec.PhaseBegin(Phase::kBackward, 0, {}, 0);
+  r.rec.PhaseBegin(Phase::kBackward, 0, {}, 1);
+  r.rec.PhaseEnd(Phase::kBackward, 0, {}, 0);  // micro-batch 1 stays open
+  r.rec.PhaseEnd(Phase::kBackward, 0, {}, 1);
+  const json trace = Export({&r.tl});
+  const auto begin_of = [&](std::size_t i) { return r.tl.events[i].time_ns / 1000.0; };
+  const auto first = Select(trace, 0, "backward:0.0", "X");
+  const auto second = Select(trace, 0, "backward:0.1", "X");
+  REQUIRE(first.size() == 1);
+  REQUIRE(second.size() == 1);
+  CHECK(first[0]["ts"].get<double>() == Approx(begin_of(0)).margin(0.001));
+  CHECK(first[0]["dur"].get<double>() == Approx(begin_of(2) - begin_of(0)).margin(0.001));
+  CHECK(second[0]["ts"].get<double>() == Approx(begin_of(1)).margin(0.001));
+  CHECK(second[0]["dur"].get<double>() == Approx(begin_of(3) - begin_of(1)).margin(0.001));
+  CHECK_FALSE(first[0]["args"].contains("unfinished"));
+  CHECK_FALSE(second[0]["args"].contains("unfinished"));
+}
+
 TEST_CASE("chrome trace: every rank on the run's common clock; allocated, reserved, active as three tracks",
           "[chrome_trace]") {
   Run r0(40 * MiB, 0);

@@ -1,19 +1,22 @@
-// The streaming JSON writer prints what nlohmann's dump(-1, ' ', false,
-// replace) prints for the same values: exact strings for tricky doubles and
-// escapes, and agreement with nlohmann on many random byte strings (invalid
-// UTF-8 included).
-#include "exporters/json_writer.h"
+// The streaming JSON writer (base/json_writer.h) prints what nlohmann's
+// dump(-1, ' ', false, replace) prints for the same values: exact strings for
+// tricky doubles (exporters/json_double.h) and escapes, and agreement with
+// nlohmann on many random byte strings (invalid UTF-8 included); with an
+// indent, dump(indent)'s layout.
+#include "base/json_writer.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <string>
 #include <string_view>
 
+#include "exporters/json_double.h"
 #include "exporters/report.h"
 #include "nlohmann/json.hpp"
 
@@ -27,14 +30,14 @@ std::string Dumped(const json& j) { return j.dump(-1, ' ', false, json::error_ha
 std::string WrittenDouble(double v) {
   std::string out;
   JsonWriter w(out);
-  w.Double(v);
+  WriteJsonDouble(w, v);
   w.Finish();
   return out;
 }
 
 std::string WrittenString(const std::string& s, bool escape_lt = false) {
   std::string out;
-  JsonWriter w(out, escape_lt);
+  JsonWriter w(out, {.escape_lt = escape_lt});
   w.String(s);
   w.Finish();
   return out;
@@ -185,7 +188,7 @@ TEST_CASE("json writer: a writer to pieces writes the string writer's text, piec
   const std::vector<std::string> inner = {"[1,", "2", ",3]"};
   std::string expected;
   {
-    JsonWriter w(expected, true);
+    JsonWriter w(expected, {.escape_lt = true});
     write(w, inner);
   }
   REQUIRE(expected.size() > 150000);
@@ -193,7 +196,7 @@ TEST_CASE("json writer: a writer to pieces writes the string writer's text, piec
   CHECK(expected.find(",\"c\":[1,2,3],\"d\"") != std::string::npos);
   std::vector<std::string> pieces = {"kept "};
   {
-    JsonWriter w(pieces, true);
+    JsonWriter w(pieces, {.escape_lt = true});
     write(w, inner);
   }
   std::string joined;
@@ -205,7 +208,7 @@ TEST_CASE("json writer: a writer to pieces writes the string writer's text, piec
   // To a stream: copied.
   std::ostringstream stream;
   {
-    JsonWriter w(stream, true);
+    JsonWriter w(stream, {.escape_lt = true});
     write(w, inner);
   }
   CHECK(stream.str() == expected);
@@ -282,4 +285,83 @@ TEST_CASE("PutDecimal writes what std::to_chars writes") {
   w.EndArray();
   w.Finish();
   CHECK(out == "[-1,18446744073709551615,-9223372036854775808,0]");
+}
+
+TEST_CASE("json writer: with an indent, nlohmann's dump(indent) layout, PickleWriter's calls included") {
+  const json tree = {{"a", json::array({1, "x", nullptr, json::array({2, 3})})},
+                     {"b", json::object()},
+                     {"c", {{"d", json::array()}, {"e", "\xff"}}},
+                     {"f", 0.25}};
+  for (const int indent : {1, 2}) {
+    std::string out;
+    JsonWriter w(out, {.indent = indent});
+    w.BeginDict();
+    w.Key("a");
+    w.BeginList();
+    w.Int(1);
+    w.String("x");
+    w.None();
+    w.BeginTuple(2);
+    w.UInt(2);
+    w.UInt(3);
+    w.EndTuple();
+    w.EndList();
+    w.Key("b");
+    w.BeginDict();
+    w.EndDict();
+    w.Key("c");
+    w.BeginDict();
+    w.Key("d");
+    w.BeginList();
+    w.EndList();
+    w.Key("e");
+    w.String("\xff");
+    w.EndDict();
+    w.Key("f");
+    WriteJsonDouble(w, 0.25);
+    w.EndDict();
+    w.Finish();
+    INFO(indent);
+    CHECK(out == tree.dump(indent, ' ', false, json::error_handler_t::replace));
+  }
+}
+
+TEST_CASE("json writer: replace_each_byte writes one U+FFFD for each byte of invalid UTF-8") {
+  const std::string truncated = "a\xF0\x9F\x98z";  // a 4-byte sequence cut after 3 bytes
+  std::string subpart, each;
+  JsonWriter::AppendString(subpart, truncated);
+  JsonWriter::AppendString(each, truncated, {.replace_each_byte = true});
+  CHECK(subpart == "\"a\xEF\xBF\xBDz\"");
+  CHECK(each == "\"a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBDz\"");
+  std::string written;
+  {
+    JsonWriter w(written, {.replace_each_byte = true});
+    w.String(truncated);
+  }
+  CHECK(written == each);
+}
+
+TEST_CASE("json writer: LineBreak puts the next item on a line of its own, after its comma") {
+  std::string out;
+  {
+    JsonWriter w(out);
+    w.BeginObject();
+    w.Key("k");
+    w.String("v");
+    w.LineBreak();
+    w.Key("items");
+    w.BeginArray();
+    for (int i = 0; i < 2; ++i) {
+      w.LineBreak();
+      w.Int(i);
+    }
+    w.LineBreak();
+    char* p = w.BeginRawValue(2);  // raw mode after a line break
+    std::memcpy(p, "{}", 2);
+    w.EndRawValue(p + 2);
+    w.Verbatim("\n");
+    w.EndArray();
+    w.EndObject();
+  }
+  CHECK(out == "{\"k\":\"v\",\n\"items\":[\n0,\n1,\n{}\n]}");
 }

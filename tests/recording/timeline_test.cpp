@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../allocator/test_util.h"
+#include "base/clock.h"
 #include "recording/recorder.h"
 
 using namespace memscope;
@@ -392,21 +393,17 @@ TEST_CASE("a sampled clock stays monotonic and on time once it reads the TSC (af
   // then the TSC from the last steady reading: marks over 60 ms (a mark
   // reads the clock) must never go back, and the last must be steady_clock's
   // time since the start to within 0.5 ms.
-  const auto steady_ns = [] {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
   Timeline t;
   MemorySink sink(t);
-  const std::int64_t start = steady_ns();
+  const std::int64_t start = SteadyNs();
   Recorder rec(sink, RecordClock::kSampled);
   std::int64_t before_end = 0;
-  while ((before_end = steady_ns() - start) < 60'000'000) {
+  while ((before_end = SteadyNs() - start) < 60'000'000) {
     rec.Mark("tick");
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
   rec.Mark("end");
-  const std::int64_t after_end = steady_ns() - start;
+  const std::int64_t after_end = SteadyNs() - start;
   REQUIRE(t.events.size() >= 3);
   for (std::size_t i = 1; i < t.events.size(); ++i) CHECK(t.events[i].time_ns >= t.events[i - 1].time_ns);
   CHECK(t.events.back().time_ns >= before_end - 500'000);

@@ -1,12 +1,17 @@
-// The one UTF-8 check of the writers that must emit valid text (the JSON
-// writer, the Chrome trace's strings, the pickle's str): whether the bytes at
-// a non-ASCII byte form one valid sequence (no overlong forms, no surrogates,
-// nothing above U+10FFFF, as Python's decoder and nlohmann's say). What a
-// writer puts in place of an invalid sequence is its own rule: the JSON
-// writer one U+FFFD per maximal invalid subpart (nlohmann's), the trace and
-// the pickle one per byte.
-#ifndef MEMSCOPE_EXPORTERS_UTF8_H_
-#define MEMSCOPE_EXPORTERS_UTF8_H_
+// The one UTF-8 check: whether the bytes at a non-ASCII byte form one valid
+// sequence (no overlong forms, no surrogates, nothing above U+10FFFF, as
+// Python's decoder and nlohmann's say). The writers that must emit valid text
+// (the JSON writer, the pickle's str) and the terminal escaping of messages
+// (cli/main.cpp) all ask it. What a caller puts in place of an invalid
+// sequence is its own rule: the JSON writer one U+FFFD per maximal invalid
+// subpart (nlohmann's) or per byte (the Chrome trace's), the pickle one per
+// byte, the terminal \xNN per byte.
+//
+//   const auto* s = reinterpret_cast<const unsigned char*>("\xC3\xA9t\xC3");  // "\u00e9t" and a cut sequence
+//   Utf8Sequence(s, 4, 0);  // 2: "\u00e9"
+//   Utf8Sequence(s, 4, 3);  // 0: the text ends inside the sequence
+#ifndef MEMSCOPE_BASE_UTF8_H_
+#define MEMSCOPE_BASE_UTF8_H_
 
 #include <cstddef>
 
@@ -50,4 +55,4 @@ inline std::size_t Utf8Sequence(const unsigned char* s, std::size_t n, std::size
 
 }  // namespace memscope
 
-#endif  // MEMSCOPE_EXPORTERS_UTF8_H_
+#endif  // MEMSCOPE_BASE_UTF8_H_

@@ -1,12 +1,9 @@
-#include "exporters/json_writer.h"
+#include "base/json_writer.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
 #include <memory>
 
-#include "exporters/utf8.h"
-#include "nlohmann/json.hpp"
+#include "base/utf8.h"
 
 namespace memscope {
 namespace {
@@ -26,9 +23,9 @@ constexpr EscapeTable kPlainHtml(true);
 
 // Escaped `s` through `put(const char*, size)`.
 template <typename Put>
-void Escape(std::string_view text, bool escape_lt, Put&& put) {
+void Escape(std::string_view text, const JsonStyle& style, Put&& put) {
   static constexpr char kHex[] = "0123456789abcdef";
-  const bool* plain = escape_lt ? kPlainHtml.plain : kPlain.plain;
+  const bool* plain = style.escape_lt ? kPlainHtml.plain : kPlain.plain;
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const std::size_t n = text.size();
   std::size_t run = 0;  // start of the bytes not yet written
@@ -48,7 +45,7 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
       }
       put(text.data() + run, i - run);
       put("\xEF\xBF\xBD", 3);  // U+FFFD
-      i += bad;
+      i += style.replace_each_byte ? 1 : bad;
       run = i;
       continue;
     }
@@ -74,21 +71,21 @@ void Escape(std::string_view text, bool escape_lt, Put&& put) {
 
 }  // namespace
 
-// Both writers fill a buffer of their own (never zero-filled: a string's
-// resize would write every byte twice) and hand it to the target when full.
-JsonWriter::JsonWriter(std::string& out, bool escape_lt) : string_(&out), escape_lt_(escape_lt) {
+// Every writer fills a buffer of its own (never zero-filled: a string's
+// resize would write every byte twice) and hands it to the target when full.
+JsonWriter::JsonWriter(std::string& out, JsonStyle style) : string_(&out), style_(style) {
   own_ = std::make_unique_for_overwrite<char[]>(kStringBlock);
   data_ = own_.get();
   cap_ = kStringBlock;
 }
 
-JsonWriter::JsonWriter(std::ostream& out, bool escape_lt) : stream_(&out), escape_lt_(escape_lt) {
-  own_ = std::make_unique_for_overwrite<char[]>(kBlock);
+JsonWriter::JsonWriter(std::ostream& out, JsonStyle style, std::size_t block_bytes) : stream_(&out), style_(style) {
+  own_ = std::make_unique_for_overwrite<char[]>(block_bytes);
   data_ = own_.get();
-  cap_ = kBlock;
+  cap_ = block_bytes;
 }
 
-JsonWriter::JsonWriter(std::vector<std::string>& pieces, bool escape_lt) : pieces_(&pieces), escape_lt_(escape_lt) {
+JsonWriter::JsonWriter(std::vector<std::string>& pieces, JsonStyle style) : pieces_(&pieces), style_(style) {
   own_ = std::make_unique_for_overwrite<char[]>(kBlock);
   data_ = own_.get();
   cap_ = kBlock;
@@ -117,6 +114,14 @@ void JsonWriter::RawPieces(std::vector<std::string>&& pieces) {
   pieces.clear();
 }
 
+void JsonWriter::NewLine() {
+  const std::size_t spaces = static_cast<std::size_t>(style_.indent) * empty_.size();
+  Reserve(1 + spaces);
+  data_[pos_] = '\n';
+  std::memset(data_ + pos_ + 1, ' ', spaces);
+  pos_ += 1 + spaces;
+}
+
 void JsonWriter::Grow(std::size_t n) {
   Hand(data_, pos_);
   pos_ = 0;
@@ -133,27 +138,19 @@ void JsonWriter::PutLong(const char* s, std::size_t n) {
   Hand(s, n);
 }
 
-bool JsonWriter::Finish() {
+void JsonWriter::Flush() {
   if (pos_ > 0) Hand(data_, pos_);
   pos_ = 0;
-  return stream_ == nullptr || static_cast<bool>(*stream_);
 }
 
-// What nlohmann's serializer does with a double: its to_chars (Grisu2,
-// shortest round trip, ".0" for integral values), "null" when not finite.
-void JsonWriter::Double(double v) {
-  Separate();
-  if (!std::isfinite(v)) {
-    Put("null", 4);
-    return;
-  }
-  Reserve(64);
-  pos_ = static_cast<std::size_t>(nlohmann::detail::to_chars(data_ + pos_, data_ + pos_ + 64, v) - data_);
+bool JsonWriter::Finish() {
+  Flush();
+  return stream_ == nullptr || static_cast<bool>(*stream_);
 }
 
 void JsonWriter::Quoted(std::string_view s) {
   Reserve(s.size() + 2);
-  const bool* plain = escape_lt_ ? kPlainHtml.plain : kPlain.plain;
+  const bool* plain = style_.escape_lt ? kPlainHtml.plain : kPlain.plain;
   std::size_t i = 0;
   while (i < s.size() && plain[static_cast<unsigned char>(s[i])]) ++i;
   if (i == s.size()) {  // nothing to escape (keys, most values): copied
@@ -164,13 +161,13 @@ void JsonWriter::Quoted(std::string_view s) {
     return;
   }
   data_[pos_++] = '"';
-  Escape(s, escape_lt_, [this](const char* p, std::size_t n) { Put(p, n); });
+  Escape(s, style_, [this](const char* p, std::size_t n) { Put(p, n); });
   Put('"');
 }
 
-void JsonWriter::AppendString(std::string& out, std::string_view s, bool escape_lt) {
+void JsonWriter::AppendString(std::string& out, std::string_view s, JsonStyle style) {
   out += '"';
-  Escape(s, escape_lt, [&out](const char* p, std::size_t n) { out.append(p, n); });
+  Escape(s, style, [&out](const char* p, std::size_t n) { out.append(p, n); });
   out += '"';
 }
 

@@ -1,6 +1,4 @@
-#include "allocator/fast_clock.h"
-
-#include <chrono>
+#include "base/clock.h"
 
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -8,11 +6,6 @@
 
 namespace memscope {
 namespace {
-
-std::int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 #if defined(__x86_64__)
 struct TscScale {

@@ -6,8 +6,8 @@
 //
 //   char buf[kMaxDecimalBytes];
 //   char* end = PutDecimal(buf, std::uint64_t{4096});  // "4096"
-#ifndef MEMSCOPE_EXPORTERS_DECIMAL_H_
-#define MEMSCOPE_EXPORTERS_DECIMAL_H_
+#ifndef MEMSCOPE_BASE_DECIMAL_H_
+#define MEMSCOPE_BASE_DECIMAL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -89,4 +89,4 @@ inline char* PutDecimal(char* p, std::int64_t v) {
 
 }  // namespace memscope
 
-#endif  // MEMSCOPE_EXPORTERS_DECIMAL_H_
+#endif  // MEMSCOPE_BASE_DECIMAL_H_
