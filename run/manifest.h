@@ -1,4 +1,4 @@
-// The two JSON files that describe a run (DESIGN.md "The run directory"),
+// The two JSON files that describe a run (docs/design.md, "The run directory"),
 // typed: run.json (`RunManifest`, schema memscope.run/1), written once by
 // `memscope run`, `memscope replay --out` or `memscope capture` after the ranks end, and
 // rank-R.json (`RankStatus`), written by each rank as it ends and read by

@@ -1,4 +1,4 @@
-// The run directory (DESIGN.md "The run directory"): the one place that knows
+// The run directory (docs/design.md, "The run directory"): the one place that knows
 // the name of every file a run writes or reads, so that the writers (memscope
 // run, replay --out, the launcher's logs) and the readers (LoadRun, compare)
 // agree on them.
