@@ -6,7 +6,7 @@
 - `replay RUN`: a run directory's whole request stream, under its own settings;
 - the moments `end` (after the last step) and `exit` (after teardown);
 - a failed rendezvous prints only what is true and names the duplicate rank;
-- a request no device has (2^64 - 1 bytes) is an OOM: exit 0, as README says;
+- a request no device has (2^64 - 1 bytes) is an OOM: exit 0, as docs/replay.md says;
 - wording: `trace` without -o points at `memscope trace --help`, "1 block",
   the OOM verdict in MiB;
 - tables in a unit that shows a small run's differences, micro-batch labels
@@ -127,7 +127,7 @@ check("rendezvous: the holder names the duplicate rank", "rank 0 was started twi
 check("rendezvous: the other says the rank is taken", "rank 0 is already taken by another process" in both, both)
 check("rendezvous: second exit", second.returncode == 4, (second.returncode, second.stderr))
 
-# ---- a size beyond any device is an OOM: exit 0 (README: the OOM is the answer), with PyTorch's message.
+# ---- a size beyond any device is an OOM: exit 0 (docs/replay.md: the OOM is the answer), with PyTorch's message.
 huge = write("huge.jsonl", ['{"action":"alloc","id":"a","size":18446744073709551615}'])
 code, out, err = run("replay", huge)
 check("huge alloc exit 0", code == 0, (code, err))

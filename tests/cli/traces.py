@@ -1,4 +1,4 @@
-"""Request traces generated for tests (JSON lines, see README "Request trace format")."""
+"""Request traces generated for tests (JSON lines, see docs/replay.md "Request trace format")."""
 import json
 import random
 
