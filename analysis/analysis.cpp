@@ -326,6 +326,29 @@ std::size_t RankAnalysis::second_walk_end() const {
   return std::max(report_.peak_allocated.event_index, report_.peak_reserved.event_index) + 1;
 }
 
+RunWalks::RunWalks(std::vector<const Timeline*> timelines) : timelines_(std::move(timelines)) {
+  for (const Timeline* t : timelines_) analyses_.push_back(std::make_unique<RankAnalysis>(*t));
+}
+
+absl::Status RunWalks::First(const std::function<Listeners(std::size_t)>& plan) {
+  for (std::size_t i = 0; i < timelines_.size(); ++i) {
+    Listeners listeners{&analyses_[i]->first_walk()};
+    if (plan) {
+      const Listeners more = plan(i);
+      listeners.insert(listeners.end(), more.begin(), more.end());
+    }
+    TimelineWalk walk(*timelines_[i]);
+    if (absl::Status s = walk.Run(listeners); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunWalks::Second(std::size_t i, TimelineWalk& walk, const Listeners& write) {
+  Listeners listeners{&analyses_[i]->second_walk()};
+  listeners.insert(listeners.end(), write.begin(), write.end());
+  return walk.Run(listeners);
+}
+
 absl::StatusOr<RankReport> AnalyzeRank(const Timeline& t) {
   RankAnalysis analysis(t, /*peaks_in_first_walk=*/true);
   TimelineWalk first(t);
@@ -394,12 +417,11 @@ absl::StatusOr<std::pair<TraceModel, std::size_t>> ModelAt(const Timeline& t, co
     }
     end = EndOfLastStep(t);
   } else if (moment.kind == Moment::Kind::kPeak) {
-    std::optional<RankAnalysis> analysed;
+    std::optional<RunWalks> analysed;
     if (report == nullptr) {
       // The first walk alone finds the peak.
-      TimelineWalk first(t);
-      if (absl::Status s = first.Run({&analysed.emplace(t).first_walk()}); !s.ok()) return s;
-      report = &analysed->report();
+      if (absl::Status s = analysed.emplace(std::vector<const Timeline*>{&t}).First(); !s.ok()) return s;
+      report = &analysed->analysis(0).report();
     }
     end = t.events.empty() ? 0 : report->peak_allocated.event_index + 1;
   } else if (moment.kind != Moment::Kind::kExit) {

@@ -8,6 +8,7 @@
 #define MEMSCOPE_ANALYSIS_ANALYSIS_H_
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -202,6 +203,40 @@ class RankAnalysis {
   RankReport report_;
   std::unique_ptr<WalkListener> first_;
   std::unique_ptr<WalkListener> second_;
+};
+
+// The output driver: the two walks of a run's ranks, as every output takes
+// them (run/ WriteRunOutputs, the HTML report, ModelAt). First walks every
+// rank's events once with its RankAnalysis (the moments; every rank is
+// checked before anything is written) and the caller's planning listeners;
+// then each rank's second walk, to the end, with the analysis' second-walk
+// listener and the caller's writers.
+//
+//   RunWalks walks(timelines);
+//   if (absl::Status s = walks.First([&](std::size_t i) { return Listeners{&trace.Plan(*timelines[i])}; }); ...
+//   for (std::size_t i = 0; i < timelines.size(); ++i) {
+//     TimelineWalk walk(*timelines[i]);
+//     if (absl::Status s = walks.Second(i, walk, {&trace.Write(*timelines[i])}); ...
+//   }
+//   RankReport& r = walks.analysis(0).report();   // complete
+class RunWalks {
+ public:
+  using Listeners = std::vector<WalkListener*>;
+  explicit RunWalks(std::vector<const Timeline*> timelines);
+
+  // Every rank's first walk, in order, with `plan(i)`'s listeners after the
+  // analysis'. Errors: the walk's ("rank R: event N: ...").
+  absl::Status First(const std::function<Listeners(std::size_t)>& plan = {});
+  // Rank i's second walk on `walk` (at event 0 of rank i's timeline), to the
+  // end, with `write`'s listeners after the analysis'.
+  absl::Status Second(std::size_t i, TimelineWalk& walk, const Listeners& write = {});
+
+  RankAnalysis& analysis(std::size_t i) { return *analyses_[i]; }
+  std::size_t size() const { return timelines_.size(); }
+
+ private:
+  std::vector<const Timeline*> timelines_;
+  std::vector<std::unique_ptr<RankAnalysis>> analyses_;
 };
 
 // The moments every command names the same way (summary/frag/snapshot --at,

@@ -63,10 +63,6 @@ struct PhaseEnd {
   std::vector<OpenPhase> cut;  // phases open inside it, closed with it, outermost first
 };
 
-// The allocator settings a timeline was recorded with (defaults if the text
-// does not parse, which a recording memscope wrote never does).
-AllocatorConfig TimelineConfig(const Timeline& timeline);
-
 class TimelineWalk;
 
 // Receives a walk's events. Listeners are called in the order given to Run.
@@ -87,7 +83,7 @@ class TimelineWalk {
   static constexpr std::size_t kToEnd = std::numeric_limits<std::size_t>::max();
 
   // A walk at event 0 with an empty model, set up with the timeline's
-  // allocator settings (TimelineConfig). `timeline` must outlive the walk.
+  // allocator settings (Timeline::settings). `timeline` must outlive the walk.
   explicit TimelineWalk(const Timeline& timeline);
 
   // Applies the events from applied() up to (not including) `end` (clamped to

@@ -4,7 +4,7 @@
 // whether the events come from a memscope timeline, a replay or an imported
 // PyTorch snapshot (which is replayed into events first).
 //
-//   TraceModel model(TimelineConfig(timeline));   // the recording's allocator settings
+//   TraceModel model(timeline.settings);   // the recording's allocator settings (parsed once)
 //   for (const Event& e : timeline.events) {
 //     if (absl::Status s = model.Apply(e); !s.ok()) ...  // inconsistent trace
 //   }

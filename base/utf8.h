@@ -14,6 +14,7 @@
 #define MEMSCOPE_BASE_UTF8_H_
 
 #include <cstddef>
+#include <string_view>
 
 namespace memscope {
 
@@ -51,6 +52,23 @@ inline std::size_t Utf8Sequence(const unsigned char* s, std::size_t n, std::size
     }
   }
   return len;
+}
+
+// Whether `text` is valid UTF-8 throughout (the pickle reader's rule for a
+// str: Python's decoder refuses anything else).
+inline bool ValidUtf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n;) {
+    if (s[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    const std::size_t len = Utf8Sequence(s, n, i);
+    if (len == 0) return false;
+    i += len;
+  }
+  return true;
 }
 
 }  // namespace memscope

@@ -75,27 +75,21 @@ int Summary(const ReadArgs& a) {
   if (!moment.ok()) return Fail("summary", moment.status().message());
   absl::StatusOr<std::vector<Timeline>> run = LoadRanks(a.path, a.rank);
   if (!run.ok()) return Fail("summary", run.status().message());
-  std::vector<const Timeline*> ptrs;
   std::vector<RankReport> reports;
   std::string text;
-  nlohmann::json at_json = nlohmann::json::array();
+  std::vector<MomentState> at_moment;
   for (const Timeline& t : *run) {
     absl::StatusOr<RankReport> r = AnalyzeRank(t);
     if (!r.ok()) return Fail("summary", r.status().message());
     absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment, &*r);
     if (!at.ok()) return Fail("summary", at.status().message());
     absl::StrAppend(&text, text.empty() ? "" : "\n", SummaryText(t, *r, at->first, moment->text, a.by_category));
-    nlohmann::json stats = nlohmann::json::object();
-    for (const auto& [key, value] : FlattenStats(at->first.stats())) stats[key] = value;
-    at_json.push_back({{"rank", t.rank},
-                       {"moment", moment->text},
-                       {"events", at->second},
-                       {"memory_stats", stats},
-                       {"fragmentation", FragmentationJson(at->first.Fragmentation())}});
-    if (const std::vector<PoolBytes> pools = BytesByPool(at->first, t); !pools.empty()) {
-      at_json.back()["pools"] = PoolsJson(pools);
-    }
-    ptrs.push_back(&t);
+    at_moment.push_back({.rank = t.rank,
+                         .moment = moment->text,
+                         .events = at->second,
+                         .stats = at->first.stats(),
+                         .fragmentation = at->first.Fragmentation(),
+                         .pools = BytesByPool(at->first, t)});
     reports.push_back(std::move(*r));
   }
   // A run directory's whole-GPU table (run/gpu_table.h), from its ranks' rank-R.json.
@@ -106,10 +100,9 @@ int Summary(const ReadArgs& a) {
     gpus = GpuTable(statuses, reports, run->front().device_capacity);
   }
   if (a.json) {
-    nlohmann::json j = ReportJson(ptrs, reports);
-    j["at"] = at_json;
-    if (!gpus.empty()) j["gpus"] = GpuTableJson(gpus);
-    std::cout << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    Report report = MakeReport(run->empty() ? 0 : run->front().world_size, std::move(reports));
+    report.gpus = gpus;
+    std::cout << SummaryJson(report, at_moment).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << text;
     if (!gpus.empty()) std::cout << "\n" << GpuTableText(gpus);
@@ -126,7 +119,8 @@ int Trace(const ReadArgs& a) {
   OutputFile out(a.output);  // whole or not at all, never through a symlink
   ChromeTraceOptions options;
   options.max_counter_samples_per_rank = a.max_samples;
-  const nlohmann::json gpus = ReadRunGpuTable(a.path);  // the run's own, as its trace.json has it
+  const std::vector<GpuRow> rows = ReadRunGpuTable(a.path);  // the run's own, as its trace.json has it
+  const nlohmann::json gpus = rows.empty() ? nlohmann::json(nullptr) : GpuTableJson(rows);
   options.gpus = &gpus;
   if (absl::Status s = WriteChromeTrace(ptrs, options, out.stream()); !s.ok() && out.stream()) {
     return Fail("trace", s.message());

@@ -40,8 +40,8 @@ int Report(const ReportArgs& a) {
     HtmlReportRun run;
     run.label = a.inputs[i];
     // The run's GPU table, as its own report.html has it.
-    if (const nlohmann::json gpus = ReadRunGpuTable(a.inputs[i]); gpus.is_array()) {
-      run.gpus = gpus.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    if (const std::vector<GpuRow> gpus = ReadRunGpuTable(a.inputs[i]); !gpus.empty()) {
+      run.gpus = GpuTableJson(gpus).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
     for (const Timeline& t : loaded[i]) run.timelines.push_back(&t);
     runs.push_back(std::move(run));

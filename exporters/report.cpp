@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
 #include "allocator/stats.h"
 
@@ -74,6 +75,43 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
   absl::StrAppend(&out, "\nfragmentation at ", moment_text, ":\n", FragmentationText(at_moment.Fragmentation()),
                   PoolsText(BytesByPool(at_moment, t)));
   absl::StrAppend(&out, "\nmemory_summary() at ", moment_text, ":\n", MemorySummary(at_moment.stats(), t.device_index));
+  return out;
+}
+
+std::uint64_t GpuRow::used_bytes() const {
+  std::uint64_t total = 0;
+  for (const GpuProcess& p : processes) total += p.used_bytes();
+  return total;
+}
+
+int GpuRow::ranks_on_it() const {
+  int n = 0;
+  for (const GpuProcess& p : processes) n += p.ordinal >= 0 ? 1 : 0;
+  return n;
+}
+
+std::string GpuTableText(const std::vector<GpuRow>& gpus) {
+  std::string out = "GPUs (as nvidia-smi lists processes; reserved is each rank's peak)\n";
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-6s %-8s %12s %12s %12s %12s\n", "GPU", "rank", "as", "context",
+                                        "reserved", "NCCL", "used"));
+  for (const GpuRow& g : gpus) {
+    for (const GpuProcess& p : g.processes) {
+      absl::StrAppend(&out, absl::StrFormat("%-5d %-6d %-8s %12s %12s %12s %12s\n", g.physical, p.rank,
+                                            p.ordinal >= 0 ? absl::StrCat("cuda:", p.ordinal) : "stray",
+                                            FormatSize(p.context_bytes), FormatSize(p.reserved_bytes),
+                                            FormatSize(p.nccl_bytes), FormatSize(p.used_bytes())));
+    }
+    absl::StrAppend(&out, absl::StrFormat("%-5d %-6s %-8s %12s %12s %12s %12s of %s\n", g.physical, "total", "", "", "",
+                                          "", FormatSize(g.used_bytes()), FormatSize(g.capacity)));
+    if (g.ranks_on_it() > 1) {
+      std::vector<int> ranks;
+      for (const GpuProcess& p : g.processes) {
+        if (p.ordinal >= 0) ranks.push_back(p.rank);
+      }
+      absl::StrAppend(&out, "note: GPU ", g.physical, " is shared by ranks ", absl::StrJoin(ranks, ", "),
+                      ": they share its memory (allowed with Gloo; NCCL refuses two ranks on one GPU)\n");
+    }
+  }
   return out;
 }
 

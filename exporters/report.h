@@ -80,6 +80,37 @@ struct ReportFailure {
   bool operator==(const ReportFailure&) const = default;
 };
 
+// The whole GPU as nvidia-smi lists its processes (run/gpu_table.h makes it
+// from the ranks' rank-R.json): per physical GPU, each rank's CUDA context,
+// peak reserved bytes and NCCL buffers.
+struct GpuProcess {
+  int rank = 0;
+  int ordinal = -1;  // the rank's cuda:N for this GPU; -1 for a stray context (not its device)
+  std::uint64_t context_bytes = 0;
+  std::uint64_t reserved_bytes = 0;  // the rank's peak reserved (max_memory_reserved)
+  std::uint64_t nccl_bytes = 0;
+  std::uint64_t used_bytes() const { return context_bytes + reserved_bytes + nccl_bytes; }
+  bool operator==(const GpuProcess&) const = default;
+};
+struct GpuRow {
+  int physical = 0;
+  std::uint64_t capacity = 0;
+  std::vector<GpuProcess> processes;  // by rank; a rank's own device before its stray context
+  std::uint64_t used_bytes() const;
+  int ranks_on_it() const;  // processes whose device it is
+  bool operator==(const GpuRow&) const = default;
+};
+
+// The table's text (summary.txt, `memscope summary`): one line per process,
+// a total per GPU, and a note on each GPU that two ranks share (allowed with
+// Gloo; NCCL refuses it).
+std::string GpuTableText(const std::vector<GpuRow>& gpus);
+
+// report.json's "gpus": [{"physical", "capacity_bytes", "used_bytes", "shared_by_ranks",
+//   "processes": [{"rank", "cuda", "context_bytes", "reserved_bytes", "nccl_bytes", "used_bytes"}]}]
+// ("cuda": the rank's ordinal for it, null for a stray context).
+nlohmann::json GpuTableJson(const std::vector<GpuRow>& gpus);
+
 // report.json as a value.
 struct Report {
   std::string schema = kReportSchema;
@@ -89,7 +120,25 @@ struct Report {
   // memscope run: the run's first failure. Run-level, since the rank that
   // failed first may have recorded nothing (no timeline, no entry in `ranks`).
   std::optional<ReportFailure> failure;
+  // The whole-GPU table ("gpus"), when there is more to a run's GPUs than
+  // the allocator's view (contexts, NCCL buffers, shared GPUs); else empty.
+  std::vector<GpuRow> gpus;
 };
+
+// One rank at the moment `memscope summary --at` asked for: summary --json's
+// "at" entries.
+struct MomentState {
+  int rank = 0;
+  std::string moment;      // as given: end, peak, backward:1, ...
+  std::size_t events = 0;  // the events up to the moment
+  DeviceStats stats;
+  FragmentationInfo fragmentation;
+  std::vector<PoolBytes> pools;  // bytes by pool (only with private pools)
+};
+
+// `memscope summary --json`: the report's document plus "at", one entry per
+// rank: {"rank", "moment", "events", "memory_stats", "fragmentation"[, "pools"]}.
+nlohmann::json SummaryJson(const Report& report, const std::vector<MomentState>& at);
 
 // The report of `ranks` (AnalyzeRank's, amended or not) of a run of
 // `world_size` ranks, by this memscope.

@@ -438,6 +438,38 @@ absl::Status CheckHeader(const json& j) {
 }
 
 // Everything below the header; errors name the field.
+// "gpus": what GpuTableJson writes (the totals and "shared_by_ranks" follow
+// from the processes, so they are not read).
+absl::StatusOr<std::vector<GpuRow>> ReadGpus(const json& j) {
+  if (!j.is_array()) return absl::InvalidArgumentError("\"gpus\" is not an array");
+  std::vector<GpuRow> rows;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const std::string where = absl::StrCat("gpus[", i, "]");
+    if (!j[i].is_object()) return absl::InvalidArgumentError(absl::StrCat(where, " is not an object"));
+    const Fields g(j[i], where);
+    GpuRow& row = rows.emplace_back();
+    MEMSCOPE_RETURN_IF_ERROR(g.Int("physical", row.physical));
+    MEMSCOPE_RETURN_IF_ERROR(g.Bytes("capacity_bytes", row.capacity, /*required=*/true));
+    const json* processes = g.Find("processes");
+    if (processes == nullptr || !processes->is_array()) return g.Bad("\"processes\" array");
+    for (std::size_t k = 0; k < processes->size(); ++k) {
+      const json& pj = (*processes)[k];
+      const std::string at = absl::StrCat(where, ".processes[", k, "]");
+      if (!pj.is_object()) return absl::InvalidArgumentError(absl::StrCat(at, " is not an object"));
+      const Fields p(pj, at);
+      GpuProcess& process = row.processes.emplace_back();
+      MEMSCOPE_RETURN_IF_ERROR(p.Int("rank", process.rank));
+      if (const json* cuda = p.Find("cuda"); cuda != nullptr && !cuda->is_null()) {
+        MEMSCOPE_RETURN_IF_ERROR(p.Int("cuda", process.ordinal));
+      }
+      MEMSCOPE_RETURN_IF_ERROR(p.Bytes("context_bytes", process.context_bytes));
+      MEMSCOPE_RETURN_IF_ERROR(p.Bytes("reserved_bytes", process.reserved_bytes));
+      MEMSCOPE_RETURN_IF_ERROR(p.Bytes("nccl_bytes", process.nccl_bytes));
+    }
+  }
+  return rows;
+}
+
 absl::StatusOr<Report> ReadBody(const json& j) {
   Report report;
   const Fields doc(j, "the report");
@@ -466,6 +498,11 @@ absl::StatusOr<Report> ReadBody(const json& j) {
           absl::StrCat("failure names rank ", rank, ", not a rank of world_size ", report.world_size));
     }
     report.failure = ReportFailure{rank, std::move(message)};
+  }
+  if (const json* gpus = doc.Find("gpus"); gpus != nullptr && !gpus->is_null()) {
+    absl::StatusOr<std::vector<GpuRow>> rows = ReadGpus(*gpus);
+    if (!rows.ok()) return rows.status();
+    report.gpus = *std::move(rows);
   }
   return report;
 }
@@ -585,6 +622,47 @@ json ReportToJson(const Report& report) {
             {"world_size", report.world_size},
             {"ranks", std::move(ranks)}};
   if (report.failure) j["failure"] = {{"rank", report.failure->rank}, {"message", report.failure->message}};
+  if (!report.gpus.empty()) j["gpus"] = GpuTableJson(report.gpus);
+  return j;
+}
+
+json GpuTableJson(const std::vector<GpuRow>& gpus) {
+  json out = json::array();
+  for (const GpuRow& g : gpus) {
+    json processes = json::array();
+    json shared_by = json::array();
+    for (const GpuProcess& p : g.processes) {
+      processes.push_back({{"rank", p.rank},
+                           {"cuda", p.ordinal >= 0 ? json(p.ordinal) : json(nullptr)},
+                           {"context_bytes", p.context_bytes},
+                           {"reserved_bytes", p.reserved_bytes},
+                           {"nccl_bytes", p.nccl_bytes},
+                           {"used_bytes", p.used_bytes()}});
+      if (p.ordinal >= 0) shared_by.push_back(p.rank);
+    }
+    out.push_back({{"physical", g.physical},
+                   {"capacity_bytes", g.capacity},
+                   {"used_bytes", g.used_bytes()},
+                   {"shared_by_ranks", g.ranks_on_it() > 1 ? shared_by : json::array()},
+                   {"processes", processes}});
+  }
+  return out;
+}
+
+json SummaryJson(const Report& report, const std::vector<MomentState>& at) {
+  json j = ReportToJson(report);
+  json moments = json::array();
+  for (const MomentState& m : at) {
+    json stats = json::object();
+    for (const auto& [key, value] : FlattenStats(m.stats)) stats[key] = value;
+    moments.push_back({{"rank", m.rank},
+                       {"moment", m.moment},
+                       {"events", m.events},
+                       {"memory_stats", stats},
+                       {"fragmentation", FragmentationJson(m.fragmentation)}});
+    if (!m.pools.empty()) moments.back()["pools"] = PoolsJson(m.pools);
+  }
+  j["at"] = std::move(moments);
   return j;
 }
 

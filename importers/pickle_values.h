@@ -19,6 +19,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "base/utf8.h"
 #include "importers/pickle_reader.h"
 #include "importers/prefault.h"
 #include "importers/zero_array.h"
@@ -60,44 +61,6 @@ constexpr std::size_t kListCacheMaxLists = 1 << 20;
 const char* OpName(std::uint8_t op);
 std::string OpCode(std::uint8_t op);
 const char* KindName(PyKind k);
-
-// Whether s is valid UTF-8 (no overlong forms, surrogates or code points
-// above U+10FFFF): the reader's one UTF-8 check, for str opcodes.
-inline bool ValidUtf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  std::size_t n = s.size(), k = 0;
-  while (k < n) {
-    unsigned c = p[k];
-    if (c < 0x80) {
-      ++k;
-      continue;
-    }
-    std::size_t len;
-    std::uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      len = 4;
-      cp = c & 0x07;
-    } else
-      return false;
-    if (k + len > n) return false;
-    for (std::size_t j = 1; j < len; ++j) {
-      if ((p[k + j] & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (p[k + j] & 0x3f);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
-        (cp >= 0xd800 && cp <= 0xdfff)) {
-      return false;
-    }
-    k += len;
-  }
-  return true;
-}
 
 inline PyRef ScalarRef(PyKind kind, std::uint64_t v, std::uint8_t flags = 0) {
   PyRef r;

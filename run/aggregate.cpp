@@ -200,16 +200,10 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
       if (st) r.losses = st->losses;
       r.status = ranks[static_cast<std::size_t>(r.rank)].status;
     }
+    // The whole GPU (run/gpu_table.h), when there is more to it than the allocator.
+    report.gpus = GpuTable(statuses, report.ranks, run.device_memory);
   };
-  // The whole GPU (run/gpu_table.h), when there is more to it than the allocator.
-  auto extend = [&](const std::vector<RankReport>& reports, nlohmann::json& report, std::string& summary) {
-    const std::vector<GpuRow> gpus = GpuTable(statuses, reports, run.device_memory);
-    if (gpus.empty()) return;
-    report["gpus"] = GpuTableJson(gpus);
-    absl::StrAppend(&summary, "\n", GpuTableText(gpus));
-  };
-  absl::StatusOr<std::vector<RankReport>> reports =
-      WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors, extend);
+  absl::StatusOr<std::vector<RankReport>> reports = WriteRunOutputs(run.dir.root(), *recorded, amend, &write_errors);
   if (!reports.ok()) return reports.status();
   out.timelines = std::move(*recorded);
   out.reports = std::move(*reports);

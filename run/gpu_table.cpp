@@ -13,18 +13,6 @@
 
 namespace memscope {
 
-std::uint64_t GpuRow::used_bytes() const {
-  std::uint64_t total = 0;
-  for (const GpuProcess& p : processes) total += p.used_bytes();
-  return total;
-}
-
-int GpuRow::ranks_on_it() const {
-  int n = 0;
-  for (const GpuProcess& p : processes) n += p.ordinal >= 0 ? 1 : 0;
-  return n;
-}
-
 std::vector<GpuRow> GpuTable(const std::vector<std::optional<RankStatus>>& statuses,
                              const std::vector<RankReport>& reports, std::uint64_t capacity) {
   std::map<int, GpuRow> by_gpu;
@@ -60,64 +48,14 @@ std::vector<GpuRow> GpuTable(const std::vector<std::optional<RankStatus>>& statu
   return rows;
 }
 
-std::string GpuTableText(const std::vector<GpuRow>& gpus) {
-  std::string out = "GPUs (as nvidia-smi lists processes; reserved is each rank's peak)\n";
-  absl::StrAppend(&out, absl::StrFormat("%-5s %-6s %-8s %12s %12s %12s %12s\n", "GPU", "rank", "as", "context",
-                                        "reserved", "NCCL", "used"));
-  for (const GpuRow& g : gpus) {
-    for (const GpuProcess& p : g.processes) {
-      absl::StrAppend(&out, absl::StrFormat("%-5d %-6d %-8s %12s %12s %12s %12s\n", g.physical, p.rank,
-                                            p.ordinal >= 0 ? absl::StrCat("cuda:", p.ordinal) : "stray",
-                                            FormatSize(p.context_bytes), FormatSize(p.reserved_bytes),
-                                            FormatSize(p.nccl_bytes), FormatSize(p.used_bytes())));
-    }
-    absl::StrAppend(&out, absl::StrFormat("%-5d %-6s %-8s %12s %12s %12s %12s of %s\n", g.physical, "total", "", "", "",
-                                          "", FormatSize(g.used_bytes()), FormatSize(g.capacity)));
-    if (g.ranks_on_it() > 1) {
-      std::vector<int> ranks;
-      for (const GpuProcess& p : g.processes) {
-        if (p.ordinal >= 0) ranks.push_back(p.rank);
-      }
-      absl::StrAppend(&out, "note: GPU ", g.physical, " is shared by ranks ", absl::StrJoin(ranks, ", "),
-                      ": they share its memory (allowed with Gloo; NCCL refuses two ranks on one GPU)\n");
-    }
-  }
-  return out;
-}
-
-nlohmann::json GpuTableJson(const std::vector<GpuRow>& gpus) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const GpuRow& g : gpus) {
-    nlohmann::json processes = nlohmann::json::array();
-    nlohmann::json shared_by = nlohmann::json::array();
-    for (const GpuProcess& p : g.processes) {
-      processes.push_back({{"rank", p.rank},
-                           {"cuda", p.ordinal >= 0 ? nlohmann::json(p.ordinal) : nlohmann::json(nullptr)},
-                           {"context_bytes", p.context_bytes},
-                           {"reserved_bytes", p.reserved_bytes},
-                           {"nccl_bytes", p.nccl_bytes},
-                           {"used_bytes", p.used_bytes()}});
-      if (p.ordinal >= 0) shared_by.push_back(p.rank);
-    }
-    out.push_back({{"physical", g.physical},
-                   {"capacity_bytes", g.capacity},
-                   {"used_bytes", g.used_bytes()},
-                   {"shared_by_ranks", g.ranks_on_it() > 1 ? shared_by : nlohmann::json::array()},
-                   {"processes", processes}});
-  }
-  return out;
-}
-
-nlohmann::json ReadRunGpuTable(const std::string& path) {
+std::vector<GpuRow> ReadRunGpuTable(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(path, ec)) return nullptr;
+  if (!std::filesystem::is_directory(path, ec)) return {};
   std::ifstream in(RunDirectory(path).Report());
-  if (!in) return nullptr;
-  nlohmann::json report = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!report.is_object()) return nullptr;
-  const auto gpus = report.find("gpus");
-  if (gpus == report.end() || !gpus->is_array() || gpus->empty()) return nullptr;
-  return *gpus;
+  if (!in) return {};
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<Report> report = ReportFromJson(json);
+  return report.ok() ? std::move(report->gpus) : std::vector<GpuRow>{};
 }
 
 }  // namespace memscope

@@ -22,10 +22,10 @@ namespace {
 // One rank's second walk: owners at the peaks, the rank's part of the trace,
 // the snapshot at the peak and the viewer's data, then the summary at the end.
 // A snapshot that cannot be written goes to `errors`; the walk goes on.
-absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& analysis, ChromeTraceWriter& trace,
+absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RunWalks& walks, std::size_t i, ChromeTraceWriter& trace,
                         std::string& summary, std::vector<std::vector<std::string>>& viewer_data,
                         std::vector<absl::Status>& errors) {
-  const RankReport& r = analysis.report();
+  const RankReport& r = walks.analysis(i).report();
   const RunDirectory run_dir(dir.string());
   run_dir.RecordFile(RunDirectory::SnapshotName(t.rank));
   OutputFile snapshot_out(run_dir.Snapshot(t.rank));
@@ -34,7 +34,7 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
   ViewerRankListener viewer(t, r);
   ModelCapture at_end(EndOfLastStep(t));  // summary.txt is at the moment `end`
   TimelineWalk walk(t);
-  if (absl::Status s = walk.Run({&analysis.second_walk(), &trace.Write(t), &snapshot, &viewer, &at_end}); !s.ok()) {
+  if (absl::Status s = walks.Second(i, walk, {&trace.Write(t), &snapshot, &viewer, &at_end}); !s.ok()) {
     return s;
   }
   if (!snapshot.status().ok() && snapshot_out.stream()) return snapshot.status();  // not a write error
@@ -54,37 +54,38 @@ absl::Status SecondWalk(const fs::path& dir, const Timeline& t, RankAnalysis& an
 // cannot be written does not stop the others.
 absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
     const std::string& dir, const std::vector<Timeline>& timelines, const std::function<void(Report& report)>& amend,
-    std::vector<absl::Status>* write_errors,
-    const std::function<void(const std::vector<RankReport>& reports, nlohmann::json& report, std::string& summary)>&
-        extend) {
+    std::vector<absl::Status>* write_errors) {
   const RunDirectory run_dir(dir);
   OutputFile trace_out(run_dir.Trace());  // renamed into place only when complete
   ChromeTraceWriter trace(ChromeTraceOptions{}, trace_out.stream());
-  std::vector<std::unique_ptr<RankAnalysis>> analyses;
-  for (const Timeline& t : timelines) {
-    analyses.push_back(std::make_unique<RankAnalysis>(t));
-    TimelineWalk walk(t);
-    if (absl::Status s = walk.Run({&analyses.back()->first_walk(), &trace.Plan(t)}); !s.ok()) return s;
+  std::vector<const Timeline*> ranks;
+  for (const Timeline& t : timelines) ranks.push_back(&t);
+  RunWalks walks(ranks);
+  if (absl::Status s = walks.First([&](std::size_t i) { return RunWalks::Listeners{&trace.Plan(timelines[i])}; });
+      !s.ok()) {
+    return s;
   }
 
   std::vector<absl::Status> errors;
   std::string summary;
   std::vector<std::vector<std::string>> viewer_data;
   for (std::size_t i = 0; i < timelines.size(); ++i) {
-    if (absl::Status s = SecondWalk(dir, timelines[i], *analyses[i], trace, summary, viewer_data, errors); !s.ok()) {
+    if (absl::Status s = SecondWalk(dir, timelines[i], walks, i, trace, summary, viewer_data, errors); !s.ok()) {
       return s;
     }
   }
   std::vector<RankReport> reports;
-  for (std::size_t i = 0; i < timelines.size(); ++i) reports.push_back(std::move(analyses[i]->report()));
+  for (std::size_t i = 0; i < timelines.size(); ++i) reports.push_back(std::move(walks.analysis(i).report()));
   Report report = MakeReport(timelines.empty() ? 0 : timelines.front().world_size, std::move(reports));
   if (amend) amend(report);
-  nlohmann::json report_json = ReportToJson(report);
-  if (extend) extend(report.ranks, report_json, summary);
-  // The GPU table (an extension's "gpus") goes to the trace and the page too.
-  const auto gpus = report_json.find("gpus");
-  const bool has_gpus = gpus != report_json.end() && gpus->is_array();
-  if (has_gpus) trace.WriteGpuTable(*gpus);
+  const nlohmann::json report_json = ReportToJson(report);
+  // The whole-GPU table (what `amend` found) goes to the summary, the trace and the page too.
+  const bool has_gpus = !report.gpus.empty();
+  const nlohmann::json gpus = has_gpus ? GpuTableJson(report.gpus) : nlohmann::json(nullptr);
+  if (has_gpus) {
+    absl::StrAppend(&summary, "\n", GpuTableText(report.gpus));
+    trace.WriteGpuTable(gpus);
+  }
   if (absl::Status s = trace.Finish(); !s.ok() && trace_out.stream()) return s;
   if (absl::Status s = trace_out.Commit(); !s.ok()) errors.push_back(s);
   if (absl::Status s = WriteOutputFile(
@@ -97,7 +98,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   page.label = dir;
   for (const Timeline& t : timelines) page.world_size = std::max(page.world_size, t.world_size);
   page.rank_pieces = std::move(viewer_data);
-  if (has_gpus) page.gpus = gpus->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (has_gpus) page.gpus = gpus.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::vector<HtmlPageRun> pages;
   pages.push_back(std::move(page));
   OutputFile html_out(run_dir.Html());

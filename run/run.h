@@ -52,14 +52,12 @@ absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const Req
 // temporary name, then renamed; run/output_file.h); one that cannot be
 // written does not stop the others. Its error ("cannot write 'PATH':
 // REASON") goes to `write_errors` when given; else the first is returned
-// (naming how many more failed) after every output was tried.
-// `extend`, when given, adds to report.json's document and summary.txt's
-// text what only the caller knows (a run's GPU table) after `amend`.
-absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
-    const std::string& dir, const std::vector<Timeline>& timelines,
-    const std::function<void(Report& report)>& amend = {}, std::vector<absl::Status>* write_errors = nullptr,
-    const std::function<void(const std::vector<RankReport>& reports, nlohmann::json& report, std::string& summary)>&
-        extend = {});
+// (naming how many more failed) after every output was tried. The GPU table
+// `amend` puts in Report::gpus is written to report.json, summary.txt, the
+// trace and the page.
+absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(const std::string& dir, const std::vector<Timeline>& timelines,
+                                                        const std::function<void(Report& report)>& amend = {},
+                                                        std::vector<absl::Status>* write_errors = nullptr);
 
 }  // namespace memscope
 

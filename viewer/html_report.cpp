@@ -506,12 +506,11 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
       }
       // Analysed here: the viewer rides along the analysis' second walk
       // (taken to the end), as run/ WriteRunOutputs does: two walks, not three.
-      RankAnalysis analysis(t);
-      TimelineWalk first(t);
-      if (absl::Status s = first.Run({&analysis.first_walk()}); !s.ok()) return s;
-      ViewerRankListener viewer(t, analysis.report(), options);
+      RunWalks walks({&t});
+      if (absl::Status s = walks.First(); !s.ok()) return s;
+      ViewerRankListener viewer(t, walks.analysis(0).report(), options);
       TimelineWalk second(t);
-      if (absl::Status s = second.Run({&analysis.second_walk(), &viewer}); !s.ok()) return s;
+      if (absl::Status s = walks.Second(0, second, {&viewer}); !s.ok()) return s;
       page.ranks.push_back(viewer.TakeData());
     }
   }

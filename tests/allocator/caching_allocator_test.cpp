@@ -75,7 +75,7 @@ TEST_CASE("a 16,000,000 B tensor in a fresh segment occupies the whole 16 MiB bl
   CHECK(a.Snapshot()[0].blocks.size() == 1);
 }
 
-TEST_CASE("free keeps the memory cached; empty_cache returns reserved to 0") {
+TEST_CASE("free keeps the memory cached, empty_cache returns reserved to 0") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   const DevicePtr small = MustMalloc(a, 1000);
@@ -369,7 +369,7 @@ TEST_CASE("a failed device allocation is retried after freeing the cache (fault 
   CHECK(gpu.allocation_calls() == 2);
 }
 
-TEST_CASE("bad frees are errors naming the address; size 0 is a null allocation") {
+TEST_CASE("bad frees are errors naming the address, size 0 is a null allocation") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   CHECK(*a.Malloc(0) == 0);
@@ -385,7 +385,7 @@ TEST_CASE("bad frees are errors naming the address; size 0 is a null allocation"
         "CUDA out of memory. Tried to allocate more than 1EB memory.");
 }
 
-TEST_CASE("reset_peak_memory_stats sets every peak to current; accumulated counters reset too") {
+TEST_CASE("reset_peak_memory_stats sets every peak to current, accumulated counters reset too") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   MustFree(a, MustMalloc(a, 30 * MiB));
@@ -490,7 +490,7 @@ TEST_CASE("destroying the allocator returns every segment to the device") {
   CHECK(gpu.live_allocations() == 0);
 }
 
-TEST_CASE("per_process_memory_fraction in the settings caps the allocator from the start; 1.0 removes the cap") {
+TEST_CASE("per_process_memory_fraction in the settings caps the allocator from the start, 1.0 removes the cap") {
   SimDevice gpu({.capacity = 100 * MiB});
   CachingAllocator a(gpu, Conf("per_process_memory_fraction:0.5"));
   CHECK(a.allowed_memory_maximum() == 50 * MiB);

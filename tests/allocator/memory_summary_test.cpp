@@ -24,7 +24,7 @@ TEST_CASE("memory_summary after one 1 MiB tensor: 1024 KiB allocated, 2048 KiB r
   CHECK(text.find("| Non-releasable memory |   1024 KiB |") != std::string::npos);
 }
 
-TEST_CASE("memory_summary: every line is 77 characters, wrapped in |...|, ending with |\\n") {
+TEST_CASE("memory_summary: every line is 77 characters, wrapped in |...|, ending with | and a newline") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   const std::string text = a.MemorySummary();
@@ -45,7 +45,7 @@ TEST_CASE("memory_summary: every line is 77 characters, wrapped in |...|, ending
   CHECK(text.find("|      0 B   |      0 B   |      0 B   |      0 B   |") != std::string::npos);
 }
 
-TEST_CASE("memory_summary abbreviated drops the pool rows; the title carries the device id") {
+TEST_CASE("memory_summary abbreviated drops the pool rows, the title carries the device id") {
   SimDevice gpu({.index = 3});
   CachingAllocator a(gpu);
   MustMalloc(a, MiB);

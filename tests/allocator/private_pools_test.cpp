@@ -112,7 +112,7 @@ TEST_CASE("small requests in a private pool get a 2 MiB small segment of the poo
 }
 
 TEST_CASE(
-    "empty_cache leaves a live private pool's segments; ReleasePool frees its free ones, later empty_cache the rest") {
+    "empty_cache leaves a live private pool's segments, ReleasePool frees its free ones, later empty_cache the rest") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   const std::uint16_t pool = Index(a, kMemPool);

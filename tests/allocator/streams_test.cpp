@@ -49,7 +49,7 @@ TEST_CASE("record_stream on the allocation stream is ignored") {
   CHECK(a.GetStats().active[kAll].current == 0);
 }
 
-TEST_CASE("one event per distinct stream; the block waits for all of them") {
+TEST_CASE("one event per distinct stream, the block waits for all of them") {
   SimDevice gpu;
   CachingAllocator a(gpu);
   const DevicePtr p = MustMalloc(a, 4096);

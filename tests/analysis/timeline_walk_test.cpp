@@ -59,7 +59,7 @@ TEST_CASE("the walk: listeners see the model and the phases after each event, a 
   CHECK(log.ends[1].cut.empty());
 }
 
-TEST_CASE("the walk: an end closes its phase and any phase left open inside it; an unmatched end closes nothing") {
+TEST_CASE("the walk: an end closes its phase and any phase left open inside it, an unmatched end closes nothing") {
   Session s(1024 * MiB);
   s.rec.PhaseBegin(Phase::kBackward, 1);
   s.rec.PhaseBegin(Phase::kUser, 1, "left open");
@@ -78,7 +78,7 @@ TEST_CASE("the walk: an end closes its phase and any phase left open inside it; 
   CHECK(log.innermost.back().empty());
 }
 
-TEST_CASE("the walk: stops at a moment and goes on from there; a bad event is 'rank R: event N: ...'") {
+TEST_CASE("the walk: stops at a moment and goes on from there, a bad event is 'rank R: event N: ...'") {
   Session s(1024 * MiB);
   const DevicePtr a = s.Alloc(10 * MiB, Category::kOther, "");
   s.Alloc(20 * MiB, Category::kOther, "");
@@ -109,7 +109,7 @@ TEST_CASE("the walk: stops at a moment and goes on from there; a bad event is 'r
   CHECK(bad_walk.applied() == 1);
 }
 
-TEST_CASE("counter thinning: every sample under the limit; over it, at most M (Chrome) and the maxima survive") {
+TEST_CASE("counter thinning: every sample under the limit, over it, at most M (Chrome) and the maxima survive") {
   struct None {};
   SampleSpan span{1000, 0, 999};
   CounterThinning<None> all(ThinningPolicy::ChromeTrace(1000), span);

@@ -591,7 +591,7 @@ TEST_CASE("chrome trace: a phase end closes only the phase of its own micro-batc
   CHECK_FALSE(second[0]["args"].contains("unfinished"));
 }
 
-TEST_CASE("chrome trace: every rank on the run's common clock; allocated, reserved, active as three tracks",
+TEST_CASE("chrome trace: every rank on the run's common clock, allocated, reserved, active as three tracks",
           "[chrome_trace]") {
   Run r0(40 * MiB, 0);
   RecordRank0(r0);

@@ -201,3 +201,33 @@ TEST_CASE("report.json: a report that is not usable is an error naming the rank 
   bad_ddp["buckets"][0]["params"] = json::array({1});
   CHECK(DdpFromJson(bad_ddp).status().message() == "ddp.buckets[0] has no \"params\" array of names");
 }
+
+TEST_CASE("report.json: the whole-GPU table is typed and reads back, totals recomputed from the processes") {
+  Report report = MakeReport(2, {});
+  GpuRow& gpu = report.gpus.emplace_back();
+  gpu.physical = 3;
+  gpu.capacity = 80ULL << 30;
+  gpu.processes.push_back({.rank = 0, .ordinal = 0, .context_bytes = 500 << 20, .reserved_bytes = 1 << 30,
+                           .nccl_bytes = 0});
+  gpu.processes.push_back({.rank = 1, .ordinal = 0, .context_bytes = 500 << 20, .reserved_bytes = 2 << 20,
+                           .nccl_bytes = 4096});
+  const json j = ReportToJson(report);
+  CHECK(j["gpus"] == json::parse(R"([{"physical": 3, "capacity_bytes": 85899345920, "used_bytes": 2124419072,
+      "shared_by_ranks": [0, 1],
+      "processes": [{"rank": 0, "cuda": 0, "context_bytes": 524288000, "reserved_bytes": 1073741824,
+                     "nccl_bytes": 0, "used_bytes": 1598029824},
+                    {"rank": 1, "cuda": 0, "context_bytes": 524288000, "reserved_bytes": 2097152,
+                     "nccl_bytes": 4096, "used_bytes": 526389248}]}])"));
+  absl::StatusOr<Report> back = ReportFromJson(j);
+  REQUIRE(back.ok());
+  CHECK(back->gpus == report.gpus);
+  CHECK(ReportToJson(*back) == j);
+  json stray = j;
+  stray["gpus"][0]["processes"][1]["cuda"] = nullptr;  // a stray context: not its device
+  REQUIRE(ReportFromJson(stray).ok());
+  CHECK(ReportFromJson(stray)->gpus[0].processes[1].ordinal == -1);
+  json bad = j;
+  bad["gpus"][0].erase("capacity_bytes");
+  CHECK(ReportFromJson(bad).status().message() ==
+        "is not a usable memscope.report/1: gpus[0] has no \"capacity_bytes\" (bytes)");
+}

@@ -380,7 +380,7 @@ TEST_CASE("the JSON snapshot has the expected contents, laid out as nlohmann's d
   CHECK(ann[0]["time_us"] == KnownTrace::kWallStartUs + t.tl.events[0].time_ns / 1000);
 }
 
-TEST_CASE("an oom entry carries device_free and the request; memscope-only actions are left out") {
+TEST_CASE("an oom entry carries device_free and the request, memscope-only actions are left out") {
   SimDevice gpu({.capacity = 64 * MiB});
   CachingAllocator a(gpu);
   Timeline tl;

@@ -28,7 +28,7 @@ bool Fits(const PlanOptions& o, const PlanStrategy& s, std::int64_t micro, std::
   return !r->oom;
 }
 
-TEST_CASE("plan: every row's largest batch fits and one more does not; checkpointing never fits less") {
+TEST_CASE("plan: every row's largest batch fits and one more does not, checkpointing never fits less") {
   PlanOptions o;
   o.model = "gpt2";
   o.model_options.seq_len = 64;
@@ -69,7 +69,7 @@ TEST_CASE("plan: every row's largest batch fits and one more does not; checkpoin
   }
 }
 
-TEST_CASE("plan: world size > 1 adds the DDP modes; a global batch not divisible by it is an error") {
+TEST_CASE("plan: world size > 1 adds the DDP modes, a global batch not divisible by it is an error") {
   PlanOptions o;
   o.model = "mlp";
   o.device_memory = 64ULL << 20;

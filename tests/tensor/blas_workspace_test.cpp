@@ -38,12 +38,12 @@ std::vector<Alloc> Allocs(const Timeline& t) {
 
 }  // namespace
 
-TEST_CASE("PyTorch's default cuBLAS workspace is :4096:2:16:8 (8519680 B), 32 MiB on Hopper; cuBLASLt's 1 MiB") {
+TEST_CASE("PyTorch's default cuBLAS workspace is :4096:2:16:8 (8519680 B), 32 MiB on Hopper, cuBLASLt's 1 MiB") {
   CHECK(Sizes({}) == BlasWorkspaceSizes{8519680, 1048576});
   CHECK(Sizes({}, /*hopper=*/true) == BlasWorkspaceSizes{33554432, 1048576});
 }
 
-TEST_CASE("CUBLAS_WORKSPACE_CONFIG sums its :SIZE:COUNT pairs (KiB); a value without one warns, default kept") {
+TEST_CASE("CUBLAS_WORKSPACE_CONFIG sums its :SIZE:COUNT pairs (KiB), a value without one warns, default kept") {
   CHECK(Sizes({":4096:8", {}, {}}).cublas == 33554432);
   CHECK(Sizes({":4096:2:16:8", {}, {}}).cublas == 8519680);
   std::vector<std::string> warnings;
@@ -92,7 +92,7 @@ TEST_CASE("the first nn.Linear allocates its output, then the cuBLAS and cuBLASL
   CHECK(allocs[2] == Alloc{Category::kOther, "cublaslt_workspace", 1048576});
 }
 
-TEST_CASE("mm and bmm use cuBLAS only; a bias-free Linear allocates no cuBLASLt workspace") {
+TEST_CASE("mm and bmm use cuBLAS only, a bias-free Linear allocates no cuBLASLt workspace") {
   MetaGpu d;
   d.ctx.set_blas_workspaces(Sizes({}, /*hopper=*/true));
   Tensor a = Tensor::Empty(d.ctx, {2, 4, 8});

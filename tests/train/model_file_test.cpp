@@ -200,7 +200,7 @@ TEST_CASE("a small file: parameter bytes, a frozen layer and bfloat16 parameters
   }
 }
 
-TEST_CASE("tied weights are one parameter; a shared layer runs twice with one set of weights") {
+TEST_CASE("tied weights are one parameter, a shared layer runs twice with one set of weights") {
   nlohmann::json spec = {{"format", "memscope.model/1"},
                          {"batch_size", 2},
                          {"seq_len", 8},
