@@ -11,20 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/stats.h"
 #include "base/json_writer.h"
+#include "base/status.h"
 #include "exporters/json_double.h"
+#include "base/status.h"
 #include "exporters/report.h"
 
 namespace memscope {
 namespace {
 
 using nlohmann::json;
-
-#define MEMSCOPE_RETURN_IF_ERROR(expr)        \
-  do {                                        \
-    if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                              \
-    }                                         \
-  } while (0)
 
 // ---- Writing ----
 

@@ -110,7 +110,7 @@ class Reader {
       out.append(data_ + pos_, k);
       pos_ += k;
       n -= k;
-      if (n > 0) MS_RETURN_IF_ERROR(CheckBudget());
+      if (n > 0) MEMSCOPE_RETURN_IF_ERROR(CheckBudget());
     }
     return absl::OkStatus();
   }
@@ -122,7 +122,7 @@ class Reader {
       std::memcpy(b, data_ + pos_, sizeof(T));
       pos_ += sizeof(T);
     } else {
-      MS_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
+      MEMSCOPE_RETURN_IF_ERROR(ReadRaw(b, sizeof(T)));
     }
     std::uint64_t x = 0;
     for (std::size_t k = 0; k < sizeof(T); ++k) x |= static_cast<std::uint64_t>(b[k]) << (8 * k);
@@ -317,7 +317,7 @@ class Reader {
   absl::Status PushNew(PyKind kind) {                            // an empty list or dict, open for filling
     if (stack_.size() >= kMaxPickleStack) return Push(PyRef());  // the same error
     const std::uint32_t level = NextLevel(false);
-    MS_RETURN_IF_ERROR(CheckDepth(level));
+    MEMSCOPE_RETURN_IF_ERROR(CheckDepth(level));
     PyRef r;
     r.kind = kind;
     r.flags = kPyRefOpen;

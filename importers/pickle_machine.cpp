@@ -240,7 +240,7 @@ absl::Status Reader::MakeTuple(FastVec<PyRef>& items, std::uint32_t level) {
   for (const PyRef& e : items) {
     if (IsContainerKind(e.kind)) h = std::max<std::uint16_t>(h, AddHeight(e.height));
   }
-  MS_RETURN_IF_ERROR(CheckDepth(h));
+  MEMSCOPE_RETURN_IF_ERROR(CheckDepth(h));
   PyRef r = Store(PyKind::kTuple, items.data(), items.size(), h);
   Slot s;
   s.ref = r;
@@ -250,7 +250,7 @@ absl::Status Reader::MakeTuple(FastVec<PyRef>& items, std::uint32_t level) {
 }
 
 absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
-  MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kDict));
+  MEMSCOPE_RETURN_IF_ERROR(OpenTarget(target, PyKind::kDict));
   if (kv.size() % 2 != 0) return Error(absl::StrCat(OpName(op_), " with a key and no value"));
   Builder& B = BuilderOf(stack_[target].ref);
   std::string key_text;
@@ -284,7 +284,7 @@ absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
     std::uint16_t h = 1;
     if (IsContainerKind(key.kind())) h = std::max(h, AddHeight(key.ref().height));
     if (IsContainerKind(val.kind)) h = std::max(h, AddHeight(val.height));
-    MS_RETURN_IF_ERROR(CheckDepth(h));
+    MEMSCOPE_RETURN_IF_ERROR(CheckDepth(h));
     B.height = std::max(B.height, h);
     std::optional<std::size_t> existing;
     if (pairs < 32 && key.kind() == PyKind::kString) {
@@ -324,7 +324,7 @@ absl::Status Reader::SetItems(std::size_t target, FastVec<PyRef>& kv) {
 }
 
 absl::Status Reader::Memo(std::uint64_t id) {
-  MS_RETURN_IF_ERROR(CheckTopValue());
+  MEMSCOPE_RETURN_IF_ERROR(CheckTopValue());
   memo_count_ = std::max(memo_count_, id + 1);
   const Slot& top = stack_.back();
   if (top.open()) {
@@ -412,7 +412,7 @@ absl::Status Reader::Step(std::uint8_t op) {
       Slot mark;
       mark.mark = true;
       mark.level = NextLevel(true);
-      MS_RETURN_IF_ERROR(CheckDepth(mark.level));
+      MEMSCOPE_RETURN_IF_ERROR(CheckDepth(mark.level));
       marks_.push_back(stack_.size());
       stack_.push_back(mark);
       return absl::OkStatus();
@@ -438,7 +438,7 @@ absl::Status Reader::Step(std::uint8_t op) {
     case '1':  // POP_MARK
       return TakeFromMark(scratch_);
     case '2': {  // DUP
-      MS_RETURN_IF_ERROR(CheckTopValue());
+      MEMSCOPE_RETURN_IF_ERROR(CheckTopValue());
       const Slot top = stack_.back();
       return Push(top.open() ? CopyOpen(top.ref) : top.ref);
     }
@@ -448,7 +448,7 @@ absl::Status Reader::Step(std::uint8_t op) {
 
     // ---- Integers.
     case 'I': {
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       if (text_ == "01") return Push(BoolRef(true));
       if (text_ == "00") return Push(BoolRef(false));
       PyRef v;
@@ -456,7 +456,7 @@ absl::Status Reader::Step(std::uint8_t op) {
       return Push(v);
     }
     case 'L': {
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       if (!text_.empty() && text_.back() == 'L') text_.pop_back();
       PyRef v;
       if (!ParseDecimal(text_, v)) return Error("LONG: not an integer in [-2^63, 2^64)");
@@ -464,39 +464,39 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 'J': {
       std::int32_t v;
-      MS_RETURN_IF_ERROR(ReadLE(v));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(v));
       return Push(IntRef(v));
     }
     case 'K': {
       std::uint8_t v;
-      MS_RETURN_IF_ERROR(ReadLE(v));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(v));
       return Push(IntRef(v));
     }
     case 'M': {
       std::uint16_t v;
-      MS_RETURN_IF_ERROR(ReadLE(v));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(v));
       return Push(IntRef(v));
     }
     case 0x8a: {
       std::uint8_t n;
-      MS_RETURN_IF_ERROR(ReadLE(n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       unsigned char b[255];
-      MS_RETURN_IF_ERROR(ReadRaw(b, n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadRaw(b, n));
       return Long(b, n);
     }
     case 0x8b: {
       std::int32_t n;
-      MS_RETURN_IF_ERROR(ReadLE(n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       if (n < 0) return Error("LONG4 with a negative length");
       if (static_cast<std::uint64_t>(n) > kMaxLongBytes) return Error("integer too large (not in [-2^63, 2^64))");
       text_.clear();
-      MS_RETURN_IF_ERROR(AppendBytes(static_cast<std::uint64_t>(n), text_));
+      MEMSCOPE_RETURN_IF_ERROR(AppendBytes(static_cast<std::uint64_t>(n), text_));
       return Long(reinterpret_cast<const unsigned char*>(text_.data()), text_.size());
     }
 
     // ---- Floats.
     case 'F': {
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       double d = 0;
       auto [p, ec] = std::from_chars(text_.data(), text_.data() + text_.size(), d);
       if (ec != std::errc() || p != text_.data() + text_.size()) return Error("FLOAT: not a number");
@@ -504,7 +504,7 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 'G': {
       unsigned char b[8];
-      MS_RETURN_IF_ERROR(ReadRaw(b, 8));
+      MEMSCOPE_RETURN_IF_ERROR(ReadRaw(b, 8));
       std::uint64_t x = 0;
       for (unsigned char c : b) x = (x << 8) | c;
       return Push(FloatRef(std::bit_cast<double>(x)));
@@ -512,7 +512,7 @@ absl::Status Reader::Step(std::uint8_t op) {
 
     // ---- Bytes and strings.
     case 'S': {  // a Python 2 str literal, as bytes
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       const std::string& data = text_;
       if (data.size() < 2 || (data[0] != '\'' && data[0] != '"') || data.back() != data[0]) {
         return Error("STRING: argument is not quoted");
@@ -562,37 +562,37 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 'T': {
       std::int32_t n;
-      MS_RETURN_IF_ERROR(ReadLE(n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       if (n < 0) return Error("BINSTRING with a negative length");
       const std::size_t start = chars.size();
-      MS_RETURN_IF_ERROR(AppendBytes(static_cast<std::uint64_t>(n), chars));
+      MEMSCOPE_RETURN_IF_ERROR(AppendBytes(static_cast<std::uint64_t>(n), chars));
       return PushString(PyKind::kBytes, start);
     }
     case 'U':
     case 'C': {
       std::uint8_t n;
-      MS_RETURN_IF_ERROR(ReadLE(n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       const std::size_t start = chars.size();
-      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      MEMSCOPE_RETURN_IF_ERROR(AppendBytes(n, chars));
       return PushString(PyKind::kBytes, start);
     }
     case 'B': {
       std::uint32_t n;
-      MS_RETURN_IF_ERROR(ReadLE(n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       const std::size_t start = chars.size();
-      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      MEMSCOPE_RETURN_IF_ERROR(AppendBytes(n, chars));
       return PushString(PyKind::kBytes, start);
     }
     case 0x8e:
     case 0x96: {
       std::uint64_t n;
-      MS_RETURN_IF_ERROR(ReadLE(n));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       const std::size_t start = chars.size();
-      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      MEMSCOPE_RETURN_IF_ERROR(AppendBytes(n, chars));
       return PushString(PyKind::kBytes, start);
     }
     case 'V': {  // raw-unicode-escape: latin-1 bytes with \uXXXX and \UXXXXXXXX
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       const std::string& data = text_;
       const std::size_t start = chars.size();
       for (std::size_t k = 0; k < data.size(); ++k) {
@@ -623,17 +623,17 @@ absl::Status Reader::Step(std::uint8_t op) {
       std::uint64_t n;
       if (op == 'X') {
         std::uint32_t n32;
-        MS_RETURN_IF_ERROR(ReadLE(n32));
+        MEMSCOPE_RETURN_IF_ERROR(ReadLE(n32));
         n = n32;
       } else if (op == 0x8c) {
         std::uint8_t n8;
-        MS_RETURN_IF_ERROR(ReadLE(n8));
+        MEMSCOPE_RETURN_IF_ERROR(ReadLE(n8));
         n = n8;
       } else {
-        MS_RETURN_IF_ERROR(ReadLE(n));
+        MEMSCOPE_RETURN_IF_ERROR(ReadLE(n));
       }
       const std::size_t start = chars.size();
-      MS_RETURN_IF_ERROR(AppendBytes(n, chars));
+      MEMSCOPE_RETURN_IF_ERROR(AppendBytes(n, chars));
       if (!ValidUtf8(std::string_view(chars).substr(start))) {
         return Error(absl::StrCat("invalid UTF-8 in ", OpName(op)));
       }
@@ -648,7 +648,7 @@ absl::Status Reader::Step(std::uint8_t op) {
       return PushNew(PyKind::kDict);
     case ')': return Push(Store(PyKind::kTuple, nullptr, 0, 1));
     case 'a': {  // (a record's placeholder is built by AppendTo unless the list is streamed)
-      MS_RETURN_IF_ERROR(CheckTopValue(2));
+      MEMSCOPE_RETURN_IF_ERROR(CheckTopValue(2));
       scratch_.clear();
       const Slot top = stack_.back();
       stack_.pop_back();
@@ -657,48 +657,48 @@ absl::Status Reader::Step(std::uint8_t op) {
     }
     case 'e':
     case 0x90: {
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, nullptr, op == 'e'));
+      MEMSCOPE_RETURN_IF_ERROR(TakeFromMark(scratch_, nullptr, op == 'e'));
       if (stack_.empty()) return Error(absl::StrCat("stack underflow in ", OpName(op)));
       return AppendTo(stack_.size() - 1, scratch_);
     }
     case 's': {
-      MS_RETURN_IF_ERROR(CheckTopValue(3));
+      MEMSCOPE_RETURN_IF_ERROR(CheckTopValue(3));
       scratch_.resize(2);
       scratch_[1] = PopFinished();
       scratch_[0] = PopFinished();
       return SetItems(stack_.size() - 1, scratch_);
     }
     case 'u': {
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_));
+      MEMSCOPE_RETURN_IF_ERROR(TakeFromMark(scratch_));
       if (stack_.empty()) return Error("stack underflow in SETITEMS");
       return SetItems(stack_.size() - 1, scratch_);
     }
     case 'l':
     case 0x91: {  // LIST, FROZENSET: a list holding the values above the MARK
       std::uint32_t level = 0;
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, &level));
-      MS_RETURN_IF_ERROR(PushNew(PyKind::kList));
+      MEMSCOPE_RETURN_IF_ERROR(TakeFromMark(scratch_, &level));
+      MEMSCOPE_RETURN_IF_ERROR(PushNew(PyKind::kList));
       stack_.back().level = level;
       return AppendTo(stack_.size() - 1, scratch_);
     }
     case 'd': {
       std::uint32_t level = 0;
       FastVec<PyRef> kv;
-      MS_RETURN_IF_ERROR(TakeFromMark(kv, &level));
-      MS_RETURN_IF_ERROR(PushNew(PyKind::kDict));
+      MEMSCOPE_RETURN_IF_ERROR(TakeFromMark(kv, &level));
+      MEMSCOPE_RETURN_IF_ERROR(PushNew(PyKind::kDict));
       stack_.back().level = level;
       return SetItems(stack_.size() - 1, kv);
     }
     case 't': {
       std::uint32_t level = 0;
-      MS_RETURN_IF_ERROR(TakeFromMark(scratch_, &level));
+      MEMSCOPE_RETURN_IF_ERROR(TakeFromMark(scratch_, &level));
       return MakeTuple(scratch_, level);
     }
     case 0x85:
     case 0x86:
     case 0x87: {
       std::size_t n = op - 0x84u;
-      MS_RETURN_IF_ERROR(CheckTopValue(n));
+      MEMSCOPE_RETURN_IF_ERROR(CheckTopValue(n));
       const std::uint32_t level = stack_[stack_.size() - n].level;
       scratch_.resize(n);
       for (std::size_t k = n; k-- > 0;) scratch_[k] = PopFinished();
@@ -707,37 +707,37 @@ absl::Status Reader::Step(std::uint8_t op) {
 
     // ---- Memo.
     case 'p': {
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       std::uint64_t id;
       if (!ParseMemoIndex(text_, id)) return Error("PUT: bad memo index");
       return Memo(id);
     }
     case 'q': {
       std::uint8_t id;
-      MS_RETURN_IF_ERROR(ReadLE(id));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(id));
       return Memo(id);
     }
     case 'r': {
       std::uint32_t id;
-      MS_RETURN_IF_ERROR(ReadLE(id));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(id));
       return Memo(id);
     }
     case 0x94: return Memo(memo_count_);
     case 'g': {
-      MS_RETURN_IF_ERROR(ReadLine(text_));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLine(text_));
       std::uint64_t id;
       if (!ParseMemoIndex(text_, id)) return Error("GET: bad memo index");
       return Get(id);
     }
     case 'h': {
       std::uint8_t id;
-      MS_RETURN_IF_ERROR(ReadLE(id));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(id));
       if (PushMemoFast(id)) return absl::OkStatus();
       return Get(id);
     }
     case 'j': {
       std::uint32_t id;
-      MS_RETURN_IF_ERROR(ReadLE(id));
+      MEMSCOPE_RETURN_IF_ERROR(ReadLE(id));
       if (PushMemoFast(id)) return absl::OkStatus();
       return Get(id);
     }

@@ -105,7 +105,7 @@ PicklePath Reader::ChainPath(std::size_t c, std::size_t q, std::uint64_t level) 
 }
 
 absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
-  MS_RETURN_IF_ERROR(OpenTarget(target, PyKind::kList));
+  MEMSCOPE_RETURN_IF_ERROR(OpenTarget(target, PyKind::kList));
   if (items.empty()) return absl::OkStatus();
   Builder* B = &BuilderOf(stack_[target].ref);
   if (B->streamed < 0) {
@@ -151,15 +151,15 @@ absl::Status Reader::AppendTo(std::size_t target, FastVec<PyRef>& items) {
       }
       const Record& R = records_[i];
       if (R.built) {
-        if (options_.on_item) MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
+        if (options_.on_item) MEMSCOPE_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), R.dict)));
       } else {
         rec.pairs = record_pairs_.data() + 2 * std::size_t{R.first};
         rec.key_index = record_index_.data() + R.first;
         rec.n = R.n;
-        MS_RETURN_IF_ERROR(options_.on_record(B->path, rec));
+        MEMSCOPE_RETURN_IF_ERROR(options_.on_record(B->path, rec));
       }
     } else if (options_.on_item) {
-      MS_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
+      MEMSCOPE_RETURN_IF_ERROR(options_.on_item(B->path, PyView(arena_.get(), e)));
     }
   }
   ReleaseTree(B->tree_mark);

@@ -19,19 +19,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "base/status.h"
 #include "base/utf8.h"
 #include "importers/pickle_reader.h"
 #include "importers/prefault.h"
 #include "importers/zero_array.h"
 
 namespace memscope::pickle_internal {
-
-#define MS_RETURN_IF_ERROR(expr)              \
-  do {                                        \
-    if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                              \
-    }                                         \
-  } while (0)
 
 constexpr std::size_t kBufferSize = 1 << 16;
 constexpr std::size_t kMaxLine = 1 << 20;  // text opcodes (protocol 0)

@@ -1324,28 +1324,4 @@ absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& sou
   return t;
 }
 
-absl::StatusOr<InputKind> DetectInput(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return InputKind::kDirectory;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  char head[40] = {};
-  in.read(head, sizeof head);
-  const std::string_view bytes(head, static_cast<std::size_t>(in.gcount()));
-  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80) return InputKind::kPickle;
-  // Protocols 0 and 1 have no PROTO opcode: a snapshot (a dict, or the 1.13
-  // list) starts with MARK then DICT/LIST (protocol 0) or EMPTY_DICT /
-  // EMPTY_LIST then a memo PUT or MARK (protocol 1).
-  if (bytes.size() >= 2 && (bytes.substr(0, 2) == "(d" || bytes.substr(0, 2) == "(l")) return InputKind::kPickle;
-  if (bytes.size() >= 2 && (bytes[0] == '}' || bytes[0] == ']') &&
-      (bytes[1] == '(' || bytes[1] == 'q' || bytes[1] == 'r' || bytes[1] == '.')) {
-    return InputKind::kPickle;
-  }
-  if (bytes.size() >= 8 && bytes.substr(0, 8) == std::string_view(kTimelineMagic, 8)) return InputKind::kTimeline;
-  if (bytes.rfind("Thread,Time,Action", 0) == 0) return InputKind::kRmmCsv;
-  const std::size_t first = bytes.find_first_not_of(" \t\r\n");
-  if (first != std::string_view::npos && (bytes[first] == '{' || bytes[first] == '#')) return InputKind::kJsonl;
-  return InputKind::kUnknown;
-}
-
 }  // namespace memscope

@@ -72,13 +72,6 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
 // Reads RMM's logging_resource_adaptor CSV (Thread,Time,Action,Pointer,Size,Stream).
 absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& source);
 
-// What a file is, from its first bytes: a pickle (protocols 2-5: 0x80;
-// protocols 0 and 1 of a dict or list: "(d", "(l", "}(", "}q", "](", "]q"), a memscope timeline,
-// an RMM CSV (its header), a JSON-lines request trace ('{' or '#'), or unknown
-// (an empty file counts as unknown).
-enum class InputKind { kPickle, kTimeline, kRmmCsv, kJsonl, kDirectory, kUnknown };
-absl::StatusOr<InputKind> DetectInput(const std::string& path);
-
 }  // namespace memscope
 
 #endif  // MEMSCOPE_IMPORTERS_SNAPSHOT_IMPORT_H_

@@ -4,19 +4,9 @@ namespace memscope {
 namespace {
 
 RecordingSessionOptions CoreOptions(const RankSessionOptions& o) {
-  RecordingSessionOptions core;
-  core.rank = o.rank;
-  core.world_size = o.world_size;
-  core.device_index = o.device_index;
-  core.timeline_device_index = o.timeline_device_index;
-  core.device_memory = o.device_memory;
-  core.config = o.config;
+  RecordingSessionOptions core = o;  // the recording's part
   core.host_backed = o.exec == ExecMode::kCpu;
-  // Wall time per allocator call only where kernels really run (--exec cpu):
-  // a meta run's allocator events take the sampled clock (recorder.h), its
-  // phase marks and collectives keep the wall time.
-  core.clock = o.clock ? *o.clock : o.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled;
-  core.timeline_path = o.timeline_path;
+  core.clock = o.exec == ExecMode::kCpu ? RecordClock::kWall : RecordClock::kSampled;
   return core;
 }
 

@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -29,30 +28,18 @@
 
 namespace memscope {
 
-struct RankSessionOptions {
-  int rank = 0;  // also the device index of the timeline
-  int world_size = 1;
-  // The simulated GPU's own index (its out-of-memory errors name it); -1:
-  // the rank. Replays run on GPU 0 whatever device their trace came from.
-  int device_index = -1;
-  // The timeline header's device_index; -1: the rank (replays, tests).
-  // `memscope run` records the rank's device (run/devices.h).
-  int timeline_device_index = -1;
-  std::uint64_t device_memory = 80ULL << 30;
-  AllocatorConfig config;
-  // kCpu makes the device host-backed (real bytes behind device addresses).
+// A rank's options: what it records with (load/recording_session.h: rank,
+// device, settings, timeline file) and how it executes. `host_backed` and
+// `clock` follow `exec`: --exec cpu runs kernels on real bytes behind device
+// addresses and times each allocator call by the wall clock; a meta run's
+// allocator events take the sampled clock (recording/recorder.h), its phase
+// marks and collectives keep the wall time. `memscope run` records the
+// rank's device (run/devices.h) as timeline_device_index.
+struct RankSessionOptions : RecordingSessionOptions {
   ExecMode exec = ExecMode::kMeta;
-  // How allocator events are timed; nullopt: the wall clock per call under
-  // kCpu, the sampled clock (recorder.h) under kMeta. Replays of traces
-  // with their own times take kWall (the trace's times replace it).
-  std::optional<RecordClock> clock;
   // The cuBLAS/cuBLASLt workspaces the matmuls allocate (none by default;
   // `memscope run` and `plan` use PyTorch's, tensor/blas_workspace.h).
   BlasWorkspaceSizes blas_workspaces;
-  // Where the events go: this timeline file (created, truncated), stamped
-  // with the wall-clock start; empty records into timeline() in memory,
-  // without a wall-clock start, so that in-memory recordings are reproducible.
-  std::string timeline_path;
 };
 
 class RankSession {
