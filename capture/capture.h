@@ -23,7 +23,7 @@
 namespace memscope {
 
 // PyTorch's own default is an unbounded trace (max_entries=sys.maxsize);
-// capture bounds it like the README's example, at about 100-200 MB of
+// capture bounds it like docs/capture.md's example, at about 100-200 MB of
 // host memory per rank with stacks.
 inline constexpr std::uint64_t kDefaultCaptureMaxEntries = 1000000;
 

@@ -1,5 +1,5 @@
 // memscope: GPU memory profiler and fragmentation analyzer for PyTorch-style
-// (DDP) training. See README.md.
+// (DDP) training. See README.md and docs/
 #include <cerrno>
 #include <cstdio>
 #include <cstring>

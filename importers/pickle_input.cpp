@@ -57,7 +57,7 @@ bool MappedInput::Map(int fd, std::uint64_t file_size) {
   if (mmap(area, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0) == MAP_FAILED) return false;
   // Read once, in order. (MADV_WILLNEED, MADV_POPULATE_READ of the whole
   // file or of the next 8 MiB at each release, or no advice at all cost the
-  // same CPU on a 80 MB snapshot, cached or not: README, Benchmarks.)
+  // same CPU on a 80 MB snapshot, cached or not: docs/benchmarks.md.)
   madvise(base, size, MADV_SEQUENTIAL);
   return true;
 }

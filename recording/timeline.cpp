@@ -417,7 +417,7 @@ struct VarDeltas {
 // Versions 3 and 4: variable-length, delta-encoded records (timeline.h).
 absl::Status ParseVarRecords(std::string_view body, Timeline& t, const std::string& source, std::uint32_t version) {
   StringIds ids(t);
-  // Records average about 4 bytes per event (README, "Recording overhead"):
+  // Records average about 4 bytes per event (docs/benchmarks.md, "Recording"):
   // one allocation of about the final size instead of doubling from empty,
   // which copies the events and touches twice the memory. Capped (16M events,
   // 768 MB) so that a large file of other records cannot reserve gigabytes.

@@ -71,7 +71,7 @@ struct RankPlan {
   bool cpu = false;                    // --exec cpu: real float math on a host-backed device
   std::string ddp;                     // "off", "copy" or "view"
   DeviceMap devices;                   // --devices (run/devices.h)
-  // Memory outside the caching allocator (README "The whole GPU").
+  // Memory outside the caching allocator (docs/ddp.md, "The whole GPU").
   bool nccl = false;                     // --backend nccl: NCCL's checks and buffers; data over Gloo
   std::uint64_t cuda_context_bytes = 0;  // --cuda-context-mb: each process's context on each GPU it touches
   std::uint64_t nccl_buffer_bytes = 0;   // --nccl-buffers-mb: per NCCL communicator

@@ -778,7 +778,7 @@ RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const Tensor
   result.output = Tensor::Empty(x.ctx(), {rows, dirs * hidden}, dtype);
   result.hy = Tensor::Empty(x.ctx(), {layers * dirs, batch, hidden}, dtype);
   if (lstm) result.cy = Tensor::Empty(x.ctx(), {layers * dirs, batch, hidden}, dtype);
-  // Approximations of cuDNN's sizes (documented in the README): the reserve
+  // Approximations of cuDNN's sizes (docs/ddp.md): the reserve
   // space keeps every layer's gate activations for backward; the workspace
   // holds one layer's gate pre-activations during the call.
   const std::int64_t reserve_elems = layers * dirs * rows * hidden * (gates + 1);

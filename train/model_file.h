@@ -1,5 +1,5 @@
 // Model files: a user's own model as a JSON description (format
-// "memscope.model/1", documented in README.md "Model files"), built into the
+// "memscope.model/1", documented in docs/model-files.md), built into the
 // same Module tree and the same ops the zoo uses, so that a file describing a
 // zoo model allocates exactly what the zoo model allocates
 // (examples/models/, tests/train/model_file_test.cpp).
