@@ -327,7 +327,7 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
       "PyTorch-faithful caching allocator under one or more settings: memory_summary() and a what-if table. "
       "Without FILE, replays an embedded demo trace.");
   cmd->add_option("file", args->file,
-                  "request trace: JSON lines (docs/replay.md, "Request trace format"), a torch.cuda.memory._snapshot() pickle, "
+                  "request trace: JSON lines (docs/replay.md, Request trace format), a torch.cuda.memory._snapshot() pickle, "
                   "an RMM logging_resource_adaptor CSV, or a memscope recording (run directory or rank-R.timeline: "
                   "its whole request stream, under its own settings and device size unless told otherwise)");
   cmd->add_option("--alloc-conf", args->alloc_confs,
