@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -11,6 +10,7 @@
 #include "allocator/alloc_tag.h"
 #include "tensor/autograd.h"
 #include "tensor/ops.h"
+#include "train/step_loop.h"
 
 namespace memscope {
 namespace {
@@ -19,29 +19,6 @@ constexpr const char* kReplicate = "DataParallel.replicate";
 constexpr const char* kScatter = "DataParallel.scatter";
 constexpr const char* kGather = "DataParallel.gather";
 constexpr const char* kReduceAdd = "DataParallel.reduce_add";
-
-// A phase marked on every device's timeline.
-class PhaseOnAll {
- public:
-  PhaseOnAll(const std::vector<Recorder*>& recorders, Phase phase, std::int64_t step)
-      : recorders_(recorders), phase_(phase), step_(step) {
-    for (Recorder* r : recorders_) {
-      if (r != nullptr) r->PhaseBegin(phase_, step_, {});
-    }
-  }
-  ~PhaseOnAll() {
-    for (Recorder* r : recorders_) {
-      if (r != nullptr) r->PhaseEnd(phase_, step_, {});
-    }
-  }
-  PhaseOnAll(const PhaseOnAll&) = delete;
-  PhaseOnAll& operator=(const PhaseOnAll&) = delete;
-
- private:
-  const std::vector<Recorder*>& recorders_;
-  Phase phase_;
-  std::int64_t step_;
-};
 
 // torch._utils._take_tensors(tensors, size_limit) (fine_grained=False): one
 // open group per dtype, closed as soon as it reaches the limit; the groups
@@ -347,54 +324,25 @@ Tensor DataParallelForward(Model& module, Replicas& replicas, const Batch& batch
   return GatherOutputs(outputs, used);
 }
 
-// The training loop (trainer.cpp's, one micro-batch per step) under DataParallel.
+// The training loop (step_loop.h's, one micro-batch per step) under
+// DataParallel: forward is DataParallelForward, phases are marked on every
+// device's timeline, and each step's batch must be batch-first.
 void TrainSteps(const TrainOptions& options, Model& module, Replicas& replicas, const std::vector<std::int64_t>& chunks,
                 const std::vector<DeviceContext*>& devices, const std::vector<Recorder*>& recorders,
                 TrainResult& result) {
-  DeviceContext& ctx = *devices[0];
-  const std::vector<Tensor*> params = module.Parameters();
-  Optimizer optimizer(params, options.optimizer);
-  std::optional<GradScaler> scaler;
-  if (options.amp == DType::kFloat16) scaler.emplace();
-  Batch batch;
-  Tensor output, loss;  // Python variables: alive until reassigned
-  for (std::int64_t step = 0; step < options.steps; ++step) {
-    {
-      PhaseOnAll phase(recorders, Phase::kZeroGrad, step);
-      batch = module.MakeBatch(ctx, step);
-      optimizer.ZeroGrad(options.zero_grad_set_to_none);
-    }
+  StepLoop loop(options, module, *devices[0]);
+  StepLoopParts parts;
+  parts.recorders = recorders;
+  parts.forward = [&](const Batch& batch, std::int64_t, Tensor& output) {
+    output = DataParallelForward(module, replicas, batch, chunks, devices);
+  };
+  parts.check_batch = [&](const Batch& batch) {
     if (batch.input.dim() == 0 || batch.input.size(0) != module.batch_size()) {
       throw TensorError(absl::StrCat("--dp: ", std::string(module.name()), "'s input ", ShapeText(batch.input.sizes()),
                                      " is not batch-first (DataParallel scatters dim 0)"));
     }
-    std::optional<AutocastGuard> autocast;
-    if (options.amp) autocast.emplace(*options.amp);
-    {
-      PhaseOnAll phase(recorders, Phase::kForward, step);
-      output = DataParallelForward(module, replicas, batch, chunks, devices);
-    }
-    {
-      PhaseOnAll phase(recorders, Phase::kLoss, step);
-      ScopedTag tag(Category::kActivation, "loss");
-      loss = module.Loss(output, batch);
-    }
-    autocast.reset();
-    {
-      PhaseOnAll phase(recorders, Phase::kBackward, step);
-      Backward({scaler ? scaler->Scale(loss) : loss});
-    }
-    if (ctx.computes()) result.losses.push_back(loss.data()[0]);
-    {
-      PhaseOnAll phase(recorders, Phase::kStep, step);
-      if (scaler) {
-        scaler->Step(optimizer, params);
-      } else {
-        optimizer.Step();
-      }
-    }
-    result.steps_done = step + 1;
-  }
+  };
+  loop.Run(parts, result);
 }
 
 }  // namespace
@@ -460,7 +408,7 @@ absl::StatusOr<DataParallelResult> TrainDataParallel(const TrainOptions& options
   result.parameters = module.NumParameters();
   try {
     {
-      PhaseOnAll phase(recorders, Phase::kModel, kNoStep);
+      PhaseScope phase(recorders, Phase::kModel, kNoStep);
       module.Materialize(*devices[0]);
     }
     TrainSteps(options, module, *replicas, out.chunk_sizes, devices, recorders, result);

@@ -2,45 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/ops.h"
+#include "train/step_loop.h"
 
 namespace memscope {
 namespace {
-
-// Phase marks around a scope, when recording.
-class PhaseScope {
- public:
-  using Hook = std::function<void(Phase, std::int64_t, bool)>;
-  PhaseScope(Recorder* recorder, Phase phase, std::int64_t step, const Hook* hook = nullptr,
-             std::int64_t micro_batch = kNoMicroBatch, std::string_view label = {})
-      : recorder_(recorder), phase_(phase), step_(step), micro_batch_(micro_batch), hook_(hook), label_(label) {
-    if (recorder_) recorder_->PhaseBegin(phase_, step_, label_, micro_batch_);
-    if (hook_ && *hook_) (*hook_)(phase_, step_, false);
-  }
-  ~PhaseScope() {
-    if (recorder_) recorder_->PhaseEnd(phase_, step_, label_, micro_batch_);
-  }
-  PhaseScope(const PhaseScope&) = delete;
-  PhaseScope& operator=(const PhaseScope&) = delete;
-
- private:
-  Recorder* recorder_;
-  Phase phase_;
-  std::int64_t step_;
-  std::int64_t micro_batch_;  // under gradient accumulation, else kNoMicroBatch
-  const Hook* hook_;
-  std::string_view label_;  // of a kUser phase
-};
-
-std::vector<float> Concat(const std::vector<Tensor*>& tensors, bool grads) {
-  std::vector<float> out;
-  for (Tensor* p : tensors) {
-    Tensor t = grads ? p->grad() : *p;
-    if (!t.defined()) continue;
-    Tensor c = ops::Contiguous(t.Detach());
-    out.insert(out.end(), c.data(), c.data() + c.numel());
-  }
-  return out;
-}
 
 // The state dict's tensors in torch.save's order: model.state_dict()
 // (parameters and buffers), then the optimizer's state.
@@ -133,86 +98,45 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
     return absl::InvalidArgumentError("checkpoints need --exec meta (the state dict's values are not modelled)");
   }
   if (comm != nullptr) model.set_data_shard(comm->rank(), comm->world_size());
+  const std::vector<Recorder*> recorders = {recorder};
   TrainResult result;
   result.parameters = model.NumParameters();
   try {
     {
-      PhaseScope phase(recorder, Phase::kModel, kNoStep);
+      PhaseScope phase(recorders, Phase::kModel, kNoStep);
       model.Materialize(ctx);
     }
     const std::vector<Tensor*> params = model.Parameters();
     if (options.checkpoint.step >= 0) result.checkpoint.state_bytes = ExpectedStateBytes(model, options.optimizer);
     std::unique_ptr<reducer::DistributedDataParallel> ddp;
     if (options.ddp) {
-      PhaseScope phase(recorder, Phase::kDdp, kNoStep);
+      PhaseScope phase(recorders, Phase::kDdp, kNoStep);
       ddp = std::make_unique<reducer::DistributedDataParallel>(params, model.Buffers(), *comm, *options.ddp);
       result.initial_buckets = ddp->initial_buckets();
     }
-    Optimizer optimizer(params, options.optimizer);
-    std::optional<GradScaler> scaler;
-    if (options.amp == DType::kFloat16) scaler.emplace();
-    Batch batch;
-    Tensor output, loss;  // Python variables: alive until reassigned
-    for (std::int64_t step = 0; step < options.steps; ++step) {
-      {
-        PhaseScope phase(recorder, Phase::kZeroGrad, step, &options.phase_hook);
-        batch = model.MakeBatch(ctx, step);
-        optimizer.ZeroGrad(options.zero_grad_set_to_none);
+    StepLoop loop(options, model, ctx);
+    StepLoopParts parts;
+    parts.recorders = recorders;
+    parts.hook = &options.phase_hook;
+    parts.forward = [&](const Batch& batch, std::int64_t micro, Tensor& output) {
+      ScopedTag tag(Category::kActivation, "");  // what a module does not tag itself
+      if (!ddp) {
+        output = model.Forward(batch);
+        return;
       }
-      for (std::int64_t micro = 0; micro < options.grad_accum; ++micro) {
-        if (micro > 0) batch = model.MakeBatch(ctx, step * options.grad_accum + micro);
-        // The phases label their micro-batch only when there are several ("backward:0.1").
-        const std::int64_t micro_label = options.grad_accum > 1 ? micro : kNoMicroBatch;
-        std::optional<AutocastGuard> autocast;
-        if (options.amp) autocast.emplace(*options.amp);
-        {
-          PhaseScope phase(recorder, Phase::kForward, step, &options.phase_hook, micro_label);
-          ScopedTag tag(Category::kActivation, "");  // what a module does not tag itself
-          if (ddp) {
-            ddp->set_require_backward_grad_sync(micro == options.grad_accum - 1);  // no_sync() before the last
-            ddp->PreForward();
-            if (!ddp->rebuilt_buckets().empty() && result.rebuilt_buckets.empty()) {
-              result.rebuilt_buckets = ddp->rebuilt_buckets();
-            }
-            output = ddp->PostForward(model.Forward(batch));
-          } else {
-            output = model.Forward(batch);
-          }
-        }
-        {
-          PhaseScope phase(recorder, Phase::kLoss, step, &options.phase_hook, micro_label);
-          ScopedTag tag(Category::kActivation, "loss");
-          loss = model.Loss(output, batch);
-          if (options.grad_accum > 1) loss = ops::DivScalar(loss, static_cast<float>(options.grad_accum));
-        }
-        autocast.reset();  // leaving `with autocast():` frees the cast cache
-        {
-          PhaseScope phase(recorder, Phase::kBackward, step, &options.phase_hook, micro_label);
-          if (scaler) {
-            Backward({scaler->Scale(loss)});
-          } else {
-            Backward({loss});
-          }
-        }
-        if (ctx.computes()) result.losses.push_back(loss.data()[0] * static_cast<float>(options.grad_accum));
+      ddp->set_require_backward_grad_sync(micro == options.grad_accum - 1);  // no_sync() before the last
+      ddp->PreForward();
+      if (!ddp->rebuilt_buckets().empty() && result.rebuilt_buckets.empty()) {
+        result.rebuilt_buckets = ddp->rebuilt_buckets();
       }
-      {
-        PhaseScope phase(recorder, Phase::kStep, step, &options.phase_hook);
-        if (options.record_values) result.step_grads.push_back(Concat(params, true));
-        if (scaler) {
-          scaler->Step(optimizer, params);
-        } else {
-          optimizer.Step();
-        }
-      }
-      if (step == options.checkpoint.step) {
-        PhaseScope phase(recorder, Phase::kUser, step, nullptr, kNoMicroBatch, "checkpoint");
-        RunCheckpoint(options.checkpoint, model, optimizer, comm, result.checkpoint);
-      }
-      if (options.record_values) result.step_params.push_back(Concat(params, false));
-      if (options.phase_hook) options.phase_hook(Phase::kStep, step, true);
-      result.steps_done = step + 1;
-    }
+      output = ddp->PostForward(model.Forward(batch));
+    };
+    parts.after_step = [&](std::int64_t step) {
+      if (step != options.checkpoint.step) return;
+      PhaseScope phase(recorders, Phase::kUser, step, nullptr, kNoMicroBatch, "checkpoint");
+      RunCheckpoint(options.checkpoint, model, loop.optimizer(), comm, result.checkpoint);
+    };
+    loop.Run(parts, result);
     if (comm != nullptr) comm->Barrier();  // dist.barrier() before destroy_process_group()
   } catch (const TensorError& e) {
     result.oom = e.out_of_memory();

@@ -13,7 +13,8 @@
 //
 // `out` and `loss` stay referenced until the next iteration reassigns them,
 // as Python variables do: that is why allocated memory after backward is
-// parameters + gradients + the output, as users print it.
+// parameters + gradients + the output, as users print it. The steps are
+// train/step_loop.h's StepLoop, which DataParallel (train/data_parallel.h) runs too.
 #ifndef MEMSCOPE_TRAIN_TRAINER_H_
 #define MEMSCOPE_TRAIN_TRAINER_H_
 
