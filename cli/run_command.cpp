@@ -1,15 +1,10 @@
 // memscope run: the reference training loop on simulated GPUs, recorded
 // into a run directory, on one rank or N (a launcher process supervising N
 // rank processes that talk over Gloo); memscope models: the zoo. This file
-// binds the flags to a RunRequest (run/run_request.h) and prints; run/ does
-// the work (a rank: run/rank.h, the launcher: run/launcher.h, the outcome:
-// run/aggregate.h).
-#include <unistd.h>
-
+// binds the flags to a RunRequest and prints; run/ does the work (the
+// orchestration: run/run_command.h, a rank: run/rank.h, the launcher:
+// run/launcher.h, the outcome: run/aggregate.h).
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -17,41 +12,24 @@
 #include <memory>
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
 #include "compare/compare.h"
 #include "exporters/report.h"
 #include "load/manifest.h"
 #include "load/run_directory.h"
-#include "recording/timeline.h"
-#include "reducer/communicator.h"
 #include "run/aggregate.h"
-#include "run/devices.h"
 #include "run/gpu_kinds.h"
-#include "run/launcher.h"
-#include "run/rank.h"
-#include "run/run.h"
+#include "run/run_command.h"
 #include "run/run_request.h"
-#include "tensor/blas_workspace.h"
-#include "train/data_parallel.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {
 namespace {
-
-int Fail(absl::string_view message) {
-  ReportToLauncher(std::string(message));  // a rank of ours: its launcher says why (bad options, ...)
-  return cli::Fail("run", message);
-}
-
-// Everything a rank needs (run/rank.h), built from the flags.
-using Plan = RankPlan;
 
 // The DDP bucket lines under a rank's phase table.
 void PrintBuckets(const DdpBuckets& ddp) {
@@ -231,246 +209,36 @@ void PrintTables(const RunRequest& a, const RunOutcome& out) {
   std::cout << "recorded in " << a.out << "/ (" << RunDirectory(a.out).ExistingListing(world_size) << ")\n";
 }
 
-// Aggregates the finished ranks (run/aggregate.h), writes the run's outputs
-// and prints them. `exits` are the launcher's (empty for one in-process
-// rank). The outcome goes to `kept` when given.
-int Finalize(const RunRequest& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits,
-             int first_failure, std::optional<RunOutcome>* kept = nullptr,
-             const std::optional<TrainingManifest::DataParallel>& data_parallel = std::nullopt) {
-  RunRecord record = MakeRecord(a, plan, world_size, exits, first_failure);
-  record.training.data_parallel = data_parallel;
-  absl::StatusOr<RunOutcome> out = AggregateRun(record);
-  if (!out.ok()) return Fail(out.status().message());
-  if (a.json) {
-    std::ifstream in(RunDirectory(a.out).Report());
-    std::cout << in.rdbuf();
-  } else {
-    PrintTables(a, *out);
+// What `memscope run` says: its tables (or report.json) on stdout, its
+// errors and diagnostics on stderr.
+class Printer : public RunPrinter {
+ public:
+  int Fail(absl::string_view message) override { return cli::Fail("run", message); }
+  void SettingsNotes(const AllocatorConfig& config, const std::vector<std::string>& workspace_warnings) override {
+    cli::NoteGcWithoutFraction(config);
+    cli::PrintNotes(workspace_warnings);
   }
-  for (absl::string_view line : absl::StrSplit(out->diagnostics, '\n', absl::SkipEmpty())) {
-    std::cerr << EscapeForTerminal(line) << "\n";
+  void RankFailed(int rank, absl::string_view error) override {
+    std::cerr << "memscope run: rank " << rank << ": " << EscapeForTerminal(error) << "\n";
   }
-  const int code = out->exit_code;
-  if (kept != nullptr) *kept = std::move(*out);
-  return code;
-}
-
-// One rank in this process: its status, and its failure said on stderr when
-// other ranks run beside it.
-// A rank of several also sends its error to our launcher (the status pipe),
-// which names it even when this rank's log cannot be written (a full disk).
-int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir) {
-  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
-  if (!status.ok()) {
-    if (world_size == 1) return Fail(status.status().message());
-    const std::string line =
-        absl::StrCat("memscope run: rank ", rank, ": ",
-                     EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
-    ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
-    std::cerr << line << "\n";
-    return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
-  }
-  if (status->exit_code != kExitOk && world_size > 1) {
-    ReportToLauncher(WithoutRankPrefix(status->error, rank));
-    std::cerr << "memscope run: rank " << rank << ": " << EscapeForTerminal(WithoutRankPrefix(status->error, rank))
-              << "\n";
-  }
-  return status->exit_code;
-}
-
-// `memscope run --ddp copy,view`: the two runs compared, from the reports
-// this process just made (or from disk, for a rank of an external launcher
-// that did not aggregate a pass).
-int PrintComparison(const std::string& copy_dir, const std::string& view_dir,
-                    const std::optional<RunOutcome> (&outcomes)[2], int worst) {
-  absl::StatusOr<CompareInput> inputs[2];
-  const std::string dirs[2] = {copy_dir, view_dir};
-  for (int i = 0; i < 2; ++i) {
-    const std::optional<RunOutcome>& o = outcomes[i];
-    inputs[i] =
-        o ? CompareInputFromRun(dirs[i], o->timelines, o->reports, o->manifest.ToJson()) : LoadCompareInput(dirs[i]);
-    if (!inputs[i].ok()) return Fail(inputs[i].status().message());
-  }
-  absl::StatusOr<Comparison> c = Compare(*inputs[0], *inputs[1]);
-  if (!c.ok()) return Fail(c.status().message());
-  std::cout << "== --ddp copy (A) vs --ddp view (B)\n" << FormatComparison(*c);
-  return worst;
-}
-
-// A rank started by a launcher (ours, torchrun, Slurm, mpirun). Rank 0 of an
-// external launcher also aggregates the run once every rank's status is
-// there (or the timeout has passed).
-int RunWorker(const RunRequest& a, const Plan& plan, int rank, int world_size, std::optional<RunOutcome>* kept) {
-  const RunDirectory dir(a.out);
-  // A status left by an earlier run must not pass for this one's.
-  std::error_code ec;
-  std::filesystem::remove(dir.RankStatus(rank), ec);
-  const int code = RankMain(plan, rank, world_size, dir);
-  if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
-  WaitForRankStatuses(dir, world_size, plan.timeout);
-  const int final_code = Finalize(a, plan, world_size, {}, -1, kept);
-  return code != kExitOk ? code : final_code;
-}
-
-// N ranks as processes of this executable under our launcher, then the run aggregated.
-int LaunchAndFinalize(const RunRequest& a, const std::string& ddp_mode, const Plan& plan, int world_size,
-                      std::optional<RunOutcome>* kept) {
-  const RunDirectory dir(a.out);
-  absl::StatusOr<LaunchResult> launched = LaunchRankProcesses(dir, ToArgs(a, ddp_mode), world_size, plan.timeout);
-  if (!launched.ok()) return Fail(launched.status().message());
-  // A rank that rejected its options fails alike everywhere: say why once.
-  for (const RankExit& e : launched->ranks) {
-    if (e.exit_code == kExitBadInput) {
-      std::ifstream log(dir.RankLog(e.rank));
-      std::string line;
-      std::getline(log, line);
-      // The rank's log may be lost (a full disk): its status pipe is not.
-      if (line.empty()) line = absl::StrCat("memscope run: rank ", e.rank, ": ", e.message);
+  void RankRejected(absl::string_view line) override { std::cerr << EscapeForTerminal(line) << "\n"; }
+  void Outcome(const RunRequest& a, const RunOutcome& out) override {
+    if (a.json) {
+      std::ifstream in(RunDirectory(a.out).Report());
+      std::cout << in.rdbuf();
+    } else {
+      PrintTables(a, out);
+    }
+    for (absl::string_view line : absl::StrSplit(out.diagnostics, '\n', absl::SkipEmpty())) {
       std::cerr << EscapeForTerminal(line) << "\n";
-      return kExitBadInput;
     }
   }
-  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, kept);
-}
-
-// Every rank's device is valid (run/devices.h), before anything runs: a
-// rank of a launcher checks its own; our launcher checks each rank's, with
-// the LOCAL_RANK it will give it.
-absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size,
-                          std::optional<int> touch_device) {
-  DeviceEnvironment env = DeviceEnvironment::FromProcess();
-  if (touch_device && env.cuda_visible_devices) {
-    const std::size_t visible = VisibleDevices(*env.cuda_visible_devices).size();
-    if (static_cast<std::size_t>(*touch_device) >= visible) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CUDA error: invalid device ordinal: --touch-device ", *touch_device, ", but CUDA_VISIBLE_DEVICES=",
-          *env.cuda_visible_devices, " makes ", visible, visible == 1 ? " device" : " devices", " visible"));
-    }
+  void PassBegins(absl::string_view mode) override { std::cout << "== --ddp " << mode << "\n"; }
+  void PassEnds() override { std::cout << "\n"; }
+  void Comparison(const memscope::Comparison& c) override {
+    std::cout << "== --ddp copy (A) vs --ddp view (B)\n" << FormatComparison(c);
   }
-  if (worker) return AssignDevice(map, rank, env).status();
-  for (int r = 0; r < world_size; ++r) {
-    if (world_size > 1) env.local_rank = absl::StrCat(r);
-    if (absl::Status s = AssignDevice(map, r, env).status(); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-// One run in one mode; its outcome goes to `kept` when this process aggregated it.
-int RunOne(const RunRequest& a, const std::string& ddp_mode, std::optional<RunOutcome>* kept = nullptr) {
-  const char* env_rank = std::getenv("RANK");
-  const char* env_world = std::getenv("WORLD_SIZE");
-  const bool worker = env_rank != nullptr && env_world != nullptr;
-  std::int64_t world_size = a.world_size;
-  int rank = 0;
-  if (worker) {
-    std::int64_t ws = 0;
-    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1 || ws > kMaxTimelineWorldSize) {
-      return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer up to ", kMaxTimelineWorldSize));
-    }
-    if (!absl::SimpleAtoi(env_rank, &rank) || rank < 0 || rank >= ws) {
-      return Fail(absl::StrCat("RANK='", env_rank, "' is not a rank of WORLD_SIZE=", ws));
-    }
-    if (a.world_size_given && a.world_size != ws) {
-      return Fail(absl::StrCat("--world-size ", a.world_size, " disagrees with WORLD_SIZE=", ws));
-    }
-    world_size = ws;
-  }
-  absl::StatusOr<Plan> plan = MakeRankPlan(a, ddp_mode, world_size);
-  if (!plan.ok()) return Fail(plan.status().message());
-  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device);
-      !s.ok()) {
-    return Fail(s.message());
-  }
-  if (absl::Status s = CheckCheckpointDevice(plan->checkpoint, DeviceEnvironment::FromProcess()); !s.ok()) {
-    return Fail(s.message());
-  }
-  if (!worker) {
-    cli::NoteGcWithoutFraction(plan->config);
-    // PyTorch's warnings for workspace variables it cannot read (it then uses its defaults).
-    std::vector<std::string> warnings;
-    if (a.cublas_workspace != "off") {
-      ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", &warnings);
-    }
-    cli::PrintNotes(warnings);
-  }
-  const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
-  if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
-  // One run at a time per directory; the ranks of ours run under this lock.
-  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
-  if (!lock.ok()) return Fail(lock.status().message());
-  dir.RemoveRankFiles();  // what an earlier run in this directory left
-  if (world_size == 1) {
-    const int code = RankMain(*plan, 0, 1, dir);
-    if (code == kExitBadInput) return code;
-    return Finalize(a, *plan, 1, {}, -1, kept);
-  }
-  return LaunchAndFinalize(a, ddp_mode, *plan, static_cast<int>(world_size), kept);
-}
-
-// `memscope run --dp N`: DataParallel over N simulated GPUs in this process
-// (run/rank.h RunDataParallel), the devices recorded as ranks, then the run
-// aggregated and printed with the imbalance table.
-int RunDataParallelCommand(const RunRequest& a) {
-  if (a.dp < 2 || a.dp > 64)
-    return Fail(absl::StrCat("--dp ", a.dp, ": use 2 to 64 devices (DataParallel over N GPUs)"));
-  if (a.world_size_given && a.world_size > 1) {
-    return Fail(absl::StrCat("--dp is DataParallel in one process; it does not combine with --world-size ",
-                             a.world_size, " (DDP); use one or the other"));
-  }
-  if (a.ddp != "auto" && a.ddp != "off") return Fail(absl::StrCat("--dp does not combine with --ddp ", a.ddp));
-  if (std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
-    return Fail("--dp runs one process over N GPUs; it cannot be a rank of a launcher (RANK and WORLD_SIZE are set)");
-  }
-  if (a.grad_accum != 1) return Fail("--dp with --grad-accum is not modelled");
-  absl::StatusOr<Plan> plan = MakeRankPlan(a, "off", 1);
-  if (!plan.ok()) return Fail(plan.status().message());
-  plan->ddp = "dp";
-  if (absl::Status s = CheckDataParallelOptions(plan->train, static_cast<int>(a.dp), plan->cpu); !s.ok()) {
-    return Fail(s.message());
-  }
-  const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
-  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
-  if (!lock.ok()) return Fail(lock.status().message());
-  dir.RemoveRankFiles();
-  const int devices = static_cast<int>(a.dp);
-  absl::StatusOr<DataParallelRun> run = RunDataParallel(*plan, devices, dir);
-  if (!run.ok()) return Fail(run.status().message());
-  TrainingManifest::DataParallel dp;
-  for (int d = 0; d < devices; ++d) dp.device_ids.push_back(d);
-  dp.chunk_sizes = run->chunk_sizes;
-  for (std::int64_t c : dp.chunk_sizes) dp.global_batch += c;
-  return Finalize(a, *plan, devices, {}, -1, nullptr, dp);
-}
-
-int Run(const RunRequest& given) {
-  RunRequest a = given;
-  if (absl::Status s = ApplyGpuKind(a); !s.ok()) return Fail(s.message());
-  if (a.dp_given) return RunDataParallelCommand(a);
-  if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp);
-  // Both modes, each in its own directory, then the comparison.
-  int worst = kExitOk;
-  const char* store = std::getenv("MEMSCOPE_STORE");
-  const std::string base_store = store != nullptr ? store : "";
-  std::optional<RunOutcome> outcomes[2];
-  const std::string dirs[2] = {(std::filesystem::path(a.out) / "copy").string(),
-                               (std::filesystem::path(a.out) / "view").string()};
-  for (int i = 0; i < 2; ++i) {
-    const char* mode = i == 0 ? "copy" : "view";
-    RunRequest m = a;
-    m.ddp = mode;
-    m.out = dirs[i];
-    std::cout << "== --ddp " << mode << "\n";
-    // Ranks of an external launcher rendezvous once per pass.
-    if (!base_store.empty()) ::setenv("MEMSCOPE_STORE", absl::StrCat(base_store, "-", mode).c_str(), 1);
-    const int code = RunOne(m, mode, &outcomes[i]);
-    if (code == kExitBadInput) return code;
-    worst = std::max(worst, code);
-    std::cout << "\n";
-  }
-  return PrintComparison(dirs[0], dirs[1], outcomes, worst);
-}
+};
 
 // memscope gpus: the kinds --gpu knows (sources: run/gpu_kinds.md).
 int Gpus() {
@@ -487,7 +255,7 @@ int Models() {
   std::cout << absl::StrFormat("%-14s %15s %8s  %s\n", "model", "parameters", "tensors", "description");
   for (const ModelInfo& m : ListModels()) {
     absl::StatusOr<std::unique_ptr<Model>> model = CreateModel(m.name, {});
-    if (!model.ok()) return Fail(model.status().message());
+    if (!model.ok()) return cli::Fail("run", model.status().message());
     std::string count = absl::StrCat((*model)->NumParameters());
     for (int i = static_cast<int>(count.size()) - 3; i > 0; i -= 3) count.insert(static_cast<std::size_t>(i), ",");
     std::cout << absl::StrFormat("%-14s %15s %8d  %s%s\n", m.name, count, (*model)->NumParameterTensors(),
@@ -595,7 +363,10 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--attention", a->attention, "gpt2*: math (eager, default) or flash (scaled_dot_product_attention)");
   cmd->add_option("--out", a->out, "run directory (default memscope-run)");
   cmd->add_flag("--json", a->json, "print report.json instead of the tables");
-  cmd->callback([a, &exit_status] { exit_status = Run(*a); });
+  cmd->callback([a, &exit_status] {
+    Printer printer;
+    exit_status = RunCommand(*a, printer);
+  });
 
   CLI::App* models = app.add_subcommand("models", "List the model zoo with parameter counts.");
   models->callback([&exit_status] { exit_status = Models(); });
