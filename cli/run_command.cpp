@@ -1,14 +1,10 @@
 // memscope run: the reference training loop on simulated GPUs, recorded
 // into a run directory, on one rank or N (a launcher process supervising N
 // rank processes that talk over Gloo); memscope models: the zoo. This file
-// parses the flags into a RankPlan and prints; run/ does the work (a rank:
-// run/rank.h, the launcher: run/launcher.h, the outcome: run/aggregate.h).
-#include <unistd.h>
-
+// binds the flags to a RunRequest and prints; run/ does the work (the
+// orchestration: run/run_command.h, a rank: run/rank.h, the launcher:
+// run/launcher.h, the outcome: run/aggregate.h).
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -16,382 +12,24 @@
 #include <memory>
 #include <optional>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "allocator/config.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
 #include "compare/compare.h"
 #include "exporters/report.h"
-#include "recording/timeline.h"
-#include "reducer/communicator.h"
-#include "run/aggregate.h"
-#include "run/devices.h"
-#include "run/gpu_kinds.h"
-#include "run/launcher.h"
 #include "load/manifest.h"
-#include "run/rank.h"
-#include "run/run.h"
 #include "load/run_directory.h"
-#include "tensor/blas_workspace.h"
-#include "train/data_parallel.h"
+#include "run/aggregate.h"
+#include "run/gpu_kinds.h"
+#include "run/run_command.h"
+#include "run/run_request.h"
 #include "train/trainer.h"
 
 namespace memscope::cli {
 namespace {
-
-struct RunArgs {
-  std::string model = "gpt2";
-  std::string model_file;  // --model-file F: the same as --model file:F
-  bool model_given = false;
-  std::int64_t world_size = 1;
-  bool world_size_given = false;
-  std::int64_t steps = 3;
-  std::int64_t batch_size = 0;
-  std::int64_t seq_len = 0;
-  std::int64_t width = 0;
-  std::int64_t depth = 0;
-  // Which of --batch-size, --seq-len, --width, --depth were given (0 is refused, not "the default").
-  bool sizes_given[4] = {false, false, false, false};
-  std::string optimizer = "adam";
-  std::string optimizer_impl = "foreach";
-  double lr = 0;
-  bool lr_given = false;
-  double momentum = 0.9;
-  std::string ddp = "auto";
-  double bucket_cap_mb = 0;
-  bool bucket_cap_given = false;
-  bool find_unused = false;
-  bool static_graph = false;
-  std::string comm_hook = "none";
-  bool no_broadcast_buffers = false;
-  double timeout = 60;
-  std::string zero_grad = "none";
-  std::string alloc_conf;
-  bool alloc_conf_given = false;
-  std::string cublas_workspace = "default";  // default, hopper or off
-  double memory_fraction = 1.0;              // torch.cuda.set_per_process_memory_fraction
-  bool memory_fraction_given = false;
-  std::string device_memory = "80GiB";
-  std::string
-      gpu;  // --gpu KIND (run/gpu_kinds.h): the defaults of --device-memory, --cuda-context-mb, --cublas-workspace
-  bool gpu_given = false;
-  bool device_memory_given = false;
-  bool cuda_context_given = false;
-  bool cublas_workspace_given = false;
-  std::string devices;  // --devices: "" (LOCAL_RANK), same, or one device per rank
-  std::string backend = "gloo";
-  double cuda_context_mb = 0;
-  std::string nccl_buffers_mb = "auto";
-  std::int64_t touch_device = -1;
-  std::string exec = "meta";
-  std::string amp = "none";
-  bool checkpoint = false;
-  std::string save_checkpoint;  // --save-checkpoint rank0|all
-  std::string load_checkpoint;  // --load-checkpoint none|cpu|cuda:R
-  std::int64_t checkpoint_step = 0;
-  bool checkpoint_step_given = false;
-  std::int64_t grad_accum = 1;
-  std::string attention = "math";
-  std::string out = "memscope-run";
-  bool json = false;
-  std::string scenario;  // --scenario NAME:RANK[:STEP] (run/rank.h Scenario)
-  std::int64_t dp = 0;   // --dp N: DataParallel over N simulated GPUs in this process
-  bool dp_given = false;
-};
-
-int Fail(absl::string_view message) {
-  ReportToLauncher(std::string(message));  // a rank of ours: its launcher says why (bad options, ...)
-  return cli::Fail("run", message);
-}
-
-// --model, or file:F for --model-file F.
-std::string ModelName(const RunArgs& a) { return a.model_file.empty() ? a.model : "file:" + a.model_file; }
-
-// Everything a rank needs (run/rank.h), built from the flags.
-using Plan = RankPlan;
-
-constexpr const char* kScenarioUsage =
-    "use kill:RANK:STEP, skip-barrier:RANK:STEP, only-barrier:RANK:STEP or extra-step:RANK";
-
-// --scenario NAME:RANK[:STEP] of a run of `world_size` ranks and `steps` steps.
-absl::StatusOr<Scenario> ParseScenario(const std::string& text, std::int64_t world_size, std::int64_t steps) {
-  Scenario sc;
-  if (text.empty()) return sc;
-  const std::vector<std::string> parts = absl::StrSplit(text, ':');
-  const std::string& name = parts[0];
-  const std::size_t fields = name == "extra-step" ? 2 : 3;
-  sc.kind = name == "kill"           ? Scenario::Kind::kKill
-            : name == "skip-barrier" ? Scenario::Kind::kSkipBarrier
-            : name == "only-barrier" ? Scenario::Kind::kOnlyBarrier
-            : name == "extra-step"   ? Scenario::Kind::kExtraStep
-                                     : Scenario::Kind::kNone;
-  if (sc.kind == Scenario::Kind::kNone || parts.size() != fields || !absl::SimpleAtoi(parts[1], &sc.rank) ||
-      (fields == 3 && !absl::SimpleAtoi(parts[2], &sc.step))) {
-    return absl::InvalidArgumentError(absl::StrCat("--scenario '", text, "': ", kScenarioUsage));
-  }
-  if (world_size < 2) return absl::InvalidArgumentError("--scenario needs --world-size 2 or more");
-  if (sc.rank < 0 || sc.rank >= world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--scenario '", text, "': rank ", parts[1], " is not a rank of --world-size ", world_size));
-  }
-  if (fields == 3 && (sc.step < 0 || sc.step >= steps)) {
-    return absl::InvalidArgumentError(absl::StrCat("--scenario '", text, "': step ", parts[2],
-                                                   " is not a step of --steps ", steps, " (0 to ", steps - 1, ")"));
-  }
-  return sc;
-}
-
-// Bounds of the numeric options: far beyond any real run, small enough that
-// shapes and times computed from them cannot overflow.
-constexpr std::int64_t kMaxDimension = std::int64_t{1} << 24;  // --batch-size, --seq-len, --width
-constexpr std::int64_t kMaxDepth = 1 << 16;
-constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;  // one week
-
-absl::Status CheckOptionRanges(const RunArgs& a) {
-  const char* names[4] = {"--batch-size", "--seq-len", "--width", "--depth"};
-  const std::int64_t values[4] = {a.batch_size, a.seq_len, a.width, a.depth};
-  for (int i = 0; i < 4; ++i) {
-    const std::int64_t max = i == 3 ? kMaxDepth : kMaxDimension;
-    if (a.sizes_given[i] && (values[i] < 1 || values[i] > max)) {
-      return absl::InvalidArgumentError(absl::StrCat(names[i], " ", values[i], ": use 1 to ", max));
-    }
-  }
-  if (a.lr_given && !(a.lr > 0 && a.lr <= std::numeric_limits<float>::max())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--lr ", a.lr, ": must be a positive finite float32 number (at most 3.4e+38)"));
-  }
-  if (!(a.momentum >= 0 && a.momentum <= std::numeric_limits<float>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat("--momentum ", a.momentum, ": must be a finite number >= 0"));
-  }
-  if (!(a.timeout > 0 && a.timeout <= kMaxTimeoutSeconds)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--timeout ", a.timeout, ": use more than 0 and at most ", kMaxTimeoutSeconds, " seconds"));
-  }
-  if (a.bucket_cap_given && !(a.bucket_cap_mb > 0 && a.bucket_cap_mb <= 1024.0 * 1024 * 1024)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--bucket-cap-mb ", a.bucket_cap_mb, ": must be greater than 0 and at most 1 PiB"));
-  }
-  if (a.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
-  if (a.grad_accum < 1 || a.grad_accum > kMaxDimension) {
-    return absl::InvalidArgumentError(absl::StrCat("--grad-accum ", a.grad_accum, ": use 1 to ", kMaxDimension));
-  }
-  return absl::OkStatus();
-}
-
-// NCCL's buffers per communicator when --nccl-buffers-mb is not given:
-// measured on 4 A100s over NVLink under PyTorch, after a communicator's first
-// 4 MB allreduce: 544 MB for a group of 2 GPUs, 688 MB for more
-// (https://github.com/NVIDIA/nccl/issues/964).
-constexpr double kNcclBuffersMbTwoRanks = 544;
-constexpr double kNcclBuffersMbMoreRanks = 688;
-
-// --backend, --cuda-context-mb, --nccl-buffers-mb, --touch-device: memory outside the allocator.
-absl::Status OutsideMemoryPlan(const RunArgs& a, std::int64_t world_size, Plan& p) {
-  if (a.backend != "gloo" && a.backend != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat("--backend '", a.backend, "': use gloo or nccl"));
-  }
-  p.nccl = a.backend == "nccl";
-  constexpr double kMaxMb = 1024.0 * 1024 * 1024;  // 1 PiB
-  if (!(a.cuda_context_mb >= 0 && a.cuda_context_mb <= kMaxMb)) {
-    return absl::InvalidArgumentError(absl::StrCat("--cuda-context-mb ", a.cuda_context_mb, ": use 0 to 1 PiB"));
-  }
-  p.cuda_context_bytes = static_cast<std::uint64_t>(a.cuda_context_mb * 1024 * 1024);
-  double nccl_mb = world_size > 2 ? kNcclBuffersMbMoreRanks : kNcclBuffersMbTwoRanks;
-  if (a.nccl_buffers_mb != "auto") {
-    if (!absl::SimpleAtod(a.nccl_buffers_mb, &nccl_mb) || !(nccl_mb >= 0 && nccl_mb <= kMaxMb)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--nccl-buffers-mb '", a.nccl_buffers_mb, "': use auto or 0 to 1 PiB (MiB)"));
-    }
-    if (!p.nccl) return absl::InvalidArgumentError("--nccl-buffers-mb needs --backend nccl");
-  }
-  p.nccl_buffer_bytes = p.nccl ? static_cast<std::uint64_t>(nccl_mb * 1024 * 1024) : 0;
-  if (a.touch_device >= 0) {
-    if (a.touch_device > 255) {
-      return absl::InvalidArgumentError(absl::StrCat("--touch-device ", a.touch_device, ": use a device 0 to 255"));
-    }
-    if (p.cuda_context_bytes == 0) {
-      return absl::InvalidArgumentError("--touch-device needs --cuda-context-mb (the size of the context it creates)");
-    }
-    p.touch_device = static_cast<int>(a.touch_device);
-  } else if (a.touch_device != -1) {
-    return absl::InvalidArgumentError(absl::StrCat("--touch-device ", a.touch_device, ": use a device 0 to 255"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Plan> MakePlan(const RunArgs& a, const std::string& ddp_mode, std::int64_t world_size) {
-  if (absl::Status s = CheckOptionRanges(a); !s.ok()) return s;
-  Plan p;
-  TrainOptions& t = p.train;
-  if (!a.model_file.empty() && a.model_given)
-    return absl::InvalidArgumentError("give --model or --model-file, not both");
-  t.model = ModelName(a);
-  t.steps = a.steps;
-  t.grad_accum = a.grad_accum;
-  t.model_options.batch_size = a.batch_size;
-  t.model_options.seq_len = a.seq_len;
-  t.model_options.width = a.width;
-  t.model_options.depth = a.depth;
-  t.model_options.checkpoint_activations = a.checkpoint;
-  if (a.attention == "flash") {
-    t.model_options.attention = AttentionKind::kFlash;
-  } else if (a.attention != "math") {
-    return absl::InvalidArgumentError(absl::StrCat("--attention '", a.attention, "': use math or flash"));
-  }
-  absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(a.optimizer);
-  if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--optimizer: ", kind.status().message()));
-  absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(a.optimizer_impl);
-  if (!impl.ok()) return absl::InvalidArgumentError(absl::StrCat("--optimizer-impl: ", impl.status().message()));
-  t.optimizer.kind = *kind;
-  t.optimizer.impl = *impl;
-  // torch.optim defaults: Adam/AdamW lr 1e-3 (AdamW weight_decay 1e-2); SGD needs an lr (0.01 here).
-  t.optimizer.lr = static_cast<float>(a.lr > 0 ? a.lr : (*kind == OptimizerKind::kSgd ? 0.01 : 1e-3));
-  if (*kind == OptimizerKind::kSgd) t.optimizer.momentum = static_cast<float>(a.momentum);
-  if (*kind == OptimizerKind::kAdamW) t.optimizer.weight_decay = 1e-2f;
-  if (a.zero_grad == "zeros") {
-    t.zero_grad_set_to_none = false;
-  } else if (a.zero_grad != "none") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--zero-grad '", a.zero_grad, "': use none (set_to_none=True) or zeros"));
-  }
-  if (a.amp == "fp16") {
-    t.amp = DType::kFloat16;
-  } else if (a.amp == "bf16") {
-    t.amp = DType::kBFloat16;
-  } else if (a.amp != "none") {
-    return absl::InvalidArgumentError(absl::StrCat("--amp '", a.amp, "': use none, fp16 or bf16"));
-  }
-  if (a.exec != "meta" && a.exec != "cpu") {
-    return absl::InvalidArgumentError(a.exec == "cuda"
-                                          ? "--exec cuda: this build has no GPU execution path; use meta or cpu"
-                                          : absl::StrCat("--exec '", a.exec, "': use meta or cpu"));
-  }
-  p.cpu = a.exec == "cpu";
-  if (world_size < 1) return absl::InvalidArgumentError("--world-size must be at least 1");
-  if (world_size > 64) return absl::InvalidArgumentError("--world-size: at most 64 ranks run on one machine");
-  p.ddp = ddp_mode == "auto" ? (world_size > 1 ? "copy" : "off") : ddp_mode;
-  if (p.ddp != "off" && p.ddp != "copy" && p.ddp != "view") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--ddp '", ddp_mode, "': use copy, view, off, or copy,view to compare"));
-  }
-  if (p.ddp != "off") {
-    reducer::DdpOptions d;
-    d.gradient_as_bucket_view = p.ddp == "view";
-    if (a.bucket_cap_given) d.bucket_cap_mb = a.bucket_cap_mb;
-    d.find_unused_parameters = a.find_unused;
-    d.static_graph = a.static_graph;
-    d.broadcast_buffers = !a.no_broadcast_buffers;
-    if (a.comm_hook == "fp16") {
-      d.comm_hook = reducer::CommHook::kFp16;
-    } else if (a.comm_hook == "bf16") {
-      d.comm_hook = reducer::CommHook::kBf16;
-    } else if (a.comm_hook != "none") {
-      return absl::InvalidArgumentError(absl::StrCat("--comm-hook '", a.comm_hook, "': use none, fp16 or bf16"));
-    }
-    if (d.comm_hook != reducer::CommHook::kNone && p.cpu) {
-      return absl::InvalidArgumentError("--comm-hook fp16|bf16 needs --exec meta (the CPU kernels compute float32)");
-    }
-    t.ddp = d;
-  } else if (a.bucket_cap_given || a.find_unused || a.static_graph || a.comm_hook != "none" || a.no_broadcast_buffers) {
-    return absl::InvalidArgumentError(
-        "DDP options (--bucket-cap-mb, --find-unused-parameters, --static-graph, "
-        "--comm-hook, --no-broadcast-buffers) need --ddp copy or view");
-  }
-  p.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
-  absl::StatusOr<Scenario> scenario = ParseScenario(a.scenario, world_size, a.steps);
-  if (!scenario.ok()) return scenario.status();
-  p.scenario = *scenario;
-  absl::StatusOr<std::uint64_t> device_memory = ParseSize(a.device_memory);
-  if (!device_memory.ok())
-    return absl::InvalidArgumentError(absl::StrCat("--device-memory: ", device_memory.status().message()));
-  if (*device_memory == 0) return absl::InvalidArgumentError("--device-memory: must be greater than 0");
-  if (*device_memory > kMaxTimelineDeviceCapacity) {
-    return absl::InvalidArgumentError(absl::StrCat("--device-memory ", a.device_memory, ": at most 1 PiB"));
-  }
-  p.device_memory = *device_memory;
-  absl::StatusOr<DeviceMap> devices = ParseDeviceMap("--devices", a.devices, static_cast<int>(world_size));
-  if (!devices.ok()) return devices.status();
-  p.devices = *devices;
-  if (absl::Status s = OutsideMemoryPlan(a, world_size, p); !s.ok()) return s;
-  absl::StatusOr<CheckpointPlan> checkpoint =
-      ParseCheckpointPlan(a.save_checkpoint, a.load_checkpoint, a.checkpoint_step, a.checkpoint_step_given);
-  if (!checkpoint.ok()) return checkpoint.status();
-  if (checkpoint->step >= a.steps) {
-    return absl::InvalidArgumentError(absl::StrCat("--checkpoint-step ", checkpoint->step, ": the run has ", a.steps,
-                                                   a.steps == 1 ? " step" : " steps", " (0 to ", a.steps - 1, ")"));
-  }
-  if (checkpoint->step >= 0 && p.cpu) {
-    return absl::InvalidArgumentError("checkpoints need --exec meta (the state dict's values are not modelled)");
-  }
-  p.checkpoint = *checkpoint;
-  absl::StatusOr<AllocatorConfig> config =
-      a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
-  if (!config.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
-  }
-  p.config = *config;
-  if (a.memory_fraction_given) {
-    if (!(a.memory_fraction >= 0.0 && a.memory_fraction <= 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat("--memory-fraction ", a.memory_fraction, ": use 0 to 1"));
-    }
-    // torch.cuda.set_per_process_memory_fraction(F) before the first allocation.
-    p.config.per_process_memory_fraction = a.memory_fraction;
-  }
-  if (a.cublas_workspace != "default" && a.cublas_workspace != "hopper" && a.cublas_workspace != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cublas-workspace '", a.cublas_workspace, "': use default, hopper or off"));
-  }
-  if (a.cublas_workspace != "off") {
-    p.blas_workspaces =
-        ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", nullptr);
-  }
-  if (absl::StatusOr<std::unique_ptr<Model>> probe = CreateModel(t.model, t.model_options); !probe.ok()) {
-    return probe.status();
-  }
-  if (p.cpu && t.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
-  if (p.cpu) {
-    bool cpu_model = false;
-    for (const ModelInfo& m : ListModels()) cpu_model = cpu_model || (m.name == t.model && m.cpu);
-    if (!cpu_model)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--exec cpu runs mlp and cifar-net; ", t.model, " needs --exec meta"));
-  }
-  return p;
-}
-
-// The settings of a run as run.json records them.
-RunRecord MakeRecord(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits,
-                     int first_failure) {
-  RunRecord run;
-  run.dir = RunDirectory(a.out);
-  run.world_size = world_size;
-  run.alloc_conf = plan.config.text;
-  run.device_memory = plan.device_memory;
-  run.exits = exits;
-  run.first_failure = first_failure;
-  TrainingManifest& t = run.training;
-  t.model = ModelName(a);
-  t.steps = a.steps;
-  t.batch_size = a.batch_size;
-  t.optimizer = a.optimizer;
-  t.optimizer_impl = a.optimizer_impl;
-  t.zero_grad = a.zero_grad;
-  t.amp = a.amp;
-  t.checkpoint_activations = a.checkpoint;
-  t.grad_accum = a.grad_accum;
-  t.attention = a.attention;
-  t.exec = a.exec;
-  t.ddp = plan.ddp;
-  if (plan.train.ddp) {
-    t.ddp_options = TrainingManifest::Ddp{a.bucket_cap_given ? std::optional<double>(a.bucket_cap_mb) : std::nullopt,
-                                          a.find_unused, a.static_graph, a.comm_hook, !a.no_broadcast_buffers};
-  }
-  return run;
-}
 
 // The DDP bucket lines under a rank's phase table.
 void PrintBuckets(const DdpBuckets& ddp) {
@@ -513,7 +151,7 @@ void PrintRankLosses(const std::vector<std::optional<RankStatus>>& statuses) {
 // buckets and peak, the losses and where it was recorded. Only what
 // happened: a rank that never built its model (a failed rendezvous) has no
 // parameter count, no phases and no peak to show.
-void PrintTables(const RunArgs& a, const RunOutcome& out) {
+void PrintTables(const RunRequest& a, const RunOutcome& out) {
   const TrainingManifest& t = *out.manifest.training;
   const int world_size = out.manifest.world_size;
   std::cout << "memscope run: " << t.model
@@ -571,327 +209,36 @@ void PrintTables(const RunArgs& a, const RunOutcome& out) {
   std::cout << "recorded in " << a.out << "/ (" << RunDirectory(a.out).ExistingListing(world_size) << ")\n";
 }
 
-// Aggregates the finished ranks (run/aggregate.h), writes the run's outputs
-// and prints them. `exits` are the launcher's (empty for one in-process
-// rank). The outcome goes to `kept` when given.
-int Finalize(const RunArgs& a, const Plan& plan, int world_size, const std::vector<RankExit>& exits, int first_failure,
-             std::optional<RunOutcome>* kept = nullptr,
-             const std::optional<TrainingManifest::DataParallel>& data_parallel = std::nullopt) {
-  RunRecord record = MakeRecord(a, plan, world_size, exits, first_failure);
-  record.training.data_parallel = data_parallel;
-  absl::StatusOr<RunOutcome> out = AggregateRun(record);
-  if (!out.ok()) return Fail(out.status().message());
-  if (a.json) {
-    std::ifstream in(RunDirectory(a.out).Report());
-    std::cout << in.rdbuf();
-  } else {
-    PrintTables(a, *out);
+// What `memscope run` says: its tables (or report.json) on stdout, its
+// errors and diagnostics on stderr.
+class Printer : public RunPrinter {
+ public:
+  int Fail(absl::string_view message) override { return cli::Fail("run", message); }
+  void SettingsNotes(const AllocatorConfig& config, const std::vector<std::string>& workspace_warnings) override {
+    cli::NoteGcWithoutFraction(config);
+    cli::PrintNotes(workspace_warnings);
   }
-  for (absl::string_view line : absl::StrSplit(out->diagnostics, '\n', absl::SkipEmpty())) {
-    std::cerr << EscapeForTerminal(line) << "\n";
+  void RankFailed(int rank, absl::string_view error) override {
+    std::cerr << "memscope run: rank " << rank << ": " << EscapeForTerminal(error) << "\n";
   }
-  const int code = out->exit_code;
-  if (kept != nullptr) *kept = std::move(*out);
-  return code;
-}
-
-// One rank in this process: its status, and its failure said on stderr when
-// other ranks run beside it.
-// A rank of several also sends its error to our launcher (the status pipe),
-// which names it even when this rank's log cannot be written (a full disk).
-int RankMain(const Plan& plan, int rank, int world_size, const RunDirectory& dir) {
-  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
-  if (!status.ok()) {
-    if (world_size == 1) return Fail(status.status().message());
-    const std::string line =
-        absl::StrCat("memscope run: rank ", rank, ": ",
-                     EscapeForTerminal(WithoutRankPrefix(std::string(status.status().message()), rank)));
-    ReportToLauncher(WithoutRankPrefix(std::string(status.status().message()), rank));
-    std::cerr << line << "\n";
-    return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
-  }
-  if (status->exit_code != kExitOk && world_size > 1) {
-    ReportToLauncher(WithoutRankPrefix(status->error, rank));
-    std::cerr << "memscope run: rank " << rank << ": " << EscapeForTerminal(WithoutRankPrefix(status->error, rank))
-              << "\n";
-  }
-  return status->exit_code;
-}
-
-// This process and its command line, for the lock of the run directory.
-// A double as text that parses back to the same value.
-std::string Exact(double v) { return absl::StrFormat("%.17g", v); }
-
-// The command line of a rank: the same run, as options.
-std::vector<std::string> ToArgs(const RunArgs& a, const std::string& ddp_mode) {
-  std::vector<std::string> v = {"run",
-                                "--model",
-                                ModelName(a),
-                                "--steps",
-                                absl::StrCat(a.steps),
-                                "--optimizer",
-                                a.optimizer,
-                                "--optimizer-impl",
-                                a.optimizer_impl,
-                                "--momentum",
-                                Exact(a.momentum),
-                                "--ddp",
-                                ddp_mode,
-                                "--comm-hook",
-                                a.comm_hook,
-                                "--timeout",
-                                Exact(a.timeout),
-                                "--zero-grad",
-                                a.zero_grad,
-                                "--device-memory",
-                                a.device_memory,
-                                "--exec",
-                                a.exec,
-                                "--amp",
-                                a.amp,
-                                "--grad-accum",
-                                absl::StrCat(a.grad_accum),
-                                "--attention",
-                                a.attention,
-                                "--out",
-                                a.out};
-  auto add = [&v](const char* flag, std::int64_t value) {
-    if (value != 0) {
-      v.push_back(flag);
-      v.push_back(absl::StrCat(value));
+  void RankRejected(absl::string_view line) override { std::cerr << EscapeForTerminal(line) << "\n"; }
+  void Outcome(const RunRequest& a, const RunOutcome& out) override {
+    if (a.json) {
+      std::ifstream in(RunDirectory(a.out).Report());
+      std::cout << in.rdbuf();
+    } else {
+      PrintTables(a, out);
     }
-  };
-  add("--batch-size", a.batch_size);
-  add("--seq-len", a.seq_len);
-  add("--width", a.width);
-  add("--depth", a.depth);
-  if (a.lr > 0) v.insert(v.end(), {"--lr", Exact(a.lr)});
-  if (a.bucket_cap_given) v.insert(v.end(), {"--bucket-cap-mb", Exact(a.bucket_cap_mb)});
-  if (a.find_unused) v.push_back("--find-unused-parameters");
-  if (a.static_graph) v.push_back("--static-graph");
-  if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
-  if (a.checkpoint) v.push_back("--checkpoint-activations");
-  if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
-  if (a.memory_fraction_given) v.insert(v.end(), {"--memory-fraction", Exact(a.memory_fraction)});
-  if (a.cublas_workspace != "default") v.insert(v.end(), {"--cublas-workspace", a.cublas_workspace});
-  if (!a.scenario.empty()) v.insert(v.end(), {"--scenario", a.scenario});
-  if (!a.devices.empty()) v.insert(v.end(), {"--devices", a.devices});
-  if (a.backend != "gloo") v.insert(v.end(), {"--backend", a.backend});
-  if (a.cuda_context_mb != 0) v.insert(v.end(), {"--cuda-context-mb", Exact(a.cuda_context_mb)});
-  if (a.nccl_buffers_mb != "auto") v.insert(v.end(), {"--nccl-buffers-mb", a.nccl_buffers_mb});
-  if (a.touch_device != -1) v.insert(v.end(), {"--touch-device", absl::StrCat(a.touch_device)});
-  if (!a.save_checkpoint.empty()) v.insert(v.end(), {"--save-checkpoint", a.save_checkpoint});
-  if (!a.load_checkpoint.empty()) v.insert(v.end(), {"--load-checkpoint", a.load_checkpoint});
-  if (a.checkpoint_step_given) v.insert(v.end(), {"--checkpoint-step", absl::StrCat(a.checkpoint_step)});
-  return v;
-}
-
-// `memscope run --ddp copy,view`: the two runs compared, from the reports
-// this process just made (or from disk, for a rank of an external launcher
-// that did not aggregate a pass).
-int PrintComparison(const std::string& copy_dir, const std::string& view_dir,
-                    const std::optional<RunOutcome> (&outcomes)[2], int worst) {
-  absl::StatusOr<CompareInput> inputs[2];
-  const std::string dirs[2] = {copy_dir, view_dir};
-  for (int i = 0; i < 2; ++i) {
-    const std::optional<RunOutcome>& o = outcomes[i];
-    inputs[i] =
-        o ? CompareInputFromRun(dirs[i], o->timelines, o->reports, o->manifest.ToJson()) : LoadCompareInput(dirs[i]);
-    if (!inputs[i].ok()) return Fail(inputs[i].status().message());
-  }
-  absl::StatusOr<Comparison> c = Compare(*inputs[0], *inputs[1]);
-  if (!c.ok()) return Fail(c.status().message());
-  std::cout << "== --ddp copy (A) vs --ddp view (B)\n" << FormatComparison(*c);
-  return worst;
-}
-
-// A rank started by a launcher (ours, torchrun, Slurm, mpirun). Rank 0 of an
-// external launcher also aggregates the run once every rank's status is
-// there (or the timeout has passed).
-int RunWorker(const RunArgs& a, const Plan& plan, int rank, int world_size, std::optional<RunOutcome>* kept) {
-  const RunDirectory dir(a.out);
-  // A status left by an earlier run must not pass for this one's.
-  std::error_code ec;
-  std::filesystem::remove(dir.RankStatus(rank), ec);
-  const int code = RankMain(plan, rank, world_size, dir);
-  if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
-  WaitForRankStatuses(dir, world_size, plan.timeout);
-  const int final_code = Finalize(a, plan, world_size, {}, -1, kept);
-  return code != kExitOk ? code : final_code;
-}
-
-// N ranks as processes of this executable under our launcher, then the run aggregated.
-int LaunchAndFinalize(const RunArgs& a, const std::string& ddp_mode, const Plan& plan, int world_size,
-                      std::optional<RunOutcome>* kept) {
-  const RunDirectory dir(a.out);
-  absl::StatusOr<LaunchResult> launched = LaunchRankProcesses(dir, ToArgs(a, ddp_mode), world_size, plan.timeout);
-  if (!launched.ok()) return Fail(launched.status().message());
-  // A rank that rejected its options fails alike everywhere: say why once.
-  for (const RankExit& e : launched->ranks) {
-    if (e.exit_code == kExitBadInput) {
-      std::ifstream log(dir.RankLog(e.rank));
-      std::string line;
-      std::getline(log, line);
-      // The rank's log may be lost (a full disk): its status pipe is not.
-      if (line.empty()) line = absl::StrCat("memscope run: rank ", e.rank, ": ", e.message);
+    for (absl::string_view line : absl::StrSplit(out.diagnostics, '\n', absl::SkipEmpty())) {
       std::cerr << EscapeForTerminal(line) << "\n";
-      return kExitBadInput;
     }
   }
-  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, kept);
-}
-
-// Every rank's device is valid (run/devices.h), before anything runs: a
-// rank of a launcher checks its own; our launcher checks each rank's, with
-// the LOCAL_RANK it will give it.
-absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size,
-                          std::optional<int> touch_device) {
-  DeviceEnvironment env = DeviceEnvironment::FromProcess();
-  if (touch_device && env.cuda_visible_devices) {
-    const std::size_t visible = VisibleDevices(*env.cuda_visible_devices).size();
-    if (static_cast<std::size_t>(*touch_device) >= visible) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CUDA error: invalid device ordinal: --touch-device ", *touch_device, ", but CUDA_VISIBLE_DEVICES=",
-          *env.cuda_visible_devices, " makes ", visible, visible == 1 ? " device" : " devices", " visible"));
-    }
+  void PassBegins(absl::string_view mode) override { std::cout << "== --ddp " << mode << "\n"; }
+  void PassEnds() override { std::cout << "\n"; }
+  void Comparison(const memscope::Comparison& c) override {
+    std::cout << "== --ddp copy (A) vs --ddp view (B)\n" << FormatComparison(c);
   }
-  if (worker) return AssignDevice(map, rank, env).status();
-  for (int r = 0; r < world_size; ++r) {
-    if (world_size > 1) env.local_rank = absl::StrCat(r);
-    if (absl::Status s = AssignDevice(map, r, env).status(); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-// One run in one mode; its outcome goes to `kept` when this process aggregated it.
-int RunOne(const RunArgs& a, const std::string& ddp_mode, std::optional<RunOutcome>* kept = nullptr) {
-  const char* env_rank = std::getenv("RANK");
-  const char* env_world = std::getenv("WORLD_SIZE");
-  const bool worker = env_rank != nullptr && env_world != nullptr;
-  std::int64_t world_size = a.world_size;
-  int rank = 0;
-  if (worker) {
-    std::int64_t ws = 0;
-    if (!absl::SimpleAtoi(env_world, &ws) || ws < 1 || ws > kMaxTimelineWorldSize) {
-      return Fail(absl::StrCat("WORLD_SIZE='", env_world, "' is not a positive integer up to ", kMaxTimelineWorldSize));
-    }
-    if (!absl::SimpleAtoi(env_rank, &rank) || rank < 0 || rank >= ws) {
-      return Fail(absl::StrCat("RANK='", env_rank, "' is not a rank of WORLD_SIZE=", ws));
-    }
-    if (a.world_size_given && a.world_size != ws) {
-      return Fail(absl::StrCat("--world-size ", a.world_size, " disagrees with WORLD_SIZE=", ws));
-    }
-    world_size = ws;
-  }
-  absl::StatusOr<Plan> plan = MakePlan(a, ddp_mode, world_size);
-  if (!plan.ok()) return Fail(plan.status().message());
-  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device);
-      !s.ok()) {
-    return Fail(s.message());
-  }
-  if (absl::Status s = CheckCheckpointDevice(plan->checkpoint, DeviceEnvironment::FromProcess()); !s.ok()) {
-    return Fail(s.message());
-  }
-  if (!worker) {
-    cli::NoteGcWithoutFraction(plan->config);
-    // PyTorch's warnings for workspace variables it cannot read (it then uses its defaults).
-    std::vector<std::string> warnings;
-    if (a.cublas_workspace != "off") {
-      ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", &warnings);
-    }
-    cli::PrintNotes(warnings);
-  }
-  const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
-  if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), kept);
-  // One run at a time per directory; the ranks of ours run under this lock.
-  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
-  if (!lock.ok()) return Fail(lock.status().message());
-  dir.RemoveRankFiles();  // what an earlier run in this directory left
-  if (world_size == 1) {
-    const int code = RankMain(*plan, 0, 1, dir);
-    if (code == kExitBadInput) return code;
-    return Finalize(a, *plan, 1, {}, -1, kept);
-  }
-  return LaunchAndFinalize(a, ddp_mode, *plan, static_cast<int>(world_size), kept);
-}
-
-// `memscope run --dp N`: DataParallel over N simulated GPUs in this process
-// (run/rank.h RunDataParallel), the devices recorded as ranks, then the run
-// aggregated and printed with the imbalance table.
-int RunDataParallelCommand(const RunArgs& a) {
-  if (a.dp < 2 || a.dp > 64)
-    return Fail(absl::StrCat("--dp ", a.dp, ": use 2 to 64 devices (DataParallel over N GPUs)"));
-  if (a.world_size_given && a.world_size > 1) {
-    return Fail(absl::StrCat("--dp is DataParallel in one process; it does not combine with --world-size ",
-                             a.world_size, " (DDP); use one or the other"));
-  }
-  if (a.ddp != "auto" && a.ddp != "off") return Fail(absl::StrCat("--dp does not combine with --ddp ", a.ddp));
-  if (std::getenv("RANK") != nullptr && std::getenv("WORLD_SIZE") != nullptr) {
-    return Fail("--dp runs one process over N GPUs; it cannot be a rank of a launcher (RANK and WORLD_SIZE are set)");
-  }
-  if (a.grad_accum != 1) return Fail("--dp with --grad-accum is not modelled");
-  absl::StatusOr<Plan> plan = MakePlan(a, "off", 1);
-  if (!plan.ok()) return Fail(plan.status().message());
-  plan->ddp = "dp";
-  if (absl::Status s = CheckDataParallelOptions(plan->train, static_cast<int>(a.dp), plan->cpu); !s.ok()) {
-    return Fail(s.message());
-  }
-  const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
-  absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
-  if (!lock.ok()) return Fail(lock.status().message());
-  dir.RemoveRankFiles();
-  const int devices = static_cast<int>(a.dp);
-  absl::StatusOr<DataParallelRun> run = RunDataParallel(*plan, devices, dir);
-  if (!run.ok()) return Fail(run.status().message());
-  TrainingManifest::DataParallel dp;
-  for (int d = 0; d < devices; ++d) dp.device_ids.push_back(d);
-  dp.chunk_sizes = run->chunk_sizes;
-  for (std::int64_t c : dp.chunk_sizes) dp.global_batch += c;
-  return Finalize(a, *plan, devices, {}, -1, nullptr, dp);
-}
-
-// --gpu KIND: the kind's device memory, CUDA context and cuBLAS workspace,
-// for those of the three options not given. The ranks get the values as
-// options (ToArgs), not the kind.
-absl::Status ApplyGpuKind(RunArgs& a) {
-  if (!a.gpu_given) return absl::OkStatus();
-  absl::StatusOr<GpuKind> kind = FindGpuKind(a.gpu);
-  if (!kind.ok()) return kind.status();
-  if (!a.device_memory_given) a.device_memory = absl::StrCat(kind->total_memory);
-  if (!a.cuda_context_given) a.cuda_context_mb = static_cast<double>(kind->context_mib);
-  if (!a.cublas_workspace_given) a.cublas_workspace = kind->hopper ? "hopper" : "default";
-  return absl::OkStatus();
-}
-
-int Run(const RunArgs& given) {
-  RunArgs a = given;
-  if (absl::Status s = ApplyGpuKind(a); !s.ok()) return Fail(s.message());
-  if (a.dp_given) return RunDataParallelCommand(a);
-  if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp);
-  // Both modes, each in its own directory, then the comparison.
-  int worst = kExitOk;
-  const char* store = std::getenv("MEMSCOPE_STORE");
-  const std::string base_store = store != nullptr ? store : "";
-  std::optional<RunOutcome> outcomes[2];
-  const std::string dirs[2] = {(std::filesystem::path(a.out) / "copy").string(),
-                               (std::filesystem::path(a.out) / "view").string()};
-  for (int i = 0; i < 2; ++i) {
-    const char* mode = i == 0 ? "copy" : "view";
-    RunArgs m = a;
-    m.ddp = mode;
-    m.out = dirs[i];
-    std::cout << "== --ddp " << mode << "\n";
-    // Ranks of an external launcher rendezvous once per pass.
-    if (!base_store.empty()) ::setenv("MEMSCOPE_STORE", absl::StrCat(base_store, "-", mode).c_str(), 1);
-    const int code = RunOne(m, mode, &outcomes[i]);
-    if (code == kExitBadInput) return code;
-    worst = std::max(worst, code);
-    std::cout << "\n";
-  }
-  return PrintComparison(dirs[0], dirs[1], outcomes, worst);
-}
+};
 
 // memscope gpus: the kinds --gpu knows (sources: run/gpu_kinds.md).
 int Gpus() {
@@ -908,7 +255,7 @@ int Models() {
   std::cout << absl::StrFormat("%-14s %15s %8s  %s\n", "model", "parameters", "tensors", "description");
   for (const ModelInfo& m : ListModels()) {
     absl::StatusOr<std::unique_ptr<Model>> model = CreateModel(m.name, {});
-    if (!model.ok()) return Fail(model.status().message());
+    if (!model.ok()) return cli::Fail("run", model.status().message());
     std::string count = absl::StrCat((*model)->NumParameters());
     for (int i = static_cast<int>(count.size()) - 3; i > 0; i -= 3) count.insert(static_cast<std::size_t>(i), ",");
     std::cout << absl::StrFormat("%-14s %15s %8d  %s%s\n", m.name, count, (*model)->NumParameterTensors(),
@@ -920,7 +267,7 @@ int Models() {
 }  // namespace
 
 void RegisterRun(CLI::App& app, int& exit_status) {
-  auto a = std::make_shared<RunArgs>();
+  auto a = std::make_shared<RunRequest>();
   CLI::App* cmd = app.add_subcommand(
       "run",
       "Run the reference training loop (a zoo model, optimizer, phases) on a simulated GPU and record every "
@@ -1016,7 +363,10 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--attention", a->attention, "gpt2*: math (eager, default) or flash (scaled_dot_product_attention)");
   cmd->add_option("--out", a->out, "run directory (default memscope-run)");
   cmd->add_flag("--json", a->json, "print report.json instead of the tables");
-  cmd->callback([a, &exit_status] { exit_status = Run(*a); });
+  cmd->callback([a, &exit_status] {
+    Printer printer;
+    exit_status = RunCommand(*a, printer);
+  });
 
   CLI::App* models = app.add_subcommand("models", "List the model zoo with parameter counts.");
   models->callback([&exit_status] { exit_status = Models(); });

@@ -1,6 +1,6 @@
 // One rank of `memscope run`: trains the reference loop on a RankSession,
 // recording into rank-R.timeline, and writes rank-R.json (RankStatus) as it
-// ends. The command (cli/run_command.cpp) builds the plan from its flags.
+// ends. run/run_request.h MakeRankPlan builds the plan from the flags.
 #ifndef MEMSCOPE_RUN_RANK_H_
 #define MEMSCOPE_RUN_RANK_H_
 
