@@ -276,7 +276,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "zoo model (memscope models lists them; default gpt2), file:MODEL.json, or hf:CONFIG.json "
                   "(a Hugging Face config.json)")
       ->each([a](const std::string&) { a->model_given = true; });
-  cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1; see README)");
+  cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1; see docs/model-files.md)");
   cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
       ->each([a](const std::string&) { a->world_size_given = true; });
   cmd->add_option("--dp", a->dp,
@@ -372,7 +372,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   models->callback([&exit_status] { exit_status = Models(); });
 
   CLI::App* gpus = app.add_subcommand(
-      "gpus", "List the GPU kinds of memscope run --gpu: memory, CUDA context, cuBLAS workspace (sources: README).");
+      "gpus", "List the GPU kinds of memscope run --gpu: memory, CUDA context, cuBLAS workspace (sources: docs/gpus.md).");
   gpus->callback([&exit_status] { exit_status = Gpus(); });
 }
 
