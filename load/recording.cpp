@@ -354,7 +354,7 @@ absl::StatusOr<ReplaySource> OpenReplaySource(const std::string& path, int rank)
                                                  " devices; replaying device ", out.snapshot->device));
     }
     out.notes = out.snapshot->notes;
-    out.trace = out.snapshot->requests;
+    out.trace = std::move(out.snapshot->requests);  // (`snapshot` keeps what --verify reads)
     out.settings = out.snapshot->settings;
     out.device_memory = out.snapshot->device_capacity;  // the capacity its OOM implies (0: none)
     return out;

@@ -110,8 +110,8 @@ absl::StatusOr<LoadedReport> LoadReport(const std::string& path);
 // source brings.
 struct ReplaySource {
   RequestTrace trace;
-  // A PyTorch snapshot's device (its segment actions, for --verify); its
-  // requests are in `trace`.
+  // A PyTorch snapshot's device (its settings and segment actions, for
+  // --verify); its requests are moved into `trace`.
   std::optional<ImportedTrace> snapshot;
   // The source's own settings (a recording's or a snapshot's), parsed when
   // it was read; nullopt for request traces (JSON lines, RMM).

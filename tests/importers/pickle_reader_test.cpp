@@ -1695,6 +1695,14 @@ TEST_CASE("snapshot import: records, dicts and the general path give the same tr
 
 namespace {
 
+// A new directory of this test's own (the Python files are shared by every
+// test process: a test writes its files here).
+std::filesystem::path ScratchDir(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + ".XXXXXX";
+  REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+  return tmpl;
+}
+
 void WriteFile(const std::filesystem::path& p, std::string_view bytes) {
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -1777,8 +1785,7 @@ TEST_CASE("pickle_reader: every test pickle reads the same in place, mapped and 
 TEST_CASE("pickle_reader: truncated, page-aligned and large mapped files, and unmapped ones, read as a stream does") {
   const Fixture& f = Files();
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  const std::filesystem::path dir = f.dir / "mapped";
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = ScratchDir("memscope-mapped");
   // Truncated files: the same one-line error, mapped or not, at every length.
   const std::string small = ReadText(f / "small_p4.pickle");
   for (std::size_t n = 0; n < small.size(); ++n) {
@@ -1876,8 +1883,7 @@ TEST_CASE("pickle_reader: truncated, page-aligned and large mapped files, and un
 // the same trace as the file's.
 TEST_CASE("snapshot import: a FIFO reads as the file") {
   const Fixture& f = Files();
-  const std::filesystem::path dir = f.dir / "fifo";
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = ScratchDir("memscope-fifo");
   const std::string fifo = (dir / "snap.pickle").string();
   REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
   const std::string bytes = ReadText(f / "rec_imp_p4.pickle");
