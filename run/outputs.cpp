@@ -80,11 +80,11 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   if (amend) amend(report);
   const nlohmann::json report_json = ReportToJson(report);
   // The whole-GPU table (what `amend` found) goes to the summary, the trace and the page too.
-  const bool has_gpus = !report.gpus.empty();
-  const nlohmann::json gpus = has_gpus ? GpuTableJson(report.gpus) : nlohmann::json(nullptr);
+  const auto gpus = report_json.find("gpus");  // Report::gpus, as report.json writes it
+  const bool has_gpus = gpus != report_json.end();
   if (has_gpus) {
     absl::StrAppend(&summary, "\n", GpuTableText(report.gpus));
-    trace.WriteGpuTable(gpus);
+    trace.WriteGpuTable(*gpus);
   }
   if (absl::Status s = trace.Finish(); !s.ok() && trace_out.stream()) return s;
   if (absl::Status s = trace_out.Commit(); !s.ok()) errors.push_back(s);
@@ -98,7 +98,7 @@ absl::StatusOr<std::vector<RankReport>> WriteRunOutputs(
   page.label = dir;
   for (const Timeline& t : timelines) page.world_size = std::max(page.world_size, t.world_size);
   page.rank_pieces = std::move(viewer_data);
-  if (has_gpus) page.gpus = gpus.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (has_gpus) page.gpus = gpus->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::vector<HtmlPageRun> pages;
   pages.push_back(std::move(page));
   OutputFile html_out(run_dir.Html());
