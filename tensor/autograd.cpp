@@ -161,6 +161,7 @@ std::shared_ptr<Node> RecordOp(std::string_view name, std::initializer_list<cons
 namespace {
 // The final callbacks of the outermost running Backward (null outside one).
 thread_local std::vector<std::function<void()>>* final_callbacks = nullptr;
+thread_local EngineBehaviour engine_behaviour;
 void RunGraph(const TensorList& roots, TensorList root_grads);
 }  // namespace
 
@@ -168,6 +169,8 @@ void QueueBackwardCallback(std::function<void()> callback) {
   if (final_callbacks == nullptr) throw TensorError("queue_callback: no backward pass is running");
   final_callbacks->push_back(std::move(callback));
 }
+
+EngineBehaviour& CurrentEngineBehaviour() { return engine_behaviour; }
 
 void Backward(const TensorList& roots, TensorList root_grads) {
   if (final_callbacks != nullptr) {  // reentrant (checkpoint): callbacks go to the outermost pass
@@ -233,7 +236,8 @@ void RunGraph(const TensorList& roots, TensorList root_grads) {
       slot = std::move(grad);
     } else {
       ScopedTag tag(Category::kAutogradDetail, e.fn->owner());
-      if (slot.use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous()) {
+      if (CurrentEngineBehaviour().inplace_accumulation && slot.use_count() == 1 &&
+          slot.storage().use_count() == 1 && slot.is_contiguous()) {
         ops::AddInPlace(slot, grad);
       } else {
         slot = ops::Add(slot, grad);
@@ -249,6 +253,9 @@ void RunGraph(const TensorList& roots, TensorList root_grads) {
       if (roots[i].numel() != 1) throw TensorError("grad can be implicitly created only for scalar outputs");
       ScopedTag tag(Category::kAutogradDetail, e.fn->owner());
       g = ops::OnesLike(roots[i]);
+      // torch.autograd.backward's Python frame holds the gradients it made
+      // (_make_grads) until the engine returns: the ones live through backward.
+      root_grads[i] = g;
     }
     add_to_buffer(e, std::move(g));
   }

@@ -13,7 +13,8 @@
 //  - a node's incoming gradients are freed right after it runs, then its saved
 //    tensors (release_variables), then its outputs go to the next nodes' input
 //    buffers, where two gradients for the same input are added in place when
-//    the buffer owns its storage alone, else out of place (InputBuffer);
+//    the buffer owns its storage alone, else out of place (InputBuffer; in
+//    PyTorch 1.x always out of place: EngineBehaviour);
 //  - AccumulateGrad steals the incoming gradient as .grad when .grad is
 //    undefined and nothing else references it (no copy), clones it otherwise,
 //    and adds in place when .grad is defined.
@@ -129,6 +130,17 @@ Tensor Checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 
 // Autograd-visible sequence counter (the next node's number).
 std::uint64_t NextSequenceNr();
+
+// Behaviours of the engine that changed between PyTorch releases (on this
+// thread). The defaults are the newest release's.
+struct EngineBehaviour {
+  // InputBuffer adds a second gradient for the same input into the first in
+  // place when it owns its storage alone (can_accumulate_inplace,
+  // torch/csrc/autograd/input_buffer.cpp, PyTorch 2.x); PyTorch 1.13 always
+  // adds out of place (the oracle of tests/oracle/ measures it).
+  bool inplace_accumulation = true;
+};
+EngineBehaviour& CurrentEngineBehaviour();
 
 }  // namespace memscope
 

@@ -488,14 +488,18 @@ Tensor Add(const Tensor& a, const Tensor& b, float alpha) {
   Tensor out =
       Binary(a, b, PromoteTypes(a.dtype(), b.dtype()), "add", [alpha](float x, float y) { return x + alpha * y; });
   if (NeedsGrad({&a, &b})) {
+    // Only the inputs that need a gradient get one (task_should_compute_output):
+    // an additive mask that does not require grad is not summed back to its shape.
     RecordOp("AddBackward0", {&a, &b}, {&out}, [sa = a.sizes(), sb = b.sizes(), alpha](Node& n, TensorList& g) {
       TensorList r(2);
-      {
+      if (n.next_edges[0].fn) {
         GradTag tag(n, 0);
         r[0] = SumTo(g[0], sa);
       }
-      GradTag tag(n, 1);
-      r[1] = SumTo(alpha == 1 ? g[0] : MulScalar(g[0], alpha), sb);
+      if (n.next_edges[1].fn) {
+        GradTag tag(n, 1);
+        r[1] = SumTo(alpha == 1 ? g[0] : MulScalar(g[0], alpha), sb);
+      }
       return r;
     });
   }
@@ -507,12 +511,14 @@ Tensor Sub(const Tensor& a, const Tensor& b) {
   if (NeedsGrad({&a, &b})) {
     RecordOp("SubBackward0", {&a, &b}, {&out}, [sa = a.sizes(), sb = b.sizes()](Node& n, TensorList& g) {
       TensorList r(2);
-      {
+      if (n.next_edges[0].fn) {
         GradTag tag(n, 0);
         r[0] = SumTo(g[0], sa);
       }
-      GradTag tag(n, 1);
-      r[1] = SumTo(MulScalar(g[0], -1), sb);
+      if (n.next_edges[1].fn) {
+        GradTag tag(n, 1);
+        r[1] = SumTo(MulScalar(g[0], -1), sb);
+      }
       return r;
     });
   }
@@ -776,7 +782,7 @@ Tensor& AddInPlaceTracked(Tensor& x, const Tensor& y) {
   if (NeedsGrad({&x, &y})) {
     RecordOp("AddBackward0", {&x, &y}, {&x}, [sy = y.sizes()](Node& n, TensorList& g) {
       GradTag tag(n, 1);
-      return TensorList{g[0], SumTo(g[0], sy)};
+      return TensorList{g[0], n.next_edges[1].fn ? SumTo(g[0], sy) : Tensor()};
     });
   }
   return x;

@@ -82,7 +82,8 @@ Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
     // mat2's sizes and strides are kept even when mat2 is not saved
     // (derivatives.yaml: mm_mat2_backward(grad, self, mat2.sym_sizes(), mat2.sym_strides(), ...)).
     RecordOp("MmBackward0", {&a, &b}, {&out},
-             [saved_a, saved_b, b_sizes = b.sizes(), b_strides = b.strides()](Node& n, TensorList& g) {
+             // saved_b before saved_a: captures die last-first, PyTorch frees self (a) first.
+             [saved_b, saved_a, b_sizes = b.sizes(), b_strides = b.strides()](Node& n, TensorList& g) {
                TensorList r(2);
                if (saved_b.defined()) {
                  GradTag tag(n, 0);
@@ -110,13 +111,13 @@ Tensor Addmm(const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
     Tensor saved_b = a.requires_grad() ? b.Detach() : Tensor();
     RecordOp("AddmmBackward0", {&bias, &a, &b}, {&out},
-             [saved_a, saved_b, bias_sizes = bias.sizes(), b_sizes = b.sizes(), b_strides = b.strides()](
+             // saved_b before saved_a: captures die last-first, PyTorch frees mat1 (a) first.
+             [saved_b, saved_a, bias_sizes = bias.sizes(), b_sizes = b.sizes(), b_strides = b.strides()](
                  Node& n, TensorList& g) {
+               // AddmmBackward0 returns the gradient itself for the bias; the
+               // engine sums it to the bias's shape afterwards
+               // (validate_outputs), so that sum comes after both mms.
                TensorList r(3);
-               if (n.next_edges[0].fn) {
-                 GradTag tag(n, 0);
-                 r[0] = SumTo(g[0], bias_sizes);
-               }
                if (saved_b.defined()) {
                  GradTag tag(n, 1);
                  r[1] = MmNoGrad(g[0], T(saved_b));
@@ -124,6 +125,10 @@ Tensor Addmm(const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in) {
                if (saved_a.defined()) {
                  GradTag tag(n, 2);
                  r[2] = MmMat2Backward(g[0], saved_a, b_sizes, b_strides);
+               }
+               if (n.next_edges[0].fn) {
+                 GradTag tag(n, 0);
+                 r[0] = SumTo(g[0], bias_sizes);
                }
                return r;
              });
@@ -150,7 +155,8 @@ Tensor Bmm(const Tensor& a_in, const Tensor& b_in) {
   if (NeedsGrad({&a, &b})) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
     Tensor saved_b = a.requires_grad() ? b.Detach() : Tensor();
-    RecordOp("BmmBackward0", {&a, &b}, {&out}, [saved_a, saved_b](Node& n, TensorList& g) {
+    // saved_b before saved_a: captures die last-first, PyTorch frees self (a) first.
+    RecordOp("BmmBackward0", {&a, &b}, {&out}, [saved_b, saved_a](Node& n, TensorList& g) {
       TensorList r(2);
       if (saved_b.defined()) {
         GradTag tag(n, 0);
@@ -208,7 +214,11 @@ Tensor Embedding(const Tensor& weight, const Tensor& indices, std::int64_t paddi
   Shape sizes = indices.sizes();
   const std::int64_t dim = weight.sizes()[1];
   sizes.push_back(dim);
+  // at::embedding: weight.index_select(0, indices.reshape(-1)): a copy of
+  // indices that cannot be viewed flat (expanded token-type ids), freed after.
+  Tensor flat = Reshape(indices, {-1});
   Tensor out = Tensor::Empty(weight.ctx(), sizes, weight.dtype());
+  flat = Tensor();
   if (weight.ctx().computes()) {
     RequireCpuKernel("embedding", {&weight});
     Tensor idx = Contiguous(indices);
@@ -269,7 +279,9 @@ Tensor LayerNorm(const Tensor& x_in, const Tensor& weight, const Tensor& bias, f
   }
   if (NeedsGrad({&x, &weight, &bias})) {
     RecordOp("NativeLayerNormBackward0", {&x, &weight, &bias}, {&out},
-             [input = x.Detach(), w = weight.Detach(), mean, rstd, d, rows](Node& n, TensorList& g) {
+             // Listed last-first: release_variables frees input, weight, mean,
+             // rstd in that order, and a closure's captures die in reverse.
+             [rstd, mean, w = weight.Detach(), input = x.Detach(), d, rows](Node& n, TensorList& g) {
                TensorList r(3);
                const bool cpu = g[0].ctx().computes();
                Tensor gc = cpu ? Contiguous(g[0]) : g[0];
@@ -347,8 +359,9 @@ Tensor BatchNorm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Te
 
 Tensor Dropout(const Tensor& x, float p, bool training) {
   if (!training || p == 0) return x;
-  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), x.dtype());
+  // Dropout.cu's dropout_cuda: the bool mask first, then the output.
   Tensor mask = Tensor::Empty(x.ctx(), x.sizes(), DType::kBool);
+  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), x.dtype());
   const float scale = 1.f / (1.f - p);
   if (x.ctx().computes()) {
     RequireCpuKernel("dropout", {&x});
@@ -488,7 +501,14 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& target, Reduction reduct
 }
 
 Tensor MseLoss(const Tensor& x, const Tensor& target) {
-  Tensor out = Tensor::Empty(x.ctx(), {}, x.dtype());
+  // mse_loss is a structured kernel (Loss.cpp): its meta function allocates
+  // the output at the inputs' broadcast shape and, for a reduction,
+  // resize_({})s it, which keeps the storage; the 0-d loss therefore holds
+  // an input-sized storage until it dies. The elementwise loss is a second
+  // input-sized temporary, reduced into it by mean_out. (PyTorch 1.13 on CPU
+  // does exactly this: tests/oracle/.)
+  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), x.dtype()).AsStrided({}, {}, 0);
+  { Tensor elementwise = Tensor::Empty(x.ctx(), x.sizes(), x.dtype()); }
   if (x.ctx().computes()) {
     RequireCpuKernel("mse_loss", {&x, &target});
     Tensor xc = Contiguous(x), tc = Contiguous(target);

@@ -189,19 +189,21 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                       {"name", "attention"},
                       {"heads", heads},
                       {"causal", false},
+                      {"mask", "additive"},
                       {"dropout", attn_p},
                       {"names", {{"q", "self.query"}, {"k", "self.key"}, {"v", "self.value"}, {"o", "output.dense"}}}},
-                     {{"type", "dropout"}, {"p", p}}}}},
-                  {{"type", "layer_norm"}, {"name", "attention.output.LayerNorm"}, {"eps", eps}},
+                     {{"type", "dropout"}, {"p", p}}}},
+                   {"then", {{{"type", "layer_norm"}, {"name", "attention.output.LayerNorm"}, {"eps", eps}}}}},
                   {{"type", "residual"},
                    {"body",
                     {{{"type", "linear"}, {"name", "intermediate.dense"}, {"out", inner}},
                      {{"type", "gelu"}},
                      {{"type", "linear"}, {"name", "output.dense"}, {"out", d}},
-                     {{"type", "dropout"}, {"p", p}}}}},
-                  {{"type", "layer_norm"}, {"name", "output.LayerNorm"}, {"eps", eps}}}}};
+                     {{"type", "dropout"}, {"p", p}}}},
+                   {"then", {{{"type", "layer_norm"}, {"name", "output.LayerNorm"}, {"eps", eps}}}}}}}};
   json trunk = {{"type", "sequential"},
                 {"name", prefix},
+                {"attention_mask", "extended"},
                 {"layers",
                  {{{"type", "block"},
                    {"name", "embeddings"},
@@ -218,6 +220,16 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                   {{"type", "sequential"},
                    {"name", "encoder"},
                    {"layers", {{{"type", "repeat"}, {"name", "layer"}, {"count", layers}, {"body", block}}}}}}}};
+  if (!roberta) {
+    // BertModel's pooler (first token, dense, tanh) runs inside BertModel,
+    // before the heads; the next-sentence head takes its output.
+    trunk["layers"].push_back({{"type", "branch"},
+                               {"as", "pooled_output"},
+                               {"layers",
+                                {{{"type", "select_token"}, {"index", 0}},
+                                 {{"type", "linear"}, {"name", "pooler.dense"}, {"out", d}},
+                                 {{"type", "tanh"}}}}});
+  }
   const std::string word = prefix + ".embeddings.word_embeddings";
   json mlm = {{{"type", "sequential"},
                {"name", roberta ? "lm_head" : "cls.predictions"},
@@ -233,11 +245,9 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                    {"loss", {{"type", "cross_entropy"}}}};
   json head_list = {mlm_head};
   if (!roberta) {
-    // BertModel's pooler (first token, dense, tanh), then the next-sentence classifier.
+    // The next-sentence classifier on the pooler's output.
     head_list.push_back({{"layers",
-                          {{{"type", "select_token"}, {"index", 0}},
-                           {{"type", "linear"}, {"name", "bert.pooler.dense"}, {"out", d}},
-                           {{"type", "tanh"}},
+                          {{{"type", "take"}, {"from", "pooled_output"}},
                            {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
                          {"target", {{"shape", {"batch"}}, {"classes", 2}}},
                          {"loss", {{"type", "cross_entropy"}}}});

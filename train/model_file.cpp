@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -32,9 +33,14 @@ struct Sig {
 // forward and share between layers (the causal mask, rotary cos/sin).
 struct ForwardState {
   Tensor causal_mask;
+  // BertModel's additive mask (B, 1, 1, T), made by the sequential that has
+  // "attention_mask": "extended" and alive while it runs.
+  Tensor extended_mask;
   Tensor cos, sin;
   // What Python locals keep until forward returns (`x, _ = self.lstm(x)`: the final states).
   TensorList locals;
+  // The results of "branch" layers, by name, for a later "take".
+  std::map<std::string, Tensor> branches;
 };
 
 // One layer's forward. Run takes its input by value so that it can drop it
@@ -56,12 +62,27 @@ class Group : public Module {
 
 class SequentialRunner final : public Runner {
  public:
-  SequentialRunner(std::vector<RunnerPtr> children, std::string tag, bool tagged)
-      : children_(std::move(children)), tag_(std::move(tag)), tagged_(tagged) {}
+  SequentialRunner(std::vector<RunnerPtr> children, std::string tag, bool tagged, bool extended_mask = false)
+      : children_(std::move(children)), tag_(std::move(tag)), tagged_(tagged), extended_mask_(extended_mask) {}
   Tensor Run(Tensor x, ForwardState& s) override {
     std::optional<ScopedTag> tag;
     if (tagged_) tag.emplace(Category::kActivation, tag_);
+    // A block is a module's forward: the Python locals its layers keep
+    // (ForwardState::locals) die when it returns.
+    const std::size_t locals = s.locals.size();
+    Tensor ones;
+    if (extended_mask_) {
+      // BertModel.forward without an attention_mask: ones (B, T), then
+      // get_extended_attention_mask: (1.0 - mask[:, None, None, :]) * finfo.min
+      // (rsub's result is freed, the product kept); both live until it returns.
+      NoGradGuard no_grad;
+      ones = Tensor::Full(x.ctx(), {x.sizes()[0], x.sizes()[1]}, 1);
+      s.extended_mask = ops::MulScalar(Tensor::Zeros(x.ctx(), {x.sizes()[0], 1, 1, x.sizes()[1]}),
+                                       std::numeric_limits<float>::lowest());
+    }
     for (RunnerPtr& c : children_) x = c->Run(std::move(x), s);
+    if (tagged_ && s.locals.size() > locals) s.locals.resize(locals);
+    if (extended_mask_) s.extended_mask = Tensor();
     return x;
   }
 
@@ -69,6 +90,7 @@ class SequentialRunner final : public Runner {
   std::vector<RunnerPtr> children_;
   std::string tag_;
   bool tagged_;
+  bool extended_mask_;
 };
 
 // torch.utils.checkpoint around a layer (with --checkpoint-activations).
@@ -167,12 +189,55 @@ class AttentionModule final : public Module {
   Tensor* mask_;
 };
 
+// BertEmbeddings' position_ids and token_type_ids ((1, max positions) int64
+// buffers; persistent=False, yet moved to the GPU by model.cuda()).
+class BertIdBuffers final : public Module {
+ public:
+  BertIdBuffers(std::string path, std::int64_t positions)
+      : Module(std::move(path)),
+        position_ids(Buffer("position_ids", {1, positions}, DType::kInt64)),
+        token_type_ids(Buffer("token_type_ids", {1, positions}, DType::kInt64)) {}
+  Tensor& position_ids;
+  Tensor& token_type_ids;
+};
+
+// BertEmbeddings.forward (transformers 4.4x): the ids are slices of the
+// buffers (no allocation); embedding() reshapes the expanded token-type ids
+// (a copy); words + token types, += positions in place; the three lookups
+// are locals until the embeddings module returns.
+class BertEmbeddingRunner final : public Runner {
+ public:
+  BertEmbeddingRunner(EmbeddingLayer* words, EmbeddingLayer* positions, EmbeddingLayer* token_types,
+                      BertIdBuffers* ids)
+      : words_(words), positions_(positions), token_types_(token_types), ids_(ids) {}
+  Tensor Run(Tensor x, ForwardState& s) override {
+    const std::int64_t b = x.sizes()[0], t = x.sizes()[1];
+    Tensor inputs_embeds = words_->Forward(x);
+    Tensor token_type_embeddings =
+        token_types_->Forward(ops::Expand(ops::Narrow(ids_->token_type_ids, 1, 0, t), {b, t}));
+    Tensor e = ops::Add(inputs_embeds, token_type_embeddings);
+    s.locals.push_back(inputs_embeds);
+    s.locals.push_back(token_type_embeddings);
+    if (positions_ != nullptr) {
+      Tensor position_embeddings = positions_->Forward(ops::Narrow(ids_->position_ids, 1, 0, t));
+      ops::AddInPlaceTracked(e, position_embeddings);
+      s.locals.push_back(position_embeddings);
+    }
+    return e;
+  }
+
+ private:
+  EmbeddingLayer *words_, *positions_, *token_types_;
+  BertIdBuffers* ids_;
+};
+
 struct AttentionSpec {
   std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
   AttentionKind kernel = AttentionKind::kMath;
   bool fused = false;  // GPT-2's c_attn (one Conv1D) instead of q, k, v projections
   bool causal = true;
   bool rotary = false;
+  bool additive_mask = false;  // BERT's eager path: ForwardState::extended_mask
   float dropout = 0;
   Tensor* mask_buffer = nullptr;  // GPT-2 eager path
   std::function<Tensor(const Tensor&)> q, k, v, qkv, o;
@@ -239,6 +304,8 @@ class AttentionRunner final : public Runner {
       w = ops::Softmax(w, -1);
       w = ops::Dropout(w, a_.dropout);
       context = ops::Matmul(w, v);
+    } else if (a_.additive_mask) {
+      return BertEager(std::move(q), std::move(k), std::move(v), s, b, t);
     } else {
       // eager_attention_forward: matmul * scaling (+ the additive causal
       // mask), softmax in float32 cast back, dropout, matmul.
@@ -263,13 +330,36 @@ class AttentionRunner final : public Runner {
   }
 
  private:
+  // BertSelfAttention.forward (transformers 4.4x, eager): scores / sqrt(d)
+  // + the extended mask, softmax, dropout, matmul; its locals (the
+  // projections, the masked scores, the probabilities) live until it
+  // returns, after the context's contiguous copy. Then BertSelfOutput.
+  Tensor BertEager(Tensor q, Tensor k, Tensor v, ForwardState& s, std::int64_t b, std::int64_t t) {
+    if (!s.extended_mask.defined())
+      throw TensorError("attention with \"mask\": \"additive\" needs an enclosing \"attention_mask\"");
+    const std::int64_t h = a_.heads, hd = a_.head_dim;
+    Tensor scores = ops::DivScalar(ops::Matmul(q, ops::Transpose(k, -1, -2)),
+                                   static_cast<float>(std::sqrt(static_cast<double>(hd))));
+    scores = ops::Add(scores, s.extended_mask);
+    Tensor probs = ops::Dropout(ops::Softmax(scores, -1), a_.dropout);
+    Tensor context = ops::Matmul(probs, v);
+    context = ops::Contiguous(ops::Permute(context, {0, 2, 1, 3}));
+    Tensor out = ops::View(context, {b, t, h * hd});
+    q = k = v = scores = probs = context = Tensor();
+    return a_.o(out);
+  }
+
   AttentionSpec a_;
 };
 
 class ResidualRunner final : public Runner {
  public:
-  ResidualRunner(RunnerPtr body, RunnerPtr shortcut, bool inplace, bool input_first)
-      : body_(std::move(body)), shortcut_(std::move(shortcut)), inplace_(inplace), input_first_(input_first) {}
+  ResidualRunner(RunnerPtr body, RunnerPtr shortcut, RunnerPtr then, bool inplace, bool input_first)
+      : body_(std::move(body)),
+        shortcut_(std::move(shortcut)),
+        then_(std::move(then)),
+        inplace_(inplace),
+        input_first_(input_first) {}
   Tensor Run(Tensor x, ForwardState& s) override {
     // Declared first, so that it dies after the body's output (Python's
     // `residual` local outlives the block's `out`).
@@ -279,14 +369,42 @@ class ResidualRunner final : public Runner {
     x = Tensor();
     if (inplace_) {
       ops::AddInPlaceTracked(out, identity);
-      return out;
+      return then_ ? then_->Run(std::move(out), s) : out;
     }
-    return input_first_ ? ops::Add(identity, out) : ops::Add(out, identity);
+    Tensor sum = input_first_ ? ops::Add(identity, out) : ops::Add(out, identity);
+    // "then": layers applied to the sum in the same Python expression, while
+    // the body's output is still a local (BertSelfOutput's
+    // LayerNorm(hidden_states + input_tensor)).
+    return then_ ? then_->Run(std::move(sum), s) : sum;
   }
 
  private:
-  RunnerPtr body_, shortcut_;
+  RunnerPtr body_, shortcut_, then_;
   bool inplace_, input_first_;
+};
+
+// A side computation on the layer's input, kept for a later TakeRunner; the
+// input goes on unchanged.
+class BranchRunner final : public Runner {
+ public:
+  BranchRunner(RunnerPtr body, std::string as) : body_(std::move(body)), as_(std::move(as)) {}
+  Tensor Run(Tensor x, ForwardState& s) override {
+    s.branches[as_] = body_->Run(x, s);
+    return x;
+  }
+
+ private:
+  RunnerPtr body_;
+  std::string as_;
+};
+
+class TakeRunner final : public Runner {
+ public:
+  explicit TakeRunner(std::string from) : from_(std::move(from)) {}
+  Tensor Run(Tensor, ForwardState& s) override { return s.branches.at(from_); }
+
+ private:
+  std::string from_;
 };
 
 // Runs a layer defined earlier again (shared weights).
@@ -369,6 +487,9 @@ class FileModel final : public Model {
     }
     return total;
   }
+
+  TensorList OtherOutputs() const override { return extra_outputs_; }
+  void ReleaseOutputs() override { extra_outputs_.clear(); }
 
   void set_batch_size(std::int64_t b) { batch_size_ = b; }
   std::string name_;
@@ -708,6 +829,9 @@ class Builder {
     if (t == "sequential" || t == "block" || t == "repeat" || t == "residual" || t == "shared") {
       return Container(c, sig);
     }
+    if (t == "branch" || t == "take") {
+      return Branch(c, sig);
+    }
     if (t == "linear" || t == "conv1d" || t == "conv2d" || t == "batch_norm2d" || t == "layer_norm" ||
         t == "rms_norm") {
       return WithParameters(c, sig);
@@ -734,7 +858,7 @@ class Builder {
         "unknown layer type \"", t,
         "\" (linear, conv1d, conv2d, batch_norm2d, layer_norm, rms_norm, embedding, lstm, gru, dropout, relu, gelu, "
         "gelu_new, tanh, sigmoid, silu, max_pool2d, adaptive_avg_pool2d, flatten, reshape, select_token, attention, "
-        "gated_mlp, sequential, block, repeat, residual, shared, heads)"));
+        "gated_mlp, sequential, block, repeat, residual, shared, branch, take, heads)"));
   }
 
   // The module of a container's layers: a group of its own when it is named, else its parent's.
@@ -747,12 +871,39 @@ class Builder {
     return *m;
   }
 
+  // branch {"as", "layers"}: its layers run on the input and their result is
+  // kept under "as"; the input goes on (BertModel's pooler, whose output the
+  // next-sentence head takes). take {"from"}: a branch's result, in its place.
+  RunnerPtr Branch(Ctx& c, Sig& sig) {
+    if (c.type == "branch") {
+      c.Allow({"as", "layers"});
+      const std::string as = c.Str("as", "");
+      if (as.empty()) c.Fail("missing field \"as\"");
+      if (!c.spec.contains("layers")) c.Fail("missing field \"layers\"");
+      Sig out = sig;
+      RunnerPtr body = BuildList(c.spec["layers"], c.where + ".layers", c.parent, out, c.pdtype);
+      if (!branches_.emplace(as, out).second) c.Fail(absl::StrCat("field \"as\": \"", as, "\" is used twice"));
+      return std::make_unique<BranchRunner>(std::move(body), as);
+    }
+    c.Allow({"from"});
+    const std::string from = c.Str("from", "");
+    auto it = branches_.find(from);
+    if (it == branches_.end()) c.Fail(absl::StrCat("field \"from\": no branch \"", from, "\" before this layer"));
+    sig = it->second;
+    return std::make_unique<TakeRunner>(from);
+  }
+
   // A layer of layers: sequential, block, repeat, residual, or shared (another named layer again).
   RunnerPtr Container(Ctx& c, Sig& sig) {
     const std::string& t = c.type;
     if (t == "sequential" || t == "block") {
-      c.Allow({"layers"});
+      c.Allow({"layers", "attention_mask"});
       if (!c.spec.contains("layers")) c.Fail("missing field \"layers\"");
+      const std::string mask = c.Str("attention_mask", "none");
+      if (mask != "none" && mask != "extended")
+        c.Fail("field \"attention_mask\": use none or extended (BertModel's additive mask of an all-ones attention_mask)");
+      if (mask == "extended" && (sig.shape.size() != 2 || sig.dtype != DType::kInt64))
+        c.Fail(absl::StrCat("field \"attention_mask\": needs (batch, tokens) ids, got ", ShapeOf(sig.shape)));
       Module* m = &ContainerModule(c);
       std::vector<RunnerPtr> children;
       const json& list = c.spec["layers"];
@@ -760,7 +911,7 @@ class Builder {
       for (std::size_t i = 0; i < list.size(); ++i) {
         children.push_back(Build(list[i], absl::StrCat(c.where, ".layers[", i, "]"), *m, sig, c.pdtype, std::nullopt));
       }
-      return std::make_unique<SequentialRunner>(std::move(children), m->path(), t == "block");
+      return std::make_unique<SequentialRunner>(std::move(children), m->path(), t == "block", mask == "extended");
     }
     if (t == "repeat") {
       c.Allow({"count", "start", "body"});
@@ -777,7 +928,7 @@ class Builder {
       return std::make_unique<SequentialRunner>(std::move(children), "", false);
     }
     if (t == "residual") {
-      c.Allow({"body", "shortcut", "add", "order"});
+      c.Allow({"body", "shortcut", "add", "order", "then"});
       if (!c.spec.contains("body")) c.Fail("missing field \"body\"");
       Module* m = &ContainerModule(c);
       const Sig in = sig;
@@ -796,8 +947,10 @@ class Builder {
       const std::string order = c.Str("order", "body_first");
       if (order != "body_first" && order != "input_first") c.Fail("field \"order\": use body_first or input_first");
       sig = body_sig;
-      return std::make_unique<ResidualRunner>(std::move(body), std::move(shortcut), add == "inplace",
-                                              order == "input_first");
+      RunnerPtr then;
+      if (c.spec.contains("then")) then = BuildList(c.spec["then"], c.where + ".then", *m, sig, c.pdtype);
+      return std::make_unique<ResidualRunner>(std::move(body), std::move(shortcut), std::move(then),
+                                              add == "inplace", order == "input_first");
     }
     // shared: a named layer before this one, again
     c.Allow({"ref"});
@@ -998,7 +1151,9 @@ class Builder {
     const std::int64_t index = c.Int("index", 0, 0);
     if (index >= sig.shape[1]) c.Fail(absl::StrCat("field \"index\": the input has ", sig.shape[1], " tokens"));
     sig.shape = {sig.shape[0], sig.shape[2]};
-    return Functional(c, std::make_unique<FnRunner>([index](Tensor x) { return ops::Select(x, 1, index); }));
+    // x[:, index]: a slice of dim 0 (whole, but a node of its own) and a select; each backward makes a zero tensor.
+    return Functional(c, std::make_unique<FnRunner>(
+                             [index](Tensor x) { return ops::Select(ops::Narrow(x, 0, 0, x.sizes()[0]), 1, index); }));
   }
 
   RunnerPtr Embedding(Ctx& c, Sig& sig) {
@@ -1034,23 +1189,16 @@ class Builder {
     sig.shape.push_back(dim);
     sig.dtype = c.pdtype;
     EmbeddingLayer* p = &m;
-    return std::make_unique<FnRunner>([p, positions, token_types](Tensor x) {
-      if (positions == nullptr && token_types == nullptr) return p->Forward(x);
-      const std::int64_t b = x.sizes()[0], t = x.sizes()[1];
-      if (token_types == nullptr) {
-        // GPT-2: inputs_embeds + wpe(position_ids), position_ids = arange(T)[None]
-        Tensor position_ids = Tensor::Empty(x.ctx(), {1, t}, DType::kInt64);
-        return ops::Add(p->Forward(x), positions->Forward(position_ids));
-      }
-      // BERT: words + token types, then += positions (in place)
-      Tensor type_ids = ops::Expand(Tensor::Empty(x.ctx(), {1, t}, DType::kInt64), {b, t});
-      Tensor e = p->Forward(x);
-      e = ops::Add(e, token_types->Forward(type_ids));
-      if (positions != nullptr) {
-        Tensor position_ids = Tensor::Empty(x.ctx(), {1, t}, DType::kInt64);
-        ops::AddInPlaceTracked(e, positions->Forward(position_ids));
-      }
-      return e;
+    if (token_types != nullptr) {
+      const std::int64_t max = positions != nullptr ? c.spec["positions"]["num"].get<std::int64_t>() : sig.shape[1];
+      BertIdBuffers& ids = Create<BertIdBuffers>(c, c.parent, "", max);
+      return std::make_unique<BertEmbeddingRunner>(p, positions, token_types, &ids);
+    }
+    return std::make_unique<FnRunner>([p, positions](Tensor x) {
+      if (positions == nullptr) return p->Forward(x);
+      // GPT-2: inputs_embeds + wpe(position_ids), position_ids = arange(T)[None]
+      Tensor position_ids = Tensor::Empty(x.ctx(), {1, x.sizes()[1]}, DType::kInt64);
+      return ops::Add(p->Forward(x), positions->Forward(position_ids));
     });
   }
 
@@ -1102,7 +1250,11 @@ class Builder {
     if (p < 0 || p >= 1) c.Fail("field \"dropout\": expected 0 <= p < 1");
     a.dropout = static_cast<float>(p);
     const std::string mask = c.Str("mask", "none");
-    if (mask != "none" && mask != "buffer") c.Fail("field \"mask\": use none or buffer (GPT-2's bool buffer \"bias\")");
+    if (mask != "none" && mask != "buffer" && mask != "additive")
+      c.Fail("field \"mask\": use none, buffer (GPT-2's bool buffer \"bias\") or additive (BERT's extended mask)");
+    a.additive_mask = mask == "additive";
+    if (a.additive_mask && (a.fused || a.rotary || a.kv_heads != a.heads))
+      c.Fail("field \"mask\": additive is BERT's attention (separate q, k, v; no rotary; no grouped heads)");
     std::int64_t positions = 0;
     if (mask == "buffer") {
       positions = c.Int("max_positions");
@@ -1162,6 +1314,7 @@ class Builder {
   std::vector<Module*> created_;
   std::set<std::string> param_names_;
   std::map<std::string, Built> layers_;
+  std::map<std::string, Sig> branches_;  // "branch" results by name (what a "take" gives)
   std::map<std::string, Weight> weights_;
   std::map<std::string, Tie> ties_;
 };

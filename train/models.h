@@ -49,6 +49,10 @@ class Model : public Module {
   }
   virtual Tensor Forward(const Batch& batch) = 0;
   virtual Tensor Loss(const Tensor& output, const Batch& batch) = 0;
+  // The outputs Forward keeps for Loss besides its result (a model's other
+  // heads), and dropping them, as Python drops a forward's outputs.
+  virtual TensorList OtherOutputs() const { return {}; }
+  virtual void ReleaseOutputs() {}
   std::int64_t batch_size() const { return batch_size_; }
 
  protected:

@@ -1,0 +1,310 @@
+"""PyTorch as the oracle of memscope's ops (issue 31).
+
+Each case is one model: a memscope model description (what a user writes, or
+a Hugging Face config) and the same model written as plain PyTorch modules
+from the code people run (torch.nn, transformers' modeling files). Both are
+run through forward, loss and backward; what is compared is the bytes of
+tensor storage, never the allocator's blocks:
+
+  forward_peak   the most bytes alive during forward, above what was alive before it
+  forward_end    bytes alive after forward (the output and what autograd saved)
+  saved          bytes the autograd graph alone keeps alive after forward
+                 (the output and the caller's references dropped, the graph
+                 kept): unique storages saved for backward, parameters and
+                 the batch excluded
+  loss_peak, loss_end, backward_peak, backward_end   the same for the loss
+                 and for loss.backward(), all relative to the start of forward
+
+PyTorch's side is measured on CPU (Debian's torch 1.13) by its profiler's
+memory events: every allocation and free of the CPU allocator, with its
+address and size, in order. Where the CPU kernel allocates differently from
+the CUDA kernel the model targets, the module calls what CUDA runs (the
+native_dropout kernel, which saves a bool mask; CUDA's dropout is fused) and
+the case says so in its `note`.
+
+  torch_oracle.py CASES.json          writes the cases with PyTorch's figures
+"""
+
+import json
+import math
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from cuda_kernels import Dropout
+from hf_models import HF_MODELS
+
+PHASES = ("forward", "loss", "backward")
+
+
+# ---------------------------------------------------------------- measuring
+
+
+# Elementwise ops (TensorIterator): on CPU, an input of another dtype than
+# the computation's is copied to it first (aten::to inside the op); CUDA
+# casts inside the kernel. A Python scalar argument is such an input.
+ELEMENTWISE = {"aten::" + n for n in (
+    "add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_", "pow", "pow_", "where", "masked_fill",
+    "masked_fill_", "eq", "ne", "lt", "gt", "le", "ge", "neg", "reciprocal", "addcmul_", "addcdiv_", "lerp_")}
+
+# Allocations the CPU kernels make and the CUDA kernels do not: not counted.
+# Each is a chain of ops (the allocation's innermost ancestors, or with a
+# trailing "..." any consecutive ancestors), a short name (docs/fidelity.md)
+# and why; "*" matches any elementwise op.
+CPU_ONLY = [
+    (("*", "aten::to", "..."), "dtype copies",
+     "on CPU an elementwise op copies an input of another dtype (a bool mask, a Python scalar) to the "
+     "computation's dtype first; CUDA casts inside the kernel"),
+    (("aten::native_layer_norm_backward", "aten::resize_"), "layer_norm buffer",
+     "layer_norm backward on CPU sums dgamma and dbeta in a per-thread buffer (2 x threads x N floats); "
+     "CUDA reduces them in the kernel"),
+    (("aten::native_dropout_backward", "aten::mul"), "dropout backward",
+     "native_dropout_backward on CPU multiplies by the mask, then by the scale out of place; CUDA's fused "
+     "kernel writes one output (the second product is counted)"),
+]
+
+
+def _cpu_only(chain):
+    """The CPU_ONLY rule whose ops are the allocation's innermost ancestors
+    (or, for a rule ending in "...", any consecutive ancestors)."""
+    for rule, _, _ in CPU_ONLY:
+        ops = rule[:-1] if rule[-1] == "..." else rule
+        n = len(ops)
+        starts = range(len(chain) - n + 1) if rule[-1] == "..." else [len(chain) - n]
+        for i in starts:
+            if i >= 0 and all(r == c or (r == "*" and c in ELEMENTWISE) for r, c in zip(ops, chain[i:i + n])):
+                return rule
+    return None
+
+
+def _allocations(prof):
+    """The allocations and frees of the ms:: ranges, in order, as (time,
+    delta), the ranges, and the bytes of CPU_ONLY allocations. Not counted
+    (nor their frees):
+
+    - what the profiler allocates itself (outside the ranges) and
+      record_function's handle (an aten::empty, a range's first child);
+    - the 8-byte CPU tensors that wrap a Python scalar: made by Python's
+      binding before the call (a direct child of the range) or by a scalar
+      overload before it calls its tensor form (x.div_(2): an 8-byte child
+      of aten::div_ before its child aten::div). On CUDA too they are CPU
+      tensors, never on the GPU;
+    - CPU_ONLY's allocations."""
+    raw, ranges, skip, cpu_only = [], {}, set(), {}
+
+    def is_alloc(e):
+        return type(e.extra_fields).__name__ == "_ExtraFields_Allocation"
+
+    def key(e):  # the tree's Python objects are made on access: no id()
+        return (e.start_time_ns, e.extra_fields.ptr, e.extra_fields.alloc_size)
+
+    def walk(e, chain):
+        if e.name.startswith("ms::"):
+            ranges[e.name[4:]] = (e.start_time_ns, e.end_time_ns)
+            first = e.children[0] if e.children else None
+            if first is not None and first.name == "aten::empty":
+                skip.update(key(c) for c in first.children if is_alloc(c))
+        children = list(e.children)
+        for i, c in enumerate(children):
+            if not is_alloc(c):
+                walk(c, chain + [e.name])
+                continue
+            size = c.extra_fields.alloc_size
+            raw.append(key(c))
+            if size <= 0:
+                continue
+            later_elementwise = any(d.name in ELEMENTWISE for d in children[i + 1:])
+            if size == 8 and (e.name.startswith("ms::") or (e.name in ELEMENTWISE and later_elementwise)):
+                skip.add(key(c))
+                continue
+            rule = _cpu_only(chain + [e.name])
+            if rule:
+                skip.add(key(c))
+                cpu_only[rule] = cpu_only.get(rule, 0) + size
+
+    class Root:  # the tree's top level (frees outside any op are there)
+        name = "<root>"
+        children = prof.profiler.kineto_results.experimental_event_tree()
+
+    walk(Root, [])
+    raw.sort(key=lambda t: t[0])
+    inside = lambda t: any(s <= t <= e for s, e in ranges.values())
+    live, events = {}, []
+    for t, ptr, size in raw:
+        if size > 0:
+            if inside(t) and (t, ptr, size) not in skip:
+                live[ptr] = size
+                events.append((t, size))
+        elif ptr in live:
+            events.append((t, -live.pop(ptr)))
+    return events, ranges, cpu_only
+
+
+def _phase_figures(events, ranges):
+    out = {}
+    for phase in PHASES:
+        start, end = ranges[phase]
+        live = sum(d for t, d in events if t < start)
+        peak = live
+        for t, d in events:
+            if start <= t <= end:
+                live += d
+                peak = max(peak, live)
+        out[phase + "_peak"] = peak
+        out[phase + "_end"] = live
+    return out
+
+
+def measure(case):
+    torch.manual_seed(0)
+    model, batch, loss_fn = case.build()
+    model.train()
+    inputs, target = batch
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function("ms::forward"):
+            out = model(*inputs)
+        with record_function("ms::loss"):
+            loss = loss_fn(out, target)
+        with record_function("ms::backward"):
+            loss.backward()
+    events, ranges, cpu_only = _allocations(prof)
+    figures = _phase_figures(events, ranges)
+    del out, loss
+
+    # The graph alone: forward again on a fresh model, keep only the grad_fn.
+    torch.manual_seed(0)
+    model, batch, loss_fn = case.build()
+    model.train()
+    inputs, target = batch
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function("ms::forward"):
+            out = model(*inputs)
+        graph = [o.grad_fn for o in (out if isinstance(out, tuple) else (out,))]
+        del out
+        with record_function("ms::loss"):
+            pass
+        with record_function("ms::backward"):
+            pass
+    events, ranges, _ = _allocations(prof)
+    figures["saved"] = sum(d for t, d in events if t <= ranges["loss"][0])
+    del graph
+    names = {rule: (key, why) for rule, key, why in CPU_ONLY}
+    return figures, [{"key": names[r][0], "why": names[r][1], "bytes": n} for r, n in cpu_only.items()]
+
+
+# ---------------------------------------------------------------- cases
+
+
+class Case:
+    """name, the memscope model (a description or an HF config), and build()
+    returning (torch module, (inputs, target), loss function). `known`: the
+    figures memscope does not match yet, each with why (oracle_test.py fails
+    when the differing figures are not exactly these)."""
+
+    def __init__(self, name, memscope, build, note="", known=None):
+        self.name, self.memscope, self.build, self.note = name, memscope, build, note
+        self.known = known or {}
+
+
+def spec(layers, shape, batch, loss="mse", target=None, vocab=None, seq=None):
+    s = {"format": "memscope.model/1", "name": "oracle", "batch_size": batch,
+         "input": {"shape": ["batch"] + list(shape[1:])}, "loss": {"type": loss}, "layers": layers}
+    if vocab:
+        s["input"]["vocab"] = vocab
+    if seq:
+        s["seq_len"] = seq
+    if target:
+        s["target"] = target
+    return s
+
+
+def float_batch(shape, out_shape):
+    return ((torch.randn(*shape),), torch.randn(*out_shape))
+
+
+def mse(out, target):
+    return F.mse_loss(out, target)
+
+
+def cross_entropy(out, target):
+    return F.cross_entropy(out.view(-1, out.shape[-1]) if out.dim() > 2 else out, target.view(-1))
+
+
+def seq_module(*mods):
+    return nn.Sequential(*mods)
+
+
+def op_cases():
+    B, N, H = 8, 64, 96
+    cases = []
+
+    def simple(name, layer, module, shape=(B, N), out=(B, N), note=""):
+        cases.append(Case(name, spec([layer], list(shape), B),
+                          lambda: (module(), float_batch(shape, out), mse), note))
+
+    simple("linear", {"type": "linear", "out": H}, lambda: nn.Linear(N, H), out=(B, H))
+    simple("linear, no bias", {"type": "linear", "out": H, "bias": False}, lambda: nn.Linear(N, H, bias=False),
+           out=(B, H))
+    simple("linear on 3-d input", {"type": "linear", "out": H}, lambda: nn.Linear(N, H), shape=(B, 12, N),
+           out=(B, 12, H))
+    # Ops without parameters follow a linear (the batch does not require grad).
+    def after_linear(name, layer, module, note=""):
+        cases.append(Case(name, spec([{"type": "linear", "out": H}, layer], [B, N], B),
+                          lambda: (nn.Sequential(nn.Linear(N, H), module()), float_batch((B, N), (B, H)), mse), note))
+
+    after_linear("relu", {"type": "relu"}, lambda: nn.ReLU())
+    after_linear("relu in place", {"type": "relu", "inplace": True}, lambda: nn.ReLU(inplace=True))
+    after_linear("gelu", {"type": "gelu"}, lambda: nn.GELU())
+    after_linear("gelu tanh", {"type": "gelu", "approximate": "tanh"}, lambda: nn.GELU(approximate="tanh"))
+    after_linear("silu", {"type": "silu"}, lambda: nn.SiLU())
+    after_linear("tanh", {"type": "tanh"}, lambda: nn.Tanh())
+    after_linear("sigmoid", {"type": "sigmoid"}, lambda: nn.Sigmoid())
+    after_linear("dropout", {"type": "dropout", "p": 0.1}, lambda: Dropout(0.1),
+                 note="CUDA's fused dropout (native_dropout): a bool mask")
+    simple("layer_norm", {"type": "layer_norm"}, lambda: nn.LayerNorm(N))
+    return cases
+
+
+def build_hf(config, batch, seq):
+    arch = config["architectures"][0]
+    cls = HF_MODELS[(config["model_type"], arch)]
+    return cls(config), cls.batch(config, batch, seq), cls.loss
+
+
+def hf_case(name, config, batch, seq, known=None):
+    return Case(name, {"hf": config, "batch_size": batch, "seq_len": seq}, lambda: build_hf(config, batch, seq),
+                known=known)
+
+
+BERT = {"model_type": "bert", "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 32, "type_vocab_size": 2}
+
+
+def hf_cases():
+    return [hf_case("BertForPreTraining, 1 layer", dict(BERT, architectures=["BertForPreTraining"]), 2, 16)]
+
+
+def all_cases():
+    return op_cases() + hf_cases()
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: torch_oracle.py CASES.json", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)  # CPU kernels' per-thread buffers (CPU_ONLY) stay one size
+    out = []
+    for case in all_cases():
+        figures, cpu_only = measure(case)
+        out.append({"name": case.name, "memscope": case.memscope, "note": case.note, "known": case.known,
+                    "pytorch": figures, "cpu_only": cpu_only})
+    with open(argv[1], "w") as f:
+        json.dump({"torch": torch.__version__, "cases": out}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
