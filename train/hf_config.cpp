@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "train/model_file.h"
 
 namespace memscope {
@@ -45,6 +48,63 @@ std::string Str(const json& c, const char* field, const std::string& def) {
   return c[field].get<std::string>();
 }
 
+// The architecture the config names (the first of "architectures"), or the
+// family's first when it names none; one memscope does not build is an error
+// that names those it does.
+std::string Architecture(const json& c, const std::vector<std::string>& supported) {
+  if (!c.contains("architectures") || c["architectures"].is_null()) return supported.front();
+  const json& a = c["architectures"];
+  if (!a.is_array() || a.empty() || !a[0].is_string())
+    throw ConfigError{"field \"architectures\": expected a list of class names"};
+  const std::string arch = a[0].get<std::string>();
+  if (std::find(supported.begin(), supported.end(), arch) == supported.end()) {
+    throw ConfigError{absl::StrCat("field \"architectures\": \"", arch, "\" is not modelled for model_type \"",
+                                   c["model_type"].get<std::string>(), "\" (", absl::StrJoin(supported, ", "), ")")};
+  }
+  return arch;
+}
+
+// A classification head's labels and loss (PretrainedConfig: num_labels or
+// id2label, default 2; problem_type, by default regression for one label and
+// single-label classification otherwise).
+struct Labels {
+  std::int64_t count = 2;
+  bool regression = false;
+};
+Labels ClassificationLabels(const json& c) {
+  Labels l;
+  if (c.contains("num_labels") && !c["num_labels"].is_null()) {
+    l.count = Int(c, "num_labels");
+  } else if (c.contains("id2label") && c["id2label"].is_object()) {
+    l.count = static_cast<std::int64_t>(c["id2label"].size());
+  }
+  if (l.count < 1) throw ConfigError{"field \"num_labels\": expected at least 1"};
+  const std::string problem = Str(c, "problem_type", l.count == 1 ? "regression" : "single_label_classification");
+  if (problem == "multi_label_classification")
+    throw ConfigError{"field \"problem_type\": multi_label_classification (BCEWithLogitsLoss) is not modelled"};
+  if (problem != "regression" && problem != "single_label_classification")
+    throw ConfigError{absl::StrCat("field \"problem_type\": \"", problem,
+                                   "\" is not one of regression, single_label_classification")};
+  l.regression = problem == "regression";
+  return l;
+}
+
+// The target and loss of a head over `shape` logits (BertForSequenceClassification's
+// CrossEntropyLoss, or MSELoss of logits.squeeze() for regression).
+json LabelHead(json layers, const Labels& l, const json& shape) {
+  json head = {{"layers", std::move(layers)}};
+  if (l.regression) {
+    json target_shape = shape;
+    target_shape.push_back(l.count);
+    head["target"] = {{"shape", target_shape}, {"dtype", "float32"}};
+    head["loss"] = {{"type", "mse"}};
+  } else {
+    head["target"] = {{"shape", shape}, {"classes", l.count}};
+    head["loss"] = {{"type", "cross_entropy"}};
+  }
+  return head;
+}
+
 json Base(const std::string& name, std::int64_t positions) {
   return {{"format", "memscope.model/1"},
           {"name", name},
@@ -54,6 +114,7 @@ json Base(const std::string& name, std::int64_t positions) {
 
 // GPT2LMHeadModel (transformers 4.4x, eager attention).
 json Gpt2(const json& c, const std::string& name) {
+  Architecture(c, {"GPT2LMHeadModel"});
   const std::int64_t d = Int(c, "n_embd"), layers = Int(c, "n_layer"), heads = Int(c, "n_head");
   const std::int64_t positions = Int(c, "n_positions", 1024), vocab = Int(c, "vocab_size");
   const std::int64_t inner = Int(c, "n_inner", 4 * d);
@@ -115,6 +176,7 @@ json Gpt2(const json& c, const std::string& name) {
 
 // LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (transformers 4.4x).
 json Llama(const json& c, const std::string& name, const std::string& type) {
+  Architecture(c, {type == "llama" ? "LlamaForCausalLM" : type == "mistral" ? "MistralForCausalLM" : "Qwen2ForCausalLM"});
   const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
   const std::int64_t heads = Int(c, "num_attention_heads"), kv = Int(c, "num_key_value_heads", heads);
   const std::int64_t head_dim = Int(c, "head_dim", heads > 0 ? d / heads : 0);
@@ -168,8 +230,17 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
 }
 
 // BertForPreTraining (bert) and RobertaForMaskedLM (roberta), eager attention.
+// BERT and RoBERTa (transformers 4.4x, eager attention), with the head its
+// "architectures" names.
 json Bert(const json& c, const std::string& name, bool roberta) {
   const std::string prefix = roberta ? "roberta" : "bert";
+  const std::string arch =
+      roberta ? Architecture(c, {"RobertaForMaskedLM", "RobertaForSequenceClassification",
+                                 "RobertaForTokenClassification"})
+              : Architecture(c, {"BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+                                 "BertForTokenClassification"});
+  const bool pretraining = arch == "BertForPreTraining", masked_lm = arch.ends_with("ForMaskedLM");
+  const bool sequence = arch.ends_with("ForSequenceClassification"), token = arch.ends_with("ForTokenClassification");
   const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
   const std::int64_t heads = Int(c, "num_attention_heads"), inner = Int(c, "intermediate_size");
   const std::int64_t vocab = Int(c, "vocab_size"), positions = Int(c, "max_position_embeddings", 512);
@@ -220,9 +291,10 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                   {{"type", "sequential"},
                    {"name", "encoder"},
                    {"layers", {{{"type", "repeat"}, {"name", "layer"}, {"count", layers}, {"body", block}}}}}}}};
-  if (!roberta) {
+  if (!roberta && (pretraining || sequence)) {
     // BertModel's pooler (first token, dense, tanh) runs inside BertModel,
-    // before the heads; the next-sentence head takes its output.
+    // before the heads, which take its output (the others build BertModel
+    // with add_pooling_layer=False).
     trunk["layers"].push_back({{"type", "branch"},
                                {"as", "pooled_output"},
                                {"layers",
@@ -240,17 +312,41 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                  {{"type", "linear"}, {"name", "decoder"}, {"out", vocab}, {"tie", word}}}}}};
   json spec = Base(name, positions - (roberta ? 2 : 0));
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
-  json mlm_head = {{"layers", mlm},
-                   {"target", {{"shape", {"batch", "seq"}}, {"classes", vocab}}},
-                   {"loss", {{"type", "cross_entropy"}}}};
-  json head_list = {mlm_head};
-  if (!roberta) {
+  json head_list = json::array();
+  if (pretraining || masked_lm) {
+    head_list.push_back({{"layers", mlm},
+                         {"target", {{"shape", {"batch", "seq"}}, {"classes", vocab}}},
+                         {"loss", {{"type", "cross_entropy"}}}});
+  }
+  if (pretraining) {
     // The next-sentence classifier on the pooler's output.
     head_list.push_back({{"layers",
                           {{{"type", "take"}, {"from", "pooled_output"}},
                            {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
                          {"target", {{"shape", {"batch"}}, {"classes", 2}}},
                          {"loss", {{"type", "cross_entropy"}}}});
+  }
+  if (sequence || token) {
+    const Labels labels = ClassificationLabels(c);
+    const double classifier_p = Num(c, "classifier_dropout", p);
+    json head_layers;
+    if (sequence && roberta) {
+      // RobertaClassificationHead: features[:, 0, :], dropout, dense, tanh, dropout, out_proj.
+      head_layers = {{{"type", "select_token"}, {"index", 0}},
+                {{"type", "dropout"}, {"p", classifier_p}},
+                {{"type", "linear"}, {"name", "classifier.dense"}, {"out", d}},
+                {{"type", "tanh"}},
+                {{"type", "dropout"}, {"p", classifier_p}},
+                {{"type", "linear"}, {"name", "classifier.out_proj"}, {"out", labels.count}}};
+    } else {
+      // BertForSequenceClassification: dropout(pooled_output), classifier;
+      // *ForTokenClassification: dropout(sequence_output), classifier.
+      head_layers = json::array();
+      if (sequence) head_layers.push_back({{"type", "take"}, {"from", "pooled_output"}});
+      head_layers.push_back({{"type", "dropout"}, {"p", classifier_p}});
+      head_layers.push_back({{"type", "linear"}, {"name", "classifier"}, {"out", labels.count}});
+    }
+    head_list.push_back(LabelHead(head_layers, labels, sequence ? json{"batch"} : json{"batch", "seq"}));
   }
   spec["layers"] = {trunk, {{"type", "heads"}, {"heads", head_list}}};
   return spec;

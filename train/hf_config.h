@@ -5,9 +5,14 @@
 //   model_type gpt2                    GPT2LMHeadModel (lm_head tied to wte)
 //   llama, mistral, qwen2              *ForCausalLM: RMSNorm, rotary embeddings, SwiGLU MLP,
 //                                      grouped-query attention, tied or untied lm_head
-//   bert                               BertForPreTraining (masked LM + next sentence heads)
-//   roberta                            RobertaForMaskedLM
+//   bert                               BertForPreTraining (masked LM + next sentence heads),
+//                                      BertForMaskedLM, BertForSequenceClassification,
+//                                      BertForTokenClassification
+//   roberta                            RobertaForMaskedLM, RobertaForSequenceClassification,
+//                                      RobertaForTokenClassification
 //
+// The head is the config's "architectures" (its first class; without one,
+// the family's first above); another class is an error naming these.
 // Parameter names and counts are transformers' own (tests/train/hf_config_test.cpp
 // checks the published counts). Nothing is downloaded: the config is a local file.
 #ifndef MEMSCOPE_TRAIN_HF_CONFIG_H_

@@ -207,11 +207,14 @@ class BertIdBuffers final : public Module {
 // are locals until the embeddings module returns.
 class BertEmbeddingRunner final : public Runner {
  public:
+  // `position_padding` >= 0: RoBERTa, whose position ids count the
+  // non-padding tokens (create_position_ids_from_input_ids).
   BertEmbeddingRunner(EmbeddingLayer* words, EmbeddingLayer* positions, EmbeddingLayer* token_types,
-                      BertIdBuffers* ids)
-      : words_(words), positions_(positions), token_types_(token_types), ids_(ids) {}
+                      BertIdBuffers* ids, std::int64_t position_padding)
+      : words_(words), positions_(positions), token_types_(token_types), ids_(ids), padding_(position_padding) {}
   Tensor Run(Tensor x, ForwardState& s) override {
     const std::int64_t b = x.sizes()[0], t = x.sizes()[1];
+    Tensor roberta_positions = padding_ >= 0 ? RobertaPositionIds(x) : Tensor();
     Tensor inputs_embeds = words_->Forward(x);
     Tensor token_type_embeddings =
         token_types_->Forward(ops::Expand(ops::Narrow(ids_->token_type_ids, 1, 0, t), {b, t}));
@@ -219,7 +222,8 @@ class BertEmbeddingRunner final : public Runner {
     s.locals.push_back(inputs_embeds);
     s.locals.push_back(token_type_embeddings);
     if (positions_ != nullptr) {
-      Tensor position_embeddings = positions_->Forward(ops::Narrow(ids_->position_ids, 1, 0, t));
+      Tensor position_embeddings = positions_->Forward(
+          roberta_positions.defined() ? roberta_positions : ops::Narrow(ids_->position_ids, 1, 0, t));
       ops::AddInPlaceTracked(e, position_embeddings);
       s.locals.push_back(position_embeddings);
     }
@@ -227,8 +231,43 @@ class BertEmbeddingRunner final : public Runner {
   }
 
  private:
+  // mask = ids.ne(pad).int(); incremental = (cumsum(mask, 1).type_as(mask) + 0) * mask;
+  // incremental.long() + pad: each step a (B, T) tensor, the locals freed on return.
+  Tensor RobertaPositionIds(const Tensor& ids) const {
+    NoGradGuard no_grad;
+    DeviceContext& ctx = ids.ctx();
+    const Shape bt = ids.sizes();
+    Tensor ne = Tensor::Empty(ctx, bt, DType::kBool);
+    Tensor mask = Tensor::Empty(ctx, bt, DType::kInt32);  // .int()
+    ne = Tensor();
+    Tensor cumsum = Tensor::Empty(ctx, bt, DType::kInt64);
+    { Tensor as_int64 = Tensor::Empty(ctx, bt, DType::kInt64); }  // cumsum's self.to(result dtype)
+    Tensor typed = Tensor::Empty(ctx, bt, DType::kInt32);         // .type_as(mask)
+    cumsum = Tensor();
+    Tensor plus = Tensor::Empty(ctx, bt, DType::kInt32);  // + past_key_values_length
+    typed = Tensor();
+    Tensor incremental = Tensor::Empty(ctx, bt, DType::kInt32);  // * mask
+    plus = Tensor();
+    Tensor as_long = Tensor::Empty(ctx, bt, DType::kInt64);
+    Tensor positions = Tensor::Empty(ctx, bt, DType::kInt64);  // + padding_idx
+    as_long = Tensor();
+    if (ctx.computes()) {
+      Tensor c = ops::Contiguous(ids);
+      for (std::int64_t row = 0; row < bt[0]; ++row) {
+        std::int64_t count = 0;
+        for (std::int64_t col = 0; col < bt[1]; ++col) {
+          const std::int64_t id = c.data_i64()[row * bt[1] + col];
+          count += id != padding_ ? 1 : 0;
+          positions.data_i64()[row * bt[1] + col] = (id != padding_ ? count : 0) + padding_;
+        }
+      }
+    }
+    return positions;
+  }
+
   EmbeddingLayer *words_, *positions_, *token_types_;
   BertIdBuffers* ids_;
+  std::int64_t padding_;
 };
 
 struct AttentionSpec {
@@ -1192,7 +1231,13 @@ class Builder {
     if (token_types != nullptr) {
       const std::int64_t max = positions != nullptr ? c.spec["positions"]["num"].get<std::int64_t>() : sig.shape[1];
       BertIdBuffers& ids = Create<BertIdBuffers>(c, c.parent, "", max);
-      return std::make_unique<BertEmbeddingRunner>(p, positions, token_types, &ids);
+      // Position ids counted from the tokens (RoBERTa) when the position table has a padding index.
+      const json& pt = c.spec.contains("positions") ? c.spec["positions"] : json();
+      const std::int64_t position_padding =
+          pt.is_object() && pt.contains("padding_idx") && pt["padding_idx"].is_number_integer()
+              ? pt["padding_idx"].get<std::int64_t>()
+              : -1;
+      return std::make_unique<BertEmbeddingRunner>(p, positions, token_types, &ids, position_padding);
     }
     return std::make_unique<FnRunner>([p, positions](Tensor x) {
       if (positions == nullptr) return p->Forward(x);

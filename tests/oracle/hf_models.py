@@ -204,6 +204,195 @@ class BertForPreTraining(nn.Module):
         return ((ids,), (torch.randint(0, c["vocab_size"], (batch, seq)), torch.randint(0, 2, (batch,))))
 
 
+class BertOnlyHead(nn.Module):
+    """The single-head models: a BertModel (or RobertaModel) and the head."""
+
+    pooler = False
+    is_roberta = False
+
+    def __init__(self, c):
+        super().__init__()
+        model = RobertaModel if self.is_roberta else BertModel
+        setattr(self, self.prefix(), model(c, add_pooling_layer=self.pooler))
+        self.config = c
+
+    def prefix(self):
+        return "roberta" if self.is_roberta else "bert"
+
+    def trunk(self):
+        return getattr(self, self.prefix())
+
+    @staticmethod
+    def classification_loss(logits, labels, num_labels):
+        if num_labels == 1:  # regression: MSELoss(logits.squeeze(), labels.squeeze())
+            return F.mse_loss(logits.squeeze(), labels.squeeze())
+        return F.cross_entropy(logits.view(-1, num_labels), labels.view(-1))
+
+
+def num_labels(c):
+    return c.get("num_labels", 2)
+
+
+class BertForMaskedLM(BertOnlyHead):
+    def __init__(self, c):
+        super().__init__(c)
+        self.predictions = BertLMPredictionHead(c, self.trunk().embeddings.word_embeddings)
+
+    def forward(self, input_ids):
+        sequence_output, _ = self.trunk()(input_ids)
+        return self.predictions(sequence_output)
+
+    @staticmethod
+    def loss(prediction_scores, labels):
+        return F.cross_entropy(prediction_scores.view(-1, prediction_scores.shape[-1]), labels.view(-1))
+
+    @staticmethod
+    def batch(c, batch, seq):
+        return ((torch.randint(0, c["vocab_size"], (batch, seq)),), torch.randint(0, c["vocab_size"], (batch, seq)))
+
+
+class BertForSequenceClassification(BertOnlyHead):
+    pooler = True
+
+    def __init__(self, c):
+        super().__init__(c)
+        p = c.get("classifier_dropout") or c.get("hidden_dropout_prob", 0.1)
+        self.dropout = Dropout(p)
+        self.classifier = nn.Linear(c["hidden_size"], num_labels(c))
+
+    def forward(self, input_ids):
+        _, pooled_output = self.trunk()(input_ids)
+        return self.classifier(self.dropout(pooled_output))
+
+    def loss(self, logits, labels):
+        return self.classification_loss(logits, labels, num_labels(self.config))
+
+    @staticmethod
+    def batch(c, batch, seq):
+        ids = torch.randint(0, c["vocab_size"], (batch, seq))
+        if num_labels(c) == 1:
+            return ((ids,), torch.randn(batch, 1))
+        return ((ids,), torch.randint(0, num_labels(c), (batch,)))
+
+
+class BertForTokenClassification(BertOnlyHead):
+    def __init__(self, c):
+        super().__init__(c)
+        p = c.get("classifier_dropout") or c.get("hidden_dropout_prob", 0.1)
+        self.dropout = Dropout(p)
+        self.classifier = nn.Linear(c["hidden_size"], num_labels(c))
+
+    def forward(self, input_ids):
+        sequence_output, _ = self.trunk()(input_ids)
+        return self.classifier(self.dropout(sequence_output))
+
+    def loss(self, logits, labels):
+        return self.classification_loss(logits, labels, num_labels(self.config))
+
+    @staticmethod
+    def batch(c, batch, seq):
+        return ((torch.randint(0, c["vocab_size"], (batch, seq)),), torch.randint(0, num_labels(c), (batch, seq)))
+
+
+# ---------------------------------------------------------------- RoBERTa (modeling_roberta.py)
+
+
+class RobertaEmbeddings(BertEmbeddings):
+    def __init__(self, c):
+        super().__init__(c)
+        self.padding_idx = c.get("pad_token_id", 1)
+        self.position_embeddings = nn.Embedding(c["max_position_embeddings"], c["hidden_size"],
+                                                padding_idx=self.padding_idx)
+
+    def forward(self, input_ids):
+        batch, seq = input_ids.shape
+        # create_position_ids_from_input_ids
+        mask = input_ids.ne(self.padding_idx).int()
+        incremental_indices = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask
+        position_ids = incremental_indices.long() + self.padding_idx
+        token_type_ids = self.token_type_ids[:, :seq].expand(batch, seq)
+        inputs_embeds = self.word_embeddings(input_ids)
+        token_type_embeddings = self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + token_type_embeddings
+        position_embeddings = self.position_embeddings(position_ids)
+        embeddings += position_embeddings
+        embeddings = self.LayerNorm(embeddings)
+        embeddings = self.dropout(embeddings)
+        return embeddings
+
+
+class RobertaModel(BertModel):
+    def __init__(self, c, add_pooling_layer=True):
+        super().__init__(c, add_pooling_layer)
+        self.embeddings = RobertaEmbeddings(c)
+
+
+class RobertaLMHead(nn.Module):
+    def __init__(self, c, word_embeddings):
+        super().__init__()
+        d = c["hidden_size"]
+        self.dense = nn.Linear(d, d)
+        self.layer_norm = nn.LayerNorm(d, eps=c.get("layer_norm_eps", 1e-12))
+        self.decoder = nn.Linear(d, c["vocab_size"])
+        self.decoder.weight = word_embeddings.weight  # tied
+        self.bias = self.decoder.bias
+
+    def forward(self, features):
+        return self.decoder(self.layer_norm(F.gelu(self.dense(features))))
+
+
+class RobertaForMaskedLM(BertForMaskedLM):
+    is_roberta = True
+
+    def __init__(self, c):
+        BertOnlyHead.__init__(self, c)
+        self.lm_head = RobertaLMHead(c, self.trunk().embeddings.word_embeddings)
+
+    def forward(self, input_ids):
+        sequence_output, _ = self.trunk()(input_ids)
+        return self.lm_head(sequence_output)
+
+
+class RobertaClassificationHead(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        p = c.get("classifier_dropout") or c.get("hidden_dropout_prob", 0.1)
+        self.dense = nn.Linear(c["hidden_size"], c["hidden_size"])
+        self.dropout = Dropout(p)
+        self.out_proj = nn.Linear(c["hidden_size"], num_labels(c))
+
+    def forward(self, features):
+        x = features[:, 0, :]
+        x = self.dropout(x)
+        x = self.dense(x)
+        x = torch.tanh(x)
+        x = self.dropout(x)
+        return self.out_proj(x)
+
+
+class RobertaForSequenceClassification(BertForSequenceClassification):
+    is_roberta = True
+    pooler = False
+
+    def __init__(self, c):
+        BertOnlyHead.__init__(self, c)
+        self.classifier = RobertaClassificationHead(c)
+
+    def forward(self, input_ids):
+        sequence_output, _ = self.trunk()(input_ids)
+        return self.classifier(sequence_output)
+
+
+class RobertaForTokenClassification(BertForTokenClassification):
+    is_roberta = True
+
+
 HF_MODELS = {
     ("bert", "BertForPreTraining"): BertForPreTraining,
+    ("bert", "BertForMaskedLM"): BertForMaskedLM,
+    ("bert", "BertForSequenceClassification"): BertForSequenceClassification,
+    ("bert", "BertForTokenClassification"): BertForTokenClassification,
+    ("roberta", "RobertaForMaskedLM"): RobertaForMaskedLM,
+    ("roberta", "RobertaForSequenceClassification"): RobertaForSequenceClassification,
+    ("roberta", "RobertaForTokenClassification"): RobertaForTokenClassification,
 }

@@ -72,6 +72,7 @@ json Measure(const json& spec) {
   json out;
   {
     Run run(spec);
+    out["parameters"] = run.model->NumParameters();
     run.Begin();
     Tensor output = run.model->Forward(run.batch);
     run.End(out, "forward");

@@ -88,10 +88,10 @@ def _allocations(prof):
     - what the profiler allocates itself (outside the ranges) and
       record_function's handle (an aten::empty, a range's first child);
     - the 8-byte CPU tensors that wrap a Python scalar: made by Python's
-      binding before the call (a direct child of the range) or by a scalar
+      binding before the call (a direct child of the range), by a scalar
       overload before it calls its tensor form (x.div_(2): an 8-byte child
-      of aten::div_ before its child aten::div). On CUDA too they are CPU
-      tensors, never on the GPU;
+      of aten::div_ before its child aten::div), or inside the op and freed
+      there (x.ne(1)). On CUDA too they are CPU tensors, never on the GPU;
     - CPU_ONLY's allocations."""
     raw, ranges, skip, cpu_only = [], {}, set(), {}
 
@@ -108,6 +108,11 @@ def _allocations(prof):
             if first is not None and first.name == "aten::empty":
                 skip.update(key(c) for c in first.children if is_alloc(c))
         children = list(e.children)
+        if e.name in ELEMENTWISE:  # a scalar wrapped inside the op (ne(x, 1)): allocated and freed in it
+            sizes = {c.extra_fields.ptr: c for c in children if is_alloc(c) and c.extra_fields.alloc_size == 8}
+            for c in children:
+                if is_alloc(c) and c.extra_fields.alloc_size < 0 and c.extra_fields.ptr in sizes:
+                    skip.add(key(sizes[c.extra_fields.ptr]))
         for i, c in enumerate(children):
             if not is_alloc(c):
                 walk(c, chain + [e.name])
@@ -172,6 +177,7 @@ def measure(case):
             loss.backward()
     events, ranges, cpu_only = _allocations(prof)
     figures = _phase_figures(events, ranges)
+    figures["parameters"] = sum(p.numel() for p in model.parameters())  # unique: tied weights once
     del out, loss
 
     # The graph alone: forward again on a fresh model, keep only the grad_fn.
@@ -271,7 +277,8 @@ def op_cases():
 def build_hf(config, batch, seq):
     arch = config["architectures"][0]
     cls = HF_MODELS[(config["model_type"], arch)]
-    return cls(config), cls.batch(config, batch, seq), cls.loss
+    model = cls(config)
+    return model, cls.batch(config, batch, seq), model.loss
 
 
 def hf_case(name, config, batch, seq, known=None):
@@ -283,8 +290,20 @@ BERT = {"model_type": "bert", "vocab_size": 128, "hidden_size": 64, "num_hidden_
         "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 32, "type_vocab_size": 2}
 
 
+ROBERTA = dict(BERT, model_type="roberta", pad_token_id=1, max_position_embeddings=34, type_vocab_size=1,
+               layer_norm_eps=1e-5)
+
+
 def hf_cases():
-    return [hf_case("BertForPreTraining, 1 layer", dict(BERT, architectures=["BertForPreTraining"]), 2, 16)]
+    cases = []
+    for arch in ("BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
+                 "BertForTokenClassification"):
+        cases.append(hf_case(f"{arch}, 1 layer", dict(BERT, architectures=[arch]), 2, 16))
+    cases.append(hf_case("BertForSequenceClassification, regression (num_labels 1)",
+                         dict(BERT, architectures=["BertForSequenceClassification"], num_labels=1), 2, 16))
+    for arch in ("RobertaForMaskedLM", "RobertaForSequenceClassification", "RobertaForTokenClassification"):
+        cases.append(hf_case(f"{arch}, 1 layer", dict(ROBERTA, architectures=[arch], num_labels=3), 2, 16))
+    return cases
 
 
 def all_cases():

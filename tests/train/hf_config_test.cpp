@@ -2,11 +2,15 @@
 // the configs in examples/hf/, and a training step of each family.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tests/train/train_test_util.h"
 #include "train/hf_config.h"
+#include "train/model_file.h"
 
 namespace memscope {
 namespace {
@@ -25,7 +29,7 @@ std::int64_t Count(const std::string& name) {
 TEST_CASE("Hugging Face configs have the published parameter counts") {
   // model.num_parameters() of each model in transformers.
   CHECK(Count("gpt2") == 124'439'808);               // GPT2LMHeadModel, lm_head tied
-  CHECK(Count("bert-base-uncased") == 110'106'428);  // BertForPreTraining
+  CHECK(Count("bert-base-uncased") == 109'514'298);  // BertForMaskedLM, as its config names
   CHECK(Count("roberta-base") == 124'697'433);       // RobertaForMaskedLM
   CHECK(Count("Llama-2-7b-hf") == 6'738'415'616);
   CHECK(Count("Meta-Llama-3-8B") == 8'030'261'248);  // grouped-query attention, 8 KV heads
@@ -71,6 +75,71 @@ TEST_CASE("a training step of each family runs, with parameters + gradients + Ad
     CHECK(end >= 4 * params);
     CHECK(end < 4 * params + 64 * static_cast<std::int64_t>(kTestMiB));
   }
+}
+
+nlohmann::json ConfigJson(const std::string& name) {
+  std::ifstream in(Config(name));
+  return nlohmann::json::parse(in);
+}
+
+// The parameter count of a config's model, and whether it has `parameter`.
+std::int64_t CountAs(nlohmann::json config, const std::string& parameter = "") {
+  absl::StatusOr<nlohmann::json> spec = HfConfigToModelSpec(config, "c.json");
+  INFO(spec.status().message());
+  REQUIRE(spec.ok());
+  absl::StatusOr<std::unique_ptr<Model>> m = ModelFromJson(*spec, "c.json", {});
+  REQUIRE(m.ok());
+  if (!parameter.empty()) {
+    const std::vector<std::string> names = (*m)->ParameterNames();
+    CHECK(std::find(names.begin(), names.end(), parameter) != names.end());
+  }
+  return (*m)->NumParameters();
+}
+
+TEST_CASE("the config's architectures picks the head: transformers' parameter counts of each") {
+  nlohmann::json bert = ConfigJson("bert-base-uncased");  // names BertForMaskedLM
+  bert.erase("architectures");
+  CHECK(CountAs(bert) == 110'106'428);  // no architectures: BertForPreTraining, as before
+  bert["architectures"] = {"BertForPreTraining"};
+  CHECK(CountAs(bert, "cls.seq_relationship.weight") == 110'106'428);
+  bert["architectures"] = {"BertForMaskedLM"};  // no pooler, no next-sentence head
+  CHECK(CountAs(bert, "cls.predictions.transform.dense.weight") == 109'514'298);
+  bert["architectures"] = {"BertForSequenceClassification"};  // pooler + dropout + classifier (2 labels)
+  CHECK(CountAs(bert, "classifier.weight") == 109'483'778);
+  bert["num_labels"] = 5;
+  CHECK(CountAs(bert) == 109'483'778 + 3 * 768 + 3);
+  bert["architectures"] = {"BertForTokenClassification"};  // no pooler
+  CHECK(CountAs(bert) == 109'483'778 + 3 * 768 + 3 - (768 * 768 + 768));
+  nlohmann::json roberta = ConfigJson("roberta-base");
+  roberta["architectures"] = {"RobertaForSequenceClassification"};  // RobertaClassificationHead
+  CHECK(CountAs(roberta, "classifier.out_proj.weight") == 124'647'170);
+}
+
+TEST_CASE("an architecture memscope does not build, or a loss it does not model, is refused") {
+  nlohmann::json bert = ConfigJson("bert-base-uncased");
+  auto error = [](const nlohmann::json& config) {
+    absl::StatusOr<nlohmann::json> s = HfConfigToModelSpec(config, "c.json");
+    REQUIRE_FALSE(s.ok());
+    return std::string(s.status().message());
+  };
+  bert["architectures"] = {"BertForNextSentencePrediction"};
+  CHECK(error(bert) ==
+        "Hugging Face config c.json: field \"architectures\": \"BertForNextSentencePrediction\" is not modelled for "
+        "model_type \"bert\" (BertForPreTraining, BertForMaskedLM, BertForSequenceClassification, "
+        "BertForTokenClassification)");
+  bert["architectures"] = {"BertForSequenceClassification"};
+  bert["problem_type"] = "multi_label_classification";
+  CHECK(error(bert) ==
+        "Hugging Face config c.json: field \"problem_type\": multi_label_classification (BCEWithLogitsLoss) is not "
+        "modelled");
+  bert["problem_type"] = "regression";
+  bert["num_labels"] = 1;
+  CHECK(HfConfigToModelSpec(bert, "c.json")->at("layers")[1]["heads"][0]["loss"]["type"] == "mse");
+  nlohmann::json gpt2 = ConfigJson("gpt2");
+  gpt2["architectures"] = {"GPT2ForQuestionAnswering"};
+  CHECK(error(gpt2) ==
+        "Hugging Face config c.json: field \"architectures\": \"GPT2ForQuestionAnswering\" is not modelled for "
+        "model_type \"gpt2\" (GPT2LMHeadModel)");
 }
 
 TEST_CASE("Hugging Face config errors name the config and the field") {
