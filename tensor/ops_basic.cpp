@@ -672,8 +672,15 @@ Tensor Gelu(const Tensor& x, bool tanh_approximation) {
 
 Tensor GeluNew(const Tensor& x) {
   // 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
-  Tensor inner = MulScalar(Add(x, MulScalar(PowScalar(x, 3.f), 0.044715f)), 0.7978845608028654f);
-  return Mul(MulScalar(x, 0.5f), AddScalar(Tanh(inner), 1.f));
+  // in Python's order, left to right, each temporary freed once used.
+  Tensor half = MulScalar(x, 0.5f);
+  Tensor inner = MulScalar(PowScalar(x, 3.f), 0.044715f);
+  inner = Add(x, inner);
+  inner = MulScalar(inner, 0.7978845608028654f);
+  Tensor t = Tanh(inner);
+  inner = Tensor();
+  t = AddScalar(t, 1.f);
+  return Mul(half, t);
 }
 
 Tensor Tanh(const Tensor& x) {

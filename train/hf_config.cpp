@@ -121,6 +121,9 @@ json Gpt2(const json& c, const std::string& name) {
   const double eps = Num(c, "layer_norm_epsilon", 1e-5);
   const double resid = Num(c, "resid_pdrop", 0.1), embd = Num(c, "embd_pdrop", 0.1), attn = Num(c, "attn_pdrop", 0.1);
   const std::string act = Str(c, "activation_function", "gelu_new");
+  // use_cache (default true, and on in training without checkpointing): each
+  // attention returns present = (key, value), kept in past_key_values.
+  const bool use_cache = Bool(c, "use_cache", true);
   json activation = act == "gelu_new" ? json{{"type", "gelu_new"}}
                     : act == "gelu"   ? json{{"type", "gelu"}}
                     : act == "relu"   ? json{{"type", "relu"}}
@@ -131,6 +134,7 @@ json Gpt2(const json& c, const std::string& name) {
                 {"checkpoint", true},
                 {"layers",
                  {{{"type", "residual"},
+                   {"keep", true},
                    {"body",
                     {{{"type", "layer_norm"}, {"name", "ln_1"}, {"eps", eps}},
                      {{"type", "attention"},
@@ -139,10 +143,12 @@ json Gpt2(const json& c, const std::string& name) {
                       {"projection", "fused_conv1d"},
                       {"mask", "buffer"},
                       {"max_positions", positions},
-                      {"dropout", attn}},
-                     {{"type", "dropout"}, {"p", resid}}}}},
+                      {"dropout", attn},
+                      {"out_dropout", resid},
+                      {"cache", use_cache}}}}},
                   {{"type", "residual"},
                    {"order", "input_first"},
+                   {"keep", true},
                    {"body",
                     {{{"type", "layer_norm"}, {"name", "ln_2"}, {"eps", eps}},
                      {{"type", "sequential"},
@@ -156,18 +162,17 @@ json Gpt2(const json& c, const std::string& name) {
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
   spec["target"] = {{"from", "input"}};
   spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
+  // GPT2Model.forward is a block: its locals (the embeddings) live until it returns.
   spec["layers"] = {
-      {{"type", "sequential"},
+      {{"type", "block"},
        {"name", "transformer"},
        {"layers",
-        {{{"type", "block"},
-          {"layers",
-           {{{"type", "embedding"},
-             {"name", "wte"},
-             {"num", vocab},
-             {"dim", d},
-             {"positions", {{"name", "wpe"}, {"num", positions}}}},
-            {{"type", "dropout"}, {"p", embd}}}}},
+        {{{"type", "embedding"},
+          {"name", "wte"},
+          {"num", vocab},
+          {"dim", d},
+          {"positions", {{"name", "wpe"}, {"num", positions}}}},
+         {{"type", "dropout"}, {"p", embd}},
          {{"type", "repeat"}, {"name", "h"}, {"count", layers}, {"body", block}},
          {{"type", "layer_norm"}, {"name", "ln_f"}, {"eps", eps}}}}},
       {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}, {"tie", "transformer.wte"}}};

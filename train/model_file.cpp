@@ -41,6 +41,9 @@ struct ForwardState {
   TensorList locals;
   // The results of "branch" layers, by name, for a later "take".
   std::map<std::string, Tensor> branches;
+  // The keys and values of attention layers with "cache" (use_cache: HF's
+  // past_key_values), which outlive forward with its output.
+  TensorList cache;
 };
 
 // One layer's forward. Run takes its input by value so that it can drop it
@@ -277,7 +280,9 @@ struct AttentionSpec {
   bool causal = true;
   bool rotary = false;
   bool additive_mask = false;  // BERT's eager path: ForwardState::extended_mask
+  bool cache = false;          // use_cache: keys and values kept (ForwardState::cache)
   float dropout = 0;
+  float out_dropout = 0;  // dropout after the output projection, inside the layer (GPT-2's resid_dropout)
   Tensor* mask_buffer = nullptr;  // GPT-2 eager path
   std::function<Tensor(const Tensor&)> q, k, v, qkv, o;
 };
@@ -304,6 +309,13 @@ class AttentionRunner final : public Runner {
       k = split_heads(a_.k(x), kvh);
       v = split_heads(a_.v(x), kvh);
       x = Tensor();
+    }
+    // Locals of the attention's forward, alive until it returns (GPT-2:
+    // query, key, value, views of c_attn's output).
+    Tensor q_local = a_.fused ? q : Tensor(), k_local = a_.fused ? k : Tensor(), v_local = a_.fused ? v : Tensor();
+    if (a_.cache && !a_.rotary) {  // present = (key, value)
+      s.cache.push_back(k);
+      s.cache.push_back(v);
     }
     if (a_.rotary) {
       if (!s.cos.defined()) {
@@ -365,7 +377,9 @@ class AttentionRunner final : public Runner {
     q = k = v = Tensor();
     Tensor out = ops::View(ops::Contiguous(ops::Permute(context, {0, 2, 1, 3})), {b, t, h * hd});
     context = Tensor();
-    return a_.o(out);
+    out = a_.o(out);
+    if (a_.out_dropout > 0) out = ops::Dropout(out, a_.out_dropout);
+    return out;
   }
 
  private:
@@ -393,12 +407,13 @@ class AttentionRunner final : public Runner {
 
 class ResidualRunner final : public Runner {
  public:
-  ResidualRunner(RunnerPtr body, RunnerPtr shortcut, RunnerPtr then, bool inplace, bool input_first)
+  ResidualRunner(RunnerPtr body, RunnerPtr shortcut, RunnerPtr then, bool inplace, bool input_first, bool keep)
       : body_(std::move(body)),
         shortcut_(std::move(shortcut)),
         then_(std::move(then)),
         inplace_(inplace),
-        input_first_(input_first) {}
+        input_first_(input_first),
+        keep_(keep) {}
   Tensor Run(Tensor x, ForwardState& s) override {
     // Declared first, so that it dies after the body's output (Python's
     // `residual` local outlives the block's `out`).
@@ -411,6 +426,9 @@ class ResidualRunner final : public Runner {
       return then_ ? then_->Run(std::move(out), s) : out;
     }
     Tensor sum = input_first_ ? ops::Add(identity, out) : ops::Add(out, identity);
+    // "keep": the body's output is a local of the enclosing block (GPT2Block's
+    // attn_output and feed_forward_hidden_states), alive until it returns.
+    if (keep_) s.locals.push_back(out);
     // "then": layers applied to the sum in the same Python expression, while
     // the body's output is still a local (BertSelfOutput's
     // LayerNorm(hidden_states + input_tensor)).
@@ -419,7 +437,7 @@ class ResidualRunner final : public Runner {
 
  private:
   RunnerPtr body_, shortcut_, then_;
-  bool inplace_, input_first_;
+  bool inplace_, input_first_, keep_;
 };
 
 // A side computation on the layer's input, kept for a later TakeRunner; the
@@ -515,6 +533,9 @@ class FileModel final : public Model {
       }
     }
     trunk = Tensor();
+    // The keys and values kept (use_cache) go out with the output: the
+    // previous forward's are freed once this one has returned.
+    cache_ = std::move(state_.cache);
     state_ = ForwardState{};
     return first;
   }
@@ -528,7 +549,10 @@ class FileModel final : public Model {
   }
 
   TensorList OtherOutputs() const override { return extra_outputs_; }
-  void ReleaseOutputs() override { extra_outputs_.clear(); }
+  void ReleaseOutputs() override {
+    extra_outputs_.clear();
+    cache_.clear();
+  }
 
   void set_batch_size(std::int64_t b) { batch_size_ = b; }
   std::string name_;
@@ -543,11 +567,14 @@ class FileModel final : public Model {
     if (l.mse) return ops::MseLoss(output, target);
     const std::int64_t classes = output.sizes().back();
     if (l.shift) {
-      // HF ForCausalLMLoss: labels padded with -100 and shifted, logits.float(), mean over the rest.
+      // HF ForCausalLMLoss: logits.float(); labels padded with -100 (a local
+      // until it returns) and shifted; cross-entropy, mean over the rest.
       const std::int64_t seq = target.sizes()[1];
-      Tensor shift_labels = ops::Contiguous(ops::Narrow(ops::PadLastDim(target, 0, 1, -100), 1, 1, seq));
-      Tensor flat = ops::To(ops::View(output, {-1, classes}), DType::kFloat32);
-      return ops::CrossEntropy(flat, ops::View(shift_labels, {-1}), l.reduction, l.ignore_index);
+      Tensor logits = ops::To(output, DType::kFloat32);
+      Tensor labels = ops::PadLastDim(target, 0, 1, -100);
+      Tensor shift_labels = ops::Contiguous(ops::Narrow(labels, 1, 1, seq));
+      return ops::CrossEntropy(ops::View(logits, {-1, classes}), ops::View(shift_labels, {-1}), l.reduction,
+                               l.ignore_index);
     }
     Tensor logits = output.dim() > 2 ? ops::View(output, {-1, classes}) : output;
     Tensor labels = target.dim() > 1 ? ops::View(target, {-1}) : target;
@@ -556,6 +583,7 @@ class FileModel final : public Model {
 
   ForwardState state_;
   TensorList extra_targets_, extra_outputs_;
+  TensorList cache_;  // past_key_values of the last forward (use_cache)
 };
 
 // ------------------------------------------------------------------ building
@@ -967,7 +995,7 @@ class Builder {
       return std::make_unique<SequentialRunner>(std::move(children), "", false);
     }
     if (t == "residual") {
-      c.Allow({"body", "shortcut", "add", "order", "then"});
+      c.Allow({"body", "shortcut", "add", "order", "then", "keep"});
       if (!c.spec.contains("body")) c.Fail("missing field \"body\"");
       Module* m = &ContainerModule(c);
       const Sig in = sig;
@@ -989,7 +1017,7 @@ class Builder {
       RunnerPtr then;
       if (c.spec.contains("then")) then = BuildList(c.spec["then"], c.where + ".then", *m, sig, c.pdtype);
       return std::make_unique<ResidualRunner>(std::move(body), std::move(shortcut), std::move(then),
-                                              add == "inplace", order == "input_first");
+                                              add == "inplace", order == "input_first", c.Bool("keep", false));
     }
     // shared: a named layer before this one, again
     c.Allow({"ref"});
@@ -1239,11 +1267,17 @@ class Builder {
               : -1;
       return std::make_unique<BertEmbeddingRunner>(p, positions, token_types, &ids, position_padding);
     }
-    return std::make_unique<FnRunner>([p, positions](Tensor x) {
+    return std::make_unique<StateFnRunner>([p, positions](Tensor x, ForwardState& s) {
       if (positions == nullptr) return p->Forward(x);
-      // GPT-2: inputs_embeds + wpe(position_ids), position_ids = arange(T)[None]
+      // GPT2Model.forward: position_ids = arange(T).unsqueeze(0), then
+      // inputs_embeds = wte(ids), position_embeds = wpe(position_ids), their
+      // sum; all three are locals until the enclosing block returns.
       Tensor position_ids = Tensor::Empty(x.ctx(), {1, x.sizes()[1]}, DType::kInt64);
-      return ops::Add(p->Forward(x), positions->Forward(position_ids));
+      Tensor inputs_embeds = p->Forward(x);
+      Tensor position_embeds = positions->Forward(position_ids);
+      Tensor sum = ops::Add(inputs_embeds, position_embeds);
+      s.locals.insert(s.locals.end(), {position_ids, inputs_embeds, position_embeds});
+      return sum;
     });
   }
 
@@ -1271,7 +1305,7 @@ class Builder {
 
   RunnerPtr Attention(Ctx& c, Sig& sig) {
     c.Allow({"heads", "kv_heads", "head_dim", "projection", "bias", "out_bias", "causal", "mask", "max_positions",
-             "rotary", "dropout", "names"});
+             "rotary", "dropout", "out_dropout", "cache", "names"});
     NeedFloat(c, sig);
     NeedDims(c, sig, 3, "batch, tokens, features");
     const std::int64_t d = sig.shape[2];
@@ -1294,6 +1328,11 @@ class Builder {
     const double p = c.Num("dropout", 0);
     if (p < 0 || p >= 1) c.Fail("field \"dropout\": expected 0 <= p < 1");
     a.dropout = static_cast<float>(p);
+    const double out_p = c.Num("out_dropout", 0);
+    if (out_p < 0 || out_p >= 1) c.Fail("field \"out_dropout\": expected 0 <= p < 1");
+    a.out_dropout = static_cast<float>(out_p);
+    // use_cache: HF turns it off under gradient checkpointing.
+    a.cache = c.Bool("cache", false) && !options_.checkpoint_activations;
     const std::string mask = c.Str("mask", "none");
     if (mask != "none" && mask != "buffer" && mask != "additive")
       c.Fail("field \"mask\": use none, buffer (GPT-2's bool buffer \"bias\") or additive (BERT's extended mask)");

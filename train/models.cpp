@@ -507,153 +507,27 @@ class BiLstm final : public Model {
 
 // ------------------------------------------------------------------ gpt2
 
-struct Gpt2Config {
-  std::int64_t layers, dim, heads;
-};
-
-// HF GPT2Attention's modules: c_attn, c_proj and the causal-mask buffer
-// (bool, 1x1x1024x1024, persistent=False).
-class Gpt2Attention final : public Module {
- public:
-  Gpt2Attention(std::string path, std::int64_t dim)
-      : Module(std::move(path)),
-        bias_(Buffer("bias", {1, 1, 1024, 1024}, DType::kBool, 1)),
-        c_attn_(Add<Conv1D>("c_attn", dim, 3 * dim)),
-        c_proj_(Add<Conv1D>("c_proj", dim, dim)) {}
-  Tensor& bias_;
-  Conv1D& c_attn_;
-  Conv1D& c_proj_;
-};
-
-// Hugging Face GPT2Block: eager attention as in transformers 4.3x-4.4x, or
-// F.scaled_dot_product_attention's flash kernel.
-class Gpt2Block final : public Module {
- public:
-  Gpt2Block(std::string path, const Gpt2Config& c, AttentionKind attention)
-      : Module(std::move(path)),
-        c_(c),
-        attention_kind_(attention),
-        ln_1_(Add<LayerNormLayer>("ln_1", c.dim)),
-        attn_(Add<Gpt2Attention>("attn", c.dim)),
-        ln_2_(Add<LayerNormLayer>("ln_2", c.dim)) {
-    Group& mlp = Add<Group>("mlp");
-    c_fc_ = &mlp.Add<Conv1D>("c_fc", c.dim, 4 * c.dim);
-    mlp_proj_ = &mlp.Add<Conv1D>("c_proj", 4 * c.dim, c.dim);
-  }
-
-  Tensor Forward(const Tensor& hidden_in) {
-    ScopedTag tag(Category::kActivation, path());
-    const std::int64_t b = hidden_in.sizes()[0], t = hidden_in.sizes()[1];
-    const std::int64_t d = c_.dim, h = c_.heads, hd = d / h;
-    Tensor hidden = hidden_in;
-    Tensor residual = hidden;
-    Tensor attn_output;
-    {
-      Tensor x = ln_1_.Forward(hidden);
-      TensorList qkv = ops::Split(attn_.c_attn_.Forward(x), d, 2);
-      x = Tensor();
-      auto split_heads = [&](const Tensor& y) { return ops::Permute(ops::View(y, {b, t, h, hd}), {0, 2, 1, 3}); };
-      Tensor q = split_heads(qkv[0]), k = split_heads(qkv[1]), v = split_heads(qkv[2]);
-      qkv.clear();
-      Tensor context;
-      if (attention_kind_ == AttentionKind::kFlash) {
-        context = ops::FlashAttention(q, k, v);
-      } else {
-        Tensor w = ops::Matmul(q, ops::Transpose(k, -1, -2));
-        w = ops::Div(w, Tensor::Full(w.ctx(), {}, std::sqrt(static_cast<double>(hd)), w.dtype()));
-        Tensor causal = ops::Narrow(ops::Narrow(attn_.bias_, 2, 0, t), 3, 0, t);
-        Tensor mask_value = Tensor::Full(w.ctx(), {}, -3.4e38, w.dtype());
-        w = ops::Where(causal, w, mask_value);
-        w = ops::Softmax(w, -1);
-        w = ops::Dropout(w, 0.1f);
-        context = ops::Matmul(w, v);
-      }
-      q = k = v = Tensor();
-      // _merge_heads: permute(0, 2, 1, 3).contiguous().view(B, T, D)
-      attn_output = ops::View(ops::Contiguous(ops::Permute(context, {0, 2, 1, 3})), {b, t, d});
-      context = Tensor();
-      attn_output = attn_.c_proj_.Forward(attn_output);
-      attn_output = ops::Dropout(attn_output, 0.1f);
-    }
-    hidden = ops::Add(attn_output, residual);
-    attn_output = Tensor();
-    residual = hidden;
-    Tensor ff = ln_2_.Forward(hidden);
-    hidden = Tensor();
-    ff = c_fc_->Forward(ff);
-    ff = ops::GeluNew(ff);
-    ff = mlp_proj_->Forward(ff);
-    ff = ops::Dropout(ff, 0.1f);
-    return ops::Add(residual, ff);
-  }
-
- private:
-  Gpt2Config c_;
-  AttentionKind attention_kind_;
-  LayerNormLayer& ln_1_;
-  Gpt2Attention& attn_;
-  LayerNormLayer& ln_2_;
-  Conv1D* c_fc_ = nullptr;
-  Conv1D* mlp_proj_ = nullptr;
-};
-
-class Gpt2 final : public Model {
- public:
-  Gpt2(std::string model_name, const Gpt2Config& c, std::int64_t batch, std::int64_t seq, AttentionKind attention,
-       bool checkpoint)
-      : Model(""), name_(std::move(model_name)), seq_(seq), checkpoint_(checkpoint) {
-    batch_size_ = batch;
-    Group& transformer = Add<Group>("transformer");
-    wte_ = &transformer.Add<EmbeddingLayer>("wte", kVocab, c.dim);
-    wpe_ = &transformer.Add<EmbeddingLayer>("wpe", 1024, c.dim);
-    Group& h = transformer.Add<Group>("h");
-    for (std::int64_t i = 0; i < c.layers; ++i) blocks_.push_back(&h.Add<Gpt2Block>(std::to_string(i), c, attention));
-    ln_f_ = &transformer.Add<LayerNormLayer>("ln_f", c.dim);
-    // lm_head is tied to wte: no parameter of its own.
-  }
-  static constexpr std::int64_t kVocab = 50257;
-  std::string_view name() const override { return name_; }
-
-  Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
-    Tensor ids = InputTensor(ctx, {batch_size_, seq_}, DType::kInt64);
-    return {ids, ids};  // labels=input_ids
-  }
-
-  Tensor Forward(const Batch& batch) override {
-    Tensor hidden;
-    {
-      ScopedTag tag(Category::kActivation, "transformer");
-      Tensor position_ids = Tensor::Empty(batch.input.ctx(), {1, seq_}, DType::kInt64);  // torch.arange
-      hidden = ops::Add(wte_->Forward(batch.input), wpe_->Forward(position_ids));
-      hidden = ops::Dropout(hidden, 0.1f);
-    }
-    for (Gpt2Block* block : blocks_) {
-      auto run = [block](const Tensor& x) { return block->Forward(x); };
-      hidden = checkpoint_ ? Checkpoint(run, hidden) : run(hidden);
-    }
-    hidden = ln_f_->Forward(hidden);
-    ScopedTag tag(Category::kActivation, "lm_head");
-    return ops::Linear(hidden, wte_->weight(), Tensor());
-  }
-
-  Tensor Loss(const Tensor& logits, const Batch& batch) override {
-    ScopedTag tag(Category::kActivation, "loss");
-    // ForCausalLMLoss: labels padded with -100 and shifted (a small copy),
-    // logits.float() (a copy only under autocast), cross_entropy(mean, ignore -100).
-    Tensor shift_labels = ops::Contiguous(ops::Narrow(ops::PadLastDim(batch.target, 0, 1, -100), 1, 1, seq_));
-    Tensor flat = ops::To(ops::View(logits, {-1, kVocab}), DType::kFloat32);
-    return ops::CrossEntropy(flat, ops::View(shift_labels, {-1}));
-  }
-
- private:
-  std::string name_;
-  std::int64_t seq_;
-  bool checkpoint_;
-  EmbeddingLayer* wte_ = nullptr;
-  EmbeddingLayer* wpe_ = nullptr;
-  std::vector<Gpt2Block*> blocks_;
-  LayerNormLayer* ln_f_ = nullptr;
-};
+// The zoo's GPT-2 sizes are Hugging Face configs: the model is the one
+// `--model hf:config.json` builds (train/hf_config.h), so there is one
+// GPT-2, checked against PyTorch by tests/oracle/.
+absl::StatusOr<std::unique_ptr<Model>> Gpt2(std::string_view name, const ModelOptions& o) {
+  struct Size {
+    std::int64_t layers, dim, heads, batch;
+  };
+  const Size size = name == "gpt2"          ? Size{12, 768, 12, 8}
+                    : name == "gpt2-medium" ? Size{24, 1024, 16, 4}
+                    : name == "gpt2-large"  ? Size{36, 1280, 20, 2}
+                                            : Size{48, 1600, 25, 1};
+  const nlohmann::json config = {{"model_type", "gpt2"},     {"architectures", {"GPT2LMHeadModel"}},
+                                 {"vocab_size", 50257},      {"n_positions", 1024},
+                                 {"n_embd", size.dim},       {"n_layer", size.layers},
+                                 {"n_head", size.heads}};
+  absl::StatusOr<nlohmann::json> spec = HfConfigToModelSpec(config, name);
+  if (!spec.ok()) return spec.status();
+  (*spec)["name"] = std::string(name);
+  (*spec)["batch_size"] = size.batch;
+  return ModelFromJson(*spec, name, o);
+}
 
 }  // namespace
 
@@ -720,11 +594,7 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const 
   if (name == "seq2seq-attn")
     return std::make_unique<Seq2SeqAttn>(or_default(o.batch_size, 80), or_default(o.seq_len, 50));
   if (name == "bilstm") return std::make_unique<BiLstm>(or_default(o.batch_size, 32), or_default(o.seq_len, 128));
-  const Gpt2Config small{12, 768, 12}, medium{24, 1024, 16}, large{36, 1280, 20}, xl{48, 1600, 25};
-  const Gpt2Config& c = name == "gpt2" ? small : name == "gpt2-medium" ? medium : name == "gpt2-large" ? large : xl;
-  const std::int64_t batch = name == "gpt2" ? 8 : name == "gpt2-medium" ? 4 : name == "gpt2-large" ? 2 : 1;
-  return std::make_unique<Gpt2>(std::string(name), c, or_default(o.batch_size, batch), or_default(o.seq_len, 1024),
-                                o.attention, o.checkpoint_activations);
+  return Gpt2(name, o);
 }
 
 }  // namespace memscope

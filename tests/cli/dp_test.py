@@ -71,7 +71,7 @@ try:
     code, out, err = run("run", "--model", "gpt2", "--dp", "2", "--batch-size", "8", "--steps", "2",
                          "--device-memory", "16GiB", "--out", dpd)
     check("DP gpt2 on 16 GiB: OOM, exit 3", code == 3, (code, err))
-    check("the OOM names device 0", "memscope run: DataParallel device cuda:0 out of memory in step 1:" in err, err)
+    check("the OOM names device 0", "memscope run: DataParallel device cuda:0 out of memory in step 0:" in err, err)
     check("PyTorch's message names GPU 0", "GPU 0 has a total capacity of 16.00 GiB" in err, err)
     rj = load(dpd, "run.json")
     check("run.json: device 0 oom, device 1 ok", [r["status"] for r in rj["ranks"]] == ["oom", "ok"], rj["ranks"])

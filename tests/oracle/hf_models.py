@@ -396,3 +396,161 @@ HF_MODELS = {
     ("roberta", "RobertaForSequenceClassification"): RobertaForSequenceClassification,
     ("roberta", "RobertaForTokenClassification"): RobertaForTokenClassification,
 }
+
+
+# ---------------------------------------------------------------- GPT-2 (modeling_gpt2.py, 4.46, eager)
+
+
+class Conv1D(nn.Module):
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf).normal_(std=0.02))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, positions = c["n_embd"], c.get("n_positions", 1024)
+        self.register_buffer("bias", torch.tril(torch.ones((positions, positions), dtype=torch.bool)).view(
+            1, 1, positions, positions), persistent=False)
+        self.num_heads, self.head_dim, self.split_size = c["n_head"], d // c["n_head"], d
+        self.c_attn = Conv1D(3 * d, d)
+        self.c_proj = Conv1D(d, d)
+        self.attn_dropout = Dropout(c.get("attn_pdrop", 0.1))
+        self.resid_dropout = Dropout(c.get("resid_pdrop", 0.1))
+
+    def _attn(self, query, key, value):
+        attn_weights = torch.matmul(query, key.transpose(-1, -2))
+        attn_weights = attn_weights / torch.full([], value.size(-1) ** 0.5, dtype=attn_weights.dtype,
+                                                 device=attn_weights.device)
+        query_length, key_length = query.size(-2), key.size(-2)
+        causal_mask = self.bias[:, :, key_length - query_length:key_length, :key_length]
+        mask_value = torch.finfo(attn_weights.dtype).min
+        mask_value = torch.full([], mask_value, dtype=attn_weights.dtype, device=attn_weights.device)
+        attn_weights = torch.where(causal_mask, attn_weights.to(attn_weights.dtype), mask_value)
+        attn_weights = F.softmax(attn_weights, dim=-1)
+        attn_weights = attn_weights.type(value.dtype)
+        attn_weights = self.attn_dropout(attn_weights)
+        attn_output = torch.matmul(attn_weights, value)
+        return attn_output, attn_weights
+
+    def _split_heads(self, tensor):
+        new_shape = tensor.size()[:-1] + (self.num_heads, self.head_dim)
+        return tensor.view(new_shape).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, use_cache):
+        query, key, value = self.c_attn(hidden_states).split(self.split_size, dim=2)
+        query, key, value = self._split_heads(query), self._split_heads(key), self._split_heads(value)
+        present = (key, value) if use_cache else None
+        attn_output, attn_weights = self._attn(query, key, value)
+        attn_output = attn_output.permute(0, 2, 1, 3).contiguous()
+        attn_output = attn_output.view(attn_output.size()[:-2] + (self.num_heads * self.head_dim,))
+        attn_output = self.c_proj(attn_output)
+        attn_output = self.resid_dropout(attn_output)
+        return attn_output, present
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d = c["n_embd"]
+        inner = c.get("n_inner") or 4 * d
+        self.c_fc = Conv1D(inner, d)
+        self.c_proj = Conv1D(d, inner)
+        self.dropout = Dropout(c.get("resid_pdrop", 0.1))
+
+    def forward(self, hidden_states):
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = gelu_new(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        return self.dropout(hidden_states)
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        eps = c.get("layer_norm_epsilon", 1e-5)
+        self.ln_1 = nn.LayerNorm(c["n_embd"], eps=eps)
+        self.attn = GPT2Attention(c)
+        self.ln_2 = nn.LayerNorm(c["n_embd"], eps=eps)
+        self.mlp = GPT2MLP(c)
+
+    def forward(self, hidden_states, use_cache):
+        residual = hidden_states
+        hidden_states = self.ln_1(hidden_states)
+        attn_output, present = self.attn(hidden_states, use_cache)
+        hidden_states = attn_output + residual
+        residual = hidden_states
+        hidden_states = self.ln_2(hidden_states)
+        feed_forward_hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + feed_forward_hidden_states
+        return hidden_states, present
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        d = c["n_embd"]
+        self.wte = nn.Embedding(c["vocab_size"], d)
+        self.wpe = nn.Embedding(c.get("n_positions", 1024), d)
+        self.drop = Dropout(c.get("embd_pdrop", 0.1))
+        self.h = nn.ModuleList([GPT2Block(c) for _ in range(c["n_layer"])])
+        self.ln_f = nn.LayerNorm(d, eps=c.get("layer_norm_epsilon", 1e-5))
+
+    def forward(self, input_ids):
+        use_cache = self.config.get("use_cache", True)
+        seq = input_ids.shape[-1]
+        position_ids = torch.arange(0, seq, dtype=torch.long).unsqueeze(0)
+        inputs_embeds = self.wte(input_ids)
+        position_embeds = self.wpe(position_ids)
+        hidden_states = inputs_embeds + position_embeds
+        hidden_states = self.drop(hidden_states)
+        presents = () if use_cache else None
+        for block in self.h:
+            hidden_states, present = block(hidden_states, use_cache)
+            if use_cache:
+                presents = presents + (present,)
+        hidden_states = self.ln_f(hidden_states)
+        return hidden_states, presents
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.transformer = GPT2Model(c)
+        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids):
+        hidden_states, presents = self.transformer(input_ids)
+        logits = self.lm_head(hidden_states)
+        self.presents = presents  # returned in outputs.past_key_values, which the caller holds
+        return logits
+
+    def loss(self, logits, labels):
+        # ForCausalLMLoss: logits.float(), labels padded with -100 and shifted.
+        logits = logits.float()
+        labels = F.pad(labels, (0, 1), value=-100)
+        shift_labels = labels[..., 1:].contiguous()
+        logits = logits.view(-1, logits.shape[-1])
+        return F.cross_entropy(logits, shift_labels.view(-1), ignore_index=-100)
+
+    @staticmethod
+    def batch(c, batch, seq):
+        ids = torch.randint(0, c["vocab_size"], (batch, seq))
+        return ((ids,), ids)
+
+
+HF_MODELS[("gpt2", "GPT2LMHeadModel")] = GPT2LMHeadModel

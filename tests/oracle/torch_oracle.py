@@ -190,6 +190,7 @@ def measure(case):
             out = model(*inputs)
         graph = [o.grad_fn for o in (out if isinstance(out, tuple) else (out,))]
         del out
+        model.presents = None  # past_key_values go with the outputs
         with record_function("ms::loss"):
             pass
         with record_function("ms::backward"):
@@ -303,6 +304,10 @@ def hf_cases():
                          dict(BERT, architectures=["BertForSequenceClassification"], num_labels=1), 2, 16))
     for arch in ("RobertaForMaskedLM", "RobertaForSequenceClassification", "RobertaForTokenClassification"):
         cases.append(hf_case(f"{arch}, 1 layer", dict(ROBERTA, architectures=[arch], num_labels=3), 2, 16))
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 128, "n_embd": 64,
+            "n_layer": 1, "n_head": 4, "n_positions": 32}
+    cases.append(hf_case("GPT2LMHeadModel, 1 layer, use_cache false", dict(gpt2, use_cache=False), 2, 16))
+    cases.append(hf_case("GPT2LMHeadModel, 1 layer", gpt2, 2, 16))
     return cases
 
 
