@@ -161,7 +161,7 @@ std::shared_ptr<Node> RecordOp(std::string_view name, std::initializer_list<cons
 namespace {
 // The final callbacks of the outermost running Backward (null outside one).
 thread_local std::vector<std::function<void()>>* final_callbacks = nullptr;
-thread_local EngineBehaviour engine_behaviour;
+thread_local TorchBehaviour torch_behaviour;
 void RunGraph(const TensorList& roots, TensorList root_grads);
 }  // namespace
 
@@ -170,7 +170,7 @@ void QueueBackwardCallback(std::function<void()> callback) {
   final_callbacks->push_back(std::move(callback));
 }
 
-EngineBehaviour& CurrentEngineBehaviour() { return engine_behaviour; }
+TorchBehaviour& CurrentTorchBehaviour() { return torch_behaviour; }
 
 void Backward(const TensorList& roots, TensorList root_grads) {
   if (final_callbacks != nullptr) {  // reentrant (checkpoint): callbacks go to the outermost pass
@@ -236,7 +236,7 @@ void RunGraph(const TensorList& roots, TensorList root_grads) {
       slot = std::move(grad);
     } else {
       ScopedTag tag(Category::kAutogradDetail, e.fn->owner());
-      if (CurrentEngineBehaviour().inplace_accumulation && slot.use_count() == 1 &&
+      if (CurrentTorchBehaviour().inplace_accumulation && slot.use_count() == 1 &&
           slot.storage().use_count() == 1 && slot.is_contiguous()) {
         ops::AddInPlace(slot, grad);
       } else {

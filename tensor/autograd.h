@@ -14,7 +14,7 @@
 //    tensors (release_variables), then its outputs go to the next nodes' input
 //    buffers, where two gradients for the same input are added in place when
 //    the buffer owns its storage alone, else out of place (InputBuffer; in
-//    PyTorch 1.x always out of place: EngineBehaviour);
+//    PyTorch 1.x always out of place: TorchBehaviour);
 //  - AccumulateGrad steals the incoming gradient as .grad when .grad is
 //    undefined and nothing else references it (no copy), clones it otherwise,
 //    and adds in place when .grad is defined.
@@ -131,16 +131,21 @@ Tensor Checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 // Autograd-visible sequence counter (the next node's number).
 std::uint64_t NextSequenceNr();
 
-// Behaviours of the engine that changed between PyTorch releases (on this
-// thread). The defaults are the newest release's.
-struct EngineBehaviour {
+// Behaviours of the autograd engine and of ops that changed between PyTorch
+// releases (on this thread). The defaults are the newest release's; the
+// oracle of tests/oracle/ runs memscope as the torch it compares with.
+struct TorchBehaviour {
   // InputBuffer adds a second gradient for the same input into the first in
   // place when it owns its storage alone (can_accumulate_inplace,
   // torch/csrc/autograd/input_buffer.cpp, PyTorch 2.x); PyTorch 1.13 always
-  // adds out of place (the oracle of tests/oracle/ measures it).
+  // adds out of place (measured by the oracle).
   bool inplace_accumulation = true;
+  // mean(dim) saves its input for backward in PyTorch 1.13 (MeanBackward1's
+  // _saved_self, measured by the oracle); 2.x saves its sizes and numel only
+  // (derivatives.yaml: mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(), keepdim)).
+  bool mean_dim_saves_input = false;
 };
-EngineBehaviour& CurrentEngineBehaviour();
+TorchBehaviour& CurrentTorchBehaviour();
 
 }  // namespace memscope
 

@@ -925,7 +925,8 @@ Tensor MeanDims(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
   if (NeedsGrad({&x})) {
     Shape kept = x.sizes();
     for (int d : dims) kept[static_cast<std::size_t>(WrapDim(d, x.dim()))] = 1;
-    RecordOp("MeanBackward1", {&x}, {&s}, [in = x.sizes(), kept, n](Node& node, TensorList& g) {
+    Tensor saved = CurrentTorchBehaviour().mean_dim_saves_input ? x.Detach() : Tensor();
+    RecordOp("MeanBackward1", {&x}, {&s}, [in = x.sizes(), kept, n, saved](Node& node, TensorList& g) {
       GradTag tag(node, 0);
       return TensorList{DivScalar(Expand(View(g[0], kept), in), static_cast<float>(n))};
     });

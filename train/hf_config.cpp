@@ -209,6 +209,7 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
             {"kv_heads", kv},
             {"head_dim", head_dim},
             {"rotary", true},
+            {"cache", Bool(c, "use_cache", true)},
             {"causal", true},
             {"bias", qkv_bias},
             {"out_bias", o_bias},
@@ -224,8 +225,11 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
   spec["target"] = {{"from", "input"}};
   spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
-  spec["layers"] = {{{"type", "sequential"},
+  // LlamaModel.forward: a block (its locals die when it returns), with the
+  // cache position, causal mask and rotary embeddings after embed_tokens.
+  spec["layers"] = {{{"type", "block"},
                      {"name", "model"},
+                     {"rotary_prologue", head_dim},
                      {"layers",
                       {{{"type", "embedding"}, {"name", "embed_tokens"}, {"num", vocab}, {"dim", d}},
                        {{"type", "repeat"}, {"name", "layers"}, {"count", layers}, {"body", block}},

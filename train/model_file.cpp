@@ -65,8 +65,14 @@ class Group : public Module {
 
 class SequentialRunner final : public Runner {
  public:
-  SequentialRunner(std::vector<RunnerPtr> children, std::string tag, bool tagged, bool extended_mask = false)
-      : children_(std::move(children)), tag_(std::move(tag)), tagged_(tagged), extended_mask_(extended_mask) {}
+  SequentialRunner(std::vector<RunnerPtr> children, std::string tag, bool tagged, bool extended_mask = false,
+                   std::int64_t rotary_head_dim = 0, bool causal_mask = false)
+      : children_(std::move(children)),
+        tag_(std::move(tag)),
+        tagged_(tagged),
+        extended_mask_(extended_mask),
+        rotary_head_dim_(rotary_head_dim),
+        causal_mask_(causal_mask) {}
   Tensor Run(Tensor x, ForwardState& s) override {
     std::optional<ScopedTag> tag;
     if (tagged_) tag.emplace(Category::kActivation, tag_);
@@ -83,17 +89,64 @@ class SequentialRunner final : public Runner {
       s.extended_mask = ops::MulScalar(Tensor::Zeros(x.ctx(), {x.sizes()[0], 1, 1, x.sizes()[1]}),
                                        std::numeric_limits<float>::lowest());
     }
-    for (RunnerPtr& c : children_) x = c->Run(std::move(x), s);
+    TensorList prologue;
+    for (std::size_t i = 0; i < children_.size(); ++i) {
+      x = children_[i]->Run(std::move(x), s);
+      if (i == 0 && rotary_head_dim_ > 0) prologue = LlamaPrologue(x, s);
+    }
     if (tagged_ && s.locals.size() > locals) s.locals.resize(locals);
     if (extended_mask_) s.extended_mask = Tensor();
+    if (rotary_head_dim_ > 0) s.causal_mask = s.cos = s.sin = Tensor();
     return x;
   }
 
  private:
+  // LlamaModel.forward after inputs_embeds (transformers 4.46): cache_position
+  // = arange(T); the eager causal mask (_prepare_4d_causal_attention_mask_with_cache_position:
+  // full (T, T + 1) of finfo.min, triu, *= arange(T + 1) > cache_position);
+  // position_embeddings = LlamaRotaryEmbedding(x, position_ids): cos and sin
+  // of (1, T, head_dim). All alive until the model returns; returns what
+  // holds them beside the state.
+  TensorList LlamaPrologue(const Tensor& x, ForwardState& s) const {
+    NoGradGuard no_grad;
+    DeviceContext& ctx = x.ctx();
+    const std::int64_t b = x.sizes()[0], t = x.sizes()[1], hd = rotary_head_dim_;
+    Tensor cache_position = Tensor::Empty(ctx, {t}, DType::kInt64);
+    if (causal_mask_) {
+      Tensor full = Tensor::Full(ctx, {t, t + 1}, std::numeric_limits<float>::lowest(), x.dtype());
+      Tensor mask = Tensor::Empty(ctx, {t, t + 1}, x.dtype());  // triu
+      full = Tensor();
+      {
+        Tensor arange = Tensor::Empty(ctx, {t + 1}, DType::kInt64);
+        Tensor greater = Tensor::Empty(ctx, {t, t + 1}, DType::kBool);  // mask *= greater, in place
+        arange = Tensor();  // the expression's temporaries, in order
+      }
+      s.causal_mask = ops::Expand(ops::View(mask, {1, 1, t, t + 1}), {b, 1, t, t + 1});
+    }
+    {
+      // inv_freq[None, :, None] @ position_ids[:, None, :].float(), transposed; cat; cos, sin; * scaling.
+      Tensor positions = Tensor::Empty(ctx, {1, 1, t}, DType::kFloat32);
+      Tensor freqs = Tensor::Empty(ctx, {1, hd / 2, t}, DType::kFloat32);
+      Tensor emb = Tensor::Empty(ctx, {1, t, hd}, DType::kFloat32);
+      Tensor cos = Tensor::Empty(ctx, {1, t, hd}, DType::kFloat32);
+      Tensor sin = Tensor::Empty(ctx, {1, t, hd}, DType::kFloat32);
+      cos = Tensor::Empty(ctx, {1, t, hd}, DType::kFloat32);
+      sin = Tensor::Empty(ctx, {1, t, hd}, DType::kFloat32);
+      s.cos = ops::To(cos, x.dtype());
+      s.sin = ops::To(sin, x.dtype());
+      positions = Tensor();  // the function's locals die in their order
+      freqs = Tensor();
+      emb = Tensor();
+    }
+    return {x, cache_position, s.causal_mask, s.cos, s.sin};  // x: inputs_embeds, a local too
+  }
+
   std::vector<RunnerPtr> children_;
   std::string tag_;
   bool tagged_;
   bool extended_mask_;
+  std::int64_t rotary_head_dim_;
+  bool causal_mask_;
 };
 
 // torch.utils.checkpoint around a layer (with --checkpoint-activations).
@@ -169,8 +222,7 @@ class RmsNorm final : public Module {
     Tensor x = ops::To(in, DType::kFloat32);
     Tensor variance = ops::MeanDims(ops::PowScalar(x, 2), {-1}, true);
     x = ops::Mul(x, ops::Rsqrt(ops::AddScalar(variance, eps_)));
-    variance = Tensor();
-    return ops::Mul(weight_, ops::To(x, input_dtype));
+    return ops::Mul(weight_, ops::To(x, input_dtype));  // variance, a local, dies after
   }
 
  private:
@@ -190,6 +242,15 @@ class AttentionModule final : public Module {
 
  private:
   Tensor* mask_;
+};
+
+// LlamaRotaryEmbedding's inv_freq (head_dim / 2 float32; persistent=False,
+// moved to the GPU with the model).
+class RotaryBuffer final : public Module {
+ public:
+  RotaryBuffer(std::string path, std::int64_t head_dim) : Module(std::move(path)) {
+    Buffer("inv_freq", {head_dim / 2}, DType::kFloat32);
+  }
 };
 
 // BertEmbeddings' position_ids and token_type_ids ((1, max positions) int64
@@ -330,10 +391,16 @@ class AttentionRunner final : public Runner {
         Tensor x1 = ops::Narrow(y, 3, 0, hd / 2), x2 = ops::Narrow(y, 3, hd / 2, hd - hd / 2);
         Tensor qc = ops::Mul(y, c);
         Tensor rh = ops::Cat({ops::MulScalar(x2, -1), x1}, 3);
-        return ops::Add(qc, ops::Mul(rh, sn));
+        Tensor rs = ops::Mul(rh, sn);
+        rh = Tensor();  // a temporary of the expression
+        return ops::Add(qc, rs);
       };
       q = rotate(q);
       k = rotate(k);
+      if (a_.cache) {  // DynamicCache.update keeps the rotated key and the value
+        s.cache.push_back(k);
+        s.cache.push_back(v);
+      }
     }
     if (kvh < h) {  // repeat_kv: expand + reshape (a copy)
       auto repeat = [&](const Tensor& y) {
@@ -342,7 +409,7 @@ class AttentionRunner final : public Runner {
       k = repeat(k);
       v = repeat(v);
     }
-    Tensor context;
+    Tensor context, probs;  // locals of the attention's forward, alive until it returns
     if (a_.kernel == AttentionKind::kFlash) {
       context = ops::FlashAttention(q, k, v);
     } else if (a_.mask_buffer != nullptr) {
@@ -367,18 +434,25 @@ class AttentionRunner final : public Runner {
           NoGradGuard no_grad;
           s.causal_mask = Tensor::Full(w.ctx(), {1, 1, t, t}, 0, w.dtype());
         }
-        w = ops::Add(w, s.causal_mask);
+        // The model's mask may be wider (LlamaModel's (T, T + 1)): attention_mask[..., :T].
+        w = ops::Add(w, ops::Narrow(s.causal_mask, 3, 0, t));
       }
       const DType dtype = q.dtype();
-      w = ops::To(ops::Softmax(w, -1), dtype);
-      w = ops::Dropout(w, a_.dropout);
-      context = ops::Matmul(w, v);
+      probs = ops::To(ops::Softmax(w, -1), dtype);
+      w = Tensor();
+      probs = ops::Dropout(probs, a_.dropout);
+      context = ops::Matmul(probs, v);
     }
-    q = k = v = Tensor();
     Tensor out = ops::View(ops::Contiguous(ops::Permute(context, {0, 2, 1, 3})), {b, t, h * hd});
     context = Tensor();
     out = a_.o(out);
     if (a_.out_dropout > 0) out = ops::Dropout(out, a_.out_dropout);
+    // Python frees a function's locals in the order they were first bound.
+    q = Tensor();
+    k = Tensor();
+    v = Tensor();
+    q_local = k_local = v_local = Tensor();
+    probs = Tensor();
     return out;
   }
 
@@ -398,7 +472,13 @@ class AttentionRunner final : public Runner {
     Tensor context = ops::Matmul(probs, v);
     context = ops::Contiguous(ops::Permute(context, {0, 2, 1, 3}));
     Tensor out = ops::View(context, {b, t, h * hd});
-    q = k = v = scores = probs = context = Tensor();
+    // Python frees a function's locals in the order they were first bound.
+    q = Tensor();
+    k = Tensor();
+    v = Tensor();
+    scores = Tensor();
+    probs = Tensor();
+    context = Tensor();
     return a_.o(out);
   }
 
@@ -964,7 +1044,7 @@ class Builder {
   RunnerPtr Container(Ctx& c, Sig& sig) {
     const std::string& t = c.type;
     if (t == "sequential" || t == "block") {
-      c.Allow({"layers", "attention_mask"});
+      c.Allow({"layers", "attention_mask", "rotary_prologue"});
       if (!c.spec.contains("layers")) c.Fail("missing field \"layers\"");
       const std::string mask = c.Str("attention_mask", "none");
       if (mask != "none" && mask != "extended")
@@ -978,7 +1058,13 @@ class Builder {
       for (std::size_t i = 0; i < list.size(); ++i) {
         children.push_back(Build(list[i], absl::StrCat(c.where, ".layers[", i, "]"), *m, sig, c.pdtype, std::nullopt));
       }
-      return std::make_unique<SequentialRunner>(std::move(children), m->path(), t == "block", mask == "extended");
+      // "rotary_prologue": head_dim: LlamaModel's cache position, eager causal
+      // mask and rotary cos/sin after the first layer (the embedding), and its
+      // inv_freq buffer (rotary_emb, registered last).
+      const std::int64_t rotary = c.spec.contains("rotary_prologue") ? c.Int("rotary_prologue") : 0;
+      if (rotary > 0) Create<RotaryBuffer>(c, *m, "rotary_emb", rotary);
+      return std::make_unique<SequentialRunner>(std::move(children), m->path(), t == "block", mask == "extended",
+                                                rotary, options_.attention == AttentionKind::kMath);
     }
     if (t == "repeat") {
       c.Allow({"count", "start", "body"});

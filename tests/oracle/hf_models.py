@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cuda_kernels import Dropout
+from cuda_kernels import Dropout, cuda_dropout
 
 
 # ---------------------------------------------------------------- BERT (modeling_bert.py)
@@ -554,3 +554,205 @@ class GPT2LMHeadModel(nn.Module):
 
 
 HF_MODELS[("gpt2", "GPT2LMHeadModel")] = GPT2LMHeadModel
+
+
+# ---------------------------------------------------------------- Llama, Mistral, Qwen2 (modeling_llama.py, 4.46, eager)
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+        base = c.get("rope_theta", 10000.0)
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x, position_ids):
+        inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        position_ids_expanded = position_ids[:, None, :].float()
+        freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos()
+        sin = emb.sin()
+        cos = cos * 1.0  # attention_scaling
+        sin = sin * 1.0
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin):
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, c, qkv_bias, o_bias):
+        super().__init__()
+        d = c["hidden_size"]
+        self.num_heads = c["num_attention_heads"]
+        self.head_dim = c.get("head_dim") or d // self.num_heads
+        self.num_key_value_heads = c.get("num_key_value_heads", self.num_heads)
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.attention_dropout = c.get("attention_dropout", 0.0)
+        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, self.num_key_value_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=o_bias)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings, cache):
+        bsz, q_len, _ = hidden_states.size()
+        query_states = self.q_proj(hidden_states)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+        query_states = query_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        key_states = key_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        value_states = value_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if cache is not None:  # DynamicCache.update: keeps them
+            cache.append((key_states, value_states))
+        key_states = repeat_kv(key_states, self.num_key_value_groups)
+        value_states = repeat_kv(value_states, self.num_key_value_groups)
+        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if attention_mask is not None:
+            causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]
+            attn_weights = attn_weights + causal_mask
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)
+        attn_weights = cuda_dropout(attn_weights, self.attention_dropout, self.training)
+        attn_output = torch.matmul(attn_weights, value_states)
+        attn_output = attn_output.transpose(1, 2).contiguous()
+        attn_output = attn_output.reshape(bsz, q_len, -1)
+        attn_output = self.o_proj(attn_output)
+        return attn_output
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, inner, bias = c["hidden_size"], c["intermediate_size"], c.get("mlp_bias", False)
+        self.gate_proj = nn.Linear(d, inner, bias=bias)
+        self.up_proj = nn.Linear(d, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, d, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, c, qkv_bias, o_bias):
+        super().__init__()
+        eps = c.get("rms_norm_eps", 1e-6)
+        self.self_attn = LlamaAttention(c, qkv_bias, o_bias)
+        self.mlp = LlamaMLP(c)
+        self.input_layernorm = LlamaRMSNorm(c["hidden_size"], eps)
+        self.post_attention_layernorm = LlamaRMSNorm(c["hidden_size"], eps)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings, cache):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, attention_mask, position_embeddings, cache)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, c, qkv_bias, o_bias):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList([LlamaDecoderLayer(c, qkv_bias, o_bias) for _ in range(c["num_hidden_layers"])])
+        self.norm = LlamaRMSNorm(c["hidden_size"], c.get("rms_norm_eps", 1e-6))
+        self.rotary_emb = LlamaRotaryEmbedding(c)
+
+    def causal_mask(self, input_tensor, cache_position, past_seen_tokens):
+        # _update_causal_mask with no attention_mask, eager:
+        # _prepare_4d_causal_attention_mask_with_cache_position
+        dtype = input_tensor.dtype
+        sequence_length = input_tensor.shape[1]
+        target_length = past_seen_tokens + sequence_length + 1
+        min_dtype = torch.finfo(dtype).min
+        causal_mask = torch.full((sequence_length, target_length), fill_value=min_dtype, dtype=dtype)
+        if sequence_length != 1:
+            causal_mask = torch.triu(causal_mask, diagonal=1)
+        causal_mask *= torch.arange(target_length) > cache_position.reshape(-1, 1)
+        return causal_mask[None, None, :, :].expand(input_tensor.shape[0], 1, -1, -1)
+
+    def forward(self, input_ids):
+        use_cache = self.config.get("use_cache", True)
+        inputs_embeds = self.embed_tokens(input_ids)
+        cache = [] if use_cache else None  # DynamicCache()
+        cache_position = torch.arange(0, inputs_embeds.shape[1])
+        position_ids = cache_position.unsqueeze(0)
+        causal_mask = self.causal_mask(inputs_embeds, cache_position, 0)
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for decoder_layer in self.layers:
+            hidden_states = decoder_layer(hidden_states, causal_mask, position_embeddings, cache)
+        hidden_states = self.norm(hidden_states)
+        return hidden_states, cache
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias = o_bias = False
+
+    def __init__(self, c):
+        super().__init__()
+        self.model = LlamaModel(c, self.qkv_bias or c.get("attention_bias", False),
+                                self.o_bias or c.get("attention_bias", False))
+        self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+        if c.get("tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids):
+        hidden_states, self.presents = self.model(input_ids)
+        return self.lm_head(hidden_states[:, -0:, :])  # num_logits_to_keep=0: all
+
+    loss = GPT2LMHeadModel.loss
+
+    @staticmethod
+    def batch(c, batch, seq):
+        ids = torch.randint(0, c["vocab_size"], (batch, seq))
+        return ((ids,), ids)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    qkv_bias = True  # q, k and v have biases; o does not
+
+
+HF_MODELS[("llama", "LlamaForCausalLM")] = LlamaForCausalLM
+HF_MODELS[("mistral", "MistralForCausalLM")] = LlamaForCausalLM
+HF_MODELS[("qwen2", "Qwen2ForCausalLM")] = Qwen2ForCausalLM

@@ -103,9 +103,11 @@ int Main(int argc, char** argv) {
   std::ifstream in(argv[1]);
   const json cases = json::parse(in);
   // memscope as the PyTorch release of the oracle where behaviours differ
-  // (tensor/autograd.h EngineBehaviour).
+  // (tensor/autograd.h TorchBehaviour).
   const std::string version = cases.value("torch", "");
-  CurrentEngineBehaviour().inplace_accumulation = !(version.size() > 1 && version[0] == '1' && version[1] == '.');
+  const bool torch1 = version.size() > 1 && version[0] == '1' && version[1] == '.';
+  CurrentTorchBehaviour().inplace_accumulation = !torch1;
+  CurrentTorchBehaviour().mean_dim_saves_input = torch1;
   json out = json::array();
   for (const json& c : cases["cases"]) {
     json row = {{"name", c["name"]}};

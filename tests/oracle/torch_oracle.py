@@ -308,6 +308,12 @@ def hf_cases():
             "n_layer": 1, "n_head": 4, "n_positions": 32}
     cases.append(hf_case("GPT2LMHeadModel, 1 layer, use_cache false", dict(gpt2, use_cache=False), 2, 16))
     cases.append(hf_case("GPT2LMHeadModel, 1 layer", gpt2, 2, 16))
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64,
+             "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+             "max_position_embeddings": 64}
+    cases.append(hf_case("LlamaForCausalLM, 1 layer, grouped-query attention", llama, 2, 16))
+    cases.append(hf_case("Qwen2ForCausalLM, 1 layer, tied", dict(llama, model_type="qwen2", architectures=[
+        "Qwen2ForCausalLM"], tie_word_embeddings=True), 2, 16))
     return cases
 
 
