@@ -126,8 +126,13 @@ Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, floa
 Tensor BatchNorm2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var,
                    float momentum = 0.1f, float eps = 1e-5f);
 Tensor Dropout(const Tensor& x, float p, bool training = true);
-Tensor Softmax(const Tensor& x, int dim);
-Tensor LogSoftmax(const Tensor& x, int dim);
+// softmax(x, dim, dtype) as SoftMax.cpp does it: with a dtype other than
+// x's, a float16 input and float32 go straight to a float32 result
+// (_softmax(x, dim, half_to_float=true), CUDA), any other pair converts x
+// first (a copy, freed after). Under autocast, a floating input without a
+// dtype gets float32 (fp32_set_opt_dtype). The gradient has x's dtype.
+Tensor Softmax(const Tensor& x, int dim, std::optional<DType> dtype = std::nullopt);
+Tensor LogSoftmax(const Tensor& x, int dim, std::optional<DType> dtype = std::nullopt);
 enum class Reduction { kMean, kSum, kNone };
 Tensor NllLoss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::kMean,
                std::int64_t ignore_index = -100);

@@ -40,7 +40,11 @@ void ForEachIndex(const Shape& shape, const std::array<Shape, N>& strides, F&& f
   }
 }
 
-// Autocast: the tensor an op of the lower-precision list uses for `t`.
+// Autocast: the tensor an op of the lower-precision list uses for `t`. An op
+// casts its arguments last first: autocast's wrapper expands
+// cached_cast(args)... in a call's arguments, which GCC (the compiler of
+// PyTorch's Linux builds) evaluates right to left; torch 1.13 on CPU casts
+// F.linear's bias, then its weight, then its input (tests/oracle/).
 Tensor AutocastLower(const Tensor& t);
 // ...and an op of the fp32 list.
 Tensor AutocastFp32(const Tensor& t);

@@ -74,7 +74,9 @@ Tensor MmMat2Backward(const Tensor& grad, const Tensor& mat1, const Shape& mat2_
 // ---------------------------------------------------------------- linear algebra
 
 Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = AutocastLower(a_in), b = AutocastLower(b_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor b = AutocastLower(b_in);
+  const Tensor a = AutocastLower(a_in);
   Tensor out = MmNoGrad(a, b);
   if (NeedsGrad({&a, &b})) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
@@ -100,7 +102,10 @@ Tensor Mm(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor Addmm(const Tensor& bias_in, const Tensor& a_in, const Tensor& b_in) {
-  const Tensor bias = AutocastLower(bias_in), a = AutocastLower(a_in), b = AutocastLower(b_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor b = AutocastLower(b_in);
+  const Tensor a = AutocastLower(a_in);
+  const Tensor bias = AutocastLower(bias_in);
   // Blas.cpp's useLtInterface: a contiguous 1-d bias over mat2's columns, a
   // float type, mat2 larger than one row and one column.
   const bool lt = bias.dim() == 1 && bias.is_contiguous() && b.dim() == 2 && bias.sizes()[0] == b.sizes()[1] &&
@@ -150,7 +155,9 @@ Tensor BmmNoGrad(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor Bmm(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = AutocastLower(a_in), b = AutocastLower(b_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor b = AutocastLower(b_in);
+  const Tensor a = AutocastLower(a_in);
   Tensor out = BmmNoGrad(a, b);
   if (NeedsGrad({&a, &b})) {
     Tensor saved_a = b.requires_grad() ? a.Detach() : Tensor();
@@ -173,7 +180,9 @@ Tensor Bmm(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = AutocastLower(a_in), b = AutocastLower(b_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor b = AutocastLower(b_in);
+  const Tensor a = AutocastLower(a_in);
   if (a.dim() == 2 && b.dim() == 2) return Mm(a, b);
   if (a.dim() >= 3 && b.dim() == 2) {
     // Fold the batch into rows: reshape (a copy when not viewable), mm, view back.
@@ -197,7 +206,10 @@ Tensor Matmul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor Linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
-  const Tensor x = AutocastLower(x_in), weight = AutocastLower(weight_in), bias = AutocastLower(bias_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor bias = AutocastLower(bias_in);
+  const Tensor weight = AutocastLower(weight_in);
+  const Tensor x = AutocastLower(x_in);
   if (x.dim() == 2 && bias.defined()) return Addmm(bias, x, T(weight));
   if (x.dim() == 3 && bias.defined() && x.is_contiguous()) {
     Tensor out2 = Addmm(bias, View(x, {x.sizes()[0] * x.sizes()[1], x.sizes()[2]}), T(weight));
@@ -407,18 +419,23 @@ void SoftmaxKernel(const Tensor& x, Tensor& out, bool log) {
   }
 }
 
-Tensor SoftmaxImpl(const Tensor& x, int dim, bool log) {
-  if (WrapDim(dim, x.dim()) != x.dim() - 1) throw TensorError("softmax: only the last dimension is supported");
-  // Under autocast, _softmax(x, dim, half_to_float=True): a float32 result
-  // straight from the fp16 input, no copy of the input.
-  const bool to_float = AutocastGuard::current().has_value() && IsFloating(x.dtype());
-  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), to_float ? DType::kFloat32 : x.dtype());
+Tensor SoftmaxImpl(const Tensor& x_in, int dim, bool log, std::optional<DType> dtype) {
+  if (WrapDim(dim, x_in.dim()) != x_in.dim() - 1) throw TensorError("softmax: only the last dimension is supported");
+  if (!dtype && AutocastGuard::current() && IsFloating(x_in.dtype())) dtype = DType::kFloat32;
+  Tensor x = x_in;
+  DType out_dtype = x.dtype();
+  if (dtype && *dtype != x.dtype()) {
+    out_dtype = *dtype;
+    const bool half_to_float = x.dtype() == DType::kFloat16 && *dtype == DType::kFloat32;
+    if (!half_to_float) x = To(x, *dtype);  // input_.toType(dtype): bfloat16 too
+  }
+  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), out_dtype);
   if (x.ctx().computes()) SoftmaxKernel(x, out, log);
   if (NeedsGrad({&x})) {
     RecordOp(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out},
-             [result = out.Detach(), log](Node& n, TensorList& g) {
-               GradTag tag(n, 0);
-               Tensor r = Tensor::Empty(g[0].ctx(), g[0].sizes(), g[0].dtype());
+             [result = out.Detach(), log, in_dtype = x.dtype()](Node& n, TensorList& g) {
+               GradTag tag(n, 0);  // _softmax_backward_data(grad, result, dim, self's dtype)
+               Tensor r = Tensor::Empty(g[0].ctx(), g[0].sizes(), in_dtype);
                if (g[0].ctx().computes()) {
                  Tensor gc = Contiguous(g[0]);
                  const std::int64_t d = r.sizes().back(), rows = r.numel() / std::max<std::int64_t>(d, 1);
@@ -440,8 +457,8 @@ Tensor SoftmaxImpl(const Tensor& x, int dim, bool log) {
 }
 }  // namespace
 
-Tensor Softmax(const Tensor& x, int dim) { return SoftmaxImpl(x, dim, false); }
-Tensor LogSoftmax(const Tensor& x, int dim) { return SoftmaxImpl(x, dim, true); }
+Tensor Softmax(const Tensor& x, int dim, std::optional<DType> dtype) { return SoftmaxImpl(x, dim, false, dtype); }
+Tensor LogSoftmax(const Tensor& x, int dim, std::optional<DType> dtype) { return SoftmaxImpl(x, dim, true, dtype); }
 
 Tensor NllLoss(const Tensor& log_probs_in, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
   const Tensor log_probs = AutocastFp32(log_probs_in);
@@ -497,10 +514,16 @@ Tensor NllLoss(const Tensor& log_probs_in, const Tensor& target, Reduction reduc
 }
 
 Tensor CrossEntropy(const Tensor& logits, const Tensor& target, Reduction reduction, std::int64_t ignore_index) {
-  return NllLoss(LogSoftmax(logits, 1), target, reduction, ignore_index);
+  // cross_entropy_loss (LossNLL.cpp): nll_loss_nd(log_softmax(self, class_dim,
+  // self.scalar_type()), ...). The explicit dtype keeps autocast from making
+  // log_softmax float32; nll_loss, on autocast's float32 list, then casts
+  // the log-probabilities (a float32 copy it saves for backward).
+  return NllLoss(LogSoftmax(logits, 1, logits.dtype()), target, reduction, ignore_index);
 }
 
-Tensor MseLoss(const Tensor& x, const Tensor& target) {
+Tensor MseLoss(const Tensor& x_in, const Tensor& target_in) {
+  // Autocast's float32 list (KERNEL_CUDA(mse_loss, fp32); CPU's too).
+  const Tensor x = AutocastFp32(x_in), target = AutocastFp32(target_in);
   // mse_loss is a structured kernel (Loss.cpp): its meta function allocates
   // the output at the inputs' broadcast shape and, for a reduction,
   // resize_({})s it, which keeps the storage; the 0-d loss therefore holds
@@ -535,7 +558,10 @@ Tensor MseLoss(const Tensor& x, const Tensor& target) {
 }
 
 Tensor Conv2d(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, int stride, int padding) {
-  const Tensor x = AutocastLower(x_in), weight = AutocastLower(weight_in), bias = AutocastLower(bias_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor bias = AutocastLower(bias_in);
+  const Tensor weight = AutocastLower(weight_in);
+  const Tensor x = AutocastLower(x_in);
   if (x.dim() != 4 || weight.dim() != 4 || x.sizes()[1] != weight.sizes()[1]) {
     throw TensorError(absl::StrCat("conv2d: input ", ShapeText(x.sizes()), " and weight ", ShapeText(weight.sizes()),
                                    " do not match"));
@@ -741,9 +767,16 @@ void RequireMeta(const Tensor& t, std::string_view op) {
 Tensor GruCell(const Tensor& x, const Tensor& h, const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
                const Tensor& b_hh) {
   RequireMeta(x, "gru_cell");
-  const Tensor bi = AutocastLower(b_ih), bh = AutocastLower(b_hh), hx = AutocastLower(h);
-  Tensor igates = Matmul(x, T(w_ih));
-  Tensor hgates = Matmul(hx, T(w_hh));
+  // gru_cell(input, hx, w_ih, w_hh, b_ih, b_hh) is on autocast's lower list;
+  // its arguments are cast last first (see AutocastLower).
+  const Tensor bh = AutocastLower(b_hh);
+  const Tensor bi = AutocastLower(b_ih);
+  const Tensor whh = AutocastLower(w_hh);
+  const Tensor wih = AutocastLower(w_ih);
+  const Tensor hx = AutocastLower(h);
+  const Tensor xc = AutocastLower(x);
+  Tensor igates = Matmul(xc, T(wih));
+  Tensor hgates = Matmul(hx, T(whh));
   const std::int64_t b = x.sizes()[0], hidden = h.sizes()[1];
   Tensor hy = Tensor::Empty(x.ctx(), {b, hidden}, igates.dtype());
   Tensor workspace = Tensor::Empty(x.ctx(), {b, 5 * hidden}, igates.dtype());
@@ -853,7 +886,10 @@ RnnResult CudnnRnn(const Tensor& input, const Tensor& flat_weights, const Tensor
 
 Tensor FlashAttention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in) {
   RequireMeta(q_in, "flash_attention");
-  const Tensor q = AutocastLower(q_in), k = AutocastLower(k_in), v = AutocastLower(v_in);
+  // Autocast casts the last argument first (see AutocastLower).
+  const Tensor v = AutocastLower(v_in);
+  const Tensor k = AutocastLower(k_in);
+  const Tensor q = AutocastLower(q_in);
   // The kernel works in (B, T, H, D) memory and returns its output as the
   // (B, H, T, D) transposed view, so merging heads afterwards copies nothing.
   const Shape& s = q.sizes();

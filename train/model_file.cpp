@@ -419,7 +419,7 @@ class AttentionRunner final : public Runner {
       Tensor causal = ops::Narrow(ops::Narrow(*a_.mask_buffer, 2, 0, t), 3, 0, t);
       Tensor mask_value = Tensor::Full(w.ctx(), {}, -3.4e38, w.dtype());
       w = ops::Where(causal, w, mask_value);
-      w = ops::Softmax(w, -1);
+      w = ops::To(ops::Softmax(w, -1), v.dtype());  // attn_weights.type(value.dtype)
       w = ops::Dropout(w, a_.dropout);
       context = ops::Matmul(w, v);
     } else if (a_.additive_mask) {
@@ -438,7 +438,7 @@ class AttentionRunner final : public Runner {
         w = ops::Add(w, ops::Narrow(s.causal_mask, 3, 0, t));
       }
       const DType dtype = q.dtype();
-      probs = ops::To(ops::Softmax(w, -1), dtype);
+      probs = ops::To(ops::Softmax(w, -1, DType::kFloat32), dtype);  // softmax(w, -1, dtype=float32).to(q.dtype)
       w = Tensor();
       probs = ops::Dropout(probs, a_.dropout);
       context = ops::Matmul(probs, v);

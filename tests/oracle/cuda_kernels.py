@@ -20,3 +20,12 @@ class Dropout(nn.Module):
 
     def forward(self, x):
         return cuda_dropout(x, self.p, self.training)
+
+
+def cuda_cross_entropy(x, target, reduction="mean"):
+    """F.cross_entropy as CUDA autocast runs it: cross_entropy_loss is on no
+    CUDA autocast list, so it runs its composition, nll_loss(log_softmax(x,
+    1, x.dtype)), where log_softmax keeps x's dtype and nll_loss (float32
+    list) casts. CPU autocast lists cross_entropy_loss itself as float32 and
+    casts x first."""
+    return torch.nn.functional.nll_loss(torch.log_softmax(x, 1, dtype=x.dtype), target, reduction=reduction)

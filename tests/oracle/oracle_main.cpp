@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "allocator/sim_device.h"
 #include "nlohmann/json.hpp"
 #include "tensor/autograd.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "train/hf_config.h"
 #include "train/model_file.h"
@@ -36,7 +38,7 @@ json CaseSpec(const json& memscope) {
   absl::StatusOr<json> spec = HfConfigToModelSpec(memscope["hf"], "oracle case");
   if (!spec.ok()) throw std::runtime_error(std::string(spec.status().message()));
   json s = *spec;
-  for (const char* key : {"batch_size", "seq_len"}) {
+  for (const char* key : {"batch_size", "seq_len", "param_dtype"}) {
     if (memscope.contains(key)) s[key] = memscope[key];
   }
   return s;
@@ -68,16 +70,21 @@ struct Run {
   }
 };
 
-json Measure(const json& spec) {
+// Forward and loss under torch.autocast (amp: "bf16" or none); the guard
+// goes, and with it the cast cache, at the end of the loss.
+json Measure(const json& spec, std::optional<DType> amp) {
   json out;
   {
     Run run(spec);
     out["parameters"] = run.model->NumParameters();
     run.Begin();
+    std::optional<AutocastGuard> autocast;
+    if (amp) autocast.emplace(*amp);
     Tensor output = run.model->Forward(run.batch);
     run.End(out, "forward");
     run.Begin();
     Tensor loss = run.model->Loss(output, run.batch);
+    autocast.reset();
     run.End(out, "loss");
     run.Begin();
     Backward({loss});
@@ -85,7 +92,10 @@ json Measure(const json& spec) {
   }
   {
     Run run(spec);
+    std::optional<AutocastGuard> autocast;
+    if (amp) autocast.emplace(*amp);
     Tensor output = run.model->Forward(run.batch);
+    autocast.reset();
     std::vector<std::shared_ptr<Node>> graph = {output.grad_fn()};
     for (const Tensor& other : run.model->OtherOutputs()) graph.push_back(other.grad_fn());
     output = Tensor();
@@ -112,7 +122,9 @@ int Main(int argc, char** argv) {
   for (const json& c : cases["cases"]) {
     json row = {{"name", c["name"]}};
     try {
-      row["memscope"] = Measure(CaseSpec(c["memscope"]));
+      std::optional<DType> amp;
+      if (c.value("amp", json()).is_string()) amp = c["amp"] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
+      row["memscope"] = Measure(CaseSpec(c["memscope"]), amp);
     } catch (const std::exception& e) {
       row["error"] = e.what();
     }

@@ -58,7 +58,10 @@ def table(torch_side, memscope_side):
             pct = (mine[f] - theirs[f]) / theirs[f] * 100 if theirs[f] else 0
             why = case.get("known", {}).get(f, "not declared")
             verdict.append(f"{SHORT[f]}: {theirs[f]:,} vs {mine[f]:,} ({pct:+.1f}%): {why}")
-        cpu = " · ".join(f"{c['key']} {c['bytes']:,}" for c in case.get("cpu_only", []))
+        by_key = {}  # several rules may share a name: one sum each
+        for c in case.get("cpu_only", []):
+            by_key[c["key"]] = by_key.get(c["key"], 0) + c["bytes"]
+        cpu = " · ".join(f"{k} {n:,}" for k, n in by_key.items())
         name = case["name"] + (f" ({case['note']})" if case.get("note") else "")
         lines.append(f"| {name} | {summary} | {'<br>'.join(verdict)} | {cpu} |")
     return "\n".join(lines) + "\n"
