@@ -144,6 +144,10 @@ struct TorchBehaviour {
   // _saved_self, measured by the oracle); 2.x saves its sizes and numel only
   // (derivatives.yaml: mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(), keepdim)).
   bool mean_dim_saves_input = false;
+  // softmax and log_softmax save their input as well as their result in
+  // PyTorch 1.10 and earlier (derivatives.yaml: _softmax_backward_data(grad,
+  // result, dim, self); issue #49600); 1.11 saves the result only (#65242).
+  bool softmax_saves_input = false;
 };
 TorchBehaviour& CurrentTorchBehaviour();
 

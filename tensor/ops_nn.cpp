@@ -433,7 +433,8 @@ Tensor SoftmaxImpl(const Tensor& x_in, int dim, bool log, std::optional<DType> d
   if (x.ctx().computes()) SoftmaxKernel(x, out, log);
   if (NeedsGrad({&x})) {
     RecordOp(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out},
-             [result = out.Detach(), log, in_dtype = x.dtype()](Node& n, TensorList& g) {
+             [result = out.Detach(), log, in_dtype = x.dtype(),
+              input = CurrentTorchBehaviour().softmax_saves_input ? x.Detach() : Tensor()](Node& n, TensorList& g) {
                GradTag tag(n, 0);  // _softmax_backward_data(grad, result, dim, self's dtype)
                Tensor r = Tensor::Empty(g[0].ctx(), g[0].sizes(), in_dtype);
                if (g[0].ctx().computes()) {

@@ -153,10 +153,29 @@ class SequentialRunner final : public Runner {
 class CheckpointRunner final : public Runner {
  public:
   explicit CheckpointRunner(RunnerPtr inner) : inner_(std::move(inner)) {}
+  // The layer's other arguments (the attention masks, rotary cos and sin)
+  // are the checkpoint's inputs too: kept until backward recomputes with
+  // them, as torch.utils.checkpoint(layer, hidden_states, attention_mask, ...)
+  // keeps its arguments.
   Tensor Run(Tensor x, ForwardState& s) override {
     Runner* r = inner_.get();
     ForwardState* st = &s;
-    return Checkpoint([r, st](const Tensor& in) { return r->Run(in, *st); }, x);
+    auto args = std::make_shared<ForwardState>();
+    args->causal_mask = s.causal_mask;
+    args->extended_mask = s.extended_mask;
+    args->cos = s.cos;
+    args->sin = s.sin;
+    auto forward_done = std::make_shared<bool>(false);
+    return Checkpoint(
+        [r, st, args, forward_done](const Tensor& in) {
+          if (!*forward_done) {
+            *forward_done = true;
+            return r->Run(in, *st);
+          }
+          ForwardState again = *args;  // the recomputation in backward
+          return r->Run(in, again);
+        },
+        x);
   }
 
  private:

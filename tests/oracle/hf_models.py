@@ -7,6 +7,7 @@ memory. Dropout is CUDA's fused kernel (torch_oracle.Dropout)."""
 import math
 
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -127,9 +128,14 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList([BertLayer(c) for _ in range(c["num_hidden_layers"])])
 
+        self.gradient_checkpointing = c.get("gradient_checkpointing", False)  # the oracle's switch
+
     def forward(self, hidden_states, attention_mask):
         for layer in self.layer:
-            hidden_states = layer(hidden_states, attention_mask)
+            if self.gradient_checkpointing and self.training:  # transformers 4.2x-4.4x: reentrant
+                hidden_states = torch.utils.checkpoint.checkpoint(layer, hidden_states, attention_mask)
+            else:
+                hidden_states = layer(hidden_states, attention_mask)
         return hidden_states
 
 

@@ -52,8 +52,10 @@ struct Run {
   Batch batch;
   std::int64_t base = 0;
 
-  explicit Run(const json& spec) {
-    absl::StatusOr<std::unique_ptr<Model>> m = ModelFromJson(spec, "oracle case", ModelOptions{});
+  Run(const json& spec, bool checkpoint) {
+    ModelOptions options;
+    options.checkpoint_activations = checkpoint;
+    absl::StatusOr<std::unique_ptr<Model>> m = ModelFromJson(spec, "oracle case", options);
     if (!m.ok()) throw std::runtime_error(std::string(m.status().message()));
     model = std::move(*m);
     model->Materialize(ctx);
@@ -72,10 +74,10 @@ struct Run {
 
 // Forward and loss under torch.autocast (amp: "bf16" or none); the guard
 // goes, and with it the cast cache, at the end of the loss.
-json Measure(const json& spec, std::optional<DType> amp) {
+json Measure(const json& spec, std::optional<DType> amp, bool checkpoint) {
   json out;
   {
-    Run run(spec);
+    Run run(spec, checkpoint);
     out["parameters"] = run.model->NumParameters();
     run.Begin();
     std::optional<AutocastGuard> autocast;
@@ -91,7 +93,7 @@ json Measure(const json& spec, std::optional<DType> amp) {
     run.End(out, "backward");
   }
   {
-    Run run(spec);
+    Run run(spec, checkpoint);
     std::optional<AutocastGuard> autocast;
     if (amp) autocast.emplace(*amp);
     Tensor output = run.model->Forward(run.batch);
@@ -124,7 +126,10 @@ int Main(int argc, char** argv) {
     try {
       std::optional<DType> amp;
       if (c.value("amp", json()).is_string()) amp = c["amp"] == "bf16" ? DType::kBFloat16 : DType::kFloat16;
-      row["memscope"] = Measure(CaseSpec(c["memscope"]), amp);
+      // An HF config's gradient_checkpointing (the oracle's switch): --checkpoint-activations.
+      const json& m = c["memscope"];
+      const bool checkpoint = m.contains("hf") && m["hf"].value("gradient_checkpointing", false);
+      row["memscope"] = Measure(CaseSpec(m), amp, checkpoint);
     } catch (const std::exception& e) {
       row["error"] = e.what();
     }

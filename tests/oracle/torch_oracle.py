@@ -79,6 +79,11 @@ CPU_ONLY = [
      "in place (its workspace is modelled apart)"),
     (("aten::mm", FREED_INSIDE), "oneDNN bf16 matmul buffers", "as for addmm"),
     (("aten::bmm", FREED_INSIDE), "oneDNN bf16 matmul buffers", "as for addmm"),
+    (("CheckpointFunction",), "checkpoint's RNG state",
+     "reentrant checkpoint saves torch.get_rng_state() (and on a GPU run the CUDA generator's state): CPU "
+     "tensors, on a GPU run too"),
+    (("CheckpointFunctionBackward",), "checkpoint's RNG state",
+     "its backward forks the RNG around the recomputation (fork_rng): CPU tensors, on a GPU run too"),
     (("aten::native_dropout_backward", "aten::mul"), "dropout backward",
      "native_dropout_backward on CPU multiplies by the mask, then by the scale out of place; CUDA's fused "
      "kernel writes one output (the second product is counted)"),
@@ -467,6 +472,9 @@ def hf_cases():
         cases.append(hf_case(f"{arch}, 1 layer", dict(BERT, architectures=[arch]), 2, 16))
     cases.append(hf_case("BertForSequenceClassification, regression (num_labels 1)",
                          dict(BERT, architectures=["BertForSequenceClassification"], num_labels=1), 2, 16))
+    cases.append(hf_case("BertForSequenceClassification, 2 layers, gradient checkpointing (reentrant)",
+                         dict(BERT, architectures=["BertForSequenceClassification"], num_hidden_layers=2,
+                              gradient_checkpointing=True), 2, 16))
     for arch in ("RobertaForMaskedLM", "RobertaForSequenceClassification", "RobertaForTokenClassification"):
         cases.append(hf_case(f"{arch}, 1 layer", dict(ROBERTA, architectures=[arch], num_labels=3), 2, 16))
     gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 128, "n_embd": 64,
