@@ -86,6 +86,8 @@ Tensor Rsqrt(const Tensor& x);  // torch.rsqrt: saves its result
 // torch.where(condition, a, b); condition is bool.
 Tensor Where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor Eq(const Tensor& a, float value);  // bool result, no autograd
+// x.clamp(lo, hi) of int64 ids (a new contiguous tensor), no autograd.
+Tensor ClampInt(const Tensor& x, std::int64_t lo, std::int64_t hi);
 // x += y in place with autograd (residual connections).
 Tensor& AddInPlaceTracked(Tensor& x, const Tensor& y);
 

@@ -1,4 +1,5 @@
 // Creation, views, elementwise ops and reductions.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -780,6 +781,18 @@ Tensor Eq(const Tensor& a, float value) {
       ForEachIndex<2>(a.sizes(), {a.strides(), out.strides()},
                       [&](const std::array<std::int64_t, 2>& o) { po[o[1]] = pa[o[0]] == value; });
     }
+  }
+  return out;
+}
+
+Tensor ClampInt(const Tensor& x, std::int64_t lo, std::int64_t hi) {
+  if (x.dtype() != DType::kInt64) throw TensorError("clamp: int64 ids only");
+  Tensor out = Tensor::Empty(x.ctx(), x.sizes(), DType::kInt64);
+  if (x.ctx().computes()) {
+    const std::int64_t* px = x.data_i64();
+    std::int64_t* po = out.data_i64();
+    ForEachIndex<2>(x.sizes(), {x.strides(), out.strides()},
+                    [&](const std::array<std::int64_t, 2>& o) { po[o[1]] = std::clamp(px[o[0]], lo, hi); });
   }
   return out;
 }

@@ -245,10 +245,11 @@ json Bert(const json& c, const std::string& name, bool roberta) {
   const std::string prefix = roberta ? "roberta" : "bert";
   const std::string arch =
       roberta ? Architecture(c, {"RobertaForMaskedLM", "RobertaForSequenceClassification",
-                                 "RobertaForTokenClassification"})
+                                 "RobertaForTokenClassification", "RobertaForQuestionAnswering"})
               : Architecture(c, {"BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-                                 "BertForTokenClassification"});
+                                 "BertForTokenClassification", "BertForQuestionAnswering"});
   const bool pretraining = arch == "BertForPreTraining", masked_lm = arch.ends_with("ForMaskedLM");
+  const bool qa = arch.ends_with("ForQuestionAnswering");
   const bool sequence = arch.ends_with("ForSequenceClassification"), token = arch.ends_with("ForTokenClassification");
   const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
   const std::int64_t heads = Int(c, "num_attention_heads"), inner = Int(c, "intermediate_size");
@@ -334,6 +335,14 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                            {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
                          {"target", {{"shape", {"batch"}}, {"classes", 2}}},
                          {"loss", {{"type", "cross_entropy"}}}});
+  }
+  if (qa) {
+    // qa_outputs: Linear(hidden, num_labels), num_labels 2 (start, end).
+    const std::int64_t labels = Int(c, "num_labels", 2);
+    if (labels != 2)
+      throw ConfigError{absl::StrCat("field \"num_labels\": ", labels, " for question answering (2: start and end)")};
+    head_list.push_back({{"layers", {{{"type", "linear"}, {"name", "qa_outputs"}, {"out", 2}}}},
+                         {"loss", {{"type", "span"}}}});
   }
   if (sequence || token) {
     const Labels labels = ClassificationLabels(c);

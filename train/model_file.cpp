@@ -583,6 +583,7 @@ struct TargetSpec {
 
 struct LossSpec {
   bool mse = false;
+  bool span = false;  // question answering: start and end positions over the tokens
   bool shift = false;  // causal LM: labels shifted by one, logits.float()
   ops::Reduction reduction = ops::Reduction::kMean;
   std::int64_t ignore_index = -100;
@@ -664,6 +665,7 @@ class FileModel final : public Model {
   static Tensor HeadLoss(const LossSpec& l, const Tensor& output, const Tensor& target) {
     ScopedTag tag(Category::kActivation, "loss");
     if (l.mse) return ops::MseLoss(output, target);
+    if (l.span) return SpanLoss(output, target);
     const std::int64_t classes = output.sizes().back();
     if (l.shift) {
       // HF ForCausalLMLoss: logits.float(); labels padded with -100 (a local
@@ -678,6 +680,22 @@ class FileModel final : public Model {
     Tensor logits = output.dim() > 2 ? ops::View(output, {-1, classes}) : output;
     Tensor labels = target.dim() > 1 ? ops::View(target, {-1}) : target;
     return ops::CrossEntropy(logits, labels, l.reduction, l.ignore_index);
+  }
+
+  // *ForQuestionAnswering (transformers 4.4x): logits.split(1, dim=-1), each
+  // squeeze(-1).contiguous() (a copy); the (batch, 2) target's start and end
+  // positions clamped to [0, tokens] (new tensors); CrossEntropyLoss with
+  // ignore_index = tokens on each; (start_loss + end_loss) / 2. transformers
+  // splits the logits at the end of forward; here it is the loss's start.
+  static Tensor SpanLoss(const Tensor& output, const Tensor& target) {
+    const std::int64_t tokens = output.sizes()[1];
+    Tensor start_logits = ops::Contiguous(ops::Select(output, 2, 0));
+    Tensor end_logits = ops::Contiguous(ops::Select(output, 2, 1));
+    Tensor start_positions = ops::ClampInt(ops::Select(target, 1, 0), 0, tokens);
+    Tensor end_positions = ops::ClampInt(ops::Select(target, 1, 1), 0, tokens);
+    Tensor start_loss = ops::CrossEntropy(start_logits, start_positions, ops::Reduction::kMean, tokens);
+    Tensor end_loss = ops::CrossEntropy(end_logits, end_positions, ops::Reduction::kMean, tokens);
+    return ops::DivScalar(ops::Add(start_loss, end_loss), 2);
   }
 
   ForwardState state_;
@@ -1520,13 +1538,19 @@ LossSpec ParseLoss(const json& j, const std::string& where) {
   LossSpec l;
   if (j.is_null()) return l;
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    throw SpecError{absl::StrCat(where, ": expected {\"type\": \"cross_entropy\" or \"mse\"}")};
+    throw SpecError{absl::StrCat(where, ": expected {\"type\": \"cross_entropy\", \"mse\" or \"span\"}")};
   CheckKeys(j, {"type", "shift", "reduction", "ignore_index", "comment"}, where);
   const std::string type = j["type"].get<std::string>();
   if (type == "mse") {
     l.mse = true;
+  } else if (type == "span") {
+    l.span = true;
+    if (j.contains("shift") || j.contains("reduction") || j.contains("ignore_index"))
+      throw SpecError{absl::StrCat(where, ": \"span\" takes no shift, reduction or ignore_index")};
+    return l;
   } else if (type != "cross_entropy") {
-    throw SpecError{absl::StrCat(where, ": field \"type\": unknown loss \"", type, "\" (cross_entropy or mse)")};
+    throw SpecError{
+        absl::StrCat(where, ": field \"type\": unknown loss \"", type, "\" (cross_entropy, mse or span)")};
   }
   if (j.contains("shift")) {
     if (!j["shift"].is_boolean()) throw SpecError{absl::StrCat(where, ": field \"shift\": expected true or false")};
@@ -1552,6 +1576,13 @@ LossSpec ParseLoss(const json& j, const std::string& where) {
 TargetSpec ParseTarget(const json& j, const std::string& where, const Builder& b, const Sig& out, const LossSpec& loss,
                        const Shape& input_shape, DType input_dtype) {
   TargetSpec t;
+  if (loss.span) {  // (batch, tokens, 2) logits; (batch, 2) int64 start and end positions
+    if (out.shape.size() != 3 || out.shape[2] != 2)
+      throw SpecError{absl::StrCat(where, ": span needs (batch, tokens, 2) outputs, got ", ShapeOf(out.shape))};
+    if (!j.is_null()) throw SpecError{absl::StrCat(where, ": span's target is (batch, 2) positions; give none")};
+    t.shape = {out.shape[0], 2};
+    return t;
+  }
   if (loss.mse) {
     if (!IsFloating(out.dtype)) throw SpecError{absl::StrCat(where, ": mse needs a floating-point output")};
     t.shape = out.shape;

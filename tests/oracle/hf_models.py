@@ -393,7 +393,44 @@ class RobertaForTokenClassification(BertForTokenClassification):
     is_roberta = True
 
 
+class BertForQuestionAnswering(BertOnlyHead):
+    """The split into start and end logits is in the loss here (transformers
+    does it at the end of forward), as memscope's `span` loss does."""
+
+    def __init__(self, c):
+        super().__init__(c)
+        self.qa_outputs = nn.Linear(c["hidden_size"], num_labels(c))
+
+    def forward(self, input_ids):
+        sequence_output, _ = self.trunk()(input_ids)
+        return self.qa_outputs(sequence_output)
+
+    @staticmethod
+    def loss(logits, positions):
+        start_positions, end_positions = positions
+        start_logits, end_logits = logits.split(1, dim=-1)
+        start_logits = start_logits.squeeze(-1).contiguous()
+        end_logits = end_logits.squeeze(-1).contiguous()
+        ignored_index = start_logits.size(1)
+        start_positions = start_positions.clamp(0, ignored_index)
+        end_positions = end_positions.clamp(0, ignored_index)
+        start_loss = F.cross_entropy(start_logits, start_positions, ignore_index=ignored_index)
+        end_loss = F.cross_entropy(end_logits, end_positions, ignore_index=ignored_index)
+        return (start_loss + end_loss) / 2
+
+    @staticmethod
+    def batch(c, batch, seq):
+        ids = torch.randint(0, c["vocab_size"], (batch, seq))
+        return ((ids,), (torch.randint(0, seq, (batch,)), torch.randint(0, seq, (batch,))))
+
+
+class RobertaForQuestionAnswering(BertForQuestionAnswering):
+    is_roberta = True
+
+
 HF_MODELS = {
+    ("bert", "BertForQuestionAnswering"): BertForQuestionAnswering,
+    ("roberta", "RobertaForQuestionAnswering"): RobertaForQuestionAnswering,
     ("bert", "BertForPreTraining"): BertForPreTraining,
     ("bert", "BertForMaskedLM"): BertForMaskedLM,
     ("bert", "BertForSequenceClassification"): BertForSequenceClassification,

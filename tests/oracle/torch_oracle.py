@@ -468,13 +468,15 @@ ROBERTA = dict(BERT, model_type="roberta", pad_token_id=1, max_position_embeddin
 def hf_cases():
     cases = []
     for arch in ("BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-                 "BertForTokenClassification"):
+                 "BertForTokenClassification", "BertForQuestionAnswering"):
         cases.append(hf_case(f"{arch}, 1 layer", dict(BERT, architectures=[arch]), 2, 16))
     cases.append(hf_case("BertForSequenceClassification, regression (num_labels 1)",
                          dict(BERT, architectures=["BertForSequenceClassification"], num_labels=1), 2, 16))
     cases.append(hf_case("BertForSequenceClassification, 2 layers, gradient checkpointing (reentrant)",
                          dict(BERT, architectures=["BertForSequenceClassification"], num_hidden_layers=2,
                               gradient_checkpointing=True), 2, 16))
+    cases.append(hf_case("RobertaForQuestionAnswering, 1 layer", dict(ROBERTA, architectures=[
+        "RobertaForQuestionAnswering"]), 2, 16))
     for arch in ("RobertaForMaskedLM", "RobertaForSequenceClassification", "RobertaForTokenClassification"):
         cases.append(hf_case(f"{arch}, 1 layer", dict(ROBERTA, architectures=[arch], num_labels=3), 2, 16))
     gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 128, "n_embd": 64,

@@ -110,9 +110,14 @@ TEST_CASE("the config's architectures picks the head: transformers' parameter co
   CHECK(CountAs(bert) == 109'483'778 + 3 * 768 + 3);
   bert["architectures"] = {"BertForTokenClassification"};  // no pooler
   CHECK(CountAs(bert) == 109'483'778 + 3 * 768 + 3 - (768 * 768 + 768));
+  bert.erase("num_labels");
+  bert["architectures"] = {"BertForQuestionAnswering"};  // no pooler; qa_outputs: 768 -> 2
+  CHECK(CountAs(bert, "qa_outputs.weight") == 109'483'778 - (768 * 768 + 768));
   nlohmann::json roberta = ConfigJson("roberta-base");
   roberta["architectures"] = {"RobertaForSequenceClassification"};  // RobertaClassificationHead
   CHECK(CountAs(roberta, "classifier.out_proj.weight") == 124'647'170);
+  roberta["architectures"] = {"RobertaForQuestionAnswering"};  // RobertaModel without its pooler + qa_outputs (1,538)
+  CHECK(CountAs(roberta, "qa_outputs.bias") == 124'647'170 - (768 * 768 + 768) - (768 * 2 + 2) + 1'538);
 }
 
 TEST_CASE("an architecture memscope does not build, or a loss it does not model, is refused") {
@@ -126,7 +131,11 @@ TEST_CASE("an architecture memscope does not build, or a loss it does not model,
   CHECK(error(bert) ==
         "Hugging Face config c.json: field \"architectures\": \"BertForNextSentencePrediction\" is not modelled for "
         "model_type \"bert\" (BertForPreTraining, BertForMaskedLM, BertForSequenceClassification, "
-        "BertForTokenClassification)");
+        "BertForTokenClassification, BertForQuestionAnswering)");
+  bert["architectures"] = {"BertForQuestionAnswering"};
+  bert["num_labels"] = 3;
+  CHECK(error(bert) == "Hugging Face config c.json: field \"num_labels\": 3 for question answering (2: start and end)");
+  bert.erase("num_labels");
   bert["architectures"] = {"BertForSequenceClassification"};
   bert["problem_type"] = "multi_label_classification";
   CHECK(error(bert) ==
