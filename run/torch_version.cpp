@@ -34,12 +34,13 @@ absl::Status Refuse(const AddedSetting& s, const char* what, TorchVersion v) {
 
 }  // namespace
 
-absl::StatusOr<TorchVersion> ParseTorchVersion(std::string_view text) {
-  const std::vector<std::string_view> parts = absl::StrSplit(text, '.');
+absl::StatusOr<TorchVersion> ParseTorchVersion(std::string_view given) {
+  const absl::string_view text(given.data(), given.size());
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, '.');
   TorchVersion v{0, 0};
   const bool digits = parts.size() == 2 && !parts[0].empty() && !parts[1].empty() &&
-                      parts[0].find_first_not_of("0123456789") == std::string_view::npos &&
-                      parts[1].find_first_not_of("0123456789") == std::string_view::npos && parts[0].size() <= 3 &&
+                      parts[0].find_first_not_of("0123456789") == absl::string_view::npos &&
+                      parts[1].find_first_not_of("0123456789") == absl::string_view::npos && parts[0].size() <= 3 &&
                       parts[1].size() <= 3;
   if (!digits || !absl::SimpleAtoi(parts[0], &v.major) || !absl::SimpleAtoi(parts[1], &v.minor) ||
       v < kOldestTorchVersion || v > kNewestTorchVersion || (v.major == 1 && v.minor != 13)) {

@@ -232,7 +232,7 @@ TEST_CASE("report.json: the whole-GPU table is typed and reads back, totals reco
         "is not a usable memscope.report/1: gpus[0] has no \"capacity_bytes\" (bytes)");
 }
 
-TEST_CASE("report.json: memscope run's torch_version reads back; a report without it reads as none") {
+TEST_CASE("report.json: memscope run's torch_version reads back, and a report without it reads as none") {
   Report report = MakeReport(1, {Analyzed(Recording(0, 0))});
   CHECK(!ReportToJson(report).contains("torch_version"));
   report.torch_version = "1.13";
