@@ -46,6 +46,7 @@ class Parser {
       } else if (key == "garbage_collection_threshold") {
         s = ParseThreshold(key, config.garbage_collection_threshold);
       } else if (key == "roundup_power2_divisions") {
+        if (i_ < t_.size() && t_[i_] == "[") config.roundup_power2_divisions_list = true;
         s = ParseDivisions(key, config.roundup_power2_divisions);
       } else if (key == "per_process_memory_fraction") {
         s = ParseFraction(key, config.per_process_memory_fraction);
@@ -69,6 +70,7 @@ class Parser {
         return Error(absl::StrCat("unknown key '", key, "'"));
       }
       if (!s.ok()) return s;
+      config.keys.push_back(key);
       if (i_ < t_.size()) {
         if (t_[i_] != ",")
           return Error(absl::StrCat("expected ',' after the value of '", key, "', got '", t_[i_], "'"));

@@ -22,6 +22,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "allocator/sizes.h"
@@ -45,6 +46,11 @@ struct AllocatorConfig {
   double per_process_memory_fraction = 1.0;
   // The settings text this config was parsed from ("" for defaults).
   std::string text;
+  // The keys the text set, in its order, and whether roundup_power2_divisions
+  // was given as a per-interval list ([256:1,>:8]) rather than one number:
+  // what `memscope run --torch-version` checks against the release.
+  std::vector<std::string> keys;
+  bool roundup_power2_divisions_list = false;
 
   // Parses PYTORCH_CUDA_ALLOC_CONF syntax. Empty text gives the defaults.
   static absl::StatusOr<AllocatorConfig> Parse(std::string_view text);

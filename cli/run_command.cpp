@@ -296,7 +296,12 @@ void RegisterRun(CLI::App& app, int& exit_status) {
     a->sizes_given[3] = true;
   });
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd");
-  cmd->add_option("--optimizer-impl", a->optimizer_impl, "foreach (default, as on GPUs), for-loop or fused");
+  cmd->add_option("--optimizer-impl", a->optimizer_impl,
+                  "foreach (default since PyTorch 2.0, on GPUs), for-loop (1.13's default) or fused")
+      ->each([a](const std::string&) { a->optimizer_impl_given = true; });
+  cmd->add_option("--torch-version", a->torch_version,
+                  "the PyTorch release whose defaults and behaviours the run reproduces: 1.13 or 2.0 to 2.9 "
+                  "(default 2.9; docs/run.md lists what it changes)");
   cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)")
       ->each([a](const std::string&) { a->lr_given = true; });
   cmd->add_option("--momentum", a->momentum, "SGD momentum (default 0.9; 0 for none)");
@@ -316,7 +321,9 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "backward begins), skip-barrier:R:S (every rank but R calls dist.barrier() after step S), "
                   "only-barrier:R:S (only rank R does, as inside `if rank == 0:`), extra-step:R (rank R trains one "
                   "step more: uneven inputs)");
-  cmd->add_option("--zero-grad", a->zero_grad, "none (set_to_none=True, the default) or zeros");
+  cmd->add_option("--zero-grad", a->zero_grad,
+                  "none (set_to_none=True, the default since PyTorch 2.0) or zeros (1.13's default)")
+      ->each([a](const std::string&) { a->zero_grad_given = true; });
   cmd->add_option("--alloc-conf", a->alloc_conf, "allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
   cmd->add_option("--cublas-workspace", a->cublas_workspace,

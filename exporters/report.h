@@ -5,6 +5,8 @@
 // validates it (exporters/report_json.cpp holds both, so they cannot drift).
 //
 //   {"schema": "memscope.report/1", "generator": "memscope 0.1.0", "world_size": N,
+//    "torch_version": "X.Y"   (memscope run: its --torch-version; absent in other reports and in
+//                              reports written before memscope had it)
 //    "failure": {"rank", "message"}   (memscope run, only when a rank failed: the run's first failure;
 //                                      its rank may have no entry in "ranks": a rank that recorded nothing)
 //    "ranks": [{
@@ -116,6 +118,7 @@ struct Report {
   std::string schema = kReportSchema;
   std::string generator = kMemscopeVersion;  // what wrote it; "" when a read report does not say
   int world_size = 0;
+  std::string torch_version;      // memscope run's --torch-version; "" when the report has none
   std::vector<RankReport> ranks;  // memscope writes them by rank; a read report keeps the file's order
   // memscope run: the run's first failure. Run-level, since the rank that
   // failed first may have recorded nothing (no timeline, no entry in `ranks`).

@@ -481,6 +481,7 @@ absl::StatusOr<Report> ReadBody(const json& j) {
   }
   report.world_size = static_cast<int>(report.ranks.size());
   MEMSCOPE_RETURN_IF_ERROR(doc.Int("world_size", report.world_size));
+  MEMSCOPE_RETURN_IF_ERROR(doc.String("torch_version", report.torch_version));
   if (const json* failure = doc.Find("failure"); failure != nullptr && !failure->is_null()) {
     const Fields f(*failure, "failure");
     if (!failure->is_object()) return doc.Bad("\"failure\" object");
@@ -616,6 +617,7 @@ json ReportToJson(const Report& report) {
             {"generator", report.generator},
             {"world_size", report.world_size},
             {"ranks", std::move(ranks)}};
+  if (!report.torch_version.empty()) j["torch_version"] = report.torch_version;
   if (report.failure) j["failure"] = {{"rank", report.failure->rank}, {"message", report.failure->message}};
   if (!report.gpus.empty()) j["gpus"] = GpuTableJson(report.gpus);
   return j;

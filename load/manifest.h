@@ -106,6 +106,8 @@ struct TrainingManifest {
   std::int64_t steps_done = 0;
   std::int64_t batch_size = 0;  // 0: the model's
   std::string optimizer, optimizer_impl, zero_grad, amp;
+  // --torch-version ("" in a run.json written before memscope had it).
+  std::string torch_version;
   bool checkpoint_activations = false;
   std::int64_t grad_accum = 1;
   std::string attention, exec;

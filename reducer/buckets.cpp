@@ -52,21 +52,23 @@ BucketAssignment ComputeBucketAssignmentBySize(std::span<const BucketTensor> ten
 std::size_t BucketCapBytes(double bucket_cap_mb) { return static_cast<std::size_t>(bucket_cap_mb * 1024 * 1024); }
 
 std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool static_graph,
-                                             std::optional<double> bucket_cap_mb) {
+                                             std::optional<double> bucket_cap_mb, bool first_bucket_from_cap) {
   if (static_graph || !find_unused_parameters) return {kNoBucketLimit};
   if (!bucket_cap_mb) return {kDefaultFirstBucketBytes, BucketCapBytes(kDefaultBucketCapMb)};
+  if (!first_bucket_from_cap) return {kDefaultFirstBucketBytes, BucketCapBytes(*bucket_cap_mb)};
   return {BucketCapBytes(*bucket_cap_mb)};
 }
 
-std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb) {
+std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb, bool first_bucket_from_cap) {
   if (!bucket_cap_mb) return {kDefaultFirstBucketBytes, BucketCapBytes(kDefaultBucketCapMb)};
   const std::size_t cap = BucketCapBytes(*bucket_cap_mb);
-  return {cap, cap};
+  return {first_bucket_from_cap ? cap : kDefaultFirstBucketBytes, cap};
 }
 
 BucketAssignment InitialBuckets(std::span<const BucketTensor> params, bool find_unused_parameters, bool static_graph,
-                                std::optional<double> bucket_cap_mb) {
-  const std::vector<std::size_t> limits = InitialBucketLimits(find_unused_parameters, static_graph, bucket_cap_mb);
+                                std::optional<double> bucket_cap_mb, bool first_bucket_from_cap) {
+  const std::vector<std::size_t> limits =
+      InitialBucketLimits(find_unused_parameters, static_graph, bucket_cap_mb, first_bucket_from_cap);
   BucketAssignment a = ComputeBucketAssignmentBySize(params, limits);
   std::reverse(a.buckets.begin(), a.buckets.end());
   std::reverse(a.size_limits.begin(), a.size_limits.end());
@@ -74,11 +76,11 @@ BucketAssignment InitialBuckets(std::span<const BucketTensor> params, bool find_
 }
 
 BucketAssignment RebuiltBuckets(std::span<const BucketTensor> params, std::span<const std::size_t> ready_order,
-                                std::optional<double> bucket_cap_mb) {
+                                std::optional<double> bucket_cap_mb, bool first_bucket_from_cap) {
   std::vector<BucketTensor> ordered;
   ordered.reserve(ready_order.size());
   for (std::size_t index : ready_order) ordered.push_back(params[index]);
-  const std::vector<std::size_t> limits = RebuildBucketLimits(bucket_cap_mb);
+  const std::vector<std::size_t> limits = RebuildBucketLimits(bucket_cap_mb, first_bucket_from_cap);
   return ComputeBucketAssignmentBySize(ordered, limits, ready_order);
 }
 

@@ -55,8 +55,10 @@ std::size_t BucketCapBytes(double bucket_cap_mb);
 // [sys.maxsize] without find_unused_parameters or with static_graph (one
 // bucket per dtype for the first iteration); else [1 MiB, 25 MiB] when
 // bucket_cap_mb was left unset (None), [cap] when it was given.
+// `first_bucket_from_cap` false is PyTorch 1.13 (its distributed.py, read
+// from Debian's python3-torch): [1 MiB, cap] whether the cap was given or not.
 std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool static_graph,
-                                             std::optional<double> bucket_cap_mb);
+                                             std::optional<double> bucket_cap_mb, bool first_bucket_from_cap = true);
 
 // The limits of the rebuild after the first backward: [first, cap], where
 // DDP passes the Reducer first_bucket_bytes_cap =
@@ -64,20 +66,21 @@ std::vector<std::size_t> InitialBucketLimits(bool find_unused_parameters, bool s
 // else the cap itself (distributed.py _ddp_init_helper; reducer.cpp
 // rebuild_buckets pushes first_bucket_bytes_cap_, bucket_bytes_cap_). So
 // [1 MiB, 25 MiB] when unset, [cap, cap] when given. (PyTorch 1.x always
-// passed 1 MiB first; DDP_SET_LAST_BUCKET_CAP=1, which makes the small bucket
-// the last one, is not modelled.)
-std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb);
+// passed 1 MiB first: `first_bucket_from_cap` false, 1.13's
+// dist.Reducer(..., dist._DEFAULT_FIRST_BUCKET_BYTES); DDP_SET_LAST_BUCKET_CAP=1,
+// which makes the small bucket the last one, is not modelled.)
+std::vector<std::size_t> RebuildBucketLimits(std::optional<double> bucket_cap_mb, bool first_bucket_from_cap = true);
 
 // DDP's construction: assignment over the parameters in registration order,
 // then the bucket list REVERSED (bucket 0 holds the last-registered
 // parameters: their gradients are ready first).
 BucketAssignment InitialBuckets(std::span<const BucketTensor> params, bool find_unused_parameters, bool static_graph,
-                                std::optional<double> bucket_cap_mb);
+                                std::optional<double> bucket_cap_mb, bool first_bucket_from_cap = true);
 
 // The rebuild: parameters in the order their gradients became ready
 // (`ready_order[i]` is a parameter index); no sort, no reversal.
 BucketAssignment RebuiltBuckets(std::span<const BucketTensor> params, std::span<const std::size_t> ready_order,
-                                std::optional<double> bucket_cap_mb);
+                                std::optional<double> bucket_cap_mb, bool first_bucket_from_cap = true);
 
 }  // namespace memscope::reducer
 

@@ -114,7 +114,8 @@ DistributedDataParallel::DistributedDataParallel(std::vector<Tensor*> params, st
   std::vector<BucketTensor> tensors;
   for (const Variable& v : vars_) tensors.push_back({v.param->nbytes(), v.param->dtype()});
   InitializeBuckets(
-      InitialBuckets(tensors, options_.find_unused_parameters, options_.static_graph, options_.bucket_cap_mb),
+      InitialBuckets(tensors, options_.find_unused_parameters, options_.static_graph, options_.bucket_cap_mb,
+                     options_.first_bucket_from_cap),
       &initial_buckets_);
   if (options_.find_unused_parameters) {
     ScopedTag tag(Category::kDdpBucket, "ddp.local_used_map");
@@ -221,7 +222,7 @@ void DistributedDataParallel::PreForward() {
     std::vector<std::size_t> ready(order.begin(), order.end());
     std::vector<BucketTensor> tensors;
     for (const Variable& v : vars_) tensors.push_back({v.param->nbytes(), v.param->dtype()});
-    InitializeBuckets(RebuiltBuckets(tensors, ready, options_.bucket_cap_mb), &rebuilt_buckets_);
+    InitializeBuckets(RebuiltBuckets(tensors, ready, options_.bucket_cap_mb, options_.first_bucket_from_cap), &rebuilt_buckets_);
     has_rebuilt_ = true;
     ready_order_.clear();
   }

@@ -69,6 +69,9 @@ struct DdpOptions {
   bool static_graph = false;
   bool broadcast_buffers = true;
   CommHook comm_hook = CommHook::kNone;
+  // A given bucket_cap_mb also caps the first bucket (PyTorch 2.x); false:
+  // the first bucket is 1 MiB whatever the cap (1.13; reducer/buckets.h).
+  bool first_bucket_from_cap = true;
 };
 
 // 250 MiB: DDP's broadcast_bucket_size.

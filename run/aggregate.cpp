@@ -192,6 +192,7 @@ absl::StatusOr<RunOutcome> AggregateRun(const RunRecord& run) {
   // report.json also gets each rank's status, DDP buckets and losses, and
   // the run's first failure (whose rank may have recorded nothing).
   auto amend = [&](Report& report) {
+    report.torch_version = run.training.torch_version;
     if (out.manifest.failure) report.failure = ReportFailure{out.manifest.failure->rank, out.manifest.failure->message};
     for (RankReport& r : report.ranks) {
       if (r.rank < 0 || r.rank >= world_size) continue;

@@ -455,7 +455,27 @@ absl::StatusOr<CheckpointPlan> ParseCheckpointPlan(std::string_view save, std::s
   return c;
 }
 
+namespace {
+
+// --torch-version's TorchBehaviour on this thread while a rank trains; the
+// thread's previous one afterwards.
+class ScopedTorchBehaviour {
+ public:
+  explicit ScopedTorchBehaviour(const TorchBehaviour& b) : saved_(CurrentTorchBehaviour()) {
+    CurrentTorchBehaviour() = b;
+  }
+  ~ScopedTorchBehaviour() { CurrentTorchBehaviour() = saved_; }
+  ScopedTorchBehaviour(const ScopedTorchBehaviour&) = delete;
+  ScopedTorchBehaviour& operator=(const ScopedTorchBehaviour&) = delete;
+
+ private:
+  TorchBehaviour saved_;
+};
+
+}  // namespace
+
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
+  const ScopedTorchBehaviour behaviour(plan.torch_behaviour);
   absl::StatusOr<DeviceAssignment> assigned = AssignDevice(plan.devices, rank, DeviceEnvironment::FromProcess());
   if (!assigned.ok()) return assigned.status();
   RankSessionOptions options;
@@ -564,6 +584,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
 }
 
 absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int devices, const RunDirectory& dir) {
+  const ScopedTorchBehaviour behaviour(plan.torch_behaviour);
   std::vector<std::unique_ptr<RankSession>> sessions;
   for (int d = 0; d < devices; ++d) {
     RankSessionOptions options;

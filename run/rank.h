@@ -15,6 +15,7 @@
 #include "allocator/config.h"
 #include "run/devices.h"
 #include "run/launcher.h"
+#include "tensor/autograd.h"
 #include "load/manifest.h"
 #include "load/run_directory.h"
 #include "tensor/blas_workspace.h"
@@ -79,6 +80,8 @@ struct RankPlan {
   CheckpointPlan checkpoint;
   std::chrono::milliseconds timeout{60000};  // of each collective and the rendezvous
   Scenario scenario;                         // --scenario
+  // --torch-version's autograd behaviours, set on the thread that trains.
+  TorchBehaviour torch_behaviour;
 };
 
 // Trains rank `rank` of `world_size` into `dir` (its rendezvous: $MEMSCOPE_STORE

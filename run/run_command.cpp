@@ -279,6 +279,7 @@ int RunBothModes(const RunRequest& a, RunPrinter& printer) {
 int RunCommand(const RunRequest& request, RunPrinter& printer) {
   RunRequest a = request;
   if (absl::Status s = ApplyGpuKind(a); !s.ok()) return Fail(printer, s.message());
+  if (absl::Status s = ApplyTorchVersion(a); !s.ok()) return Fail(printer, s.message());
   if (a.dp_given) return RunDataParallelCommand(a, printer);
   if (a.ddp != "copy,view" && a.ddp != "view,copy") return RunOne(a, a.ddp, printer);
   return RunBothModes(a, printer);

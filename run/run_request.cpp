@@ -15,6 +15,7 @@
 #include "reducer/communicator.h"
 #include "run/devices.h"
 #include "run/gpu_kinds.h"
+#include "run/torch_version.h"
 #include "tensor/blas_workspace.h"
 #include "train/trainer.h"
 
@@ -214,12 +215,16 @@ absl::Status CheckpointPlanOf(const RunRequest& a, RankPlan& p) {
   return absl::OkStatus();
 }
 
-// --alloc-conf, --memory-fraction and --cublas-workspace.
-absl::Status AllocatorPlan(const RunRequest& a, RankPlan& p) {
+// --alloc-conf, --memory-fraction and --cublas-workspace, under --torch-version.
+absl::Status AllocatorPlan(const RunRequest& a, const TorchDefaults& torch, TorchVersion version, RankPlan& p) {
   absl::StatusOr<AllocatorConfig> config =
       a.alloc_conf_given ? AllocatorConfig::Parse(a.alloc_conf) : AllocatorConfig::FromEnvironment();
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--alloc-conf \"", a.alloc_conf, "\": ", config.status().message()));
+  }
+  if (absl::Status s = CheckAllocatorSettings(*config, version); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(a.alloc_conf_given ? "--alloc-conf" : "PYTORCH_CUDA_ALLOC_CONF",
+                                                   " \"", config->text, "\": ", s.message()));
   }
   p.config = *config;
   if (a.memory_fraction_given) {
@@ -236,6 +241,7 @@ absl::Status AllocatorPlan(const RunRequest& a, RankPlan& p) {
   if (a.cublas_workspace != "off") {
     p.blas_workspaces =
         ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), a.cublas_workspace == "hopper", nullptr);
+    if (!torch.cublaslt_persistent_workspace) p.blas_workspaces.cublaslt = 0;
   }
   return absl::OkStatus();
 }
@@ -293,7 +299,11 @@ absl::StatusOr<Scenario> ParseScenario(const std::string& text, std::int64_t wor
 
 absl::StatusOr<RankPlan> MakeRankPlan(const RunRequest& a, const std::string& ddp_mode, std::int64_t world_size) {
   if (absl::Status s = CheckOptionRanges(a); !s.ok()) return s;
+  absl::StatusOr<TorchVersion> version = ParseTorchVersion(a.torch_version);
+  if (!version.ok()) return version.status();
+  const TorchDefaults torch = TorchDefaultsOf(*version);
   RankPlan p;
+  p.torch_behaviour = torch.behaviour;
   if (absl::Status s = TrainPlan(a, p.train); !s.ok()) return s;
   if (a.exec != "meta" && a.exec != "cpu") {
     return absl::InvalidArgumentError(a.exec == "cuda"
@@ -302,13 +312,14 @@ absl::StatusOr<RankPlan> MakeRankPlan(const RunRequest& a, const std::string& dd
   }
   p.cpu = a.exec == "cpu";
   if (absl::Status s = DdpPlan(a, ddp_mode, world_size, p); !s.ok()) return s;
+  if (p.train.ddp) p.train.ddp->first_bucket_from_cap = torch.first_bucket_from_cap;
   p.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(a.timeout * 1000));
   absl::StatusOr<Scenario> scenario = ParseScenario(a.scenario, world_size, a.steps);
   if (!scenario.ok()) return scenario.status();
   p.scenario = *scenario;
   if (absl::Status s = DevicePlan(a, world_size, p); !s.ok()) return s;
   if (absl::Status s = CheckpointPlanOf(a, p); !s.ok()) return s;
-  if (absl::Status s = AllocatorPlan(a, p); !s.ok()) return s;
+  if (absl::Status s = AllocatorPlan(a, torch, *version, p); !s.ok()) return s;
   if (absl::Status s = CheckModel(p); !s.ok()) return s;
   return p;
 }
@@ -320,6 +331,16 @@ absl::Status ApplyGpuKind(RunRequest& a) {
   if (!a.device_memory_given) a.device_memory = absl::StrCat(kind->total_memory);
   if (!a.cuda_context_given) a.cuda_context_mb = static_cast<double>(kind->context_mib);
   if (!a.cublas_workspace_given) a.cublas_workspace = kind->hopper ? "hopper" : "default";
+  return absl::OkStatus();
+}
+
+absl::Status ApplyTorchVersion(RunRequest& a) {
+  absl::StatusOr<TorchVersion> version = ParseTorchVersion(a.torch_version);
+  if (!version.ok()) return version.status();
+  const TorchDefaults d = TorchDefaultsOf(*version);
+  if (!a.zero_grad_given) a.zero_grad = d.zero_grad;
+  if (!a.optimizer_impl_given) a.optimizer_impl = d.optimizer_impl;
+  if (!a.cublas_workspace_given && !d.cublas_workspace_in_allocator) a.cublas_workspace = "off";
   return absl::OkStatus();
 }
 
@@ -353,6 +374,8 @@ std::vector<std::string> ToArgs(const RunRequest& a, const std::string& ddp_mode
                                 absl::StrCat(a.grad_accum),
                                 "--attention",
                                 a.attention,
+                                "--torch-version",
+                                a.torch_version,
                                 "--out",
                                 a.out};
   auto add = [&v](const char* flag, std::int64_t value) {
@@ -402,6 +425,7 @@ RunRecord MakeRecord(const RunRequest& a, const RankPlan& plan, int world_size, 
   t.optimizer = a.optimizer;
   t.optimizer_impl = a.optimizer_impl;
   t.zero_grad = a.zero_grad;
+  t.torch_version = a.torch_version;
   t.amp = a.amp;
   t.checkpoint_activations = a.checkpoint;
   t.grad_accum = a.grad_accum;

@@ -40,7 +40,12 @@ struct RunRequest {
   // Which of --batch-size, --seq-len, --width, --depth were given (0 is refused, not "the default").
   bool sizes_given[4] = {false, false, false, false};
   std::string optimizer = "adam";
-  std::string optimizer_impl = "foreach";
+  std::string optimizer_impl = "foreach";  // --torch-version's default unless given
+  bool optimizer_impl_given = false;
+  // --torch-version X.Y (run/torch_version.h): the defaults of --zero-grad,
+  // --optimizer-impl and --cublas-workspace, DDP's first bucket, the
+  // allocator settings allowed and the autograd behaviours.
+  std::string torch_version = "2.9";
   double lr = 0;
   bool lr_given = false;
   double momentum = 0.9;
@@ -52,7 +57,8 @@ struct RunRequest {
   std::string comm_hook = "none";
   bool no_broadcast_buffers = false;
   double timeout = 60;
-  std::string zero_grad = "none";
+  std::string zero_grad = "none";  // --torch-version's default unless given
+  bool zero_grad_given = false;
   std::string alloc_conf;
   bool alloc_conf_given = false;
   std::string cublas_workspace = "default";  // default, hopper or off
@@ -101,6 +107,12 @@ absl::StatusOr<RankPlan> MakeRankPlan(const RunRequest& r, const std::string& dd
 // for those of the three options not given. The ranks get the values as
 // options (ToArgs), not the kind. Errors: an unknown kind.
 absl::Status ApplyGpuKind(RunRequest& r);
+
+// --torch-version: its defaults of --zero-grad, --optimizer-impl and
+// --cublas-workspace, for those not given (after ApplyGpuKind: a release
+// whose cuBLAS allocates outside the allocator turns --gpu's workspace off).
+// Errors: a version memscope does not model.
+absl::Status ApplyTorchVersion(RunRequest& r);
 
 // The command line of a rank ("run", then options): the same run in `ddp_mode`.
 std::vector<std::string> ToArgs(const RunRequest& r, const std::string& ddp_mode);

@@ -76,6 +76,38 @@ try:
     check("off removes exactly them", peaks["default"][0] - peaks["off"][0] == 8519680 + 1048576
           and peaks["off"][1] == 0, peaks)
     check("hopper: 32 MiB", peaks["hopper"][1] == 32 * MiB + 1048576, peaks)
+    # --torch-version (docs/run.md): 1.13's defaults reach the ranks and run.json/report.json record it;
+    # 2.9 (the default) equals a run without the option; 2.7 has the cuBLAS workspace only.
+    tv = {}
+    for version in ["1.13", "2.7", "2.9", None]:
+        d = os.path.join(tmp, "tv-" + str(version))
+        args = ["--torch-version", version] if version else []
+        code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "2", *args, "--out", d)
+        check(f"--torch-version {version}", code == 0, err)
+        rj = json.load(open(os.path.join(d, "run.json")))
+        rep = json.load(open(os.path.join(d, "report.json")))
+        tv[version] = (rj, rep)
+        check(f"--torch-version {version} recorded", rj["torch_version"] == (version or "2.9")
+              and rep["torch_version"] == (version or "2.9"), (rj.get("torch_version"), rep.get("torch_version")))
+    old = tv["1.13"][0]
+    check("1.13: zeros, for-loop", old["zero_grad"] == "zeros" and old["optimizer_impl"] == "for-loop", old)
+    check("2.9: none, foreach", tv["2.9"][0]["zero_grad"] == "none" and tv["2.9"][0]["optimizer_impl"] == "foreach")
+    other = {v: r[1]["ranks"][0]["peak"]["allocated"]["by_category"]["OTHER"] for v, r in tv.items()}
+    check("cuBLAS workspaces by release", other == {"1.13": 0, "2.7": 8519680, "2.9": 8519680 + 1048576,
+                                                     None: 8519680 + 1048576}, other)
+    strip = lambda rep: [{k: v for k, v in p.items() if k != "time_us"} for p in rep["ranks"][0]["phases"]]
+    check("2.9 is the default", strip(tv["2.9"][1]) == strip(tv[None][1]))
+    d = os.path.join(tmp, "tv-given")
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--torch-version", "1.13", "--zero-grad", "none",
+                         "--optimizer-impl", "foreach", "--out", d)
+    given = json.load(open(os.path.join(d, "run.json")))
+    check("given flags win over 1.13", code == 0 and given["zero_grad"] == "none"
+          and given["optimizer_impl"] == "foreach", (err, given))
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--torch-version", "1.13", "--out", d,
+                         env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    check("PYTORCH_CUDA_ALLOC_CONF refused under 1.13", code == 2 and err.strip() ==
+          'memscope run: PYTORCH_CUDA_ALLOC_CONF "expandable_segments:True": expandable_segments needs PyTorch 2.1 '
+          'or later (pytorch/pytorch#100184); this run is --torch-version 1.13', (code, err))
     d = os.path.join(tmp, "ws-env")
     code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", d,
                          env={"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "64"})
@@ -113,6 +145,11 @@ try:
                       (["--device-memory", "lots"], "--device-memory"),
                       (["--memory-fraction", "1.5"], "--memory-fraction 1.5: use 0 to 1"),
                       (["--cublas-workspace", "huge"], "--cublas-workspace 'huge': use default, hopper or off"),
+                      (["--torch-version", "2.10"],
+                       "memscope run: --torch-version '2.10': use 1.13 or 2.0 to 2.9 (the PyTorch releases memscope "
+                       "models)"),
+                      (["--torch-version", "1.13", "--alloc-conf", "roundup_power2_divisions:[>:2]"],
+                       "roundup_power2_divisions as a per-interval list needs PyTorch 2.0 or later"),
                       (["--model", "mlp", "--exec", "cpu", "--amp", "fp16"], "--amp needs --exec meta")]:
         bad = os.path.join(tmp, "bad")
         code, out, err = run("run", *args, "--out", bad)

@@ -231,3 +231,23 @@ TEST_CASE("report.json: the whole-GPU table is typed and reads back, totals reco
   CHECK(ReportFromJson(bad).status().message() ==
         "is not a usable memscope.report/1: gpus[0] has no \"capacity_bytes\" (bytes)");
 }
+
+TEST_CASE("report.json: memscope run's torch_version reads back, and a report without it reads as none") {
+  Report report = MakeReport(1, {Analyzed(Recording(0, 0))});
+  CHECK(!ReportToJson(report).contains("torch_version"));
+  report.torch_version = "1.13";
+  const json written = ReportToJson(report);
+  CHECK(written["torch_version"] == "1.13");
+  absl::StatusOr<Report> read = ReportFromJson(json::parse(written.dump()));
+  REQUIRE(read.ok());
+  CHECK(read->torch_version == "1.13");
+  CHECK(ReportToJson(*read) == written);
+  json without = written;
+  without.erase("torch_version");
+  read = ReportFromJson(without);
+  REQUIRE(read.ok());
+  CHECK(read->torch_version.empty());
+  json wrong = written;
+  wrong["torch_version"] = 1.13;
+  CHECK(ReadError(wrong) == "is not a usable memscope.report/1: the report has no string \"torch_version\"");
+}

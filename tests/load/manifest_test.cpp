@@ -127,6 +127,24 @@ TEST_CASE("RunManifest of memscope run round-trips through run.json") {
   CHECK(*back == m);
 }
 
+TEST_CASE("RunManifest records --torch-version, and a run.json without it (older memscope) reads as none") {
+  RunManifest m = SomeRun();
+  CHECK_FALSE(m.ToJson().contains("torch_version"));
+  m.training->torch_version = "1.13";
+  nlohmann::json j = m.ToJson();
+  CHECK(j["torch_version"] == "1.13");
+  absl::StatusOr<RunManifest> back = RunManifest::FromJson(nlohmann::json::parse(j.dump()));
+  REQUIRE(back.ok());
+  CHECK(back->training->torch_version == "1.13");
+  CHECK(*back == m);
+  j.erase("torch_version");
+  back = RunManifest::FromJson(j);
+  REQUIRE(back.ok());
+  CHECK(back->training->torch_version.empty());
+  j["torch_version"] = 2;
+  CHECK_FALSE(RunManifest::FromJson(j).ok());
+}
+
 TEST_CASE("RunManifest of memscope run --dp round-trips its data_parallel") {
   RunManifest m = SomeRun();
   m.failure.reset();

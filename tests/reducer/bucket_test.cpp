@@ -226,6 +226,28 @@ TEST_CASE("find_unused_parameters with the default cap: a 1 MiB bucket of the fi
   CheckClosedByLastTensor(g, InitialBuckets(g, true, false, std::nullopt));
 }
 
+TEST_CASE("PyTorch 1.13 (--torch-version 1.13): the first bucket is 1 MiB whatever bucket_cap_mb says") {
+  // 1.13's distributed.py: [dist._DEFAULT_FIRST_BUCKET_BYTES, bucket_bytes_cap] at construction with
+  // find_unused_parameters, and dist.Reducer(..., dist._DEFAULT_FIRST_BUCKET_BYTES) for the rebuild.
+  CHECK(RebuildBucketLimits(0.01, /*first_bucket_from_cap=*/false) == Limits{1024 * 1024, 10485});
+  CHECK(RebuildBucketLimits(std::nullopt, false) == Limits{1024 * 1024, 25 * 1024 * 1024});
+  CHECK(InitialBucketLimits(true, false, 5.0, false) == Limits{1024 * 1024, 5 * 1024 * 1024});
+  CHECK(InitialBucketLimits(true, false, std::nullopt, false) == Limits{1024 * 1024, 25 * 1024 * 1024});
+  CHECK(InitialBucketLimits(false, false, 5.0, false) == Limits{kNoBucketLimit});
+  CHECK(InitialBucketLimits(true, true, 5.0, false) == Limits{kNoBucketLimit});
+  // The CIFAR Net of the test above, bucket_cap_mb=0.01: 1.13 keeps all
+  // 248,024 B in the 1 MiB first bucket; 2.x splits them at 10,485 B.
+  const std::vector<BucketTensor> params = {
+      {1800, DType::kFloat32},   {24, DType::kFloat32},  {9600, DType::kFloat32},  {64, DType::kFloat32},
+      {192000, DType::kFloat32}, {480, DType::kFloat32}, {40320, DType::kFloat32}, {336, DType::kFloat32},
+      {3360, DType::kFloat32},   {40, DType::kFloat32}};
+  const std::vector<std::size_t> ready = {9, 8, 7, 6, 5, 4, 2, 3, 0, 1};
+  const BucketAssignment old = RebuiltBuckets(params, ready, 0.01, /*first_bucket_from_cap=*/false);
+  CHECK(old.buckets == Buckets{{9, 8, 7, 6, 5, 4, 2, 3, 0, 1}});
+  CHECK(old.size_limits == Limits{1024 * 1024});
+  CHECK(RebuiltBuckets(params, ready, 0.01).buckets == Buckets{{9, 8, 7, 6}, {5, 4}, {2, 3, 0}, {1}});
+}
+
 TEST_CASE("find_unused_parameters with bucket_cap_mb 1, 5 and 25 given buckets by the cap alone") {
   ZooModel resnet("resnet50");
   ZooModel gpt2("gpt2");

@@ -48,6 +48,8 @@ TEST_CASE("run request: a rank's command line carries the defaults and the optio
                                              "1",
                                              "--attention",
                                              "math",
+                                             "--torch-version",
+                                             "2.9",
                                              "--out",
                                              "dir",
                                              "--batch-size",
