@@ -239,6 +239,69 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
 }
 
 // BertForPreTraining (bert) and RobertaForMaskedLM (roberta), eager attention.
+// The heads of a BERT or RoBERTa `arch` over its trunk (the pooler, when
+// the head uses it, is in the trunk: a branch "pooled_output").
+json BertHeads(const json& c, const std::string& arch, bool roberta, std::int64_t d, std::int64_t vocab, double eps,
+               double p) {
+  const std::string prefix = roberta ? "roberta" : "bert";
+  const bool pretraining = arch == "BertForPreTraining", masked_lm = arch.ends_with("ForMaskedLM");
+  const bool qa = arch.ends_with("ForQuestionAnswering");
+  const bool sequence = arch.ends_with("ForSequenceClassification"), token = arch.ends_with("ForTokenClassification");
+  const std::string word = prefix + ".embeddings.word_embeddings";
+  json mlm = {{{"type", "sequential"},
+               {"name", roberta ? "lm_head" : "cls.predictions"},
+               {"layers",
+                {{{"type", "linear"}, {"name", roberta ? "dense" : "transform.dense"}, {"out", d}},
+                 {{"type", "gelu"}},
+                 {{"type", "layer_norm"}, {"name", roberta ? "layer_norm" : "transform.LayerNorm"}, {"eps", eps}},
+                 {{"type", "linear"}, {"name", "decoder"}, {"out", vocab}, {"tie", word}}}}}};
+  json head_list = json::array();
+  if (pretraining || masked_lm) {
+    head_list.push_back({{"layers", mlm},
+                         {"target", {{"shape", {"batch", "seq"}}, {"classes", vocab}}},
+                         {"loss", {{"type", "cross_entropy"}}}});
+  }
+  if (pretraining) {
+    // The next-sentence classifier on the pooler's output.
+    head_list.push_back({{"layers",
+                          {{{"type", "take"}, {"from", "pooled_output"}},
+                           {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
+                         {"target", {{"shape", {"batch"}}, {"classes", 2}}},
+                         {"loss", {{"type", "cross_entropy"}}}});
+  }
+  if (qa) {
+    // qa_outputs: Linear(hidden, num_labels), num_labels 2 (start, end).
+    const std::int64_t labels = Int(c, "num_labels", 2);
+    if (labels != 2)
+      throw ConfigError{absl::StrCat("field \"num_labels\": ", labels, " for question answering (2: start and end)")};
+    head_list.push_back({{"layers", {{{"type", "linear"}, {"name", "qa_outputs"}, {"out", 2}}}},
+                         {"loss", {{"type", "span"}}}});
+  }
+  if (sequence || token) {
+    const Labels labels = ClassificationLabels(c);
+    const double classifier_p = Num(c, "classifier_dropout", p);
+    json head_layers;
+    if (sequence && roberta) {
+      // RobertaClassificationHead: features[:, 0, :], dropout, dense, tanh, dropout, out_proj.
+      head_layers = {{{"type", "select_token"}, {"index", 0}},
+                {{"type", "dropout"}, {"p", classifier_p}},
+                {{"type", "linear"}, {"name", "classifier.dense"}, {"out", d}},
+                {{"type", "tanh"}},
+                {{"type", "dropout"}, {"p", classifier_p}},
+                {{"type", "linear"}, {"name", "classifier.out_proj"}, {"out", labels.count}}};
+    } else {
+      // BertForSequenceClassification: dropout(pooled_output), classifier;
+      // *ForTokenClassification: dropout(sequence_output), classifier.
+      head_layers = json::array();
+      if (sequence) head_layers.push_back({{"type", "take"}, {"from", "pooled_output"}});
+      head_layers.push_back({{"type", "dropout"}, {"p", classifier_p}});
+      head_layers.push_back({{"type", "linear"}, {"name", "classifier"}, {"out", labels.count}});
+    }
+    head_list.push_back(LabelHead(head_layers, labels, sequence ? json{"batch"} : json{"batch", "seq"}));
+  }
+  return head_list;
+}
+
 // BERT and RoBERTa (transformers 4.4x, eager attention), with the head its
 // "architectures" names.
 json Bert(const json& c, const std::string& name, bool roberta) {
@@ -248,9 +311,8 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                                  "RobertaForTokenClassification", "RobertaForQuestionAnswering"})
               : Architecture(c, {"BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
                                  "BertForTokenClassification", "BertForQuestionAnswering"});
-  const bool pretraining = arch == "BertForPreTraining", masked_lm = arch.ends_with("ForMaskedLM");
-  const bool qa = arch.ends_with("ForQuestionAnswering");
-  const bool sequence = arch.ends_with("ForSequenceClassification"), token = arch.ends_with("ForTokenClassification");
+  // BertModel's pooler: for the heads that use it.
+  const bool pooler = arch == "BertForPreTraining" || arch.ends_with("ForSequenceClassification");
   const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
   const std::int64_t heads = Int(c, "num_attention_heads"), inner = Int(c, "intermediate_size");
   const std::int64_t vocab = Int(c, "vocab_size"), positions = Int(c, "max_position_embeddings", 512);
@@ -301,7 +363,7 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                   {{"type", "sequential"},
                    {"name", "encoder"},
                    {"layers", {{{"type", "repeat"}, {"name", "layer"}, {"count", layers}, {"body", block}}}}}}}};
-  if (!roberta && (pretraining || sequence)) {
+  if (!roberta && pooler) {
     // BertModel's pooler (first token, dense, tanh) runs inside BertModel,
     // before the heads, which take its output (the others build BertModel
     // with add_pooling_layer=False).
@@ -312,60 +374,9 @@ json Bert(const json& c, const std::string& name, bool roberta) {
                                  {{"type", "linear"}, {"name", "pooler.dense"}, {"out", d}},
                                  {{"type", "tanh"}}}}});
   }
-  const std::string word = prefix + ".embeddings.word_embeddings";
-  json mlm = {{{"type", "sequential"},
-               {"name", roberta ? "lm_head" : "cls.predictions"},
-               {"layers",
-                {{{"type", "linear"}, {"name", roberta ? "dense" : "transform.dense"}, {"out", d}},
-                 {{"type", "gelu"}},
-                 {{"type", "layer_norm"}, {"name", roberta ? "layer_norm" : "transform.LayerNorm"}, {"eps", eps}},
-                 {{"type", "linear"}, {"name", "decoder"}, {"out", vocab}, {"tie", word}}}}}};
   json spec = Base(name, positions - (roberta ? 2 : 0));
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
-  json head_list = json::array();
-  if (pretraining || masked_lm) {
-    head_list.push_back({{"layers", mlm},
-                         {"target", {{"shape", {"batch", "seq"}}, {"classes", vocab}}},
-                         {"loss", {{"type", "cross_entropy"}}}});
-  }
-  if (pretraining) {
-    // The next-sentence classifier on the pooler's output.
-    head_list.push_back({{"layers",
-                          {{{"type", "take"}, {"from", "pooled_output"}},
-                           {{"type", "linear"}, {"name", "cls.seq_relationship"}, {"out", 2}}}},
-                         {"target", {{"shape", {"batch"}}, {"classes", 2}}},
-                         {"loss", {{"type", "cross_entropy"}}}});
-  }
-  if (qa) {
-    // qa_outputs: Linear(hidden, num_labels), num_labels 2 (start, end).
-    const std::int64_t labels = Int(c, "num_labels", 2);
-    if (labels != 2)
-      throw ConfigError{absl::StrCat("field \"num_labels\": ", labels, " for question answering (2: start and end)")};
-    head_list.push_back({{"layers", {{{"type", "linear"}, {"name", "qa_outputs"}, {"out", 2}}}},
-                         {"loss", {{"type", "span"}}}});
-  }
-  if (sequence || token) {
-    const Labels labels = ClassificationLabels(c);
-    const double classifier_p = Num(c, "classifier_dropout", p);
-    json head_layers;
-    if (sequence && roberta) {
-      // RobertaClassificationHead: features[:, 0, :], dropout, dense, tanh, dropout, out_proj.
-      head_layers = {{{"type", "select_token"}, {"index", 0}},
-                {{"type", "dropout"}, {"p", classifier_p}},
-                {{"type", "linear"}, {"name", "classifier.dense"}, {"out", d}},
-                {{"type", "tanh"}},
-                {{"type", "dropout"}, {"p", classifier_p}},
-                {{"type", "linear"}, {"name", "classifier.out_proj"}, {"out", labels.count}}};
-    } else {
-      // BertForSequenceClassification: dropout(pooled_output), classifier;
-      // *ForTokenClassification: dropout(sequence_output), classifier.
-      head_layers = json::array();
-      if (sequence) head_layers.push_back({{"type", "take"}, {"from", "pooled_output"}});
-      head_layers.push_back({{"type", "dropout"}, {"p", classifier_p}});
-      head_layers.push_back({{"type", "linear"}, {"name", "classifier"}, {"out", labels.count}});
-    }
-    head_list.push_back(LabelHead(head_layers, labels, sequence ? json{"batch"} : json{"batch", "seq"}));
-  }
+  const json head_list = BertHeads(c, arch, roberta, d, vocab, eps, p);
   spec["layers"] = {trunk, {{"type", "heads"}, {"heads", head_list}}};
   return spec;
 }
