@@ -300,7 +300,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "foreach (default since PyTorch 2.0, on GPUs), for-loop (1.13's default) or fused")
       ->each([a](const std::string&) { a->optimizer_impl_given = true; });
   cmd->add_option("--torch-version", a->torch_version,
-                  "the PyTorch release whose defaults and behaviours the run reproduces: 1.13 or 2.0 to 2.9 "
+                  "the PyTorch release whose defaults and behaviours the run reproduces: 1.10 to 1.13 or 2.0 to 2.9 "
                   "(default 2.9; docs/run.md lists what it changes)");
   cmd->add_option("--lr", a->lr, "learning rate (default 1e-3 for Adam/AdamW, 0.01 for SGD)")
       ->each([a](const std::string&) { a->lr_given = true; });

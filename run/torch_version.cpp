@@ -43,9 +43,9 @@ absl::StatusOr<TorchVersion> ParseTorchVersion(std::string_view given) {
                       parts[1].find_first_not_of("0123456789") == absl::string_view::npos && parts[0].size() <= 3 &&
                       parts[1].size() <= 3;
   if (!digits || !absl::SimpleAtoi(parts[0], &v.major) || !absl::SimpleAtoi(parts[1], &v.minor) ||
-      v < kOldestTorchVersion || v > kNewestTorchVersion || (v.major == 1 && v.minor != 13)) {
+      v < kOldestTorchVersion || v > kNewestTorchVersion || (v.major == 1 && v.minor > 13)) {
     return absl::InvalidArgumentError(absl::StrCat("--torch-version '", text, "': use ",
-                                                   TorchVersionText(kOldestTorchVersion), " or 2.0 to ",
+                                                   TorchVersionText(kOldestTorchVersion), " to 1.13 or 2.0 to ",
                                                    TorchVersionText(kNewestTorchVersion),
                                                    " (the PyTorch releases memscope models)"));
   }
@@ -64,6 +64,10 @@ TorchDefaults TorchDefaultsOf(TorchVersion v) {
   d.first_bucket_from_cap = two;
   d.behaviour.inplace_accumulation = two;
   d.behaviour.mean_dim_saves_input = !two;
+  // softmax and log_softmax save their input too up to 1.10 (issue #49600);
+  // pytorch/pytorch#65242 (September 2021, after 1.10's branch) saves the
+  // result only.
+  d.behaviour.softmax_saves_input = v <= TorchVersion{1, 10};
   return d;
 }
 

@@ -25,14 +25,14 @@ struct TorchVersion {
   auto operator<=>(const TorchVersion&) const = default;
 };
 
-// The releases memscope models: 1.13 and 2.0 to 2.9. 2.9 is the newest, the
+// The releases memscope models: 1.10 to 1.13 and 2.0 to 2.9. 2.9 is the newest, the
 // release whose sources memscope follows (CublasHandlePool.cpp,
 // CUDAAllocatorConfig.cpp), and the default.
-inline constexpr TorchVersion kOldestTorchVersion{1, 13};
+inline constexpr TorchVersion kOldestTorchVersion{1, 10};
 inline constexpr TorchVersion kNewestTorchVersion{2, 9};
 
 // "X.Y" within the range. Errors: one line naming the option and the range
-// ("--torch-version '3.0': use 1.13 or 2.0 to 2.9 (the PyTorch releases memscope models)").
+// ("--torch-version '3.0': use 1.10 to 1.13 or 2.0 to 2.9 (the PyTorch releases memscope models)").
 absl::StatusOr<TorchVersion> ParseTorchVersion(std::string_view text);
 
 // "1.13", "2.9".

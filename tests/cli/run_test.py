@@ -146,7 +146,7 @@ try:
                       (["--memory-fraction", "1.5"], "--memory-fraction 1.5: use 0 to 1"),
                       (["--cublas-workspace", "huge"], "--cublas-workspace 'huge': use default, hopper or off"),
                       (["--torch-version", "2.10"],
-                       "memscope run: --torch-version '2.10': use 1.13 or 2.0 to 2.9 (the PyTorch releases memscope "
+                       "memscope run: --torch-version '2.10': use 1.10 to 1.13 or 2.0 to 2.9 (the PyTorch releases memscope "
                        "models)"),
                       (["--torch-version", "1.13", "--alloc-conf", "roundup_power2_divisions:[>:2]"],
                        "roundup_power2_divisions as a per-interval list needs PyTorch 2.0 or later"),

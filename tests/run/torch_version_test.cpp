@@ -9,15 +9,15 @@
 namespace memscope {
 namespace {
 
-constexpr const char* kRange = "use 1.13 or 2.0 to 2.9 (the PyTorch releases memscope models)";
+constexpr const char* kRange = "use 1.10 to 1.13 or 2.0 to 2.9 (the PyTorch releases memscope models)";
 
-TEST_CASE("torch version: 1.13 and 2.0 to 2.9 are accepted, anything else is refused naming the range") {
-  for (const char* text : {"1.13", "2.0", "2.1", "2.6", "2.8", "2.9"}) {
+TEST_CASE("torch version: 1.10 to 1.13 and 2.0 to 2.9 are accepted, anything else is refused naming the range") {
+  for (const char* text : {"1.10", "1.11", "1.12", "1.13", "2.0", "2.1", "2.6", "2.8", "2.9"}) {
     absl::StatusOr<TorchVersion> v = ParseTorchVersion(text);
     REQUIRE(v.ok());
     CHECK(TorchVersionText(*v) == text);
   }
-  for (const char* text : {"1.12", "1.14", "2.10", "2.11", "3.0", "2", "2.9.1", "v2.9", "2.x", "", ".9", "-1.13"}) {
+  for (const char* text : {"1.9", "1.14", "2.10", "2.11", "3.0", "2", "2.9.1", "v2.9", "2.x", "", ".9", "-1.13"}) {
     absl::StatusOr<TorchVersion> v = ParseTorchVersion(text);
     REQUIRE(!v.ok());
     CHECK(v.status().message() == std::string("--torch-version '") + text + "': " + kRange);
@@ -34,6 +34,14 @@ TEST_CASE("torch version: 1.13's defaults against 2.9's") {
   CHECK(!old.first_bucket_from_cap);
   CHECK(!old.behaviour.inplace_accumulation);
   CHECK(old.behaviour.mean_dim_saves_input);
+  CHECK(!old.behaviour.softmax_saves_input);
+  // Up to 1.10, softmax saved its input as well as its result; 1.10 is 1.13 otherwise.
+  const TorchDefaults v110 = TorchDefaultsOf({1, 10});
+  CHECK(v110.behaviour.softmax_saves_input);
+  CHECK(v110.zero_grad == old.zero_grad);
+  CHECK(v110.optimizer_impl == old.optimizer_impl);
+  CHECK(v110.behaviour.inplace_accumulation == old.behaviour.inplace_accumulation);
+  CHECK(!TorchDefaultsOf({1, 11}).behaviour.softmax_saves_input);
 
   const TorchDefaults newest = TorchDefaultsOf(kNewestTorchVersion);
   CHECK(newest.zero_grad == "none");
