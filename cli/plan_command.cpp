@@ -161,11 +161,10 @@ int Plan(const PlanArgs& given) {
   o.global_batch = a.global_batch;
   o.batch_size = a.batch_size;
   o.model_options.seq_len = a.seq_len;
-  if (a.attention == "flash") {
-    o.model_options.attention = AttentionKind::kFlash;
-  } else if (a.attention != "math") {
-    return Fail(absl::StrCat("--attention '", a.attention, "': use math or flash"));
-  }
+  absl::StatusOr<AttentionKind> attention = ParseAttention(a.attention);
+  if (!attention.ok()) return Fail(attention.status().message());
+  o.model_options.attention = *attention;
+  if (gpu) o.model_options.compute_capability = gpu->compute_capability;
   absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(a.optimizer);
   if (!kind.ok()) return Fail(absl::StrCat("--optimizer: ", kind.status().message()));
   o.optimizer.kind = *kind;
@@ -212,7 +211,7 @@ void RegisterPlan(CLI::App& app, int& exit_status) {
                   "the global batch to reach (world size x micro-batch x gradient accumulation)");
   cmd->add_option("--batch-size", a->batch_size, "the per-rank batch to reach (default: the model's)");
   cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)");
-  cmd->add_option("--attention", a->attention, "math (default) or flash");
+  cmd->add_option("--attention", a->attention, "eager (math, default), sdpa or flash_attention_2 (flash): as run's");
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd (momentum 0.9)");
   cmd->add_option("--alloc-conf", a->alloc_conf, "base allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });

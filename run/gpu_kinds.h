@@ -21,6 +21,7 @@ struct GpuKind {
   std::string_view memory_from;  // what the figure is: "total_memory", "OOM message", "nvidia-smi", "nominal"
   std::uint64_t context_mib;     // the --cuda-context-mb it sets
   bool hopper;                   // sm90: PyTorch's larger cuBLAS workspace (--cublas-workspace hopper)
+  int compute_capability;        // x 10 (sm80: 80): SDPA's backend choice
 };
 
 // Every kind, in the order `memscope gpus` lists them.

@@ -74,10 +74,13 @@ absl::Status TrainPlan(const RunRequest& a, TrainOptions& t) {
   t.model_options.width = a.width;
   t.model_options.depth = a.depth;
   t.model_options.checkpoint_activations = a.checkpoint;
-  if (a.attention == "flash") {
-    t.model_options.attention = AttentionKind::kFlash;
-  } else if (a.attention != "math") {
-    return absl::InvalidArgumentError(absl::StrCat("--attention '", a.attention, "': use math or flash"));
+  absl::StatusOr<AttentionKind> attention = ParseAttention(a.attention);
+  if (!attention.ok()) return attention.status();
+  t.model_options.attention = *attention;
+  if (a.gpu_given) {
+    absl::StatusOr<GpuKind> kind = FindGpuKind(a.gpu);
+    if (!kind.ok()) return kind.status();
+    t.model_options.compute_capability = kind->compute_capability;
   }
   absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(a.optimizer);
   if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--optimizer: ", kind.status().message()));

@@ -356,6 +356,7 @@ class BertEmbeddingRunner final : public Runner {
 struct AttentionSpec {
   std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
   AttentionKind kernel = AttentionKind::kMath;
+  int compute_capability = 0;  // for kSdpa (ModelOptions)
   bool fused = false;  // GPT-2's c_attn (one Conv1D) instead of q, k, v projections
   bool causal = true;
   bool rotary = false;
@@ -370,6 +371,33 @@ struct AttentionSpec {
 class AttentionRunner final : public Runner {
  public:
   explicit AttentionRunner(AttentionSpec a) : a_(std::move(a)) {}
+
+  // scaled_dot_product_attention's choice (sdp_utils.cpp, 2.x: flash first,
+  // then memory-efficient, then math): flash needs sm80 or later, float16 or
+  // bfloat16 inputs (after autocast), a head size of at most 256 (192 for
+  // training on sm86 and sm89) and no attention mask (transformers passes
+  // none for an unpadded batch: is_causal, or BERT's all-ones mask dropped).
+  // The memory-efficient kernel is not modelled: refused, naming why flash
+  // was not picked.
+  bool SdpaPicksFlash(const Tensor& q) const {
+    const int sm = a_.compute_capability > 0 ? a_.compute_capability : 80;
+    const DType dtype = AutocastGuard::current().value_or(q.dtype());
+    std::string why;
+    if (sm < 80) {
+      why = absl::StrCat("sm", sm, " (flash needs sm80 or later)");
+    } else if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+      why = absl::StrCat(std::string(DTypeName(dtype)),
+                         " inputs (flash needs float16 or bfloat16: --amp or a half-precision model)");
+    } else if (a_.head_dim > ((sm == 86 || sm == 89) ? 192 : 256)) {
+      why = absl::StrCat("head size ", a_.head_dim, " (flash takes at most ", (sm == 86 || sm == 89) ? 192 : 256,
+                         " here)");
+    } else {
+      return true;
+    }
+    throw TensorError(absl::StrCat("--attention sdpa: PyTorch would run the memory-efficient kernel for ", why,
+                                   ", which memscope does not model; use --attention eager or flash_attention_2"));
+  }
+
   Tensor Run(Tensor x, ForwardState& s) override {
     const std::int64_t b = x.sizes()[0], t = x.sizes()[1];
     const std::int64_t h = a_.heads, kvh = a_.kv_heads, hd = a_.head_dim;
@@ -429,7 +457,7 @@ class AttentionRunner final : public Runner {
       v = repeat(v);
     }
     Tensor context, probs;  // locals of the attention's forward, alive until it returns
-    if (a_.kernel == AttentionKind::kFlash) {
+    if (a_.kernel == AttentionKind::kFlash || (a_.kernel == AttentionKind::kSdpa && SdpaPicksFlash(q))) {
       context = ops::FlashAttention(q, k, v);
     } else if (a_.mask_buffer != nullptr) {
       // HF GPT-2's eager attention (transformers 4.3x-4.4x), as the zoo's gpt2.
@@ -1434,6 +1462,7 @@ class Builder {
     const std::int64_t d = sig.shape[2];
     AttentionSpec a;
     a.kernel = options_.attention;
+    a.compute_capability = options_.compute_capability;
     a.heads = c.Int("heads");
     a.kv_heads = c.Int("kv_heads", a.heads);
     if (a.heads % a.kv_heads != 0)

@@ -549,6 +549,14 @@ std::vector<ModelInfo> ListModels() {
   };
 }
 
+absl::StatusOr<AttentionKind> ParseAttention(std::string_view name) {
+  if (name == "math" || name == "eager") return AttentionKind::kMath;
+  if (name == "flash" || name == "flash_attention_2") return AttentionKind::kFlash;
+  if (name == "sdpa") return AttentionKind::kSdpa;
+  return absl::InvalidArgumentError(absl::StrCat("--attention '", std::string(name),
+                                                 "': use eager (or math), sdpa, or flash_attention_2 (or flash)"));
+}
+
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& o) {
   auto or_default = [](std::int64_t v, std::int64_t d) { return v > 0 ? v : d; };
   if (name.substr(0, 5) == "file:") {

@@ -16,14 +16,24 @@
 
 namespace memscope {
 
-enum class AttentionKind { kMath, kFlash };
+// --attention: math (HF "eager": the attention's ops one by one), flash
+// (SDPA's flash kernel, or the flash_attention_2 package: the same
+// tensors), sdpa (scaled_dot_product_attention: the backend PyTorch picks,
+// see AttentionRunner).
+enum class AttentionKind { kMath, kFlash, kSdpa };
+// "math" or "eager", "flash" or "flash_attention_2", "sdpa"; else an error
+// naming them.
+absl::StatusOr<AttentionKind> ParseAttention(std::string_view name);
 
 struct ModelOptions {
   std::int64_t batch_size = 0;                     // 0: the model's default
   std::int64_t seq_len = 0;                        // 0: the model's default (text models)
   std::int64_t width = 0;                          // mlp
   std::int64_t depth = 0;                          // mlp
-  AttentionKind attention = AttentionKind::kMath;  // gpt2*
+  AttentionKind attention = AttentionKind::kMath;  // gpt2*, HF configs, model files
+  // The GPU's compute capability x 10 (--gpu's kind; 0: not given, taken as
+  // sm80, the default 80 GiB device): what SDPA's backend choice needs.
+  int compute_capability = 0;
   bool checkpoint_activations = false;
 };
 

@@ -151,6 +151,41 @@ TEST_CASE("an architecture memscope does not build, or a loss it does not model,
         "model_type \"gpt2\" (GPT2LMHeadModel)");
 }
 
+// A Qwen2-0.5B step under --attention `kind` (bf16 autocast when `amp`) on a
+// GPU of compute capability `sm`: the run's error, or what is allocated after forward.
+std::pair<std::string, std::int64_t> AttentionRun(AttentionKind kind, bool amp, int sm) {
+  TrainOptions o;
+  o.model = absl::StrCat("hf:", Config("Qwen2-0.5B"));
+  o.steps = 1;
+  o.model_options.batch_size = 2;
+  o.model_options.seq_len = 64;
+  o.model_options.attention = kind;
+  o.model_options.compute_capability = sm;
+  if (amp) o.amp = DType::kBFloat16;
+  const Recorded r = RunTraining(o);
+  return {r.result.error, r.result.error.empty() ? Row(r.report, Phase::kForward, 0).allocated : 0};
+}
+
+TEST_CASE("attention sdpa runs the flash kernel where PyTorch picks it, and refuses the memory-efficient one") {
+  CHECK(ParseAttention("eager").value() == AttentionKind::kMath);
+  CHECK(ParseAttention("flash_attention_2").value() == AttentionKind::kFlash);
+  CHECK(ParseAttention("sdpa").value() == AttentionKind::kSdpa);
+  CHECK(ParseAttention("xformers").status().message() ==
+        "--attention 'xformers': use eager (or math), sdpa, or flash_attention_2 (or flash)");
+  const auto flash = AttentionRun(AttentionKind::kFlash, true, 90);
+  REQUIRE(flash.first.empty());
+  CHECK(AttentionRun(AttentionKind::kSdpa, true, 90) == flash);  // bf16 on sm90: flash
+  CHECK(AttentionRun(AttentionKind::kSdpa, true, 0) == flash);   // no --gpu: the default device, sm80
+  CHECK(AttentionRun(AttentionKind::kMath, true, 90).second > flash.second);
+  CHECK(AttentionRun(AttentionKind::kSdpa, false, 90).first ==
+        "--attention sdpa: PyTorch would run the memory-efficient kernel for float32 inputs (flash needs float16 "
+        "or bfloat16: --amp or a half-precision model), which memscope does not model; use --attention eager or "
+        "flash_attention_2");
+  CHECK(AttentionRun(AttentionKind::kSdpa, true, 75).first ==
+        "--attention sdpa: PyTorch would run the memory-efficient kernel for sm75 (flash needs sm80 or later), which "
+        "memscope does not model; use --attention eager or flash_attention_2");
+}
+
 TEST_CASE("Hugging Face config errors name the config and the field") {
   auto error = [](const nlohmann::json& config) {
     absl::StatusOr<nlohmann::json> s = HfConfigToModelSpec(config, "c.json");
