@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "train/lora.h"
 #include "train/module.h"
 
 namespace memscope {
@@ -25,6 +26,9 @@ struct ModelOptions {
   std::int64_t depth = 0;                          // mlp
   AttentionKind attention = AttentionKind::kMath;  // gpt2*
   bool checkpoint_activations = false;
+  // PEFT LoRA (--lora adapter_config.json): adapters on the targeted linear
+  // layers of a model file or HF config, the rest frozen; null: none.
+  std::shared_ptr<const LoraConfig> lora;
 };
 
 // One training batch: inputs and targets, on the device (INPUT).
@@ -72,6 +76,10 @@ std::vector<ModelInfo> ListModels();
 // Builds a model (no device memory yet: call Materialize). Errors name the
 // unknown model or the invalid option.
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& options);
+
+// --lora FILE: reads PEFT's adapter_config.json into options.lora ("" leaves
+// it null). Errors: the file's (train/lora.h), prefixed "--lora: ".
+absl::Status UseLora(std::string_view adapter_config, ModelOptions& options);
 
 }  // namespace memscope
 
