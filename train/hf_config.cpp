@@ -358,8 +358,7 @@ json Bert(const json& c, const std::string& name, bool roberta) {
     head_list.push_back(LabelHead(head_layers, labels, sequence ? json{"batch"} : json{"batch", "seq"}));
   }
   spec["layers"] = {trunk, {{"type", "heads"}, {"heads", head_list}}};
-  // get_output_embeddings(): the masked-LM decoder (what LoRA's "all-linear" leaves alone).
-  if (pretraining || masked_lm) spec["output_layer"] = roberta ? "lm_head.decoder" : "cls.predictions.decoder";
+  if (pretraining || masked_lm) spec["output_layer"] = roberta ? "lm_head.decoder" : "cls.predictions.decoder";  // for LoRA
   return spec;
 }
 
