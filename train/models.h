@@ -28,7 +28,7 @@ struct ModelOptions {
   bool checkpoint_activations = false;
   // PEFT LoRA (--lora adapter_config.json): adapters on the targeted linear
   // layers of a model file or HF config, the rest frozen; null: none.
-  std::shared_ptr<const LoraConfig> lora;
+  std::shared_ptr<const LoraConfig> lora = nullptr;
 };
 
 // One training batch: inputs and targets, on the device (INPUT).
