@@ -139,7 +139,7 @@ TEST_CASE("Llama-2-7b with r 8 on q_proj and v_proj: PEFT's print_trainable_para
   CHECK(m->Parameters().size() == 32 * 2 * 2);
 }
 
-TEST_CASE("all-linear leaves the output layer alone; other layers are refused") {
+TEST_CASE("all-linear leaves the output layer alone, other layers are refused") {
   // Llama: 7 linears a layer, lm_head excluded (get_output_embeddings()).
   std::unique_ptr<Model> m = Build("Llama-2-7b-hf", json{{"target_modules", "all-linear"}, {"r", 8}});
   const std::int64_t attn = 4 * (4096 * 8 + 8 * 4096), mlp = 3 * (4096 * 8 + 8 * 11008);
@@ -204,7 +204,7 @@ TEST_CASE("modules_to_save: a trainable copy beside the frozen original") {
   CHECK(Cat(step, Category::kOptimizerState) == 2 * (2'048 + 3'584 + 8'192 + 512));
 }
 
-TEST_CASE("--lora needs a model file or an HF config") {
+TEST_CASE("LoRA needs a model file or an HF config, not a zoo model") {
   ModelOptions o;
   o.lora = std::make_shared<const LoraConfig>(Parse(kQv));
   CHECK(CreateModel("mlp", o).status().message() ==
