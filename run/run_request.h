@@ -85,6 +85,7 @@ struct RunRequest {
   bool checkpoint_step_given = false;
   std::int64_t grad_accum = 1;
   std::string attention = "math";
+  std::string lora;  // --lora adapter_config.json (PEFT LoRA)
   std::string out = "memscope-run";
   bool json = false;
   std::string scenario;  // --scenario NAME:RANK[:STEP] (run/rank.h Scenario)

@@ -378,6 +378,9 @@ json Bert(const json& c, const std::string& name, bool roberta) {
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
   const json head_list = BertHeads(c, arch, roberta, d, vocab, eps, p);
   spec["layers"] = {trunk, {{"type", "heads"}, {"heads", head_list}}};
+  // The output layer LoRA's "all-linear" leaves out: the masked-LM decoder.
+  if (arch == "BertForPreTraining" || arch.ends_with("ForMaskedLM"))
+    spec["output_layer"] = roberta ? "lm_head.decoder" : "cls.predictions.decoder";
   return spec;
 }
 

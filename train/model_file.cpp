@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -228,6 +229,54 @@ class TiedLinear final : public Module {
 
  private:
   Tensor* bias_;
+};
+
+// PEFT's lora.Linear around an nn.Linear (peft/tuners/lora/layer.py):
+// base_layer, then lora_A.default = Linear(in, r, bias=False) and
+// lora_B.default = Linear(r, out, bias=lora_bias), registered in that order.
+// forward: result = base_layer(x); x = _cast_input_dtype(x, lora_A's dtype);
+// result = result + lora_B(lora_A(dropout(x))) * scaling;
+// result.to(the base result's dtype). dropout is nn.Identity at p = 0.
+class LoraLinear final : public Module {
+ public:
+  LoraLinear(std::string path, std::int64_t in, std::int64_t out, bool bias, const LoraConfig& l)
+      : Module(std::move(path)),
+        base_(Add<Linear>("base_layer", in, out, bias)),
+        a_group_(Add<Group>("lora_A")),
+        a_(a_group_.Add<Linear>("default", in, l.r, false)),
+        b_group_(Add<Group>("lora_B")),
+        b_(b_group_.Add<Linear>("default", l.r, out, l.lora_bias)),
+        scaling_(static_cast<float>(l.Scaling())),
+        dropout_(static_cast<float>(l.lora_dropout)) {}
+  Tensor Forward(const Tensor& x) {
+    ScopedTag tag(Category::kActivation, path());
+    Tensor result = base_.Forward(x);
+    const DType result_dtype = result.dtype();
+    Tensor input = ops::To(x, a_.weight().dtype());  // a local until forward returns
+    // Python frees each call's argument once the call returns.
+    Tensor dropped = dropout_ > 0 ? ops::Dropout(input, dropout_) : input;
+    Tensor a = a_.Forward(dropped);
+    dropped = Tensor();
+    Tensor b = b_.Forward(a);
+    a = Tensor();
+    Tensor scaled = ops::MulScalar(b, scaling_);
+    b = Tensor();
+    result = ops::Add(result, scaled);
+    scaled = Tensor();
+    return ops::To(result, result_dtype);
+  }
+  Tensor& base_weight() { return base_.weight(); }
+  // The adapters (trainable, float32: PEFT's autocast_adapter_dtype).
+  Module& lora_a() { return a_group_; }
+  Module& lora_b() { return b_group_; }
+
+ private:
+  Linear& base_;
+  Group& a_group_;
+  Linear& a_;
+  Group& b_group_;
+  Linear& b_;
+  float scaling_, dropout_;
 };
 
 // LlamaRMSNorm: weight * (x * rsqrt(mean(x^2) + eps)), in float32.
@@ -625,7 +674,8 @@ struct Head {
 
 class FileModel final : public Model {
  public:
-  explicit FileModel(std::string name) : Model(""), name_(std::move(name)) {}
+  // `root`: the path of the model's own module ("base_model.model" inside PEFT's PeftModel).
+  FileModel(std::string name, std::string root) : Model(std::move(root)), name_(std::move(name)) {}
   std::string_view name() const override { return name_; }
 
   Batch MakeBatch(DeviceContext& ctx, std::int64_t) override {
@@ -746,7 +796,29 @@ std::optional<DType> ParseDType(const std::string& s) {
 class Builder {
  public:
   Builder(FileModel& root, const ModelOptions& o, std::int64_t batch, std::int64_t seq, bool has_seq)
-      : root_(root), options_(o), batch_(batch), seq_(seq), has_seq_(has_seq) {}
+      : root_(root), options_(o), batch_(batch), seq_(seq), has_seq_(has_seq), lora_(o.lora.get()) {}
+
+  // The layer "target_modules": "all-linear" leaves alone (PEFT: the output
+  // embeddings, PreTrainedModel.get_output_embeddings()), "" for none.
+  void set_output_layer(std::string path) { output_layer_ = std::move(path); }
+
+  // After building, with an adapter config: every parameter frozen but the
+  // adapters and the modules_to_save copies; the adapters in float32 (PEFT's
+  // autocast_adapter_dtype). Errors: no layer is a target.
+  void ApplyLora() {
+    if (lora_ == nullptr) return;
+    if (lora_modules_.empty()) {
+      throw SpecError{absl::StrCat("adapter config ", lora_->source, ": field \"target_modules\": no linear layer of the model matches")};
+    }
+    root_.SetRequiresGrad(false);
+    for (LoraLinear* m : lora_modules_) {
+      for (Module* adapter : {&m->lora_a(), &m->lora_b()}) {
+        adapter->SetRequiresGrad(true);
+        adapter->SetParameterDType(DType::kFloat32);
+      }
+    }
+    for (Module* m : saved_copies_) m->SetRequiresGrad(true);
+  }
 
   // A list of layers run in order; `where` is its place in the file ("layers").
   RunnerPtr BuildList(const json& list, const std::string& where, Module& parent, Sig& sig, DType pdtype) {
@@ -776,6 +848,7 @@ class Builder {
       name = spec["name"].get<std::string>();
     }
     Ctx c{spec, where, type, name, parent, pdtype, ""};
+    if (lora_ != nullptr && !name.empty() && !in_saved_copy_ && lora_->Saves(Key(c.Path()))) return SavedCopy(c, sig);
     if (spec.contains("dtype")) {
       const std::optional<DType> d =
           spec["dtype"].is_string() ? ParseDType(spec["dtype"].get<std::string>()) : std::nullopt;
@@ -932,6 +1005,24 @@ class Builder {
     TiedLinear* module;
   };
 
+  // PEFT's ModulesToSaveWrapper (modules_to_save): the layer as
+  // original_module (frozen) and its copy, modules_to_save.default
+  // (trainable), which forward runs.
+  RunnerPtr SavedCopy(Ctx& c, Sig& sig) {
+    Group& wrapper = Create<Group>(c, c.parent, c.name);
+    json copy = c.spec;
+    copy.erase("name");
+    in_saved_copy_ = true;
+    Sig original = sig;
+    kept_runners_.push_back(Build(copy, c.where, wrapper, original, c.pdtype, "original_module"));
+    Module& saved = wrapper.Add<Group>("modules_to_save");
+    created_.push_back(&saved);
+    RunnerPtr r = Build(copy, c.where, saved, sig, c.pdtype, "default");
+    in_saved_copy_ = false;
+    saved_copies_.push_back(&saved);
+    return r;
+  }
+
   // The module that holds a layer called `name` under `parent`: a dotted
   // name ("attention.output.dense") goes through (new) groups.
   Module& Holder(Ctx& c, Module& parent, const std::string& name, std::string* last) {
@@ -967,6 +1058,14 @@ class Builder {
       m = &holder.Add<M>(last, std::forward<A>(args)...);
     }
     created_.push_back(m);
+    if constexpr (!std::is_same_v<M, Linear> && !std::is_same_v<M, LoraLinear>) {
+      if (!m->ParameterNames().empty()) {
+        const char* kind = std::is_same_v<M, Conv1D> ? "conv1d (GPT-2's Conv1D)"
+                           : std::is_same_v<M, TiedLinear> ? "tied linear"
+                                                           : nullptr;
+        CheckNotTargeted(c, *m, kind);
+      }
+    }
     for (const std::string& p : m->ParameterNames()) {
       if (!param_names_.insert(p).second) {
         c.Fail(absl::StrCat("parameter \"", p, "\" exists already (give the layer a \"name\")"));
@@ -1199,11 +1298,9 @@ class Builder {
         TiedLinear* p = &m;
         return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
       }
-      Linear& m = Create<Linear>(c, c.parent, c.name, in, out, bias);
-      c.module_path = m.path();
-      weights_[m.path()] = Weight{&m.weight(), Shape{out, in}};
-      Linear* p = &m;
-      return std::make_unique<FnRunner>([p](Tensor x) { return p->Forward(x); });
+      std::function<Tensor(const Tensor&)> f = NewLinear(c, c.parent, c.name, in, out, bias);
+      c.module_path = created_.back()->path();
+      return std::make_unique<FnRunner>([f](Tensor x) { return f(x); });
     }
     if (t == "conv1d") {
       c.Allow({"in", "out"});
@@ -1440,9 +1537,48 @@ class Builder {
       Conv1D& p = Create<Conv1D>(sub, m, name, in, out);
       return [&p](const Tensor& x) { return p.Forward(x); };
     }
-    Linear& p = Create<Linear>(sub, m, name, in, out, bias);
-    weights_[p.path()] = Weight{&p.weight(), Shape{out, in}};
-    return [&p](const Tensor& x) { return p.Forward(x); };
+    return NewLinear(sub, m, name, in, out, bias);
+  }
+
+  // The name PEFT matches a module by: its path in the base model (without
+  // PeftModel's "base_model.model.").
+  std::string Key(const std::string& path) const {
+    const std::string& root = root_.path();
+    if (root.empty()) return path;
+    if (path == root) return "";
+    return path.substr(root.size() + 1);
+  }
+  static std::string PathOf(const Module& parent, const std::string& name) {
+    if (name.empty()) return parent.path();
+    return parent.path().empty() ? name : absl::StrCat(parent.path(), ".", name);
+  }
+
+  // nn.Linear, or PEFT's lora.Linear around it when the adapter config targets it.
+  std::function<Tensor(const Tensor&)> NewLinear(Ctx& c, Module& parent, const std::string& name, std::int64_t in,
+                                                 std::int64_t out, bool bias) {
+    const std::string key = Key(PathOf(parent, name));
+    if (lora_ != nullptr && !key.empty() && !(lora_->all_linear && key == output_layer_) && lora_->Targets(key)) {
+      LoraLinear& m = Create<LoraLinear>(c, parent, name, in, out, bias, *lora_);
+      lora_modules_.push_back(&m);
+      weights_[m.path()] = Weight{&m.base_weight(), Shape{out, in}};
+      LoraLinear* p = &m;
+      return [p](const Tensor& x) { return p->Forward(x); };
+    }
+    Linear& m = Create<Linear>(c, parent, name, in, out, bias);
+    weights_[m.path()] = Weight{&m.weight(), Shape{out, in}};
+    return [&m](const Tensor& x) { return m.Forward(x); };
+  }
+
+  // A layer other than a linear that the adapter config targets: LoRA on it is not modelled.
+  // `linear_kind`: what all-linear would target too (names the layer kind), else null.
+  void CheckNotTargeted(Ctx& c, const Module& m, const char* linear_kind) const {
+    if (lora_ == nullptr) return;
+    const std::string key = Key(m.path());
+    if (key.empty() || (lora_->all_linear && key == output_layer_) || !lora_->Targets(key)) return;
+    if (lora_->all_linear && linear_kind == nullptr) return;
+    c.Fail(absl::StrCat("adapter config ", lora_->source, ": field \"target_modules\" matches \"", key,
+                        "\": LoRA on ", linear_kind != nullptr ? linear_kind : c.type.c_str(),
+                        " layers is not modelled (linear layers only)"));
   }
 
   std::string ProjName(Ctx& c, const char* role, const std::string& def) {
@@ -1553,6 +1689,12 @@ class Builder {
   std::map<std::string, Sig> branches_;  // "branch" results by name (what a "take" gives)
   std::map<std::string, Weight> weights_;
   std::map<std::string, Tie> ties_;
+  const LoraConfig* lora_;
+  std::string output_layer_;
+  std::vector<LoraLinear*> lora_modules_;
+  std::vector<Module*> saved_copies_;  // modules_to_save.default of each ModulesToSaveWrapper
+  bool in_saved_copy_ = false;
+  std::vector<RunnerPtr> kept_runners_;  // the original modules' (never run)
 };
 
 void CheckKeys(const json& spec, std::initializer_list<const char*> allowed, const std::string& where) {
@@ -1668,6 +1810,20 @@ TargetSpec ParseTarget(const json& j, const std::string& where, const Builder& b
   return t;
 }
 
+// The output layer ("output_layer", else the last top-level layer when it is
+// a named linear): what LoRA's "all-linear" leaves alone.
+std::string OutputLayer(const json& spec) {
+  if (spec.contains("output_layer")) {
+    if (!spec["output_layer"].is_string()) throw SpecError{"field \"output_layer\": expected a layer's path (or \"\")"};
+    return spec["output_layer"].get<std::string>();
+  }
+  const json& layers = spec["layers"];
+  if (layers.is_array() && !layers.empty() && layers.back().is_object() && layers.back().value("type", json()) == "linear" &&
+      layers.back().contains("name") && layers.back()["name"].is_string())
+    return layers.back()["name"].get<std::string>();
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::string_view source,
@@ -1677,7 +1833,8 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
     if (!spec.is_object()) throw SpecError{"expected a JSON object"};
     CheckKeys(
         spec,
-        {"format", "name", "batch_size", "seq_len", "param_dtype", "input", "target", "loss", "layers", "comment"},
+        {"format", "name", "batch_size", "seq_len", "param_dtype", "input", "target", "loss", "layers", "output_layer",
+         "comment"},
         "top level");
     if (!spec.contains("format") || spec["format"] != "memscope.model/1")
       throw SpecError{"field \"format\": expected \"memscope.model/1\""};
@@ -1702,8 +1859,10 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
     }
     const std::string name =
         spec.contains("name") && spec["name"].is_string() ? spec["name"].get<std::string>() : std::string(source);
-    auto model = std::make_unique<FileModel>(name);
+    // PEFT's PeftModel holds the model as base_model.model.
+    auto model = std::make_unique<FileModel>(name, options.lora ? "base_model.model" : "");
     Builder b(*model, options, batch, seq, seq > 0);
+    b.set_output_layer(OutputLayer(spec));
 
     const json& input = spec["input"];
     if (!input.is_object() || !input.contains("shape")) throw SpecError{"input: missing field \"shape\""};
@@ -1757,6 +1916,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
       }
     }
     b.ResolveTies();
+    b.ApplyLora();
     if (options.checkpoint_activations && !b.any_checkpoint())
       throw SpecError{"--checkpoint-activations: no layer is marked \"checkpoint\": true"};
     model->set_batch_size(batch);

@@ -557,6 +557,14 @@ absl::StatusOr<AttentionKind> ParseAttention(std::string_view name) {
                                                  "': use eager (or math), sdpa, or flash_attention_2 (or flash)"));
 }
 
+absl::Status UseLora(std::string_view adapter_config, ModelOptions& options) {
+  if (adapter_config.empty()) return absl::OkStatus();
+  absl::StatusOr<LoraConfig> l = LoadLoraConfig(adapter_config);
+  if (!l.ok()) return absl::InvalidArgumentError(absl::StrCat("--lora: ", l.status().message()));
+  options.lora = std::make_shared<const LoraConfig>(std::move(*l));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& o) {
   auto or_default = [](std::int64_t v, std::int64_t d) { return v > 0 ? v : d; };
   if (name.substr(0, 5) == "file:") {
@@ -567,6 +575,7 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const 
     if (o.width > 0 || o.depth > 0) return absl::InvalidArgumentError("--width and --depth apply to mlp only");
     return LoadHfConfig(name.substr(3), o);
   }
+  if (o.lora) return absl::InvalidArgumentError("--lora applies to a model file or a Hugging Face config (file:, hf:)");
   const std::vector<ModelInfo> zoo = ListModels();
   const ModelInfo* info = nullptr;
   for (const ModelInfo& m : zoo) {

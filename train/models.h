@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "train/lora.h"
 #include "train/module.h"
 
 namespace memscope {
@@ -35,6 +36,9 @@ struct ModelOptions {
   // sm80, the default 80 GiB device): what SDPA's backend choice needs.
   int compute_capability = 0;
   bool checkpoint_activations = false;
+  // PEFT LoRA (--lora adapter_config.json): adapters on the targeted linear
+  // layers of a model file or HF config, the rest frozen; null: none.
+  std::shared_ptr<const LoraConfig> lora = nullptr;
 };
 
 // One training batch: inputs and targets, on the device (INPUT).
@@ -82,6 +86,10 @@ std::vector<ModelInfo> ListModels();
 // Builds a model (no device memory yet: call Materialize). Errors name the
 // unknown model or the invalid option.
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& options);
+
+// --lora FILE: reads PEFT's adapter_config.json into options.lora ("" leaves
+// it null). Errors: the file's (train/lora.h), prefixed "--lora: ".
+absl::Status UseLora(std::string_view adapter_config, ModelOptions& options);
 
 }  // namespace memscope
 

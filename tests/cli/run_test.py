@@ -132,6 +132,24 @@ try:
                          "--memory-fraction", "0.5", "--out", d)
     check("GC with a fraction: no note", code == 0 and "garbage_collection_threshold" not in err, err)
 
+    # PEFT LoRA (--lora adapter_config.json): the count PEFT prints; errors name the field.
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    llama = "hf:" + os.path.join(root, "examples", "hf", "Llama-2-7b-hf", "config.json")
+    adapter = os.path.join(root, "examples", "lora", "adapter_config.json")
+    code, out, err = run("run", "--model", llama, "--lora", adapter, "--seq-len", "64", "--steps", "1",
+                         "--out", os.path.join(tmp, "lora"))
+    check("lora run exit 0", code == 0, (code, err))
+    check("lora run: PEFT's all params", "(6742609920 parameters)" in out, out)
+    bad_adapter = os.path.join(tmp, "bad_adapter.json")
+    with open(bad_adapter, "w") as f:
+        f.write('{"r": 8, "target_modules": ["q_proj"], "bias": "all"}')
+    for args, msg in [(["--model", llama, "--lora", bad_adapter], 'field "bias": "all" is not modelled'),
+                      (["--model", "mlp", "--lora", adapter], "--lora applies to a model file or a Hugging Face config"),
+                      (["--model", llama, "--lora", os.path.join(tmp, "none.json")], "cannot be read")]:
+        code, out, err = run("run", *args, "--out", os.path.join(tmp, "bad-lora"))
+        check(f"bad {args} exit 2", code == 2, (code, err))
+        check(f"bad {args} one line", len(err.strip().splitlines()) == 1 and msg in err, err)
+
     # Bad input: one line naming the problem, exit 2, nothing written.
     for args, msg in [(["--model", "nope"], "unknown model 'nope'"),
                       (["--optimizer", "lion"], "unknown optimizer 'lion'"),

@@ -25,6 +25,7 @@
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "train/hf_config.h"
+#include "train/lora.h"
 #include "train/model_file.h"
 
 namespace memscope {
@@ -38,7 +39,7 @@ json CaseSpec(const json& memscope) {
   absl::StatusOr<json> spec = HfConfigToModelSpec(memscope["hf"], "oracle case");
   if (!spec.ok()) throw std::runtime_error(std::string(spec.status().message()));
   json s = *spec;
-  for (const char* key : {"batch_size", "seq_len", "param_dtype"}) {
+  for (const char* key : {"batch_size", "seq_len", "param_dtype", "lora"}) {
     if (memscope.contains(key)) s[key] = memscope[key];
   }
   return s;
@@ -52,9 +53,17 @@ struct Run {
   Batch batch;
   std::int64_t base = 0;
 
-  Run(const json& spec, bool checkpoint) {
+  Run(const json& case_spec, bool checkpoint) {
     ModelOptions options;
     options.checkpoint_activations = checkpoint;
+    // "lora": PEFT's adapter_config.json (memscope run --lora).
+    json spec = case_spec;
+    if (spec.contains("lora")) {
+      absl::StatusOr<LoraConfig> lora = ParseLoraConfig(spec["lora"], "oracle case");
+      if (!lora.ok()) throw std::runtime_error(std::string(lora.status().message()));
+      options.lora = std::make_shared<const LoraConfig>(*lora);
+      spec.erase("lora");
+    }
     absl::StatusOr<std::unique_ptr<Model>> m = ModelFromJson(spec, "oracle case", options);
     if (!m.ok()) throw std::runtime_error(std::string(m.status().message()));
     model = std::move(*m);
@@ -79,6 +88,7 @@ json Measure(const json& spec, std::optional<DType> amp, bool checkpoint) {
   {
     Run run(spec, checkpoint);
     out["parameters"] = run.model->NumParameters();
+    out["trainable"] = run.model->NumTrainableParameters();
     run.Begin();
     std::optional<AutocastGuard> autocast;
     if (amp) autocast.emplace(*amp);

@@ -19,7 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 DOCS = os.path.join(HERE, "..", "..", "docs", "fidelity.md")
 BEGIN, END = "<!-- oracle table: scripts/fidelity writes it -->", "<!-- end of oracle table -->"
-FIGURES = ("parameters", "forward_peak", "forward_end", "saved", "loss_peak", "loss_end", "backward_peak",
+FIGURES = ("parameters", "trainable", "forward_peak", "forward_end", "saved", "loss_peak", "loss_end", "backward_peak",
            "backward_end")
 
 
@@ -36,7 +36,7 @@ def run_oracle(binary, workdir):
     return torch_side, memscope_side
 
 
-SHORT = {"parameters": "parameters", "forward_peak": "forward peak", "forward_end": "after forward", "saved": "saved",
+SHORT = {"parameters": "parameters", "trainable": "trainable", "forward_peak": "forward peak", "forward_end": "after forward", "saved": "saved",
          "loss_peak": "loss peak", "loss_end": "after loss", "backward_peak": "backward peak",
          "backward_end": "after backward"}
 
@@ -49,7 +49,8 @@ def table(torch_side, memscope_side):
     for case, ours in zip(torch_side["cases"], memscope_side):
         theirs, mine = case["pytorch"], ours.get("memscope", {})
         same = [f for f in FIGURES if theirs[f] == mine.get(f)]
-        shown = [f for f in ("parameters", "forward_peak", "saved", "backward_peak") if f in same]
+        shown = [f for f in ("parameters", "trainable", "forward_peak", "saved", "backward_peak") if f in same
+                 and (f != "trainable" or theirs[f] != theirs["parameters"])]
         summary = " · ".join(f"{SHORT[f]} {theirs[f]:,}" for f in shown)
         verdict = [f"{len(same)} of {len(FIGURES)} figures equal"]
         for f in FIGURES:

@@ -37,6 +37,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from cuda_kernels import Dropout, cuda_cross_entropy
 from hf_models import HF_MODELS, LlamaMLP, LlamaRMSNorm
+from lora import apply_lora
 
 PHASES = ("forward", "loss", "backward")
 
@@ -231,6 +232,7 @@ def measure(case):
     events, ranges, cpu_only = _allocations(prof)
     figures = _phase_figures(events, ranges)
     figures["parameters"] = sum(p.numel() for p in model.parameters())  # unique: tied weights once
+    figures["trainable"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     del out, loss
 
     # The graph alone: forward again on a fresh model, keep only the grad_fn.
@@ -499,8 +501,45 @@ def hf_cases():
     return cases
 
 
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+         "max_position_embeddings": 64}
+
+
+def lora_cases():
+    """PEFT LoRA (tests/oracle/lora.py; memscope run --lora): adapters on the
+    targeted linears, everything else frozen."""
+    cases = []
+
+    def hf_lora(name, config, lora, dtype=None, known=None):
+        memscope = {"hf": config, "batch_size": 2, "seq_len": 16, "lora": lora}
+        if dtype:
+            memscope["param_dtype"] = dtype
+
+        def build():
+            model, batch, loss = build_hf(config, 2, 16, dtype)
+            return apply_lora(model, lora, output_layer="lm_head"), batch, loss
+        cases.append(Case(name, memscope, build, known=known,
+                          note="lora_dropout: CUDA's fused dropout (native_dropout)" if lora.get("lora_dropout") else ""))
+
+    qv = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"], "bias": "none"}
+    hf_lora("LoRA: LlamaForCausalLM, 1 layer, q_proj and v_proj (r 8, alpha 16, dropout 0.05)", LLAMA, qv)
+    every = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"}
+    hf_lora("LoRA: LlamaForCausalLM, 1 layer, all-linear (r 8, dropout 0)", LLAMA, every)
+    hf_lora("LoRA: LlamaForCausalLM, 1 layer, all-linear, pure bf16 (float32 adapters)", LLAMA, every, dtype="bfloat16")
+    B, N, H = 8, 64, 96
+    layers = [{"type": "linear", "name": "0", "out": H}, {"type": "relu", "name": "1"},
+              {"type": "linear", "name": "2", "out": N}]
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["0", "2"]}
+    cases.append(Case("LoRA: linear, relu, linear (r 4, dropout 0.1, both linears)", dict(spec(layers, [B, N], B), lora=lora),
+                      lambda: (apply_lora(nn.Sequential(nn.Linear(N, H), nn.ReLU(), nn.Linear(H, N)), lora),
+                               float_batch((B, N), (B, N)), mse),
+                      note="lora_dropout: CUDA's fused dropout (native_dropout)"))
+    return cases
+
+
 def all_cases():
-    return op_cases() + autocast_cases() + hf_cases()
+    return op_cases() + autocast_cases() + hf_cases() + lora_cases()
 
 
 def main(argv):
