@@ -370,9 +370,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_flag("--checkpoint-activations", a->checkpoint,
                 "torch.utils.checkpoint around each block (recompute in backward)");
   cmd->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step (default 1)");
-  cmd->add_option("--attention", a->attention,
-                  "transformers' attn_implementation: eager (math, default), sdpa (the backend PyTorch picks on --gpu's "
-                  "kind) or flash_attention_2 (flash)");
+  cmd->add_option("--attention", a->attention, "eager (math, default), sdpa or flash_attention_2 (flash)");
   cmd->add_option("--out", a->out, "run directory (default memscope-run)");
   cmd->add_flag("--json", a->json, "print report.json instead of the tables");
   cmd->callback([a, &exit_status] {
