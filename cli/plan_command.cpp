@@ -23,6 +23,7 @@ struct PlanArgs {
   std::string model = "gpt2";
   std::string model_file;
   std::string lora;
+  std::string dtype;
   bool model_given = false;
   std::string device_memory;
   std::string gpu;  // --gpu KIND: its memory less its CUDA context, its cuBLAS workspace
@@ -167,6 +168,7 @@ int Plan(const PlanArgs& given) {
   o.model_options.attention = *attention;
   if (gpu) o.model_options.compute_capability = gpu->compute_capability;
   if (absl::Status lora = UseLora(a.lora, o.model_options); !lora.ok()) return Fail(lora.message());
+  if (absl::Status dtype = UseDType(a.dtype, o.model_options); !dtype.ok()) return Fail(dtype.message());
   absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(a.optimizer);
   if (!kind.ok()) return Fail(absl::StrCat("--optimizer: ", kind.status().message()));
   o.optimizer.kind = *kind;
@@ -204,6 +206,7 @@ void RegisterPlan(CLI::App& app, int& exit_status) {
       ->each([a](const std::string&) { a->model_given = true; });
   cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1)");
   cmd->add_option("--lora", a->lora, "PEFT LoRA: an adapter_config.json (docs/model-files.md)");
+  cmd->add_option("--dtype", a->dtype, "the parameters' dtype (model.to(dtype)): float32, float16 or bfloat16");
   cmd->add_option("--device-memory", a->device_memory, "the GPU's memory, e.g. 24GiB (or --gpu)");
   cmd->add_option("--gpu", a->gpu,
                   "a GPU kind (memscope gpus): plan for its memory (or --device-memory) less its CUDA context, with "

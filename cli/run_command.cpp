@@ -277,9 +277,8 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "(a Hugging Face config.json)")
       ->each([a](const std::string&) { a->model_given = true; });
   cmd->add_option("--model-file", a->model_file, "a model file (JSON, format memscope.model/1; see docs/model-files.md)");
-  cmd->add_option("--lora", a->lora,
-                  "PEFT LoRA: an adapter_config.json; adapters on its target_modules, the rest of the model frozen "
-                  "(model files and hf: configs; docs/model-files.md)");
+  cmd->add_option("--lora", a->lora, "PEFT LoRA: an adapter_config.json, the rest frozen (docs/model-files.md)");
+  cmd->add_option("--dtype", a->dtype, "the parameters' dtype (model.to(dtype)): float32, float16 or bfloat16");
   cmd->add_option("--world-size", a->world_size, "ranks, one process each (default 1; or WORLD_SIZE from a launcher)")
       ->each([a](const std::string&) { a->world_size_given = true; });
   cmd->add_option("--dp", a->dp,

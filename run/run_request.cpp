@@ -83,6 +83,7 @@ absl::Status TrainPlan(const RunRequest& a, TrainOptions& t) {
     t.model_options.compute_capability = kind->compute_capability;
   }
   if (absl::Status lora = UseLora(a.lora, t.model_options); !lora.ok()) return lora;
+  if (absl::Status dtype = UseDType(a.dtype, t.model_options); !dtype.ok()) return dtype;
   absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(a.optimizer);
   if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("--optimizer: ", kind.status().message()));
   absl::StatusOr<OptimizerImpl> impl = ParseOptimizerImpl(a.optimizer_impl);
@@ -399,6 +400,7 @@ std::vector<std::string> ToArgs(const RunRequest& a, const std::string& ddp_mode
   if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
   if (a.checkpoint) v.push_back("--checkpoint-activations");
   if (!a.lora.empty()) v.insert(v.end(), {"--lora", a.lora});
+  if (!a.dtype.empty()) v.insert(v.end(), {"--dtype", a.dtype});
   if (a.alloc_conf_given) v.insert(v.end(), {"--alloc-conf", a.alloc_conf});
   if (a.memory_fraction_given) v.insert(v.end(), {"--memory-fraction", Exact(a.memory_fraction)});
   if (a.cublas_workspace != "default") v.insert(v.end(), {"--cublas-workspace", a.cublas_workspace});

@@ -86,6 +86,7 @@ struct RunRequest {
   std::int64_t grad_accum = 1;
   std::string attention = "math";
   std::string lora;  // --lora adapter_config.json (PEFT LoRA)
+  std::string dtype;  // --dtype float32|float16|bfloat16 ("": the model's own)
   std::string out = "memscope-run";
   bool json = false;
   std::string scenario;  // --scenario NAME:RANK[:STEP] (run/rank.h Scenario)

@@ -1857,6 +1857,7 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
       if (!d || !IsFloating(*d)) throw SpecError{"field \"param_dtype\": use float32, float16 or bfloat16"};
       pdtype = *d;
     }
+    if (options.param_dtype) pdtype = *options.param_dtype;  // --dtype
     const std::string name =
         spec.contains("name") && spec["name"].is_string() ? spec["name"].get<std::string>() : std::string(source);
     // PEFT's PeftModel holds the model as base_model.model.

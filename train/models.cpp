@@ -557,6 +557,21 @@ absl::StatusOr<AttentionKind> ParseAttention(std::string_view name) {
                                                  "': use eager (or math), sdpa, or flash_attention_2 (or flash)"));
 }
 
+absl::Status UseDType(std::string_view name, ModelOptions& options) {
+  if (name.empty()) return absl::OkStatus();
+  if (name == "float32") {
+    options.param_dtype = DType::kFloat32;
+  } else if (name == "float16") {
+    options.param_dtype = DType::kFloat16;
+  } else if (name == "bfloat16") {
+    options.param_dtype = DType::kBFloat16;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype '", std::string(name), "': use float32, float16 or bfloat16"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status UseLora(std::string_view adapter_config, ModelOptions& options) {
   if (adapter_config.empty()) return absl::OkStatus();
   absl::StatusOr<LoraConfig> l = LoadLoraConfig(adapter_config);
@@ -576,6 +591,10 @@ absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const 
     return LoadHfConfig(name.substr(3), o);
   }
   if (o.lora) return absl::InvalidArgumentError("--lora applies to a model file or a Hugging Face config (file:, hf:)");
+  if (o.param_dtype && name.substr(0, 4) != "gpt2") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype applies to model files, Hugging Face configs and gpt2*, not ", std::string(name)));
+  }
   const std::vector<ModelInfo> zoo = ListModels();
   const ModelInfo* info = nullptr;
   for (const ModelInfo& m : zoo) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,11 @@ struct ModelOptions {
   // PEFT LoRA (--lora adapter_config.json): adapters on the targeted linear
   // layers of a model file or HF config, the rest frozen; null: none.
   std::shared_ptr<const LoraConfig> lora = nullptr;
+  // --dtype: the parameters' dtype, as model.to(dtype) or
+  // from_pretrained(torch_dtype=dtype) loads them (float buffers keep
+  // theirs), for model files (over their param_dtype), HF configs and the
+  // gpt2 zoo models; nullopt: the model's own (float32).
+  std::optional<DType> param_dtype = std::nullopt;
 };
 
 // One training batch: inputs and targets, on the device (INPUT).
@@ -86,6 +92,10 @@ std::vector<ModelInfo> ListModels();
 // Builds a model (no device memory yet: call Materialize). Errors name the
 // unknown model or the invalid option.
 absl::StatusOr<std::unique_ptr<Model>> CreateModel(std::string_view name, const ModelOptions& options);
+
+// --dtype NAME: float32, float16 or bfloat16 into options.param_dtype ("":
+// the model's own). Errors name the option and the choices.
+absl::Status UseDType(std::string_view name, ModelOptions& options);
 
 // --lora FILE: reads PEFT's adapter_config.json into options.lora ("" leaves
 // it null). Errors: the file's (train/lora.h), prefixed "--lora: ".

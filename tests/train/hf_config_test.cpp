@@ -2,7 +2,10 @@
 // the configs in examples/hf/, and a training step of each family.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -184,6 +187,39 @@ TEST_CASE("attention sdpa runs the flash kernel where PyTorch picks it, and refu
   CHECK(AttentionRun(AttentionKind::kSdpa, true, 75).first ==
         "--attention sdpa: PyTorch would run the memory-efficient kernel for sm75 (flash needs sm80 or later), which "
         "memscope does not model; use --attention eager or flash_attention_2");
+}
+
+TEST_CASE("dtype loads the parameters in that dtype: a config equals its description with param_dtype") {
+  ModelOptions bf16;
+  REQUIRE(UseDType("bfloat16", bf16).ok());
+  CHECK(bf16.param_dtype == DType::kBFloat16);
+  CHECK(UseDType("fp8", bf16).message() == "--dtype 'fp8': use float32, float16 or bfloat16");
+  bf16.param_dtype = DType::kBFloat16;
+  CHECK(CreateModel("resnet50", bf16).status().message() ==
+        "--dtype applies to model files, Hugging Face configs and gpt2*, not resnet50");
+  // Qwen2-0.5B under --dtype bfloat16 records what its description with "param_dtype": "bfloat16" records.
+  nlohmann::json spec = *HfConfigToModelSpec(ConfigJson("Qwen2-0.5B"), "c.json");
+  spec["param_dtype"] = "bfloat16";
+  const std::string file =
+      (std::filesystem::temp_directory_path() / absl::StrCat("memscope-qwen2-bf16-", getpid(), ".json")).string();
+  std::ofstream(file) << spec.dump();
+  auto run = [](const std::string& model, std::optional<DType> dtype) {
+    TrainOptions o;
+    o.model = model;
+    o.steps = 1;
+    o.model_options.batch_size = 1;
+    o.model_options.seq_len = 32;
+    o.model_options.param_dtype = dtype;
+    const Recorded r = RunTraining(o);
+    REQUIRE(r.result.error.empty());
+    return std::vector<std::uint64_t>{Row(r.report, Phase::kForward, 0).max_allocated,
+                                      Row(r.report, Phase::kBackward, 0).max_allocated,
+                                      Row(r.report, Phase::kStep, 0).allocated};
+  };
+  const std::vector<std::uint64_t> pure = run(absl::StrCat("hf:", Config("Qwen2-0.5B")), DType::kBFloat16);
+  CHECK(pure == run(absl::StrCat("file:", file), std::nullopt));
+  CHECK(pure != run(absl::StrCat("hf:", Config("Qwen2-0.5B")), std::nullopt));
+  std::filesystem::remove(file);
 }
 
 TEST_CASE("Hugging Face config errors name the config and the field") {
