@@ -66,6 +66,14 @@ TensorList Split(const Tensor& t, std::int64_t split_size, int dim);
 TensorList SplitWithSizes(const Tensor& t, const std::vector<std::int64_t>& sizes, int dim);
 Tensor Flatten(const Tensor& t, int start_dim = 0, int end_dim = -1);
 
+// ---- advanced indexing
+// x[i0, i1, ...] (aten::index) with int64 index tensors of one shape on x's
+// leading dims (negative entries count from the end): the indices' shape
+// followed by x's remaining dims, a new tensor. IndexBackward0 saves the
+// indices (not x); its backward makes a zero tensor of x's shape and
+// accumulates the gradient into it (index_put_ with accumulate=True).
+Tensor Index(const Tensor& x, const TensorList& indices);
+
 // ---- elementwise (broadcasting)
 Tensor Add(const Tensor& a, const Tensor& b, float alpha = 1);
 Tensor Sub(const Tensor& a, const Tensor& b);

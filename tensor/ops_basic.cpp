@@ -472,6 +472,100 @@ Tensor Flatten(const Tensor& t, int start_dim, int end_dim) {
   return Reshape(t, sizes);
 }
 
+// ---------------------------------------------------------------- advanced indexing
+
+namespace {
+// The element offsets, in row-major order of `shape`, of a tensor whose
+// leading dims are `shape` with `strides` (the rest of its dims left out).
+std::vector<std::int64_t> LeadingOffsets(const Shape& shape, const Shape& strides, std::int64_t base) {
+  std::vector<std::int64_t> out;
+  out.reserve(static_cast<std::size_t>(NumElements(shape)));
+  ForEachIndex<1>(shape, {Shape(strides.begin(), strides.begin() + static_cast<std::ptrdiff_t>(shape.size()))},
+                  [&](const std::array<std::int64_t, 1>& o) { out.push_back(base + o[0]); });
+  return out;
+}
+
+// The element offset into a tensor of `sizes` and `strides` (from `base`)
+// that each index position selects: sum over j of indices[j][n] * strides[j].
+std::vector<std::int64_t> IndexedOffsets(const Shape& sizes, const Shape& strides, std::int64_t base,
+                                         const TensorList& indices) {
+  const Shape& shape = indices[0].sizes();
+  std::vector<std::int64_t> out(static_cast<std::size_t>(NumElements(shape)), base);
+  for (std::size_t j = 0; j < indices.size(); ++j) {
+    const std::int64_t* p = indices[j].data_i64();
+    const std::vector<std::int64_t> at = LeadingOffsets(shape, indices[j].strides(), 0);
+    for (std::size_t n = 0; n < at.size(); ++n) {
+      std::int64_t i = p[at[n]];
+      if (i < 0) i += sizes[j];
+      if (i < 0 || i >= sizes[j]) {
+        throw TensorError(absl::StrCat("index ", p[at[n]], " is out of bounds for dimension ", j, " with size ",
+                                       sizes[j]));
+      }
+      out[n] += i * strides[j];
+    }
+  }
+  return out;
+}
+}  // namespace
+
+Tensor Index(const Tensor& x, const TensorList& indices) {
+  if (indices.empty() || indices.size() > static_cast<std::size_t>(x.dim()))
+    throw TensorError(absl::StrCat("index: ", indices.size(), " indices for a ", x.dim(), "-d tensor"));
+  const Shape& shape = indices[0].sizes();
+  for (const Tensor& i : indices) {
+    if (i.dtype() != DType::kInt64 || i.sizes() != shape)
+      throw TensorError("index: int64 index tensors of one shape");
+  }
+  const auto k = static_cast<std::ptrdiff_t>(indices.size());
+  const Shape rest(x.sizes().begin() + k, x.sizes().end());
+  Shape sizes = shape;
+  sizes.insert(sizes.end(), rest.begin(), rest.end());
+  // TensorIterator's output; make_info's index checks and restrides are views.
+  Tensor out = Tensor::Empty(x.ctx(), sizes, x.dtype());
+  if (x.ctx().computes()) {
+    RequireCpuKernel("index", {&x});
+    const float* src = reinterpret_cast<const float*>(x.storage()->data());
+    float* dst = out.data();
+    const Shape rest_strides(x.strides().begin() + k, x.strides().end());
+    const Shape out_strides(out.strides().begin() + static_cast<std::ptrdiff_t>(shape.size()), out.strides().end());
+    const std::int64_t inner = NumElements(rest);
+    const std::vector<std::int64_t> from = IndexedOffsets(x.sizes(), x.strides(), x.impl()->offset, indices);
+    for (std::size_t n = 0; n < from.size(); ++n) {
+      float* row = dst + static_cast<std::int64_t>(n) * inner;
+      ForEachIndex<2>(rest, {rest_strides, out_strides},
+                      [&](const std::array<std::int64_t, 2>& o) { row[o[1]] = src[from[n] + o[0]]; });
+    }
+  }
+  if (NeedsGrad({&x})) {
+    TensorList saved;
+    for (const Tensor& i : indices) saved.push_back(i.Detach());
+    RecordOp("IndexBackward0", {&x}, {&out}, [saved, in = x.sizes(), k](Node& n, TensorList& g) {
+      GradTag tag(n, 0);
+      // index_backward: grad.new_zeros(self's sizes), then _index_put_impl_
+      // (accumulate): on CPU a TensorIterator over the zeros, nothing more.
+      // CUDA's sort-based accumulate (index_put_with_sort_kernel) adds a few
+      // index-sized int64 temporaries and cub's sort workspace: not modelled.
+      Tensor full = Tensor::Zeros(g[0].ctx(), in, g[0].dtype());
+      if (g[0].ctx().computes()) {
+        const Shape rest_sizes(in.begin() + k, in.end());
+        const Shape full_rest(full.strides().begin() + k, full.strides().end());
+        const std::size_t lead = saved[0].sizes().size();
+        const Shape g_rest(g[0].strides().begin() + static_cast<std::ptrdiff_t>(lead), g[0].strides().end());
+        const std::vector<std::int64_t> to = IndexedOffsets(in, full.strides(), 0, saved);
+        const std::vector<std::int64_t> from = LeadingOffsets(saved[0].sizes(), g[0].strides(), g[0].impl()->offset);
+        float* dst = full.data();
+        const float* src = reinterpret_cast<const float*>(g[0].storage()->data());
+        for (std::size_t i = 0; i < to.size(); ++i) {
+          ForEachIndex<2>(rest_sizes, {g_rest, full_rest},
+                          [&](const std::array<std::int64_t, 2>& o) { dst[to[i] + o[1]] += src[from[i] + o[0]]; });
+        }
+      }
+      return TensorList{full};
+    });
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- elementwise
 
 Tensor SumTo(const Tensor& grad, const Shape& sizes) {

@@ -376,6 +376,40 @@ TEST_CASE("cat, stack, split, narrow and select route gradients to their slices"
   }
 }
 
+TEST_CASE("index picks rows by int64 indices, negatives from the end, and accumulates repeated rows' gradients") {
+  CpuGpu d;
+  const Tensor rows = Indices(d.ctx, {3}, {0, 1, 1});
+  const Tensor tokens = Indices(d.ctx, {3}, {2, -1, 0});
+  Tensor x = Leaf(d.ctx, {2, 4, 3}, 131);
+  Tensor out = ops::Index(x, {rows, tokens});  // x[rows, tokens]: (3, 3)
+  REQUIRE(out.sizes() == Shape{3, 3});
+  CHECK(out.At({0, 1}) == x.At({0, 2, 1}));
+  CHECK(out.At({1, 2}) == x.At({1, 3, 2}));
+  CHECK(out.At({2, 0}) == x.At({1, 0, 0}));
+  GradCheck(d.ctx, {x}, [&](const TensorList& in) { return ops::Index(in[0], {rows, tokens}); });
+  const Tensor again = Indices(d.ctx, {2}, {1, 1});
+  GradCheck(d.ctx, {Leaf(d.ctx, {3, 2}, 132)}, [&](const TensorList& in) { return ops::Index(in[0], {again}); });
+}
+
+TEST_CASE("index saves its indices, not its input, and its backward makes an input-sized zero tensor") {
+  MetaGpu d;
+  Tensor logits = Tensor::Empty(d.ctx, {2, 1024, 8});  // 65,536 B
+  logits.set_requires_grad(true);
+  Tensor rows = Tensor::Empty(d.ctx, {2}, DType::kInt64);  // 16 B -> 512
+  Tensor last = Tensor::Empty(d.ctx, {2}, DType::kInt64);
+  const std::size_t base = d.alloc.memory_allocated();
+  Tensor pooled = ops::Index(logits, {rows, last});  // (2, 8): 64 B -> 512
+  CHECK(d.alloc.memory_allocated() == base + 512);
+  rows = last = Tensor();
+  CHECK(d.alloc.memory_allocated() == base + 512);  // both indices kept by IndexBackward0
+  d.alloc.ResetPeakStats();
+  Backward({ops::Sum(pooled)});
+  // the zeros of the input's shape, beside the ones of sum's gradient
+  CHECK(d.alloc.max_memory_allocated() >= base + 512 + 65536);
+  pooled = Tensor();
+  CHECK(d.alloc.memory_allocated() == base - 1024 + 65536);  // the indices freed; logits.grad
+}
+
 TEST_CASE("views (transpose, permute, reshape, flatten, unsqueeze, squeeze, expand) match finite differences") {
   CpuGpu d;
   GradCheck(d.ctx, {Leaf(d.ctx, {2, 3, 4}, 130)}, [](const TensorList& in) {
