@@ -43,8 +43,13 @@ struct ForwardState {
   // The results of "branch" layers, by name, for a later "take".
   std::map<std::string, Tensor> branches;
   // The keys and values of attention layers with "cache" (use_cache: HF's
-  // past_key_values), which outlive forward with its output.
+  // past_key_values), which outlive forward with its output...
   TensorList cache;
+  // ...or, with "cache": "forward", die when forward returns (a head that
+  // does not return past_key_values: *ForTokenClassification, *ForQuestionAnswering).
+  TensorList forward_cache;
+  // The model's input (the token ids a "last_token" layer reads).
+  Tensor input;
 };
 
 // One layer's forward. Run takes its input by value so that it can drop it
@@ -411,6 +416,7 @@ struct AttentionSpec {
   bool rotary = false;
   bool additive_mask = false;  // BERT's eager path: ForwardState::extended_mask
   bool cache = false;          // use_cache: keys and values kept (ForwardState::cache)
+  bool cache_returned = true;  // ...with the output, else until forward returns (ForwardState::forward_cache)
   float dropout = 0;
   float out_dropout = 0;  // dropout after the output projection, inside the layer (GPT-2's resid_dropout)
   Tensor* mask_buffer = nullptr;  // GPT-2 eager path
@@ -470,9 +476,10 @@ class AttentionRunner final : public Runner {
     // Locals of the attention's forward, alive until it returns (GPT-2:
     // query, key, value, views of c_attn's output).
     Tensor q_local = a_.fused ? q : Tensor(), k_local = a_.fused ? k : Tensor(), v_local = a_.fused ? v : Tensor();
+    TensorList& cache = a_.cache_returned ? s.cache : s.forward_cache;
     if (a_.cache && !a_.rotary) {  // present = (key, value)
-      s.cache.push_back(k);
-      s.cache.push_back(v);
+      cache.push_back(k);
+      cache.push_back(v);
     }
     if (a_.rotary) {
       if (!s.cos.defined()) {
@@ -494,8 +501,8 @@ class AttentionRunner final : public Runner {
       q = rotate(q);
       k = rotate(k);
       if (a_.cache) {  // DynamicCache.update keeps the rotated key and the value
-        s.cache.push_back(k);
-        s.cache.push_back(v);
+        cache.push_back(k);
+        cache.push_back(v);
       }
     }
     if (kvh < h) {  // repeat_kv: expand + reshape (a copy)
@@ -640,6 +647,55 @@ class TakeRunner final : public Runner {
   std::string from_;
 };
 
+// transformers' *ForSequenceClassification of a decoder (4.46): the logits
+// of each row's last non-padding token, logits[arange(batch), sequence_lengths].
+// With a pad_token_id, sequence_lengths = (eq(ids, pad).int().argmax(-1) - 1)
+// % tokens, each step a new tensor and the one before freed; without one
+// (batch 1 only) the index is -1, which Python applies as select(1, -1)
+// before indexing the rows. The row and token indices stay saved by
+// IndexBackward0; the logits die when it returns.
+class LastTokenRunner final : public Runner {
+ public:
+  explicit LastTokenRunner(std::optional<std::int64_t> pad) : pad_(pad) {}
+  Tensor Run(Tensor logits, ForwardState& s) override {
+    const std::int64_t b = logits.sizes()[0], t = logits.sizes()[1];
+    Tensor sequence_lengths, rows;
+    {
+      NoGradGuard no_grad;
+      DeviceContext& ctx = logits.ctx();
+      if (pad_) {
+        Tensor eq = ops::Eq(s.input, static_cast<float>(*pad_));
+        Tensor as_int = Tensor::Empty(ctx, {b, t}, DType::kInt32);  // .int()
+        eq = Tensor();
+        Tensor argmax = Tensor::Empty(ctx, {b}, DType::kInt64);
+        as_int = Tensor();
+        Tensor minus_one = Tensor::Empty(ctx, {b}, DType::kInt64);
+        argmax = Tensor();
+        sequence_lengths = Tensor::Empty(ctx, {b}, DType::kInt64);  // % tokens
+        minus_one = Tensor();
+        if (ctx.computes()) {
+          for (std::int64_t row = 0; row < b; ++row) {
+            std::int64_t first_pad = 0;  // argmax of all zeros: 0
+            for (std::int64_t col = t - 1; col >= 0; --col) {
+              if (s.input.data_i64()[row * s.input.strides()[0] + col * s.input.strides()[1]] == *pad_) first_pad = col;
+            }
+            sequence_lengths.data_i64()[row] = ((first_pad - 1) % t + t) % t;
+          }
+        }
+      }
+      rows = Tensor::Empty(ctx, {b}, DType::kInt64);  // torch.arange(batch)
+      if (ctx.computes()) {
+        for (std::int64_t row = 0; row < b; ++row) rows.data_i64()[row] = row;
+      }
+    }
+    if (pad_) return ops::Index(logits, {rows, sequence_lengths});
+    return ops::Index(ops::Select(logits, 1, -1), {rows});
+  }
+
+ private:
+  std::optional<std::int64_t> pad_;
+};
+
 // Runs a layer defined earlier again (shared weights).
 class SharedRunner final : public Runner {
  public:
@@ -662,6 +718,7 @@ struct LossSpec {
   bool mse = false;
   bool span = false;  // question answering: start and end positions over the tokens
   bool shift = false;  // causal LM: labels shifted by one, logits.float()
+  bool upcast = false;  // logits.float() after the view (transformers' ForTokenClassification loss)
   ops::Reduction reduction = ops::Reduction::kMean;
   std::int64_t ignore_index = -100;
 };
@@ -699,6 +756,7 @@ class FileModel final : public Model {
 
   Tensor Forward(const Batch& batch) override {
     state_ = ForwardState{};
+    state_.input = batch.input;
     extra_outputs_.clear();
     Tensor trunk = trunk_->Run(batch.input, state_);
     Tensor first;
@@ -757,6 +815,7 @@ class FileModel final : public Model {
     }
     Tensor logits = output.dim() > 2 ? ops::View(output, {-1, classes}) : output;
     Tensor labels = target.dim() > 1 ? ops::View(target, {-1}) : target;
+    if (l.upcast) logits = ops::To(logits, DType::kFloat32);
     return ops::CrossEntropy(logits, labels, l.reduction, l.ignore_index);
   }
 
@@ -1164,12 +1223,13 @@ class Builder {
     }
     if (t == "attention") return Attention(c, sig);
     if (t == "gated_mlp") return GatedMlp(c, sig);
+    if (t == "last_token") return LastToken(c, sig);
     if (t == "heads") c.Fail("\"heads\" may only be the last of the top-level layers");
     c.Fail(absl::StrCat(
         "unknown layer type \"", t,
         "\" (linear, conv1d, conv2d, batch_norm2d, layer_norm, rms_norm, embedding, lstm, gru, dropout, relu, gelu, "
-        "gelu_new, tanh, sigmoid, silu, max_pool2d, adaptive_avg_pool2d, flatten, reshape, select_token, attention, "
-        "gated_mlp, sequential, block, repeat, residual, shared, branch, take, heads)"));
+        "gelu_new, tanh, sigmoid, silu, max_pool2d, adaptive_avg_pool2d, flatten, reshape, select_token, last_token, "
+        "attention, gated_mlp, sequential, block, repeat, residual, shared, branch, take, heads)"));
   }
 
   // The module of a container's layers: a group of its own when it is named, else its parent's.
@@ -1471,6 +1531,28 @@ class Builder {
                              [index](Tensor x) { return ops::Select(ops::Narrow(x, 0, 0, x.sizes()[0]), 1, index); }));
   }
 
+  // last_token {"pad_token_id"}: (batch, tokens, features) to (batch,
+  // features), each row's last token before the first padding token, as a
+  // decoder's *ForSequenceClassification pools its logits (LastTokenRunner).
+  RunnerPtr LastToken(Ctx& c, Sig& sig) {
+    c.Allow({"pad_token_id"});
+    NeedDims(c, sig, 3, "batch, tokens, features");
+    std::optional<std::int64_t> pad;
+    if (c.spec.contains("pad_token_id")) pad = c.Int("pad_token_id", std::nullopt, 0);
+    if (pad) {
+      const Shape& ids = root_.input_shape_;
+      if (root_.input_dtype_ != DType::kInt64 || ids.size() != 2 || ids[0] != sig.shape[0] || ids[1] != sig.shape[1])
+        c.Fail(absl::StrCat("field \"pad_token_id\": needs the model's input to be the (batch, tokens) ids of the ",
+                            ShapeOf(sig.shape), " input"));
+    } else if (sig.shape[0] > 1) {
+      c.Fail(absl::StrCat("batch ", sig.shape[0],
+                          " without \"pad_token_id\": transformers refuses it (\"Cannot handle batch sizes > 1 if no "
+                          "padding token is defined.\")"));
+    }
+    sig.shape = {sig.shape[0], sig.shape[2]};
+    return Functional(c, std::make_unique<LastTokenRunner>(pad));
+  }
+
   RunnerPtr Embedding(Ctx& c, Sig& sig) {
     c.Allow({"num", "dim", "padding_idx", "positions", "token_types"});
     if (sig.dtype != DType::kInt64)
@@ -1619,8 +1701,16 @@ class Builder {
     const double out_p = c.Num("out_dropout", 0);
     if (out_p < 0 || out_p >= 1) c.Fail("field \"out_dropout\": expected 0 <= p < 1");
     a.out_dropout = static_cast<float>(out_p);
-    // use_cache: HF turns it off under gradient checkpointing.
-    a.cache = c.Bool("cache", false) && !options_.checkpoint_activations;
+    // use_cache: HF turns it off under gradient checkpointing. "forward": the
+    // cache lives until forward returns (the head does not return past_key_values).
+    if (c.spec.contains("cache") && c.spec["cache"].is_string()) {
+      if (c.spec["cache"] != "forward") c.Fail("field \"cache\": use true, false or \"forward\"");
+      a.cache = true;
+      a.cache_returned = false;
+    } else {
+      a.cache = c.Bool("cache", false);
+    }
+    a.cache = a.cache && !options_.checkpoint_activations;
     const std::string mask = c.Str("mask", "none");
     if (mask != "none" && mask != "buffer" && mask != "additive")
       c.Fail("field \"mask\": use none, buffer (GPT-2's bool buffer \"bias\") or additive (BERT's extended mask)");
@@ -1710,14 +1800,14 @@ LossSpec ParseLoss(const json& j, const std::string& where) {
   if (j.is_null()) return l;
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     throw SpecError{absl::StrCat(where, ": expected {\"type\": \"cross_entropy\", \"mse\" or \"span\"}")};
-  CheckKeys(j, {"type", "shift", "reduction", "ignore_index", "comment"}, where);
+  CheckKeys(j, {"type", "shift", "upcast", "reduction", "ignore_index", "comment"}, where);
   const std::string type = j["type"].get<std::string>();
   if (type == "mse") {
     l.mse = true;
   } else if (type == "span") {
     l.span = true;
-    if (j.contains("shift") || j.contains("reduction") || j.contains("ignore_index"))
-      throw SpecError{absl::StrCat(where, ": \"span\" takes no shift, reduction or ignore_index")};
+    if (j.contains("shift") || j.contains("upcast") || j.contains("reduction") || j.contains("ignore_index"))
+      throw SpecError{absl::StrCat(where, ": \"span\" takes no shift, upcast, reduction or ignore_index")};
     return l;
   } else if (type != "cross_entropy") {
     throw SpecError{
@@ -1726,6 +1816,11 @@ LossSpec ParseLoss(const json& j, const std::string& where) {
   if (j.contains("shift")) {
     if (!j["shift"].is_boolean()) throw SpecError{absl::StrCat(where, ": field \"shift\": expected true or false")};
     l.shift = j["shift"].get<bool>();
+  }
+  if (j.contains("upcast")) {
+    if (!j["upcast"].is_boolean() || l.mse)
+      throw SpecError{absl::StrCat(where, ": field \"upcast\": true or false, for cross_entropy")};
+    l.upcast = j["upcast"].get<bool>();
   }
   if (j.contains("reduction")) {
     const std::string r = j["reduction"].is_string() ? j["reduction"].get<std::string>() : "";

@@ -278,6 +278,36 @@ TEST_CASE("malformed model files are one-line errors naming the layer and the fi
   CHECK(Error(s) == "model file m.json: field \"format\": expected \"memscope.model/1\"");
 }
 
+TEST_CASE("last_token, an attention's cache until forward returns and an upcast loss are checked like any layer") {
+  // (batch 2, 8 tokens) ids -> embedding -> (2, 8, 3) logits -> each row's last token before the padding.
+  nlohmann::json s = {{"format", "memscope.model/1"},
+                      {"batch_size", 2},
+                      {"seq_len", 8},
+                      {"input", {{"shape", {"batch", "seq"}}, {"vocab", 50}}},
+                      {"layers",
+                       {{{"type", "embedding"}, {"name", "e"}, {"num", 50}, {"dim", 16}},
+                        {{"type", "linear"}, {"name", "score"}, {"out", 3}, {"bias", false}},
+                        {{"type", "last_token"}, {"pad_token_id", 0}}}}};
+  absl::StatusOr<std::unique_ptr<Model>> m = ModelFromJson(s, "m.json", {});
+  CHECK(m.ok());
+  s["layers"][2].erase("pad_token_id");
+  CHECK(Error(s) ==
+        "model file m.json: layers[2] (last_token): batch 2 without \"pad_token_id\": transformers refuses it "
+        "(\"Cannot handle batch sizes > 1 if no padding token is defined.\")");
+  s["batch_size"] = 1;
+  CHECK(ModelFromJson(s, "m.json", {}).ok());
+  s["layers"][1] = {{"type", "select_token"}, {"index", 0}};
+  CHECK(Error(s) == "model file m.json: layers[2] (last_token): needs a 3-d input (batch, tokens, features), got [1, 16]");
+  s["layers"][1] = {{"type", "attention"}, {"name", "a"}, {"heads", 2}, {"cache", "later"}};
+  CHECK(Error(s) == "model file m.json: layers[1] (attention \"a\"): field \"cache\": use true, false or \"forward\"");
+  s["layers"][1]["cache"] = "forward";
+  s["layers"][2] = {{"type", "linear"}, {"name", "classifier"}, {"out", 3}};
+  s["loss"] = {{"type", "mse"}, {"upcast", true}};
+  CHECK(Error(s) == "model file m.json: loss: field \"upcast\": true or false, for cross_entropy");
+  s["loss"] = {{"type", "cross_entropy"}, {"upcast", true}};
+  CHECK(ModelFromJson(s, "m.json", {}).ok());
+}
+
 TEST_CASE("a model file that is not JSON or cannot be read is a one-line error") {
   absl::StatusOr<std::unique_ptr<Model>> m = LoadModelFile("/nonexistent/m.json", {});
   CHECK(m.status().message() == "model file /nonexistent/m.json: cannot be read");
