@@ -71,14 +71,19 @@ struct Labels {
   std::int64_t count = 2;
   bool regression = false;
 };
+std::int64_t LabelCount(const json& c) {
+  std::int64_t count = 2;
+  if (c.contains("num_labels") && !c["num_labels"].is_null()) {
+    count = Int(c, "num_labels");
+  } else if (c.contains("id2label") && c["id2label"].is_object()) {
+    count = static_cast<std::int64_t>(c["id2label"].size());
+  }
+  if (count < 1) throw ConfigError{"field \"num_labels\": expected at least 1"};
+  return count;
+}
 Labels ClassificationLabels(const json& c) {
   Labels l;
-  if (c.contains("num_labels") && !c["num_labels"].is_null()) {
-    l.count = Int(c, "num_labels");
-  } else if (c.contains("id2label") && c["id2label"].is_object()) {
-    l.count = static_cast<std::int64_t>(c["id2label"].size());
-  }
-  if (l.count < 1) throw ConfigError{"field \"num_labels\": expected at least 1"};
+  l.count = LabelCount(c);
   const std::string problem = Str(c, "problem_type", l.count == 1 ? "regression" : "single_label_classification");
   if (problem == "multi_label_classification")
     throw ConfigError{"field \"problem_type\": multi_label_classification (BCEWithLogitsLoss) is not modelled"};
@@ -105,6 +110,62 @@ json LabelHead(json layers, const Labels& l, const json& shape) {
   return head;
 }
 
+// A *ForTokenClassification head: cross-entropy over every token, whatever
+// problem_type says (transformers ignores it there); `upcast`: on
+// logits.float() (the loss_function of transformers 4.46's Llama family).
+json TokenHead(json layers, std::int64_t labels, bool upcast) {
+  json loss = {{"type", "cross_entropy"}};
+  if (upcast) loss["upcast"] = true;
+  return {{"layers", std::move(layers)},
+          {"target", {{"shape", {"batch", "seq"}}, {"classes", labels}}},
+          {"loss", std::move(loss)}};
+}
+
+// Whether a decoder's `arch` returns past_key_values with its output
+// (*ForCausalLM, *ForSequenceClassification); the token-classification and
+// question-answering heads build the cache (use_cache) and drop it when
+// forward returns.
+bool ReturnsCache(const std::string& arch) {
+  return !arch.ends_with("ForTokenClassification") && !arch.ends_with("ForQuestionAnswering");
+}
+
+// The attention's "cache" field for use_cache and the head `arch`.
+json CacheField(bool use_cache, const std::string& arch) {
+  if (!use_cache) return false;
+  return ReturnsCache(arch) ? json(true) : json("forward");
+}
+
+// The head of a decoder's `arch` other than *ForCausalLM (transformers 4.46:
+// GPT2For*, LlamaFor*, MistralFor*, Qwen2For*) on the hidden states of its
+// trunk (GPT2Model, LlamaModel), which does not run the lm_head: the last
+// top-level layer ("heads" of one head).
+json DecoderHead(const json& c, const std::string& arch, bool llama) {
+  json head;
+  if (arch.ends_with("ForQuestionAnswering")) {
+    // qa_outputs: Linear(hidden, 2), whatever num_labels says; the loss as BERT's.
+    head = {{"layers", {{{"type", "linear"}, {"name", "qa_outputs"}, {"out", 2}}}}, {"loss", {{"type", "span"}}}};
+  } else if (arch.ends_with("ForSequenceClassification")) {
+    // score: Linear(hidden, num_labels, bias=False) on every token, then the
+    // logits of each row's last non-padding token (pooled_logits), which the
+    // loss (problem_type) reads.
+    const Labels labels = ClassificationLabels(c);
+    json last = {{"type", "last_token"}};
+    if (c.contains("pad_token_id") && !c["pad_token_id"].is_null()) last["pad_token_id"] = Int(c, "pad_token_id");
+    head = LabelHead({{{"type", "linear"}, {"name", "score"}, {"out", labels.count}, {"bias", false}}, last}, labels,
+                     {"batch"});
+  } else {
+    // *ForTokenClassification: dropout (classifier_dropout, else
+    // hidden_dropout, else 0.1), then a linear with bias: GPT-2's
+    // "classifier", the Llama family's "score".
+    const std::int64_t labels = LabelCount(c);
+    const double p = Num(c, "classifier_dropout", Num(c, "hidden_dropout", 0.1));
+    head = TokenHead({{{"type", "dropout"}, {"p", p}},
+                      {{"type", "linear"}, {"name", llama ? "score" : "classifier"}, {"out", labels}}},
+                     labels, llama);
+  }
+  return {{"type", "heads"}, {"heads", json::array({head})}};
+}
+
 json Base(const std::string& name, std::int64_t positions) {
   return {{"format", "memscope.model/1"},
           {"name", name},
@@ -112,9 +173,11 @@ json Base(const std::string& name, std::int64_t positions) {
           {"seq_len", std::min<std::int64_t>(1024, positions)}};
 }
 
-// GPT2LMHeadModel (transformers 4.4x, eager attention).
+// GPT2LMHeadModel and the heads GPT2For{SequenceClassification,
+// TokenClassification,QuestionAnswering} (transformers 4.46, eager attention).
 json Gpt2(const json& c, const std::string& name) {
-  Architecture(c, {"GPT2LMHeadModel"});
+  const std::string arch = Architecture(c, {"GPT2LMHeadModel", "GPT2ForSequenceClassification",
+                                            "GPT2ForTokenClassification", "GPT2ForQuestionAnswering"});
   const std::int64_t d = Int(c, "n_embd"), layers = Int(c, "n_layer"), heads = Int(c, "n_head");
   const std::int64_t positions = Int(c, "n_positions", 1024), vocab = Int(c, "vocab_size");
   const std::int64_t inner = Int(c, "n_inner", 4 * d);
@@ -145,7 +208,7 @@ json Gpt2(const json& c, const std::string& name) {
                       {"max_positions", positions},
                       {"dropout", attn},
                       {"out_dropout", resid},
-                      {"cache", use_cache}}}}},
+                      {"cache", CacheField(use_cache, arch)}}}}},
                   {{"type", "residual"},
                    {"order", "input_first"},
                    {"keep", true},
@@ -160,8 +223,6 @@ json Gpt2(const json& c, const std::string& name) {
                      {{"type", "dropout"}, {"p", resid}}}}}}}};
   json spec = Base(name, positions);
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
-  spec["target"] = {{"from", "input"}};
-  spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
   // GPT2Model.forward is a block: its locals (the embeddings) live until it returns.
   spec["layers"] = {
       {{"type", "block"},
@@ -174,14 +235,26 @@ json Gpt2(const json& c, const std::string& name) {
           {"positions", {{"name", "wpe"}, {"num", positions}}}},
          {{"type", "dropout"}, {"p", embd}},
          {{"type", "repeat"}, {"name", "h"}, {"count", layers}, {"body", block}},
-         {{"type", "layer_norm"}, {"name", "ln_f"}, {"eps", eps}}}}},
-      {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}, {"tie", "transformer.wte"}}};
+         {{"type", "layer_norm"}, {"name", "ln_f"}, {"eps", eps}}}}}};
+  if (arch != "GPT2LMHeadModel") {
+    spec["layers"].push_back(DecoderHead(c, arch, false));
+    return spec;
+  }
+  spec["target"] = {{"from", "input"}};
+  spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
+  spec["layers"].push_back(
+      {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}, {"tie", "transformer.wte"}});
   return spec;
 }
 
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (transformers 4.4x).
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and their
+// *ForSequenceClassification, *ForTokenClassification and
+// *ForQuestionAnswering (transformers 4.46, eager attention).
 json Llama(const json& c, const std::string& name, const std::string& type) {
-  Architecture(c, {type == "llama" ? "LlamaForCausalLM" : type == "mistral" ? "MistralForCausalLM" : "Qwen2ForCausalLM"});
+  const std::string family = type == "llama" ? "Llama" : type == "mistral" ? "Mistral" : "Qwen2";
+  const std::string arch =
+      Architecture(c, {family + "ForCausalLM", family + "ForSequenceClassification",
+                       family + "ForTokenClassification", family + "ForQuestionAnswering"});
   const std::int64_t d = Int(c, "hidden_size"), layers = Int(c, "num_hidden_layers");
   const std::int64_t heads = Int(c, "num_attention_heads"), kv = Int(c, "num_key_value_heads", heads);
   const std::int64_t head_dim = Int(c, "head_dim", heads > 0 ? d / heads : 0);
@@ -209,7 +282,7 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
             {"kv_heads", kv},
             {"head_dim", head_dim},
             {"rotary", true},
-            {"cache", Bool(c, "use_cache", true)},
+            {"cache", CacheField(Bool(c, "use_cache", true), arch)},
             {"causal", true},
             {"bias", qkv_bias},
             {"out_bias", o_bias},
@@ -219,22 +292,30 @@ json Llama(const json& c, const std::string& name, const std::string& type) {
          {"body",
           {{{"type", "rms_norm"}, {"name", "post_attention_layernorm"}, {"eps", eps}},
            {{"type", "gated_mlp"}, {"name", "mlp"}, {"hidden", inner}, {"bias", Bool(c, "mlp_bias", false)}}}}}}}};
-  json head = {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}};
-  if (tied) head["tie"] = "model.embed_tokens";
+  // LlamaForQuestionAnswering and Qwen2's hold the trunk as `transformer`
+  // (base_model_prefix), the others (Mistral's too) as `model`.
+  const std::string trunk =
+      arch.ends_with("ForQuestionAnswering") && type != "mistral" ? "transformer" : "model";
   json spec = Base(name, positions);
   spec["input"] = {{"shape", {"batch", "seq"}}, {"vocab", vocab}};
-  spec["target"] = {{"from", "input"}};
-  spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
   // LlamaModel.forward: a block (its locals die when it returns), with the
   // cache position, causal mask and rotary embeddings after embed_tokens.
   spec["layers"] = {{{"type", "block"},
-                     {"name", "model"},
+                     {"name", trunk},
                      {"rotary_prologue", head_dim},
                      {"layers",
                       {{{"type", "embedding"}, {"name", "embed_tokens"}, {"num", vocab}, {"dim", d}},
                        {{"type", "repeat"}, {"name", "layers"}, {"count", layers}, {"body", block}},
-                       {{"type", "rms_norm"}, {"name", "norm"}, {"eps", eps}}}}},
-                    head};
+                       {{"type", "rms_norm"}, {"name", "norm"}, {"eps", eps}}}}}};
+  if (!arch.ends_with("ForCausalLM")) {
+    spec["layers"].push_back(DecoderHead(c, arch, true));
+    return spec;
+  }
+  json head = {{"type", "linear"}, {"name", "lm_head"}, {"out", vocab}, {"bias", false}};
+  if (tied) head["tie"] = "model.embed_tokens";
+  spec["target"] = {{"from", "input"}};
+  spec["loss"] = {{"type", "cross_entropy"}, {"shift", true}};
+  spec["layers"].push_back(head);
   return spec;
 }
 
@@ -277,27 +358,32 @@ json BertHeads(const json& c, const std::string& arch, bool roberta, std::int64_
     head_list.push_back({{"layers", {{{"type", "linear"}, {"name", "qa_outputs"}, {"out", 2}}}},
                          {"loss", {{"type", "span"}}}});
   }
-  if (sequence || token) {
+  if (token) {
+    // *ForTokenClassification: dropout(sequence_output), classifier.
+    const std::int64_t labels = LabelCount(c);
+    head_list.push_back(TokenHead({{{"type", "dropout"}, {"p", Num(c, "classifier_dropout", p)}},
+                                   {{"type", "linear"}, {"name", "classifier"}, {"out", labels}}},
+                                  labels, false));
+  }
+  if (sequence) {
     const Labels labels = ClassificationLabels(c);
     const double classifier_p = Num(c, "classifier_dropout", p);
     json head_layers;
-    if (sequence && roberta) {
+    if (roberta) {
       // RobertaClassificationHead: features[:, 0, :], dropout, dense, tanh, dropout, out_proj.
       head_layers = {{{"type", "select_token"}, {"index", 0}},
-                {{"type", "dropout"}, {"p", classifier_p}},
-                {{"type", "linear"}, {"name", "classifier.dense"}, {"out", d}},
-                {{"type", "tanh"}},
-                {{"type", "dropout"}, {"p", classifier_p}},
-                {{"type", "linear"}, {"name", "classifier.out_proj"}, {"out", labels.count}}};
+                     {{"type", "dropout"}, {"p", classifier_p}},
+                     {{"type", "linear"}, {"name", "classifier.dense"}, {"out", d}},
+                     {{"type", "tanh"}},
+                     {{"type", "dropout"}, {"p", classifier_p}},
+                     {{"type", "linear"}, {"name", "classifier.out_proj"}, {"out", labels.count}}};
     } else {
-      // BertForSequenceClassification: dropout(pooled_output), classifier;
-      // *ForTokenClassification: dropout(sequence_output), classifier.
-      head_layers = json::array();
-      if (sequence) head_layers.push_back({{"type", "take"}, {"from", "pooled_output"}});
-      head_layers.push_back({{"type", "dropout"}, {"p", classifier_p}});
-      head_layers.push_back({{"type", "linear"}, {"name", "classifier"}, {"out", labels.count}});
+      // BertForSequenceClassification: dropout(pooled_output), classifier.
+      head_layers = {{{"type", "take"}, {"from", "pooled_output"}},
+                     {{"type", "dropout"}, {"p", classifier_p}},
+                     {{"type", "linear"}, {"name", "classifier"}, {"out", labels.count}}};
     }
-    head_list.push_back(LabelHead(head_layers, labels, sequence ? json{"batch"} : json{"batch", "seq"}));
+    head_list.push_back(LabelHead(head_layers, labels, {"batch"}));
   }
   return head_list;
 }

@@ -148,10 +148,145 @@ TEST_CASE("an architecture memscope does not build, or a loss it does not model,
   bert["num_labels"] = 1;
   CHECK(HfConfigToModelSpec(bert, "c.json")->at("layers")[1]["heads"][0]["loss"]["type"] == "mse");
   nlohmann::json gpt2 = ConfigJson("gpt2");
-  gpt2["architectures"] = {"GPT2ForQuestionAnswering"};
+  gpt2["architectures"] = {"GPT2DoubleHeadsModel"};
   CHECK(error(gpt2) ==
-        "Hugging Face config c.json: field \"architectures\": \"GPT2ForQuestionAnswering\" is not modelled for "
-        "model_type \"gpt2\" (GPT2LMHeadModel)");
+        "Hugging Face config c.json: field \"architectures\": \"GPT2DoubleHeadsModel\" is not modelled for "
+        "model_type \"gpt2\" (GPT2LMHeadModel, GPT2ForSequenceClassification, GPT2ForTokenClassification, "
+        "GPT2ForQuestionAnswering)");
+  nlohmann::json qwen2 = ConfigJson("Qwen2-0.5B");
+  qwen2["architectures"] = {"LlamaForSequenceClassification"};
+  CHECK(error(qwen2) ==
+        "Hugging Face config c.json: field \"architectures\": \"LlamaForSequenceClassification\" is not modelled "
+        "for model_type \"qwen2\" (Qwen2ForCausalLM, Qwen2ForSequenceClassification, Qwen2ForTokenClassification, "
+        "Qwen2ForQuestionAnswering)");
+  qwen2["architectures"] = {"Qwen2ForSequenceClassification"};
+  qwen2["problem_type"] = "multi_label_classification";
+  CHECK(error(qwen2) ==
+        "Hugging Face config c.json: field \"problem_type\": multi_label_classification (BCEWithLogitsLoss) is not "
+        "modelled");
+}
+
+// The description's heads of a config: the "heads" layer's, or the top level's loss.
+nlohmann::json Heads(const nlohmann::json& config) {
+  absl::StatusOr<nlohmann::json> spec = HfConfigToModelSpec(config, "c.json");
+  REQUIRE(spec.ok());
+  const nlohmann::json& last = spec->at("layers").back();
+  return last.value("type", "") == "heads" ? last["heads"] : nlohmann::json::array({{{"loss", spec->at("loss")}}});
+}
+
+TEST_CASE("the heads of GPT-2 and the Llama family: transformers' parameter counts and names of each") {
+  // The oracle's small configs (tests/oracle/torch_oracle.py); the counts are
+  // sum(p.numel() for p in model.parameters()) of tests/oracle/hf_models.py's modules.
+  const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"vocab_size", 128}, {"n_embd", 64},
+                               {"n_layer", 1},         {"n_head", 4},       {"n_positions", 32}};
+  auto as = [](nlohmann::json config, const std::string& arch) {
+    config["architectures"] = {arch};
+    return config;
+  };
+  CHECK(CountAs(as(gpt2, "GPT2LMHeadModel")) == 60'352);  // lm_head tied to wte
+  CHECK(CountAs(as(gpt2, "GPT2ForSequenceClassification"), "score.weight") == 60'480);  // no bias
+  CHECK(CountAs(as(gpt2, "GPT2ForTokenClassification"), "classifier.bias") == 60'482);
+  CHECK(CountAs(as(gpt2, "GPT2ForQuestionAnswering"), "qa_outputs.bias") == 60'482);
+  nlohmann::json three = as(gpt2, "GPT2ForTokenClassification");
+  three["num_labels"] = 3;
+  CHECK(CountAs(three) == 60'547);
+  const nlohmann::json llama = {{"model_type", "llama"},    {"vocab_size", 128},          {"hidden_size", 64},
+                                {"num_hidden_layers", 1},   {"num_attention_heads", 4},   {"num_key_value_heads", 2},
+                                {"intermediate_size", 96},  {"max_position_embeddings", 64}};
+  CHECK(CountAs(as(llama, "LlamaForCausalLM"), "lm_head.weight") == 47'296);
+  CHECK(CountAs(as(llama, "LlamaForSequenceClassification"), "score.weight") == 39'232);
+  CHECK(CountAs(as(llama, "LlamaForTokenClassification"), "score.bias") == 39'234);
+  // LlamaForQuestionAnswering and Qwen2's hold LlamaModel as `transformer`, Mistral's as `model`.
+  CHECK(CountAs(as(llama, "LlamaForQuestionAnswering"), "transformer.embed_tokens.weight") == 39'234);
+  nlohmann::json mistral = llama, qwen2 = llama;
+  mistral["model_type"] = "mistral";
+  qwen2["model_type"] = "qwen2";
+  CHECK(CountAs(as(mistral, "MistralForSequenceClassification"), "model.norm.weight") == 39'232);
+  CHECK(CountAs(as(mistral, "MistralForTokenClassification")) == 39'234);
+  CHECK(CountAs(as(mistral, "MistralForQuestionAnswering"), "model.embed_tokens.weight") == 39'234);
+  CHECK(CountAs(as(qwen2, "Qwen2ForSequenceClassification"), "model.layers.0.self_attn.q_proj.bias") == 39'360);
+  CHECK(CountAs(as(qwen2, "Qwen2ForTokenClassification")) == 39'362);
+  CHECK(CountAs(as(qwen2, "Qwen2ForQuestionAnswering"), "transformer.layers.0.self_attn.k_proj.bias") == 39'362);
+  // The published models: their trunks (GPT2Model, LlamaModel) and a head of 2 labels, no lm_head.
+  CHECK(CountAs(as(ConfigJson("gpt2"), "GPT2ForSequenceClassification")) == 124'439'808 + 768 * 2);
+  CHECK(CountAs(as(ConfigJson("Llama-2-7b-hf"), "LlamaForTokenClassification")) ==
+        6'738'415'616 - 32'000 * 4096 + 4096 * 2 + 2);
+  CHECK(CountAs(as(ConfigJson("Qwen2-0.5B"), "Qwen2ForQuestionAnswering")) == 494'032'768 + 896 * 2 + 2);
+}
+
+TEST_CASE("the decoder heads' losses: pooled logits by problem_type, tokens on logits.float() (Llama), spans") {
+  nlohmann::json llama = ConfigJson("Llama-2-7b-hf");
+  llama["architectures"] = {"LlamaForSequenceClassification"};
+  llama["num_labels"] = 1;  // regression: MSELoss on pooled_logits
+  CHECK(Heads(llama)[0]["loss"] == nlohmann::json{{"type", "mse"}});
+  CHECK(Heads(llama)[0]["layers"][1] == nlohmann::json{{"type", "last_token"}});  // no pad_token_id: batch 1 only
+  llama["pad_token_id"] = 0;
+  CHECK(Heads(llama)[0]["layers"][1]["pad_token_id"] == 0);
+  llama["architectures"] = {"LlamaForTokenClassification"};  // cross-entropy whatever problem_type says
+  CHECK(Heads(llama)[0]["loss"] == nlohmann::json{{"type", "cross_entropy"}, {"upcast", true}});
+  nlohmann::json gpt2 = ConfigJson("gpt2");
+  gpt2["architectures"] = {"GPT2ForTokenClassification"};  // no .float() in modeling_gpt2.py
+  CHECK(Heads(gpt2)[0]["loss"] == nlohmann::json{{"type", "cross_entropy"}});
+  gpt2["architectures"] = {"GPT2ForQuestionAnswering"};
+  gpt2["num_labels"] = 5;  // qa_outputs has 2 outputs whatever num_labels says
+  CHECK(Heads(gpt2)[0]["loss"] == nlohmann::json{{"type", "span"}});
+  CHECK(Heads(gpt2)[0]["layers"][0]["out"] == 2);
+}
+
+// A config written to a temporary file.
+std::string ConfigFile(const nlohmann::json& config, const std::string& name) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / absl::StrCat("memscope-", name, "-", getpid(), ".json")).string();
+  std::ofstream(path) << config.dump();
+  return path;
+}
+
+TEST_CASE("GPT2ForSequenceClassification without a pad_token_id takes a batch of 1 only, as transformers") {
+  nlohmann::json gpt2 = ConfigJson("gpt2");
+  gpt2["architectures"] = {"GPT2ForSequenceClassification"};
+  const std::string path = ConfigFile(gpt2, "gpt2-no-pad");
+  ModelOptions options;
+  options.batch_size = 2;
+  options.seq_len = 16;
+  absl::StatusOr<std::unique_ptr<Model>> m = LoadHfConfig(path, options);
+  REQUIRE_FALSE(m.ok());
+  CHECK(m.status().message() ==
+        absl::StrCat("model file (from Hugging Face config ", path,
+                     "): layers[1] (heads).heads[0].layers[1] (last_token): batch 2 without \"pad_token_id\": "
+                     "transformers refuses it (\"Cannot handle batch sizes > 1 if no padding token is defined.\")"));
+  options.batch_size = 1;
+  CHECK(LoadHfConfig(path, options).ok());
+  gpt2["pad_token_id"] = 50256;
+  options.batch_size = 2;
+  CHECK(LoadHfConfig(ConfigFile(gpt2, "gpt2-pad"), options).ok());
+}
+
+// What is allocated after the first forward of Qwen2-0.5B with the head `arch` (batch 2, 16 tokens).
+std::int64_t Qwen2HeadForward(const std::string& arch, bool use_cache) {
+  nlohmann::json qwen2 = ConfigJson("Qwen2-0.5B");
+  qwen2["architectures"] = {arch};
+  qwen2["pad_token_id"] = 151643;
+  qwen2["use_cache"] = use_cache;
+  TrainOptions o;
+  o.model = "hf:" + ConfigFile(qwen2, arch);
+  o.steps = 1;
+  o.model_options.batch_size = 2;
+  o.model_options.seq_len = 16;
+  const Recorded r = RunTraining(o);
+  INFO(arch << ": " << r.result.error);
+  REQUIRE(r.result.error.empty());
+  CHECK(r.result.steps_done == 1);
+  return static_cast<std::int64_t>(Row(r.report, Phase::kForward, 0).allocated);
+}
+
+TEST_CASE("a decoder's sequence classifier keeps past_key_values with its output, the other heads drop them") {
+  // use_cache: 24 layers x (the rotated key, v_proj's output), each 2 x 2 KV heads x 16 tokens x 64 float32
+  // (16,384 B); grouped-query attention repeats them into copies, so only the cache holds them.
+  CHECK(Qwen2HeadForward("Qwen2ForSequenceClassification", true) -
+            Qwen2HeadForward("Qwen2ForSequenceClassification", false) ==
+        24 * 2 * 16'384);
+  CHECK(Qwen2HeadForward("Qwen2ForTokenClassification", true) == Qwen2HeadForward("Qwen2ForTokenClassification", false));
+  CHECK(Qwen2HeadForward("Qwen2ForQuestionAnswering", true) == Qwen2HeadForward("Qwen2ForQuestionAnswering", false));
 }
 
 // A Qwen2-0.5B step under --attention `kind` (bf16 autocast when `amp`) on a
