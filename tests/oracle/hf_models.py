@@ -599,6 +599,143 @@ class GPT2LMHeadModel(nn.Module):
 HF_MODELS[("gpt2", "GPT2LMHeadModel")] = GPT2LMHeadModel
 
 
+# ---------------------------------------------------------------- the heads of decoders (4.46: GPT2For*, LlamaFor*)
+# The trunk (GPT2Model, LlamaModel) returns the hidden states and, with
+# use_cache, past_key_values: *ForSequenceClassification returns them with
+# its logits; *ForTokenClassification and *ForQuestionAnswering drop them
+# when forward returns (their outputs have no past_key_values). The trunk's
+# outputs are a local until forward returns, as in transformers.
+
+
+def classifier_dropout(c):
+    """*ForTokenClassification's: classifier_dropout, else hidden_dropout, else 0.1."""
+    if c.get("classifier_dropout") is not None:
+        return c["classifier_dropout"]
+    if c.get("hidden_dropout") is not None:
+        return c["hidden_dropout"]
+    return 0.1
+
+
+def last_token_logits(c, input_ids, logits):
+    """*ForSequenceClassification's pooled_logits: each row's last token
+    before the first padding token."""
+    batch_size = input_ids.shape[0]
+    pad = c.get("pad_token_id")
+    if pad is None and batch_size != 1:
+        raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
+    if pad is None:
+        sequence_lengths = -1
+    else:
+        # if no pad token found, use modulo instead of reverse indexing for ONNX compatibility
+        sequence_lengths = torch.eq(input_ids, pad).int().argmax(-1) - 1
+        sequence_lengths = sequence_lengths % input_ids.shape[-1]
+        sequence_lengths = sequence_lengths.to(logits.device)
+    return logits[torch.arange(batch_size, device=logits.device), sequence_lengths]
+
+
+class DecoderForSequenceClassification(nn.Module):
+    """GPT2ForSequenceClassification (modeling_gpt2.py) and
+    LlamaForSequenceClassification: score (no bias) on every token, then the
+    last token's logits; the loss on them by problem_type."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.make_trunk(c)
+        self.score = nn.Linear(self.hidden(c), num_labels(c), bias=False)
+
+    def forward(self, input_ids):
+        transformer_outputs = self.trunk()(input_ids)
+        hidden_states = transformer_outputs[0]
+        logits = self.score(hidden_states)
+        self.presents = transformer_outputs[1]  # SequenceClassifierOutputWithPast.past_key_values
+        return last_token_logits(self.config, input_ids, logits)
+
+    def loss(self, pooled_logits, labels):
+        return BertOnlyHead.classification_loss(pooled_logits, labels, num_labels(self.config))
+
+    batch = staticmethod(BertForSequenceClassification.batch)
+
+
+class DecoderForTokenClassification(nn.Module):
+    """GPT2ForTokenClassification (classifier) and LlamaForTokenClassification
+    (score, the loss on logits.float(): loss_utils.ForTokenClassification):
+    dropout, then a linear with bias; cross-entropy."""
+
+    classifier_name = "classifier"
+    upcast = False
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.make_trunk(c)
+        self.dropout = Dropout(classifier_dropout(c))
+        setattr(self, self.classifier_name, nn.Linear(self.hidden(c), num_labels(c)))
+
+    def forward(self, input_ids):
+        outputs = self.trunk()(input_ids)
+        sequence_output = outputs[0]
+        sequence_output = self.dropout(sequence_output)
+        return getattr(self, self.classifier_name)(sequence_output)
+
+    def loss(self, logits, labels):
+        logits = logits.view(-1, num_labels(self.config))
+        labels = labels.view(-1)
+        if self.upcast:
+            logits = logits.float()
+        return F.cross_entropy(logits, labels, ignore_index=-100)
+
+    batch = staticmethod(BertForTokenClassification.batch)
+
+
+class DecoderForQuestionAnswering(nn.Module):
+    """GPT2ForQuestionAnswering and LlamaForQuestionAnswering: qa_outputs =
+    Linear(hidden, 2); the split and the loss as BERT's."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.make_trunk(c)
+        self.qa_outputs = nn.Linear(self.hidden(c), 2)
+
+    def forward(self, input_ids):
+        outputs = self.trunk()(input_ids)
+        sequence_output = outputs[0]
+        return self.qa_outputs(sequence_output)
+
+    loss = staticmethod(BertForQuestionAnswering.loss)
+    batch = staticmethod(BertForQuestionAnswering.batch)
+
+
+class GPT2Trunk:
+    prefix = "transformer"
+
+    def make_trunk(self, c):
+        self.transformer = GPT2Model(c)
+
+    def trunk(self):
+        return self.transformer
+
+    @staticmethod
+    def hidden(c):
+        return c["n_embd"]
+
+
+class GPT2ForSequenceClassification(GPT2Trunk, DecoderForSequenceClassification):
+    pass
+
+
+class GPT2ForTokenClassification(GPT2Trunk, DecoderForTokenClassification):
+    pass
+
+
+class GPT2ForQuestionAnswering(GPT2Trunk, DecoderForQuestionAnswering):
+    pass
+
+
+for _cls in (GPT2ForSequenceClassification, GPT2ForTokenClassification, GPT2ForQuestionAnswering):
+    HF_MODELS[("gpt2", _cls.__name__)] = _cls
+
+
 # ---------------------------------------------------------------- Llama, Mistral, Qwen2 (modeling_llama.py, 4.46, eager)
 
 
@@ -799,3 +936,70 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
 HF_MODELS[("llama", "LlamaForCausalLM")] = LlamaForCausalLM
 HF_MODELS[("mistral", "MistralForCausalLM")] = LlamaForCausalLM
 HF_MODELS[("qwen2", "Qwen2ForCausalLM")] = Qwen2ForCausalLM
+
+
+class LlamaTrunk:
+    """LlamaModel as `model`; LlamaForQuestionAnswering and Qwen2's call it
+    `transformer` (base_model_prefix), Mistral's `model`."""
+
+    prefix = "model"
+    qkv_bias = o_bias = False
+
+    def make_trunk(self, c):
+        setattr(self, self.prefix, LlamaModel(c, self.qkv_bias or c.get("attention_bias", False),
+                                              self.o_bias or c.get("attention_bias", False)))
+
+    def trunk(self):
+        return getattr(self, self.prefix)
+
+    @staticmethod
+    def hidden(c):
+        return c["hidden_size"]
+
+
+class Qwen2Trunk(LlamaTrunk):
+    qkv_bias = True
+
+
+class LlamaForSequenceClassification(LlamaTrunk, DecoderForSequenceClassification):
+    pass
+
+
+class LlamaForTokenClassification(LlamaTrunk, DecoderForTokenClassification):
+    classifier_name = "score"
+    upcast = True
+
+
+class LlamaForQuestionAnswering(LlamaTrunk, DecoderForQuestionAnswering):
+    prefix = "transformer"
+
+
+class MistralForQuestionAnswering(LlamaTrunk, DecoderForQuestionAnswering):
+    pass
+
+
+class Qwen2ForSequenceClassification(Qwen2Trunk, DecoderForSequenceClassification):
+    pass
+
+
+class Qwen2ForTokenClassification(Qwen2Trunk, DecoderForTokenClassification):
+    classifier_name = "score"
+    upcast = True
+
+
+class Qwen2ForQuestionAnswering(Qwen2Trunk, DecoderForQuestionAnswering):
+    prefix = "transformer"
+
+
+for _family, _classes in (
+        ("llama", {"LlamaForSequenceClassification": LlamaForSequenceClassification,
+                   "LlamaForTokenClassification": LlamaForTokenClassification,
+                   "LlamaForQuestionAnswering": LlamaForQuestionAnswering}),
+        ("mistral", {"MistralForSequenceClassification": LlamaForSequenceClassification,
+                     "MistralForTokenClassification": LlamaForTokenClassification,
+                     "MistralForQuestionAnswering": MistralForQuestionAnswering}),
+        ("qwen2", {"Qwen2ForSequenceClassification": Qwen2ForSequenceClassification,
+                   "Qwen2ForTokenClassification": Qwen2ForTokenClassification,
+                   "Qwen2ForQuestionAnswering": Qwen2ForQuestionAnswering})):
+    for _arch, _cls in _classes.items():
+        HF_MODELS[(_family, _arch)] = _cls

@@ -538,8 +538,40 @@ def lora_cases():
     return cases
 
 
+GPT2 = {"model_type": "gpt2", "vocab_size": 128, "n_embd": 64, "n_layer": 1, "n_head": 4, "n_positions": 32}
+
+
+def decoder_head_cases():
+    """The heads of GPT-2 and the Llama family (transformers 4.46) on their
+    trunks: sequence classification pools each row's last token before the
+    padding (an advanced index); token classification and question answering
+    drop past_key_values when forward returns."""
+    cases = []
+
+    def case(name, config, arch, batch=2, dtype=None, **fields):
+        cases.append(hf_case(name, dict(config, architectures=[arch], **fields), batch, 16, dtype=dtype))
+
+    case("GPT2ForSequenceClassification, 1 layer, pad_token_id, 3 labels", GPT2, "GPT2ForSequenceClassification",
+         pad_token_id=0, num_labels=3)
+    case("GPT2ForSequenceClassification, 1 layer, batch 1, no pad_token_id (the last token)", GPT2,
+         "GPT2ForSequenceClassification", batch=1)
+    case("GPT2ForTokenClassification, 1 layer, 3 labels", GPT2, "GPT2ForTokenClassification", num_labels=3)
+    case("GPT2ForQuestionAnswering, 1 layer", GPT2, "GPT2ForQuestionAnswering")
+    case("LlamaForSequenceClassification, 1 layer, pad_token_id, 3 labels", LLAMA, "LlamaForSequenceClassification",
+         pad_token_id=0, num_labels=3)
+    case("LlamaForTokenClassification, 1 layer, 3 labels", LLAMA, "LlamaForTokenClassification", num_labels=3)
+    case("LlamaForQuestionAnswering, 1 layer", LLAMA, "LlamaForQuestionAnswering")
+    case("MistralForQuestionAnswering, 1 layer, use_cache false", dict(LLAMA, model_type="mistral"),
+         "MistralForQuestionAnswering", use_cache=False)
+    case("Qwen2ForSequenceClassification, 1 layer, regression (num_labels 1)", dict(LLAMA, model_type="qwen2"),
+         "Qwen2ForSequenceClassification", pad_token_id=0, num_labels=1)
+    case("Qwen2ForTokenClassification, 1 layer, pure bf16 (the loss on logits.float())",
+         dict(LLAMA, model_type="qwen2"), "Qwen2ForTokenClassification", dtype="bfloat16", num_labels=3)
+    return cases
+
+
 def all_cases():
-    return op_cases() + autocast_cases() + hf_cases() + lora_cases()
+    return op_cases() + autocast_cases() + hf_cases() + decoder_head_cases() + lora_cases()
 
 
 def main(argv):
