@@ -2,9 +2,13 @@
 // turned into a model description (train/model_file.h) of the model
 // transformers builds from it, for training:
 //
-//   model_type gpt2                    GPT2LMHeadModel (lm_head tied to wte)
+//   model_type gpt2                    GPT2LMHeadModel (lm_head tied to wte),
+//                                      GPT2ForSequenceClassification, GPT2ForTokenClassification,
+//                                      GPT2ForQuestionAnswering
 //   llama, mistral, qwen2              *ForCausalLM: RMSNorm, rotary embeddings, SwiGLU MLP,
-//                                      grouped-query attention, tied or untied lm_head
+//                                      grouped-query attention, tied or untied lm_head;
+//                                      *ForSequenceClassification (the last non-padding token's
+//                                      logits), *ForTokenClassification, *ForQuestionAnswering
 //   bert                               BertForPreTraining (masked LM + next sentence heads),
 //                                      BertForMaskedLM, BertForSequenceClassification,
 //                                      BertForTokenClassification
