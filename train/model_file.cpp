@@ -171,6 +171,7 @@ class CheckpointRunner final : public Runner {
     args->extended_mask = s.extended_mask;
     args->cos = s.cos;
     args->sin = s.sin;
+    args->input = s.input;
     auto forward_done = std::make_shared<bool>(false);
     return Checkpoint(
         [r, st, args, forward_done](const Tensor& in) {
