@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/string_view.h"
 #include "allocator/config.h"
+#include "base/terminal_text.h"  // EscapeForTerminal: every message that echoes input
 #include "recording/event.h"
 
 namespace memscope::cli {
@@ -19,11 +20,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;    // a check failed (memscope check, replay --verify)
 inline constexpr int kExitBadInput = 2;  // unusable input: flags, files, settings
 
-// `text` fit for one line of a terminal: newlines, tabs and control
-// characters (ESC, C1) as \n, \t, \xNN, and bytes that are not UTF-8 as
-// \xNN, so that input echoed in a message cannot move the cursor, recolour
-// the terminal or split the line.
-std::string EscapeForTerminal(absl::string_view text);
+// base/terminal_text.h's EscapeForTerminal, for Abseil's string_view.
+inline std::string EscapeForTerminal(absl::string_view text) {
+  return memscope::EscapeForTerminal(std::string_view(text.data(), text.size()));
+}
 
 // Prints "memscope COMMAND: MESSAGE" (one line, escaped) on stderr and returns
 // kExitBadInput: the way every command reports unusable input.

@@ -89,7 +89,7 @@ nlohmann::json ToJson(const PlanArgs& a, const PlanOptions& o, const PlanResult&
 }
 
 void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
-  std::cout << "memscope plan: " << r.model << " (" << Grouped(r.parameters) << " parameters";
+  std::cout << "memscope plan: " << EscapeForTerminal(r.model) << " (" << Grouped(r.parameters) << " parameters";
   if (r.trainable_parameters != r.parameters) std::cout << ", " << Grouped(r.trainable_parameters) << " trainable";
   std::cout << "), " << a.optimizer << ", GPU of " << FormatSize(o.device_memory) << a.gpu_note << ", world size "
             << o.world_size << "\n";
@@ -187,7 +187,7 @@ int Plan(const PlanArgs& given) {
   absl::StatusOr<PlanResult> r = MakePlan(o);
   if (!r.ok()) return Fail(r.status().message());
   if (a.json) {
-    std::cout << ToJson(a, o, *r).dump(1) << "\n";
+    std::cout << ToJson(a, o, *r).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     PrintTable(a, o, *r);
   }

@@ -237,7 +237,7 @@ int Frag(const ReadArgs& a) {
       std::stable_sort(sorted.begin(), sorted.end(),
                        [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
       for (const auto& [key, g] : sorted) {
-        absl::StrAppend(&text, " ", key.first, key.second.empty() ? "" : absl::StrCat(" ", key.second), " ",
+        absl::StrAppend(&text, " ", key.first, key.second.empty() ? "" : absl::StrCat(" ", EscapeForTerminal(key.second)), " ",
                         FormatSize(g.first), g.second > 1 ? absl::StrCat(" (", g.second, " blocks)") : "", ";");
       }
       text.back() = '\n';

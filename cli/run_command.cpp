@@ -154,7 +154,7 @@ void PrintRankLosses(const std::vector<std::optional<RankStatus>>& statuses) {
 void PrintTables(const RunRequest& a, const RunOutcome& out) {
   const TrainingManifest& t = *out.manifest.training;
   const int world_size = out.manifest.world_size;
-  std::cout << "memscope run: " << t.model
+  std::cout << "memscope run: " << EscapeForTerminal(t.model)
             << (t.parameters > 0 ? absl::StrCat(" (", t.parameters, " parameters)") : std::string()) << ", "
             << t.steps_done << " of " << t.steps << " steps, --exec " << t.exec << ", "
             << (t.data_parallel

@@ -2,6 +2,7 @@
 clobbered file, the right rank named. Each block is one item of the issue."""
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -180,15 +181,108 @@ esc_csv = os.path.join(tmp, "esc.csv")
 open(esc_csv, "wb").write(b"Thread,Time,Action,Pointer,Size,Stream\n1,2,\x1b[31mevil\x07,0x10,100,0\n")
 esc_jsonl = os.path.join(tmp, "esc.jsonl")
 open(esc_jsonl, "w").write('{"action":"\\u001b]0;pwned\\u0007\\nsecond line"}\n')
-for path, shown in ((esc_csv, "unknown Action '\\x1b[31mevil\\x07'"),
-                    (esc_jsonl, 'unknown action "\\x1b]0;pwned\\x07\\nsecond line"')):
+for path, shown in ((esc_csv, "unknown Action '\\u001b[31mevil\\u0007'"),
+                    (esc_jsonl, 'unknown action "\\u001b]0;pwned\\u0007\\nsecond line"')):
     code, out, err = run("replay", path, "--alloc-conf", "")
     one_line_error(f"escaped {os.path.basename(path)}", code, err)
     check(f"escaped {os.path.basename(path)}: shown", shown in err, repr(err))
     check(f"escaped {os.path.basename(path)}: no control bytes",
           not any(ord(c) < 0x20 and c != "\n" for c in err), repr(err))
 code, out, err = run("\x1b[2Jbogus")
-check("unknown command escaped", "unknown command '\\x1b[2Jbogus'" in err, repr(err))
+check("unknown command escaped", "unknown command '\\u001b[2Jbogus'" in err, repr(err))
+
+# Issue 34, 1. Text from input files reaches the terminal escaped, in every
+# command, text and JSON alike: owners, labels and marks of a JSON-lines trace,
+# a timeline's strings as raw bytes (0x9b: CSI to an 8-bit terminal; NUL),
+# a PyTorch snapshot's frame names and annotations. Nothing but printable
+# UTF-8, line breaks and tabs comes out; JSON stays JSON with the same values.
+EVIL = "\x1b[31mRED\x1b]0;title\x07\x9b\x00\x01\x7f\u0085\r"  # ESC, OSC, BEL, C1 (UTF-8), NUL, SOH, DEL, NEL, CR
+
+
+def run_bytes(*args):
+    p = subprocess.run([MEMSCOPE, *args], capture_output=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def terminal_unsafe(raw):
+    """The characters of `raw` a terminal could obey: C0 but line break and tab, DEL, C1, bytes not UTF-8."""
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return [hex(ord(c)) for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0 or
+            0xDC80 <= ord(c) <= 0xDCFF]
+
+
+evil_jsonl = os.path.join(tmp, "evil.jsonl")
+with open(evil_jsonl, "w") as f:
+    for line in ({"action": "phase_begin", "phase": "user", "label": "lab" + EVIL},
+                 {"action": "alloc", "id": 1, "size": 2 * MiB, "owner": "own" + EVIL, "category": "ACTIVATION"},
+                 {"action": "alloc", "id": 2, "size": 2 * MiB, "owner": "pin" + EVIL},
+                 {"action": "free", "id": 1}, {"action": "mark", "text": "mark" + EVIL},
+                 {"action": "phase_end", "phase": "user", "label": "lab" + EVIL}):
+        f.write(json.dumps(line) + "\n")
+evil_run = os.path.join(tmp, "evil-run")
+code, out, err = run_bytes("replay", evil_jsonl, "--out", evil_run)
+check("escapes: evil trace recorded", code == 0, err[-300:])
+raw_run = os.path.join(tmp, "evil-raw")
+shutil.copytree(evil_run, raw_run)
+check("escapes: raw CSI bytes patched in", patch_strings(os.path.join(raw_run, "rank-0.timeline"), 0x9B) > 0)
+nul_run = os.path.join(tmp, "evil-nul")
+shutil.copytree(evil_run, nul_run)
+check("escapes: NUL bytes patched in", patch_strings(os.path.join(nul_run, "rank-0.timeline"), 0x00) > 0)
+evil_pickle = os.path.join(tmp, "evil-snapshot.pickle")
+BASE = 0x7F0000000000
+frames = [{"filename": "train" + EVIL + ".py", "line": 10, "name": "fn" + EVIL}]
+trace = [{"action": a, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": frames,
+          "compile_context": "N/A", "user_metadata": "", "pool_id": (0, 0)}
+         for a, addr, size, t in (("segment_alloc", BASE, 20 * MiB, 100), ("alloc", BASE, 6 * MiB, 100),
+                                  ("alloc", BASE + 6 * MiB, 4 * MiB, 110), ("free_requested", BASE, 6 * MiB, 120),
+                                  ("free_completed", BASE, 6 * MiB, 120))]
+blocks = [{"address": BASE, "size": 6 * MiB, "requested_size": 0, "state": "inactive", "frames": []},
+          {"address": BASE + 6 * MiB, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated",
+           "frames": frames},
+          {"address": BASE + 10 * MiB, "size": 10 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]
+pickle.dump({"segments": [{"device": 0, "address": BASE, "total_size": 20 * MiB, "allocated_size": 4 * MiB,
+                           "active_size": 4 * MiB, "requested_size": 4 * MiB, "stream": 0, "segment_type": "large",
+                           "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames, "blocks": blocks}],
+             "device_traces": [trace],
+             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": None, "max_split_size": -1,
+                                    "expandable_segments": False, "garbage_collection_threshold": 0.0,
+                                    "roundup_power2_divisions": {"1": 0}},
+             "external_annotations": [{"name": "lab" + EVIL, "stage": "START", "device": 0, "time_us": 100},
+                                      {"name": "lab" + EVIL, "stage": "END", "device": 0, "time_us": 120}]},
+            open(evil_pickle, "wb"))
+moment = "lab" + EVIL.replace("\x00", "")  # a moment named by the user (argv has no NUL): echoed in messages
+for source in (evil_run, raw_run, nul_run, evil_pickle):
+    name = os.path.basename(source)
+    commands = [["summary", source], ["summary", source, "--by-category"], ["summary", source, "--json"],
+                ["summary", source, "--at", "peak"], ["frag", source], ["frag", source, "--json"],
+                ["frag", source, "--at", "peak"], ["compare", source, source], ["compare", source, source, "--json"],
+                ["dump", source], ["replay", source, "--no-search"], ["replay", source, "--json", "--no-search"],
+                ["check", source, "--max", "peak_allocated=1MiB"], ["check", source, "--max", "peak_allocated=1MiB",
+                                                                   "--json"],
+                ["summary", source, "--at", moment], ["trace", source, "-o", os.path.join(tmp, "evil-trace.json")]]
+    for args in commands:
+        what = f"escapes: {name}: {' '.join(a for a in args[2:] if a != source)} {args[0]}"
+        code, out, err = run_bytes(*args)
+        check(f"{what}: no signal", code >= 0, code)
+        check(f"{what}: stdout escaped", not terminal_unsafe(out), (terminal_unsafe(out)[:8], out[:300]))
+        check(f"{what}: stderr escaped", not terminal_unsafe(err), (terminal_unsafe(err)[:8], err[:300]))
+        if "--json" in args and code in (0, 1):
+            try:
+                json.loads(out)
+            except ValueError as e:
+                check(f"{what}: JSON", False, (e, out[:300]))
+        if args[0] == "dump" and code == 0:
+            lines = [json.loads(x) for x in out.splitlines()]
+            if source == evil_run:
+                check(f"{what}: the owner's value kept", any(x.get("owner") == "own" + EVIL for x in lines),
+                      out[:300])
+code, out, err = run_bytes("summary", evil_run)
+check("escapes: owners shown escaped", b"own\\u001b[31mRED\\u001b]0;title\\u0007\\u009b\\u0000\\u0001\\u007f"
+      b"\\u0085\\r" in out, out[-1500:])
+code, out, err = run_bytes("summary", raw_run)
+check("escapes: raw bytes shown as \\xNN", b"\\x9bwn" in out, out[-1500:])
+code, out, err = run_bytes("replay", evil_jsonl, "--no-search")
+check("escapes: replay of the trace", code == 0 and not terminal_unsafe(out + err), (code, err[-300:]))
 
 # 5. Two runs on one --out: the second is refused at once, naming the first.
 locked = os.path.join(tmp, "locked")

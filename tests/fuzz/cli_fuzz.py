@@ -14,8 +14,10 @@ What counts as a finding:
   - an exit status outside 0-4 (0 ok, 1 a check failed, 2 unusable input,
     3 OOM, 4 a rank failed);
   - exit status 2 without exactly one line on stderr (besides "memscope:
-    note:" lines), or stderr holding a sanitizer report, "terminate called",
-    or a raw control character (an escape sequence echoed from the input).
+    note:" lines), or stderr holding a sanitizer report or "terminate called";
+  - a character a terminal obeys on stdout or stderr (base/terminal_text.h:
+    C0 but the line break and the tab, DEL, C1, bytes that are not UTF-8):
+    an escape sequence echoed from the input.
 
   cli_fuzz.py MEMSCOPE --seconds 60 [--seed N] [--save DIR]
       fuzz; findings are written to DIR (default cli-fuzz-findings/) as
@@ -56,6 +58,12 @@ def is_asan(binary):
         return b"__asan_init" in f.read()
 
 
+def terminal_unsafe(raw):
+    """The characters of `raw` a terminal could obey (base/terminal_text.h's rule)."""
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0 or 0xDC80 <= ord(c) <= 0xDCFF]
+
+
 def run_case(memscope, args, files, workdir, limit_memory):
     """Runs one case in a fresh `workdir`: returns (finding or None, exit code, stderr)."""
     shutil.rmtree(workdir, ignore_errors=True)
@@ -93,8 +101,9 @@ def run_case(memscope, args, files, workdir, limit_memory):
     for marker in ("AddressSanitizer", "runtime error:", "LeakSanitizer", "terminate called", "Assertion"):
         if marker in err:
             return f"stderr has {marker!r}", code, err
-    if any(ord(c) < 0x20 and c not in "\n" for c in err) or "\x7f" in err:
-        return "raw control character on stderr", code, err
+    for stream, raw in (("stderr", p.stderr), ("stdout", p.stdout)):
+        if terminal_unsafe(raw):
+            return f"raw control character on {stream}", code, err
     lines = [l for l in err.splitlines() if not l.startswith("memscope: note:")]
     if code == 2 and len(lines) != 1:
         return f"exit 2 with {len(lines)} lines on stderr", code, err
