@@ -30,6 +30,7 @@ int Capture(const CaptureArgs& a) {
     return r->exit_status;
   }
   PrintNotes(r->notes);
+  FlushNotes();  // before the last line, which says where the capture is
   std::vector<int> snapshots;
   for (const ManifestRank& rank : r->manifest.ranks) {
     if (!rank.timeline.empty()) snapshots.push_back(rank.rank);

@@ -29,10 +29,15 @@ inline std::string EscapeForTerminal(absl::string_view text) {
 // kExitBadInput: the way every command reports unusable input.
 int Fail(absl::string_view command, absl::string_view message);
 
-// Prints what the readers of these recordings want the user to know
-// (Timeline::notes: a snapshot replayed, a truncated trace, ...) on stderr.
+// What the readers of these recordings want the user to know
+// (Timeline::notes: a snapshot replayed, a truncated trace, ...), printed on
+// stderr once the command has succeeded, after its output: a command that
+// fails (Fail, exit 2) says its error alone.
 void PrintNotes(const std::vector<Timeline>& timelines);
 void PrintNotes(const std::vector<std::string>& notes);
+// Prints the notes so far now, for a command that has succeeded and ends
+// with a line of its own (capture: where it recorded).
+void FlushNotes();
 
 // The note for settings that PyTorch accepts and then ignores:
 // garbage_collection_threshold without a per-process memory fraction (from

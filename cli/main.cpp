@@ -14,16 +14,35 @@
 
 namespace memscope::cli {
 
+namespace {
+
+// The readers' notes of this command, printed once it has succeeded
+// (FinishOutput): a command that fails says one line, its error.
+std::vector<std::string>& PendingNotes() {
+  static std::vector<std::string> notes;
+  return notes;
+}
+bool command_failed = false;  // Fail() was called: the notes are dropped
+
+}  // namespace
+
 int Fail(absl::string_view command, absl::string_view message) {
   const std::string text = EscapeForTerminal(message);
   std::fprintf(stderr, "memscope %.*s: %s\n", static_cast<int>(command.size()), command.data(), text.c_str());
+  command_failed = true;
   return kExitBadInput;
 }
 
 void PrintNotes(const std::vector<std::string>& notes) {
-  for (const std::string& note : notes) {
+  for (const std::string& note : notes) PendingNotes().push_back(note);
+}
+
+void FlushNotes() {
+  std::cout.flush();
+  for (const std::string& note : PendingNotes()) {
     std::fprintf(stderr, "memscope: note: %s\n", EscapeForTerminal(note).c_str());
   }
+  PendingNotes().clear();
 }
 
 std::string NoteGcWithoutFraction(const AllocatorConfig& config, double fraction) {
@@ -42,13 +61,16 @@ void PrintNotes(const std::vector<Timeline>& timelines) {
 
 // The exit status once standard output is flushed: output that could not be
 // written (a full disk, a closed pipe, `> /dev/full`) is an error, never a
-// silent success.
+// silent success. Then the notes, unless the command failed.
 int FinishOutput(int exit_status, TerminalStreamBuf& out) {
   std::cout.flush();
   errno = 0;
   const bool finished = out.Finish();
   const bool failed_output = !finished || std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout;
-  if (!failed_output) return exit_status;
+  if (!failed_output) {
+    if (!command_failed && exit_status != kExitBadInput) FlushNotes();
+    return exit_status;
+  }
   // The failed write's errno is often overwritten by then: say it only when fflush set it.
   const int error = errno;
   std::fprintf(stderr, "memscope: error: cannot write standard output%s%s\n", error != 0 ? ": " : "",
