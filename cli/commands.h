@@ -45,6 +45,24 @@ void FlushNotes();
 // Returns the note ("" when none) after printing it.
 std::string NoteGcWithoutFraction(const AllocatorConfig& config, double fraction = 1.0);
 
+// Adds to every option of `app` and its commands, registered by then, the
+// checks CLI11 leaves out: an empty value is refused (CLI11 reads '' as 0 for
+// a number and as "not given" for text), but by --alloc-conf, where '' is
+// the allocator's defaults; an integer that does not fit 64 bits, or a
+// negative one for an unsigned option, is refused (CLI11 would saturate it
+// to INT64_MAX, or wrap -1 to 2^64 - 1). Each is one line, exit 2.
+void CheckOptionValues(CLI::App& app);
+
+// CLI::Range(min, max) ("--rank: Value 9 not in range 0 to 3"), but an
+// empty value is left to CheckOptionValues to name.
+template <typename T>
+CLI::Validator InRange(T min, T max) {
+  const CLI::Range range(min, max);
+  return CLI::Validator(
+      [range](std::string& value) -> std::string { return value.empty() ? std::string() : range(value); },
+      range.get_description());
+}
+
 void RegisterReplay(CLI::App& app, int& exit_status);
 // summary, trace, snapshot, frag, dump: commands that read a recording.
 void RegisterProfileCommands(CLI::App& app, int& exit_status);

@@ -128,6 +128,7 @@ int Main(int argc, char** argv) {
     }
   }
   RegisterCapture(app, exit_status, job);
+  CheckOptionValues(app);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {

@@ -378,6 +378,39 @@ check("disk full from the start, 2 ranks: the rank's reason (its log is empty)",
                 err, re.M), err)
 check("full disk, 2 ranks: no empty line", "\n\n" not in err and not err.startswith("\n"), err)
 
+# Issue 34, 6. Empty and impossible values: each a one-line refusal (rc 0, or
+# '' read as 0, before).
+out_dir = os.path.join(tmp, "absurd")
+for args, says in ((["run", "--momentum", ""], "--momentum: the value is empty"),
+                   (["run", "--cuda-context-mb", ""], "--cuda-context-mb: the value is empty"),
+                   (["run", "--devices", ""], "--devices: the value is empty"),
+                   (["run", "--memory-fraction", ""], "--memory-fraction: the value is empty"),
+                   (["run", "--steps", ""], "--steps: the value is empty"),
+                   (["run", "--model", ""], "--model: the value is empty"),
+                   (["replay", data("phases.jsonl"), "--device-memory", ""], "--device-memory: the value is empty"),
+                   (["replay", data("phases.jsonl"), "--rank", ""], "--rank: the value is empty"),
+                   (["replay", data("phases.jsonl"), "--memory-fraction", ""], "--memory-fraction: the value is empty"),
+                   (["plan", "--batch-size", "", "--device-memory", "1GiB"], "--batch-size: the value is empty"),
+                   (["plan", "--global-batch", "", "--device-memory", "1GiB"], "--global-batch: the value is empty"),
+                   (["summary", ""], "run: the value is empty"),
+                   (["run", "--touch-device", "-1", "--cuda-context-mb", "500"], "--touch-device: Value -1 not in range"),
+                   (["snapshot", good, "-o", os.path.join(tmp, "s.pickle"), "--max-entries", "-1"],
+                    "--max-entries: -1 is negative"),
+                   (["run", "--world-size", "4", "--load-checkpoint", "cuda:99"],
+                    "memscope run: CUDA error: invalid device ordinal: --load-checkpoint on cuda:99, but the run's "
+                    "ranks are on cuda:0 to cuda:3"),
+                   (["run", "--touch-device", "1", "--cuda-context-mb", "500"],
+                    "memscope run: CUDA error: invalid device ordinal: --touch-device on cuda:1, but the run's ranks "
+                    "are on cuda:0")):
+    name = "impossible: " + " ".join(repr(a) if a == "" else a.replace(tmp + "/", "") for a in args)
+    extra = ["--model", "mlp", "--steps", "1", "--out", out_dir] if args[0] == "run" and "--model" not in args else []
+    code, out, err = run(*args, *extra)
+    one_line_error(name, code, err)
+    check(f"{name}: says", says in err, err)
+check("impossible: nothing recorded", not os.path.exists(out_dir))
+code, out, err = run("replay", data("phases.jsonl"), "--alloc-conf", "", "--no-search")
+check("--alloc-conf '' still means the defaults", code == 0 and "alloc_conf (defaults)" in out, (code, err))
+
 # 8 (and 6) for the commands' -o: written whole, never through a symlink; a
 # device is written in place, never replaced, and its error is named.
 for args in (["trace", good], ["snapshot", good], ["report", good]):

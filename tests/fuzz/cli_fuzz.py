@@ -23,6 +23,8 @@ What counts as a finding:
   cli_fuzz.py MEMSCOPE --seconds 60 [--seed N] [--save DIR]
       fuzz; findings are written to DIR (default cli-fuzz-findings/) as
       regression cases: NAME.json = {"args": [...], "files": {name: base64}}
+      (and "sparse": {name: bytes}: files of that size made of holes, the
+      absurd sizes of issue 34 without storing them)
   cli_fuzz.py MEMSCOPE --replay DIR
       run every saved case of DIR once (ctest cli_fuzz_regressions does, in
       the normal and the ASan+UBSan build); exit 1 if any is a finding.
@@ -65,7 +67,7 @@ def terminal_unsafe(raw):
     return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0 or 0xDC80 <= ord(c) <= 0xDCFF]
 
 
-def run_case(memscope, args, files, workdir, limit_memory):
+def run_case(memscope, args, files, workdir, limit_memory, sparse=None):
     """Runs one case in a fresh `workdir`: returns (finding or None, exit code, stderr)."""
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
@@ -74,6 +76,11 @@ def run_case(memscope, args, files, workdir, limit_memory):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(content)
+    for name, size in (sparse or {}).items():
+        path = os.path.join(workdir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(size)
 
     def limits():
         if limit_memory:
@@ -231,9 +238,13 @@ def make_case(rng, seeds):
                    ("--device-memory", ["1MiB", "0", "1TiB", "18446744073709551615", "1e3GiB", "-1"]),
                    ("--alloc-conf", ["max_split_size_mb:20", "garbage:\x1b[31m", "expandable_segments:True",
                                      "roundup_power2_divisions:[>:8]", "max_split_size_mb:" + "9" * 30]),
-                   ("--steps", ["1", "0", "-1"]), ("--seq-len", ["1", "0", "99999999"]),
-                   ("--world-size", ["1", "0", "65"]), ("--bucket-cap-mb", ["0", "nan", "1e300", "1"])]
-        args = ["run", "--model", rng.choice(["mlp", "cifar-net", "nosuchmodel"]), "--steps", "1", "--out", "out"]
+                   ("--steps", ["1", "0", "-1", "", "9223372036854775808", "9" * 23]), ("--seq-len", ["1", "0", "99999999"]),
+                   ("--world-size", ["1", "0", "65"]), ("--bucket-cap-mb", ["0", "nan", "1e300", "1"]),
+                   ("--momentum", ["", "0.9", "nan"]), ("--memory-fraction", ["", "0.5", "2"]),
+                   ("--devices", ["", "same", "0,0", "x"]), ("--cuda-context-mb", ["", "500", "-1"]),
+                   ("--touch-device", ["-1", "0", "256"]), ("--load-checkpoint", ["cuda:99", "cpu", ""])]
+        model = rng.choice(["mlp", "cifar-net", "nosuchmodel", "hf:/dev/zero", "file:/dev/zero", ""])
+        args = ["run", "--model", model, "--steps", "1", "--out", "out"]
         for flag, values in rng.sample(options, rng.randrange(1, 4)):
             args += [flag, rng.choice(values)]
         return args, {}
@@ -301,7 +312,8 @@ def main():
             for n in cases:
                 case = json.load(open(os.path.join(a.replay, n)))
                 files = {k: base64.b64decode(v) for k, v in case["files"].items()}
-                finding, code, err = run_case(memscope, case["args"], files, os.path.join(tmp, "case"), limit_memory)
+                finding, code, err = run_case(memscope, case["args"], files, os.path.join(tmp, "case"), limit_memory,
+                                              case.get("sparse"))
                 if finding:
                     failed += 1
                     print(f"{n}: {finding}: memscope {' '.join(case['args'])}\n{err[-1500:]}")
