@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/input_file.h"
 #include "load/manifest.h"
 #include "load/run_directory.h"
 #include "recording/timeline.h"
@@ -95,7 +96,7 @@ int LaunchAndFinalize(const RunRequest& a, const std::string& ddp_mode, const Ra
     if (e.exit_code == kExitBadOptions) {
       std::ifstream log(dir.RankLog(e.rank));
       std::string line;
-      std::getline(log, line);
+      if (ReadBoundedLine(log, line, std::size_t{1} << 16) == LineRead::kTooLong) line.clear();
       // The rank's log may be lost (a full disk): its status pipe is not.
       if (line.empty()) line = absl::StrCat("memscope run: rank ", e.rank, ": ", e.message);
       printer.RankRejected(line);

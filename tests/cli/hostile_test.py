@@ -378,9 +378,87 @@ check("disk full from the start, 2 ranks: the rank's reason (its log is empty)",
                 err, re.M), err)
 check("full disk, 2 ranks: no empty line", "\n\n" not in err and not err.startswith("\n"), err)
 
+# Issue 34, 5. Absurd sizes: every input file has a limit that fits its kind,
+# checked before it is read (a 5 GiB sparse file is refused by its size; the
+# endless /dev/zero is read no further than the limit); out-of-range numbers
+# are refused, never saturated to INT64_MAX. Each is one line, exit 2, under a
+# 4 GiB address-space limit (std::bad_alloc and exit 134 before).
+import resource  # noqa: E402
+
+
+def run_limited(*args):
+    def limits():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        p = subprocess.run([MEMSCOPE, *args], capture_output=True, text=True, timeout=60, preexec_fn=limits,
+                           errors="replace")
+    except subprocess.TimeoutExpired:
+        return None, "", "timed out"
+    return p.returncode, p.stdout, p.stderr
+
+
+sparse = {}
+for name, head in (("model.json", b"{"), ("config.json", b"{"), ("adapter_config.json", b"{"),
+                   ("report.json", b'{"schema": "memscope.report/1"'), ("trace.jsonl", b'{"action":"alloc"')):
+    sparse[name] = os.path.join(tmp, "sparse-" + name)
+    with open(sparse[name], "wb") as f:
+        f.write(head)
+        f.truncate(5 << 30)
+out_dir = os.path.join(tmp, "absurd")
+for args, message in (
+        (["run", "--model", "hf:/dev/zero"], "Hugging Face config /dev/zero: more than the Hugging Face config limit "
+                                             "(16 MiB)"),
+        (["run", "--model", "file:/dev/zero"], "model file /dev/zero: more than the model file limit (64 MiB)"),
+        (["run", "--model-file", "/dev/zero"], "model file /dev/zero: more than the model file limit (64 MiB)"),
+        (["plan", "--model", "hf:/dev/zero", "--device-memory", "1GiB"],
+         "Hugging Face config /dev/zero: more than the Hugging Face config limit (16 MiB)"),
+        (["run", "--model", "mlp", "--lora", "/dev/zero"],
+         "--lora: adapter config /dev/zero: more than the adapter config limit (16 MiB)"),
+        (["run", "--model-file", sparse["model.json"]],
+         f"model file {sparse['model.json']}: 5368709120 bytes, over the model file limit (64 MiB)"),
+        (["run", "--model", "hf:" + sparse["config.json"]],
+         f"Hugging Face config {sparse['config.json']}: 5368709120 bytes, over the Hugging Face config limit (16 MiB)"),
+        (["plan", "--model", "file:" + sparse["model.json"], "--device-memory", "1GiB"],
+         f"model file {sparse['model.json']}: 5368709120 bytes, over the model file limit (64 MiB)"),
+        (["run", "--model", "mlp", "--lora", sparse["adapter_config.json"]],
+         f"--lora: adapter config {sparse['adapter_config.json']}: 5368709120 bytes, over the adapter config limit "
+         "(16 MiB)"),
+        (["check", sparse["report.json"], "--max", "peak_allocated=1GiB"],
+         f"report.json {sparse['report.json']}: 5368709120 bytes, over the report.json limit (1 GiB)"),
+        (["compare", sparse["report.json"], sparse["report.json"]],
+         f"report.json {sparse['report.json']}: 5368709120 bytes, over the report.json limit (1 GiB)"),
+        (["check", sparse["report.json"], "--baseline", sparse["report.json"]],
+         f"report.json {sparse['report.json']}: 5368709120 bytes, over the report.json limit (1 GiB)"),
+        (["replay", "/dev/zero", "--alloc-conf", ""],
+         "/dev/zero:1: a line of more than 1 MiB (the request trace line limit)"),
+        (["run", "--steps", "9223372036854775808"], None), (["run", "--steps", "99999999999999999999999"], None),
+        (["run", "--steps", "9223372036854775807"], "--steps 9223372036854775807: use 1 to 1000000"),
+        (["run", "--steps", "1000001"], "--steps 1000001: use 1 to 1000000"),
+        (["plan", "--steps", str(2**63), "--device-memory", "1GiB"], None),
+        (["plan", "--steps", str(2**63 - 1), "--device-memory", "1GiB"], None),
+        (["plan", "--batch-size", str(2**63), "--device-memory", "1GiB"], None),
+        (["plan", "--batch-size", str(2**62), "--device-memory", "1GiB"], None),
+        (["plan", "--global-batch", str(2**63), "--device-memory", "1GiB"], None),
+        (["plan", "--global-batch", str(2**62), "--device-memory", "1GiB"], None),
+        (["plan", "--global-batch", str(2**30), "--device-memory", "1GiB"],
+         "--global-batch 1073741824: at most 16777216 per rank (16777216 for --world-size 1)"),
+        (["snapshot", good, "-o", os.path.join(tmp, "s.pickle"), "--max-entries", str(2**64)], None),
+        (["replay", data("phases.jsonl"), "--rank", str(2**63)], None)):
+    name = "absurd: " + " ".join(a.replace(tmp + "/", "") for a in args)
+    code, out, err = run_limited(*args, *(["--out", out_dir] if args[0] == "run" else []))
+    one_line_error(name, code, err)
+    command = args[0]
+    if message is not None:
+        check(f"{name}: says", err == f"memscope {command}: {message}\n", err)
+    else:
+        check(f"{name}: refused as out of range", "out of range" in err or "not in range" in err, err)
+check("absurd: nothing recorded", not os.path.exists(out_dir))
+for path in sparse.values():
+    os.remove(path)
+
 # Issue 34, 6. Empty and impossible values: each a one-line refusal (rc 0, or
 # '' read as 0, before).
-out_dir = os.path.join(tmp, "absurd")
 for args, says in ((["run", "--momentum", ""], "--momentum: the value is empty"),
                    (["run", "--cuda-context-mb", ""], "--cuda-context-mb: the value is empty"),
                    (["run", "--devices", ""], "--devices: the value is empty"),
