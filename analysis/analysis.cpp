@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/sizes.h"
+#include "base/terminal_text.h"
 
 namespace memscope {
 
@@ -461,7 +462,7 @@ std::string PhaseTableText(const RankReport& r) {
   const TableUnit unit = TableUnitFor(largest);
   for (const PhaseRow& row : r.phases) {
     const std::string name =
-        row.phase == Phase::kUser && !row.label.empty() ? row.label : std::string(PhaseName(row.phase));
+        row.phase == Phase::kUser && !row.label.empty() ? EscapeForTerminal(row.label) : std::string(PhaseName(row.phase));
     absl::StrAppendFormat(&out, "%-5s %-14s %10s %14s %10s %13s %14s\n", StepText(row), name,
                           FormatInUnit(row.allocated, unit), FormatInUnit(row.max_allocated, unit),
                           FormatInUnit(row.reserved, unit), FormatInUnit(row.max_reserved, unit),
@@ -488,7 +489,7 @@ std::string PhaseCategoryTableText(const RankReport& r) {
   out += "\n";
   for (const PhaseRow& row : r.phases) {
     const std::string name =
-        row.phase == Phase::kUser && !row.label.empty() ? row.label : std::string(PhaseName(row.phase));
+        row.phase == Phase::kUser && !row.label.empty() ? EscapeForTerminal(row.label) : std::string(PhaseName(row.phase));
     absl::StrAppendFormat(&out, "%-5s %-14s", StepText(row), name);
     for (const int c : shown) {
       absl::StrAppendFormat(

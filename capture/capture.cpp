@@ -16,11 +16,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/input_file.h"
 #include "capture/module.h"
 #include "exporters/report.h"
-#include "nlohmann/json.hpp"
 #include "load/output_file.h"
 #include "load/run_directory.h"
+#include "nlohmann/json.hpp"
 
 extern char** environ;
 
@@ -130,8 +131,9 @@ std::vector<CapturedRank> ReadCapturedRanks(const std::string& capture_dir) {
         !absl::SimpleAtoi(name.substr(5, name.size() - 10), &rank)) {
       continue;
     }
-    std::ifstream in(entry.path());
-    const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    absl::StatusOr<std::string> text = ReadInputFile(entry.path().string(), "rank status", kMaxManifestBytes);
+    if (!text.ok()) continue;
+    const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) continue;
     CapturedRank r;
     r.rank = rank;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
+#include "base/terminal_text.h"
 #include "exporters/report.h"
 
 namespace memscope {
@@ -243,8 +244,8 @@ absl::StatusOr<CheckResult> RunChecks(const Report& report, const std::vector<Bu
 
 std::string CheckText(const CheckResult& result) {
   std::string out;
-  for (const CheckOutcome& c : result.checks) absl::StrAppend(&out, c.line, "\n");
-  for (const std::string& n : result.notes) absl::StrAppend(&out, n, "\n");
+  for (const CheckOutcome& c : result.checks) absl::StrAppend(&out, EscapeForTerminal(c.line), "\n");
+  for (const std::string& n : result.notes) absl::StrAppend(&out, EscapeForTerminal(n), "\n");
   absl::StrAppend(&out, "memscope check: ", result.checks.size(), " check", result.checks.size() == 1 ? "" : "s", ", ",
                   result.failed, " failed\n");
   return out;

@@ -30,6 +30,7 @@ int Capture(const CaptureArgs& a) {
     return r->exit_status;
   }
   PrintNotes(r->notes);
+  FlushNotes();  // before the last line, which says where the capture is
   std::vector<int> snapshots;
   for (const ManifestRank& rank : r->manifest.ranks) {
     if (!rank.timeline.empty()) snapshots.push_back(rank.rank);
@@ -61,7 +62,7 @@ void RegisterCapture(CLI::App& app, int& exit_status, const std::optional<std::v
       ->add_option("--max-entries", args->max_entries,
                    "entries kept by PyTorch's memory history ring (_record_memory_history max_entries; default "
                    "1000000)")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+      ->check(InRange(std::uint64_t{1}, std::uint64_t{1} << 40));
   // The job's words are never memscope's options: everything from the first
   // word that is not one is the job (CLI11's "remaining"), and so is what
   // follows `--` (split off by main); a `--` after the job's first word is

@@ -10,6 +10,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/string_view.h"
 #include "allocator/config.h"
+#include "base/terminal_text.h"  // EscapeForTerminal: every message that echoes input
 #include "recording/event.h"
 
 namespace memscope::cli {
@@ -19,26 +20,48 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;    // a check failed (memscope check, replay --verify)
 inline constexpr int kExitBadInput = 2;  // unusable input: flags, files, settings
 
-// `text` fit for one line of a terminal: newlines, tabs and control
-// characters (ESC, C1) as \n, \t, \xNN, and bytes that are not UTF-8 as
-// \xNN, so that input echoed in a message cannot move the cursor, recolour
-// the terminal or split the line.
-std::string EscapeForTerminal(absl::string_view text);
+// base/terminal_text.h's EscapeForTerminal, for Abseil's string_view.
+inline std::string EscapeForTerminal(absl::string_view text) {
+  return memscope::EscapeForTerminal(std::string_view(text.data(), text.size()));
+}
 
 // Prints "memscope COMMAND: MESSAGE" (one line, escaped) on stderr and returns
 // kExitBadInput: the way every command reports unusable input.
 int Fail(absl::string_view command, absl::string_view message);
 
-// Prints what the readers of these recordings want the user to know
-// (Timeline::notes: a snapshot replayed, a truncated trace, ...) on stderr.
+// What the readers of these recordings want the user to know
+// (Timeline::notes: a snapshot replayed, a truncated trace, ...), printed on
+// stderr once the command has succeeded, after its output: a command that
+// fails (Fail, exit 2) says its error alone.
 void PrintNotes(const std::vector<Timeline>& timelines);
 void PrintNotes(const std::vector<std::string>& notes);
+// Prints the notes so far now, for a command that has succeeded and ends
+// with a line of its own (capture: where it recorded).
+void FlushNotes();
 
 // The note for settings that PyTorch accepts and then ignores:
 // garbage_collection_threshold without a per-process memory fraction (from
 // the settings' per_process_memory_fraction or `fraction`, < 1 for a cap).
 // Returns the note ("" when none) after printing it.
 std::string NoteGcWithoutFraction(const AllocatorConfig& config, double fraction = 1.0);
+
+// Adds to every option of `app` and its commands, registered by then, the
+// checks CLI11 leaves out: an empty value is refused (CLI11 reads '' as 0 for
+// a number and as "not given" for text), but by --alloc-conf, where '' is
+// the allocator's defaults; an integer that does not fit 64 bits, or a
+// negative one for an unsigned option, is refused (CLI11 would saturate it
+// to INT64_MAX, or wrap -1 to 2^64 - 1). Each is one line, exit 2.
+void CheckOptionValues(CLI::App& app);
+
+// CLI::Range(min, max) ("--rank: Value 9 not in range 0 to 3"), but an
+// empty value is left to CheckOptionValues to name.
+template <typename T>
+CLI::Validator InRange(T min, T max) {
+  const CLI::Range range(min, max);
+  return CLI::Validator(
+      [range](std::string& value) -> std::string { return value.empty() ? std::string() : range(value); },
+      range.get_description());
+}
 
 void RegisterReplay(CLI::App& app, int& exit_status);
 // summary, trace, snapshot, frag, dump: commands that read a recording.

@@ -59,7 +59,7 @@ void RegisterCompare(CLI::App& app, int& exit_status) {
       ->required()
       ->expected(2);
   cmd->add_option("--rank", args->rank, "only this rank (default: every rank both runs have)")
-      ->check(CLI::Range(0, kMaxTimelineWorldSize - 1))
+      ->check(InRange(0, kMaxTimelineWorldSize - 1))
       ->each([args](const std::string&) { args->rank_given = true; });
   cmd->add_flag("--json", args->json, "print the comparison as JSON (schema memscope.compare/1)");
   cmd->callback([args, &exit_status] { exit_status = CompareCommand(*args); });

@@ -9,56 +9,40 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
-#include "base/utf8.h"
+#include "base/terminal_text.h"
 #include "cli/commands.h"
 
 namespace memscope::cli {
 
-std::string EscapeForTerminal(absl::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  auto hex = [&out](unsigned char c) { absl::StrAppendFormat(&out, "\\x%02x", c); };
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (c < 0x20 || c == 0x7f) {
-      hex(c);
-    } else if (c < 0x80) {
-      out += static_cast<char>(c);
-    } else {
-      // Valid UTF-8 (base/utf8.h) passes, except C1 controls (U+0080..U+009F,
-      // which some terminals obey); any other byte is shown as \xNN.
-      const std::size_t n = Utf8Sequence(reinterpret_cast<const unsigned char*>(text.data()), text.size(), i);
-      const bool c1 = n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0;
-      if (n == 0 || c1) {
-        hex(c);
-        ++i;
-        continue;
-      }
-      out.append(text.data() + i, n);
-      i += n;
-      continue;
-    }
-    ++i;
-  }
-  return out;
+namespace {
+
+// The readers' notes of this command, printed once it has succeeded
+// (FinishOutput): a command that fails says one line, its error.
+std::vector<std::string>& PendingNotes() {
+  static std::vector<std::string> notes;
+  return notes;
 }
+bool command_failed = false;  // Fail() was called: the notes are dropped
+
+}  // namespace
 
 int Fail(absl::string_view command, absl::string_view message) {
   const std::string text = EscapeForTerminal(message);
   std::fprintf(stderr, "memscope %.*s: %s\n", static_cast<int>(command.size()), command.data(), text.c_str());
+  command_failed = true;
   return kExitBadInput;
 }
 
 void PrintNotes(const std::vector<std::string>& notes) {
-  for (const std::string& note : notes) {
+  for (const std::string& note : notes) PendingNotes().push_back(note);
+}
+
+void FlushNotes() {
+  std::cout.flush();
+  for (const std::string& note : PendingNotes()) {
     std::fprintf(stderr, "memscope: note: %s\n", EscapeForTerminal(note).c_str());
   }
+  PendingNotes().clear();
 }
 
 std::string NoteGcWithoutFraction(const AllocatorConfig& config, double fraction) {
@@ -77,12 +61,16 @@ void PrintNotes(const std::vector<Timeline>& timelines) {
 
 // The exit status once standard output is flushed: output that could not be
 // written (a full disk, a closed pipe, `> /dev/full`) is an error, never a
-// silent success.
-int FinishOutput(int exit_status) {
+// silent success. Then the notes, unless the command failed.
+int FinishOutput(int exit_status, TerminalStreamBuf& out) {
   std::cout.flush();
   errno = 0;
-  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout;
-  if (!failed) return exit_status;
+  const bool finished = out.Finish();
+  const bool failed_output = !finished || std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout;
+  if (!failed_output) {
+    if (!command_failed && exit_status != kExitBadInput) FlushNotes();
+    return exit_status;
+  }
   // The failed write's errno is often overwritten by then: say it only when fflush set it.
   const int error = errno;
   std::fprintf(stderr, "memscope: error: cannot write standard output%s%s\n", error != 0 ? ": " : "",
@@ -90,20 +78,44 @@ int FinishOutput(int exit_status) {
   return exit_status != kExitOk ? exit_status : kExitBadInput;
 }
 
-}  // namespace memscope::cli
+// std::cout and std::cerr through the terminal escaping (base/terminal_text.h)
+// while it lives: no byte of any command's output reaches the terminal
+// unescaped, whichever path printed it.
+class TerminalStreams {
+ public:
+  TerminalStreams() : out_(std::cout.rdbuf()), err_(std::cerr.rdbuf()) {
+    std::cout.rdbuf(&out_);
+    std::cerr.rdbuf(&err_);
+  }
+  ~TerminalStreams() {
+    err_.Finish();
+    std::cout.rdbuf(out_target_);
+    std::cerr.rdbuf(err_target_);
+  }
+  TerminalStreams(const TerminalStreams&) = delete;
+  TerminalStreams& operator=(const TerminalStreams&) = delete;
+  TerminalStreamBuf& out() { return out_; }
 
-int main(int argc, char** argv) {
+ private:
+  std::streambuf* out_target_ = std::cout.rdbuf();
+  std::streambuf* err_target_ = std::cerr.rdbuf();
+  TerminalStreamBuf out_;
+  TerminalStreamBuf err_;
+};
+
+// The command line parsed and its command run: the exit status.
+int Main(int argc, char** argv) {
   CLI::App app{"memscope: GPU memory profiler and fragmentation analyzer (PyTorch caching allocator, DDP)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("memscope 0.1.0"));
-  int exit_status = memscope::cli::kExitOk;
-  memscope::cli::RegisterReplay(app, exit_status);
-  memscope::cli::RegisterProfileCommands(app, exit_status);
-  memscope::cli::RegisterCheck(app, exit_status);
-  memscope::cli::RegisterRun(app, exit_status);
-  memscope::cli::RegisterReport(app, exit_status);
-  memscope::cli::RegisterCompare(app, exit_status);
-  memscope::cli::RegisterPlan(app, exit_status);
+  int exit_status = kExitOk;
+  RegisterReplay(app, exit_status);
+  RegisterProfileCommands(app, exit_status);
+  RegisterCheck(app, exit_status);
+  RegisterRun(app, exit_status);
+  RegisterReport(app, exit_status);
+  RegisterCompare(app, exit_status);
+  RegisterPlan(app, exit_status);
   // memscope capture ... -- CMD ARGS: the job's words after `--` never reach CLI11.
   std::optional<std::vector<std::string>> job;
   if (argc > 1 && std::string_view(argv[1]) == "capture") {
@@ -115,7 +127,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  memscope::cli::RegisterCapture(app, exit_status, job);
+  RegisterCapture(app, exit_status, job);
+  CheckOptionValues(app);
   // Name an unknown command instead of CLI11's generic "subcommand required".
   auto is_command = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -125,24 +138,32 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
     std::fprintf(stderr, "memscope: error: unknown command '%s' (see memscope --help)\n",
-                 memscope::cli::EscapeForTerminal(argv[1]).c_str());
-    return memscope::cli::kExitBadInput;
+                 EscapeForTerminal(argv[1]).c_str());
+    return kExitBadInput;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return memscope::cli::FinishOutput(app.exit(e));
+    return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
-    return memscope::cli::FinishOutput(app.exit(e));
+    return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
-    return memscope::cli::FinishOutput(app.exit(e));
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     // Point at the help of the command that was given, when there is one.
     std::string help = "memscope";
     for (const CLI::App* sub : app.get_subcommands()) help += " " + sub->get_name();
-    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", memscope::cli::EscapeForTerminal(e.what()).c_str(),
+    std::fprintf(stderr, "memscope: error: %s (see %s --help)\n", EscapeForTerminal(e.what()).c_str(),
                  help.c_str());
-    return memscope::cli::kExitBadInput;
+    return kExitBadInput;
   }
-  return memscope::cli::FinishOutput(exit_status);
+  return exit_status;
+}
+
+}  // namespace memscope::cli
+
+int main(int argc, char** argv) {
+  memscope::cli::TerminalStreams streams;
+  const int exit_status = memscope::cli::Main(argc, argv);
+  return memscope::cli::FinishOutput(exit_status, streams.out());
 }

@@ -89,7 +89,7 @@ nlohmann::json ToJson(const PlanArgs& a, const PlanOptions& o, const PlanResult&
 }
 
 void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
-  std::cout << "memscope plan: " << r.model << " (" << Grouped(r.parameters) << " parameters";
+  std::cout << "memscope plan: " << EscapeForTerminal(r.model) << " (" << Grouped(r.parameters) << " parameters";
   if (r.trainable_parameters != r.parameters) std::cout << ", " << Grouped(r.trainable_parameters) << " trainable";
   std::cout << "), " << a.optimizer << ", GPU of " << FormatSize(o.device_memory) << a.gpu_note << ", world size "
             << o.world_size << "\n";
@@ -160,6 +160,10 @@ int Plan(const PlanArgs& given) {
   if (a.global_batch < 0 || a.batch_size < 0 || a.seq_len < 0)
     return Fail("batch sizes and --seq-len must be positive");
   if (a.global_batch > 0 && a.batch_size > 0) return Fail("give --global-batch or --batch-size, not both");
+  if (a.global_batch / a.world_size > kMaxPlanBatch) {
+    return Fail(absl::StrCat("--global-batch ", a.global_batch, ": at most ", kMaxPlanBatch, " per rank (",
+                             kMaxPlanBatch * a.world_size, " for --world-size ", a.world_size, ")"));
+  }
   o.global_batch = a.global_batch;
   o.batch_size = a.batch_size;
   o.model_options.seq_len = a.seq_len;
@@ -187,7 +191,7 @@ int Plan(const PlanArgs& given) {
   absl::StatusOr<PlanResult> r = MakePlan(o);
   if (!r.ok()) return Fail(r.status().message());
   if (a.json) {
-    std::cout << ToJson(a, o, *r).dump(1) << "\n";
+    std::cout << ToJson(a, o, *r).dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     PrintTable(a, o, *r);
   }
@@ -214,14 +218,18 @@ void RegisterPlan(CLI::App& app, int& exit_status) {
       ->each([a](const std::string&) { a->gpu_given = true; });
   cmd->add_option("--world-size", a->world_size, "ranks (default 1; > 1 adds the DDP copy and view rows)");
   cmd->add_option("--global-batch", a->global_batch,
-                  "the global batch to reach (world size x micro-batch x gradient accumulation)");
-  cmd->add_option("--batch-size", a->batch_size, "the per-rank batch to reach (default: the model's)");
-  cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)");
+                  "the global batch to reach (world size x micro-batch x gradient accumulation)")
+      ->check(InRange(std::int64_t{1}, kMaxPlanBatch << 20));
+  cmd->add_option("--batch-size", a->batch_size, "the per-rank batch to reach (default: the model's)")
+      ->check(InRange(std::int64_t{1}, kMaxPlanBatch));
+  cmd->add_option("--seq-len", a->seq_len, "sequence length of text models (default: the model's)")
+      ->check(InRange(std::int64_t{1}, kMaxPlanBatch));
   cmd->add_option("--attention", a->attention, "eager (math, default), sdpa or flash_attention_2 (flash): as run's");
   cmd->add_option("--optimizer", a->optimizer, "adam (default), adamw or sgd (momentum 0.9)");
   cmd->add_option("--alloc-conf", a->alloc_conf, "base allocator settings (default: $PYTORCH_CUDA_ALLOC_CONF)")
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
-  cmd->add_option("--steps", a->steps, "training steps per simulated run (default 2)");
+  cmd->add_option("--steps", a->steps, "training steps per simulated run (default 2)")
+      ->check(InRange(std::int64_t{1}, kMaxPlanSteps));
   cmd->add_flag("--json", a->json, "print the plan as JSON (schema memscope.plan/1)");
   cmd->callback([a, &exit_status] { exit_status = Plan(*a); });
 }

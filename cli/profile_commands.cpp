@@ -61,7 +61,7 @@ void AddRunArgs(CLI::App* cmd, ReadArgs& a, bool with_at) {
   cmd->add_option("run", a.path, "run directory, rank-R.timeline file, or PyTorch memory snapshot (.pickle)")
       ->required();
   cmd->add_option("--rank", a.rank, "only this rank (default: every rank)")
-      ->check(CLI::Range(0, kMaxTimelineWorldSize - 1));
+      ->check(InRange(0, kMaxTimelineWorldSize - 1));
   if (with_at) {
     cmd->add_option("--at", a.at,
                     "moment: end (after the last step, the default), exit (after teardown), peak, oom, or "
@@ -237,7 +237,7 @@ int Frag(const ReadArgs& a) {
       std::stable_sort(sorted.begin(), sorted.end(),
                        [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
       for (const auto& [key, g] : sorted) {
-        absl::StrAppend(&text, " ", key.first, key.second.empty() ? "" : absl::StrCat(" ", key.second), " ",
+        absl::StrAppend(&text, " ", key.first, key.second.empty() ? "" : absl::StrCat(" ", EscapeForTerminal(key.second)), " ",
                         FormatSize(g.first), g.second > 1 ? absl::StrCat(" (", g.second, " blocks)") : "", ";");
       }
       text.back() = '\n';
@@ -311,7 +311,7 @@ void RegisterProfileCommands(CLI::App& app, int& exit_status) {
   AddRunArgs(trace, *args, false);
   trace->add_option("-o,--output", args->output, "output file")->required();
   trace->add_option("--max-samples", args->max_samples, "counter samples kept per rank (peaks always kept)")
-      ->check(CLI::Range(std::size_t{4}, std::size_t{100000000}));
+      ->check(InRange(std::size_t{4}, std::size_t{100000000}));
   trace->callback([args, &exit_status] { exit_status = Trace(*args); });
 
   CLI::App* snapshot = app.add_subcommand(

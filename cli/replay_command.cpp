@@ -47,7 +47,7 @@ struct ReplayArgs {
 
 int Fail(absl::string_view message) { return cli::Fail("replay", message); }
 
-std::string Quoted(const std::string& s) { return s.empty() ? "(defaults)" : absl::StrCat("\"", s, "\""); }
+std::string Quoted(const std::string& s) { return s.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(s), "\""); }
 
 nlohmann::json OomJson(const ReplayOom& oom) {
   return {{"request_index", oom.request_index},
@@ -234,11 +234,11 @@ void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& resu
 void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::vector<SettingResult>& results) {
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
-    std::cout << "== " << trace.source << ": " << r.requests_total << " requests, alloc_conf " << Quoted(r.alloc_conf)
+    std::cout << "== " << EscapeForTerminal(trace.source) << ": " << r.requests_total << " requests, alloc_conf " << Quoted(r.alloc_conf)
               << ", simulated GPU of " << FormatSize(r.device_memory) << "\n";
     if (r.oom) {
       std::cout << "OOM at request " << r.oom->request_index + 1 << " (line " << r.oom->line << ", alloc \""
-                << r.oom->id << "\" of " << r.oom->info.requested << " B); replay stopped:\n"
+                << EscapeForTerminal(r.oom->id) << "\" of " << r.oom->info.requested << " B); replay stopped:\n"
                 << r.oom->info.message << "\n"
                 << r.oom->info.diagnosis << "\n";
     }

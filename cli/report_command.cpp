@@ -73,7 +73,7 @@ void RegisterReport(CLI::App& app, int& exit_status) {
       ->expected(1, 2);
   report->add_option("-o,--output", args->output, "output file (default report.html)");
   report->add_option("--max-samples", args->max_samples, "timeline samples drawn per rank (peaks always kept)")
-      ->check(CLI::Range(std::size_t{10}, std::size_t{10000000}));
+      ->check(InRange(std::size_t{10}, std::size_t{10000000}));
   report->callback([args, &exit_status] { exit_status = Report(*args); });
 }
 

@@ -154,7 +154,7 @@ void PrintRankLosses(const std::vector<std::optional<RankStatus>>& statuses) {
 void PrintTables(const RunRequest& a, const RunOutcome& out) {
   const TrainingManifest& t = *out.manifest.training;
   const int world_size = out.manifest.world_size;
-  std::cout << "memscope run: " << t.model
+  std::cout << "memscope run: " << EscapeForTerminal(t.model)
             << (t.parameters > 0 ? absl::StrCat(" (", t.parameters, " parameters)") : std::string()) << ", "
             << t.steps_done << " of " << t.steps << " steps, --exec " << t.exec << ", "
             << (t.data_parallel
@@ -352,7 +352,8 @@ void RegisterRun(CLI::App& app, int& exit_status) {
                   "more, measured on A100s)");
   cmd->add_option("--touch-device", a->touch_device,
                   "scenario: every rank uses cuda:D before set_device, leaving a context there (needs "
-                  "--cuda-context-mb)");
+                  "--cuda-context-mb)")
+      ->check(InRange(std::int64_t{0}, std::int64_t{255}));
   cmd->add_option("--devices", a->devices,
                   "each rank's GPU: local_rank (default: LOCAL_RANK, renumbered by CUDA_VISIBLE_DEVICES), same "
                   "(every rank on GPU 0), or one per rank (e.g. 0,0,1,1); ranks on one GPU share its memory");

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
+#include "base/terminal_text.h"
 #include "exporters/report.h"
 
 namespace memscope {
@@ -241,7 +242,7 @@ std::string RunHeader(const char* name, const ComparedRun& run) {
         parts.push_back("DataParallel");  // memscope run --dp
       } else if (std::string_view(key) == "alloc_conf") {
         have_alloc_conf = true;
-        parts.push_back(absl::StrCat("alloc_conf ", value.empty() ? "(defaults)" : absl::StrCat("\"", value, "\"")));
+        parts.push_back(absl::StrCat("alloc_conf ", value.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(value), "\"")));
       } else {
         parts.push_back(absl::StrCat(key, " ", value));
       }
@@ -251,9 +252,9 @@ std::string RunHeader(const char* name, const ComparedRun& run) {
   }
   if (!have_alloc_conf) {
     parts.push_back(
-        absl::StrCat("alloc_conf ", run.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", run.alloc_conf, "\"")));
+        absl::StrCat("alloc_conf ", run.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(run.alloc_conf), "\"")));
   }
-  return absl::StrCat(name, ": ", run.label, " (", absl::StrJoin(parts, ", "), ")\n");
+  return absl::StrCat(name, ": ", EscapeForTerminal(run.label), " (", absl::StrJoin(parts, ", "), ")\n");
 }
 
 constexpr int kMibWidth = 8;
@@ -281,7 +282,8 @@ std::string PhaseTable(const std::vector<ComparedPhase>& phases) {
     absl::StrAppendFormat(&out, "  %*s %*s %*s", kMibWidth, "A", kMibWidth, "B", kMibWidth, "B-A");
   out += "\n";
   for (const ComparedPhase& p : phases) {
-    absl::StrAppendFormat(&out, "%-5s %-14s", p.step == kNoStep ? std::string("-") : absl::StrCat(p.step), p.phase);
+    absl::StrAppendFormat(&out, "%-5s %-14s", p.step == kNoStep ? std::string("-") : absl::StrCat(p.step),
+                          EscapeForTerminal(p.phase));
     auto column = [&](std::uint64_t ComparedRow::*field) {
       const std::string a = p.a ? FormatInUnit((*p.a).*field, unit) : "-";
       const std::string b = p.b ? FormatInUnit((*p.b).*field, unit) : "-";
@@ -301,19 +303,20 @@ std::string PhaseTable(const std::vector<ComparedPhase>& phases) {
 
 std::string PeakLine(const char* name, const ComparedPeak& p) {
   return absl::StrFormat("%-10s %12s  %-14s %12s  %-14s %12s%s\n", name, FormatSize(p.a),
-                         p.a_phase.empty() ? "(no phase)" : p.a_phase, FormatSize(p.b),
-                         p.b_phase.empty() ? "(no phase)" : p.b_phase, SignedSize(p.delta()), Percent(p.a, p.delta()));
+                         p.a_phase.empty() ? "(no phase)" : EscapeForTerminal(p.a_phase), FormatSize(p.b),
+                         p.b_phase.empty() ? "(no phase)" : EscapeForTerminal(p.b_phase), SignedSize(p.delta()), Percent(p.a, p.delta()));
 }
 
 std::string ExplanationText(const std::string& title, const Explanation& e) {
   std::string out =
-      absl::StrCat("what explains the difference ", title, " (A ", e.a_moment, ", B ", e.b_moment, "):\n");
+      absl::StrCat("what explains the difference ", title, " (A ", EscapeForTerminal(e.a_moment), ", B ",
+                   EscapeForTerminal(e.b_moment), "):\n");
   absl::StrAppendFormat(&out, "%-17s %12s  %12s  %12s\n", "category", "A", "B", "B-A");
   if (!e.known) {
     absl::StrAppend(&out, "(by category unknown: a report.json without phase marks has no breakdown of its end)\n");
   }
   for (const CategoryDelta& d : e.categories) {
-    absl::StrAppendFormat(&out, "%-17s %12s  %12s  %12s\n", d.category, FormatSize(static_cast<std::uint64_t>(d.a)),
+    absl::StrAppendFormat(&out, "%-17s %12s  %12s  %12s\n", EscapeForTerminal(d.category), FormatSize(static_cast<std::uint64_t>(d.a)),
                           FormatSize(static_cast<std::uint64_t>(d.b)), SignedSize(d.delta()));
   }
   absl::StrAppendFormat(&out, "%-17s %12s  %12s  %12s\n", "total", FormatSize(static_cast<std::uint64_t>(e.a_total)),
@@ -438,7 +441,7 @@ absl::StatusOr<Comparison> Compare(const CompareInput& a, const CompareInput& b,
 std::string FormatComparison(const Comparison& c) {
   std::string out;
   absl::StrAppend(&out, RunHeader("A", c.a), RunHeader("B", c.b));
-  for (const std::string& note : c.notes) absl::StrAppend(&out, "note: ", note, "\n");
+  for (const std::string& note : c.notes) absl::StrAppend(&out, "note: ", EscapeForTerminal(note), "\n");
   for (const RankComparison& r : c.ranks) {
     absl::StrAppend(&out, "\n== rank ", r.rank, "\n");
     if (r.phases.empty()) {

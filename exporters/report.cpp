@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
 #include "allocator/stats.h"
+#include "base/terminal_text.h"
 
 namespace memscope {
 
@@ -34,7 +35,7 @@ std::string SitesText(std::string_view title, const std::vector<SiteBytes>& site
   std::string out = absl::StrCat("  ", std::string(title), " (bytes, allocations, site):\n");
   for (const SiteBytes& s : sites) {
     absl::StrAppendFormat(&out, "  %12s %7d  %s\n", FormatSize(static_cast<std::uint64_t>(s.bytes)), s.allocations,
-                          s.site);
+                          EscapeForTerminal(s.site));
   }
   return out;
 }
@@ -43,7 +44,7 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
                         const std::string& moment_text, bool by_category) {
   std::string out = absl::StrCat(
       "rank ", t.rank, ": GPU ", t.device_index, " of ", FormatSize(t.device_capacity), ", alloc_conf ",
-      t.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", t.alloc_conf, "\""), ", ", r.events, " events\n\n");
+      t.alloc_conf.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(t.alloc_conf), "\""), ", ", r.events, " events\n\n");
   if (r.phases.empty()) {
     absl::StrAppend(&out, "(no phase marks recorded)\n");
   } else {
@@ -51,24 +52,24 @@ std::string SummaryText(const Timeline& t, const RankReport& r, const TraceModel
     if (by_category) absl::StrAppend(&out, "\nallocated by category at each phase end:\n", PhaseCategoryTableText(r));
   }
   absl::StrAppend(&out, "\npeak allocated ", FormatSize(r.peak_allocated.bytes),
-                  r.peak_allocated.phase.empty() ? "" : absl::StrCat(" in ", r.peak_allocated.phase), ": ",
+                  r.peak_allocated.phase.empty() ? "" : absl::StrCat(" in ", EscapeForTerminal(r.peak_allocated.phase)), ": ",
                   r.peak_allocated.bytes == 0 ? std::string("nothing allocated")
                                               : CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes),
                   "\n");
   if (!r.peak_allocated.top_owners.empty()) {
     absl::StrAppend(&out, "  largest owners:");
     for (const auto& [owner, bytes] : r.peak_allocated.top_owners) {
-      absl::StrAppend(&out, " ", owner, " ", FormatSize(static_cast<std::uint64_t>(bytes)), ";");
+      absl::StrAppend(&out, " ", EscapeForTerminal(owner), " ", FormatSize(static_cast<std::uint64_t>(bytes)), ";");
     }
     out.back() = '\n';
   }
   absl::StrAppend(&out, SitesText("top allocation sites at the peak", r.peak_allocated.top_sites));
   absl::StrAppend(&out, "peak reserved ", FormatSize(r.peak_reserved.bytes),
-                  r.peak_reserved.phase.empty() ? "" : absl::StrCat(" in ", r.peak_reserved.phase), "\n");
+                  r.peak_reserved.phase.empty() ? "" : absl::StrCat(" in ", EscapeForTerminal(r.peak_reserved.phase)), "\n");
   absl::StrAppend(&out, "lower bound (peak live requested bytes) ", FormatSize(r.lower_bound), "; peak reserved is ",
                   FormatSize(r.overhead_bytes()), " above it\n");
   if (r.oom) {
-    absl::StrAppend(&out, "OOM", r.oom->phase.empty() ? "" : absl::StrCat(" in ", r.oom->phase), ": request of ",
+    absl::StrAppend(&out, "OOM", r.oom->phase.empty() ? "" : absl::StrCat(" in ", EscapeForTerminal(r.oom->phase)), ": request of ",
                     FormatSize(r.oom->requested), "; ", r.oom->verdict, "\n");
     absl::StrAppend(&out, SitesText("top allocation sites at the OOM", r.oom->top_sites));
   }

@@ -157,6 +157,10 @@ nlohmann::json RankReportJson(const RankReport& rank);
 // the world size the timelines recorded.
 nlohmann::json ReportJson(const std::vector<const Timeline*>& timelines, const std::vector<RankReport>& reports);
 
+// The largest report.json read (docs/report-json.md): tens of KiB a rank,
+// so thousands of ranks.
+inline constexpr std::uint64_t kMaxReportJsonBytes = std::uint64_t{1} << 30;
+
 // Reads and validates report.json. ReportToJson(*ReportFromJson(j)) == j for
 // what memscope writes. Errors (InvalidArgument) read after the name of what
 // was read ("'run/report.json' " + message):

@@ -2,6 +2,7 @@
 // mapped file read in place; the working-memory budget; the entry points
 // (importers/pickle_reader.h).
 
+#include "base/input_file.h"
 #include "importers/pickle_internal.h"
 
 #include <fcntl.h>
@@ -155,6 +156,7 @@ absl::StatusOr<PickleDoc> ReadPickleFile(const std::string& path, const PickleRe
   // A regular file of some bytes is mapped; the stat first, so that nothing
   // else (a FIFO: its writer) is opened twice.
   struct stat st;
+  if (absl::Status s = CheckInputFileSize(path, "PyTorch snapshot", kMaxPickleFileBytes); !s.ok()) return s;
   if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
     const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {

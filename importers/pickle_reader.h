@@ -369,7 +369,12 @@ absl::StatusOr<PickleDoc> ReadPickle(std::istream& in, const std::string& source
 absl::StatusOr<PickleDoc> ReadPickleBytes(std::string_view data, const std::string& source,
                                           const PickleReadOptions& options = {}, PickleReadStats* stats = nullptr);
 
+// The largest snapshot read (docs/snapshot-format.md): PyTorch's with the
+// default max_entries are tens of MB, a whole job's a few GB.
+inline constexpr std::uint64_t kMaxPickleFileBytes = std::uint64_t{64} << 30;
+
 // The same, of the file at `path` (`path` names it in errors): a regular
+// file over kMaxPickleFileBytes is refused before it is read, a regular
 // non-empty file is mapped read-only (mmap, MAP_PRIVATE; its pages are
 // released behind the read position as the read goes, see above), anything
 // that cannot be mapped (a FIFO, an empty file, /proc...) is read as a

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "base/input_file.h"
 #include "nlohmann/json.hpp"
 
 namespace memscope {
@@ -165,14 +166,26 @@ absl::StatusOr<RequestTrace> ReadJsonlTrace(std::istream& in, const std::string&
   Reader reader(source);
   std::string text;
   std::uint64_t line = 0;
-  while (std::getline(in, text)) {
-    if (absl::Status s = reader.Line(text, ++line); !s.ok()) return s;
+  std::uint64_t bytes = 0;
+  for (LineRead read; (read = ReadBoundedLine(in, text, kMaxTraceLineBytes)) != LineRead::kEnd;) {
+    if (absl::Status s = CheckTraceLine(source, ++line, read, bytes += text.size() + 1); !s.ok()) return s;
+    if (absl::Status s = reader.Line(text, line); !s.ok()) return s;
   }
   if (in.bad()) return absl::DataLossError(absl::StrCat(source, ": read error after line ", line));
   return reader.Take();
 }
 
+absl::Status CheckTraceLine(const std::string& source, std::uint64_t line, LineRead read, std::uint64_t bytes) {
+  if (read == LineRead::kTooLong) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": a line of more than ", kMaxTraceLineBytes >> 20,
+                                                   " MiB (the request trace line limit)"));
+  }
+  if (bytes > kMaxTraceFileBytes) return InputTooLarge(source, "request trace", 0, kMaxTraceFileBytes);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RequestTrace> ReadJsonlTraceFile(const std::string& path) {
+  if (absl::Status s = CheckInputFileSize(path, "request trace", kMaxTraceFileBytes); !s.ok()) return s;
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot open trace '", path, "'"));
   return ReadJsonlTrace(in, path);

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/device.h"
 #include "allocator/sim_device.h"
+#include "base/input_file.h"
 #include "recording/event.h"
 
 namespace memscope {
@@ -105,10 +106,23 @@ struct RequestTrace {
   std::string IdOf(std::uint32_t slot) const;
 };
 
+// The limits of a request trace (JSON lines here, RMM's CSV in
+// snapshot_import.h; docs/replay.md): a line is one request of a few dozen
+// bytes, a file ten million of them in under a GiB.
+inline constexpr std::size_t kMaxTraceLineBytes = std::size_t{1} << 20;
+inline constexpr std::uint64_t kMaxTraceFileBytes = std::uint64_t{64} << 30;
+
 // Reads a JSON-lines request trace. Any malformed line is an error naming the
-// source and line number, e.g. "trace.jsonl:12: free of unknown id \"x\"".
+// source and line number, e.g. "trace.jsonl:12: free of unknown id \"x\"";
+// so is a line over kMaxTraceLineBytes, and a file over kMaxTraceFileBytes
+// (a regular file's size is checked before it is read).
 absl::StatusOr<RequestTrace> ReadJsonlTrace(std::istream& in, const std::string& source);
 absl::StatusOr<RequestTrace> ReadJsonlTraceFile(const std::string& path);
+
+// A line of a request trace (JSON lines or RMM's CSV) as ReadBoundedLine
+// read it, the trace's bytes so far: an error naming the source and line
+// when the line or the trace is over its limit above.
+absl::Status CheckTraceLine(const std::string& source, std::uint64_t line, LineRead read, std::uint64_t bytes);
 
 // The peak of live requested bytes over the whole trace: the lower bound no
 // allocator setting can beat (independent of any setting, so also of where a

@@ -1279,8 +1279,10 @@ absl::StatusOr<RequestTrace> ReadRmmCsv(std::istream& in, const std::string& sou
   auto error = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", line_no, ": ", what));
   };
-  while (std::getline(in, line)) {
+  std::uint64_t bytes = 0;
+  for (LineRead read; (read = ReadBoundedLine(in, line, kMaxTraceLineBytes)) != LineRead::kEnd;) {
     ++line_no;
+    if (absl::Status s = CheckTraceLine(source, line_no, read, bytes += line.size() + 1); !s.ok()) return s;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line_no == 1) {
       if (line.rfind("Thread,Time,Action,Pointer,Size,Stream", 0) != 0) {

@@ -2,10 +2,10 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/input_file.h"
 #include "exporters/report.h"
 #include "load/output_file.h"
 
@@ -247,9 +247,9 @@ absl::Status RankStatus::Write(const std::string& path) const {
 }
 
 std::optional<RankStatus> RankStatus::Read(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "rank status", kMaxManifestBytes);
+  if (!text.ok()) return std::nullopt;
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
   absl::StatusOr<RankStatus> s = FromJson(j);
   if (!s.ok()) return std::nullopt;
@@ -311,9 +311,9 @@ absl::Status RunManifest::Write(const std::string& path) const {
 }
 
 absl::StatusOr<RunManifest> RunManifest::Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "run.json", kMaxManifestBytes);
+  if (!text.ok()) return text.status();
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
   absl::StatusOr<RunManifest> m = FromJson(j);
   if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", m.status().message()));

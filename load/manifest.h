@@ -20,6 +20,9 @@
 namespace memscope {
 
 inline constexpr const char* kRunSchema = "memscope.run/1";
+// The largest run.json and rank-R.json read (docs/run-directory.md): a
+// loss per step of up to 1,000,000 steps fits.
+inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{64} << 20;
 
 // The first loss that is not finite (the training diverged: --lr too large),
 // as {index in `losses`, the loss}; nullopt when every loss is finite.

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -12,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
 #include "analysis/analysis.h"
+#include "base/input_file.h"
 #include "importers/timeline_requests.h"
 #include "load/record_replay.h"
 #include "load/run_directory.h"
@@ -33,7 +33,8 @@ RecordingKind JsonKind(std::ifstream& in) {
   in.clear();
   in.seekg(0);
   std::string line;
-  std::getline(in, line);
+  // A first line longer than a trace's may be is not one (a report.json on one line).
+  if (ReadBoundedLine(in, line, kMaxTraceLineBytes) == LineRead::kTooLong) return RecordingKind::kReport;
   const nlohmann::json first = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (first.is_object() && !first.contains("schema")) return RecordingKind::kJsonLines;
   return RecordingKind::kReport;
@@ -197,10 +198,9 @@ absl::StatusOr<std::vector<Timeline>> DirectoryTimelines(const std::string& path
 
 // A report.json file, validated.
 absl::StatusOr<Report> ReadReportFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "report.json", kMaxReportJsonBytes);
+  if (!text.ok()) return text.status();
+  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' is not valid JSON"));
   absl::StatusOr<Report> report = ReportFromJson(json);
   if (!report.ok()) return absl::InvalidArgumentError(absl::StrCat("'", path, "' ", report.status().message()));
@@ -277,6 +277,7 @@ absl::StatusOr<Recording> OpenRecording(const std::string& path, const OpenOptio
       if (!want_requests) return NotARecording(path, r.kind);
       absl::StatusOr<RequestTrace> trace = [&]() -> absl::StatusOr<RequestTrace> {
         if (r.kind == RecordingKind::kJsonLines) return ReadJsonlTraceFile(path);
+        if (absl::Status s = CheckInputFileSize(path, "request trace", kMaxTraceFileBytes); !s.ok()) return s;
         std::ifstream in(path);
         return ReadRmmCsv(in, path);
       }();

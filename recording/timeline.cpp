@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "base/input_file.h"
 
 namespace memscope {
 namespace {
@@ -578,11 +579,15 @@ absl::StatusOr<Timeline> ReadTimelineFile(const std::string& path) {
   if (bytes.size() < 8 || std::memcmp(bytes.data(), kTimelineMagic, 8) != 0) return ParseTimeline(bytes, path);
   // The rest straight into one string (sized from the file when it is a
   // regular file; a pipe grows it), not through a stringstream's copies.
+  if (absl::Status s = CheckInputFileSize(path, "timeline", kMaxTimelineFileBytes); !s.ok()) return s;
   std::error_code ec;
   const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
   if (!ec && file_size > 8) bytes.reserve(static_cast<std::size_t>(file_size));
   char chunk[1 << 16];
-  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) bytes.append(chunk, static_cast<std::size_t>(in.gcount()));
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) {
+    bytes.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (bytes.size() > kMaxTimelineFileBytes) return InputTooLarge(path, "timeline", 0, kMaxTimelineFileBytes);
+  }
   if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read timeline '", path, "'"));
   return ParseTimeline(bytes, path);
 }

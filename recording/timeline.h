@@ -375,10 +375,14 @@ inline constexpr std::int64_t kMaxTimelineWallStartUs = 32503680000000000;      
 // a start between 1970 and 3000. The error names `source` and the field.
 absl::Status ValidateTimelineHeader(const Timeline& t, const std::string& source);
 
+// The largest timeline read (docs/timeline.md): a few bytes an event, so
+// billions of events.
+inline constexpr std::uint64_t kMaxTimelineFileBytes = std::uint64_t{64} << 30;
+
 // Reads a timeline file. Errors name the file and what is wrong (not a
 // timeline, unsupported version, truncated header, a header field out of
-// range); a torn tail is not an
-// error (see Timeline::torn_bytes).
+// range, over kMaxTimelineFileBytes: a regular file's size is checked
+// before it is read); a torn tail is not an error (see Timeline::torn_bytes).
 absl::StatusOr<Timeline> ReadTimelineFile(const std::string& path);
 
 // Writes a recording made in memory to a timeline file (created,

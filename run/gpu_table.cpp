@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/sizes.h"
+#include "base/input_file.h"
 #include "load/run_directory.h"
 
 namespace memscope {
@@ -51,9 +51,9 @@ std::vector<GpuRow> GpuTable(const std::vector<std::optional<RankStatus>>& statu
 std::vector<GpuRow> ReadRunGpuTable(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return {};
-  std::ifstream in(RunDirectory(path).Report());
-  if (!in) return {};
-  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = ReadInputFile(RunDirectory(path).Report(), "report.json", kMaxReportJsonBytes);
+  if (!text.ok()) return {};
+  const nlohmann::json json = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   absl::StatusOr<Report> report = ReportFromJson(json);
   return report.ok() ? std::move(report->gpus) : std::vector<GpuRow>{};
 }

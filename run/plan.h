@@ -27,6 +27,12 @@
 
 namespace memscope {
 
+// The largest values of plan's options (docs/plan.md): a batch (per rank),
+// a sequence length, the steps of each simulated run. --global-batch may be
+// kMaxPlanBatch per rank.
+inline constexpr std::int64_t kMaxPlanBatch = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxPlanSteps = 1000;
+
 struct PlanOptions {
   std::string model = "gpt2";
   ModelOptions model_options;  // seq_len, attention; the batch is what plan searches

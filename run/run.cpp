@@ -2,9 +2,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
+#include "base/input_file.h"
 #include "exporters/report.h"
 #include "load/manifest.h"
 #include "load/record_replay.h"
@@ -61,10 +60,10 @@ absl::StatusOr<CompareInput> LoadCompareInput(const std::string& path, std::vect
   nlohmann::json run_config = nullptr;
   std::error_code ec;
   const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
-  std::ifstream in(RunDirectory(dir.string()).Manifest(), std::ios::binary);
-  if (in) {
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    nlohmann::json config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (absl::StatusOr<std::string> text = ReadInputFile(RunDirectory(dir.string()).Manifest(), "run.json",
+                                                      kMaxManifestBytes);
+      text.ok()) {
+    nlohmann::json config = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     // Only a run's own description; anything else is not a config.
     if (config.is_object() && config.value("schema", nlohmann::json()).is_string() && config["schema"] == kRunSchema) {
       run_config = std::move(config);

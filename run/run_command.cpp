@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/input_file.h"
 #include "load/manifest.h"
 #include "load/run_directory.h"
 #include "recording/timeline.h"
@@ -95,7 +96,7 @@ int LaunchAndFinalize(const RunRequest& a, const std::string& ddp_mode, const Ra
     if (e.exit_code == kExitBadOptions) {
       std::ifstream log(dir.RankLog(e.rank));
       std::string line;
-      std::getline(log, line);
+      if (ReadBoundedLine(log, line, std::size_t{1} << 16) == LineRead::kTooLong) line.clear();
       // The rank's log may be lost (a full disk): its status pipe is not.
       if (line.empty()) line = absl::StrCat("memscope run: rank ", e.rank, ": ", e.message);
       printer.RankRejected(line);
@@ -107,9 +108,11 @@ int LaunchAndFinalize(const RunRequest& a, const std::string& ddp_mode, const Ra
 
 // Every rank's device is valid (run/devices.h), before anything runs: a
 // rank of a launcher checks its own; our launcher checks each rank's, with
-// the LOCAL_RANK it will give it.
-absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size,
-                          std::optional<int> touch_device) {
+// the LOCAL_RANK it will give it. Without CUDA_VISIBLE_DEVICES our
+// launcher's machine has the GPUs its ranks run on: a GPU that --touch-device
+// or --load-checkpoint cuda:R names must be one of them.
+absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world_size, std::optional<int> touch_device,
+                          std::optional<int> load_ordinal) {
   DeviceEnvironment env = DeviceEnvironment::FromProcess();
   if (touch_device && env.cuda_visible_devices) {
     const std::size_t visible = VisibleDevices(*env.cuda_visible_devices).size();
@@ -120,9 +123,21 @@ absl::Status CheckDevices(const DeviceMap& map, bool worker, int rank, int world
     }
   }
   if (worker) return AssignDevice(map, rank, env).status();
+  int gpus = 1;  // the machine's GPUs, when CUDA_VISIBLE_DEVICES does not say
   for (int r = 0; r < world_size; ++r) {
     if (world_size > 1) env.local_rank = absl::StrCat(r);
-    if (absl::Status s = AssignDevice(map, r, env).status(); !s.ok()) return s;
+    absl::StatusOr<DeviceAssignment> device = AssignDevice(map, r, env);
+    if (!device.ok()) return device.status();
+    gpus = std::max(gpus, device->ordinal + 1);
+  }
+  if (env.cuda_visible_devices) return absl::OkStatus();  // CheckCheckpointDevice and the above decide
+  for (const auto& [what, ordinal] : {std::pair{"--touch-device", touch_device}, {"--load-checkpoint", load_ordinal}}) {
+    if (ordinal && *ordinal >= gpus) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA error: invalid device ordinal: ", what, " on cuda:", *ordinal, ", but the run's ranks are on ",
+          gpus == 1 ? "cuda:0" : absl::StrCat("cuda:0 to cuda:", gpus - 1),
+          " (CUDA_VISIBLE_DEVICES=0,1,... gives the machine more GPUs)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -165,7 +180,11 @@ int RunOne(const RunRequest& a, const std::string& ddp_mode, RunPrinter& printer
   const std::int64_t world_size = launched->world_size;
   absl::StatusOr<RankPlan> plan = MakeRankPlan(a, ddp_mode, world_size);
   if (!plan.ok()) return Fail(printer, plan.status().message());
-  if (absl::Status s = CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device);
+  const std::optional<int> load_ordinal = plan->checkpoint.load == CheckpointPlan::Load::kCuda
+                                              ? std::optional<int>(plan->checkpoint.load_ordinal)
+                                              : std::nullopt;
+  if (absl::Status s =
+          CheckDevices(plan->devices, worker, rank, static_cast<int>(world_size), plan->touch_device, load_ordinal);
       !s.ok()) {
     return Fail(printer, s.message());
   }

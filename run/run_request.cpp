@@ -29,6 +29,7 @@ constexpr const char* kScenarioUsage =
 // shapes and times computed from them cannot overflow.
 constexpr std::int64_t kMaxDimension = std::int64_t{1} << 24;  // --batch-size, --seq-len, --width
 constexpr std::int64_t kMaxDepth = 1 << 16;
+constexpr std::int64_t kMaxSteps = 1000000;  // --steps: about three hours of gpt2 on the simulated GPU
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;  // one week
 
 absl::Status CheckOptionRanges(const RunRequest& a) {
@@ -55,7 +56,9 @@ absl::Status CheckOptionRanges(const RunRequest& a) {
     return absl::InvalidArgumentError(
         absl::StrCat("--bucket-cap-mb ", a.bucket_cap_mb, ": must be greater than 0 and at most 1 PiB"));
   }
-  if (a.steps < 1) return absl::InvalidArgumentError("--steps must be at least 1");
+  if (a.steps < 1 || a.steps > kMaxSteps) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps ", a.steps, ": use 1 to ", kMaxSteps));
+  }
   if (a.grad_accum < 1 || a.grad_accum > kMaxDimension) {
     return absl::InvalidArgumentError(absl::StrCat("--grad-accum ", a.grad_accum, ": use 1 to ", kMaxDimension));
   }

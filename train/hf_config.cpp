@@ -1,13 +1,12 @@
 #include "train/hf_config.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/input_file.h"
 #include "train/model_file.h"
 
 namespace memscope {
@@ -495,11 +494,9 @@ absl::StatusOr<json> HfConfigToModelSpec(const json& config, std::string_view so
 
 absl::StatusOr<std::unique_ptr<Model>> LoadHfConfig(std::string_view path, const ModelOptions& options) {
   const std::string p(path);
-  std::ifstream in(p);
-  if (!in) return absl::NotFoundError(absl::StrCat("Hugging Face config ", p, ": cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json config = json::parse(text.str(), nullptr, false);
+  absl::StatusOr<std::string> text = ReadInputFile(p, "Hugging Face config", kMaxHfConfigBytes);
+  if (!text.ok()) return text.status();
+  json config = json::parse(*text, nullptr, false);
   if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("Hugging Face config ", p, ": not JSON"));
   absl::StatusOr<json> spec = HfConfigToModelSpec(config, p);
   if (!spec.ok()) return spec.status();

@@ -22,6 +22,7 @@
 #ifndef MEMSCOPE_TRAIN_HF_CONFIG_H_
 #define MEMSCOPE_TRAIN_HF_CONFIG_H_
 
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -36,7 +37,11 @@ namespace memscope {
 // config and the field (an unknown model_type, a missing size).
 absl::StatusOr<nlohmann::json> HfConfigToModelSpec(const nlohmann::json& config, std::string_view source);
 
-// Reads a config.json and builds its model (ModelFromJson with `options`).
+// The largest config.json read (docs/model-files.md; real ones are a few KiB).
+inline constexpr std::uint64_t kMaxHfConfigBytes = std::uint64_t{16} << 20;
+
+// Reads a config.json (at most kMaxHfConfigBytes) and builds its model
+// (ModelFromJson with `options`).
 absl::StatusOr<std::unique_ptr<Model>> LoadHfConfig(std::string_view path, const ModelOptions& options);
 
 }  // namespace memscope

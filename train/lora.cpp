@@ -1,13 +1,12 @@
 #include "train/lora.h"
 
 #include <cmath>
-#include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/input_file.h"
 
 namespace memscope {
 namespace {
@@ -193,11 +192,9 @@ absl::StatusOr<LoraConfig> ParseLoraConfig(const json& config, std::string_view 
 }
 
 absl::StatusOr<LoraConfig> LoadLoraConfig(std::string_view path) {
-  std::ifstream in{std::string(path)};
-  if (!in) return absl::NotFoundError(absl::StrCat("adapter config ", std::string(path), ": cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json config = json::parse(text.str(), nullptr, false);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "adapter config", kMaxLoraConfigBytes);
+  if (!text.ok()) return text.status();
+  json config = json::parse(*text, nullptr, false);
   if (config.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("adapter config ", std::string(path), ": not JSON"));
   return ParseLoraConfig(config, path);
 }

@@ -56,7 +56,11 @@ struct LoraConfig {
 // an unknown field.
 absl::StatusOr<LoraConfig> ParseLoraConfig(const nlohmann::json& config, std::string_view source);
 
-// Reads and parses an adapter_config.json.
+// The largest adapter_config.json read (docs/model-files.md; real ones are
+// under 1 KiB).
+inline constexpr std::uint64_t kMaxLoraConfigBytes = std::uint64_t{16} << 20;
+
+// Reads (at most kMaxLoraConfigBytes) and parses an adapter_config.json.
 absl::StatusOr<LoraConfig> LoadLoraConfig(std::string_view path);
 
 }  // namespace memscope

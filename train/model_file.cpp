@@ -1,17 +1,16 @@
 #include "train/model_file.h"
 
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
-#include <sstream>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "allocator/alloc_tag.h"
+#include "base/input_file.h"
 
 namespace memscope {
 namespace {
@@ -2026,15 +2025,13 @@ absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const json& spec, std::stri
 }
 
 absl::StatusOr<std::unique_ptr<Model>> LoadModelFile(std::string_view path, const ModelOptions& options) {
-  std::ifstream in{std::string(path)};
-  if (!in) return absl::NotFoundError(absl::StrCat("model file ", std::string(path), ": cannot be read"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json spec = json::parse(text.str(), nullptr, false);
+  absl::StatusOr<std::string> text = ReadInputFile(path, "model file", kMaxModelFileBytes);
+  if (!text.ok()) return text.status();
+  json spec = json::parse(*text, nullptr, false);
   if (spec.is_discarded()) {
     // Parse again for the position of the error.
     try {
-      json again = json::parse(text.str());
+      json again = json::parse(*text);
     } catch (const json::parse_error& e) {
       return absl::InvalidArgumentError(absl::StrCat("model file ", std::string(path), ": not JSON: ", e.what()));
     }

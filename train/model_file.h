@@ -15,6 +15,7 @@
 #ifndef MEMSCOPE_TRAIN_MODEL_FILE_H_
 #define MEMSCOPE_TRAIN_MODEL_FILE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string_view>
 
@@ -31,8 +32,13 @@ namespace memscope {
 absl::StatusOr<std::unique_ptr<Model>> ModelFromJson(const nlohmann::json& spec, std::string_view source,
                                                      const ModelOptions& options);
 
-// Reads and builds a model file. Errors: the file cannot be read, is not
-// JSON, or does not describe a model (ModelFromJson's errors).
+// The largest model file read (docs/model-files.md): a description of
+// layers, far beyond any real model's.
+inline constexpr std::uint64_t kMaxModelFileBytes = std::uint64_t{64} << 20;
+
+// Reads and builds a model file. Errors: the file cannot be read, is over
+// kMaxModelFileBytes, is not JSON, or does not describe a model
+// (ModelFromJson's errors).
 absl::StatusOr<std::unique_ptr<Model>> LoadModelFile(std::string_view path, const ModelOptions& options);
 
 }  // namespace memscope

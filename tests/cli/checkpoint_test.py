@@ -144,10 +144,10 @@ try:
           [ckpt(d, r)["loaded_onto"] for r in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
           and all(ckpt(d, r)["saved"] for r in range(4)), [ckpt(d, r) for r in range(4)])
 
-    # cuda:R on one rank: a second allocator on GPU 1; --checkpoint-step.
+    # cuda:R on one rank of a machine of two GPUs: a second allocator on GPU 1; --checkpoint-step.
     d = os.path.join(tmp, "cuda1")
     code, out, err = run("run", "--model", "mlp", "--steps", "3", "--load-checkpoint", "cuda:1", "--checkpoint-step",
-                         "1", "--out", d)
+                         "1", "--out", d, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     check("cuda:1: exit 0", code == 0, (code, err))
     c = ckpt(d, 0)
     check("cuda:1: after step 1, onto cuda:1", c["step"] == 1 and c["loaded_onto"] == "cuda:1" and not c["saved"], c)
@@ -166,6 +166,12 @@ try:
     ]:
         code, out, err = run("run", "--model", "mlp", "--steps", "2", *args, "--out", os.path.join(tmp, "bad"))
         check(f"{args}: exit 2, one line", code == 2 and err == f"memscope run: {message}\n", (code, err))
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--world-size", "2", "--load-checkpoint", "cuda:2",
+                         "--out", os.path.join(tmp, "bad"))
+    check("2 ranks, cuda:2 without CUDA_VISIBLE_DEVICES: the machine has the ranks' GPUs, exit 2",
+          code == 2 and err == "memscope run: CUDA error: invalid device ordinal: --load-checkpoint on cuda:2, but the "
+          "run's ranks are on cuda:0 to cuda:1 (CUDA_VISIBLE_DEVICES=0,1,... gives the machine more GPUs)\n",
+          (code, err))
     code, out, err = run("run", "--model", "mlp", "--steps", "2", "--load-checkpoint", "cuda:1", "--out",
                          os.path.join(tmp, "bad"), env={"CUDA_VISIBLE_DEVICES": "0"})
     check("cuda:1 with one visible GPU: invalid device ordinal, exit 2",

@@ -329,8 +329,8 @@ try:
           "v100-16gb, v100-32gb, t4, a10, l4, a100-40gb, a100-80gb, h100-80gb, h200 (memscope gpus lists them)\n",
           (code, err))
     code, out, err = run("run", "--model", "mlp", "--gpu", "", "--out", os.path.join(tmp, "bad3"))
-    check("--gpu '': exit 2, not the default GPU", code == 2 and err.startswith("memscope run: --gpu '': unknown GPU "
-          "kind; use v100-16gb"), (code, err))
+    check("--gpu '': exit 2, not the default GPU", code == 2 and err.startswith("memscope: error: --gpu: the value is "
+          "empty"), (code, err))
 finally:
     shutil.rmtree(tmp)
 finish("devices")

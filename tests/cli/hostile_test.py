@@ -2,6 +2,7 @@
 clobbered file, the right rank named. Each block is one item of the issue."""
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -180,15 +181,108 @@ esc_csv = os.path.join(tmp, "esc.csv")
 open(esc_csv, "wb").write(b"Thread,Time,Action,Pointer,Size,Stream\n1,2,\x1b[31mevil\x07,0x10,100,0\n")
 esc_jsonl = os.path.join(tmp, "esc.jsonl")
 open(esc_jsonl, "w").write('{"action":"\\u001b]0;pwned\\u0007\\nsecond line"}\n')
-for path, shown in ((esc_csv, "unknown Action '\\x1b[31mevil\\x07'"),
-                    (esc_jsonl, 'unknown action "\\x1b]0;pwned\\x07\\nsecond line"')):
+for path, shown in ((esc_csv, "unknown Action '\\u001b[31mevil\\u0007'"),
+                    (esc_jsonl, 'unknown action "\\u001b]0;pwned\\u0007\\nsecond line"')):
     code, out, err = run("replay", path, "--alloc-conf", "")
     one_line_error(f"escaped {os.path.basename(path)}", code, err)
     check(f"escaped {os.path.basename(path)}: shown", shown in err, repr(err))
     check(f"escaped {os.path.basename(path)}: no control bytes",
           not any(ord(c) < 0x20 and c != "\n" for c in err), repr(err))
 code, out, err = run("\x1b[2Jbogus")
-check("unknown command escaped", "unknown command '\\x1b[2Jbogus'" in err, repr(err))
+check("unknown command escaped", "unknown command '\\u001b[2Jbogus'" in err, repr(err))
+
+# Issue 34, 1. Text from input files reaches the terminal escaped, in every
+# command, text and JSON alike: owners, labels and marks of a JSON-lines trace,
+# a timeline's strings as raw bytes (0x9b: CSI to an 8-bit terminal; NUL),
+# a PyTorch snapshot's frame names and annotations. Nothing but printable
+# UTF-8, line breaks and tabs comes out; JSON stays JSON with the same values.
+EVIL = "\x1b[31mRED\x1b]0;title\x07\x9b\x00\x01\x7f\u0085\r"  # ESC, OSC, BEL, C1 (UTF-8), NUL, SOH, DEL, NEL, CR
+
+
+def run_bytes(*args):
+    p = subprocess.run([MEMSCOPE, *args], capture_output=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def terminal_unsafe(raw):
+    """The characters of `raw` a terminal could obey: C0 but line break and tab, DEL, C1, bytes not UTF-8."""
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return [hex(ord(c)) for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0 or
+            0xDC80 <= ord(c) <= 0xDCFF]
+
+
+evil_jsonl = os.path.join(tmp, "evil.jsonl")
+with open(evil_jsonl, "w") as f:
+    for line in ({"action": "phase_begin", "phase": "user", "label": "lab" + EVIL},
+                 {"action": "alloc", "id": 1, "size": 2 * MiB, "owner": "own" + EVIL, "category": "ACTIVATION"},
+                 {"action": "alloc", "id": 2, "size": 2 * MiB, "owner": "pin" + EVIL},
+                 {"action": "free", "id": 1}, {"action": "mark", "text": "mark" + EVIL},
+                 {"action": "phase_end", "phase": "user", "label": "lab" + EVIL}):
+        f.write(json.dumps(line) + "\n")
+evil_run = os.path.join(tmp, "evil-run")
+code, out, err = run_bytes("replay", evil_jsonl, "--out", evil_run)
+check("escapes: evil trace recorded", code == 0, err[-300:])
+raw_run = os.path.join(tmp, "evil-raw")
+shutil.copytree(evil_run, raw_run)
+check("escapes: raw CSI bytes patched in", patch_strings(os.path.join(raw_run, "rank-0.timeline"), 0x9B) > 0)
+nul_run = os.path.join(tmp, "evil-nul")
+shutil.copytree(evil_run, nul_run)
+check("escapes: NUL bytes patched in", patch_strings(os.path.join(nul_run, "rank-0.timeline"), 0x00) > 0)
+evil_pickle = os.path.join(tmp, "evil-snapshot.pickle")
+BASE = 0x7F0000000000
+frames = [{"filename": "train" + EVIL + ".py", "line": 10, "name": "fn" + EVIL}]
+trace = [{"action": a, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": frames,
+          "compile_context": "N/A", "user_metadata": "", "pool_id": (0, 0)}
+         for a, addr, size, t in (("segment_alloc", BASE, 20 * MiB, 100), ("alloc", BASE, 6 * MiB, 100),
+                                  ("alloc", BASE + 6 * MiB, 4 * MiB, 110), ("free_requested", BASE, 6 * MiB, 120),
+                                  ("free_completed", BASE, 6 * MiB, 120))]
+blocks = [{"address": BASE, "size": 6 * MiB, "requested_size": 0, "state": "inactive", "frames": []},
+          {"address": BASE + 6 * MiB, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated",
+           "frames": frames},
+          {"address": BASE + 10 * MiB, "size": 10 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]
+pickle.dump({"segments": [{"device": 0, "address": BASE, "total_size": 20 * MiB, "allocated_size": 4 * MiB,
+                           "active_size": 4 * MiB, "requested_size": 4 * MiB, "stream": 0, "segment_type": "large",
+                           "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames, "blocks": blocks}],
+             "device_traces": [trace],
+             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": None, "max_split_size": -1,
+                                    "expandable_segments": False, "garbage_collection_threshold": 0.0,
+                                    "roundup_power2_divisions": {"1": 0}},
+             "external_annotations": [{"name": "lab" + EVIL, "stage": "START", "device": 0, "time_us": 100},
+                                      {"name": "lab" + EVIL, "stage": "END", "device": 0, "time_us": 120}]},
+            open(evil_pickle, "wb"))
+moment = "lab" + EVIL.replace("\x00", "")  # a moment named by the user (argv has no NUL): echoed in messages
+for source in (evil_run, raw_run, nul_run, evil_pickle):
+    name = os.path.basename(source)
+    commands = [["summary", source], ["summary", source, "--by-category"], ["summary", source, "--json"],
+                ["summary", source, "--at", "peak"], ["frag", source], ["frag", source, "--json"],
+                ["frag", source, "--at", "peak"], ["compare", source, source], ["compare", source, source, "--json"],
+                ["dump", source], ["replay", source, "--no-search"], ["replay", source, "--json", "--no-search"],
+                ["check", source, "--max", "peak_allocated=1MiB"], ["check", source, "--max", "peak_allocated=1MiB",
+                                                                   "--json"],
+                ["summary", source, "--at", moment], ["trace", source, "-o", os.path.join(tmp, "evil-trace.json")]]
+    for args in commands:
+        what = f"escapes: {name}: {' '.join(a for a in args[2:] if a != source)} {args[0]}"
+        code, out, err = run_bytes(*args)
+        check(f"{what}: no signal", code >= 0, code)
+        check(f"{what}: stdout escaped", not terminal_unsafe(out), (terminal_unsafe(out)[:8], out[:300]))
+        check(f"{what}: stderr escaped", not terminal_unsafe(err), (terminal_unsafe(err)[:8], err[:300]))
+        if "--json" in args and code in (0, 1):
+            try:
+                json.loads(out)
+            except ValueError as e:
+                check(f"{what}: JSON", False, (e, out[:300]))
+        if args[0] == "dump" and code == 0:
+            lines = [json.loads(x) for x in out.splitlines()]
+            if source == evil_run:
+                check(f"{what}: the owner's value kept", any(x.get("owner") == "own" + EVIL for x in lines),
+                      out[:300])
+code, out, err = run_bytes("summary", evil_run)
+check("escapes: owners shown escaped", b"own\\u001b[31mRED\\u001b]0;title\\u0007\\u009b\\u0000\\u0001\\u007f"
+      b"\\u0085\\r" in out, out[-1500:])
+code, out, err = run_bytes("summary", raw_run)
+check("escapes: raw bytes shown as \\xNN", b"\\x9bwn" in out, out[-1500:])
+code, out, err = run_bytes("replay", evil_jsonl, "--no-search")
+check("escapes: replay of the trace", code == 0 and not terminal_unsafe(out + err), (code, err[-300:]))
 
 # 5. Two runs on one --out: the second is refused at once, naming the first.
 locked = os.path.join(tmp, "locked")
@@ -283,6 +377,117 @@ check("disk full from the start, 2 ranks: the rank's reason (its log is empty)",
       re.search(r"^memscope run: rank \d exited with status 4: cannot write timeline '.*': No space left on device$",
                 err, re.M), err)
 check("full disk, 2 ranks: no empty line", "\n\n" not in err and not err.startswith("\n"), err)
+
+# Issue 34, 5. Absurd sizes: every input file has a limit that fits its kind,
+# checked before it is read (a 5 GiB sparse file is refused by its size; the
+# endless /dev/zero is read no further than the limit); out-of-range numbers
+# are refused, never saturated to INT64_MAX. Each is one line, exit 2, under a
+# 4 GiB address-space limit (std::bad_alloc and exit 134 before).
+import resource  # noqa: E402
+
+
+def run_limited(*args):
+    def limits():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        p = subprocess.run([MEMSCOPE, *args], capture_output=True, text=True, timeout=60, preexec_fn=limits,
+                           errors="replace")
+    except subprocess.TimeoutExpired:
+        return None, "", "timed out"
+    return p.returncode, p.stdout, p.stderr
+
+
+sparse = {}
+for name, head in (("model.json", b"{"), ("config.json", b"{"), ("adapter_config.json", b"{"),
+                   ("report.json", b'{"schema": "memscope.report/1"'), ("trace.jsonl", b'{"action":"alloc"')):
+    sparse[name] = os.path.join(tmp, "sparse-" + name)
+    with open(sparse[name], "wb") as f:
+        f.write(head)
+        f.truncate(5 << 30)
+out_dir = os.path.join(tmp, "absurd")
+for args, message in (
+        (["run", "--model", "hf:/dev/zero"], "Hugging Face config /dev/zero: more than the Hugging Face config limit "
+                                             "(16 MiB)"),
+        (["run", "--model", "file:/dev/zero"], "model file /dev/zero: more than the model file limit (64 MiB)"),
+        (["run", "--model-file", "/dev/zero"], "model file /dev/zero: more than the model file limit (64 MiB)"),
+        (["plan", "--model", "hf:/dev/zero", "--device-memory", "1GiB"],
+         "Hugging Face config /dev/zero: more than the Hugging Face config limit (16 MiB)"),
+        (["run", "--model", "mlp", "--lora", "/dev/zero"],
+         "--lora: adapter config /dev/zero: more than the adapter config limit (16 MiB)"),
+        (["run", "--model-file", sparse["model.json"]],
+         f"model file {sparse['model.json']}: 5368709120 bytes, over the model file limit (64 MiB)"),
+        (["run", "--model", "hf:" + sparse["config.json"]],
+         f"Hugging Face config {sparse['config.json']}: 5368709120 bytes, over the Hugging Face config limit (16 MiB)"),
+        (["plan", "--model", "file:" + sparse["model.json"], "--device-memory", "1GiB"],
+         f"model file {sparse['model.json']}: 5368709120 bytes, over the model file limit (64 MiB)"),
+        (["run", "--model", "mlp", "--lora", sparse["adapter_config.json"]],
+         f"--lora: adapter config {sparse['adapter_config.json']}: 5368709120 bytes, over the adapter config limit "
+         "(16 MiB)"),
+        (["check", sparse["report.json"], "--max", "peak_allocated=1GiB"],
+         f"report.json {sparse['report.json']}: 5368709120 bytes, over the report.json limit (1 GiB)"),
+        (["compare", sparse["report.json"], sparse["report.json"]],
+         f"report.json {sparse['report.json']}: 5368709120 bytes, over the report.json limit (1 GiB)"),
+        (["check", sparse["report.json"], "--baseline", sparse["report.json"]],
+         f"report.json {sparse['report.json']}: 5368709120 bytes, over the report.json limit (1 GiB)"),
+        (["replay", "/dev/zero", "--alloc-conf", ""],
+         "/dev/zero:1: a line of more than 1 MiB (the request trace line limit)"),
+        (["run", "--steps", "9223372036854775808"], None), (["run", "--steps", "99999999999999999999999"], None),
+        (["run", "--steps", "9223372036854775807"], "--steps 9223372036854775807: use 1 to 1000000"),
+        (["run", "--steps", "1000001"], "--steps 1000001: use 1 to 1000000"),
+        (["plan", "--steps", str(2**63), "--device-memory", "1GiB"], None),
+        (["plan", "--steps", str(2**63 - 1), "--device-memory", "1GiB"], None),
+        (["plan", "--batch-size", str(2**63), "--device-memory", "1GiB"], None),
+        (["plan", "--batch-size", str(2**62), "--device-memory", "1GiB"], None),
+        (["plan", "--global-batch", str(2**63), "--device-memory", "1GiB"], None),
+        (["plan", "--global-batch", str(2**62), "--device-memory", "1GiB"], None),
+        (["plan", "--global-batch", str(2**30), "--device-memory", "1GiB"],
+         "--global-batch 1073741824: at most 16777216 per rank (16777216 for --world-size 1)"),
+        (["snapshot", good, "-o", os.path.join(tmp, "s.pickle"), "--max-entries", str(2**64)], None),
+        (["replay", data("phases.jsonl"), "--rank", str(2**63)], None)):
+    name = "absurd: " + " ".join(a.replace(tmp + "/", "") for a in args)
+    code, out, err = run_limited(*args, *(["--out", out_dir] if args[0] == "run" else []))
+    one_line_error(name, code, err)
+    command = args[0]
+    if message is not None:
+        check(f"{name}: says", err == f"memscope {command}: {message}\n", err)
+    else:
+        check(f"{name}: refused as out of range", "out of range" in err or "not in range" in err, err)
+check("absurd: nothing recorded", not os.path.exists(out_dir))
+for path in sparse.values():
+    os.remove(path)
+
+# Issue 34, 6. Empty and impossible values: each a one-line refusal (rc 0, or
+# '' read as 0, before).
+for args, says in ((["run", "--momentum", ""], "--momentum: the value is empty"),
+                   (["run", "--cuda-context-mb", ""], "--cuda-context-mb: the value is empty"),
+                   (["run", "--devices", ""], "--devices: the value is empty"),
+                   (["run", "--memory-fraction", ""], "--memory-fraction: the value is empty"),
+                   (["run", "--steps", ""], "--steps: the value is empty"),
+                   (["run", "--model", ""], "--model: the value is empty"),
+                   (["replay", data("phases.jsonl"), "--device-memory", ""], "--device-memory: the value is empty"),
+                   (["replay", data("phases.jsonl"), "--rank", ""], "--rank: the value is empty"),
+                   (["replay", data("phases.jsonl"), "--memory-fraction", ""], "--memory-fraction: the value is empty"),
+                   (["plan", "--batch-size", "", "--device-memory", "1GiB"], "--batch-size: the value is empty"),
+                   (["plan", "--global-batch", "", "--device-memory", "1GiB"], "--global-batch: the value is empty"),
+                   (["summary", ""], "run: the value is empty"),
+                   (["run", "--touch-device", "-1", "--cuda-context-mb", "500"], "--touch-device: Value -1 not in range"),
+                   (["snapshot", good, "-o", os.path.join(tmp, "s.pickle"), "--max-entries", "-1"],
+                    "--max-entries: -1 is negative"),
+                   (["run", "--world-size", "4", "--load-checkpoint", "cuda:99"],
+                    "memscope run: CUDA error: invalid device ordinal: --load-checkpoint on cuda:99, but the run's "
+                    "ranks are on cuda:0 to cuda:3"),
+                   (["run", "--touch-device", "1", "--cuda-context-mb", "500"],
+                    "memscope run: CUDA error: invalid device ordinal: --touch-device on cuda:1, but the run's ranks "
+                    "are on cuda:0")):
+    name = "impossible: " + " ".join(repr(a) if a == "" else a.replace(tmp + "/", "") for a in args)
+    extra = ["--model", "mlp", "--steps", "1", "--out", out_dir] if args[0] == "run" and "--model" not in args else []
+    code, out, err = run(*args, *extra)
+    one_line_error(name, code, err)
+    check(f"{name}: says", says in err, err)
+check("impossible: nothing recorded", not os.path.exists(out_dir))
+code, out, err = run("replay", data("phases.jsonl"), "--alloc-conf", "", "--no-search")
+check("--alloc-conf '' still means the defaults", code == 0 and "alloc_conf (defaults)" in out, (code, err))
 
 # 8 (and 6) for the commands' -o: written whole, never through a symlink; a
 # device is written in place, never replaced, and its error is named.

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 
-from clitest import MEMSCOPE, MiB, check, data, finish, run  # noqa: E402
+from clitest import DATA, MEMSCOPE, MiB, check, data, finish, run  # noqa: E402
 
 tmp = tempfile.mkdtemp(prefix="memscope-newuser-")
 
@@ -193,5 +193,23 @@ if code == 0:
         check(f"rank {rank} allreduce bytes", [e["args"]["bytes"] for e in slices if e["name"] == "allreduce"]
               == [662026 * 4], [e["args"] for e in slices if e["name"] == "allreduce"])
         check(f"rank {rank} slices have durations", all(e["dur"] >= 0 for e in slices), slices[:2])
+
+# ---- One line on failure (issue 34, 7): a failing command says its error
+# alone (its notes were printed before it: 3 notes, then "rank 0 has no end
+# of phase backward:1"); a command that succeeds prints its notes after its
+# output.
+snap = os.path.join(DATA, "..", "..", "fuzz", "corpus", "pickle", "torch_oom_p4.pickle")
+for args in (["summary", snap, "--at", "backward:1"], ["frag", snap, "--at", "backward:1"],
+             ["snapshot", snap, "-o", os.path.join(tmp, "s.pickle"), "--at", "backward:1"],
+             ["compare", snap, os.path.join(tmp, "missing")], ["replay", snap, "--out", "/proc/no/such/dir"],
+             ["check", snap, "--max", "peak_allocated=1MiB", "--baseline", os.path.join(tmp, "missing")]):
+    code, out, err = run(*args)
+    check(f"failing {args[0]}: exit 2", code == 2, (code, err))
+    check(f"failing {args[0]}: one line, no note", err.count("\n") == 1 and "note:" not in err, err)
+p = subprocess.run([MEMSCOPE, "frag", snap], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+lines = p.stdout.splitlines()
+notes = [i for i, line in enumerate(lines) if line.startswith("memscope: note:")]
+check("succeeding frag: its notes", p.returncode == 0 and len(notes) == 3, p.stdout)
+check("succeeding frag: the notes after the output", notes == list(range(len(lines) - 3, len(lines))), p.stdout)
 
 finish("new-user checks")

@@ -13,13 +13,18 @@ What counts as a finding:
   - a time-out;
   - an exit status outside 0-4 (0 ok, 1 a check failed, 2 unusable input,
     3 OOM, 4 a rank failed);
-  - exit status 2 without exactly one line on stderr (besides "memscope:
-    note:" lines), or stderr holding a sanitizer report, "terminate called",
-    or a raw control character (an escape sequence echoed from the input).
+  - exit status 2 without exactly one line on stderr (notes included: a
+    failing command says its error alone), or stderr holding a sanitizer
+    report or "terminate called";
+  - a character a terminal obeys on stdout or stderr (base/terminal_text.h:
+    C0 but the line break and the tab, DEL, C1, bytes that are not UTF-8):
+    an escape sequence echoed from the input.
 
   cli_fuzz.py MEMSCOPE --seconds 60 [--seed N] [--save DIR]
       fuzz; findings are written to DIR (default cli-fuzz-findings/) as
       regression cases: NAME.json = {"args": [...], "files": {name: base64}}
+      (and "sparse": {name: bytes}: files of that size made of holes, the
+      absurd sizes of issue 34 without storing them)
   cli_fuzz.py MEMSCOPE --replay DIR
       run every saved case of DIR once (ctest cli_fuzz_regressions does, in
       the normal and the ASan+UBSan build); exit 1 if any is a finding.
@@ -56,7 +61,13 @@ def is_asan(binary):
         return b"__asan_init" in f.read()
 
 
-def run_case(memscope, args, files, workdir, limit_memory):
+def terminal_unsafe(raw):
+    """The characters of `raw` a terminal could obey (base/terminal_text.h's rule)."""
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0 or 0xDC80 <= ord(c) <= 0xDCFF]
+
+
+def run_case(memscope, args, files, workdir, limit_memory, sparse=None):
     """Runs one case in a fresh `workdir`: returns (finding or None, exit code, stderr)."""
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
@@ -65,6 +76,11 @@ def run_case(memscope, args, files, workdir, limit_memory):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(content)
+    for name, size in (sparse or {}).items():
+        path = os.path.join(workdir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(size)
 
     def limits():
         if limit_memory:
@@ -93,9 +109,10 @@ def run_case(memscope, args, files, workdir, limit_memory):
     for marker in ("AddressSanitizer", "runtime error:", "LeakSanitizer", "terminate called", "Assertion"):
         if marker in err:
             return f"stderr has {marker!r}", code, err
-    if any(ord(c) < 0x20 and c not in "\n" for c in err) or "\x7f" in err:
-        return "raw control character on stderr", code, err
-    lines = [l for l in err.splitlines() if not l.startswith("memscope: note:")]
+    for stream, raw in (("stderr", p.stderr), ("stdout", p.stdout)):
+        if terminal_unsafe(raw):
+            return f"raw control character on {stream}", code, err
+    lines = err.splitlines()
     if code == 2 and len(lines) != 1:
         return f"exit 2 with {len(lines)} lines on stderr", code, err
     return None, code, err
@@ -221,9 +238,13 @@ def make_case(rng, seeds):
                    ("--device-memory", ["1MiB", "0", "1TiB", "18446744073709551615", "1e3GiB", "-1"]),
                    ("--alloc-conf", ["max_split_size_mb:20", "garbage:\x1b[31m", "expandable_segments:True",
                                      "roundup_power2_divisions:[>:8]", "max_split_size_mb:" + "9" * 30]),
-                   ("--steps", ["1", "0", "-1"]), ("--seq-len", ["1", "0", "99999999"]),
-                   ("--world-size", ["1", "0", "65"]), ("--bucket-cap-mb", ["0", "nan", "1e300", "1"])]
-        args = ["run", "--model", rng.choice(["mlp", "cifar-net", "nosuchmodel"]), "--steps", "1", "--out", "out"]
+                   ("--steps", ["1", "0", "-1", "", "9223372036854775808", "9" * 23]), ("--seq-len", ["1", "0", "99999999"]),
+                   ("--world-size", ["1", "0", "65"]), ("--bucket-cap-mb", ["0", "nan", "1e300", "1"]),
+                   ("--momentum", ["", "0.9", "nan"]), ("--memory-fraction", ["", "0.5", "2"]),
+                   ("--devices", ["", "same", "0,0", "x"]), ("--cuda-context-mb", ["", "500", "-1"]),
+                   ("--touch-device", ["-1", "0", "256"]), ("--load-checkpoint", ["cuda:99", "cpu", ""])]
+        model = rng.choice(["mlp", "cifar-net", "nosuchmodel", "hf:/dev/zero", "file:/dev/zero", ""])
+        args = ["run", "--model", model, "--steps", "1", "--out", "out"]
         for flag, values in rng.sample(options, rng.randrange(1, 4)):
             args += [flag, rng.choice(values)]
         return args, {}
@@ -291,7 +312,8 @@ def main():
             for n in cases:
                 case = json.load(open(os.path.join(a.replay, n)))
                 files = {k: base64.b64decode(v) for k, v in case["files"].items()}
-                finding, code, err = run_case(memscope, case["args"], files, os.path.join(tmp, "case"), limit_memory)
+                finding, code, err = run_case(memscope, case["args"], files, os.path.join(tmp, "case"), limit_memory,
+                                              case.get("sparse"))
                 if finding:
                     failed += 1
                     print(f"{n}: {finding}: memscope {' '.join(case['args'])}\n{err[-1500:]}")
