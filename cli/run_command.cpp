@@ -371,6 +371,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step (default 1)");
   cmd->add_option("--attention", a->attention, "eager (math, default), sdpa or flash_attention_2 (flash)");
   cmd->add_option("--out", a->out, "run directory (default memscope-run)");
+  cmd->add_flag("--force", a->force, "write into an --out that is not empty and was not written by memscope");
   cmd->add_flag("--json", a->json, "print report.json instead of the tables");
   cmd->callback([a, &exit_status] {
     Printer printer;

@@ -181,7 +181,7 @@ int RunOne(const RunRequest& a, const std::string& ddp_mode, RunPrinter& printer
     printer.SettingsNotes(plan->config, warnings);
   }
   const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(printer, absl::StrCat("--out: ", s.message()));
+  if (absl::Status s = dir.Claim(a.force); !s.ok()) return Fail(printer, s.message());
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), printer, kept);
   // One run at a time per directory; the ranks of ours run under this lock.
   absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
@@ -218,7 +218,7 @@ int RunDataParallelCommand(const RunRequest& a, RunPrinter& printer) {
     return Fail(printer, s.message());
   }
   const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(printer, absl::StrCat("--out: ", s.message()));
+  if (absl::Status s = dir.Claim(a.force); !s.ok()) return Fail(printer, s.message());
   absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
   if (!lock.ok()) return Fail(printer, lock.status().message());
   dir.RemoveRankFiles();
@@ -252,6 +252,8 @@ int CompareModes(const std::string (&dirs)[2], const std::optional<RunOutcome> (
 
 // Both modes, each in its own directory (OUT/copy, OUT/view), then the comparison.
 int RunBothModes(const RunRequest& a, RunPrinter& printer) {
+  // OUT is memscope's once a pass has claimed its copy/ or view/ (load/run_directory.h).
+  if (absl::Status s = RunDirectory(a.out).Check(a.force); !s.ok()) return Fail(printer, s.message());
   int worst = kExitOk;
   const char* store = std::getenv("MEMSCOPE_STORE");
   const std::string base_store = store != nullptr ? store : "";

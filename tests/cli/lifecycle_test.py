@@ -1,0 +1,126 @@
+"""A run's life when things go wrong around it (issue 34, items 2-4): a
+nearly full disk, Ctrl-C and a killed launcher, an --out that holds the
+user's own files. Each block is one item of the issue."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from clitest import DATA, MEMSCOPE, check, data, finish, run
+
+tmp = tempfile.mkdtemp(prefix="memscope-lifecycle-")
+
+
+def read(path):
+    """The text of `path`, or None when it is missing."""
+    try:
+        return open(path, errors="replace").read()
+    except OSError:
+        return None
+
+
+def one_line_error(name, code, err, want_code=2):
+    """A refused input: the exit status and exactly one line on stderr."""
+    check(f"{name} exit {want_code}", code == want_code, (code, err))
+    check(f"{name} one line", err.count("\n") == 1 and err.endswith("\n"), repr(err))
+
+
+# 4. The user's own files: an --out that is not empty and was not written by
+# memscope is refused (one line naming a file a run would write) by every
+# command that writes a run directory; --force writes into it; / and the
+# home directory are always refused; memscope's own directory is rewritten.
+def users_directory(name):
+    """A directory of the user's: rank-0.json, report.json, trace.json of
+    their own, and symlinks named summary.txt and rank-1.log to a victim."""
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    for f in ("rank-0.json", "report.json", "trace.json"):
+        open(os.path.join(d, f), "w").write(f"the user's {f}\n")
+    victim = os.path.join(tmp, f"{name}-victim.txt")
+    open(victim, "w").write("victim\n")
+    for f in ("summary.txt", "rank-1.log"):
+        os.symlink(victim, os.path.join(d, f))
+    return d, victim
+
+
+def untouched(name, d, victim):
+    for f in ("rank-0.json", "report.json", "trace.json"):
+        check(f"{name}: {f} kept", read(os.path.join(d, f)) == f"the user's {f}\n", read(os.path.join(d, f)))
+    for f in ("summary.txt", "rank-1.log"):
+        check(f"{name}: {f} still the user's symlink", os.path.islink(os.path.join(d, f)))
+    check(f"{name}: victim untouched", read(victim) == "victim\n", read(victim))
+    check(f"{name}: nothing added", sorted(os.listdir(d)) == ["rank-0.json", "rank-1.log", "report.json",
+                                                             "summary.txt", "trace.json"], os.listdir(d))
+
+
+mine, victim = users_directory("mine")
+refusal = (f"--out '{mine}' is not empty and was not written by memscope (it holds rank-0.json and 4 others): choose "
+           "a new or empty directory, or --force to write into it\n")
+for args in (["run", "--model", "mlp", "--steps", "1"], ["run", "--model", "mlp", "--steps", "1", "--world-size", "2"],
+             ["run", "--model", "mlp", "--steps", "1", "--dp", "2"],
+             ["run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--ddp", "copy,view"],
+             ["replay", data("phases.jsonl")], ["capture"]):
+    name = " ".join(args[:1] + args[5:]) or args[0]
+    code, out, err = run(*args, "--out", mine, *(["--", "true"] if args[0] == "capture" else []))
+    one_line_error(f"user's files: {name}", code, err)
+    check(f"user's files: {name} names a file", err == f"memscope {args[0]}: {refusal}", err)
+    untouched(f"user's files: {name}", mine, victim)
+
+# --force: written, the user's files of the same names replaced, the
+# symlinks replaced and never followed; the directory is memscope's from then on.
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--out", mine, "--force")
+check("--force: the run", code == 0, (code, err))
+check("--force: report.json is the run's", json.loads(read(os.path.join(mine, "report.json")) or "{}").get("schema")
+      == "memscope.report/1", (read(os.path.join(mine, "report.json")) or "")[:100])
+for f in ("summary.txt", "rank-1.log"):
+    check(f"--force: {f} replaced, not followed", not os.path.islink(os.path.join(mine, f)))
+check("--force: victim untouched", read(victim) == "victim\n", read(victim))
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", mine)
+check("--force: then memscope's own", code == 0, (code, err))
+
+# A symlink where the rendezvous directory goes is removed, not written through.
+elsewhere = os.path.join(tmp, "elsewhere")
+os.makedirs(elsewhere)
+os.symlink(elsewhere, os.path.join(mine, ".memscope-store"))
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--out", mine)
+check("store symlink: the run", code == 0, (code, err))
+check("store symlink: nothing written through it", os.listdir(elsewhere) == [], os.listdir(elsewhere))
+
+# Rerunning into memscope's own directories, and into an empty one, works.
+own = os.path.join(tmp, "own")
+for i in range(2):
+    for args in (["run", "--model", "mlp", "--steps", "1"], ["replay", data("phases.jsonl")]):
+        code, out, err = run(*args, "--out", own)
+        check(f"rerun {i} {args[0]} into its own directory", code == 0, (code, err))
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--ddp", "copy,view", "--out",
+                         os.path.join(tmp, "both"))
+    check(f"rerun {i} --ddp copy,view", code == 0, (code, err))
+empty = os.path.join(tmp, "empty")
+os.makedirs(empty)
+code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", empty)
+check("an empty directory", code == 0, (code, err))
+
+# / and the home directory itself: refused, --force or not.
+home = os.path.join(tmp, "home")
+os.makedirs(home)
+root_before = set(os.listdir("/"))
+for out_dir, env, what in (("/", None, "the root directory"), (home, {"HOME": home}, "your home directory"),
+                           (os.path.join(home, "."), {"HOME": home}, "your home directory")):
+    for force in ([], ["--force"]):
+        code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", out_dir, *force, env=env)
+        one_line_error(f"--out {out_dir} {force}", code, err)
+        check(f"--out {out_dir} {force} named", err == f"memscope run: --out '{out_dir}' is {what}: choose a new "
+              "directory for the run\n", err)
+added = set(os.listdir("/")) - root_before
+for name in added:  # a regression must not leave its files in /
+    if name.startswith(("rank-", "snapshot-rank-", ".memscope")) or name in ("run.json", "report.json", "summary.txt",
+                                                                           "trace.json", "report.html"):
+        path = os.path.join("/", name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+check("--out /: nothing written into /", not added, added)
+check("--out HOME: nothing written", os.listdir(home) == [], os.listdir(home))
+
+finish("lifecycle")
