@@ -118,18 +118,34 @@ std::string HomeDirectory() {
 
 }  // namespace
 
-bool RunDirectory::WrittenByMemscope() const {
-  std::error_code ec;
-  for (const char* marker : {kLock, kFileList}) {
-    if (fs::is_regular_file(fs::symlink_status(Path(marker), ec))) return true;
+namespace {
+
+// Whether a directory holding `names` is memscope's: one of its marks is
+// there, or its copy/ or view/ (--ddp copy,view) is memscope's. Decided on
+// one listing: the ranks of an external launcher claim the same directory
+// at once, and the mark is written before anything else.
+bool WrittenByMemscope(const RunDirectory& dir, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    if (name == RunDirectory::kLock || name == RunDirectory::kFileList) return true;
   }
-  // --ddp copy,view: one run directory per mode under ROOT.
-  for (const char* mode : {"copy", "view"}) {
-    if (fs::is_directory(fs::symlink_status(Path(mode), ec)) && RunDirectory(Path(mode)).WrittenByMemscope()) {
-      return true;
-    }
+  for (const std::string& name : names) {
+    if ((name == "copy" || name == "view") && RunDirectory(dir.Path(name)).WrittenByMemscope()) return true;
   }
   return false;
+}
+
+std::vector<std::string> Names(const std::string& root, std::error_code& ec) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+bool RunDirectory::WrittenByMemscope() const {
+  std::error_code ec;
+  return memscope::WrittenByMemscope(*this, Names(root_, ec));
 }
 
 absl::Status RunDirectory::Check(bool force) const {
@@ -148,12 +164,10 @@ absl::Status RunDirectory::Check(bool force) const {
     return absl::FailedPreconditionError(
         absl::StrCat("--out '", root_, "' is your home directory: choose a new directory for the run"));
   }
-  if (force || WrittenByMemscope()) return absl::OkStatus();
-  std::vector<std::string> names;
-  for (const fs::directory_entry& e : fs::directory_iterator(root_, ec)) names.push_back(e.path().filename().string());
+  if (force) return absl::OkStatus();
+  const std::vector<std::string> names = Names(root_, ec);
   if (ec) return absl::InternalError(absl::StrCat("--out: cannot read '", root_, "': ", ec.message()));
-  if (names.empty()) return absl::OkStatus();
-  std::sort(names.begin(), names.end());
+  if (names.empty() || memscope::WrittenByMemscope(*this, names)) return absl::OkStatus();
   // The file a run would overwrite, when there is one.
   const auto conflict = std::find_if(names.begin(), names.end(), IsOutputName);
   const std::string& shown = conflict != names.end() ? *conflict : names.front();

@@ -114,6 +114,7 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -615,10 +616,52 @@ constexpr std::size_t kMaxUnchecked = 256;
 constexpr std::uint8_t kRingAllreduceSlotPrefix = 0x4d;
 
 // A FileStore whose keys can be tested without waiting.
+// A key of the store that could not be written (a full disk): "cannot
+// write the rendezvous store 'DIR/KEYFILE': No space left on device".
+class StoreWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// gloo's FileStore, whose set() checks its writes: gloo's own ignores a
+// failed write and leaves an empty key, which a peer then reads as a gloo
+// assertion ("n > 0. 0 vs 0") instead of the disk's error.
 class PollableFileStore : public gloo::rendezvous::FileStore {
  public:
   using gloo::rendezvous::FileStore::FileStore;
   bool Has(const std::string& key) { return check({key}); }
+
+  // As gloo's: refused when the key exists, else written under a temporary
+  // name and renamed; every write checked (StoreWriteError).
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const std::string tmp = tmpPath(key), path = objectPath(key);
+    keyFilePaths_.push_back(path);
+    GLOO_ENFORCE(::access(path.c_str(), F_OK) != 0, "File already exists: ", path);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw StoreWriteError(Failed(tmp));
+    std::size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = Failed(tmp);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw StoreWriteError(why);
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+      const std::string why = Failed(path);
+      ::unlink(tmp.c_str());
+      throw StoreWriteError(why);
+    }
+  }
+
+ private:
+  static std::string Failed(const std::string& path) {
+    return "cannot write the rendezvous store '" + path + "': " + std::strerror(errno != 0 ? errno : EIO);
+  }
 };
 
 std::string JoinedKey(int rank) { return "memscope-joined-" + std::to_string(rank); }
@@ -1306,6 +1349,12 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     }
   } catch (const CommError&) {
     throw;
+  } catch (const StoreWriteError& e) {  // a full disk: said as it is
+    const std::string msg = me + e.what();
+    context_.reset();
+    device_.reset();
+    progress_.Write(0, "failed", "rendezvous", 0, msg);
+    throw CommError(msg);
   } catch (const std::exception& e) {  // gloo::IoException, gloo::EnforceNotMet, ...
     std::string msg = me + "rendezvous failed";
     std::vector<int> gone;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -120,8 +121,10 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
   return pid;
 }
 
-// What rank wrote to its status pipe (after it exited: the pipe holds it).
-std::string ReadStatusPipe(int fd) {
+// What a rank wrote to its status pipe (after it exited: the pipe holds
+// it): its last line, each sent as "E LINE" or, asking for the run to
+// stop at once, "S LINE"; `stop_run` is set when any line asked.
+std::string ReadStatusPipe(int fd, bool& stop_run) {
   std::string text;
   char buf[4096];
   ::fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -134,8 +137,10 @@ std::string ReadStatusPipe(int fd) {
     if (n < 0 && errno == EINTR) continue;
     break;
   }
+  stop_run = text.rfind("S ", 0) == 0 || text.find("\nS ") != std::string::npos;
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (const std::size_t nl = text.rfind('\n'); nl != std::string::npos) text.erase(0, nl + 1);  // the last line
+  if (text.rfind("S ", 0) == 0 || text.rfind("E ", 0) == 0) text.erase(0, 2);
   return text;
 }
 
@@ -213,7 +218,7 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
       stopped.erase(r);
       RankExit& e = result.ranks[r];
       e.seconds = since();
-      e.message = ReadStatusPipe(status_fds[r]);
+      e.message = ReadStatusPipe(status_fds[r], e.stop_run);
       ::close(status_fds[r]);
       status_fds[r] = -1;
       if (WIFSIGNALED(status)) {
@@ -223,6 +228,8 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
         e.stopped_by_launcher = false;
       }
       if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) fail_first(r);
+      // Its peers cannot notice this failure: no grace, they are stopped now.
+      if (!e.ok() && e.stop_run && stopping) deadline = std::min(deadline, std::chrono::steady_clock::now());
     }
   }
   return absl::OkStatus();
@@ -275,11 +282,11 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
   return result;
 }
 
-void ReportToLauncher(const std::string& line) {
+void ReportToLauncher(const std::string& line, bool stop_run) {
   const char* fd_text = std::getenv(kStatusFdVariable);
   int fd = -1;
   if (fd_text == nullptr || !absl::SimpleAtoi(fd_text, &fd) || fd < 0) return;
-  const std::string text = line + "\n";
+  const std::string text = absl::StrCat(stop_run ? "S " : "E ", line, "\n");
   (void)!::write(fd, text.data(), std::min<std::size_t>(text.size(), 4096));
 }
 

@@ -3,7 +3,10 @@
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, and supervises
 // them. When one rank fails (non-zero exit or a signal), the others get
 // `grace` to stop on their own (their collectives fail fast once a peer is
-// gone, or time out), then SIGTERM, then SIGKILL. Nothing hangs.
+// gone, or time out), then SIGTERM, then SIGKILL. Nothing hangs. A rank
+// whose failure its peers cannot see (it never joined the rendezvous: it
+// could not write its timeline on a full disk, say) asks for the SIGTERM at
+// once (ReportToLauncher's stop_run), and the run ends within a second.
 #ifndef MEMSCOPE_RUN_LAUNCHER_H_
 #define MEMSCOPE_RUN_LAUNCHER_H_
 
@@ -27,6 +30,9 @@ struct RankExit {
   // The one line the rank wrote to its status pipe ($MEMSCOPE_STATUS_FD) as
   // it failed: its error, even when its log could not be written.
   std::string message;
+  // The rank asked for the run to stop at once (ReportToLauncher's
+  // stop_run): its peers cannot notice its failure themselves.
+  bool stop_run = false;
   bool ok() const { return signal == 0 && exit_code == 0; }
   std::string Describe() const;  // "exited with status 3", "was killed by signal 9 (SIGKILL)"
 };
@@ -55,8 +61,10 @@ struct LaunchResult {
 absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options);
 
 // In a rank started by LaunchRanks: sends `line` (one line) to the launcher
-// through the status pipe. Does nothing elsewhere.
-void ReportToLauncher(const std::string& line);
+// through the status pipe; `stop_run`: the rank is failing in a way its
+// peers cannot notice (before or in the rendezvous), so the launcher stops
+// them at once instead of giving them `grace`. Does nothing elsewhere.
+void ReportToLauncher(const std::string& line, bool stop_run = false);
 
 }  // namespace memscope
 

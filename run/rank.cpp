@@ -474,7 +474,8 @@ class ScopedTorchBehaviour {
 
 }  // namespace
 
-absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
+absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir,
+                                   bool* rendezvous_failed) {
   const ScopedTorchBehaviour behaviour(plan.torch_behaviour);
   absl::StatusOr<DeviceAssignment> assigned = AssignDevice(plan.devices, rank, DeviceEnvironment::FromProcess());
   if (!assigned.ok()) return assigned.status();
@@ -540,6 +541,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
     result = TrainResult{};
     result->comm_error = true;
     result->error = e.what();
+    if (rendezvous_failed != nullptr) *rendezvous_failed = true;
   } catch (const EndedEarly&) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -52,17 +52,19 @@ int Finalize(const RunRequest& a, const RankPlan& plan, int world_size, const st
 // launcher (the status pipe), which names it even when this rank's log
 // cannot be written (a full disk).
 int RankMain(const RankPlan& plan, int rank, int world_size, const RunDirectory& dir, RunPrinter& printer) {
-  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
+  bool rendezvous_failed = false;
+  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir, &rendezvous_failed);
   if (!status.ok()) {
     if (world_size == 1) return Fail(printer, status.status().message());
     const std::string error = WithoutRankPrefix(std::string(status.status().message()), rank);
-    ReportToLauncher(error);
+    // Its peers may wait for it in the rendezvous: the launcher stops them now.
+    ReportToLauncher(error, /*stop_run=*/true);
     printer.RankFailed(rank, error);
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
   }
   if (status->exit_code != kExitOk && world_size > 1) {
     const std::string error = WithoutRankPrefix(status->error, rank);
-    ReportToLauncher(error);
+    ReportToLauncher(error, rendezvous_failed);
     printer.RankFailed(rank, error);
   }
   return status->exit_code;

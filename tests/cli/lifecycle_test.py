@@ -3,6 +3,8 @@ nearly full disk, Ctrl-C and a killed launcher, an --out that holds the
 user's own files. Each block is one item of the issue."""
 import json
 import os
+import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -26,6 +28,83 @@ def one_line_error(name, code, err, want_code=2):
     """A refused input: the exit status and exactly one line on stderr."""
     check(f"{name} exit {want_code}", code == want_code, (code, err))
     check(f"{name} one line", err.count("\n") == 1 and err.endswith("\n"), repr(err))
+
+
+# 2. A nearly full disk. A rank that cannot write says so at once and the
+# run ends within a second, naming the path and the reason; nothing is
+# mapped that a full disk turns into SIGBUS. On a tmpfs of 12 to 84 KiB (a
+# private mount namespace: unshare -rm) each size fails somewhere else (the
+# timeline, the rendezvous store, the device ledger, rank-R.json); before,
+# some sizes waited 60 s for the rendezvous ("rank 1 never joined") and
+# some died of SIGBUS.
+def timed(args, env=None, preexec_fn=None, timeout=30):
+    """(exit status, stderr, seconds) of memscope ARGS; (None, "timed out", timeout) after `timeout`."""
+    start = time.monotonic()
+    try:
+        p = subprocess.run([MEMSCOPE, *args], capture_output=True, text=True, timeout=timeout, env=env,
+                           preexec_fn=preexec_fn)
+    except subprocess.TimeoutExpired:
+        return None, "timed out", timeout
+    return p.returncode, p.stderr, time.monotonic() - start
+
+
+for kb in range(12, 88, 4):
+    mnt = tempfile.mkdtemp(prefix=f"tinyfs-{kb}k-", dir=tmp)
+    script = f'mount -t tmpfs -o size={kb}k tmpfs "$1" && shift && exec "$@"'
+    start = time.monotonic()
+    try:
+        p = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", mnt, MEMSCOPE, "run", "--model", "mlp",
+                            "--steps", "1", "--world-size", "2", "--out", f"{mnt}/r"], capture_output=True, text=True,
+                           timeout=20)
+        code, err = p.returncode, p.stderr
+    except subprocess.TimeoutExpired:
+        code, err = None, "timed out after 20 s"
+    took = time.monotonic() - start
+    name = f"{kb} KiB free, 2 ranks"
+    check(f"{name}: ends within seconds", took < 10, (took, err))
+    check(f"{name}: no signal", code is not None and code >= 0 and "signal 7" not in err and "SIGBUS" not in err,
+          (code, err))
+    first = err.splitlines()[0] if err else ""
+    check(f"{name}: the first line names a rank, a path and the reason",
+          re.match(r"memscope run: ranks? [0-9, and]+ (exited with status 4|failed): cannot write .*'.*': No space "
+                   r"left on device", first) is not None, err)
+    check(f"{name}: not blamed on the rendezvous", "never joined" not in err and "rendezvous timed out" not in err,
+          err)
+
+
+def file_size_limit(limit):
+    """For preexec_fn: files may grow to `limit` bytes (RLIMIT_FSIZE, SIGXFSZ ignored: a write past it fails
+    with EFBIG, "File too large"), as on a disk with that much free; works without root."""
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+# A timeline that stops fitting in the middle of training: the rank stops at
+# the next phase and says so (it trained on, unrecorded, to its last step).
+for ranks in ("1", "2"):
+    out = os.path.join(tmp, f"fsize-{ranks}")
+    code, err, took = timed(["run", "--model", "gpt2", "--steps", "100000", "--world-size", ranks, "--out", out],
+                            preexec_fn=file_size_limit(1 << 20))
+    name = f"a 1 MiB file size limit, {ranks} rank(s)"
+    check(f"{name}: exit 4", code == 4, (code, err))
+    check(f"{name}: ends within seconds", took < 10, took)
+    first = err.splitlines()[0] if err else ""
+    check(f"{name}: the first line names the timeline and the reason",
+          re.match(r"memscope run: rank [01] (exited with status 4|failed): cannot write timeline '.*rank-[01]"
+                   r"\.timeline': File too large$", first) is not None, err)
+    check(f"{name}: what was recorded is reported", os.path.exists(os.path.join(out, "run.json")) and
+          os.path.exists(os.path.join(out, "summary.txt")), os.listdir(out))
+
+# The device ledger of a multi-rank run is written whole before it is
+# mapped: a disk without room for it is an error, never a SIGBUS.
+out = os.path.join(tmp, "fsize-ledger")
+code, err, took = timed(["run", "--model", "mlp", "--steps", "1", "--world-size", "2", "--out", out],
+                        preexec_fn=file_size_limit(64 << 10))
+check("no room for the device ledger: exit 4", code == 4, (code, err))
+check("no room for the device ledger: named", f"cannot write device ledger '{out}/.memscope-store/device-ledger': "
+      "File too large" in err, err)
 
 
 # 4. The user's own files: an --out that is not empty and was not written by
