@@ -223,7 +223,9 @@ class Printer : public RunPrinter {
   }
   void RankRejected(absl::string_view line) override { std::cerr << EscapeForTerminal(line) << "\n"; }
   void Outcome(const RunRequest& a, const RunOutcome& out) override {
-    if (a.json) {
+    if (out.interrupted != 0) {
+      // Ctrl-C: one line (and the outputs that could not be written), no tables.
+    } else if (a.json) {
       std::ifstream in(RunDirectory(a.out).Report());
       std::cout << in.rdbuf();
     } else {

@@ -711,6 +711,11 @@ class GlooCommunicator final : public Communicator {
   std::string backend() const override { return "gloo"; }
 
   void Rendezvous(const GlooOptions& options);
+  // Why the wait for `missing` to join is over (without "rank R: "): the
+  // process was asked to stop (`interrupt`), or `deadline` passed (naming a
+  // rank started twice); "" to wait on.
+  std::string JoinWaitOver(const std::vector<int>& missing, Clock::time_point deadline,
+                           const std::atomic<int>* interrupt) const;
 
   void AllreduceSum(void* data, std::size_t count, DType dtype) override {
     // Integers only through the mailboxes: their sum does not depend on the
@@ -1287,6 +1292,25 @@ class GlooCommunicator final : public Communicator {
   std::string broken_;  // non-empty after a CommError
 };
 
+std::string GlooCommunicator::JoinWaitOver(const std::vector<int>& missing, Clock::time_point deadline,
+                                           const std::atomic<int>* interrupt) const {
+  if (const int signal = interrupt != nullptr ? interrupt->load() : 0; signal != 0) {
+    const char* name = sigabbrev_np(signal);
+    return "stopped by " + (name != nullptr ? std::string("SIG") + name : std::to_string(signal)) +
+           " while waiting for " + FormatRanks(missing) + " to join";
+  }
+  if (Clock::now() < deadline) return "";
+  std::string msg = "rendezvous timed out after " + FormatSeconds(timeout_) + ": " + FormatRanks(missing) +
+                    " never joined";
+  for (int r = 0; r < world_size_; ++r) {
+    std::error_code exists_ec;
+    if (std::filesystem::exists(DuplicatePath(store_dir_, r), exists_ec)) {
+      msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" + std::to_string(r) + ")";
+    }
+  }
+  return msg;
+}
+
 void GlooCommunicator::Rendezvous(const GlooOptions& options) {
   const std::string me = "rank " + std::to_string(rank_) + ": ";
   const std::string where = " (store " + store_dir_ + ")";
@@ -1322,17 +1346,8 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
         if (r != rank_ && !store.Has(JoinedKey(r))) missing.push_back(r);
       }
       if (missing.empty()) break;
-      if (Clock::now() >= deadline) {
-        std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " + FormatRanks(missing) +
-                          " never joined";
-        for (int r = 0; r < world_size_; ++r) {
-          std::error_code exists_ec;
-          if (std::filesystem::exists(DuplicatePath(store_dir_, r), exists_ec)) {
-            msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" + std::to_string(r) +
-                   ")";
-          }
-        }
-        msg += where;
+      if (std::string msg = JoinWaitOver(missing, deadline, options.interrupt); !msg.empty()) {
+        msg = me + msg + where;
         progress_.Write(0, "failed", "rendezvous", 0, msg);
         throw CommError(msg);
       }

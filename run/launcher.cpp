@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "load/output_file.h"
 #include "load/run_directory.h"
+#include "run/interrupt.h"
 
 extern char** environ;
 
@@ -30,9 +31,10 @@ std::string RankExit::Describe() const {
     return absl::StrCat("was stopped by signal ", stalled_by, name ? absl::StrCat(" (SIG", name, ")") : "",
                         absl::StrFormat(" and made no progress for %.0f s; killed", stalled_seconds));
   }
-  if (signal != 0) {
-    const char* name = sigabbrev_np(signal);
-    return absl::StrCat(stopped_by_launcher ? "was stopped by signal " : "was killed by signal ", signal,
+  if (signal != 0 || stopped_by_launcher) {
+    const int s = signal != 0 ? signal : exit_code - 128;  // one that stopped as asked exits with 128 + it
+    const char* name = sigabbrev_np(s);
+    return absl::StrCat(stopped_by_launcher ? "was stopped by signal " : "was killed by signal ", s,
                         name ? absl::StrCat(" (SIG", name, ")") : "");
   }
   return exit_code == 0 ? "exited normally" : absl::StrCat("exited with status ", exit_code);
@@ -87,9 +89,19 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
   // vfork: no copy of the launcher's page tables, and none of its pages
   // made copy-on-write (each would fault at its next write). The child runs
   // on our memory until execve, so it only calls async-signal-safe functions
-  // and writes nothing but its own stack; no handler of ours can run in it
-  // (the launcher installs none, and SIGCHLD is the default).
+  // and writes nothing but its own stack; no handler of ours may run in it:
+  // SIGINT and SIGTERM (run/interrupt.h's) are blocked across vfork, and the
+  // child sets them to their default before it unblocks them (SIGCHLD is
+  // the default).
+  sigset_t stop_signals, before;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  struct sigaction dfl {};  // prepared here: the child writes no memory of ours
+  dfl.sa_handler = SIG_DFL;
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
   const pid_t pid = ::vfork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (pid < 0) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
@@ -100,6 +112,9 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
     // Only async-signal-safe calls between fork and exec.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // ranks do not outlive the launcher
     if (::getppid() != launcher) ::_exit(127);
+    ::sigaction(SIGINT, &dfl, nullptr);
+    ::sigaction(SIGTERM, &dfl, nullptr);
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -147,6 +162,9 @@ std::string ReadStatusPipe(int fd, bool& stop_run) {
 // Waits for every rank (pids[r]) to end, recording how in `result` (times
 // since `start`, the launch). After
 // the first failure the others get `grace`, then SIGTERM, 5 s later SIGKILL.
+// The first SIGINT or SIGTERM of this process goes on to the ranks, which
+// get 10 s to stop, then SIGKILL. It polls (every 10 ms): a signal that
+// comes just before a blocking wait would not end it.
 absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::time_point start,
                        std::vector<pid_t>& pids, std::vector<int>& status_fds, LaunchResult& result) {
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -158,15 +176,22 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
   // `options.stall` it is the run's failure.
   std::map<std::size_t, std::pair<std::chrono::steady_clock::time_point, int>> stopped;
   auto fail_first = [&](std::size_t r) {
-    if (result.first_failure >= 0) return;
+    if (result.first_failure >= 0 || result.interrupted != 0) return;
     result.first_failure = static_cast<int>(r);
     stopping = true;
     deadline = std::chrono::steady_clock::now() + options.grace;
   };
   while (running > 0) {
+    if (const int signal = InterruptSignal().load(); signal != 0 && result.interrupted == 0) {
+      result.interrupted = signal;  // the user's: the ranks stop as it asks, they did not fail
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, signal);
+      }
+      stopping = terminated = true;  // the deadline's signal is SIGKILL
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    }
     int status = 0;
-    const bool poll = stopping || !stopped.empty();
-    const pid_t pid = ::waitpid(-1, &status, (poll ? WNOHANG : 0) | WUNTRACED | WCONTINUED);
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid < 0 && errno == EINTR) continue;
     if (pid < 0) {
       for (pid_t p : pids) {
@@ -208,7 +233,7 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
         deadline = now + std::chrono::seconds(5);
         terminated = true;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
     for (std::size_t r = 0; r < pids.size(); ++r) {
@@ -225,7 +250,7 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
         e.signal = WTERMSIG(status);
       } else {
         e.exit_code = WEXITSTATUS(status);
-        e.stopped_by_launcher = false;
+        e.stopped_by_launcher = e.stopped_by_launcher && e.exit_code == 128 + SIGTERM;  // it stopped as asked
       }
       if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) fail_first(r);
       // Its peers cannot notice this failure: no grace, they are stopped now.

@@ -23,7 +23,9 @@ struct RankExit {
   int rank = 0;
   int exit_code = 0;                 // when it exited
   int signal = 0;                    // when a signal ended it (0 otherwise)
-  bool stopped_by_launcher = false;  // SIGTERM/SIGKILL sent by us after another rank failed
+  // SIGTERM/SIGKILL sent by us after another rank failed, and it ended by
+  // it (killed, or exited with 128 + SIGTERM: it stopped as asked).
+  bool stopped_by_launcher = false;
   int stalled_by = 0;                // it was stopped (e.g. SIGSTOP) longer than `stall`; we killed it
   double stalled_seconds = 0;        // how long it was stopped then
   double seconds = 0;                // since the launch
@@ -52,11 +54,19 @@ struct LaunchOptions {
 // Each rank gets a status pipe: its fd in $MEMSCOPE_STATUS_FD, where a rank
 // writes its last error line (ReportToLauncher) before it exits.
 //
+// Under InterruptHandlers (run/interrupt.h), the first SIGINT or SIGTERM is
+// passed on to every rank, which stops before its next phase; one still
+// running 10 s later is killed.
+//
 // Runs the ranks to the end. The first failure is first among the results'
 // non-ok entries by time (`first_failure`, -1 when all succeeded).
 struct LaunchResult {
   std::vector<RankExit> ranks;  // by rank
   int first_failure = -1;
+  // The SIGINT or SIGTERM this process received while the ranks ran
+  // (run/interrupt.h), passed on to them; 0 when none. Failures after it are
+  // its consequences, not the run's first failure.
+  int interrupted = 0;
 };
 absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options);
 

@@ -14,6 +14,7 @@
 #include "load/run_directory.h"
 #include "recording/timeline.h"
 #include "run/devices.h"
+#include "run/interrupt.h"
 #include "run/launcher.h"
 #include "run/rank.h"
 #include "run/run.h"
@@ -33,12 +34,14 @@ int Fail(RunPrinter& printer, absl::string_view message) {
 
 // Aggregates the finished ranks (run/aggregate.h), writes the run's outputs
 // and has them printed. `exits` are the launcher's (empty for one in-process
-// rank). The outcome goes to `kept` when given.
+// rank); `interrupted`, the signal that stopped the ranks (0: none). The
+// outcome goes to `kept` when given.
 int Finalize(const RunRequest& a, const RankPlan& plan, int world_size, const std::vector<RankExit>& exits,
-             int first_failure, RunPrinter& printer, std::optional<RunOutcome>* kept = nullptr,
+             int first_failure, int interrupted, RunPrinter& printer, std::optional<RunOutcome>* kept = nullptr,
              const std::optional<TrainingManifest::DataParallel>& data_parallel = std::nullopt) {
   RunRecord record = MakeRecord(a, plan, world_size, exits, first_failure);
   record.training.data_parallel = data_parallel;
+  record.interrupted = interrupted;
   absl::StatusOr<RunOutcome> out = AggregateRun(record);
   if (!out.ok()) return Fail(printer, out.status().message());
   printer.Outcome(a, *out);
@@ -62,7 +65,7 @@ int RankMain(const RankPlan& plan, int rank, int world_size, const RunDirectory&
     printer.RankFailed(rank, error);
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
   }
-  if (status->exit_code != kExitOk && world_size > 1) {
+  if (status->exit_code != kExitOk && status->status != "interrupted" && world_size > 1) {
     const std::string error = WithoutRankPrefix(status->error, rank);
     ReportToLauncher(error, rendezvous_failed);
     printer.RankFailed(rank, error);
@@ -81,8 +84,9 @@ int RunWorker(const RunRequest& a, const RankPlan& plan, int rank, int world_siz
   std::filesystem::remove(dir.RankStatus(rank), ec);
   const int code = RankMain(plan, rank, world_size, dir, printer);
   if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
+  const int interrupted = InterruptSignal().load();  // the ranks' end; a signal after it is not theirs
   WaitForRankStatuses(dir, world_size, plan.timeout);
-  const int final_code = Finalize(a, plan, world_size, {}, -1, printer, kept);
+  const int final_code = Finalize(a, plan, world_size, {}, -1, interrupted, printer, kept);
   return code != kExitOk ? code : final_code;
 }
 
@@ -104,7 +108,8 @@ int LaunchAndFinalize(const RunRequest& a, const std::string& ddp_mode, const Ra
       return kExitBadOptions;
     }
   }
-  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, printer, kept);
+  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, launched->interrupted, printer,
+                  kept);
 }
 
 // Every rank's device is valid (run/devices.h), before anything runs: a
@@ -192,7 +197,7 @@ int RunOne(const RunRequest& a, const std::string& ddp_mode, RunPrinter& printer
   if (world_size == 1) {
     const int code = RankMain(*plan, 0, 1, dir, printer);
     if (code == kExitBadOptions) return code;
-    return Finalize(a, *plan, 1, {}, -1, printer, kept);
+    return Finalize(a, *plan, 1, {}, -1, InterruptSignal().load(), printer, kept);
   }
   return LaunchAndFinalize(a, ddp_mode, *plan, static_cast<int>(world_size), printer, kept);
 }
@@ -231,7 +236,7 @@ int RunDataParallelCommand(const RunRequest& a, RunPrinter& printer) {
   for (int d = 0; d < devices; ++d) dp.device_ids.push_back(d);
   dp.chunk_sizes = run->chunk_sizes;
   for (std::int64_t c : dp.chunk_sizes) dp.global_batch += c;
-  return Finalize(a, *plan, devices, {}, -1, printer, nullptr, dp);
+  return Finalize(a, *plan, devices, {}, -1, InterruptSignal().load(), printer, nullptr, dp);
 }
 
 // `memscope run --ddp copy,view`: the two runs compared, from the reports
@@ -272,6 +277,8 @@ int RunBothModes(const RunRequest& a, RunPrinter& printer) {
     if (!base_store.empty()) ::setenv("MEMSCOPE_STORE", absl::StrCat(base_store, "-", mode).c_str(), 1);
     const int code = RunOne(m, mode, printer, &outcomes[i]);
     if (code == kExitBadOptions) return code;
+    // Interrupted: no second pass, nothing to compare.
+    if (const int signal = InterruptSignal().load(); signal != 0) return std::max(code, 128 + signal);
     worst = std::max(worst, code);
     printer.PassEnds();
   }
@@ -281,6 +288,9 @@ int RunBothModes(const RunRequest& a, RunPrinter& printer) {
 }  // namespace
 
 int RunCommand(const RunRequest& request, RunPrinter& printer) {
+  // Ctrl-C and SIGTERM stop the run and report what it recorded; a second
+  // one ends the process that started it at once (run/interrupt.h).
+  const InterruptHandlers handlers(/*exit_at_second=*/std::getenv("RANK") == nullptr);
   RunRequest a = request;
   if (absl::Status s = ApplyGpuKind(a); !s.ok()) return Fail(printer, s.message());
   if (absl::Status s = ApplyTorchVersion(a); !s.ok()) return Fail(printer, s.message());

@@ -107,6 +107,110 @@ check("no room for the device ledger: named", f"cannot write device ledger '{out
       "File too large" in err, err)
 
 
+# 3. Ctrl-C, SIGTERM and a killed launcher. The first SIGINT or SIGTERM (to
+# the launcher, or to its process group as Ctrl-C sends it) stops the
+# ranks; what they recorded is written (run.json saying "interrupted",
+# report.json, summary.txt) and one line says so; the exit status is 130 or
+# 143, as shells expect. A second one ends the launcher at once. After
+# SIGKILL of the launcher, `memscope summary` still reads the timelines and
+# says the run did not finish.
+def started(out, ranks, group=False):
+    """`memscope run` of gpt2 for 100000 steps on `ranks` ranks into `out`, once training has begun."""
+    p = subprocess.Popen([MEMSCOPE, "run", "--model", "gpt2", "--steps", "100000", "--world-size", ranks, "--out", out],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
+    timelines = [os.path.join(out, f"rank-{r}.timeline") for r in range(int(ranks))]
+    for _ in range(1200):
+        if all(os.path.exists(t) and os.path.getsize(t) > 64 * 1024 for t in timelines):
+            break
+        time.sleep(0.05)
+    return p
+
+
+def rank_pids(parent):
+    """The pids of the launcher's children (its ranks)."""
+    pids = []
+    for task in os.listdir(f"/proc/{parent}/task"):
+        try:
+            pids += [int(pid) for pid in open(f"/proc/{parent}/task/{task}/children").read().split()]
+        except OSError:
+            pass
+    return pids
+
+
+for sig, ranks, group in ((signal.SIGINT, "2", True), (signal.SIGINT, "2", False), (signal.SIGTERM, "2", False),
+                          (signal.SIGTERM, "2", True), (signal.SIGINT, "1", False)):
+    name = f"{sig.name} to the {'process group' if group else 'launcher'}, {ranks} rank(s)"
+    out = os.path.join(tmp, f"{sig.name}-{ranks}-{group}")
+    p = started(out, ranks, group)
+    start = time.monotonic()
+    os.killpg(p.pid, sig) if group else os.kill(p.pid, sig)
+    try:
+        stdout, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, err = p.communicate()
+    took = time.monotonic() - start
+    check(f"{name}: exit {128 + sig}", p.returncode == 128 + sig, (p.returncode, err[-500:]))
+    listing = "rank-{0..1}.timeline" if ranks == "2" else "rank-0.timeline"
+    snapshots = "snapshot-rank-{0..1}.pickle" if ranks == "2" else "snapshot-rank-0.pickle"
+    check(f"{name}: one line", re.fullmatch(
+        rf"memscope run: interrupted by {sig.name} after \d+ of 100000 steps; what was recorded is in {re.escape(out)}/ "
+        rf"\(run\.json, {re.escape(listing)}, report\.json, report\.html, summary\.txt, trace\.json, "
+        rf"{re.escape(snapshots)}\)\n", err) is not None, err)
+    check(f"{name}: no tables", stdout == "", stdout[:300])
+    check(f"{name}: ends within seconds", took < 60, took)
+    manifest = json.loads(read(os.path.join(out, "run.json")) or "{}")
+    check(f"{name}: run.json says interrupted", manifest.get("interrupted") == sig.name, manifest.get("interrupted"))
+    check(f"{name}: every rank interrupted", [r.get("status") for r in manifest.get("ranks", [])] ==
+          ["interrupted"] * int(ranks), manifest.get("ranks"))
+    report = json.loads(read(os.path.join(out, "report.json")) or "{}")
+    check(f"{name}: report.json of the partial run", report.get("schema") == "memscope.report/1" and
+          len(report.get("ranks", [])) == int(ranks), (read(os.path.join(out, "report.json")) or "")[:200])
+    check(f"{name}: summary.txt", os.path.exists(os.path.join(out, "summary.txt")))
+    code, summary, err = run("summary", out)
+    check(f"{name}: summary reads it", code == 0 and "backward" in summary, (code, err))
+    check(f"{name}: summary says it was interrupted",
+          re.search(rf"memscope: note: the run in '{re.escape(out)}' was interrupted by {sig.name} after \d+ of 100000 "
+                    r"steps: what it recorded until then is shown", err) is not None, err)
+
+# A second Ctrl-C while the first waits for a rank (stopped here, so it
+# cannot end on its own): the launcher ends at once, and its ranks with it.
+out = os.path.join(tmp, "twice")
+p = started(out, "2")
+pids = rank_pids(p.pid)
+check("twice: two ranks", len(pids) == 2, pids)
+for pid in pids[1:]:
+    os.kill(pid, signal.SIGSTOP)
+os.kill(p.pid, signal.SIGINT)
+time.sleep(1)
+check("twice: the first waits for the stopped rank", p.poll() is None, p.returncode)
+start = time.monotonic()
+if p.poll() is None:
+    os.kill(p.pid, signal.SIGINT)
+try:
+    _, err = p.communicate(timeout=30)
+except subprocess.TimeoutExpired:
+    p.kill()
+    _, err = p.communicate()
+check("twice: ends at once", time.monotonic() - start < 2, time.monotonic() - start)
+check("twice: exit 130", p.returncode == 130, (p.returncode, err))
+check("twice: says so", err == "memscope run: interrupted again: stopped at once\n", err)
+time.sleep(0.5)
+check("twice: no rank left", not any(os.path.exists(f"/proc/{pid}") and
+                                     open(f"/proc/{pid}/stat").read().split()[2] != "Z" for pid in pids), pids)
+
+# SIGKILL of the launcher: its ranks die with it; the timelines are read.
+out = os.path.join(tmp, "killed")
+p = started(out, "2")
+p.kill()
+p.communicate()
+time.sleep(0.5)
+code, summary, err = run("summary", out)
+check("killed: summary reads the timelines", code == 0 and "rank 1" in summary and "backward" in summary, (code, err))
+check("killed: summary says the run did not finish", err == f"memscope: note: '{out}' has no run.json: its run did not "
+      "finish (it was killed, or is still running); what its timelines recorded is shown\n", err)
+
+
 # 4. The user's own files: an --out that is not empty and was not written by
 # memscope is refused (one line naming a file a run would write) by every
 # command that writes a run directory; --force writes into it; / and the
