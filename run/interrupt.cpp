@@ -31,8 +31,12 @@ InterruptHandlers::InterruptHandlers(bool exit_at_second_signal) {
   action.sa_handler = OnSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = 0;  // no SA_RESTART: the launcher's wait returns EINTR
-  ::sigaction(SIGINT, &action, &old_int_);
-  ::sigaction(SIGTERM, &action, &old_term_);
+  // A signal ignored on entry stays ignored (`nohup`, a background job of a
+  // shell without job control), as a shell would leave it.
+  ::sigaction(SIGINT, nullptr, &old_int_);
+  ::sigaction(SIGTERM, nullptr, &old_term_);
+  if (old_int_.sa_handler != SIG_IGN) ::sigaction(SIGINT, &action, nullptr);
+  if (old_term_.sa_handler != SIG_IGN) ::sigaction(SIGTERM, &action, nullptr);
 }
 
 InterruptHandlers::~InterruptHandlers() {

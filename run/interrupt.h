@@ -31,6 +31,7 @@ namespace memscope {
 
 // Handlers for SIGINT and SIGTERM while alive (without SA_RESTART: a
 // waiting system call returns EINTR); the previous ones back on destruction.
+// A signal ignored when they are installed (nohup) stays ignored.
 class InterruptHandlers {
  public:
   explicit InterruptHandlers(bool exit_at_second);

@@ -91,14 +91,20 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
   // on our memory until execve, so it only calls async-signal-safe functions
   // and writes nothing but its own stack; no handler of ours may run in it:
   // SIGINT and SIGTERM (run/interrupt.h's) are blocked across vfork, and the
-  // child sets them to their default before it unblocks them (SIGCHLD is
-  // the default).
+  // child sets them back to the default (or ignored) before it unblocks them
+  // (SIGCHLD is the default).
   sigset_t stop_signals, before;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
-  struct sigaction dfl {};  // prepared here: the child writes no memory of ours
-  dfl.sa_handler = SIG_DFL;
+  // The child's SIGINT and SIGTERM: the default, or ignored when ours are
+  // (nohup); prepared here, as the child writes no memory of ours.
+  struct sigaction child_int {}, child_term {};
+  ::sigaction(SIGINT, nullptr, &child_int);
+  ::sigaction(SIGTERM, nullptr, &child_term);
+  for (struct sigaction* a : {&child_int, &child_term}) {
+    if (a->sa_handler != SIG_IGN) *a = {};  // SIG_DFL
+  }
   ::pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
   const pid_t pid = ::vfork();
   if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
@@ -112,8 +118,8 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
     // Only async-signal-safe calls between fork and exec.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // ranks do not outlive the launcher
     if (::getppid() != launcher) ::_exit(127);
-    ::sigaction(SIGINT, &dfl, nullptr);
-    ::sigaction(SIGTERM, &dfl, nullptr);
+    ::sigaction(SIGINT, &child_int, nullptr);
+    ::sigaction(SIGTERM, &child_term, nullptr);
     ::sigprocmask(SIG_SETMASK, &before, nullptr);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
@@ -137,9 +143,9 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
 }
 
 // What a rank wrote to its status pipe (after it exited: the pipe holds
-// it): its last line, each sent as "E LINE" or, asking for the run to
-// stop at once, "S LINE"; `stop_run` is set when any line asked.
-std::string ReadStatusPipe(int fd, bool& stop_run) {
+// it): its last line, each sent as "E LINE", "S LINE" or "C LINE"
+// (RankFailure kError, kStopRun, kCannotRun); what any line asked is set in `e`.
+std::string ReadStatusPipe(int fd, RankExit& e) {
   std::string text;
   char buf[4096];
   ::fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -152,10 +158,14 @@ std::string ReadStatusPipe(int fd, bool& stop_run) {
     if (n < 0 && errno == EINTR) continue;
     break;
   }
-  stop_run = text.rfind("S ", 0) == 0 || text.find("\nS ") != std::string::npos;
+  auto sent = [&text](const char* tag) {
+    return text.rfind(tag, 0) == 0 || text.find(absl::StrCat("\n", tag)) != std::string::npos;
+  };
+  e.cannot_run = sent("C ");
+  e.stop_run = e.cannot_run || sent("S ");
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (const std::size_t nl = text.rfind('\n'); nl != std::string::npos) text.erase(0, nl + 1);  // the last line
-  if (text.rfind("S ", 0) == 0 || text.rfind("E ", 0) == 0) text.erase(0, 2);
+  if (text.size() >= 2 && text[1] == ' ' && (text[0] == 'E' || text[0] == 'S' || text[0] == 'C')) text.erase(0, 2);
   return text;
 }
 
@@ -243,7 +253,7 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
       stopped.erase(r);
       RankExit& e = result.ranks[r];
       e.seconds = since();
-      e.message = ReadStatusPipe(status_fds[r], e.stop_run);
+      e.message = ReadStatusPipe(status_fds[r], e);
       ::close(status_fds[r]);
       status_fds[r] = -1;
       if (WIFSIGNALED(status)) {
@@ -253,6 +263,13 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
         e.stopped_by_launcher = e.stopped_by_launcher && e.exit_code == 128 + SIGTERM;  // it stopped as asked
       }
       if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) fail_first(r);
+      // A rank that could not run is the cause of what a peer that failed
+      // just before it saw ("rank 1 exited or was killed"): it comes first.
+      if (const int f = result.first_failure; f >= 0 && static_cast<std::size_t>(f) != r && !e.ok() && e.cannot_run &&
+                                              !result.ranks[static_cast<std::size_t>(f)].cannot_run &&
+                                              e.seconds - result.ranks[static_cast<std::size_t>(f)].seconds < 1.0) {
+        result.first_failure = static_cast<int>(r);
+      }
       // Its peers cannot notice this failure: no grace, they are stopped now.
       if (!e.ok() && e.stop_run && stopping) deadline = std::min(deadline, std::chrono::steady_clock::now());
     }
@@ -307,11 +324,12 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
   return result;
 }
 
-void ReportToLauncher(const std::string& line, bool stop_run) {
+void ReportToLauncher(const std::string& line, RankFailure kind) {
   const char* fd_text = std::getenv(kStatusFdVariable);
   int fd = -1;
   if (fd_text == nullptr || !absl::SimpleAtoi(fd_text, &fd) || fd < 0) return;
-  const std::string text = absl::StrCat(stop_run ? "S " : "E ", line, "\n");
+  const char* tag = kind == RankFailure::kCannotRun ? "C " : kind == RankFailure::kStopRun ? "S " : "E ";
+  const std::string text = absl::StrCat(tag, line, "\n");
   (void)!::write(fd, text.data(), std::min<std::size_t>(text.size(), 4096));
 }
 

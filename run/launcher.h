@@ -6,7 +6,7 @@
 // gone, or time out), then SIGTERM, then SIGKILL. Nothing hangs. A rank
 // whose failure its peers cannot see (it never joined the rendezvous: it
 // could not write its timeline on a full disk, say) asks for the SIGTERM at
-// once (ReportToLauncher's stop_run), and the run ends within a second.
+// once (ReportToLauncher's RankFailure), and the run ends within a second.
 #ifndef MEMSCOPE_RUN_LAUNCHER_H_
 #define MEMSCOPE_RUN_LAUNCHER_H_
 
@@ -32,9 +32,12 @@ struct RankExit {
   // The one line the rank wrote to its status pipe ($MEMSCOPE_STATUS_FD) as
   // it failed: its error, even when its log could not be written.
   std::string message;
-  // The rank asked for the run to stop at once (ReportToLauncher's
-  // stop_run): its peers cannot notice its failure themselves.
+  // The rank asked for the run to stop at once (RankFailure kStopRun or
+  // kCannotRun): its peers cannot notice its failure themselves.
   bool stop_run = false;
+  // It could not run at all (kCannotRun: its timeline, status, store or
+  // ledger could not be written): the cause of what its peers see.
+  bool cannot_run = false;
   bool ok() const { return signal == 0 && exit_code == 0; }
   std::string Describe() const;  // "exited with status 3", "was killed by signal 9 (SIGKILL)"
 };
@@ -70,11 +73,17 @@ struct LaunchResult {
 };
 absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options);
 
+// What a rank's failure means for its peers (ReportToLauncher).
+enum class RankFailure {
+  kError,     // its peers notice it themselves (its communicator is gone)
+  kStopRun,   // they cannot (it failed in the rendezvous): the launcher stops them at once
+  kCannotRun, // as kStopRun, and the rank could not run at all (a file it cannot write): when a peer
+              // failed less than a second before it, this rank's failure is the run's first (the cause)
+};
+
 // In a rank started by LaunchRanks: sends `line` (one line) to the launcher
-// through the status pipe; `stop_run`: the rank is failing in a way its
-// peers cannot notice (before or in the rendezvous), so the launcher stops
-// them at once instead of giving them `grace`. Does nothing elsewhere.
-void ReportToLauncher(const std::string& line, bool stop_run = false);
+// through the status pipe, as `kind`. Does nothing elsewhere.
+void ReportToLauncher(const std::string& line, RankFailure kind = RankFailure::kError);
 
 }  // namespace memscope
 

@@ -90,7 +90,7 @@ struct RankPlan {
 // rank and is in it (exit_code 3 or 4). Errors: the timeline or the status
 // cannot be written, or the plan is invalid. `rendezvous_failed` (when
 // given) is set when the rank never got past the rendezvous: its peers
-// cannot see it fail (run/launcher.h ReportToLauncher's stop_run).
+// cannot see it fail (run/launcher.h RankFailure::kStopRun).
 absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir,
                                    bool* rendezvous_failed = nullptr);
 

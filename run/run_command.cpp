@@ -61,13 +61,13 @@ int RankMain(const RankPlan& plan, int rank, int world_size, const RunDirectory&
     if (world_size == 1) return Fail(printer, status.status().message());
     const std::string error = WithoutRankPrefix(std::string(status.status().message()), rank);
     // Its peers may wait for it in the rendezvous: the launcher stops them now.
-    ReportToLauncher(error, /*stop_run=*/true);
+    ReportToLauncher(error, RankFailure::kCannotRun);
     printer.RankFailed(rank, error);
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
   }
   if (status->exit_code != kExitOk && status->status != "interrupted" && world_size > 1) {
     const std::string error = WithoutRankPrefix(status->error, rank);
-    ReportToLauncher(error, rendezvous_failed);
+    ReportToLauncher(error, rendezvous_failed ? RankFailure::kStopRun : RankFailure::kError);
     printer.RankFailed(rank, error);
   }
   return status->exit_code;

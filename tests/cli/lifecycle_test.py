@@ -114,10 +114,18 @@ check("no room for the device ledger: named", f"cannot write device ledger '{out
 # 143, as shells expect. A second one ends the launcher at once. After
 # SIGKILL of the launcher, `memscope summary` still reads the timelines and
 # says the run did not finish.
-def started(out, ranks, group=False):
+def default_stop_signals():
+    """For preexec_fn: SIGINT and SIGTERM as a terminal's foreground job has them. This test may itself run
+    with SIGINT ignored (a background job of a shell), which memscope, as a shell would, keeps ignoring."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def started(out, ranks, group=False, preexec_fn=default_stop_signals):
     """`memscope run` of gpt2 for 100000 steps on `ranks` ranks into `out`, once training has begun."""
     p = subprocess.Popen([MEMSCOPE, "run", "--model", "gpt2", "--steps", "100000", "--world-size", ranks, "--out", out],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group,
+                         preexec_fn=preexec_fn)
     timelines = [os.path.join(out, f"rank-{r}.timeline") for r in range(int(ranks))]
     for _ in range(1200):
         if all(os.path.exists(t) and os.path.getsize(t) > 64 * 1024 for t in timelines):
@@ -198,6 +206,23 @@ check("twice: says so", err == "memscope run: interrupted again: stopped at once
 time.sleep(0.5)
 check("twice: no rank left", not any(os.path.exists(f"/proc/{pid}") and
                                      open(f"/proc/{pid}/stat").read().split()[2] != "Z" for pid in pids), pids)
+
+# SIGINT ignored on entry (nohup, a background job) stays ignored, by the
+# launcher and its ranks; SIGTERM still stops the run.
+out = os.path.join(tmp, "nohup")
+p = started(out, "2", group=True, preexec_fn=lambda: (default_stop_signals(), signal.signal(signal.SIGINT,
+                                                                                          signal.SIG_IGN)))
+os.killpg(p.pid, signal.SIGINT)
+time.sleep(1)
+check("SIGINT ignored on entry: still running", p.poll() is None, p.returncode)
+os.killpg(p.pid, signal.SIGTERM)
+try:
+    _, err = p.communicate(timeout=120)
+except subprocess.TimeoutExpired:
+    p.kill()
+    _, err = p.communicate()
+check("SIGINT ignored on entry: SIGTERM stops it", p.returncode == 143 and "interrupted by SIGTERM" in err,
+      (p.returncode, err))
 
 # SIGKILL of the launcher: its ranks die with it; the timelines are read.
 out = os.path.join(tmp, "killed")
