@@ -331,4 +331,5 @@ for name in added:  # a regression must not leave its files in /
 check("--out /: nothing written into /", not added, added)
 check("--out HOME: nothing written", os.listdir(home) == [], os.listdir(home))
 
+shutil.rmtree(tmp, ignore_errors=True)
 finish("lifecycle")
