@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -48,11 +49,62 @@ DeviceLedger::~DeviceLedger() {
   }
 }
 
+namespace {
+
+// Writes `bytes` of `data` at the start of `fd`; false (errno set) when a write fails.
+bool WriteAll(int fd, const char* data, std::size_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, data, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return false;
+    }
+    data += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Makes the ledger file at `path` whole before anyone maps it: written in
+// full under a temporary name (every block allocated by write(), so no
+// store into the mapping can meet a full disk: SIGBUS), then linked into
+// place; when another process linked its own first, that one is kept. An
+// error (a full disk) says why, naming the path.
+absl::Status CreateWhole(const std::string& path, std::size_t bytes, std::uint64_t magic) {
+  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid());
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("device ledger '", path, "': cannot create: ", std::strerror(errno)));
+  }
+  std::unique_ptr<char[]> zeros(new char[bytes]());
+  std::memcpy(zeros.get(), &magic, sizeof(magic));
+  bool ok = WriteAll(fd, zeros.get(), bytes);
+  int err = ok ? 0 : errno;
+  if (::close(fd) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  if (ok && ::link(temp.c_str(), path.c_str()) != 0 && errno != EEXIST) {
+    ok = false;
+    err = errno;
+  }
+  ::unlink(temp.c_str());
+  if (!ok) return absl::InternalError(absl::StrCat("cannot write device ledger '", path, "': ", std::strerror(err)));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<DeviceLedger>> DeviceLedger::Open(const std::string& path) {
   auto error = [&path](const char* what) {
     return absl::InternalError(absl::StrCat("device ledger '", path, "': ", what, ": ", std::strerror(errno)));
   };
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) {
+    if (absl::Status s = CreateWhole(path, kBytes, kMagic); !s.ok()) return s;
+    fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  }
   if (fd < 0) return error("cannot open");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -60,13 +112,9 @@ absl::StatusOr<std::shared_ptr<DeviceLedger>> DeviceLedger::Open(const std::stri
     ::close(fd);
     return s;
   }
-  // Every opener sizes a new (empty) file alike; sizing to the same size keeps what others charged.
-  if (st.st_size == 0 && ::ftruncate(fd, static_cast<off_t>(kBytes)) != 0) {
-    const auto s = error("cannot size");
-    ::close(fd);
-    return s;
-  }
-  if (st.st_size != 0 && static_cast<std::size_t>(st.st_size) != kBytes) {
+  // Only a whole ledger is mapped: a shorter file (sparse or torn) could
+  // turn a store into SIGBUS on a full disk.
+  if (static_cast<std::size_t>(st.st_size) != kBytes) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat("device ledger '", path, "': not a memscope device ledger (",
                                                    st.st_size, " bytes, expected ", kBytes, ")"));
@@ -79,9 +127,7 @@ absl::StatusOr<std::shared_ptr<DeviceLedger>> DeviceLedger::Open(const std::stri
   }
   ::close(fd);  // the mapping stays
   std::shared_ptr<DeviceLedger> ledger(new DeviceLedger(base, kBytes, true));
-  std::uint64_t expected = 0;
-  std::atomic_ref<std::uint64_t> magic(*ledger->Cell(0));
-  if (!magic.compare_exchange_strong(expected, kMagic) && expected != kMagic) {
+  if (std::atomic_ref<std::uint64_t>(*ledger->Cell(0)).load() != kMagic) {
     return absl::InvalidArgumentError(absl::StrCat("device ledger '", path, "': not a memscope device ledger"));
   }
   return ledger;

@@ -51,9 +51,12 @@ class DeviceLedger {
   static constexpr int kMaxProcesses = 128;
 
   // Opens the ledger file at `path`, shared with every process that opens the
-  // same file, creating it (all zero) when missing. The file must be fresh
-  // for each job (it lives in the job's rendezvous store). Errors name the
-  // path: it cannot be created, sized or mapped, or it is not a ledger.
+  // same file, creating it (all zero) when missing: written whole under a
+  // temporary name, then linked into place, so that every block of the
+  // mapping exists and a full disk is an error here, never a SIGBUS later.
+  // The file must be fresh for each job (it lives in the job's rendezvous
+  // store). Errors name the path: it cannot be created or written (a full
+  // disk says so), opened or mapped, or it is not a ledger.
   static absl::StatusOr<std::shared_ptr<DeviceLedger>> Open(const std::string& path);
   // A ledger in this process's memory only (tests; devices of one process).
   static std::shared_ptr<DeviceLedger> InMemory();

@@ -215,7 +215,7 @@ absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {
     return absl::InvalidArgumentError("no command to run (memscope capture --out RUN -- CMD ARGS...)");
   if (options.max_entries == 0) return absl::InvalidArgumentError("--max-entries must be at least 1");
   const RunDirectory dir(options.run_dir);
-  if (absl::Status s = dir.Create(); !s.ok()) return s;
+  if (absl::Status s = dir.Claim(options.force); !s.ok()) return s;
   absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
   if (!lock.ok()) return lock.status();
   if (absl::Status s = PrepareRunDirectory(dir); !s.ok()) return s;

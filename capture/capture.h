@@ -31,6 +31,7 @@ struct CaptureOptions {
   std::string run_dir;
   std::vector<std::string> command;  // the job: argv[0] is looked up on PATH
   std::uint64_t max_entries = kDefaultCaptureMaxEntries;
+  bool force = false;  // --force: run_dir may hold files memscope did not write (RunDirectory::Claim)
 };
 
 struct CaptureResult {
@@ -43,8 +44,8 @@ struct CaptureResult {
   std::vector<std::string> notes;  // what the user should know (no snapshot written, ...)
 };
 
-// Runs the job to its end. Errors (nothing was run): the run directory
-// cannot be created or written, another memscope run holds its lock, no
+// Runs the job to its end. Errors (nothing was run): the run directory is
+// refused (RunDirectory::Claim) or cannot be created or written, another memscope run holds its lock, no
 // command. While the job runs, memscope ignores SIGINT and SIGQUIT (the
 // terminal sends them to the job, as with a shell's foreground command) and
 // passes SIGTERM and SIGHUP on to it.

@@ -17,13 +17,14 @@ namespace {
 struct CaptureArgs {
   std::string out;
   std::uint64_t max_entries = kDefaultCaptureMaxEntries;
+  bool force = false;
   std::vector<std::string> command;
 };
 
 int Capture(const CaptureArgs& a) {
   if (a.out.empty()) return Fail("capture", "--out RUN must not be empty");
   if (a.command.empty()) return Fail("capture", "no command to run: memscope capture --out RUN -- CMD ARGS...");
-  absl::StatusOr<CaptureResult> r = RunCapture({a.out, a.command, a.max_entries});
+  absl::StatusOr<CaptureResult> r = RunCapture({a.out, a.command, a.max_entries, a.force});
   if (!r.ok()) return Fail("capture", r.status().message());
   if (!r->start_error.empty()) {
     Fail("capture", r->start_error);
@@ -58,6 +59,7 @@ void RegisterCapture(CLI::App& app, int& exit_status, const std::optional<std::v
       "Run a PyTorch job (python train.py, torchrun ...) unchanged, marking its phases and recording its GPU memory "
       "into a run directory (snapshot-rank-R.pickle per rank); exits with the job's status.");
   capture->add_option("--out", args->out, "run directory to write (run.json, snapshot-rank-R.pickle)")->required();
+  capture->add_flag("--force", args->force, "write into an --out that is not empty and was not written by memscope");
   capture
       ->add_option("--max-entries", args->max_entries,
                    "entries kept by PyTorch's memory history ring (_record_memory_history max_entries; default "

@@ -37,6 +37,7 @@ struct ReplayArgs {
   std::vector<std::string> alloc_confs;
   std::string device_memory;
   std::string out;
+  bool force = false;  // --force: --out may hold files memscope did not write
   bool json = false;
   bool verify = false;
   bool no_search = false;
@@ -294,8 +295,7 @@ int Run(const ReplayArgs& args) {
   std::vector<SettingResult> results;
   if (!args.out.empty()) {
     // Record the replay into a run directory, then analyse it.
-    if (absl::Status s = RunDirectory(args.out).Create(); !s.ok()) return Fail(absl::StrCat("--out: ", s.message()));
-    absl::StatusOr<RecordedReplay> recorded = RecordReplayRun(args.out, trace, configs[0], device_memory);
+    absl::StatusOr<RecordedReplay> recorded = RecordReplayRun(args.out, trace, configs[0], device_memory, args.force);
     if (!recorded.ok()) return Fail(std::string(recorded.status().message()));
     SettingResult one;
     one.replay = std::move(recorded->replay);
@@ -342,6 +342,7 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
   cmd->add_option("--out", args->out,
                   "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
                   "snapshot at the peak); one setting only");
+  cmd->add_flag("--force", args->force, "with --out: write into a directory that is not empty and was not written by memscope");
   cmd->add_option("--rank", args->rank, "of a run directory: the rank whose requests to replay (default 0)");
   cmd->add_flag("--json", args->json, "print the results as JSON");
   cmd->add_flag("--verify", args->verify,

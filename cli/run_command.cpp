@@ -223,7 +223,9 @@ class Printer : public RunPrinter {
   }
   void RankRejected(absl::string_view line) override { std::cerr << EscapeForTerminal(line) << "\n"; }
   void Outcome(const RunRequest& a, const RunOutcome& out) override {
-    if (a.json) {
+    if (out.interrupted != 0) {
+      // Ctrl-C: one line (and the outputs that could not be written), no tables.
+    } else if (a.json) {
       std::ifstream in(RunDirectory(a.out).Report());
       std::cout << in.rdbuf();
     } else {
@@ -372,6 +374,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--grad-accum", a->grad_accum, "micro-batches per optimizer step (default 1)");
   cmd->add_option("--attention", a->attention, "eager (math, default), sdpa or flash_attention_2 (flash)");
   cmd->add_option("--out", a->out, "run directory (default memscope-run)");
+  cmd->add_flag("--force", a->force, "write into an --out that is not empty and was not written by memscope");
   cmd->add_flag("--json", a->json, "print report.json instead of the tables");
   cmd->callback([a, &exit_status] {
     Printer printer;

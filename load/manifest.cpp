@@ -271,6 +271,7 @@ json RunManifest::ToJson() const {
                     {"max_entries", capture->max_entries}};
   }
   if (failure) j["failure"] = {{"rank", failure->rank}, {"message", failure->message}};
+  if (interrupted) j["interrupted"] = *interrupted;
   return j;
 }
 
@@ -300,6 +301,7 @@ absl::StatusOr<RunManifest> RunManifest::FromJson(const json& j) {
     if (j.contains("failure")) {
       m.failure = RunFailure{j["failure"].at("rank").get<int>(), j["failure"].at("message").get<std::string>()};
     }
+    GetOptional(j, "interrupted", m.interrupted);
     return m;
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("is not a valid run manifest: ", e.what()));

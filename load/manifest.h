@@ -64,7 +64,7 @@ struct RankCheckpoint {
 // rank-R.json: how one rank of `memscope run` ended.
 struct RankStatus {
   int rank = 0;
-  std::string status;  // "ok", "oom", "comm_error" or "error"
+  std::string status;  // "ok", "oom", "comm_error", "nccl_error", "error" or "interrupted" (Ctrl-C, SIGTERM)
   int exit_code = 0;
   std::string error;  // the OOM, tensor or collective error ("" when ok)
   std::int64_t parameters = 0;
@@ -168,6 +168,9 @@ struct RunManifest {
   std::optional<std::string> source;         // command "replay": the request trace
   std::optional<CaptureManifest> capture;    // command "capture"; its ranks' "timeline" is snapshot-rank-R.pickle
   std::optional<RunFailure> failure;
+  // The run was stopped by this signal ("SIGINT": Ctrl-C, or "SIGTERM")
+  // before its last step; what it recorded until then is analysed.
+  std::optional<std::string> interrupted;
   bool operator==(const RunManifest&) const = default;
 
   nlohmann::json ToJson() const;

@@ -193,6 +193,17 @@ absl::StatusOr<std::vector<Timeline>> DirectoryTimelines(const std::string& path
     if (!t.ok()) return t.status();
     timelines.push_back(std::move(*t));
   }
+  // A run that did not end as planned: what it recorded is shown, and said to be partial.
+  std::vector<std::string>& notes = timelines.front().notes;
+  if (manifest && manifest->interrupted) {
+    const std::optional<TrainingManifest>& t = manifest->training;
+    notes.push_back(absl::StrCat("the run in '", path, "' was interrupted by ", *manifest->interrupted,
+                                 t ? absl::StrCat(" after ", t->steps_done, " of ", t->steps, " steps") : "",
+                                 ": what it recorded until then is shown"));
+  } else if (!manifest && RunDirectory(path).WrittenByMemscope()) {
+    notes.push_back(absl::StrCat("'", path, "' has no run.json: its run did not finish (it was killed, or is still "
+                                 "running); what its timelines recorded is shown"));
+  }
   return timelines;
 }
 

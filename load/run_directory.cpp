@@ -1,12 +1,14 @@
 #include "load/run_directory.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -88,6 +90,106 @@ absl::Status RunDirectory::Create() const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The names memscope writes in a run directory: those of the user's files
+// that a run would overwrite.
+bool IsOutputName(const std::string& name) {
+  for (const char* ours : {RunDirectory::kManifest, RunDirectory::kReport, RunDirectory::kSummary, RunDirectory::kTrace,
+                           RunDirectory::kHtml, RunDirectory::kStore, RunDirectory::kCapture, "copy", "view"}) {
+    if (name == ours) return true;
+  }
+  return RunDirectory::IsRankFile(name);
+}
+
+// The directory's real path ("" when it does not exist or cannot be resolved).
+std::string RealPath(const std::string& path) {
+  std::error_code ec;
+  const fs::path p = fs::canonical(path, ec);
+  return ec ? "" : p.string();
+}
+
+// The user's home directory: $HOME, else the password database's.
+std::string HomeDirectory() {
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') return RealPath(home);
+  if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr) return RealPath(pw->pw_dir);
+  return "";
+}
+
+}  // namespace
+
+namespace {
+
+// Whether a directory holding `names` is memscope's: one of its marks is
+// there, or its copy/ or view/ (--ddp copy,view) is memscope's. Decided on
+// one listing: the ranks of an external launcher claim the same directory
+// at once, and the mark is written before anything else.
+bool WrittenByMemscope(const RunDirectory& dir, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    if (name == RunDirectory::kLock || name == RunDirectory::kFileList) return true;
+  }
+  for (const std::string& name : names) {
+    if ((name == "copy" || name == "view") && RunDirectory(dir.Path(name)).WrittenByMemscope()) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> Names(const std::string& root, std::error_code& ec) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+bool RunDirectory::WrittenByMemscope() const {
+  std::error_code ec;
+  return memscope::WrittenByMemscope(*this, Names(root_, ec));
+}
+
+absl::Status RunDirectory::Check(bool force) const {
+  std::error_code ec;
+  const fs::file_status st = fs::status(root_, ec);
+  if (!fs::exists(st)) return absl::OkStatus();  // a new directory
+  if (!fs::is_directory(st)) {
+    return absl::FailedPreconditionError(absl::StrCat("--out '", root_, "' is not a directory"));
+  }
+  const std::string real = RealPath(root_);
+  if (real == "/") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out '", root_, "' is the root directory: choose a new directory for the run"));
+  }
+  if (!real.empty() && real == HomeDirectory()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out '", root_, "' is your home directory: choose a new directory for the run"));
+  }
+  if (force) return absl::OkStatus();
+  const std::vector<std::string> names = Names(root_, ec);
+  if (ec) return absl::InternalError(absl::StrCat("--out: cannot read '", root_, "': ", ec.message()));
+  if (names.empty() || memscope::WrittenByMemscope(*this, names)) return absl::OkStatus();
+  // The file a run would overwrite, when there is one.
+  const auto conflict = std::find_if(names.begin(), names.end(), IsOutputName);
+  const std::string& shown = conflict != names.end() ? *conflict : names.front();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "--out '", root_, "' is not empty and was not written by memscope (it holds ", shown,
+      names.size() > 1 ? absl::StrCat(" and ", names.size() - 1, names.size() == 2 ? " other" : " others") : "",
+      "): choose a new or empty directory, or --force to write into it"));
+}
+
+absl::Status RunDirectory::Claim(bool force) const {
+  if (absl::Status s = Check(force); !s.ok()) return s;
+  if (absl::Status s = Create(); !s.ok()) return absl::Status(s.code(), absl::StrCat("--out: ", s.message()));
+  if (WrittenByMemscope()) return absl::OkStatus();
+  // The marker, before any output: from now on the directory is memscope's.
+  const int fd = ::open(Path(kFileList).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("--out: cannot write '", Path(kFileList), "': ", std::strerror(errno)));
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
 void RunDirectory::RecordFile(const std::string& name) const {
   // O_APPEND: ranks record at once, each line one write().
   const int fd = ::open(Path(kFileList).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644);
@@ -130,9 +232,11 @@ void RunDirectory::RemoveRankFiles() const {
       }
     }
   }
-  // The rendezvous directory: ours by name, removed unless a symlink (remove_all does not follow one).
+  // The rendezvous directory: ours by name, removed; a symlink there is
+  // removed, never followed (the ranks would write through it).
   const fs::file_status store = fs::symlink_status(Store(), ec);
   if (!ec && fs::is_directory(store)) fs::remove_all(Store(), ec);
+  if (!ec && fs::is_symlink(store)) ::unlink(Store().c_str());
 }
 
 RunDirectory::Lock::~Lock() {

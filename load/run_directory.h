@@ -78,13 +78,31 @@ class RunDirectory {
   // Creates the directory (and its parents). The error names the directory.
   absl::Status Create() const;
 
+  // Whether memscope wrote here: the directory holds .memscope-lock or
+  // .memscope-files (each writer creates one before its first output), or
+  // is a --ddp copy,view directory whose copy/ or view/ is memscope's.
+  bool WrittenByMemscope() const;
+
+  // Makes ROOT a run's directory before anything is written there: checks
+  // it (Check) and creates it with its marker (.memscope-files). Every
+  // command that writes a run directory (run, replay --out, capture) calls
+  // it. Errors start with "--out".
+  absl::Status Claim(bool force) const;
+  // Refuses ROOT when it is the root directory or the home directory
+  // (always), is not a directory, or is not empty and was not written by
+  // memscope (unless `force`): one line naming one of its files, e.g.
+  // "--out 'U' is not empty and was not written by memscope (it holds
+  // report.json): choose a new or empty directory, or --force to write into it".
+  absl::Status Check(bool force) const;
+
   // Notes that memscope writes the per-rank file `name` here (appended to
   // .memscope-files), so that a later run's cleanup may remove it.
   void RecordFile(const std::string& name) const;
 
   // Removes what an earlier run left here: the per-rank files that
   // .memscope-files names (regular files only: never a directory, never
-  // through a symlink) and the rendezvous directory. Everything else (the
+  // through a symlink) and the rendezvous directory (a symlink in its place
+  // is removed, never followed). Everything else (the
   // user's files, even when named like rank files, and run.json,
   // report.json, which a new run overwrites) stays. A directory of a
   // memscope without that list loses only its rank-R.timeline files that

@@ -250,7 +250,7 @@ void Recorder::PhaseBegin(Phase phase, std::int64_t step, std::string_view label
 void Recorder::PhaseEnd(Phase phase, std::int64_t step, std::string_view label, std::int64_t micro_batch) {
   Sync sync(*this);
   AppendMark(EventType::kPhaseEnd, phase, step, label, micro_batch);
-  (void)sink_.Flush();
+  if (absl::Status s = sink_.Flush(); !s.ok() && write_error_.ok()) write_error_ = std::move(s);
 }
 
 void Recorder::AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes) {

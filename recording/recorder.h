@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "allocator/alloc_tag.h"
 #include "allocator/observer.h"
 #include "recording/event.h"
@@ -76,6 +77,11 @@ class Recorder final : public AllocatorObserver {
                 std::int64_t micro_batch = kNoMicroBatch);
   // A free-form mark ("checkpoint saved").
   void Mark(std::string_view text);
+
+  // The first error a phase end's flush met (a full disk: the timeline can
+  // no longer be written whole), OK until then. The training loop stops at
+  // it (train/step_loop.h) rather than train on unrecorded.
+  const absl::Status& write_error() const { return write_error_; }
 
   // The rank's communicator ran collective `kind` ("allreduce") on `bytes`.
   void CollectiveBegin(std::string_view kind, std::uint64_t bytes);
@@ -159,6 +165,7 @@ class Recorder final : public AllocatorObserver {
   std::uint32_t last_owner_id_ = 0;  // ...and its string id ("" is 0)
   bool use_trace_time_ = false;
   std::int64_t trace_time_ns_ = 0;
+  absl::Status write_error_;  // write_error()
   RecordSink* fast_ = nullptr;  // writer_'s state when the clock is sampled (record_sink())
   long granted_ = 0;            // the budget last granted to fast_
   // kSampled on x86-64 (ClockNs): a TSC reading and the steady_clock time

@@ -17,6 +17,7 @@
 #ifndef MEMSCOPE_REDUCER_COMMUNICATOR_H_
 #define MEMSCOPE_REDUCER_COMMUNICATOR_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -74,6 +75,10 @@ struct GlooOptions {
   // ranks it waits for. A run that moves data through gloo keeps 0 (a loop
   // thread at a lower priority would wait behind the other ranks' work).
   int loop_nice = 0;
+  // Non-zero ends the wait for the other ranks to join (a CommError naming
+  // the signal): the number of the signal that asked this process to stop
+  // (memscope run's Ctrl-C or SIGTERM).
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 // Rendezvous through the FileStore, full mesh over TCP. Throws CommError.

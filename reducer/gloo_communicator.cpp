@@ -114,6 +114,7 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -615,10 +616,52 @@ constexpr std::size_t kMaxUnchecked = 256;
 constexpr std::uint8_t kRingAllreduceSlotPrefix = 0x4d;
 
 // A FileStore whose keys can be tested without waiting.
+// A key of the store that could not be written (a full disk): "cannot
+// write the rendezvous store 'DIR/KEYFILE': No space left on device".
+class StoreWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// gloo's FileStore, whose set() checks its writes: gloo's own ignores a
+// failed write and leaves an empty key, which a peer then reads as a gloo
+// assertion ("n > 0. 0 vs 0") instead of the disk's error.
 class PollableFileStore : public gloo::rendezvous::FileStore {
  public:
   using gloo::rendezvous::FileStore::FileStore;
   bool Has(const std::string& key) { return check({key}); }
+
+  // As gloo's: refused when the key exists, else written under a temporary
+  // name and renamed; every write checked (StoreWriteError).
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const std::string tmp = tmpPath(key), path = objectPath(key);
+    keyFilePaths_.push_back(path);
+    GLOO_ENFORCE(::access(path.c_str(), F_OK) != 0, "File already exists: ", path);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw StoreWriteError(Failed(tmp));
+    std::size_t done = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string why = Failed(tmp);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw StoreWriteError(why);
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+      const std::string why = Failed(path);
+      ::unlink(tmp.c_str());
+      throw StoreWriteError(why);
+    }
+  }
+
+ private:
+  static std::string Failed(const std::string& path) {
+    return "cannot write the rendezvous store '" + path + "': " + std::strerror(errno != 0 ? errno : EIO);
+  }
 };
 
 std::string JoinedKey(int rank) { return "memscope-joined-" + std::to_string(rank); }
@@ -668,6 +711,11 @@ class GlooCommunicator final : public Communicator {
   std::string backend() const override { return "gloo"; }
 
   void Rendezvous(const GlooOptions& options);
+  // Why the wait for `missing` to join is over (without "rank R: "): the
+  // process was asked to stop (`interrupt`), or `deadline` passed (naming a
+  // rank started twice); "" to wait on.
+  std::string JoinWaitOver(const std::vector<int>& missing, Clock::time_point deadline,
+                           const std::atomic<int>* interrupt) const;
 
   void AllreduceSum(void* data, std::size_t count, DType dtype) override {
     // Integers only through the mailboxes: their sum does not depend on the
@@ -1244,6 +1292,25 @@ class GlooCommunicator final : public Communicator {
   std::string broken_;  // non-empty after a CommError
 };
 
+std::string GlooCommunicator::JoinWaitOver(const std::vector<int>& missing, Clock::time_point deadline,
+                                           const std::atomic<int>* interrupt) const {
+  if (const int signal = interrupt != nullptr ? interrupt->load() : 0; signal != 0) {
+    const char* name = sigabbrev_np(signal);
+    return "stopped by " + (name != nullptr ? std::string("SIG") + name : std::to_string(signal)) +
+           " while waiting for " + FormatRanks(missing) + " to join";
+  }
+  if (Clock::now() < deadline) return "";
+  std::string msg = "rendezvous timed out after " + FormatSeconds(timeout_) + ": " + FormatRanks(missing) +
+                    " never joined";
+  for (int r = 0; r < world_size_; ++r) {
+    std::error_code exists_ec;
+    if (std::filesystem::exists(DuplicatePath(store_dir_, r), exists_ec)) {
+      msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" + std::to_string(r) + ")";
+    }
+  }
+  return msg;
+}
+
 void GlooCommunicator::Rendezvous(const GlooOptions& options) {
   const std::string me = "rank " + std::to_string(rank_) + ": ";
   const std::string where = " (store " + store_dir_ + ")";
@@ -1279,17 +1346,8 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
         if (r != rank_ && !store.Has(JoinedKey(r))) missing.push_back(r);
       }
       if (missing.empty()) break;
-      if (Clock::now() >= deadline) {
-        std::string msg = me + "rendezvous timed out after " + FormatSeconds(timeout_) + ": " + FormatRanks(missing) +
-                          " never joined";
-        for (int r = 0; r < world_size_; ++r) {
-          std::error_code exists_ec;
-          if (std::filesystem::exists(DuplicatePath(store_dir_, r), exists_ec)) {
-            msg += "; rank " + std::to_string(r) + " was started twice (two processes with RANK=" + std::to_string(r) +
-                   ")";
-          }
-        }
-        msg += where;
+      if (std::string msg = JoinWaitOver(missing, deadline, options.interrupt); !msg.empty()) {
+        msg = me + msg + where;
         progress_.Write(0, "failed", "rendezvous", 0, msg);
         throw CommError(msg);
       }
@@ -1306,6 +1364,12 @@ void GlooCommunicator::Rendezvous(const GlooOptions& options) {
     }
   } catch (const CommError&) {
     throw;
+  } catch (const StoreWriteError& e) {  // a full disk: said as it is
+    const std::string msg = me + e.what();
+    context_.reset();
+    device_.reset();
+    progress_.Write(0, "failed", "rendezvous", 0, msg);
+    throw CommError(msg);
   } catch (const std::exception& e) {  // gloo::IoException, gloo::EnforceNotMet, ...
     std::string msg = me + "rendezvous failed";
     std::vector<int> gone;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "exporters/report.h"
 #include "run/gpu_table.h"
+#include "run/interrupt.h"
 #include "load/recording.h"
 #include "run/run.h"
 
@@ -32,7 +33,7 @@ ManifestRank RankEntry(int r, const std::optional<RankStatus>& st, const std::ve
     const RankExit& e = exits[static_cast<std::size_t>(r)];
     entry.exit_code = e.exit_code;
     entry.signal = e.signal;
-    if (e.signal != 0) entry.status = e.stopped_by_launcher ? "stopped" : "killed";
+    if (e.signal != 0 || e.stopped_by_launcher) entry.status = e.stopped_by_launcher ? "stopped" : "killed";
     entry.how = e.Describe();
   }
   return entry;
@@ -58,6 +59,7 @@ RunManifest BuildManifest(const RunRecord& run, const std::vector<std::optional<
     }
     m.ranks.push_back(RankEntry(r, st, run.exits));
   }
+  if (run.interrupted != 0) m.interrupted = SignalName(run.interrupted);
   if (run.first_failure >= 0) {
     const ManifestRank& f = m.ranks[static_cast<std::size_t>(run.first_failure)];
     std::string message = absl::StrCat("rank ", run.first_failure, " ", f.how.value_or(""));
@@ -110,8 +112,22 @@ std::string FailureLines(const std::vector<ManifestRank>& ranks, int first_failu
   return out;
 }
 
+// An interrupted run: its one line, "memscope run: interrupted by SIGINT
+// after 12 of 100000 steps; what was recorded is in RUN/ (run.json, ...)",
+// and 128 + the signal. A failure before the interrupt is still said first.
+void JudgeInterrupted(const RunRecord& run, RunOutcome& out) {
+  out.interrupted = run.interrupted;
+  out.exit_code = 128 + run.interrupted;
+  if (out.manifest.failure) out.diagnostics += FailureLines(out.manifest.ranks, run.first_failure);
+  const TrainingManifest* t = out.manifest.training ? &*out.manifest.training : nullptr;
+  absl::StrAppend(&out.diagnostics, "memscope run: interrupted by ", SignalName(run.interrupted),
+                  t != nullptr ? absl::StrCat(" after ", t->steps_done, " of ", t->steps, " steps") : "",
+                  "; what was recorded is in ", run.dir.root(), "/ (", run.dir.ExistingListing(run.world_size), ")\n");
+}
+
 // The exit status and the stderr lines about the ranks that did not end well.
 void Judge(const RunRecord& run, RunOutcome& out) {
+  if (run.interrupted != 0) return JudgeInterrupted(run, out);
   const std::vector<ManifestRank>& ranks = out.manifest.ranks;
   bool oom = false, failed = false, nccl = false;
   for (int r = 0; r < run.world_size; ++r) {

@@ -6,7 +6,8 @@
 // Exit statuses: 0 when every rank ended well; kExitOutOfMemory when a rank
 // ran out of memory (the OOM is recorded and reported); kExitRankFailed when
 // a rank failed otherwise (killed, a collective timed out or mismatched, a
-// crash) or wrote no status.
+// crash) or wrote no status; 128 + the signal when Ctrl-C or SIGTERM
+// stopped the run (what it recorded is reported all the same).
 #ifndef MEMSCOPE_RUN_AGGREGATE_H_
 #define MEMSCOPE_RUN_AGGREGATE_H_
 
@@ -48,6 +49,8 @@ struct RunRecord {
   // an external launcher) and its first failure (-1: none).
   std::vector<RankExit> exits;
   int first_failure = -1;
+  // The SIGINT or SIGTERM that stopped the run before its end (run/interrupt.h), 0 when none.
+  int interrupted = 0;
 };
 
 // The outcome of a run, as written to its directory.
@@ -56,7 +59,10 @@ struct RunOutcome {
   std::vector<std::optional<RankStatus>> statuses;  // by rank; nullopt: the rank wrote none
   std::vector<Timeline> timelines;                  // this run's ranks, as recorded
   std::vector<RankReport> reports;                  // their analyses (report.json)
-  int exit_code = 0;  // 0, kExitOutOfMemory, kExitRankFailed, kExitNcclInvalidUsage or kExitOutputFailed
+  // 0, kExitOutOfMemory, kExitRankFailed, kExitNcclInvalidUsage, kExitOutputFailed, or 128 + the signal of an
+  // interrupted run (130 for SIGINT, 143 for SIGTERM, as a shell says it).
+  int exit_code = 0;
+  int interrupted = 0;  // RunRecord::interrupted: the command says one line, no tables
   // What `memscope run` says on stderr about failed ranks: each line starts
   // "memscope run: " (an OOM's message and verdict follow on their own lines).
   std::string diagnostics;

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "load/output_file.h"
 #include "load/run_directory.h"
+#include "run/interrupt.h"
 
 extern char** environ;
 
@@ -29,9 +31,10 @@ std::string RankExit::Describe() const {
     return absl::StrCat("was stopped by signal ", stalled_by, name ? absl::StrCat(" (SIG", name, ")") : "",
                         absl::StrFormat(" and made no progress for %.0f s; killed", stalled_seconds));
   }
-  if (signal != 0) {
-    const char* name = sigabbrev_np(signal);
-    return absl::StrCat(stopped_by_launcher ? "was stopped by signal " : "was killed by signal ", signal,
+  if (signal != 0 || stopped_by_launcher) {
+    const int s = signal != 0 ? signal : exit_code - 128;  // one that stopped as asked exits with 128 + it
+    const char* name = sigabbrev_np(s);
+    return absl::StrCat(stopped_by_launcher ? "was stopped by signal " : "was killed by signal ", s,
                         name ? absl::StrCat(" (SIG", name, ")") : "");
   }
   return exit_code == 0 ? "exited normally" : absl::StrCat("exited with status ", exit_code);
@@ -86,9 +89,25 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
   // vfork: no copy of the launcher's page tables, and none of its pages
   // made copy-on-write (each would fault at its next write). The child runs
   // on our memory until execve, so it only calls async-signal-safe functions
-  // and writes nothing but its own stack; no handler of ours can run in it
-  // (the launcher installs none, and SIGCHLD is the default).
+  // and writes nothing but its own stack; no handler of ours may run in it:
+  // SIGINT and SIGTERM (run/interrupt.h's) are blocked across vfork, and the
+  // child sets them back to the default (or ignored) before it unblocks them
+  // (SIGCHLD is the default).
+  sigset_t stop_signals, before;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  // The child's SIGINT and SIGTERM: the default, or ignored when ours are
+  // (nohup); prepared here, as the child writes no memory of ours.
+  struct sigaction child_int {}, child_term {};
+  ::sigaction(SIGINT, nullptr, &child_int);
+  ::sigaction(SIGTERM, nullptr, &child_term);
+  for (struct sigaction* a : {&child_int, &child_term}) {
+    if (a->sa_handler != SIG_IGN) *a = {};  // SIG_DFL
+  }
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
   const pid_t pid = ::vfork();
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (pid < 0) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
@@ -99,6 +118,9 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
     // Only async-signal-safe calls between fork and exec.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // ranks do not outlive the launcher
     if (::getppid() != launcher) ::_exit(127);
+    ::sigaction(SIGINT, &child_int, nullptr);
+    ::sigaction(SIGTERM, &child_term, nullptr);
+    ::sigprocmask(SIG_SETMASK, &before, nullptr);
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
     const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -120,8 +142,10 @@ absl::StatusOr<pid_t> SpawnRank(const LaunchOptions& options, int r, std::vector
   return pid;
 }
 
-// What rank wrote to its status pipe (after it exited: the pipe holds it).
-std::string ReadStatusPipe(int fd) {
+// What a rank wrote to its status pipe (after it exited: the pipe holds
+// it): its last line, each sent as "E LINE", "S LINE" or "C LINE"
+// (RankFailure kError, kStopRun, kCannotRun); what any line asked is set in `e`.
+std::string ReadStatusPipe(int fd, RankExit& e) {
   std::string text;
   char buf[4096];
   ::fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -134,14 +158,23 @@ std::string ReadStatusPipe(int fd) {
     if (n < 0 && errno == EINTR) continue;
     break;
   }
+  auto sent = [&text](const char* tag) {
+    return text.rfind(tag, 0) == 0 || text.find(absl::StrCat("\n", tag)) != std::string::npos;
+  };
+  e.cannot_run = sent("C ");
+  e.stop_run = e.cannot_run || sent("S ");
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (const std::size_t nl = text.rfind('\n'); nl != std::string::npos) text.erase(0, nl + 1);  // the last line
+  if (text.size() >= 2 && text[1] == ' ' && (text[0] == 'E' || text[0] == 'S' || text[0] == 'C')) text.erase(0, 2);
   return text;
 }
 
 // Waits for every rank (pids[r]) to end, recording how in `result` (times
 // since `start`, the launch). After
 // the first failure the others get `grace`, then SIGTERM, 5 s later SIGKILL.
+// The first SIGINT or SIGTERM of this process goes on to the ranks, which
+// get 10 s to stop, then SIGKILL. It polls (every 10 ms): a signal that
+// comes just before a blocking wait would not end it.
 absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::time_point start,
                        std::vector<pid_t>& pids, std::vector<int>& status_fds, LaunchResult& result) {
   auto since = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
@@ -153,15 +186,22 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
   // `options.stall` it is the run's failure.
   std::map<std::size_t, std::pair<std::chrono::steady_clock::time_point, int>> stopped;
   auto fail_first = [&](std::size_t r) {
-    if (result.first_failure >= 0) return;
+    if (result.first_failure >= 0 || result.interrupted != 0) return;
     result.first_failure = static_cast<int>(r);
     stopping = true;
     deadline = std::chrono::steady_clock::now() + options.grace;
   };
   while (running > 0) {
+    if (const int signal = InterruptSignal().load(); signal != 0 && result.interrupted == 0) {
+      result.interrupted = signal;  // the user's: the ranks stop as it asks, they did not fail
+      for (pid_t p : pids) {
+        if (p > 0) ::kill(p, signal);
+      }
+      stopping = terminated = true;  // the deadline's signal is SIGKILL
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    }
     int status = 0;
-    const bool poll = stopping || !stopped.empty();
-    const pid_t pid = ::waitpid(-1, &status, (poll ? WNOHANG : 0) | WUNTRACED | WCONTINUED);
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid < 0 && errno == EINTR) continue;
     if (pid < 0) {
       for (pid_t p : pids) {
@@ -203,7 +243,7 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
         deadline = now + std::chrono::seconds(5);
         terminated = true;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
     for (std::size_t r = 0; r < pids.size(); ++r) {
@@ -213,16 +253,25 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
       stopped.erase(r);
       RankExit& e = result.ranks[r];
       e.seconds = since();
-      e.message = ReadStatusPipe(status_fds[r]);
+      e.message = ReadStatusPipe(status_fds[r], e);
       ::close(status_fds[r]);
       status_fds[r] = -1;
       if (WIFSIGNALED(status)) {
         e.signal = WTERMSIG(status);
       } else {
         e.exit_code = WEXITSTATUS(status);
-        e.stopped_by_launcher = false;
+        e.stopped_by_launcher = e.stopped_by_launcher && e.exit_code == 128 + SIGTERM;  // it stopped as asked
       }
       if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) fail_first(r);
+      // A rank that could not run is the cause of what a peer that failed
+      // just before it saw ("rank 1 exited or was killed"): it comes first.
+      if (const int f = result.first_failure; f >= 0 && static_cast<std::size_t>(f) != r && !e.ok() && e.cannot_run &&
+                                              !result.ranks[static_cast<std::size_t>(f)].cannot_run &&
+                                              e.seconds - result.ranks[static_cast<std::size_t>(f)].seconds < 1.0) {
+        result.first_failure = static_cast<int>(r);
+      }
+      // Its peers cannot notice this failure: no grace, they are stopped now.
+      if (!e.ok() && e.stop_run && stopping) deadline = std::min(deadline, std::chrono::steady_clock::now());
     }
   }
   return absl::OkStatus();
@@ -275,11 +324,12 @@ absl::StatusOr<LaunchResult> LaunchRanks(const LaunchOptions& options) {
   return result;
 }
 
-void ReportToLauncher(const std::string& line) {
+void ReportToLauncher(const std::string& line, RankFailure kind) {
   const char* fd_text = std::getenv(kStatusFdVariable);
   int fd = -1;
   if (fd_text == nullptr || !absl::SimpleAtoi(fd_text, &fd) || fd < 0) return;
-  const std::string text = line + "\n";
+  const char* tag = kind == RankFailure::kCannotRun ? "C " : kind == RankFailure::kStopRun ? "S " : "E ";
+  const std::string text = absl::StrCat(tag, line, "\n");
   (void)!::write(fd, text.data(), std::min<std::size_t>(text.size(), 4096));
 }
 

@@ -19,6 +19,7 @@
 #include "reducer/communicator.h"
 #include "reducer/nccl_checks.h"
 #include "run/aggregate.h"
+#include "run/interrupt.h"
 #include "run/rank_session.h"
 #include "tensor/tensor.h"
 #include "train/data_parallel.h"
@@ -69,6 +70,7 @@ std::unique_ptr<reducer::Communicator> Connect(const RankPlan& plan, int rank, i
     // Meta: every payload is small and goes through the mailboxes; gloo's
     // event loop only connects the ranks, at a lower priority.
     g.loop_nice = plan.cpu ? 0 : 10;
+    g.interrupt = &InterruptSignal();
     return reducer::CreateGlooCommunicator(g);
   }
   if (plan.train.ddp) return reducer::CreateLocalCommunicator();
@@ -474,8 +476,10 @@ class ScopedTorchBehaviour {
 
 }  // namespace
 
-absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir) {
+absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir,
+                                   bool* rendezvous_failed) {
   const ScopedTorchBehaviour behaviour(plan.torch_behaviour);
+  plan.train.interrupt = &InterruptSignal();
   absl::StatusOr<DeviceAssignment> assigned = AssignDevice(plan.devices, rank, DeviceEnvironment::FromProcess());
   if (!assigned.ok()) return assigned.status();
   RankSessionOptions options;
@@ -540,6 +544,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
     result = TrainResult{};
     result->comm_error = true;
     result->error = e.what();
+    if (rendezvous_failed != nullptr) *rendezvous_failed = true;
   } catch (const EndedEarly&) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -552,6 +557,12 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
     if (diagnosis.empty() && !on_stray) diagnosis = SharedOomDiagnosis(session.device(), *assigned, rank);
     result->error += diagnosis;
   }
+  // Stopped by Ctrl-C or SIGTERM (run/interrupt.h): before a phase, or in a
+  // collective whose peer stopped first. The rank did not fail.
+  const int interrupted = result->oom ? 0 : result->interrupted != 0 ? result->interrupted
+                                          : result->comm_error        ? InterruptSignal().load()
+                                                                      : 0;
+  if (interrupted != 0) result->error.clear();
   // A timeline that could not be written whole (a full disk) fails the rank;
   // what it holds is still read (its torn tail ignored) and reported.
   if (absl::Status s = session.Finish(); !s.ok() && result->error.empty()) result->error = std::string(s.message());
@@ -559,13 +570,15 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   status.rank = rank;
   status.exit_code = result->oom                                    ? kExitOutOfMemory
                      : nccl_invalid                                 ? kExitNcclInvalidUsage
+                     : interrupted != 0 && result->error.empty()    ? 128 + interrupted
                      : result->comm_error || !result->error.empty() ? kExitRankFailed
                                                                     : 0;
-  status.status = result->oom             ? "oom"
-                  : nccl_invalid          ? "nccl_error"
-                  : result->comm_error    ? "comm_error"
-                  : result->error.empty() ? "ok"
-                                          : "error";
+  status.status = result->oom                                 ? "oom"
+                  : nccl_invalid                              ? "nccl_error"
+                  : interrupted != 0 && result->error.empty() ? "interrupted"
+                  : result->comm_error                        ? "comm_error"
+                  : result->error.empty()                     ? "ok"
+                                                              : "error";
   status.error = result->error;
   status.parameters = result->parameters;
   status.steps_done = result->steps_done;
@@ -636,7 +649,9 @@ absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int device
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<DataParallelResult> result;
   if (context_oom.empty()) {
-    result = TrainDataParallel(plan.train, contexts, recorders);
+    TrainOptions train = plan.train;
+    train.interrupt = &InterruptSignal();
+    result = TrainDataParallel(train, contexts, recorders);
   } else {
     // The process stops at its first CUDA call on that device: nothing trains.
     absl::StatusOr<std::unique_ptr<Model>> model = CreateModel(plan.train.model, plan.train.model_options);
@@ -662,8 +677,9 @@ absl::StatusOr<DataParallelRun> RunDataParallel(const RankPlan& plan, int device
     RankStatus status;
     status.rank = d;
     const bool here = !train.error.empty() && d == failed;
-    status.exit_code = !here ? 0 : train.oom ? kExitOutOfMemory : kExitRankFailed;
-    status.status = !here ? "ok" : train.oom ? "oom" : "error";
+    status.exit_code = here ? (train.oom ? kExitOutOfMemory : kExitRankFailed)
+                            : (train.interrupted != 0 ? 128 + train.interrupted : 0);
+    status.status = here ? (train.oom ? "oom" : "error") : (train.interrupted != 0 ? "interrupted" : "ok");
     if (here) status.error = train.error;
     status.parameters = train.parameters;
     status.steps_done = train.steps_done;

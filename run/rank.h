@@ -88,8 +88,11 @@ struct RankPlan {
 // or dir's store, over Gloo when world_size > 1) and writes its rank-R.json.
 // Returns that status: an OOM, a tensor error or a collective error ends the
 // rank and is in it (exit_code 3 or 4). Errors: the timeline or the status
-// cannot be written, or the plan is invalid.
-absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir);
+// cannot be written, or the plan is invalid. `rendezvous_failed` (when
+// given) is set when the rank never got past the rendezvous: its peers
+// cannot see it fail (run/launcher.h RankFailure::kStopRun).
+absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, const RunDirectory& dir,
+                                   bool* rendezvous_failed = nullptr);
 
 // `memscope run --dp N`: DataParallel in this process over N simulated GPUs
 // (train/data_parallel.h), each with its own allocator and recorder, so that

@@ -14,9 +14,10 @@ namespace memscope {
 namespace fs = std::filesystem;
 
 absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
-                                               const AllocatorConfig& config, std::uint64_t device_memory) {
+                                               const AllocatorConfig& config, std::uint64_t device_memory,
+                                               bool force) {
   const RunDirectory run_dir(dir);
-  if (absl::Status s = run_dir.Create(); !s.ok()) return s;
+  if (absl::Status s = run_dir.Claim(force); !s.ok()) return s;
   // One run at a time per directory, as for memscope run.
   absl::StatusOr<RunDirectory::Lock> lock = run_dir.TakeLock(RunDirectory::ThisProcess());
   if (!lock.ok()) return lock.status();

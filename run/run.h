@@ -37,11 +37,14 @@ struct RecordedReplay {
 };
 
 // `memscope replay --out DIR`: replays `trace` under `config` on a simulated
-// GPU of `device_memory` bytes, recording into DIR (created) as rank 0, writes
-// its run.json (command "replay") and the run's outputs (WriteRunOutputs).
-// Errors: the directory or a file cannot be written, the replay's own errors.
+// GPU of `device_memory` bytes, recording into DIR (claimed as memscope run
+// does: RunDirectory::Claim, `force` for --force) as rank 0, writes its
+// run.json (command "replay") and the run's outputs (WriteRunOutputs).
+// Errors: DIR is refused, the directory or a file cannot be written, the
+// replay's own errors.
 absl::StatusOr<RecordedReplay> RecordReplayRun(const std::string& dir, const RequestTrace& trace,
-                                               const AllocatorConfig& config, std::uint64_t device_memory);
+                                               const AllocatorConfig& config, std::uint64_t device_memory,
+                                               bool force = false);
 
 // Writes report.json, summary.txt, trace.json, snapshot-rank-R.pickle (at
 // each rank's peak) and report.html into `dir` for these timelines, in two

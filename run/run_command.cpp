@@ -15,6 +15,7 @@
 #include "load/run_directory.h"
 #include "recording/timeline.h"
 #include "run/devices.h"
+#include "run/interrupt.h"
 #include "run/launcher.h"
 #include "run/rank.h"
 #include "run/run.h"
@@ -34,12 +35,14 @@ int Fail(RunPrinter& printer, absl::string_view message) {
 
 // Aggregates the finished ranks (run/aggregate.h), writes the run's outputs
 // and has them printed. `exits` are the launcher's (empty for one in-process
-// rank). The outcome goes to `kept` when given.
+// rank); `interrupted`, the signal that stopped the ranks (0: none). The
+// outcome goes to `kept` when given.
 int Finalize(const RunRequest& a, const RankPlan& plan, int world_size, const std::vector<RankExit>& exits,
-             int first_failure, RunPrinter& printer, std::optional<RunOutcome>* kept = nullptr,
+             int first_failure, int interrupted, RunPrinter& printer, std::optional<RunOutcome>* kept = nullptr,
              const std::optional<TrainingManifest::DataParallel>& data_parallel = std::nullopt) {
   RunRecord record = MakeRecord(a, plan, world_size, exits, first_failure);
   record.training.data_parallel = data_parallel;
+  record.interrupted = interrupted;
   absl::StatusOr<RunOutcome> out = AggregateRun(record);
   if (!out.ok()) return Fail(printer, out.status().message());
   printer.Outcome(a, *out);
@@ -53,17 +56,19 @@ int Finalize(const RunRequest& a, const RankPlan& plan, int world_size, const st
 // launcher (the status pipe), which names it even when this rank's log
 // cannot be written (a full disk).
 int RankMain(const RankPlan& plan, int rank, int world_size, const RunDirectory& dir, RunPrinter& printer) {
-  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir);
+  bool rendezvous_failed = false;
+  absl::StatusOr<RankStatus> status = RunRank(plan, rank, world_size, dir, &rendezvous_failed);
   if (!status.ok()) {
     if (world_size == 1) return Fail(printer, status.status().message());
     const std::string error = WithoutRankPrefix(std::string(status.status().message()), rank);
-    ReportToLauncher(error);
+    // Its peers may wait for it in the rendezvous: the launcher stops them now.
+    ReportToLauncher(error, RankFailure::kCannotRun);
     printer.RankFailed(rank, error);
     return kExitRankFailed;  // a rank that cannot write is a failed rank, not bad options
   }
-  if (status->exit_code != kExitOk && world_size > 1) {
+  if (status->exit_code != kExitOk && status->status != "interrupted" && world_size > 1) {
     const std::string error = WithoutRankPrefix(status->error, rank);
-    ReportToLauncher(error);
+    ReportToLauncher(error, rendezvous_failed ? RankFailure::kStopRun : RankFailure::kError);
     printer.RankFailed(rank, error);
   }
   return status->exit_code;
@@ -80,8 +85,9 @@ int RunWorker(const RunRequest& a, const RankPlan& plan, int rank, int world_siz
   std::filesystem::remove(dir.RankStatus(rank), ec);
   const int code = RankMain(plan, rank, world_size, dir, printer);
   if (std::getenv("MEMSCOPE_SUPERVISED") != nullptr || rank != 0) return code;
+  const int interrupted = InterruptSignal().load();  // the ranks' end; a signal after it is not theirs
   WaitForRankStatuses(dir, world_size, plan.timeout);
-  const int final_code = Finalize(a, plan, world_size, {}, -1, printer, kept);
+  const int final_code = Finalize(a, plan, world_size, {}, -1, interrupted, printer, kept);
   return code != kExitOk ? code : final_code;
 }
 
@@ -103,7 +109,8 @@ int LaunchAndFinalize(const RunRequest& a, const std::string& ddp_mode, const Ra
       return kExitBadOptions;
     }
   }
-  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, printer, kept);
+  return Finalize(a, plan, world_size, launched->ranks, launched->first_failure, launched->interrupted, printer,
+                  kept);
 }
 
 // Every rank's device is valid (run/devices.h), before anything runs: a
@@ -200,7 +207,7 @@ int RunOne(const RunRequest& a, const std::string& ddp_mode, RunPrinter& printer
     printer.SettingsNotes(plan->config, warnings);
   }
   const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(printer, absl::StrCat("--out: ", s.message()));
+  if (absl::Status s = dir.Claim(a.force); !s.ok()) return Fail(printer, s.message());
   if (worker) return RunWorker(a, *plan, rank, static_cast<int>(world_size), printer, kept);
   // One run at a time per directory; the ranks of ours run under this lock.
   absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
@@ -209,7 +216,7 @@ int RunOne(const RunRequest& a, const std::string& ddp_mode, RunPrinter& printer
   if (world_size == 1) {
     const int code = RankMain(*plan, 0, 1, dir, printer);
     if (code == kExitBadOptions) return code;
-    return Finalize(a, *plan, 1, {}, -1, printer, kept);
+    return Finalize(a, *plan, 1, {}, -1, InterruptSignal().load(), printer, kept);
   }
   return LaunchAndFinalize(a, ddp_mode, *plan, static_cast<int>(world_size), printer, kept);
 }
@@ -237,7 +244,7 @@ int RunDataParallelCommand(const RunRequest& a, RunPrinter& printer) {
     return Fail(printer, s.message());
   }
   const RunDirectory dir(a.out);
-  if (absl::Status s = dir.Create(); !s.ok()) return Fail(printer, absl::StrCat("--out: ", s.message()));
+  if (absl::Status s = dir.Claim(a.force); !s.ok()) return Fail(printer, s.message());
   absl::StatusOr<RunDirectory::Lock> lock = dir.TakeLock(RunDirectory::ThisProcess());
   if (!lock.ok()) return Fail(printer, lock.status().message());
   dir.RemoveRankFiles();
@@ -248,7 +255,7 @@ int RunDataParallelCommand(const RunRequest& a, RunPrinter& printer) {
   for (int d = 0; d < devices; ++d) dp.device_ids.push_back(d);
   dp.chunk_sizes = run->chunk_sizes;
   for (std::int64_t c : dp.chunk_sizes) dp.global_batch += c;
-  return Finalize(a, *plan, devices, {}, -1, printer, nullptr, dp);
+  return Finalize(a, *plan, devices, {}, -1, InterruptSignal().load(), printer, nullptr, dp);
 }
 
 // `memscope run --ddp copy,view`: the two runs compared, from the reports
@@ -271,6 +278,8 @@ int CompareModes(const std::string (&dirs)[2], const std::optional<RunOutcome> (
 
 // Both modes, each in its own directory (OUT/copy, OUT/view), then the comparison.
 int RunBothModes(const RunRequest& a, RunPrinter& printer) {
+  // OUT is memscope's once a pass has claimed its copy/ or view/ (load/run_directory.h).
+  if (absl::Status s = RunDirectory(a.out).Check(a.force); !s.ok()) return Fail(printer, s.message());
   int worst = kExitOk;
   const char* store = std::getenv("MEMSCOPE_STORE");
   const std::string base_store = store != nullptr ? store : "";
@@ -287,6 +296,8 @@ int RunBothModes(const RunRequest& a, RunPrinter& printer) {
     if (!base_store.empty()) ::setenv("MEMSCOPE_STORE", absl::StrCat(base_store, "-", mode).c_str(), 1);
     const int code = RunOne(m, mode, printer, &outcomes[i]);
     if (code == kExitBadOptions) return code;
+    // Interrupted: no second pass, nothing to compare.
+    if (const int signal = InterruptSignal().load(); signal != 0) return std::max(code, 128 + signal);
     worst = std::max(worst, code);
     printer.PassEnds();
   }
@@ -296,6 +307,9 @@ int RunBothModes(const RunRequest& a, RunPrinter& printer) {
 }  // namespace
 
 int RunCommand(const RunRequest& request, RunPrinter& printer) {
+  // Ctrl-C and SIGTERM stop the run and report what it recorded; a second
+  // one ends the process that started it at once (run/interrupt.h).
+  const InterruptHandlers handlers(/*exit_at_second=*/std::getenv("RANK") == nullptr);
   RunRequest a = request;
   if (absl::Status s = ApplyGpuKind(a); !s.ok()) return Fail(printer, s.message());
   if (absl::Status s = ApplyTorchVersion(a); !s.ok()) return Fail(printer, s.message());

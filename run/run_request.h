@@ -88,6 +88,7 @@ struct RunRequest {
   std::string lora;  // --lora adapter_config.json (PEFT LoRA)
   std::string dtype;  // --dtype float32|float16|bfloat16 ("": the model's own)
   std::string out = "memscope-run";
+  bool force = false;  // --force: write into an --out that memscope did not write (load/run_directory.h Check)
   bool json = false;
   std::string scenario;  // --scenario NAME:RANK[:STEP] (run/rank.h Scenario)
   std::int64_t dp = 0;   // --dp N: DataParallel over N simulated GPUs in this process

@@ -420,6 +420,9 @@ absl::StatusOr<DataParallelResult> TrainDataParallel(const TrainOptions& options
         if (devices[d]->allocator().GetStats().num_ooms > 0) out.oom_device = static_cast<int>(d);
       }
     }
+  } catch (const TrainStopped& e) {
+    result.interrupted = e.signal;
+    result.error = e.error;
   }
   return out;
 }

@@ -41,8 +41,20 @@ StepLoop::StepLoop(const TrainOptions& options, Model& model, DeviceContext& ctx
   if (options_.amp == DType::kFloat16) scaler_.emplace();
 }
 
+void StepLoop::StopIfAsked(const StepLoopParts& parts) const {
+  if (options_.interrupt != nullptr) {
+    if (const int signal = options_.interrupt->load(std::memory_order_relaxed); signal != 0) {
+      throw TrainStopped{signal, ""};
+    }
+  }
+  for (const Recorder* r : parts.recorders) {
+    if (r != nullptr && !r->write_error().ok()) throw TrainStopped{0, std::string(r->write_error().message())};
+  }
+}
+
 void StepLoop::Run(const StepLoopParts& parts, TrainResult& result) {
   for (std::int64_t step = 0; step < options_.steps; ++step) {
+    StopIfAsked(parts);
     {
       PhaseScope phase(parts.recorders, Phase::kZeroGrad, step, parts.hook);
       batch_ = model_.MakeBatch(ctx_, step);
@@ -50,6 +62,7 @@ void StepLoop::Run(const StepLoopParts& parts, TrainResult& result) {
     }
     if (parts.check_batch) parts.check_batch(batch_);
     for (std::int64_t micro = 0; micro < options_.grad_accum; ++micro) MicroBatch(parts, step, micro, result);
+    StopIfAsked(parts);
     {
       PhaseScope phase(parts.recorders, Phase::kStep, step, parts.hook);
       if (options_.record_values) result.step_grads.push_back(Concat(params_, true));
@@ -72,10 +85,12 @@ void StepLoop::MicroBatch(const StepLoopParts& parts, std::int64_t step, std::in
   const std::int64_t micro_label = options_.grad_accum > 1 ? micro : kNoMicroBatch;
   std::optional<AutocastGuard> autocast;
   if (options_.amp) autocast.emplace(*options_.amp);
+  StopIfAsked(parts);
   {
     PhaseScope phase(parts.recorders, Phase::kForward, step, parts.hook, micro_label);
     parts.forward(batch_, micro, output_);
   }
+  StopIfAsked(parts);
   {
     PhaseScope phase(parts.recorders, Phase::kLoss, step, parts.hook, micro_label);
     ScopedTag tag(Category::kActivation, "loss");
@@ -83,6 +98,7 @@ void StepLoop::MicroBatch(const StepLoopParts& parts, std::int64_t step, std::in
     if (options_.grad_accum > 1) loss_ = ops::DivScalar(loss_, static_cast<float>(options_.grad_accum));
   }
   autocast.reset();  // leaving `with autocast():` frees the cast cache
+  StopIfAsked(parts);
   {
     PhaseScope phase(parts.recorders, Phase::kBackward, step, parts.hook, micro_label);
     if (scaler_) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -42,6 +43,15 @@ class PhaseScope {
   std::string_view label_;    // of a kUser phase
 };
 
+// Thrown by the step loop before a phase begins when the training must
+// stop: the user asked (TrainOptions::interrupt: `signal`), or a recorder's
+// timeline can no longer be written (`error`: a full disk). Train and
+// TrainDataParallel catch it into their result.
+struct TrainStopped {
+  int signal = 0;
+  std::string error;
+};
+
 struct StepLoopParts {
   std::vector<Recorder*> recorders;  // the phases are marked on each (entries may be null)
   const PhaseHook* hook = nullptr;   // TrainOptions::phase_hook, or null
@@ -71,6 +81,8 @@ class StepLoop {
   Optimizer& optimizer() { return optimizer_; }
 
  private:
+  // Throws TrainStopped when the loop must stop before the next phase.
+  void StopIfAsked(const StepLoopParts& parts) const;
   void MicroBatch(const StepLoopParts& parts, std::int64_t step, std::int64_t micro, TrainResult& result);
 
   const TrainOptions& options_;

@@ -144,6 +144,9 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
   } catch (const reducer::CommError& e) {
     result.comm_error = true;
     result.error = e.what();
+  } catch (const TrainStopped& e) {
+    result.interrupted = e.signal;
+    result.error = e.error;
   }
   return result;
 }

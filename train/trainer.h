@@ -18,6 +18,7 @@
 #ifndef MEMSCOPE_TRAIN_TRAINER_H_
 #define MEMSCOPE_TRAIN_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -75,6 +76,10 @@ struct TrainOptions {
   std::function<void(Phase phase, std::int64_t step, bool end)> phase_hook;
   bool record_values = false;  // fill TrainResult::step_params/step_grads (--exec cpu)
   CheckpointOptions checkpoint;
+  // Non-zero asks the loop to stop before its next phase: the number of the
+  // signal that asked (memscope run's Ctrl-C or SIGTERM, run/interrupt.h).
+  // TrainResult::interrupted says it stopped so.
+  const std::atomic<int>* interrupt = nullptr;
 };
 
 // What a checkpoint cost: the state dict's tensor bytes (parameters, buffers
@@ -93,6 +98,8 @@ struct TrainResult {
   bool oom = false;
   std::string error;        // the OOM (or other tensor error) message
   bool comm_error = false;  // a collective failed (CommError): `error` says which
+  // The signal that stopped the loop before its end (TrainOptions::interrupt), else 0.
+  int interrupted = 0;
   std::vector<reducer::BucketInfo> initial_buckets, rebuilt_buckets;  // DDP
   // After each step (--exec cpu): the parameters, concatenated; and the
   // gradients the optimizer stepped with.

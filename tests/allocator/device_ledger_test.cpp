@@ -1,9 +1,11 @@
 #include "allocator/device_ledger.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -131,6 +133,30 @@ TEST_CASE("a ledger file is shared by processes: a child's charge is seen by the
   auto again = DeviceLedger::Open(path);
   REQUIRE(again.ok());
   CHECK((*again)->Used(0) == 10 * kMiB);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("a ledger that cannot be written whole (a full disk) is an error at Open, and nothing is left mapped") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("memscope-full-ledger-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(path);
+  // In a child: files may grow to 64 KiB only (RLIMIT_FSIZE, SIGXFSZ
+  // ignored: write() fails with EFBIG), as on a disk with 64 KiB free.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{64 << 10, 64 << 10};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    auto ledger = DeviceLedger::Open(path);
+    const bool named = !ledger.ok() && ledger.status().message() ==
+                                           "cannot write device ledger '" + path + "': File too large";
+    std::_Exit(named && !std::filesystem::exists(path) ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
   std::filesystem::remove(path);
 }
 

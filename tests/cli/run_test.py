@@ -38,7 +38,8 @@ try:
     code, out, err = run("summary", d)
     check("summary reads the run", code == 0 and "backward" in out, err)
 
-    # A run into a directory with the user's own files keeps them; only
+    # A directory with the user's own files is refused (one line naming a
+    # file a run would write); with --force the run keeps them: only
     # memscope's per-rank files of an earlier run are replaced.
     d = os.path.join(tmp, "mine")
     os.makedirs(os.path.join(d, "store"))
@@ -48,7 +49,13 @@ try:
     with open(os.path.join(d, "rank-3.timeline"), "w") as f:
         f.write("the user's, not memscope's")  # memscope did not write it: it stays, and is not read
     code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", d)
-    check("run into a user's directory", code == 0, err)
+    check("a user's directory refused", code == 2 and err == f"memscope run: --out '{d}' is not empty and was not "
+          "written by memscope (it holds rank-3.timeline and 3 others): choose a new or empty directory, or --force "
+          "to write into it\n", (code, err))
+    check("a user's directory: nothing written", sorted(os.listdir(d)) ==
+          ["rank-3.timeline", "rank-7.timeline.bak", "rank-notes.md", "store"], os.listdir(d))
+    code, out, err = run("run", "--model", "mlp", "--steps", "1", "--out", d, "--force")
+    check("run into a user's directory with --force", code == 0, err)
     for name in ["store/data.txt", "rank-notes.md", "rank-7.timeline.bak", "rank-3.timeline"]:
         check(f"kept {name}", os.path.exists(os.path.join(d, name)), os.listdir(d))
     code, out, err = run("summary", d)

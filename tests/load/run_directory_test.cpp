@@ -102,5 +102,41 @@ TEST_CASE("RunDirectory::Create names the directory it cannot create") {
   std::filesystem::remove(file);
 }
 
+TEST_CASE("RunDirectory::Claim takes a new, empty or memscope's directory and refuses the user's") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / "memscope-run-claim-test";
+  fs::remove_all(root);
+  // New: created, with its mark.
+  const RunDirectory fresh((root / "new").string());
+  REQUIRE(fresh.Claim(false).ok());
+  CHECK(fresh.WrittenByMemscope());
+  CHECK(fs::is_regular_file(fresh.Path(RunDirectory::kFileList)));
+  // Empty: claimed.
+  fs::create_directories(root / "empty");
+  CHECK(RunDirectory((root / "empty").string()).Claim(false).ok());
+  // The user's: refused, naming the file a run would overwrite; nothing added.
+  const RunDirectory users((root / "users").string());
+  fs::create_directories(users.root());
+  for (const char* name : {"notes.txt", "report.json"}) std::ofstream(users.Path(name)) << "mine";
+  CHECK_FALSE(users.WrittenByMemscope());
+  const absl::Status refused = users.Claim(false);
+  CHECK(refused.message() == "--out '" + users.root() +
+                                 "' is not empty and was not written by memscope (it holds report.json and 1 other): "
+                                 "choose a new or empty directory, or --force to write into it");
+  CHECK(std::distance(fs::directory_iterator(users.root()), fs::directory_iterator()) == 2);
+  // --force: claimed, and memscope's from then on.
+  REQUIRE(users.Claim(true).ok());
+  CHECK(users.Claim(false).ok());
+  // --ddp copy,view: memscope's through its copy/ run.
+  REQUIRE(RunDirectory((root / "both" / "copy").string()).Claim(false).ok());
+  CHECK(RunDirectory((root / "both").string()).WrittenByMemscope());
+  // A file is not a directory; / is always refused.
+  std::ofstream(root / "file") << "x";
+  CHECK(RunDirectory((root / "file").string()).Claim(true).message() ==
+        "--out '" + (root / "file").string() + "' is not a directory");
+  CHECK(RunDirectory("/").Check(true).message() == "--out '/' is the root directory: choose a new directory for the run");
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace memscope

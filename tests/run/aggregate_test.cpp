@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -118,6 +119,45 @@ TEST_CASE("AggregateRun: the launcher's first failure is the run's, the others f
         "memscope run: rank 0 exited with status 4: the peer rank 1 is gone\n");
   CHECK(out->manifest.ranks[1].status == "killed");
   CHECK(out->manifest.ranks[0].error == "the peer rank 1 is gone");
+}
+
+TEST_CASE("AggregateRun: a run stopped by Ctrl-C reports what it recorded, says so in one line and exits 130") {
+  FakeRun run("memscope-aggregate-interrupted", {Status(0, "interrupted", 130), Status(1, "interrupted", 130)});
+  RankExit r0{.rank = 0, .exit_code = 130, .signal = 0, .stopped_by_launcher = false, .seconds = 2, .message = ""};
+  RankExit r1{.rank = 1, .exit_code = 130, .signal = 0, .stopped_by_launcher = false, .seconds = 2, .message = ""};
+  run.record.exits = {r0, r1};
+  run.record.interrupted = SIGINT;
+  absl::StatusOr<RunOutcome> out = AggregateRun(run.record);
+  REQUIRE(out.ok());
+  CHECK(out->exit_code == 130);
+  CHECK(out->interrupted == SIGINT);
+  CHECK(out->diagnostics == "memscope run: interrupted by SIGINT after 1 of 3 steps; what was recorded is in " +
+                                run.dir.root() +
+                                "/ (run.json, rank-{0..1}.timeline, report.json, report.html, summary.txt, "
+                                "trace.json, snapshot-rank-{0..1}.pickle)\n");
+  CHECK_FALSE(out->manifest.failure);
+  CHECK(out->manifest.ranks[0].status == "interrupted");
+  CHECK(out->manifest.ranks[1].how == "exited with status 130");
+  absl::StatusOr<RunManifest> written = RunManifest::Read(run.dir.Manifest());
+  REQUIRE(written.ok());
+  CHECK(written->interrupted == "SIGINT");
+  CHECK(std::filesystem::exists(run.dir.Report()));
+}
+
+TEST_CASE("AggregateRun: a rank the launcher stopped, which stopped as asked, is 'stopped'") {
+  FakeRun run("memscope-aggregate-stopped",
+              {Status(0, "interrupted", 143), Status(1, "error", kExitRankFailed, "cannot write timeline 'x'")});
+  RankExit r0{.rank = 0, .exit_code = 143, .signal = 0, .stopped_by_launcher = true, .seconds = 2, .message = ""};
+  RankExit r1{.rank = 1, .exit_code = 4, .signal = 0, .stopped_by_launcher = false, .seconds = 1, .message = ""};
+  run.record.exits = {r0, r1};
+  run.record.first_failure = 1;
+  absl::StatusOr<RunOutcome> out = AggregateRun(run.record);
+  REQUIRE(out.ok());
+  CHECK(out->exit_code == kExitRankFailed);
+  CHECK(out->diagnostics ==
+        "memscope run: rank 1 exited with status 4: cannot write timeline 'x'\n"
+        "memscope run: rank 0 was stopped by signal 15 (SIGTERM)\n");
+  CHECK(out->manifest.ranks[0].status == "stopped");
 }
 
 TEST_CASE("AggregateRun: report.json keeps the run's failure when the rank that failed first recorded nothing") {

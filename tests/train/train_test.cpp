@@ -2,6 +2,8 @@
 // table, optimizer state, zero_grad, and the memory strategies (AMP, checkpointing).
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <csignal>
 #include <map>
 #include <string>
 
@@ -193,6 +195,28 @@ TEST_CASE("an OOM during training is reported, not thrown") {
   CHECK(r->steps_done == 0);
   CHECK(r->error.find("CUDA out of memory") != std::string::npos);
   CHECK(allocator.memory_allocated() == 0);  // every tensor of the unwound step was released
+}
+
+TEST_CASE("an interrupt stops the training before its next phase, and every tensor is released") {
+  SimDevice gpu;
+  CachingAllocator allocator(gpu);
+  DeviceContext ctx(allocator, ExecMode::kMeta);
+  std::atomic<int> interrupt{0};
+  TrainOptions o;
+  o.model = "mlp";
+  o.steps = 1000;
+  o.interrupt = &interrupt;
+  // Ctrl-C as step 2's backward begins: the loop stops before step 2's step phase.
+  o.phase_hook = [&interrupt](Phase phase, std::int64_t step, bool end) {
+    if (!end && phase == Phase::kBackward && step == 2) interrupt.store(SIGINT);
+  };
+  absl::StatusOr<TrainResult> r = Train(o, ctx, nullptr);
+  REQUIRE(r.ok());
+  CHECK(r->interrupted == SIGINT);
+  CHECK(r->steps_done == 2);
+  CHECK(r->error.empty());
+  CHECK_FALSE(r->oom);
+  CHECK(allocator.memory_allocated() == 0);
 }
 
 TEST_CASE("invalid training options are errors that name the option") {
