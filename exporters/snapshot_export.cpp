@@ -98,20 +98,17 @@ class SnapshotWriter {
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
       if (!IsPytorchTraceAction(e.type)) continue;
-      // The stack of each live allocation, for its alloc and free entries.
-      if (e.type == EventType::kAlloc) {
-        if (const std::uint32_t stack = timeline_.stack_of(i); stack != 0) {
-          trace_stacks_[e.addr] = stack;
-        } else {
-          trace_stacks_.erase(e.addr);
-        }
-      }
+      // The tag (category, owner, stack) of each live allocation, for its
+      // alloc and free entries: a free event carries none of its own.
+      if (e.type == EventType::kAlloc) trace_tags_[e.addr] = Tag{e.category, e.name, timeline_.stack_of(i)};
+      if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentMap) TrackSegment(e);
       if (skip > 0) {
         --skip;
       } else {
         WriteTraceEntry(e);
       }
-      if (e.type == EventType::kFreeCompleted) trace_stacks_.erase(e.addr);
+      if (e.type == EventType::kSegmentFree || e.type == EventType::kSegmentUnmap) TrackSegment(e);
+      if (e.type == EventType::kFreeCompleted) trace_tags_.erase(e.addr);
     }
     w_.EndList();
     w_.EndList();
@@ -337,8 +334,8 @@ class SnapshotWriter {
     }
     if (e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted) {
       // A free carries the frames of its allocation (memscope keeps no stack of the free itself).
-      const auto it = trace_stacks_.find(e.addr);
-      TagFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
+      const Tag tag = TraceTag(e);
+      TagFrames(tag.category, tag.owner, tag.stack);
     } else if (const Tag* tag = SegmentEntryTag(e)) {
       TagFrames(tag->category, tag->owner, tag->stack);
     } else {
@@ -347,12 +344,35 @@ class SnapshotWriter {
     w_.EndDict();
   }
 
+  // The tag of an alloc or free entry's allocation (a free before any alloc
+  // of its address, in a trace whose head was dropped: its own, OTHER).
+  Tag TraceTag(const Event& e) const {
+    const auto it = trace_tags_.find(e.addr);
+    return it != trace_tags_.end() ? it->second : Tag{e.category, e.name, 0};
+  }
+
   // The tag of the allocation that made a segment_alloc or segment_map
-  // entry (the event being written), or null.
+  // entry (the event being written), or null. A segment_free or
+  // segment_unmap carries the tag of the segment_alloc / segment_map at its
+  // address, as PyTorch's release_block records the segment's own context
+  // (context_when_segment_allocated) when the free has none; memscope keeps
+  // no stack of the empty_cache call itself.
   const Tag* SegmentEntryTag(const Event& e) const {
+    if (e.type == EventType::kSegmentFree || e.type == EventType::kSegmentUnmap) {
+      const auto it = trace_segment_tags_.find(e.addr);
+      return it == trace_segment_tags_.end() ? nullptr : &it->second;
+    }
     if (e.type != EventType::kSegmentAlloc && e.type != EventType::kSegmentMap) return nullptr;
     const auto it = segment_entry_tags_.find(static_cast<std::size_t>(&e - timeline_.events.data()));
     return it == segment_entry_tags_.end() ? nullptr : &it->second;
+  }
+  // Keeps trace_segment_tags_ for the entries that follow `e`.
+  void TrackSegment(const Event& e) {
+    if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentMap) {
+      if (const Tag* tag = SegmentEntryTag(e)) trace_segment_tags_[e.addr] = *tag;
+    } else if (e.type == EventType::kSegmentFree || e.type == EventType::kSegmentUnmap) {
+      trace_segment_tags_.erase(e.addr);
+    }
   }
 
   void WriteAllocatorSettings() {
@@ -446,10 +466,8 @@ class SnapshotWriter {
     const bool tagged =
         e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted;
     std::uint32_t frames = kEmptyFrames;
-    Tag alloc_tag;
     if (tagged) {
-      const auto it = trace_stacks_.find(e.addr);
-      alloc_tag = Tag{e.category, e.name, it == trace_stacks_.end() ? 0 : it->second};
+      const Tag alloc_tag = TraceTag(e);
       frames = FramesMemo(&alloc_tag);
     } else if (const Tag* tag = SegmentEntryTag(e)) {
       frames = FramesMemo(tag);
@@ -525,7 +543,8 @@ class SnapshotWriter {
   absl::flat_hash_map<std::uint64_t, Tag> live_tags_;               // address -> tag of the blocks at the snapshot
   absl::flat_hash_map<std::uint64_t, Tag> segment_tags_;            // segment address -> tag of the alloc that made it
   absl::flat_hash_map<std::size_t, Tag> segment_entry_tags_;  // event index of a segment_alloc/map -> its alloc's tag
-  absl::flat_hash_map<std::uint64_t, std::uint32_t> trace_stacks_;  // address -> stack, while writing the trace
+  absl::flat_hash_map<std::uint64_t, Tag> trace_segment_tags_;  // segment address -> its tag, while writing the trace
+  absl::flat_hash_map<std::uint64_t, Tag> trace_tags_;  // address -> its allocation's tag, while writing the trace
 };
 
 }  // namespace

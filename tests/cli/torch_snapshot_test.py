@@ -360,8 +360,11 @@ try:
           [("forward:0", "START", 100), ("forward:0", "END", 120)], again["external_annotations"])
 
     # Segment entries and segments carry the frames of the allocation that
-    # made them, as PyTorch writes them (the cudaMalloc's context; none for
-    # segment_free / segment_unmap, which come from empty_cache).
+    # made them, as PyTorch writes them (the cudaMalloc's context); a
+    # segment_free / segment_unmap those of its segment's segment_alloc /
+    # segment_map, as release_block writes when the free has no context of
+    # its own (`context ? context : block->context_when_segment_allocated`:
+    # these files' empty_cache entries carry none).
     for name, proto, doc in [("shared", 4, shared_frames()), ("empty_cache", 4, empty_cache()),
                              ("expandable", 5, expandable())]:
         back = os.path.join(tmp, f"{name}-segment-frames.pickle")
@@ -370,7 +373,12 @@ try:
         with open(back, "rb") as f:
             again = pickle.load(f)
         got = [(e["action"], e["frames"]) for e in again["device_traces"][0] if e["action"].startswith("segment")]
-        want = [(e["action"], e["frames"]) for e in doc["device_traces"][0] if e["action"].startswith("segment")]
+        made, want = {}, []
+        for e in doc["device_traces"][0]:
+            if e["action"] in ("segment_alloc", "segment_map"):
+                made[e["addr"]] = e["frames"]
+            if e["action"].startswith("segment"):
+                want.append((e["action"], e["frames"] or made.get(e["addr"], [])))
         check(f"{name}: segment entries carry their allocation's frames", got == want, (got, want))
         # shared: the segment's own frames in the file; empty_cache: the
         # segment made after empty_cache(), by the S1 allocation; expandable:
