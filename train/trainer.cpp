@@ -92,6 +92,10 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
   }
   if (options.ddp && comm == nullptr) return absl::InvalidArgumentError("DDP needs a communicator");
   if (options.zero && !options.ddp) return absl::InvalidArgumentError("--zero needs DDP (--ddp copy or view)");
+  if (options.zero && options.checkpoint.step >= 0) {
+    return absl::InvalidArgumentError(
+        "checkpoints with --zero: ZeroRedundancyOptimizer.consolidate_state_dict() is not modelled");
+  }
   if (options.record_values && !ctx.computes()) return absl::InvalidArgumentError("recording values needs --exec cpu");
   if (options.checkpoint.step >= options.steps) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint-step ", options.checkpoint.step, ": the run has ",

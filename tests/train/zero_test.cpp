@@ -57,7 +57,7 @@ TEST_CASE("ZeRO partition: largest first, ties in their order, each to the first
   CHECK(ZeroPartition({}, 2).empty());
 }
 
-TEST_CASE("ZeRO without bucket view: each rank steps its own parameters; step broadcasts each from its owner") {
+TEST_CASE("ZeRO without bucket view: each rank steps its own parameters, and step broadcasts each from its owner") {
   testing::CpuGpu d;
   Tensor a = Param(d.ctx, "a", {7}), b = Param(d.ctx, "b", {3}), c = Param(d.ctx, "c", {2});
   BroadcastLog comm(1, 2);
@@ -70,7 +70,7 @@ TEST_CASE("ZeRO without bucket view: each rank steps its own parameters; step br
   CHECK(comm.calls == std::vector<Call>{{a.raw_data(), 7, 0}, {b.raw_data(), 3, 1}, {c.raw_data(), 2, 1}});
 }
 
-TEST_CASE("ZeRO bucket view: parameters move into one flat bucket per rank; a rank that owns nothing gets zeros(1)") {
+TEST_CASE("ZeRO bucket view: one flat bucket per rank holds its parameters, zeros(1) for a rank that owns nothing") {
   testing::CpuGpu d;
   Tensor a = Param(d.ctx, "a", {7}), b = Param(d.ctx, "b", {3});
   CHECK(d.alloc.memory_allocated() == 2 * 512);
