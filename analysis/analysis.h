@@ -99,6 +99,16 @@ struct DdpBucket {
   bool operator==(const DdpBucket&) const = default;
 };
 
+// ZeroRedundancyOptimizer's partition (train/zero.h): each rank's
+// parameters by name, in its param group's order; the flat buckets' bytes
+// per rank under parameters_as_bucket_view (else empty).
+struct ZeroShards {
+  bool parameters_as_bucket_view = false;
+  std::vector<std::vector<std::string>> partition;
+  std::vector<std::uint64_t> bucket_bytes;
+  bool operator==(const ZeroShards&) const = default;
+};
+
 // A DDP rank's buckets: the assignment at construction and, once the first
 // backward has shown the gradient-ready order, the rebuilt one (empty when
 // DDP did not rebuild).
@@ -106,6 +116,7 @@ struct DdpBuckets {
   std::string mode;  // --ddp: "copy" or "view"
   std::vector<DdpBucket> buckets;
   std::vector<DdpBucket> rebuilt_buckets;
+  std::optional<ZeroShards> zero;  // --zero on|bucket-view
   bool operator==(const DdpBuckets&) const = default;
 };
 

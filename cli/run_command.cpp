@@ -31,8 +31,8 @@
 namespace memscope::cli {
 namespace {
 
-// The DDP bucket lines under a rank's phase table.
-void PrintBuckets(const DdpBuckets& ddp) {
+// The DDP bucket lines under a rank's phase table, and ZeRO's share of rank `rank`.
+void PrintBuckets(const DdpBuckets& ddp, int rank) {
   for (const bool rebuilt : {false, true}) {
     const std::vector<DdpBucket>& b = rebuilt ? ddp.rebuilt_buckets : ddp.buckets;
     if (b.empty()) continue;
@@ -42,6 +42,17 @@ void PrintBuckets(const DdpBuckets& ddp) {
               << (b.size() == 1 ? " bucket of " : " buckets, ") << FormatSize(total)
               << (b.size() == 1 ? "" : absl::StrCat(" (first ", FormatSize(b[0].bytes), ")")) << "\n";
   }
+  if (!ddp.zero || static_cast<std::size_t>(rank) >= ddp.zero->partition.size()) return;
+  std::size_t total = 0;
+  for (const std::vector<std::string>& names : ddp.zero->partition) total += names.size();
+  std::cout << "ZeroRedundancyOptimizer: this rank steps " << ddp.zero->partition[static_cast<std::size_t>(rank)].size()
+            << " of " << total << " parameters";
+  if (!ddp.zero->bucket_bytes.empty()) {
+    std::uint64_t bytes = 0;
+    for (std::uint64_t b : ddp.zero->bucket_bytes) bytes += b;
+    std::cout << "; " << ddp.zero->bucket_bytes.size() << " flat parameter buckets, " << FormatSize(bytes);
+  }
+  std::cout << "\n";
 }
 // The checkpoint line under the tables: who saved what (files and bytes
 // written), and where the ranks' torch.load put the tensors.
@@ -174,7 +185,7 @@ void PrintTables(const RunRequest& a, const RunOutcome& out) {
     }
     std::cout << PhaseTableText(r);
     const std::optional<RankStatus>& st = out.statuses[static_cast<std::size_t>(r.rank)];
-    if (st && st->ddp) PrintBuckets(*st->ddp);
+    if (st && st->ddp) PrintBuckets(*st->ddp, r.rank);
     std::cout << "peak allocated " << FormatSize(r.peak_allocated.bytes)
               << (r.peak_allocated.phase.empty() ? "" : absl::StrCat(" in ", r.peak_allocated.phase)) << ": "
               << CategoryBreakdown(r.peak_allocated.by_category, r.peak_allocated.bytes, 4) << "\n";
@@ -315,6 +326,8 @@ void RegisterRun(CLI::App& app, int& exit_status) {
   cmd->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "DDP bucket_cap_mb (default None: 25, with a 1 MiB first bucket)")
       ->each([a](const std::string&) { a->bucket_cap_given = true; });
+  cmd->add_option("--zero", a->zero,
+                  "ZeroRedundancyOptimizer with DDP: off (default), on, or bucket-view (parameters_as_bucket_view)");
   cmd->add_flag("--find-unused-parameters", a->find_unused, "DDP find_unused_parameters=True");
   cmd->add_flag("--static-graph", a->static_graph, "DDP static_graph=True");
   cmd->add_option("--comm-hook", a->comm_hook, "none (default), fp16 or bf16 (the compression hooks)");

@@ -235,11 +235,39 @@ absl::Status ReadBuckets(const Fields& ddp, const char* key, std::vector<DdpBuck
   return absl::OkStatus();
 }
 
+absl::StatusOr<ZeroShards> ReadZero(const Fields& f) {
+  ZeroShards z;
+  MEMSCOPE_RETURN_IF_ERROR(f.Bool("parameters_as_bucket_view", z.parameters_as_bucket_view));
+  absl::StatusOr<const json*> partition = f.Array("partition");
+  if (!partition.ok()) return partition.status();
+  for (const json& rank : **partition) {
+    if (!rank.is_array()) return f.Bad("\"partition\" array of name arrays, one per rank");
+    std::vector<std::string>& names = z.partition.emplace_back();
+    for (const json& name : rank) {
+      if (!name.is_string()) return f.Bad("\"partition\" array of name arrays, one per rank");
+      names.push_back(name.get<std::string>());
+    }
+  }
+  if (const json* bytes = f.Find("bucket_bytes"); bytes != nullptr) {
+    if (!bytes->is_array()) return f.Bad("\"bucket_bytes\" array");
+    for (const json& b : *bytes) {
+      if (!b.is_number_unsigned()) return f.Bad("\"bucket_bytes\" array of byte counts");
+      z.bucket_bytes.push_back(b.get<std::uint64_t>());
+    }
+  }
+  return z;
+}
+
 absl::StatusOr<DdpBuckets> ReadDdp(const Fields& f) {
   DdpBuckets ddp;
   MEMSCOPE_RETURN_IF_ERROR(f.String("mode", ddp.mode));
   MEMSCOPE_RETURN_IF_ERROR(ReadBuckets(f, "buckets", ddp.buckets));
   MEMSCOPE_RETURN_IF_ERROR(ReadBuckets(f, "rebuilt_buckets", ddp.rebuilt_buckets));
+  if (const json* zero = f.Find("zero"); zero != nullptr) {
+    absl::StatusOr<ZeroShards> z = ReadZero(Fields(*zero, f.where() + ".zero"));
+    if (!z.ok()) return z.status();
+    ddp.zero = std::move(*z);
+  }
   return ddp;
 }
 
@@ -562,8 +590,14 @@ void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f) {
 }
 
 json DdpJson(const DdpBuckets& ddp) {
-  return {
+  json j = {
       {"mode", ddp.mode}, {"buckets", BucketsJson(ddp.buckets)}, {"rebuilt_buckets", BucketsJson(ddp.rebuilt_buckets)}};
+  if (ddp.zero) {
+    j["zero"] = {{"parameters_as_bucket_view", ddp.zero->parameters_as_bucket_view},
+                 {"partition", ddp.zero->partition},
+                 {"bucket_bytes", ddp.zero->bucket_bytes}};
+  }
+  return j;
 }
 
 absl::StatusOr<DdpBuckets> DdpFromJson(const json& j) {

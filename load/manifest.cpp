@@ -92,6 +92,7 @@ void PutTraining(json& j, const TrainingManifest& t) {
             {"seconds", t.seconds},
             {"losses", LossesJson(t.losses)}});
   if (!t.torch_version.empty()) j["torch_version"] = t.torch_version;
+  if (!t.zero.empty()) j["zero"] = t.zero;
   if (t.ddp_options) {
     const TrainingManifest::Ddp& d = *t.ddp_options;
     j["bucket_cap_mb"] = d.bucket_cap_mb ? json(*d.bucket_cap_mb) : json(nullptr);
@@ -128,6 +129,7 @@ TrainingManifest TrainingFromJson(const json& j) {
   t.seconds = j.at("seconds").get<double>();
   t.losses = LossesFromJson(j.at("losses"));
   if (j.contains("torch_version")) t.torch_version = j.at("torch_version").get<std::string>();
+  if (j.contains("zero")) t.zero = j.at("zero").get<std::string>();
   if (j.contains("comm_hook")) {
     TrainingManifest::Ddp d;
     if (!j.at("bucket_cap_mb").is_null()) d.bucket_cap_mb = j.at("bucket_cap_mb").get<double>();

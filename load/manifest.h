@@ -115,6 +115,7 @@ struct TrainingManifest {
   std::int64_t grad_accum = 1;
   std::string attention, exec;
   std::string ddp;  // "off", "copy" or "view"
+  std::string zero;  // --zero "on" or "bucket-view"; "" when off (run.json has no "zero" then)
   double seconds = 0;
   std::vector<float> losses;
   // The DDP options (present unless ddp is "off").

@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -587,7 +589,12 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   status.device = record;
   if (plan.checkpoint.step >= 0) status.checkpoint = CheckpointRecord(plan, result->checkpoint, *assigned, measured);
   if (plan.train.ddp) {
-    status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets)};
+    std::optional<ZeroShards> zero;
+    if (plan.train.zero) {
+      zero = ZeroShards{plan.train.zero->parameters_as_bucket_view, result->zero_partition, result->zero_buckets};
+    }
+    status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets),
+                            std::move(zero)};
   }
   if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) {
     if (status.error.empty()) return s;

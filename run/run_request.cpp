@@ -113,6 +113,17 @@ absl::Status TrainPlan(const RunRequest& a, TrainOptions& t) {
   return absl::OkStatus();
 }
 
+// --zero: ZeroRedundancyOptimizer(parameters_as_bucket_view=...) around the optimizer, with DDP.
+absl::Status ZeroPlan(const RunRequest& a, RankPlan& p) {
+  if (a.zero == "off") return absl::OkStatus();
+  if (a.zero != "on" && a.zero != "bucket-view") {
+    return absl::InvalidArgumentError(absl::StrCat("--zero '", a.zero, "': use off, on or bucket-view"));
+  }
+  if (!p.train.ddp) return absl::InvalidArgumentError("--zero needs DDP: --ddp copy or view, or --world-size > 1");
+  p.train.zero = ZeroOptions{a.zero == "bucket-view"};
+  return absl::OkStatus();
+}
+
 // --world-size, --ddp and DDP's options.
 absl::Status DdpPlan(const RunRequest& a, const std::string& ddp_mode, std::int64_t world_size, RankPlan& p) {
   if (world_size < 1) return absl::InvalidArgumentError("--world-size must be at least 1");
@@ -123,6 +134,7 @@ absl::Status DdpPlan(const RunRequest& a, const std::string& ddp_mode, std::int6
         absl::StrCat("--ddp '", ddp_mode, "': use copy, view, off, or copy,view to compare"));
   }
   if (p.ddp == "off") {
+    if (a.zero != "off") return ZeroPlan(a, p);  // a bad value, else "needs DDP"
     if (a.bucket_cap_given || a.find_unused || a.static_graph || a.comm_hook != "none" || a.no_broadcast_buffers) {
       return absl::InvalidArgumentError(
           "DDP options (--bucket-cap-mb, --find-unused-parameters, --static-graph, "
@@ -147,7 +159,7 @@ absl::Status DdpPlan(const RunRequest& a, const std::string& ddp_mode, std::int6
     return absl::InvalidArgumentError("--comm-hook fp16|bf16 needs --exec meta (the CPU kernels compute float32)");
   }
   p.train.ddp = d;
-  return absl::OkStatus();
+  return ZeroPlan(a, p);
 }
 
 // NCCL's buffers per communicator when --nccl-buffers-mb is not given:
@@ -218,6 +230,10 @@ absl::Status CheckpointPlanOf(const RunRequest& a, RankPlan& p) {
   }
   if (checkpoint->step >= 0 && p.cpu) {
     return absl::InvalidArgumentError("checkpoints need --exec meta (the state dict's values are not modelled)");
+  }
+  if (checkpoint->step >= 0 && p.train.zero) {
+    return absl::InvalidArgumentError(
+        "checkpoints with --zero: ZeroRedundancyOptimizer.consolidate_state_dict() is not modelled");
   }
   p.checkpoint = *checkpoint;
   return absl::OkStatus();
@@ -401,6 +417,7 @@ std::vector<std::string> ToArgs(const RunRequest& a, const std::string& ddp_mode
   if (a.find_unused) v.push_back("--find-unused-parameters");
   if (a.static_graph) v.push_back("--static-graph");
   if (a.no_broadcast_buffers) v.push_back("--no-broadcast-buffers");
+  if (a.zero != "off") v.insert(v.end(), {"--zero", a.zero});
   if (a.checkpoint) v.push_back("--checkpoint-activations");
   if (!a.lora.empty()) v.insert(v.end(), {"--lora", a.lora});
   if (!a.dtype.empty()) v.insert(v.end(), {"--dtype", a.dtype});
@@ -442,6 +459,7 @@ RunRecord MakeRecord(const RunRequest& a, const RankPlan& plan, int world_size, 
   t.attention = a.attention;
   t.exec = a.exec;
   t.ddp = plan.ddp;
+  if (plan.train.zero) t.zero = a.zero;
   if (plan.train.ddp) {
     t.ddp_options = TrainingManifest::Ddp{a.bucket_cap_given ? std::optional<double>(a.bucket_cap_mb) : std::nullopt,
                                           a.find_unused, a.static_graph, a.comm_hook, !a.no_broadcast_buffers};

@@ -50,6 +50,7 @@ struct RunRequest {
   bool lr_given = false;
   double momentum = 0.9;
   std::string ddp = "auto";
+  std::string zero = "off";  // --zero off|on|bucket-view: ZeroRedundancyOptimizer
   double bucket_cap_mb = 0;
   bool bucket_cap_given = false;
   bool find_unused = false;

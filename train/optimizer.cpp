@@ -35,8 +35,10 @@ std::string_view OptimizerName(OptimizerKind kind) {
 Optimizer::Optimizer(std::vector<Tensor*> params, OptimizerOptions options)
     : params_(std::move(params)), options_(options), state_(params_.size()) {}
 
-void Optimizer::ZeroGrad(bool set_to_none) {
-  for (Tensor* p : params_) {
+void Optimizer::ZeroGrad(bool set_to_none) { ZeroGrads(params_, set_to_none); }
+
+void ZeroGrads(const std::vector<Tensor*>& params, bool set_to_none) {
+  for (Tensor* p : params) {
     if (!p->grad().defined()) continue;
     if (set_to_none) {
       p->set_grad(Tensor());

@@ -81,6 +81,9 @@ class Optimizer {
   std::vector<State> state_;
 };
 
+// Optimizer.zero_grad over `params`, in their order.
+void ZeroGrads(const std::vector<Tensor*>& params, bool set_to_none);
+
 // torch.cuda.amp.GradScaler for fp16 training: scale() multiplies the loss
 // by the scale (65536 at first), Unscale() divides the gradients in place
 // and checks them for inf/NaN, Update() adjusts the scale. Its tensors are

@@ -36,8 +36,14 @@ std::vector<float> Concat(const std::vector<Tensor*>& tensors, bool grads) {
 
 }  // namespace
 
-StepLoop::StepLoop(const TrainOptions& options, Model& model, DeviceContext& ctx)
-    : options_(options), model_(model), ctx_(ctx), params_(model.Parameters()), optimizer_(params_, options.optimizer) {
+StepLoop::StepLoop(const TrainOptions& options, Model& model, DeviceContext& ctx, reducer::Communicator* comm)
+    : options_(options),
+      model_(model),
+      ctx_(ctx),
+      params_(model.Parameters()),
+      zero_(options.zero && comm != nullptr ? std::make_unique<ZeroRedundancy>(params_, *comm, *options.zero)
+                                            : nullptr),
+      optimizer_(zero_ ? zero_->owned() : params_, options.optimizer) {
   if (options_.amp == DType::kFloat16) scaler_.emplace();
 }
 
@@ -58,7 +64,12 @@ void StepLoop::Run(const StepLoopParts& parts, TrainResult& result) {
     {
       PhaseScope phase(parts.recorders, Phase::kZeroGrad, step, parts.hook);
       batch_ = model_.MakeBatch(ctx_, step);
-      optimizer_.ZeroGrad(options_.zero_grad_set_to_none);
+      // ZeroRedundancyOptimizer.zero_grad() covers every parameter, not only the local optimizer's.
+      if (zero_) {
+        ZeroGrads(params_, options_.zero_grad_set_to_none);
+      } else {
+        optimizer_.ZeroGrad(options_.zero_grad_set_to_none);
+      }
     }
     if (parts.check_batch) parts.check_batch(batch_);
     for (std::int64_t micro = 0; micro < options_.grad_accum; ++micro) MicroBatch(parts, step, micro, result);
@@ -71,6 +82,7 @@ void StepLoop::Run(const StepLoopParts& parts, TrainResult& result) {
       } else {
         optimizer_.Step();
       }
+      if (zero_) zero_->SyncParams();  // ZeroRedundancyOptimizer.step(): the local step, then _sync_params
     }
     if (parts.after_step) parts.after_step(step);
     if (options_.record_values) result.step_params.push_back(Concat(params_, false));

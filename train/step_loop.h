@@ -20,6 +20,7 @@
 #include "train/models.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
+#include "train/zero.h"
 
 namespace memscope {
 
@@ -70,7 +71,9 @@ struct StepLoopParts {
 class StepLoop {
  public:
   // The optimizer over model.Parameters(), and the GradScaler under fp16 AMP.
-  StepLoop(const TrainOptions& options, Model& model, DeviceContext& ctx);
+  // With options.zero (and `comm`): ZeroRedundancyOptimizer, whose local
+  // optimizer holds this rank's share of the parameters.
+  StepLoop(const TrainOptions& options, Model& model, DeviceContext& ctx, reducer::Communicator* comm = nullptr);
   StepLoop(const StepLoop&) = delete;
   StepLoop& operator=(const StepLoop&) = delete;
 
@@ -79,6 +82,7 @@ class StepLoop {
   void Run(const StepLoopParts& parts, TrainResult& result);
 
   Optimizer& optimizer() { return optimizer_; }
+  const ZeroRedundancy* zero() const { return zero_.get(); }
 
  private:
   // Throws TrainStopped when the loop must stop before the next phase.
@@ -89,6 +93,7 @@ class StepLoop {
   Model& model_;
   DeviceContext& ctx_;
   const std::vector<Tensor*> params_;
+  std::unique_ptr<ZeroRedundancy> zero_;  // before optimizer_: it decides the local optimizer's parameters
   Optimizer optimizer_;
   std::optional<GradScaler> scaler_;
   Batch batch_;

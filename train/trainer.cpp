@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "tensor/ops.h"
 #include "train/step_loop.h"
@@ -89,6 +91,11 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
     if (options.amp) return absl::InvalidArgumentError("--amp needs --exec meta (the CPU kernels compute float32)");
   }
   if (options.ddp && comm == nullptr) return absl::InvalidArgumentError("DDP needs a communicator");
+  if (options.zero && !options.ddp) return absl::InvalidArgumentError("--zero needs DDP (--ddp copy or view)");
+  if (options.zero && options.checkpoint.step >= 0) {
+    return absl::InvalidArgumentError(
+        "checkpoints with --zero: ZeroRedundancyOptimizer.consolidate_state_dict() is not modelled");
+  }
   if (options.record_values && !ctx.computes()) return absl::InvalidArgumentError("recording values needs --exec cpu");
   if (options.checkpoint.step >= options.steps) {
     return absl::InvalidArgumentError(absl::StrCat("--checkpoint-step ", options.checkpoint.step, ": the run has ",
@@ -109,12 +116,20 @@ absl::StatusOr<TrainResult> Train(const TrainOptions& options, DeviceContext& ct
     const std::vector<Tensor*> params = model.Parameters();
     if (options.checkpoint.step >= 0) result.checkpoint.state_bytes = ExpectedStateBytes(model, options.optimizer);
     std::unique_ptr<reducer::DistributedDataParallel> ddp;
+    std::optional<StepLoop> built;
     if (options.ddp) {
       PhaseScope phase(recorders, Phase::kDdp, kNoStep);
       ddp = std::make_unique<reducer::DistributedDataParallel>(params, model.Buffers(), *comm, *options.ddp);
       result.initial_buckets = ddp->initial_buckets();
+      // optimizer = ZeroRedundancyOptimizer(model.parameters(), ...): right after DDP.
+      if (options.zero) built.emplace(options, model, ctx, comm);
     }
-    StepLoop loop(options, model, ctx);
+    if (!built) built.emplace(options, model, ctx);
+    StepLoop& loop = *built;
+    if (const ZeroRedundancy* zero = loop.zero()) {
+      result.zero_partition = zero->PartitionNames();
+      result.zero_buckets = zero->BucketBytes();
+    }
     StepLoopParts parts;
     parts.recorders = recorders;
     parts.hook = &options.phase_hook;

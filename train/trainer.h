@@ -32,6 +32,7 @@
 #include "tensor/tensor.h"
 #include "train/models.h"
 #include "train/optimizer.h"
+#include "train/zero.h"
 
 namespace memscope {
 
@@ -70,6 +71,8 @@ struct TrainOptions {
   // DDP (needs a communicator): micro-batches before the last run under
   // no_sync(); each rank trains on its shard of the global batch.
   std::optional<reducer::DdpOptions> ddp;
+  // ZeroRedundancyOptimizer around the optimizer (train/zero.h; needs ddp).
+  std::optional<ZeroOptions> zero;
   // Called as each phase of a step begins (end = false), and once more when
   // the step ends (kStep, end = true): fault injection in tests (a rank
   // killing itself, a rank skipping a barrier).
@@ -101,6 +104,10 @@ struct TrainResult {
   // The signal that stopped the loop before its end (TrainOptions::interrupt), else 0.
   int interrupted = 0;
   std::vector<reducer::BucketInfo> initial_buckets, rebuilt_buckets;  // DDP
+  // ZeroRedundancyOptimizer: every rank's parameters by name; the flat
+  // buckets' bytes per rank (parameters_as_bucket_view).
+  std::vector<std::vector<std::string>> zero_partition;
+  std::vector<std::uint64_t> zero_buckets;
   // After each step (--exec cpu): the parameters, concatenated; and the
   // gradients the optimizer stepped with.
   std::vector<std::vector<float>> step_params, step_grads;

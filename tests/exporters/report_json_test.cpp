@@ -46,7 +46,8 @@ void AddRunFields(RankReport& r) {
   r.status = "oom";
   r.ddp = DdpBuckets{"copy",
                      {{0, 2 * MiB, "float32", {"fc.weight", "fc.bias"}}},
-                     {{0, MiB, "float32", {"fc.bias"}}, {1, MiB, "float32", {"fc.weight"}}}};
+                     {{0, MiB, "float32", {"fc.bias"}}, {1, MiB, "float32", {"fc.weight"}}},
+                     ZeroShards{true, {{"fc.weight"}, {"fc.bias"}}, {2 * MiB - 4096, 4096}}};
 }
 
 std::string ReadError(const json& j) {
@@ -88,6 +89,8 @@ TEST_CASE("report.json: what memscope writes reads back to the same document") {
     CHECK(read->ranks[0].losses.empty());
     REQUIRE(r1.ddp.has_value());
     CHECK(r1.ddp->rebuilt_buckets[1].params == std::vector<std::string>{"fc.weight"});
+    CHECK(r1.ddp->zero == ranks[1].ddp->zero);
+    CHECK_FALSE(read->ranks[0].ddp.has_value());
     // The typed fields, not only the document, come back.
     CHECK(r1.stats == ranks[1].stats);
     CHECK(r1.alloc_conf == "max_split_size_mb:20");

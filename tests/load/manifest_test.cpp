@@ -26,7 +26,10 @@ RankStatus SomeStatus() {
   s.steps_done = 2;
   s.seconds = 1.25;
   s.losses = {2.5f, 0.1f};
-  s.ddp = DdpBuckets{"view", {{0, 1 << 20, "float32", {"fc.bias"}}, {1, 4096, "float16", {"a", "b"}}}, {}};
+  s.ddp = DdpBuckets{"view",
+                     {{0, 1 << 20, "float32", {"fc.bias"}}, {1, 4096, "float16", {"a", "b"}}},
+                     {},
+                     ZeroShards{false, {{"a"}, {"fc.bias", "b"}}, {}}};
   s.device = RankDevice{1, 5, "LOCAL_RANK=1, CUDA_VISIBLE_DEVICES=3,5", 500 << 20, 544 << 20, {{0, 500 << 20}}};
   return s;
 }
@@ -143,6 +146,17 @@ TEST_CASE("RunManifest records --torch-version, and a run.json without it (older
   CHECK(back->training->torch_version.empty());
   j["torch_version"] = 2;
   CHECK_FALSE(RunManifest::FromJson(j).ok());
+}
+
+TEST_CASE("RunManifest records --zero only when it is on") {
+  RunManifest m = SomeRun();
+  CHECK_FALSE(m.ToJson().contains("zero"));
+  m.training->zero = "bucket-view";
+  const nlohmann::json j = m.ToJson();
+  CHECK(j["zero"] == "bucket-view");
+  absl::StatusOr<RunManifest> back = RunManifest::FromJson(nlohmann::json::parse(j.dump()));
+  REQUIRE(back.ok());
+  CHECK(*back == m);
 }
 
 TEST_CASE("RunManifest of memscope run --dp round-trips its data_parallel") {

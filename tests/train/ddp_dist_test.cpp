@@ -115,6 +115,26 @@ TEST_CASE(
   CheckEquivalence("cifar-net", 4, true);
 }
 
+// ZeroRedundancyOptimizer steps each parameter on its owner and broadcasts
+// it: every rank ends each step with DDP's parameters, bit for bit.
+TEST_CASE("ZeRO world size 3, --exec cpu: every rank's parameters after every step are plain DDP's") {
+  TrainOptions o = CpuOptions("mlp", 4);
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.ddp = reducer::DdpOptions{};
+  const std::vector<TrainResult> ddp = TrainRanks(o, 3);
+  REQUIRE(ddp[0].error.empty());
+  for (const bool bucket_view : {false, true}) {
+    o.zero = ZeroOptions{bucket_view};
+    for (const TrainResult& r : TrainRanks(o, 3)) {
+      INFO(r.error);
+      REQUIRE(r.error.empty());
+      CHECK(r.step_params == ddp[0].step_params);
+      CHECK(r.zero_partition.size() == 3);
+      CHECK(r.zero_buckets.size() == (bucket_view ? 3u : 0u));
+    }
+  }
+}
+
 // A rank of `world_size` that trains alone on its shard of the batch (no
 // DDP: the loop calls nothing but the final barrier).
 class ShardOnly final : public reducer::Communicator {
