@@ -225,12 +225,14 @@ bool OmittedFrame(std::string_view file, std::string_view name) {
 // A frame of PyTorch itself, of C or C++ (the interpreter's, PyTorch's, an
 // extension's), one PyTorch's viewer omits, or of memscope capture's start-up
 // module (RUN/.memscope-capture/sitecustomize.py, whose wrappers call the
-// user's modules and optimizers): not the user's code.
+// user's modules and optimizers): not the user's code. (The viewer's
+// function names are C and C++ ones: a Python function of the user's named
+// like them, on_train_start, stays the user's.)
 bool LibraryFrame(std::string_view file, std::string_view name) {
   return file.empty() || Contains(file, "/.memscope-capture/") || Contains(file, "/torch/") ||
          Contains(file, "\\torch\\") || file.starts_with("torch/") || file.ends_with(".cpp") || file.ends_with(".h") ||
          file.ends_with(".c") || file.ends_with(".cc") || file.ends_with(".cu") || file.ends_with(".cuh") ||
-         file.starts_with("<") || file == "??" || OmittedFrame(file, name);
+         file.starts_with("<") || file == "??" || (!file.ends_with(".py") && OmittedFrame(file, name));
 }
 
 // The category rules, in their order: bit k of a frame's mask says it

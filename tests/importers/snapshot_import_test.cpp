@@ -64,8 +64,10 @@ ceval = [fr('Python/ceval.c', 5305, '_PyEval_EvalFrameDefault'), fr('Objects/cal
 user = unwind + [alloc_cpp] + ceval + [fr('train.py', 55, 'forward')] + ceval + [fr('train.py', 80, 'main')] + [
     fr('Modules/main.c', 680, 'Py_RunMain'), fr('??', 0, '__libc_start_main'), fr('??', 0, '_start')]
 engine = unwind + [alloc_cpp, fr('??', 0, 'start_thread')]
+hook = unwind + [alloc_cpp] + ceval + [fr('train.py', 12, 'on_train_start')] + ceval + [fr('train.py', 80, 'main')]
 trace = [{'action': 'segment_alloc', 'addr': base, 'size': 20971520, 'stream': 0, 'time_us': 1, 'frames': user},
-         alloc(base, 1048576, user, 1), alloc(base + 1048576, 1048576, engine, 2)]
+         alloc(base, 1048576, user, 1), alloc(base + 1048576, 1048576, engine, 2),
+         alloc(base + 2097152, 1048576, hook, 3)]
 snap = {'segments': [], 'device_traces': [trace], 'allocator_settings': {}, 'external_annotations': []}
 with open(os.path.join(out, 'context_all.pickle'), 'wb') as fh:
     pickle.dump(snap, fh, protocol=4)
@@ -184,8 +186,10 @@ TEST_CASE("snapshot import: context=\"all\" stacks, owners and sites without the
     owners.push_back(t.strings[r.text]);
     sites.push_back(t.stacks[r.stack].site);
   }
-  CHECK(owners == std::vector<std::string>{"train.py:55 forward", ""});
+  // (The viewer omits C functions named like "_start"; a Python function so named is the user's.)
+  CHECK(owners == std::vector<std::string>{"train.py:55 forward", "", "train.py:12 on_train_start"});
   // With no frame of the user's, the site is the innermost frame the viewer shows.
   CHECK(sites == std::vector<std::string>{"train.py:55 forward <- train.py:80 main",
-                                          "/pytorch/c10/cuda/CUDACachingAllocator.cpp:1178 DeviceCachingAllocator::malloc"});
+                                          "/pytorch/c10/cuda/CUDACachingAllocator.cpp:1178 DeviceCachingAllocator::malloc",
+                                          "train.py:12 on_train_start <- train.py:80 main"});
 }
