@@ -207,12 +207,20 @@ bool Contains(std::string_view s, std::string_view part) { return s.find(part) !
 // machinery, and the dispatcher's boxing and registration glue, which a
 // snapshot recorded with context="all" puts between every two Python frames.
 bool OmittedFrame(std::string_view file, std::string_view name) {
-  static constexpr std::string_view kFunctions[] = {"unwind::unwind", "CapturedTraceback::gather", "gather_with_cpp",
-                                                    "_start",         "__libc_start_main",         "PyEval_",
-                                                    "PyObject_",      "PyFunction_"};
-  static constexpr std::string_view kFiles[] = {
-      "core/boxing",    "/Register",         "/Redispatch",    "pythonrun.c",     "Modules/main.c",
-      "Objects/call.c", "Objects/methodobject.c", "pycore_ceval.h", "ceval.c", "cpython/abstract.h"};
+  static constexpr std::string_view kFunctions[] = {"unwind::unwind",    "CapturedTraceback::gather",
+                                                    "gather_with_cpp",   "_start",
+                                                    "__libc_start_main", "PyEval_",
+                                                    "PyObject_",         "PyFunction_"};
+  static constexpr std::string_view kFiles[] = {"core/boxing",
+                                                "/Register",
+                                                "/Redispatch",
+                                                "pythonrun.c",
+                                                "Modules/main.c",
+                                                "Objects/call.c",
+                                                "Objects/methodobject.c",
+                                                "pycore_ceval.h",
+                                                "ceval.c",
+                                                "cpython/abstract.h"};
   for (const std::string_view f : kFunctions) {
     if (Contains(name, f)) return true;
   }

@@ -189,7 +189,8 @@ TEST_CASE("snapshot import: context=\"all\" stacks, owners and sites without the
   // (The viewer omits C functions named like "_start"; a Python function so named is the user's.)
   CHECK(owners == std::vector<std::string>{"train.py:55 forward", "", "train.py:12 on_train_start"});
   // With no frame of the user's, the site is the innermost frame the viewer shows.
-  CHECK(sites == std::vector<std::string>{"train.py:55 forward <- train.py:80 main",
-                                          "/pytorch/c10/cuda/CUDACachingAllocator.cpp:1178 DeviceCachingAllocator::malloc",
-                                          "train.py:12 on_train_start <- train.py:80 main"});
+  CHECK(sites ==
+        std::vector<std::string>{"train.py:55 forward <- train.py:80 main",
+                                 "/pytorch/c10/cuda/CUDACachingAllocator.cpp:1178 DeviceCachingAllocator::malloc",
+                                 "train.py:12 on_train_start <- train.py:80 main"});
 }
