@@ -530,13 +530,22 @@ std::string PoolsText(const std::vector<PoolBytes>& pools) {
 }
 
 std::string FragmentationText(const FragmentationInfo& f) {
-  return absl::StrFormat(
+  std::string out = absl::StrFormat(
       "reserved %s, allocated %s, reserved - allocated %s\n"
       "free in segments %s in %s, largest free block %s, fragmentation %.3f\n"
       "inactive split (non-releasable) %s; %s\n",
       FormatSize(f.reserved), FormatSize(f.allocated), FormatSize(f.reserved_minus_allocated),
       FormatSize(f.free_in_segments), Counted(f.free_blocks, "block"), FormatSize(f.largest_free_block),
       f.fragmentation, FormatSize(f.inactive_split_bytes), Counted(f.segments, "segment"));
+  if (f.free_in_segments == 0) return out;
+  // The free bytes apart: what empty_cache() would return, and what it keeps.
+  absl::StrAppendFormat(&out,
+                        "releasable %s (%.3f of reserved): %s wholly free, which empty_cache() would release\n"
+                        "fragmented %s (%.3f of reserved): free inside %s holding live blocks\n",
+                        FormatSize(f.releasable_bytes), f.releasable_ratio(), Counted(f.releasable_segments, "segment"),
+                        FormatSize(f.fragmented_bytes), f.fragmented_ratio(),
+                        Counted(f.fragmented_segments, "segment"));
+  return out;
 }
 
 }  // namespace memscope

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/sizes.h"
 
 namespace memscope {
 namespace {
@@ -340,18 +341,36 @@ FragmentationInfo TraceModel::Fragmentation() const {
   f.segments = segments_.size();
   for (const auto& [addr, seg] : segments_) {
     const std::uint64_t end = addr + seg.size;
-    std::uint64_t cursor = addr;
+    // An expandable segment's pages: release_blocks unmaps the whole pages of each free block.
+    const std::uint64_t page = seg.small ? kSmallBuffer : kLargeBuffer;
+    std::uint64_t cursor = addr, free = 0, releasable = 0;
+    bool live = false;
     auto gap = [&](std::uint64_t from, std::uint64_t to) {
       if (to <= from) return;
-      f.free_in_segments += to - from;
+      free += to - from;
       f.largest_free_block = std::max(f.largest_free_block, to - from);
       ++f.free_blocks;
+      if (!seg.expandable) return;
+      const std::uint64_t first = addr + (from - addr + page - 1) / page * page;
+      const std::uint64_t last = addr + (to - addr) / page * page;
+      if (last > first) releasable += last - first;
     };
     for (auto it = blocks_.lower_bound(addr); it != blocks_.end() && it->first < end; ++it) {
       gap(cursor, it->first);
       cursor = it->first + it->second.size;
+      live = true;
     }
     gap(cursor, end);
+    if (seg.pool != 0) {
+      releasable = 0;  // a private pool's segments stay while the pool lives (its release frees them)
+    } else if (!live) {
+      releasable = seg.size;
+      ++f.releasable_segments;
+    }
+    f.free_in_segments += free;
+    f.releasable_bytes += releasable;
+    f.fragmented_bytes += free - releasable;
+    if (free > releasable) ++f.fragmented_segments;
   }
   if (f.free_in_segments > 0) {
     f.fragmentation = 1.0 - static_cast<double>(f.largest_free_block) / static_cast<double>(f.free_in_segments);

@@ -37,6 +37,16 @@ namespace memscope {
 // Fragmentation at one moment. fragmentation = 1 - largest_free_block /
 // free_in_segments (TensorFlow's Memory Profile definition), 0 with no free
 // bytes.
+//
+// The free bytes in two parts, as empty_cache() sees them: releasable (what
+// it would return to the device: every wholly free segment of the default
+// pool, and the whole free pages of its expandable segments, which
+// release_blocks unmaps) and fragmented (the rest: free bytes inside
+// segments that hold live blocks, and those of private pools, whose segments
+// stay until the pool is released).
+// A cache of wholly free segments reads as highly fragmented by the
+// TensorFlow ratio (many free blocks, none large) though none of it is.
+// releasable_bytes + fragmented_bytes == free_in_segments.
 struct FragmentationInfo {
   std::uint64_t reserved = 0;
   std::uint64_t allocated = 0;
@@ -47,6 +57,18 @@ struct FragmentationInfo {
   double fragmentation = 0.0;
   std::uint64_t segments = 0;
   std::uint64_t free_blocks = 0;
+  std::uint64_t releasable_bytes = 0;
+  std::uint64_t releasable_segments = 0;  // default-pool segments with no live block
+  std::uint64_t fragmented_bytes = 0;
+  std::uint64_t fragmented_segments = 0;  // segments holding live blocks and fragmented bytes
+  // Each as a fraction of reserved (0 with nothing reserved).
+  double releasable_ratio() const { return Ratio(releasable_bytes); }
+  double fragmented_ratio() const { return Ratio(fragmented_bytes); }
+
+ private:
+  double Ratio(std::uint64_t bytes) const {
+    return reserved == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(reserved);
+  }
 };
 
 // Allocated bytes per owner string id: the ids a recording gives (dense,

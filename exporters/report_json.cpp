@@ -211,6 +211,10 @@ absl::Status ReadFragmentation(const Fields& f, FragmentationInfo& out) {
   MEMSCOPE_RETURN_IF_ERROR(f.Bytes("largest_free_block_bytes", out.largest_free_block));
   MEMSCOPE_RETURN_IF_ERROR(f.Double("fragmentation", out.fragmentation));
   MEMSCOPE_RETURN_IF_ERROR(f.Bytes("segments", out.segments));
+  MEMSCOPE_RETURN_IF_ERROR(f.Bytes("releasable_bytes", out.releasable_bytes));
+  MEMSCOPE_RETURN_IF_ERROR(f.Bytes("releasable_segments", out.releasable_segments));
+  MEMSCOPE_RETURN_IF_ERROR(f.Bytes("fragmented_bytes", out.fragmented_bytes));
+  MEMSCOPE_RETURN_IF_ERROR(f.Bytes("fragmented_segments", out.fragmented_segments));
   return f.Bytes("free_blocks", out.free_blocks);
 }
 
@@ -563,7 +567,13 @@ json FragmentationJson(const FragmentationInfo& f) {
           {"largest_free_block_bytes", f.largest_free_block},
           {"fragmentation", f.fragmentation},
           {"segments", f.segments},
-          {"free_blocks", f.free_blocks}};
+          {"free_blocks", f.free_blocks},
+          {"releasable_bytes", f.releasable_bytes},
+          {"releasable_ratio", f.releasable_ratio()},
+          {"releasable_segments", f.releasable_segments},
+          {"fragmented_bytes", f.fragmented_bytes},
+          {"fragmented_ratio", f.fragmented_ratio()},
+          {"fragmented_segments", f.fragmented_segments}};
 }
 
 void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f) {
@@ -572,6 +582,12 @@ void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f) {
   w.UInt(f.allocated);
   w.Key("fragmentation");
   WriteJsonDouble(w, f.fragmentation);
+  w.Key("fragmented_bytes");
+  w.UInt(f.fragmented_bytes);
+  w.Key("fragmented_ratio");
+  WriteJsonDouble(w, f.fragmented_ratio());
+  w.Key("fragmented_segments");
+  w.UInt(f.fragmented_segments);
   w.Key("free_blocks");
   w.UInt(f.free_blocks);
   w.Key("free_in_segments_bytes");
@@ -580,6 +596,12 @@ void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f) {
   w.UInt(f.inactive_split_bytes);
   w.Key("largest_free_block_bytes");
   w.UInt(f.largest_free_block);
+  w.Key("releasable_bytes");
+  w.UInt(f.releasable_bytes);
+  w.Key("releasable_ratio");
+  WriteJsonDouble(w, f.releasable_ratio());
+  w.Key("releasable_segments");
+  w.UInt(f.releasable_segments);
   w.Key("reserved_bytes");
   w.UInt(f.reserved);
   w.Key("reserved_minus_allocated_bytes");

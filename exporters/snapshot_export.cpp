@@ -26,8 +26,12 @@ std::int64_t TimeUs(const Timeline& timeline, const Event& e) { return timeline.
 // Whether an event is one of the actions of PyTorch's device traces.
 bool IsPytorchTraceAction(EventType t) { return ChangesMemory(t) || t == EventType::kOom; }
 
-// "forward:3", "model" (before the first step), a user phase by its label.
+// "forward:3", "model" (before the first step), a user phase by its label;
+// torch.profiler's step scope as PyTorch names it, "ProfilerStep#3".
 std::string AnnotationName(const Timeline& timeline, const Event& e) {
+  if (e.phase == Phase::kUser && e.step() != kNoStep && timeline.str(e.name) == "ProfilerStep") {
+    return absl::StrCat("ProfilerStep#", e.step());
+  }
   return PhaseMarkName(e.phase, e.step(), timeline.str(e.name), e.micro_batch());
 }
 

@@ -27,8 +27,28 @@
 namespace memscope {
 namespace {
 
-// "forward:0" and "model" are memscope's own names; anything else is a user phase.
+// torch.profiler's step scope, record_function("ProfilerStep#N") around
+// each step of its schedule: N, or kNoStep for another name.
+std::int64_t ProfilerStepOf(std::string_view name) {
+  constexpr std::string_view kPrefix = "ProfilerStep#";
+  std::int64_t step = kNoStep;
+  if (!name.starts_with(kPrefix)) return kNoStep;
+  name.remove_prefix(kPrefix.size());
+  if (!absl::SimpleAtoi(absl::string_view(name.data(), name.size()), &step) || step < 0) return kNoStep;
+  return step;
+}
+
+// "forward:0" and "model" are memscope's own names; "ProfilerStep#N" is the
+// user phase ProfilerStep of step N (the marks inside it take step N:
+// ProfilerSteps); anything else is a user phase.
 void AnnotationPhase(const std::string& name, Request& r, RequestTrace& trace) {
+  if (const std::int64_t profiler_step = ProfilerStepOf(name); profiler_step != kNoStep) {
+    r.phase = Phase::kUser;
+    r.step = profiler_step;
+    trace.strings.push_back("ProfilerStep");
+    r.text = static_cast<std::uint32_t>(trace.strings.size() - 1);
+    return;
+  }
   const std::size_t colon = name.rfind(':');
   std::int64_t step = kNoStep;
   std::string base = name;
@@ -182,13 +202,45 @@ bool IsDefaultPool(const PyView& pool) {
 
 bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 
-// A frame of PyTorch itself, of C++ or of memscope capture's start-up module
-// (RUN/.memscope-capture/sitecustomize.py, whose wrappers call the user's
-// modules and optimizers): not the user's code.
-bool LibraryFrame(std::string_view file) {
+// A frame PyTorch's own viewer leaves out (torch/cuda/_memory_viz.py,
+// _frame_filter): the unwinder, the interpreter's evaluation loop and call
+// machinery, and the dispatcher's boxing and registration glue, which a
+// snapshot recorded with context="all" puts between every two Python frames.
+bool OmittedFrame(std::string_view file, std::string_view name) {
+  static constexpr std::string_view kFunctions[] = {"unwind::unwind",    "CapturedTraceback::gather",
+                                                    "gather_with_cpp",   "_start",
+                                                    "__libc_start_main", "PyEval_",
+                                                    "PyObject_",         "PyFunction_"};
+  static constexpr std::string_view kFiles[] = {"core/boxing",
+                                                "/Register",
+                                                "/Redispatch",
+                                                "pythonrun.c",
+                                                "Modules/main.c",
+                                                "Objects/call.c",
+                                                "Objects/methodobject.c",
+                                                "pycore_ceval.h",
+                                                "ceval.c",
+                                                "cpython/abstract.h"};
+  for (const std::string_view f : kFunctions) {
+    if (Contains(name, f)) return true;
+  }
+  for (const std::string_view f : kFiles) {
+    if (Contains(file, f)) return true;
+  }
+  return false;
+}
+
+// A frame of PyTorch itself, of C or C++ (the interpreter's, PyTorch's, an
+// extension's), one PyTorch's viewer omits, or of memscope capture's start-up
+// module (RUN/.memscope-capture/sitecustomize.py, whose wrappers call the
+// user's modules and optimizers): not the user's code. (The viewer's
+// function names are C and C++ ones: a Python function of the user's named
+// like them, on_train_start, stays the user's.)
+bool LibraryFrame(std::string_view file, std::string_view name) {
   return file.empty() || Contains(file, "/.memscope-capture/") || Contains(file, "/torch/") ||
          Contains(file, "\\torch\\") || file.starts_with("torch/") || file.ends_with(".cpp") || file.ends_with(".h") ||
-         file.ends_with(".cu") || file.ends_with(".cuh") || file.starts_with("<") || file == "??";
+         file.ends_with(".c") || file.ends_with(".cc") || file.ends_with(".cu") || file.ends_with(".cuh") ||
+         file.starts_with("<") || file == "??" || (!file.ends_with(".py") && OmittedFrame(file, name));
 }
 
 // The category rules, in their order: bit k of a frame's mask says it
@@ -248,8 +300,8 @@ std::string OwnerFromFrames(const PyView& frames) {
   }
   for (std::size_t k = 0; k < frames.size(); ++k) {
     const std::string_view file = frames[k].Get("filename").AsString().value_or("");
-    if (LibraryFrame(file)) continue;
     const std::string_view name = frames[k].Get("name").AsString().value_or("");
+    if (LibraryFrame(file, name)) continue;
     return absl::StrCat(std::string(file), ":", frames[k].Get("line").AsInt().value_or(0), " ", std::string(name));
   }
   return "";
@@ -286,6 +338,7 @@ struct StackTags {
     std::uint32_t owner = kNoOwner;  // text's index in trace.strings, once it was an owner
     std::uint8_t rules = 0;
     bool library = false;
+    bool omitted = false;  // OmittedFrame: not even a site's last resort
   };
   absl::flat_hash_map<std::uint64_t, std::uint32_t> frame_by_node;
   absl::flat_hash_map<std::string, std::uint32_t> frame_by_content;
@@ -319,7 +372,8 @@ struct StackTags {
       FrameInfo& info = frame_infos.emplace_back();
       info.text = FrameText(frame.filename, frame.line, frame.name);
       info.rules = FrameRules(frame.filename, frame.name);
-      info.library = LibraryFrame(frame.filename);
+      info.library = LibraryFrame(frame.filename, frame.name);
+      info.omitted = OmittedFrame(frame.filename, frame.name);
       trace.stack_frames.push_back(std::move(frame));
     }
     if (shared) frame_by_node.emplace(node, it->second);
@@ -346,7 +400,8 @@ struct StackTags {
     }
     AllocStack stack;
     stack.frames = ids;
-    // The site: the user's frames joined by " <- ", or the innermost frame when none is the user's.
+    // The site: the user's frames joined by " <- ", or the innermost frame
+    // PyTorch's viewer shows when none is the user's.
     std::size_t length = 0;
     for (const std::uint32_t id : ids) {
       if (!frame_infos[id].library) length += frame_infos[id].text.size() + 4;
@@ -360,7 +415,10 @@ struct StackTags {
       stack.site += i.text;
       user = true;
     }
-    if (!user && !ids.empty()) stack.site = frame_infos[ids[0]].text;
+    if (!user && !ids.empty()) {
+      auto shown = std::find_if(ids.begin(), ids.end(), [&](std::uint32_t id) { return !frame_infos[id].omitted; });
+      stack.site = frame_infos[shown != ids.end() ? *shown : ids[0]].text;
+    }
     trace.stacks.push_back(std::move(stack));
     stack_tags.push_back(tag);
     return static_cast<std::uint32_t>(trace.stacks.size() - 1);
@@ -950,6 +1008,32 @@ std::vector<std::pair<double, Request>> AnnotationMarks(const PyView& root, int 
   return marks;
 }
 
+// Phase marks without a step inside a ProfilerStep#N scope take step N
+// (torch.profiler's schedule names its steps only on that scope): a phase
+// ends with the step its begin took, even after the scope closed.
+void ProfilerSteps(std::vector<Request>& requests, const RequestTrace& trace) {
+  std::int64_t current = kNoStep;
+  absl::flat_hash_map<std::string, std::vector<std::int64_t>> open;  // steps of open phases, by phase and label
+  for (Request& r : requests) {
+    if (r.op != RequestOp::kPhaseBegin && r.op != RequestOp::kPhaseEnd) continue;
+    if (r.phase == Phase::kUser && r.step != kNoStep && trace.strings[r.text] == "ProfilerStep") {
+      current = r.op == RequestOp::kPhaseBegin ? r.step : kNoStep;
+      continue;
+    }
+    if (r.step != kNoStep) continue;
+    // (each mark has a label string of its own: key by the text)
+    std::vector<std::int64_t>& steps =
+        open[absl::StrCat(static_cast<int>(r.phase), ":", r.phase == Phase::kUser ? trace.strings[r.text] : "")];
+    if (r.op == RequestOp::kPhaseBegin) {
+      steps.push_back(current);
+      r.step = current;
+    } else if (!steps.empty()) {
+      r.step = steps.back();
+      steps.pop_back();
+    }
+  }
+}
+
 // The head, then the trace's requests with the marks placed by time among
 // them (the trace's requests are moved out of b.out).
 std::vector<Request> MergedRequests(DeviceBuilder& b, const std::vector<Request>& head,
@@ -1035,7 +1119,7 @@ void AddReadNotes(const DeviceBuilder& b, int device, std::uint64_t head_private
   if (b.tags.from_frames > 0) {
     t.notes.push_back(absl::StrCat("device ", device, ": ", b.tags.from_frames,
                                    " allocations carry stacks; categories from them for ", b.tags.attributed,
-                                   " (the rest OTHER), owners from the innermost frame outside torch"));
+                                   " (the rest OTHER), owners from the innermost frame of the user's code"));
   }
   if (b.compile_contexts > 0 || b.user_metadata > 0) {
     t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ", b.user_metadata,
@@ -1153,6 +1237,7 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     const std::vector<std::pair<double, Request>> marks = AnnotationMarks(root, device, b);
     t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
     std::vector<Request> merged = MergedRequests(b, head, marks);
+    ProfilerSteps(merged, t.requests);
     if (b.ooms > 0) AddOom(b, device, segments.segments_at_end[device], merged);
     t.requests.requests = std::move(merged);
     AddReadNotes(b, device, head_private, segments.private_pools[device], t);

@@ -236,6 +236,72 @@ TEST_CASE("fragmentation: 1 - largest free block / free bytes in segments") {
   CHECK(fr.free_blocks == 2);
 }
 
+TEST_CASE("fragmentation: free bytes split into releasable (wholly free segments, free pages) and fragmented") {
+  // A hand-built state: A, a 20 MiB segment with nothing in it; B, a 20 MiB
+  // segment holding 6 MiB at its start; C, a 60 MiB expandable range of the
+  // large pool (20 MiB pages) holding 10 MiB at offset 30 MiB; P, a 20 MiB
+  // segment of a private pool (a CUDA graph's, a MemPool's) with nothing in it.
+  TraceModel m(Conf("expandable_segments:True"));
+  auto ev = [](EventType type, std::uint64_t addr, std::uint64_t size) {
+    Event e;
+    e.type = type;
+    e.addr = addr;
+    e.size = size;
+    e.requested_size = size;
+    return e;
+  };
+  const std::uint64_t a = 0x7f0000000000, b = a + 64 * MiB, c = a + 1024 * MiB;
+  REQUIRE(m.Apply(ev(EventType::kSegmentAlloc, a, 20 * MiB)).ok());
+  REQUIRE(m.Apply(ev(EventType::kSegmentAlloc, b, 20 * MiB)).ok());
+  REQUIRE(m.Apply(ev(EventType::kAlloc, b, 6 * MiB)).ok());
+  REQUIRE(m.Apply(ev(EventType::kSegmentMap, c, 60 * MiB)).ok());
+  REQUIRE(m.Apply(ev(EventType::kAlloc, c + 30 * MiB, 10 * MiB)).ok());
+  Event p = ev(EventType::kSegmentAlloc, a + 2048 * MiB, 20 * MiB);
+  p.set_pool(1);
+  REQUIRE(m.Apply(p).ok());
+  const FragmentationInfo f = m.Fragmentation();
+  CHECK(f.reserved == 120 * MiB);
+  CHECK(f.free_in_segments == 20 * MiB + 14 * MiB + 50 * MiB + 20 * MiB);
+  // Releasable: all of A, and C's free pages [0, 20) and [40, 60) MiB
+  // (release_blocks unmaps the whole pages inside each free block).
+  CHECK(f.releasable_bytes == 20 * MiB + 40 * MiB);
+  CHECK(f.releasable_segments == 1);
+  // Fragmented: B's 14 MiB, C's [20, 30) MiB (a page shared with the live
+  // block) and P, which empty_cache() keeps while its pool lives.
+  CHECK(f.fragmented_bytes == 14 * MiB + 10 * MiB + 20 * MiB);
+  CHECK(f.fragmented_segments == 3);
+  CHECK(f.releasable_ratio() == 0.5);
+  CHECK(f.fragmented_ratio() == 44.0 / 120.0);
+  // The TensorFlow ratio of the same state: largest free block 30 MiB of 104.
+  CHECK(f.fragmentation == Approx(1.0 - 30.0 / 104.0));
+}
+
+TEST_CASE("fragmentation: releasable bytes are what the allocator's empty_cache() returns") {
+  for (const std::string conf : {"", "expandable_segments:True"}) {
+    INFO("alloc_conf " << conf);
+    const AllocatorConfig config = Conf(conf);
+    SimDevice gpu;
+    CachingAllocator alloc(gpu, config);
+    ModelFollower follower(config);
+    alloc.SetObserver(&follower.recorder);
+    std::vector<DevicePtr> held;
+    for (const std::size_t size : {6 * MiB, 30 * MiB, 1 * MiB, 70 * MiB, 3 * MiB, 45 * MiB}) {
+      held.push_back(MustMalloc(alloc, size));
+    }
+    for (const std::size_t k : {1u, 3u, 4u}) MustFree(alloc, held[k]);  // 30, 70 and 3 MiB
+    REQUIRE(follower.CatchUp().ok());
+    const FragmentationInfo before = follower.model.Fragmentation();
+    CHECK(before.releasable_bytes + before.fragmented_bytes == before.free_in_segments);
+    CHECK(before.releasable_bytes > 0);
+    alloc.EmptyCache();
+    REQUIRE(follower.CatchUp().ok());
+    const FragmentationInfo after = follower.model.Fragmentation();
+    CHECK(before.reserved - after.reserved == before.releasable_bytes);
+    CHECK(after.releasable_bytes == 0);
+    CHECK(after.fragmented_bytes == before.fragmented_bytes);
+  }
+}
+
 TEST_CASE("inconsistent events are errors and leave the model unchanged") {
   TraceModel m;
   Event alloc;

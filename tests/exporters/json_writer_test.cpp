@@ -225,14 +225,18 @@ TEST_CASE("json writer: the fragmentation object streamed is report.json's FRAG"
   f.fragmentation = 1.0 - 8388608.0 / 14680064.0;
   f.segments = 1;
   f.free_blocks = 2;
+  f.fragmented_bytes = 14680064;  // all of it beside the live block
+  f.fragmented_segments = 1;
   std::string out;
   JsonWriter w(out);
   WriteFragmentationJson(w, f);
   w.Finish();
   CHECK(out == Dumped(FragmentationJson(f)));
   CHECK(out ==
-        "{\"allocated_bytes\":6291456,\"fragmentation\":0.4285714285714286,\"free_blocks\":2,"
+        "{\"allocated_bytes\":6291456,\"fragmentation\":0.4285714285714286,\"fragmented_bytes\":14680064,"
+        "\"fragmented_ratio\":0.7,\"fragmented_segments\":1,\"free_blocks\":2,"
         "\"free_in_segments_bytes\":14680064,\"inactive_split_bytes\":14680064,\"largest_free_block_bytes\":8388608,"
+        "\"releasable_bytes\":0,\"releasable_ratio\":0.0,\"releasable_segments\":0,"
         "\"reserved_bytes\":20971520,\"reserved_minus_allocated_bytes\":14680064,\"segments\":1}");
 }
 

@@ -56,6 +56,21 @@ ann = [{'device': 0, 'name': 'forward:0', 'stage': 'START', 'time_us': 100.3},
 snap = {'segments': [], 'device_traces': [trace], 'allocator_settings': {}, 'external_annotations': ann}
 with open(os.path.join(out, 'times.pickle'), 'wb') as fh:
     pickle.dump(snap, fh, protocol=4)
+def fr(file, line, name):
+    return {'filename': file, 'line': line, 'name': name}
+unwind = [fr('??', 0, 'torch::unwind::unwind()'), fr('??', 0, 'torch::CapturedTraceback::gather(bool, bool, bool)')]
+alloc_cpp = fr('/pytorch/c10/cuda/CUDACachingAllocator.cpp', 1178, 'DeviceCachingAllocator::malloc')
+ceval = [fr('Python/ceval.c', 5305, '_PyEval_EvalFrameDefault'), fr('Objects/call.c', 393, '_PyFunction_Vectorcall')]
+user = unwind + [alloc_cpp] + ceval + [fr('train.py', 55, 'forward')] + ceval + [fr('train.py', 80, 'main')] + [
+    fr('Modules/main.c', 680, 'Py_RunMain'), fr('??', 0, '__libc_start_main'), fr('??', 0, '_start')]
+engine = unwind + [alloc_cpp, fr('??', 0, 'start_thread')]
+hook = unwind + [alloc_cpp] + ceval + [fr('train.py', 12, 'on_train_start')] + ceval + [fr('train.py', 80, 'main')]
+trace = [{'action': 'segment_alloc', 'addr': base, 'size': 20971520, 'stream': 0, 'time_us': 1, 'frames': user},
+         alloc(base, 1048576, user, 1), alloc(base + 1048576, 1048576, engine, 2),
+         alloc(base + 2097152, 1048576, hook, 3)]
+snap = {'segments': [], 'device_traces': [trace], 'allocator_settings': {}, 'external_annotations': []}
+with open(os.path.join(out, 'context_all.pickle'), 'wb') as fh:
+    pickle.dump(snap, fh, protocol=4)
 )PY";
 
 using Fixture = memscope::testing::PythonGenerated;
@@ -156,4 +171,26 @@ TEST_CASE("snapshot import: annotations placed by the entries' own times, fracti
             end = static_cast<int>(RequestOp::kPhaseEnd);
   CHECK(ops == std::vector<std::string>{absl::StrCat(begin, "@100"), absl::StrCat(alloc, "@100"),
                                         absl::StrCat(alloc, "@101"), absl::StrCat(end, "@101")});
+}
+
+TEST_CASE("snapshot import: context=\"all\" stacks, owners and sites without the frames PyTorch's viewer omits") {
+  // torch/cuda/_memory_viz.py's _frame_filter leaves out the unwinder,
+  // CPython's evaluation loop and call machinery, and the interpreter's
+  // start-up; C and C++ frames are never the user's.
+  const auto imported = ReadPytorchSnapshot((Files().dir / "context_all.pickle").string());
+  REQUIRE(imported.ok());
+  const RequestTrace& t = imported->front().requests;
+  std::vector<std::string> owners, sites;
+  for (const Request& r : t.requests) {
+    if (r.op != RequestOp::kAlloc) continue;
+    owners.push_back(t.strings[r.text]);
+    sites.push_back(t.stacks[r.stack].site);
+  }
+  // (The viewer omits C functions named like "_start"; a Python function so named is the user's.)
+  CHECK(owners == std::vector<std::string>{"train.py:55 forward", "", "train.py:12 on_train_start"});
+  // With no frame of the user's, the site is the innermost frame the viewer shows.
+  CHECK(sites ==
+        std::vector<std::string>{"train.py:55 forward <- train.py:80 main",
+                                 "/pytorch/c10/cuda/CUDACachingAllocator.cpp:1178 DeviceCachingAllocator::malloc",
+                                 "train.py:12 on_train_start <- train.py:80 main"});
 }
