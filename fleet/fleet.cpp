@@ -187,6 +187,9 @@ FleetResult AnalyzeFleet(std::vector<FleetRank> ranks) {
   fleet.median_rank = fleet.ranks[median].report.rank;
   std::array<double, kNumFleetMetrics> medians{};
   for (const FleetMetric m : kAllFleetMetrics) medians[static_cast<int>(m)] = MedianOf(values[static_cast<int>(m)]);
+  std::vector<std::int64_t> ooms;
+  for (const FleetRankFigures& f : fleet.figures) ooms.push_back(f.ooms);
+  const bool most_ran_out = MedianOf(ooms) > 0;
   for (std::size_t i = 0; i < n; ++i) {
     FleetOutlier o;
     o.rank = fleet.ranks[i].report.rank;
@@ -196,7 +199,7 @@ FleetResult AnalyzeFleet(std::vector<FleetRank> ranks) {
       o.scores[k] = scale > 0 ? (static_cast<double>(values[k][i]) - medians[k]) / scale : 0.0;
       if (std::abs(o.scores[k]) > kOutlierScore) o.flagged.push_back(m);
     }
-    o.oom = fleet.figures[i].ooms > 0 && fleet.figures[median].ooms == 0;
+    o.oom = fleet.figures[i].ooms > 0 && !most_ran_out;
     if (o.flagged.empty() && !o.oom) continue;
     Explain(o, fleet.ranks[i].report, fleet.ranks[median].report);
     fleet.outliers.push_back(std::move(o));

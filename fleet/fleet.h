@@ -108,7 +108,7 @@ struct FleetOutlier {
   // Each metric's score, and which metrics made it an outlier (|score| > 3.5).
   std::array<double, kNumFleetMetrics> scores{};
   std::vector<FleetMetric> flagged;
-  bool oom = false;  // it ran out of memory and the median rank did not
+  bool oom = false;  // it ran out of memory, and most ranks did not (the median OOM count is 0)
   // What differs from the median rank, largest difference first, at most 3
   // of each (differences under 1 MiB are left out).
   std::vector<FleetDifference> categories;  // at the peak of allocated

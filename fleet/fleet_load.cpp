@@ -63,8 +63,14 @@ absl::Status ListDirectory(const std::string& dir, std::vector<FleetUnit>& units
         }
       }
     } else {
+      // A run's timelines, or else a capture's snapshots (a run has both: its snapshots are at the peak only).
+      const bool timelines = std::any_of(files.begin(), files.end(), [](const std::string& name) {
+        return RunDirectory::TimelineRank(name).has_value();
+      });
       for (const std::string& name : files) {
-        if (IsRunFileName(name)) units.push_back({(fs::path(dir) / name).string(), std::nullopt, gpus});
+        if (IsRunFileName(name) && RunDirectory::TimelineRank(name).has_value() == timelines) {
+          units.push_back({(fs::path(dir) / name).string(), std::nullopt, gpus});
+        }
       }
     }
     return absl::OkStatus();

@@ -33,7 +33,10 @@ std::string KindsText(const FleetResult& fleet) {
   std::map<std::string, int> kinds;
   for (const FleetRank& r : fleet.ranks) ++kinds[r.kind];
   std::vector<std::string> parts;
-  for (const auto& [kind, n] : kinds) parts.push_back(absl::StrCat(n, " from ", kind, n == 1 ? "" : "s"));
+  for (const auto& [kind, n] : kinds) {
+    const bool file = kind.find('.') != std::string::npos;  // "report.json"
+    parts.push_back(absl::StrCat(n, " from ", kind, file ? " file" : "", n == 1 ? "" : "s"));
+  }
   return absl::StrJoin(parts, ", ");
 }
 
