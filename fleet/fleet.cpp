@@ -91,17 +91,9 @@ std::vector<FleetDifference> Differences(const std::map<std::string, std::pair<s
   return out;
 }
 
-// The highest peak allocated inside each phase, by phase name (every step together).
-std::map<std::string, std::int64_t> PhasePeaks(const RankReport& r) {
-  std::map<std::string, std::int64_t> out;
-  for (const PhaseRow& row : r.phases) {
-    std::int64_t& v = out[ReportPhaseName(row)];
-    v = std::max(v, Signed(row.peak_allocated_in_phase));
-  }
-  return out;
-}
-
-void Explain(FleetOutlier& o, const RankReport& outlier, const RankReport& median) {
+void Explain(FleetOutlier& o, const FleetRank& outlier_rank, const FleetRank& median_rank) {
+  const RankReport& outlier = outlier_rank.report;
+  const RankReport& median = median_rank.report;
   std::map<std::string, std::pair<std::int64_t, std::int64_t>> cats, sites, phases;
   for (int c = 0; c < kNumCategories; ++c) {
     const std::string name(CategoryName(static_cast<Category>(c)));
@@ -109,8 +101,8 @@ void Explain(FleetOutlier& o, const RankReport& outlier, const RankReport& media
   }
   for (const SiteBytes& s : outlier.peak_allocated.top_sites) sites[s.site].first = s.bytes;
   for (const SiteBytes& s : median.peak_allocated.top_sites) sites[s.site].second = s.bytes;
-  for (const auto& [name, bytes] : PhasePeaks(outlier)) phases[name].first = bytes;
-  for (const auto& [name, bytes] : PhasePeaks(median)) phases[name].second = bytes;
+  for (const auto& [name, bytes] : outlier_rank.figures.phase_peaks) phases[name].first = bytes;
+  for (const auto& [name, bytes] : median_rank.figures.phase_peaks) phases[name].second = bytes;
   o.categories = Differences(cats);
   o.sites = Differences(sites);
   o.phases = Differences(phases);
@@ -141,6 +133,8 @@ FleetRankFigures FiguresOf(const RankReport& r) {
   std::uint64_t max_reserved = 0;  // max_memory_reserved before the row
   std::vector<std::uint64_t> step_end_allocated;
   for (const PhaseRow& row : r.phases) {
+    std::int64_t& phase_peak = f.phase_peaks[ReportPhaseName(row)];
+    phase_peak = std::max(phase_peak, Signed(row.peak_allocated_in_phase));
     const std::uint64_t in_row = row.max_reserved > max_reserved ? row.max_reserved : row.reserved;
     max_reserved = std::max(max_reserved, row.max_reserved);
     if (row.step == kNoStep) continue;
@@ -159,16 +153,28 @@ FleetRankFigures FiguresOf(const RankReport& r) {
   return f;
 }
 
+void ReduceRank(FleetRank& rank) {
+  if (rank.reduced) return;
+  rank.figures = FiguresOf(rank.report);
+  RankReport& r = rank.report;
+  r.phases = {};
+  r.ddp.reset();
+  r.losses = {};
+  r.model_at_end.reset();
+  r.pools_at_end = {};
+  rank.reduced = true;
+}
+
 FleetResult AnalyzeFleet(std::vector<FleetRank> ranks) {
+  for (FleetRank& r : ranks) ReduceRank(r);
   FleetResult fleet;
   std::stable_sort(ranks.begin(), ranks.end(),
                    [](const FleetRank& a, const FleetRank& b) { return a.report.rank < b.report.rank; });
   fleet.ranks = std::move(ranks);
-  for (const FleetRank& r : fleet.ranks) fleet.figures.push_back(FiguresOf(r.report));
   const std::size_t n = fleet.ranks.size();
   std::array<std::vector<std::int64_t>, kNumFleetMetrics> values;
   for (const FleetMetric m : kAllFleetMetrics) {
-    for (const FleetRankFigures& f : fleet.figures) values[static_cast<int>(m)].push_back(MetricValue(f, m));
+    for (const FleetRank& r : fleet.ranks) values[static_cast<int>(m)].push_back(MetricValue(r.figures, m));
     fleet.spreads[static_cast<int>(m)] = SpreadOf(values[static_cast<int>(m)], fleet.ranks);
   }
   for (const FleetMetric m : kAllFleetMetrics) {
@@ -180,7 +186,7 @@ FleetResult AnalyzeFleet(std::vector<FleetRank> ranks) {
   std::vector<std::size_t> order(n);
   for (std::size_t i = 0; i < n; ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const FleetRankFigures &x = fleet.figures[a], &y = fleet.figures[b];
+    const FleetRankFigures &x = fleet.ranks[a].figures, &y = fleet.ranks[b].figures;
     return std::pair(x.peak_reserved, x.peak_allocated) < std::pair(y.peak_reserved, y.peak_allocated);
   });
   const std::size_t median = order[(n - 1) / 2];
@@ -188,7 +194,7 @@ FleetResult AnalyzeFleet(std::vector<FleetRank> ranks) {
   std::array<double, kNumFleetMetrics> medians{};
   for (const FleetMetric m : kAllFleetMetrics) medians[static_cast<int>(m)] = MedianOf(values[static_cast<int>(m)]);
   std::vector<std::int64_t> ooms;
-  for (const FleetRankFigures& f : fleet.figures) ooms.push_back(f.ooms);
+  for (const FleetRank& r : fleet.ranks) ooms.push_back(r.figures.ooms);
   const bool most_ran_out = MedianOf(ooms) > 0;
   for (std::size_t i = 0; i < n; ++i) {
     FleetOutlier o;
@@ -199,9 +205,9 @@ FleetResult AnalyzeFleet(std::vector<FleetRank> ranks) {
       o.scores[k] = scale > 0 ? (static_cast<double>(values[k][i]) - medians[k]) / scale : 0.0;
       if (std::abs(o.scores[k]) > kOutlierScore) o.flagged.push_back(m);
     }
-    o.oom = fleet.figures[i].ooms > 0 && !most_ran_out;
+    o.oom = fleet.ranks[i].figures.ooms > 0 && !most_ran_out;
     if (o.flagged.empty() && !o.oom) continue;
-    Explain(o, fleet.ranks[i].report, fleet.ranks[median].report);
+    Explain(o, fleet.ranks[i], fleet.ranks[median]);
     fleet.outliers.push_back(std::move(o));
   }
   return fleet;

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,17 +34,6 @@
 #include "nlohmann/json.hpp"
 
 namespace memscope {
-
-// One rank of the fleet: where it came from and its analysis.
-struct FleetRank {
-  std::string source;  // the file (or run directory) it was read from
-  std::string kind;    // RecordingKindName of the source: "PyTorch snapshot", "timeline", "report.json", ...
-  // AnalyzeRank's report (model_at_end dropped), or a report.json / summary
-  // --json rank as read: the same numbers either way.
-  RankReport report;
-  std::vector<GpuRow> gpus;  // the GPU table's rows of GPUs this rank uses, its processes only; often empty
-  std::vector<std::string> notes;  // the readers' notes about this rank
-};
 
 // What the fleet analysis derives from one rank's report.
 struct FleetRankFigures {
@@ -66,8 +56,30 @@ struct FleetRankFigures {
   // over the steps between them: a leak's growth per step. 0 with fewer than
   // two steps.
   std::int64_t growth_per_step = 0;
+  // The highest peak allocated inside each phase, by phase name ("forward",
+  // a user phase's label), every step together.
+  std::map<std::string, std::int64_t> phase_peaks;
 };
 FleetRankFigures FiguresOf(const RankReport& report);
+
+// One rank of the fleet: where it came from and its analysis.
+struct FleetRank {
+  std::string source;  // the file (or run directory) it was read from
+  std::string kind;    // RecordingKindName of the source: "PyTorch snapshot", "timeline", "report.json", ...
+  // AnalyzeRank's report (model_at_end dropped), or a report.json / summary
+  // --json rank as read: the same numbers either way.
+  RankReport report;
+  std::vector<GpuRow> gpus;  // the GPU table's rows of GPUs this rank uses, its processes only; often empty
+  std::vector<std::string> notes;  // the readers' notes about this rank
+  FleetRankFigures figures;        // FiguresOf(report), once ReduceRank has run
+  bool reduced = false;
+};
+
+// Computes the rank's figures and drops what the fleet does not use (the
+// phase table, DDP buckets, losses, the model): a rank of many steps then
+// costs its steps' peaks, not its phase rows. Does nothing the second time.
+void ReduceRank(FleetRank& rank);
+
 
 // The metrics scored for outliers, in this order.
 enum class FleetMetric { kPeakAllocated, kPeakReserved, kGrowthPerStep };
@@ -117,15 +129,14 @@ struct FleetOutlier {
 };
 
 struct FleetResult {
-  std::vector<FleetRank> ranks;  // by rank
-  std::vector<FleetRankFigures> figures;  // figures[i] of ranks[i]
+  std::vector<FleetRank> ranks;  // by rank, reduced (ReduceRank)
   std::array<FleetSpread, kNumFleetMetrics> spreads{};
   int median_rank = 0;  // the rank outliers are compared with: the middle one by peak reserved
   std::vector<FleetOutlier> outliers;  // by rank
   std::array<double, kNumFleetMetrics> scales{};  // each metric's score scale, in bytes
 };
 
-// The fleet's analysis. `ranks` must not be empty and must have distinct
+// The fleet's analysis (each rank reduced first). `ranks` must not be empty and must have distinct
 // ranks (LoadFleet sees to both).
 FleetResult AnalyzeFleet(std::vector<FleetRank> ranks);
 

@@ -129,6 +129,14 @@ std::vector<GpuRow> GpusOf(const std::vector<GpuRow>& gpus, int rank) {
   return out;
 }
 
+FleetRank MakeRank(const std::string& source, const std::string& kind, RankReport report) {
+  FleetRank rank;
+  rank.source = source;
+  rank.kind = kind;
+  rank.report = std::move(report);
+  return rank;
+}
+
 // The ranks of one recording, analysed and reduced to their summaries.
 absl::StatusOr<std::vector<FleetRank>> ReadUnit(const FleetUnit& unit, const FleetLoadOptions& options) {
   OpenOptions open;
@@ -139,7 +147,7 @@ absl::StatusOr<std::vector<FleetRank>> ReadUnit(const FleetUnit& unit, const Fle
   std::vector<FleetRank> out;
   std::vector<GpuRow> gpus = unit.gpus;
   if (rec->report) {
-    for (RankReport& r : rec->report->ranks) out.push_back({unit.path, kind, std::move(r), {}, {}});
+    for (RankReport& r : rec->report->ranks) out.push_back(MakeRank(unit.path, kind, std::move(r)));
     if (gpus.empty()) gpus = std::move(rec->report->gpus);
   } else {
     // A snapshot with several devices: the one with the most events is the rank.
@@ -150,7 +158,8 @@ absl::StatusOr<std::vector<FleetRank>> ReadUnit(const FleetUnit& unit, const Fle
     absl::StatusOr<RankReport> r = AnalyzeRank(*t);
     if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("'", unit.path, "': ", r.status().message()));
     r->model_at_end.reset();  // the summary only: the model is the bulk of it
-    FleetRank rank{unit.path, kind, std::move(*r), {}, t->notes};
+    FleetRank rank = MakeRank(unit.path, kind, std::move(*r));
+    rank.notes = t->notes;
     if (rec->timelines.size() > 1) {
       rank.notes.push_back(absl::StrCat("'", unit.path, "' holds ", rec->timelines.size(),
                                         " devices: device ", t->rank, " (the one with the most events) is read"));
@@ -161,7 +170,10 @@ absl::StatusOr<std::vector<FleetRank>> ReadUnit(const FleetUnit& unit, const Fle
     const std::optional<int> named = unit.rank ? unit.rank : RankInFileName(unit.path);
     if (named) out.front().report.rank = *named;
   }
-  for (FleetRank& r : out) r.gpus = GpusOf(gpus, r.report.rank);
+  for (FleetRank& r : out) {
+    r.gpus = GpusOf(gpus, r.report.rank);
+    ReduceRank(r);  // in the worker: only the summary is kept
+  }
   return out;
 }
 

@@ -66,13 +66,13 @@ std::string OutlierText(const FleetResult& fleet, const FleetOutlier& o) {
       fleet.ranks.begin());
   for (const FleetMetric m : o.flagged) {
     const int k = static_cast<int>(m);
-    const std::int64_t value = m == FleetMetric::kPeakAllocated   ? static_cast<std::int64_t>(fleet.figures[i].peak_allocated)
-                               : m == FleetMetric::kPeakReserved ? static_cast<std::int64_t>(fleet.figures[i].peak_reserved)
-                                                                  : fleet.figures[i].growth_per_step;
+    const std::int64_t value = m == FleetMetric::kPeakAllocated   ? static_cast<std::int64_t>(fleet.ranks[i].figures.peak_allocated)
+                               : m == FleetMetric::kPeakReserved ? static_cast<std::int64_t>(fleet.ranks[i].figures.peak_reserved)
+                                                                  : fleet.ranks[i].figures.growth_per_step;
     why.push_back(absl::StrFormat("%s %s against a median of %s (score %.1f)", std::string(FleetMetricName(m)), SizeText(value),
                                   SizeText(fleet.spreads[k].median), o.scores[k]));
   }
-  if (o.oom) why.push_back(absl::StrCat("ran out of memory ", fleet.figures[i].ooms, " time(s)"));
+  if (o.oom) why.push_back(absl::StrCat("ran out of memory ", fleet.ranks[i].figures.ooms, " time(s)"));
   std::string text = absl::StrCat("rank ", o.rank, ": ", absl::StrJoin(why, "; "), "\n");
   absl::StrAppend(&text, DifferencesLine("categories at the peak", o.categories));
   absl::StrAppend(&text, DifferencesLine("sites at the peak", o.sites));
@@ -87,7 +87,7 @@ std::string RanksTable(const FleetResult& fleet) {
                                      "source");
   for (std::size_t i = 0; i < fleet.ranks.size(); ++i) {
     const FleetRank& r = fleet.ranks[i];
-    const FleetRankFigures& f = fleet.figures[i];
+    const FleetRankFigures& f = fleet.ranks[i].figures;
     absl::StrAppendFormat(&text, "%5d %15s %15s %13s %5d %8d %6d%s  %s\n", r.report.rank, FormatSize(f.peak_allocated),
                           FormatSize(f.peak_reserved), FormatSize(f.frag_bytes), f.ooms, f.retries, f.steps.size(),
                           gpus ? absl::StrFormat(" %12s", r.gpus.empty() ? "-" : FormatSize(GpuUsed(r))) : "", r.source);
@@ -103,7 +103,8 @@ json DifferencesJson(const std::vector<FleetDifference>& diffs) {
   return out;
 }
 
-json RankJson(const FleetRank& r, const FleetRankFigures& f) {
+json RankJson(const FleetRank& r) {
+  const FleetRankFigures& f = r.figures;
   return {{"rank", r.report.rank},
           {"source", r.source},
           {"kind", r.kind},
@@ -145,11 +146,11 @@ std::string HeatColor(std::uint64_t v, std::uint64_t lo, std::uint64_t hi) {
 // when no rank has steps), coloured by peak reserved.
 std::string HeatMap(const FleetResult& fleet, const std::map<int, std::string>& links) {
   std::set<std::int64_t> steps;
-  for (const FleetRankFigures& f : fleet.figures) steps.insert(f.steps.begin(), f.steps.end());
+  for (const FleetRank& r : fleet.ranks) steps.insert(r.figures.steps.begin(), r.figures.steps.end());
   std::uint64_t lo = UINT64_MAX, hi = 0;
-  std::vector<std::map<std::int64_t, std::uint64_t>> cells(fleet.figures.size());
-  for (std::size_t i = 0; i < fleet.figures.size(); ++i) {
-    const FleetRankFigures& f = fleet.figures[i];
+  std::vector<std::map<std::int64_t, std::uint64_t>> cells(fleet.ranks.size());
+  for (std::size_t i = 0; i < fleet.ranks.size(); ++i) {
+    const FleetRankFigures& f = fleet.ranks[i].figures;
     if (steps.empty()) cells[i][0] = f.peak_reserved;
     for (std::size_t s = 0; s < f.steps.size(); ++s) cells[i][f.steps[s]] = f.step_peak_reserved[s];
     for (const auto& [step, v] : cells[i]) lo = std::min(lo, v), hi = std::max(hi, v);
@@ -158,7 +159,7 @@ std::string HeatMap(const FleetResult& fleet, const std::map<int, std::string>& 
   if (steps.empty()) html += "<th>run</th>";
   for (const std::int64_t s : steps) absl::StrAppend(&html, "<th>", s, "</th>");
   html += "</tr>\n";
-  for (std::size_t i = 0; i < fleet.figures.size(); ++i) {
+  for (std::size_t i = 0; i < fleet.ranks.size(); ++i) {
     const int rank = fleet.ranks[i].report.rank;
     auto link = links.find(rank);
     const bool outlier = std::any_of(fleet.outliers.begin(), fleet.outliers.end(),
@@ -210,7 +211,7 @@ std::string FleetText(const FleetResult& fleet) {
 
 json FleetJson(const FleetResult& fleet) {
   json ranks = json::array();
-  for (std::size_t i = 0; i < fleet.ranks.size(); ++i) ranks.push_back(RankJson(fleet.ranks[i], fleet.figures[i]));
+  for (std::size_t i = 0; i < fleet.ranks.size(); ++i) ranks.push_back(RankJson(fleet.ranks[i]));
   json spread = json::object(), scales = json::object();
   for (const FleetMetric m : kMetrics) {
     const FleetSpread& s = fleet.spreads[static_cast<int>(m)];

@@ -5,7 +5,12 @@
 // 1.2533 MeanAD when MAD is 0), and what an outlier's explanation names.
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "catch2/catch.hpp"
 #include "fleet/fleet.h"
@@ -148,8 +153,8 @@ TEST_CASE("an OOM on a rank when most ranks had none makes it an outlier; memory
   CHECK(fleet.outliers[0].rank == 2);
   CHECK(fleet.outliers[0].oom);
   CHECK(fleet.outliers[0].flagged.empty());
-  CHECK(fleet.figures[2].ooms == 2);
-  CHECK(fleet.figures[2].retries == 3);
+  CHECK(fleet.ranks[2].figures.ooms == 2);
+  CHECK(fleet.ranks[2].figures.retries == 3);
 }
 
 TEST_CASE("a file's name gives its rank: rank-R, rank_R, rankR, the last one in the name") {
@@ -160,6 +165,35 @@ TEST_CASE("a file's name gives its rank: rank-R, rank_R, rankR, the last one in 
   CHECK(RankInFileName("snapshot.pickle") == std::nullopt);
   CHECK(RankInFileName("ranking.json") == std::nullopt);
   CHECK(RankInFileName("rank-99999999999.pickle") == std::nullopt);  // beyond any world size
+}
+
+TEST_CASE("LoadFleet reads every file with its workers: the same ranks with 1 and 4 of them; an error names the first bad file") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("memscope-fleet-load-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (int i = 0; i < 24; ++i) {
+    RankReport r;
+    r.peak_allocated.bytes = (100 + static_cast<std::uint64_t>(i)) * MiB;
+    r.peak_reserved.bytes = (200 + static_cast<std::uint64_t>(i)) * MiB;
+    std::ofstream(dir / ("rank-" + std::to_string(i) + ".json")) << ReportToJson(MakeReport(1, {r})).dump();
+  }
+  FleetLoadOptions options;
+  for (const int jobs : {1, 4}) {
+    options.jobs = jobs;
+    absl::StatusOr<FleetInputs> in = LoadFleet({dir.string()}, options);
+    REQUIRE(in.ok());
+    const FleetResult fleet = AnalyzeFleet(std::move(in->ranks));
+    REQUIRE(fleet.ranks.size() == 24);
+    for (int i = 0; i < 24; ++i) {
+      CHECK(fleet.ranks[static_cast<std::size_t>(i)].report.rank == i);  // from the file's name
+      CHECK(fleet.ranks[static_cast<std::size_t>(i)].figures.peak_reserved == (200 + static_cast<std::uint64_t>(i)) * MiB);
+    }
+  }
+  std::ofstream(dir / "rank-7.json") << "{";  // rank 7 and 9 broken: rank 7 is named, whichever worker saw 9 first
+  std::ofstream(dir / "rank-9.json") << "[";
+  absl::StatusOr<FleetInputs> bad = LoadFleet({dir.string()}, options);
+  CHECK(bad.status().message() == "'" + (dir / "rank-7.json").string() + "' is not valid JSON");
+  fs::remove_all(dir);
 }
 
 }  // namespace
