@@ -155,7 +155,10 @@ std::string HeatMap(const FleetResult& fleet, const std::map<int, std::string>& 
     for (std::size_t s = 0; s < f.steps.size(); ++s) cells[i][f.steps[s]] = f.step_peak_reserved[s];
     for (const auto& [step, v] : cells[i]) lo = std::min(lo, v), hi = std::max(hi, v);
   }
-  std::string html = "<table class=heat><tr><th>rank</th>";
+  std::string html = absl::StrCat("<p>Each cell: the step's peak reserved, from <span class=swatch style=\"background:",
+                                  HeatColor(lo, lo, hi), "\"></span> ", FormatSize(lo), " to <span class=swatch style=\"background:",
+                                  HeatColor(hi, lo, hi), "\"></span> ", FormatSize(hi), ".</p>\n");
+  html += "<table class=heat><tr><th>rank</th>";
   if (steps.empty()) html += "<th>run</th>";
   for (const std::int64_t s : steps) absl::StrAppend(&html, "<th>", s, "</th>");
   html += "</tr>\n";
@@ -183,7 +186,8 @@ std::string HeatMap(const FleetResult& fleet, const std::map<int, std::string>& 
 }
 
 constexpr const char* kStyle =
-    "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}pre{background:#f6f6f6;padding:.8em;overflow:auto}"
+    "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}pre{background:#f6f6f6;padding:.8em;white-space:pre-wrap}"
+    ".swatch{display:inline-block;width:14px;height:14px;vertical-align:middle}"
     "table.heat{border-collapse:collapse}table.heat td{width:14px;height:14px;padding:0;border:1px solid #fff}"
     "table.heat th{font-weight:normal;font-size:11px;padding:0 4px}tr.outlier th{color:#b00;font-weight:bold}";
 
