@@ -66,8 +66,9 @@ FleetRankFigures FiguresOf(const RankReport& report);
 struct FleetRank {
   std::string source;  // the file (or run directory) it was read from
   std::string kind;    // RecordingKindName of the source: "PyTorch snapshot", "timeline", "report.json", ...
-  // AnalyzeRank's report (model_at_end dropped), or a report.json / summary
-  // --json rank as read: the same numbers either way.
+  // AnalyzeRank's report, or a report.json / summary
+  // --json rank as read: the same numbers either way (ReduceRank drops the
+  // parts the fleet does not use).
   RankReport report;
   std::vector<GpuRow> gpus;  // the GPU table's rows of GPUs this rank uses, its processes only; often empty
   std::vector<std::string> notes;  // the readers' notes about this rank
