@@ -50,7 +50,7 @@ std::vector<FleetRank> Uniform(int n, std::uint64_t bytes) {
   return ranks;
 }
 
-TEST_CASE("the modified z-score: (x - median) / (1.4826 MAD); 500 MiB among 100-106 MiB scores 133.5") {
+TEST_CASE("the modified z-score: (x - median) / (1.4826 MAD) - 500 MiB among 100-106 MiB scores 133.5") {
   std::vector<FleetRank> ranks;
   const std::uint64_t mib[] = {100, 102, 104, 106, 500};
   for (int i = 0; i < 5; ++i) ranks.push_back(Rank(i, mib[i] * MiB, mib[i] * MiB));
@@ -144,7 +144,7 @@ TEST_CASE("an outlier's explanation: categories, sites and phases that differ fr
   CHECK(o.phases[0].median_bytes == 0);
 }
 
-TEST_CASE("an OOM on a rank when most ranks had none makes it an outlier; memory_stats counts OOMs and retries") {
+TEST_CASE("an OOM on a rank when most ranks had none makes it an outlier - memory_stats counts OOMs and retries") {
   std::vector<FleetRank> ranks = Uniform(5, 1024 * MiB);
   ranks[2].report.stats.num_ooms = 2;
   ranks[2].report.stats.num_alloc_retries = 3;
@@ -167,7 +167,7 @@ TEST_CASE("a file's name gives its rank: rank-R, rank_R, rankR, the last one in 
   CHECK(RankInFileName("rank-99999999999.pickle") == std::nullopt);  // beyond any world size
 }
 
-TEST_CASE("LoadFleet reads every file with its workers: the same ranks with 1 and 4 of them; an error names the first bad file") {
+TEST_CASE("LoadFleet reads every file with its workers: the same ranks with 1 and 4 of them - an error names the first bad file") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("memscope-fleet-load-" + std::to_string(::getpid()));
   fs::create_directories(dir);
