@@ -147,6 +147,7 @@ absl::StatusOr<std::vector<FleetRank>> ReadUnit(const FleetUnit& unit, const Fle
   std::vector<FleetRank> out;
   std::vector<GpuRow> gpus = unit.gpus;
   if (rec->report) {
+    if (rec->report->ranks.empty()) return absl::InvalidArgumentError(absl::StrCat("'", unit.path, "' holds no rank"));
     for (RankReport& r : rec->report->ranks) out.push_back(MakeRank(unit.path, kind, std::move(r)));
     if (gpus.empty()) gpus = std::move(rec->report->gpus);
   } else {
@@ -240,6 +241,7 @@ absl::StatusOr<FleetInputs> LoadFleet(const std::vector<std::string>& paths, con
       in.ranks.push_back(std::move(r));
     }
   }
+  if (in.ranks.empty()) return absl::InvalidArgumentError("the inputs hold no rank");  // AnalyzeFleet needs one
   return in;
 }
 

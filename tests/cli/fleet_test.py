@@ -164,6 +164,8 @@ for r in (3, 37):
 
 # --- refusals: one line, exit 2 -----------------------------------------------------------
 os.mkdir(path("empty"))
+with open(path("no-ranks.json"), "w") as f:
+    json.dump({"schema": "memscope.report/1", "world_size": 0, "ranks": []}, f)
 with open(path("bad.pickle"), "wb") as f:
     f.write(open(base, "rb").read()[:100])
 for args, message in [
@@ -171,6 +173,7 @@ for args, message in [
     ((path("empty"),), f"memscope fleet: '{path('empty')}' holds no ranks: no snapshot, timeline or report.json / "
                        "summary --json file\n"),
     ((path("base.jsonl"),), None),
+    ((path("no-ranks.json"), path("no-ranks.json")), f"memscope fleet: '{path('no-ranks.json')}' holds no rank\n"),
     ((path("bad.pickle"),), None),
     ((path("run-base"), path("run-leak")), f"memscope fleet: rank 0 is in both '{path('run-base', 'rank-0.timeline')}' "
                                            f"and '{path('run-leak', 'rank-0.timeline')}' (name the files rank-R)\n"),
