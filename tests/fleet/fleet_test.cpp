@@ -7,14 +7,18 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
 #include "catch2/catch.hpp"
+#include "exporters/snapshot_export.h"
 #include "fleet/fleet.h"
 #include "fleet/fleet_load.h"
+#include "importers/request_trace.h"
+#include "load/record_replay.h"
 
 namespace memscope {
 namespace {
@@ -193,6 +197,64 @@ TEST_CASE("LoadFleet reads every file with its workers: the same ranks with 1 an
   std::ofstream(dir / "rank-9.json") << "[";
   absl::StatusOr<FleetInputs> bad = LoadFleet({dir.string()}, options);
   CHECK(bad.status().message() == "'" + (dir / "rank-7.json").string() + "' is not valid JSON");
+  fs::remove_all(dir);
+}
+
+
+// A PyTorch snapshot of one step: 256 MiB of parameters, 512 MiB of
+// activations, then 512 MiB (+ `extra`) of Adam state (a replay recorded in
+// memory, written by exporters/).
+void WriteRankSnapshot(const std::string& path, std::uint64_t extra) {
+  std::ostringstream jsonl;
+  jsonl << R"({"action":"alloc","id":"w","size":268435456,"category":"PARAMETER","owner":"model"})" << "\n"
+        << R"({"action":"phase_begin","phase":"forward","step":0})" << "\n"
+        << R"({"action":"alloc","id":"a","size":536870912,"category":"ACTIVATION","owner":"encoder"})" << "\n"
+        << R"({"action":"phase_end","phase":"forward","step":0})" << "\n"
+        << R"({"action":"phase_begin","phase":"step","step":0})" << "\n"
+        << R"({"action":"free","id":"a"})" << "\n"
+        << R"({"action":"alloc","id":"m","size":)" << 512 * MiB + extra
+        << R"(,"category":"OPTIMIZER_STATE","owner":"adam"})" << "\n"
+        << R"({"action":"phase_end","phase":"step","step":0})" << "\n";
+  std::istringstream in(jsonl.str());
+  absl::StatusOr<RequestTrace> trace = ReadJsonlTrace(in, "rank");
+  REQUIRE(trace.ok());
+  absl::StatusOr<Timeline> t = RecordReplay(*trace, AllocatorConfig{}, 80ull << 30, 0);
+  REQUIRE(t.ok());
+  absl::StatusOr<std::pair<TraceModel, std::size_t>> end = ModelAt(*t, *ParseMoment("exit"));
+  REQUIRE(end.ok());
+  std::ofstream out(path, std::ios::binary);
+  REQUIRE(WriteSnapshot(*t, end->first, end->second, SnapshotFormat::kPickle, out).ok());
+}
+
+TEST_CASE("LoadFleet replays snapshots on 4 workers as on 1: rank 5 with 2 GiB more of Adam state is the outlier") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("memscope-fleet-snap-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (int r = 0; r < 8; ++r) {
+    WriteRankSnapshot((dir / ("snapshot-rank-" + std::to_string(r) + ".pickle")).string(), r == 5 ? 2048 * MiB : 0);
+  }
+  FleetLoadOptions options;
+  std::vector<std::uint64_t> peaks[2];
+  for (const int jobs : {1, 4}) {
+    options.jobs = jobs;
+    absl::StatusOr<FleetInputs> in = LoadFleet({dir.string()}, options);
+    REQUIRE(in.ok());
+    const FleetResult fleet = AnalyzeFleet(std::move(in->ranks));
+    REQUIRE(fleet.outliers.size() == 1);
+    CHECK(fleet.outliers[0].rank == 5);
+    // Rank 5 peaks holding Adam's 2.5 GiB, the others at the end of forward (the first time they hold 768 MiB).
+    const std::vector<FleetDifference>& cats = fleet.outliers[0].categories;
+    REQUIRE(cats.size() == 2);
+    CHECK(cats[0].what == "OPTIMIZER_STATE");
+    CHECK(cats[0].delta() == static_cast<std::int64_t>(2560 * MiB));
+    CHECK(cats[1].what == "ACTIVATION");
+    CHECK(cats[1].delta() == -static_cast<std::int64_t>(512 * MiB));
+    for (const FleetRank& r : fleet.ranks) peaks[jobs == 4].push_back(r.figures.peak_allocated);
+  }
+  // Parameters and activations (768 MiB) at the end of forward; parameters and Adam's state after it.
+  CHECK(peaks[0] == std::vector<std::uint64_t>{768 * MiB, 768 * MiB, 768 * MiB, 768 * MiB, 768 * MiB,
+                                               2816 * MiB, 768 * MiB, 768 * MiB});
+  CHECK(peaks[1] == peaks[0]);
   fs::remove_all(dir);
 }
 
