@@ -129,6 +129,13 @@ std::vector<GpuRow> GpusOf(const std::vector<GpuRow>& gpus, int rank) {
   return out;
 }
 
+// The rank of a recording: its one timeline, or of a snapshot with several
+// devices, the device with the most events (as a capture reads it).
+std::vector<Timeline>::iterator MostEvents(std::vector<Timeline>& timelines) {
+  return std::max_element(timelines.begin(), timelines.end(),
+                          [](const Timeline& a, const Timeline& b) { return a.events.size() < b.events.size(); });
+}
+
 FleetRank MakeRank(const std::string& source, const std::string& kind, RankReport report) {
   FleetRank rank;
   rank.source = source;
@@ -151,10 +158,7 @@ absl::StatusOr<std::vector<FleetRank>> ReadUnit(const FleetUnit& unit, const Fle
     for (RankReport& r : rec->report->ranks) out.push_back(MakeRank(unit.path, kind, std::move(r)));
     if (gpus.empty()) gpus = std::move(rec->report->gpus);
   } else {
-    // A snapshot with several devices: the one with the most events is the rank.
-    auto t = std::max_element(rec->timelines.begin(), rec->timelines.end(), [](const Timeline& a, const Timeline& b) {
-      return a.events.size() < b.events.size();
-    });
+    auto t = MostEvents(rec->timelines);
     if (t == rec->timelines.end()) return absl::NotFoundError(absl::StrCat("'", unit.path, "' holds no rank"));
     absl::StatusOr<RankReport> r = AnalyzeRank(*t);
     if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("'", unit.path, "': ", r.status().message()));
@@ -253,9 +257,7 @@ absl::StatusOr<std::string> FleetRankHtml(const FleetRank& rank, const FleetLoad
   if (rec->timelines.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("'", rank.source, "' is a report, with no recording to show"));
   }
-  auto t = std::max_element(rec->timelines.begin(), rec->timelines.end(), [](const Timeline& a, const Timeline& b) {
-    return a.events.size() < b.events.size();
-  });
+  auto t = MostEvents(rec->timelines);
   t->rank = rank.report.rank;
   return HtmlReport({{rank.source, {&*t}, {}, ""}});
 }
