@@ -12,8 +12,9 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <regex>
+#include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/input_file.h"
@@ -111,9 +112,13 @@ std::pair<pid_t, int> StartJob(const std::vector<std::string>& command, const st
   return {error == 0 ? pid : -1, error};
 }
 
-// What one rank's start-up module wrote in RUN/.memscope-capture/rank-R.json.
+// What one rank's start-up module wrote in RUN/.memscope-capture/rank-R.json
+// (or rank-R.pid-P.json: a second process of the job that reported rank R,
+// whose files the start-up module kept apart rather than overwrite the
+// first's).
 struct CapturedRank {
   int rank = 0;
+  std::optional<int> pid;  // set for rank-R.pid-P.json
   int world_size = 1;
   bool cuda = false;
   std::int64_t steps = 0;
@@ -126,17 +131,17 @@ std::vector<CapturedRank> ReadCapturedRanks(const std::string& capture_dir) {
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(capture_dir, ec)) {
     const std::string name = entry.path().filename().string();
-    int rank = 0;
-    if (!name.starts_with("rank-") || !name.ends_with(".json") ||
-        !absl::SimpleAtoi(name.substr(5, name.size() - 10), &rank)) {
-      continue;
-    }
+    static const std::regex pattern(R"(^rank-([0-9]{1,9})(\.pid-([0-9]{1,9}))?\.json$)");
+    std::smatch m;
+    if (!std::regex_match(name, m, pattern)) continue;
+    const int rank = std::stoi(m[1].str());
     absl::StatusOr<std::string> text = ReadInputFile(entry.path().string(), "rank status", kMaxManifestBytes);
     if (!text.ok()) continue;
     const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object()) continue;
     CapturedRank r;
     r.rank = rank;
+    if (m[3].matched) r.pid = std::stoi(m[3].str());
     r.world_size = j.value("world_size", 1);
     r.cuda = j.value("cuda", false);
     r.steps = j.value("steps", std::int64_t{0});
@@ -163,10 +168,28 @@ absl::Status PrepareRunDirectory(const RunDirectory& dir) {
   }
   fs::create_directories(dir.Capture(), ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat("cannot create '", dir.Capture(), "': ", ec.message()));
-  for (const CapturedRank& r : ReadCapturedRanks(dir.Capture())) {
-    fs::remove(fs::path(dir.Capture()) / absl::StrCat("rank-", r.rank, ".json"), ec);
+  std::vector<fs::path> stale;  // the earlier capture's rank statuses and claims
+  for (const fs::directory_entry& e : fs::directory_iterator(dir.Capture(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("claim-rank-") || (name.starts_with("rank-") && name.ends_with(".json"))) {
+      stale.push_back(e.path());
+    }
   }
+  for (const fs::path& p : stale) fs::remove(p, ec);
   return WriteOutputFile((fs::path(dir.Capture()) / "sitecustomize.py").string(), CaptureModule());
+}
+
+// A second process that reported rank R (two processes of the job without
+// torch.distributed's rank or $RANK): its files are kept, not read.
+std::string DuplicateRankNote(const RunDirectory& dir, const CapturedRank& r) {
+  std::string files = absl::StrCat(RunDirectory::kCapture, "/rank-", r.rank, ".pid-", *r.pid, ".json");
+  std::error_code ec;
+  if (r.snapshot && RunDirectory::IsRankFile(*r.snapshot) && fs::is_regular_file(dir.Path(*r.snapshot), ec)) {
+    absl::StrAppend(&files, " and ", *r.snapshot);
+    dir.RecordFile(*r.snapshot);
+  }
+  return absl::StrCat("rank ", r.rank, " was reported by more than one process: process ", *r.pid,
+                      "'s capture is kept as ", files, ", not read (set RANK, or call init_process_group)");
 }
 
 // run.json of a capture, from what the ranks wrote.
@@ -181,6 +204,10 @@ RunManifest CaptureManifestFor(const RunDirectory& dir, const CaptureOptions& op
   int world_size = 1;
   std::vector<int> without_gpu;
   for (const CapturedRank& r : ranks) {
+    if (r.pid) {
+      notes.push_back(DuplicateRankNote(dir, r));
+      continue;
+    }
     world_size = std::max({world_size, r.world_size, r.rank + 1});
     ManifestRank& out = m.ranks.emplace_back();
     out.rank = r.rank;

@@ -13,10 +13,18 @@
 # - when CUDA is available, turns on torch.cuda.memory._record_memory_history
 #   (stacks, a ring of $MEMSCOPE_CAPTURE_MAX_ENTRIES entries) as the job
 #   initialises CUDA (torch.cuda._lazy_call: no CUDA context is created that
-#   the job would not create), and writes RUN/snapshot-rank-R.pickle (R =
-#   $RANK, default 0) at exit and at an OOM;
+#   the job would not create), and writes RUN/snapshot-rank-R.pickle at exit
+#   and at an OOM;
 # - writes RUN/.memscope-capture/rank-R.json (what this rank captured), which
 #   memscope reads to describe the run in run.json.
+#
+# The rank R: torch.distributed's, once the job's process group exists (its
+# init_process_group is wrapped to learn it; torch.multiprocessing.spawn sets
+# no $RANK), else $RANK as torchrun sets it, else 0. A process claims its
+# rank's file names (an O_EXCL file, claim-rank-R) before it first writes
+# them; a second process reporting the same rank never overwrites the first
+# one's files: it writes rank-R.pid-P.json and snapshot-rank-R.pid-P.pickle,
+# which memscope keeps and names in a note.
 #
 # The user's own sitecustomize (the next one on sys.path) is loaded after
 # this one and becomes the `sitecustomize` module, as if memscope were not
@@ -57,7 +65,8 @@ def _memscope_capture_main():
         except ValueError:
             return default
 
-    rank = env_int("RANK", 0)
+    dist = {"rank": None, "world_size": None}  # from torch.distributed, once known
+    claimed = {}  # rank -> the suffix of this process's file names ("" or ".pid-P")
     max_entries = env_int("MEMSCOPE_CAPTURE_MAX_ENTRIES", 1000000)
 
     def is_launcher():
@@ -71,14 +80,61 @@ def _memscope_capture_main():
         return os.path.basename(main) == "torchrun" or main.replace("\\", "/").endswith(
             ("torch/distributed/run.py", "torch/distributed/launch.py"))
 
-    def write_status():
+    def learn_rank():
+        # torch.distributed's rank and world size, if its process group exists.
+        try:
+            d = state["torch"].distributed
+            if d.is_available() and d.is_initialized():
+                dist["rank"], dist["world_size"] = d.get_rank(), d.get_world_size()
+        except Exception:
+            pass
+
+    def rank_known():
+        return dist["rank"] is not None or "RANK" in os.environ
+
+    def rank_now():
+        if dist["rank"] is None:
+            learn_rank()
+        return dist["rank"] if dist["rank"] is not None else env_int("RANK", 0)
+
+    def world_size_now():
+        return dist["world_size"] if dist["world_size"] is not None else env_int("WORLD_SIZE", 1)
+
+    def suffix_for(rank):
+        # "" when this process owns rank's file names, else ".pid-P" (another
+        # process of the job claimed them first: its files are not overwritten).
+        if rank in claimed:
+            return claimed[rank]
+        path = os.path.join(here, "claim-rank-%d" % rank)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            claimed[rank] = ""
+        except FileExistsError:
+            try:
+                with open(path) as f:
+                    owner = f.read().strip()
+            except OSError:
+                owner = "?"
+            claimed[rank] = "" if owner == str(os.getpid()) else ".pid-%d" % os.getpid()
+            if claimed[rank]:
+                say("rank %d is also process %s's: this process (%d) writes rank-%d%s.json, not over its files"
+                    % (rank, owner, os.getpid(), rank, claimed[rank]))
+        return claimed[rank]
+
+    def write_status(final=False):
         if not (state["history"] or state["phases"]):
             return  # nothing captured here (a launcher, a helper process)
+        if not final and not rank_known():
+            return  # written at exit, once the rank is known
         import json
+        rank = rank_now()
+        suffix = suffix_for(rank)
         status = {
             "rank": rank,
-            "world_size": env_int("WORLD_SIZE", 1),
-            "local_rank": env_int("LOCAL_RANK", 0),
+            "world_size": world_size_now(),
+            "local_rank": env_int("LOCAL_RANK", 0) if "LOCAL_RANK" in os.environ else None,  # spawn sets none
             "pid": os.getpid(),
             "torch": getattr(state["torch"], "__version__", None),
             "cuda": state["history"],
@@ -88,7 +144,7 @@ def _memscope_capture_main():
             "snapshot": state["snapshot"],
             "error": state["error"],
         }
-        path = os.path.join(here, "rank-%d.json" % rank)
+        path = os.path.join(here, "rank-%d%s.json" % (rank, suffix))
         tmp = "%s.tmp%d" % (path, os.getpid())
         with open(tmp, "w") as f:
             json.dump(status, f)
@@ -97,7 +153,8 @@ def _memscope_capture_main():
     def dump_snapshot(why):
         import pickle
         snapshot = state["torch"].cuda.memory._snapshot()
-        name = "snapshot-rank-%d.pickle" % rank
+        rank = rank_now()
+        name = "snapshot-rank-%d%s.pickle" % (rank, suffix_for(rank))
         path = os.path.join(run_dir, name)
         tmp = "%s.tmp%d" % (path, os.getpid())
         with open(tmp, "wb") as f:
@@ -111,7 +168,20 @@ def _memscope_capture_main():
         rf = state["torch"].autograd.profiler.record_function(name)
         rf.__enter__()
         state["phases"] += 1
+        if state["phases"] == 1:
+            say_no_gpu()
         return rf
+
+    def say_no_gpu():
+        # Once per job: by the first process to mark a phase (a spawn or
+        # torchrun launcher marks none), which claims the line (O_EXCL).
+        try:
+            if not state["torch"].cuda.is_available():
+                os.close(os.open(os.path.join(here, "claim-no-gpu-line"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                say("no CUDA device (torch.cuda.is_available() is False): no memory snapshot is written; "
+                    "the phases are still marked")
+        except Exception:
+            pass
 
     def close(rf):
         if rf is not None:
@@ -255,6 +325,23 @@ def _memscope_capture_main():
 
         torch.optim.Optimizer.__init__ = init
 
+    def install_rank_hook(torch):
+        # The rank as the job's process group has it, learnt as it is made.
+        import functools
+
+        d = getattr(torch, "distributed", None)
+        real = getattr(d, "init_process_group", None) if d is not None else None
+        if real is None:
+            return
+
+        @functools.wraps(real)
+        def init_process_group(*args, **kwargs):
+            result = real(*args, **kwargs)
+            learn_rank()
+            return result
+
+        d.init_process_group = init_process_group
+
     # ---- Memory history (CUDA only).
 
     def enable_history():
@@ -297,7 +384,7 @@ def _memscope_capture_main():
             except Exception as e:
                 failed("writing the snapshot at exit", e)
         try:
-            write_status()
+            write_status(final=True)
         except Exception as e:
             failed("writing its rank status", e)
 
@@ -315,11 +402,12 @@ def _memscope_capture_main():
         except Exception as e:
             failed("marking the phases", e)
         try:
+            install_rank_hook(torch)
+        except Exception as e:
+            failed("reading the rank from torch.distributed", e)
+        try:
             if torch.cuda.is_available():
                 torch.cuda._lazy_call(enable_history)
-            elif rank == 0:
-                say("no CUDA device (torch.cuda.is_available() is False): no memory snapshot is written; "
-                    "the phases are still marked")
         except Exception as e:
             failed("turning on the memory history", e)
         import atexit

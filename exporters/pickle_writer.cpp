@@ -33,6 +33,9 @@ constexpr std::uint8_t kNewTrue = 0x88;
 constexpr std::uint8_t kNewFalse = 0x89;
 constexpr std::uint8_t kProto = 0x80;
 constexpr std::uint8_t kFrame = 0x95;
+constexpr std::uint8_t kMemoize = 0x94;
+constexpr std::uint8_t kBinGet = 'h';
+constexpr std::uint8_t kLongBinGet = 'j';
 
 constexpr std::uint8_t kProtocol = 4;
 // CPython writes no FRAME header for frames shorter than this (the header
@@ -362,6 +365,60 @@ void PickleWriter::String(std::string_view utf8) {
   }
   Reserve(utf8.size() + 5);
   frame_size_ = static_cast<std::size_t>(EncodeValidString(frame_.data() + frame_size_, utf8) - frame_.data());
+  AfterValue();
+  OpcodeBoundary();
+}
+
+std::uint32_t PickleWriter::MemoizeOpen() {
+  if (!status_.ok() || finished_) return memo_size_;
+  if (open_.empty() || open_.back().kind == Kind::kTuple || open_.back().count != 0) {
+    Fail(absl::FailedPreconditionError("PickleWriter: MemoizeOpen() not right after BeginList or BeginDict"));
+    return memo_size_;
+  }
+  Op(kMemoize);
+  OpcodeBoundary();
+  return memo_size_++;
+}
+
+std::uint32_t PickleWriter::MemoString(std::string_view utf8) {
+  if (!BeforeValue()) return memo_size_;
+  std::string fixed;
+  if (!IsAscii(utf8) && !IsValidUtf8(utf8)) {
+    fixed = ReplaceInvalidUtf8(utf8);
+    utf8 = fixed;
+  }
+  if (utf8.size() > std::numeric_limits<std::uint32_t>::max()) {
+    Fail(absl::InvalidArgumentError("PickleWriter: a string of 4 GiB or more cannot be pickled with BINUNICODE"));
+    return memo_size_;
+  }
+  Reserve(utf8.size() + 6);
+  char* p = EncodeValidString(frame_.data() + frame_size_, utf8);
+  frame_size_ = static_cast<std::size_t>(EncodeMemoize(p) - frame_.data());
+  AfterValue();
+  OpcodeBoundary();
+  return memo_size_++;
+}
+
+char* PickleWriter::EncodeGet(char* p, std::uint32_t index) {
+  if (index < 256) {
+    p[0] = static_cast<char>(kBinGet);
+    p[1] = static_cast<char>(index);
+    return p + 2;
+  }
+  p[0] = static_cast<char>(kLongBinGet);
+  for (int i = 0; i < 4; ++i) p[1 + i] = static_cast<char>((index >> (8 * i)) & 0xff);
+  return p + 5;
+}
+
+void PickleWriter::Get(std::uint32_t index) {
+  if (!BeforeValue()) return;
+  if (index >= memo_size_) {
+    Fail(absl::FailedPreconditionError("PickleWriter: Get(" + std::to_string(index) + ") of a memo of " +
+                                       std::to_string(memo_size_) + " entries"));
+    return;
+  }
+  Reserve(kMaxGetBytes);
+  frame_size_ = static_cast<std::size_t>(EncodeGet(frame_.data() + frame_size_, index) - frame_.data());
   AfterValue();
   OpcodeBoundary();
 }

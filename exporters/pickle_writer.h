@@ -18,7 +18,13 @@
 // Only opcodes MemoryViz.js understands are used (PROTO, FRAME, MARK, STOP,
 // EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE, TUPLE, TUPLE1-3, SETITEMS, APPENDS,
 // BININT, BININT1, BININT2, LONG1, BINFLOAT, SHORT_BINUNICODE, BINUNICODE,
-// NONE, NEWTRUE, NEWFALSE), and no memo: every value is written in full. The
+// NONE, NEWTRUE, NEWFALSE, MEMOIZE, BINGET, LONG_BINGET). The memo is the
+// caller's to use, as CPython's pickler uses it for objects shared by
+// identity: MemoizeOpen() right after BeginList / BeginDict stores that
+// container (EMPTY_LIST MEMOIZE MARK ..., CPython's order), MemoString
+// writes a str and stores it, and Get(i) writes memo entry i again (BINGET
+// below 256, else LONG_BINGET). A snapshot's shared frames, keys and action
+// names are written once that way (snapshot_export.cpp). The
 // choices follow CPython's pickler, so a lone integer or float pickles to the
 // same bytes as pickle.dumps(value, protocol=4):
 // - Integers: BININT1 for 0..255, BININT2 for 0..65535, BININT for the rest
@@ -89,6 +95,21 @@ class PickleWriter {
   // A dict key: a str, as String writes it (JsonWriter's name, so that one
   // template writes both formats).
   void Key(std::string_view key) { String(key); }
+
+  // The memo. Each returns the memo index it stored. MemoizeOpen must come
+  // right after BeginList or BeginDict, before the container's first value.
+  std::uint32_t MemoizeOpen();
+  std::uint32_t MemoString(std::string_view utf8);
+  void Get(std::uint32_t index);
+  // Raw values (below) that memoize take their indices here, in the order
+  // their MEMOIZE opcodes appear.
+  std::uint32_t TakeMemoIndex() { return memo_size_++; }
+  static constexpr std::size_t kMaxGetBytes = 5;  // LONG_BINGET: opcode, 4 bytes
+  static char* EncodeGet(char* p, std::uint32_t index);
+  static char* EncodeMemoize(char* p) {
+    *p = static_cast<char>(0x94);  // MEMOIZE
+    return p + 1;
+  }
 
   // The bytes of single values, for a caller that writes the same shapes many
   // times and keeps them (snapshot_export.cpp: the frames of each stack, and
@@ -186,6 +207,7 @@ class PickleWriter {
   absl::Status status_;
   bool finished_ = false;
   bool raw_values_ = true;
+  std::uint32_t memo_size_ = 0;  // MEMOIZE opcodes written
 };
 
 }  // namespace memscope

@@ -98,20 +98,17 @@ class SnapshotWriter {
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
       if (!IsPytorchTraceAction(e.type)) continue;
-      // The stack of each live allocation, for its alloc and free entries.
-      if (e.type == EventType::kAlloc) {
-        if (const std::uint32_t stack = timeline_.stack_of(i); stack != 0) {
-          trace_stacks_[e.addr] = stack;
-        } else {
-          trace_stacks_.erase(e.addr);
-        }
-      }
+      // The tag (category, owner, stack) of each live allocation, for its
+      // alloc and free entries: a free event carries none of its own.
+      if (e.type == EventType::kAlloc) trace_tags_[e.addr] = Tag{e.category, e.name, timeline_.stack_of(i)};
+      if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentMap) TrackSegment(e);
       if (skip > 0) {
         --skip;
       } else {
         WriteTraceEntry(e);
       }
-      if (e.type == EventType::kFreeCompleted) trace_stacks_.erase(e.addr);
+      if (e.type == EventType::kSegmentFree || e.type == EventType::kSegmentUnmap) TrackSegment(e);
+      if (e.type == EventType::kFreeCompleted) trace_tags_.erase(e.addr);
     }
     w_.EndList();
     w_.EndList();
@@ -139,7 +136,27 @@ class SnapshotWriter {
     Category category;
     std::uint32_t owner, stack;
   };
-  void Key(std::string_view key) { w_.Key(key); }
+  // Keys and the names of actions, states and stages are shared objects in
+  // PyTorch's snapshots (its C++ makes each py::str once): pickled once,
+  // then memo references (BINGET), as Python's pickler writes them.
+  void Key(std::string_view key) {
+    if constexpr (kPickle) {
+      Name(key);
+    } else {
+      w_.Key(key);
+    }
+  }
+  void Name(std::string_view text) {
+    if constexpr (kPickle) {
+      if (const auto it = string_memo_.find(absl::string_view(text.data(), text.size())); it != string_memo_.end()) {
+        w_.Get(it->second);
+      } else {
+        string_memo_.emplace(std::string(text), w_.MemoString(text));
+      }
+    } else {
+      w_.String(text);
+    }
+  }
   // PickleWriter's BINFLOAT, or nlohmann's text in JSON (exporters/json_double.h).
   void Float(double v) {
     if constexpr (kPickle) {
@@ -158,28 +175,54 @@ class SnapshotWriter {
   // stacks) one frame made of its owner (as the file name) and category, so
   // that PyTorch's viewers show who allocated, and memscope reads both back
   // (docs/snapshot-format.md).
+  //
+  // In a pickle each frames list is written once and memoized, and so is
+  // each frame of a stack (PyTorch shares one dict per frame between its
+  // tracebacks): later entries, blocks and segments refer to them (BINGET),
+  // so a re-exported snapshot stays the size of PyTorch's own.
   void TagFrames(Category category, std::uint32_t owner, std::uint32_t stack) {
     Key("frames");
+    const bool has_stack = stack != 0 && stack < timeline_.stacks.size();
     if constexpr (kPickle) {
-      const FramesBytes& bytes = PickledFrames(category, owner, stack);
-      if (bytes.ok) {
-        if (char* p = w_.BeginRawValue(bytes.bytes.size())) {
-          w_.EndRawValue(Put(p, bytes.bytes));
-          return;
-        }
+      const std::uint64_t key = FramesKey(category, owner, stack);
+      if (const auto it = frames_memo_.find(key); it != frames_memo_.end()) {
+        w_.Get(it->second);
+        return;
       }
+      w_.BeginList();
+      frames_memo_.emplace(key, w_.MemoizeOpen());
+    } else {
+      w_.BeginList();
     }
-    w_.BeginList();
-    if (stack != 0 && stack < timeline_.stacks.size()) {
-      for (const std::uint32_t id : timeline_.stacks[stack].frames) {
-        const StackFrame& f = timeline_.stack_frames[id];
-        WriteFrame(f.filename, f.line, f.name);
-      }
+    if (has_stack) {
+      for (const std::uint32_t id : timeline_.stacks[stack].frames) WriteStackFrame(id);
     } else {
       const std::string& text = timeline_.str(owner);
       WriteFrame(text.empty() ? std::string_view("??") : std::string_view(text), 0, FrameName(category));
     }
     w_.EndList();
+  }
+
+  std::uint64_t FramesKey(Category category, std::uint32_t owner, std::uint32_t stack) const {
+    const bool has_stack = stack != 0 && stack < timeline_.stacks.size();
+    return has_stack ? (std::uint64_t{1} << 63) | stack : (static_cast<std::uint64_t>(category) << 32) | owner;
+  }
+
+  void WriteStackFrame(std::uint32_t id) {
+    const StackFrame& f = timeline_.stack_frames[id];
+    if constexpr (kPickle) {
+      if (frame_memo_.size() < timeline_.stack_frames.size()) frame_memo_.resize(timeline_.stack_frames.size(), kNotMemoized);
+      if (frame_memo_[id] != kNotMemoized) {
+        w_.Get(frame_memo_[id]);
+        return;
+      }
+      w_.BeginDict();
+      frame_memo_[id] = w_.MemoizeOpen();
+      WriteFrameItems(f.filename, f.line, f.name);
+      w_.EndDict();
+    } else {
+      WriteFrame(f.filename, f.line, f.name);
+    }
   }
 
   // CategoryName's, which calls an unknown category OTHER.
@@ -190,13 +233,16 @@ class SnapshotWriter {
 
   void WriteFrame(std::string_view filename, std::int64_t line, std::string_view name) {
     w_.BeginDict();
+    WriteFrameItems(filename, line, name);
+    w_.EndDict();
+  }
+  void WriteFrameItems(std::string_view filename, std::int64_t line, std::string_view name) {
     Key("filename");
     w_.String(filename);
     Key("line");
     w_.Int(line);
     Key("name");
     w_.String(name);
-    w_.EndDict();
   }
 
   void WriteSegment(const SegmentInfo& s) {
@@ -216,7 +262,7 @@ class SnapshotWriter {
     Key("stream");
     w_.UInt(s.stream);
     Key("segment_type");
-    w_.String(s.is_large ? "large" : "small");
+    Name(s.is_large ? "large" : "small");
     // (0, 0) is the default pool; a replayed snapshot's private pools keep their ids.
     Key("segment_pool_id");
     w_.BeginTuple(2);
@@ -244,7 +290,7 @@ class SnapshotWriter {
       Key("requested_size");
       w_.UInt(b.requested_size);
       Key("state");
-      w_.String(BlockStateName(b.state));
+      Name(BlockStateName(b.state));
       if (auto it = live_tags_.find(b.address); b.state != BlockState::kInactive && it != live_tags_.end()) {
         TagFrames(it->second.category, it->second.owner, it->second.stack);
       } else {
@@ -264,7 +310,7 @@ class SnapshotWriter {
                                e.type == EventType::kSegmentMap || e.type == EventType::kSegmentUnmap;
     w_.BeginDict();
     Key("action");
-    w_.String(EventTypeName(e.type));
+    Name(EventTypeName(e.type));
     // PyTorch's oom entry reuses the address slot for cudaMemGetInfo's free
     // bytes, under its own key.
     const bool oom = e.type == EventType::kOom;
@@ -288,8 +334,8 @@ class SnapshotWriter {
     }
     if (e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted) {
       // A free carries the frames of its allocation (memscope keeps no stack of the free itself).
-      const auto it = trace_stacks_.find(e.addr);
-      TagFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
+      const Tag tag = TraceTag(e);
+      TagFrames(tag.category, tag.owner, tag.stack);
     } else if (const Tag* tag = SegmentEntryTag(e)) {
       TagFrames(tag->category, tag->owner, tag->stack);
     } else {
@@ -298,12 +344,35 @@ class SnapshotWriter {
     w_.EndDict();
   }
 
+  // The tag of an alloc or free entry's allocation (a free before any alloc
+  // of its address, in a trace whose head was dropped: its own, OTHER).
+  Tag TraceTag(const Event& e) const {
+    const auto it = trace_tags_.find(e.addr);
+    return it != trace_tags_.end() ? it->second : Tag{e.category, e.name, 0};
+  }
+
   // The tag of the allocation that made a segment_alloc or segment_map
-  // entry (the event being written), or null.
+  // entry (the event being written), or null. A segment_free or
+  // segment_unmap carries the tag of the segment_alloc / segment_map at its
+  // address, as PyTorch's release_block records the segment's own context
+  // (context_when_segment_allocated) when the free has none; memscope keeps
+  // no stack of the empty_cache call itself.
   const Tag* SegmentEntryTag(const Event& e) const {
+    if (e.type == EventType::kSegmentFree || e.type == EventType::kSegmentUnmap) {
+      const auto it = trace_segment_tags_.find(e.addr);
+      return it == trace_segment_tags_.end() ? nullptr : &it->second;
+    }
     if (e.type != EventType::kSegmentAlloc && e.type != EventType::kSegmentMap) return nullptr;
     const auto it = segment_entry_tags_.find(static_cast<std::size_t>(&e - timeline_.events.data()));
     return it == segment_entry_tags_.end() ? nullptr : &it->second;
+  }
+  // Keeps trace_segment_tags_ for the entries that follow `e`.
+  void TrackSegment(const Event& e) {
+    if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentMap) {
+      if (const Tag* tag = SegmentEntryTag(e)) trace_segment_tags_[e.addr] = *tag;
+    } else if (e.type == EventType::kSegmentFree || e.type == EventType::kSegmentUnmap) {
+      trace_segment_tags_.erase(e.addr);
+    }
   }
 
   void WriteAllocatorSettings() {
@@ -338,7 +407,7 @@ class SnapshotWriter {
     Key("name");
     w_.String(name);
     Key("stage");
-    w_.String(stage);
+    Name(stage);
     Key("device");
     w_.Int(timeline_.device_index);
     Key("time_us");
@@ -346,56 +415,49 @@ class SnapshotWriter {
     w_.EndDict();
   }
 
-  // The pickle's fast path: trace entries, blocks and frame lists written as
-  // raw bytes, exactly those the calls above write (PickleWriter's raw
-  // values), the frames of each stack (or category and owner) pickled once.
+  // The pickle's fast path: trace entries and blocks written as raw bytes,
+  // exactly those the calls above write, once everything they refer to is
+  // in the memo (their keys, action or state, and frames list): until then
+  // the ordinary calls write them and fill the memo, so the raw bytes never
+  // memoize and both paths number the memo alike.
   static constexpr bool kPickle = std::is_same_v<W, PickleWriter>;
-  struct FramesBytes {
-    std::string bytes;
-    bool ok = true;  // false: a string too long to pickle (the ordinary path reports it)
-  };
-  static char* Put(char* p, std::string_view bytes) {
-    std::memcpy(p, bytes.data(), bytes.size());
-    return p + bytes.size();
-  }
-  // A dict key, a short ASCII string: its SHORT_BINUNICODE bytes.
-  static char* PutKey(char* p, std::string_view key) { return PickleWriter::EncodeShortString(p, key); }
+  static constexpr std::uint32_t kNotMemoized = std::numeric_limits<std::uint32_t>::max();
+  static char* PutGet(char* p, std::uint32_t index) { return PickleWriter::EncodeGet(p, index); }
 
-  const FramesBytes& PickledFrames(Category category, std::uint32_t owner, std::uint32_t stack) {
-    const bool has_stack = stack != 0 && stack < timeline_.stacks.size();
-    const std::uint64_t key =
-        has_stack ? (std::uint64_t{1} << 63) | stack : (static_cast<std::uint64_t>(category) << 32) | owner;
-    auto [it, inserted] = frames_bytes_.try_emplace(key);
-    if (!inserted) return it->second;
-    FramesBytes& f = it->second;
-    // As BeginList, a dict per frame, EndList write them: batches of
-    // PickleWriter::kBatchSize items, each MARK ... APPENDS.
-    std::string& b = f.bytes;
-    b += static_cast<char>(0x5d);  // EMPTY_LIST
-    std::size_t n = 0;
-    const auto frame = [&](std::string_view filename, std::int64_t line, std::string_view name) {
-      if (n % PickleWriter::kBatchSize == 0) b += static_cast<char>(0x28);  // MARK
-      b += static_cast<char>(0x7d);                                         // EMPTY_DICT
-      b += static_cast<char>(0x28);                                         // MARK
-      f.ok = f.ok && PickleWriter::AppendString(b, "filename") && PickleWriter::AppendString(b, filename) &&
-             PickleWriter::AppendString(b, "line");
-      char num[PickleWriter::kMaxIntBytes];
-      b.append(num, static_cast<std::size_t>(PickleWriter::EncodeInt(num, line) - num));
-      f.ok = f.ok && PickleWriter::AppendString(b, "name") && PickleWriter::AppendString(b, name);
-      b += static_cast<char>(0x75);                                           // SETITEMS
-      if (++n % PickleWriter::kBatchSize == 0) b += static_cast<char>(0x65);  // APPENDS
-    };
-    if (has_stack) {
-      for (const std::uint32_t id : timeline_.stacks[stack].frames) {
-        const StackFrame& fr = timeline_.stack_frames[id];
-        frame(fr.filename, fr.line, fr.name);
-      }
-    } else {
-      const std::string& text = timeline_.str(owner);
-      frame(text.empty() ? std::string_view("??") : std::string_view(text), 0, FrameName(category));
+  // The memo index of a name, or kNotMemoized; `cache` keeps it once found.
+  std::uint32_t MemoOf(std::string_view text, std::uint32_t& cache) const {
+    if (cache == kNotMemoized) {
+      if (const auto it = string_memo_.find(absl::string_view(text.data(), text.size())); it != string_memo_.end()) cache = it->second;
     }
-    if (n % PickleWriter::kBatchSize != 0) b += static_cast<char>(0x65);  // APPENDS
-    return f;
+    return cache;
+  }
+  // The frames list of an entry or block: its memo index, kEmptyFrames for
+  // [], or kNotMemoized.
+  static constexpr std::uint32_t kEmptyFrames = kNotMemoized - 1;
+  std::uint32_t FramesMemo(const Tag* tag) const {
+    if (tag == nullptr) return kEmptyFrames;
+    const auto it = frames_memo_.find(FramesKey(tag->category, tag->owner, tag->stack));
+    return it == frames_memo_.end() ? kNotMemoized : it->second;
+  }
+  static char* PutFrames(char* p, std::uint32_t frames) {
+    if (frames == kEmptyFrames) {
+      *p = static_cast<char>(0x5d);  // EMPTY_LIST
+      return p + 1;
+    }
+    return PutGet(p, frames);
+  }
+
+  enum RawKey : std::size_t { kAction, kAddr, kDeviceFree, kSize, kStream, kTimeUs, kFrames, kAddress, kRequested, kState, kNumRawKeys };
+  static constexpr std::array<std::string_view, kNumRawKeys> kRawKeyNames = {
+      "action", "addr", "device_free", "size", "stream", "time_us", "frames", "address", "requested_size", "state"};
+  // The memo indices of `keys`, false when one is not memoized yet.
+  template <std::size_t N>
+  bool RawKeys(const std::array<RawKey, N>& keys, std::array<std::uint32_t, N>& out) {
+    for (std::size_t i = 0; i < N; ++i) {
+      out[i] = MemoOf(kRawKeyNames[keys[i]], raw_key_memo_[keys[i]]);
+      if (out[i] == kNotMemoized) return false;
+    }
+    return true;
   }
 
   // WriteTraceEntry's dict as raw bytes; false: write it the ordinary way.
@@ -403,28 +465,33 @@ class SnapshotWriter {
     if (e.pool() != 0) return false;  // a private pool's entry carries pool_id: the general path
     const bool tagged =
         e.type == EventType::kAlloc || e.type == EventType::kFreeRequested || e.type == EventType::kFreeCompleted;
-    const FramesBytes* frames = &kNoFrames;
+    std::uint32_t frames = kEmptyFrames;
     if (tagged) {
-      const auto it = trace_stacks_.find(e.addr);
-      frames = &PickledFrames(e.category, e.name, it == trace_stacks_.end() ? 0 : it->second);
+      const Tag alloc_tag = TraceTag(e);
+      frames = FramesMemo(&alloc_tag);
     } else if (const Tag* tag = SegmentEntryTag(e)) {
-      frames = &PickledFrames(tag->category, tag->owner, tag->stack);
+      frames = FramesMemo(tag);
     }
-    const std::string_view action = EventTypeName(e.type);
-    if (!frames->ok || action.size() >= 256) return false;
-    char* p = w_.BeginRawValue(128 + action.size() + frames->bytes.size());
+    const bool oom = e.type == EventType::kOom;
+    std::array<std::uint32_t, 6> k;
+    const std::uint32_t action =
+        MemoOf(EventTypeName(e.type), action_memo_[static_cast<std::size_t>(e.type) % action_memo_.size()]);
+    if (frames == kNotMemoized || action == kNotMemoized ||
+        !RawKeys<6>({kAction, oom ? kDeviceFree : kAddr, kSize, kStream, kTimeUs, kFrames}, k)) {
+      return false;
+    }
+    char* p = w_.BeginRawValue(128);
     if (p == nullptr) return false;
     const bool segment_event = e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree ||
                                e.type == EventType::kSegmentMap || e.type == EventType::kSegmentUnmap;
-    const bool oom = e.type == EventType::kOom;
     *p++ = static_cast<char>(0x7d);  // EMPTY_DICT
     *p++ = static_cast<char>(0x28);  // MARK
-    p = PickleWriter::EncodeShortString(PutKey(p, "action"), action);
-    p = PickleWriter::EncodeUInt(PutKey(p, oom ? "device_free" : "addr"), oom ? e.device_free() : e.addr);
-    p = PickleWriter::EncodeUInt(PutKey(p, "size"), segment_event ? e.size : e.requested_size);
-    p = PickleWriter::EncodeUInt(PutKey(p, "stream"), e.stream);
-    p = PickleWriter::EncodeInt(PutKey(p, "time_us"), TimeUs(timeline_, e));
-    p = Put(PutKey(p, "frames"), frames->bytes);
+    p = PutGet(PutGet(p, k[0]), action);
+    p = PickleWriter::EncodeUInt(PutGet(p, k[1]), oom ? e.device_free() : e.addr);
+    p = PickleWriter::EncodeUInt(PutGet(p, k[2]), segment_event ? e.size : e.requested_size);
+    p = PickleWriter::EncodeUInt(PutGet(p, k[3]), e.stream);
+    p = PickleWriter::EncodeInt(PutGet(p, k[4]), TimeUs(timeline_, e));
+    p = PutFrames(PutGet(p, k[5]), frames);
     *p++ = static_cast<char>(0x75);  // SETITEMS
     w_.EndRawValue(p);
     return true;
@@ -432,28 +499,43 @@ class SnapshotWriter {
 
   // A block's dict of WriteSegment as raw bytes; false: the ordinary way.
   bool WriteBlockRaw(const BlockInfo& b) {
-    const FramesBytes* frames = &kNoFrames;
+    std::uint32_t frames = kEmptyFrames;
     if (auto it = live_tags_.find(b.address); b.state != BlockState::kInactive && it != live_tags_.end()) {
-      frames = &PickledFrames(it->second.category, it->second.owner, it->second.stack);
+      frames = FramesMemo(&it->second);
     }
-    const std::string_view state = BlockStateName(b.state);
-    if (!frames->ok || state.size() >= 256) return false;
-    char* p = w_.BeginRawValue(128 + state.size() + frames->bytes.size());
+    std::array<std::uint32_t, 5> k;
+    const std::uint32_t state =
+        MemoOf(BlockStateName(b.state), state_memo_[static_cast<std::size_t>(b.state) % state_memo_.size()]);
+    if (frames == kNotMemoized || state == kNotMemoized || !RawKeys<5>({kAddress, kSize, kRequested, kState, kFrames}, k)) {
+      return false;
+    }
+    char* p = w_.BeginRawValue(96);
     if (p == nullptr) return false;
     *p++ = static_cast<char>(0x7d);  // EMPTY_DICT
     *p++ = static_cast<char>(0x28);  // MARK
-    p = PickleWriter::EncodeUInt(PutKey(p, "address"), b.address);
-    p = PickleWriter::EncodeUInt(PutKey(p, "size"), b.size);
-    p = PickleWriter::EncodeUInt(PutKey(p, "requested_size"), b.requested_size);
-    p = PickleWriter::EncodeShortString(PutKey(p, "state"), state);
-    p = Put(PutKey(p, "frames"), frames->bytes);
+    p = PickleWriter::EncodeUInt(PutGet(p, k[0]), b.address);
+    p = PickleWriter::EncodeUInt(PutGet(p, k[1]), b.size);
+    p = PickleWriter::EncodeUInt(PutGet(p, k[2]), b.requested_size);
+    p = PutGet(PutGet(p, k[3]), state);
+    p = PutFrames(PutGet(p, k[4]), frames);
     *p++ = static_cast<char>(0x75);  // SETITEMS
     w_.EndRawValue(p);
     return true;
   }
 
-  inline static const FramesBytes kNoFrames{std::string(1, static_cast<char>(0x5d)), true};  // []
-  absl::flat_hash_map<std::uint64_t, FramesBytes> frames_bytes_;
+  // The memo (pickles only): names, frames lists by FramesKey, stack frames by id.
+  absl::flat_hash_map<std::string, std::uint32_t> string_memo_;
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> frames_memo_;
+  std::vector<std::uint32_t> frame_memo_;
+  std::array<std::uint32_t, kNumRawKeys> raw_key_memo_ = Unmemoized<kNumRawKeys>();
+  std::array<std::uint32_t, 256> action_memo_ = Unmemoized<256>();  // by EventType
+  std::array<std::uint32_t, 16> state_memo_ = Unmemoized<16>();     // by BlockState
+  template <std::size_t N>
+  static constexpr std::array<std::uint32_t, N> Unmemoized() {
+    std::array<std::uint32_t, N> a{};
+    a.fill(kNotMemoized);
+    return a;
+  }
 
   W& w_;
   const Timeline& timeline_;
@@ -461,7 +543,8 @@ class SnapshotWriter {
   absl::flat_hash_map<std::uint64_t, Tag> live_tags_;               // address -> tag of the blocks at the snapshot
   absl::flat_hash_map<std::uint64_t, Tag> segment_tags_;            // segment address -> tag of the alloc that made it
   absl::flat_hash_map<std::size_t, Tag> segment_entry_tags_;  // event index of a segment_alloc/map -> its alloc's tag
-  absl::flat_hash_map<std::uint64_t, std::uint32_t> trace_stacks_;  // address -> stack, while writing the trace
+  absl::flat_hash_map<std::uint64_t, Tag> trace_segment_tags_;  // segment address -> its tag, while writing the trace
+  absl::flat_hash_map<std::uint64_t, Tag> trace_tags_;  // address -> its allocation's tag, while writing the trace
 };
 
 }  // namespace

@@ -43,7 +43,7 @@ std::optional<int> RunDirectory::TimelineRank(const std::string& name) {
 }
 
 bool RunDirectory::IsRankFile(const std::string& name) {
-  static const std::regex pattern(R"(^(rank-[0-9]+\.(json|log|timeline|json\.tmp)|snapshot-rank-[0-9]+\.pickle)$)");
+  static const std::regex pattern(R"(^(rank-[0-9]+\.(json|log|timeline|json\.tmp)|snapshot-rank-[0-9]+(\.pid-[0-9]+)?\.pickle)$)");
   return std::regex_match(name, pattern);
 }
 

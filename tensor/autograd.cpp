@@ -278,6 +278,9 @@ void RunGraph(const TensorList& roots, TensorList root_grads) {
         buffers.erase(it);
       }
       inputs.resize(node->num_outputs);
+      // What a backward allocates without a tag of its own (temporaries,
+      // gradients not made under GradTag) is autograd's, for the node's owner.
+      ScopedTag tag(Category::kAutogradDetail, node->owner());
       outputs = node->Apply(inputs);
       for (const auto& hook : node->post_hooks()) hook();
     }  // the incoming gradients are freed here

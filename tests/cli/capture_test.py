@@ -222,10 +222,58 @@ check("torchrun: exit 0, both workers trained", rc == 0 and out.count("trained 3
 check("torchrun: the no-GPU line once (rank 0)", err.splitlines().count(NO_GPU) == 1, err)
 statuses = sorted(os.listdir(os.path.join(work, "torchrun", ".memscope-capture")))
 check("torchrun: one capture status per worker, none for the agent",
-      statuses == ["rank-0.json", "rank-1.json", "sitecustomize.py"], statuses)
+      statuses == ["claim-no-gpu-line", "claim-rank-0", "claim-rank-1", "rank-0.json", "rank-1.json", "sitecustomize.py"],
+      statuses)
 manifest = json.load(open(os.path.join(work, "torchrun", "run.json")))
 check("torchrun: run.json has world size 2, ranks 0 and 1",
       (manifest["world_size"], [r["rank"] for r in manifest["ranks"]]) == (2, [0, 1]), manifest)
+
+# ---- torch.multiprocessing.spawn: no $RANK; each worker is the rank its
+# process group says (init_process_group), the parent is no rank.
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+spawned = os.path.join(work, "spawn")
+rc, out, err = capture(spawned, PY, data("capture_spawn.py"), str(free_port()))
+check("spawn: exit 0, both workers trained",
+      rc == 0 and sorted(out.splitlines()) == ["rank 0: trained 2 steps", "rank 1: trained 2 steps"], (rc, out, err))
+check("spawn: the no-GPU line once, for the job", err.splitlines().count(NO_GPU) == 1, err)
+statuses = sorted(n for n in os.listdir(os.path.join(spawned, ".memscope-capture")) if n.endswith(".json"))
+check("spawn: one capture status per worker", statuses == ["rank-0.json", "rank-1.json"], statuses)
+for r in (0, 1):
+    path = os.path.join(spawned, ".memscope-capture", f"rank-{r}.json")
+    st = json.load(open(path)) if os.path.exists(path) else {}
+    check(f"spawn: rank {r}'s status is its own (rank, world size, 2 steps)",
+          (st.get("rank"), st.get("world_size"), st.get("steps")) == (r, 2, 2), st)
+manifest = json.load(open(os.path.join(spawned, "run.json")))
+check("spawn: run.json has world size 2, ranks 0 and 1",
+      (manifest["world_size"], [r["rank"] for r in manifest["ranks"]]) == (2, [0, 1]), manifest)
+
+# ---- Two processes that both say rank 0 (no $RANK, no process group): the
+# second one's files are kept apart, never over the first one's.
+twice = os.path.join(work, "twice")
+rc, out, err = capture(twice, "sh", "-c", f"{PY} {data('capture_train.py')}; {PY} {data('capture_train.py')}")
+check("twice: exit 0, both trained", (rc, out) == (0, "trained 3 steps\ntrained 3 steps\n"), (rc, out, err))
+check("twice: the no-GPU line once", err.splitlines().count(NO_GPU) == 1, err)
+left = sorted(os.listdir(os.path.join(twice, ".memscope-capture")))
+second = [n for n in left if n.startswith("rank-0.pid-")]
+check("twice: the second process wrote rank-0.pid-P.json beside rank-0.json",
+      len(second) == 1 and "rank-0.json" in left, left)
+pid = second[0][len("rank-0.pid-"):-len(".json")] if second else "?"
+check("twice: the second process said so in one line",
+      [x for x in err.splitlines() if "is also process" in x] ==
+      [f"memscope capture: rank 0 is also process {json.load(open(os.path.join(twice, '.memscope-capture', 'rank-0.json')))['pid']}'s: "
+       f"this process ({pid}) writes rank-0.pid-{pid}.json, not over its files"], err)
+check("twice: memscope's note names the kept file",
+      f"memscope: note: rank 0 was reported by more than one process: process {pid}'s capture is kept as "
+      f".memscope-capture/rank-0.pid-{pid}.json, not read (set RANK, or call init_process_group)" in err.splitlines(), err)
+manifest = json.load(open(os.path.join(twice, "run.json")))
+check("twice: run.json has one rank 0", (manifest["world_size"], [r["rank"] for r in manifest["ranks"]]) == (1, [0]),
+      manifest)
 
 # ---- The GPU path against the stand-in torch (tests/cli/data/fake_torch).
 fake = os.path.join(work, "fake")

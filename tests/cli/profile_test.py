@@ -82,6 +82,16 @@ try:
                "BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
     used = {op.name for op, _, _ in pickletools.genops(raw)}
     check("snapshot opcodes", used <= allowed, used - allowed)
+    # A free carries its allocation's frames (owner and category), not OTHER;
+    # a segment_free those of the allocation that made the segment.
+    live, frees = {}, []
+    for e in snap["device_traces"][0]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["frames"]
+        elif e["action"] in ("free_requested", "free_completed"):
+            frees.append((e["frames"], live.get(e["addr"])))
+    check("snapshot: each free has its allocation's frames",
+          frees and all(f == a and f and f[0]["name"] != "memscope OTHER" for f, a in frees), frees)
     annotations = [(a["name"], a["stage"]) for a in snap["external_annotations"]]
     check("snapshot annotations", ("forward:0", "END") in annotations, annotations)
     code, out, err = run("snapshot", out_dir, "-o", os.path.join(tmp, "snap.json"), "--format", "json")

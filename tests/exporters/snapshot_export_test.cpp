@@ -492,6 +492,29 @@ std::string SameBytesTable() {
   for (const IntCase& c : ints) {
     absl::StrAppend(&same_bytes, "    (", c.python, ", bytes.fromhex('", Hex(PickleBytes(c.write)), "')),\n");
   }
+  // Shared objects, as CPython's pickler memoizes every str, list and dict:
+  // the memo (MEMOIZE after EMPTY_LIST / EMPTY_DICT and after each str,
+  // BINGET below 256, LONG_BINGET from 256 on).
+  const auto shared = [](PickleWriter& w) {
+    w.BeginList();
+    w.MemoizeOpen();                           // 0: the list
+    const std::uint32_t s = w.MemoString("frames");  // 1
+    w.Get(s);
+    w.BeginDict();
+    const std::uint32_t d = w.MemoizeOpen();  // 2
+    w.MemoString("k");                         // 3
+    w.Get(s);
+    w.MemoString("j");  // 4
+    w.Int(1);
+    w.EndDict();
+    w.Get(d);
+    std::uint32_t last = 0;
+    for (int i = 0; i < 300; ++i) last = w.MemoString(absl::StrCat("s", i));  // 5..304
+    w.Get(last);
+    w.EndList();
+  };
+  absl::StrAppend(&same_bytes, "    ((lambda s, d, t: [s, s, d, d] + t + [t[-1]])(\"frames\", {\"k\": \"frames\", \"j\": 1}, ",
+                  "[f\"s{i}\" for i in range(300)]), bytes.fromhex('", Hex(PickleBytes(shared)), "')),\n");
   absl::StrAppend(&same_bytes, "]\n");
   return same_bytes;
 }

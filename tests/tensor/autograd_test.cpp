@@ -588,3 +588,26 @@ TEST_CASE("post hooks on AccumulateGrad run once per backward, in ready order, w
   }
   CHECK(ready == std::vector<std::string>{"fc.bias", "fc.weight", "fc.bias", "fc.weight"});
 }
+
+// What a backward function allocates without a tag of its own (a copy that
+// reshapes a gradient, as ViewBackward0 makes of a non-contiguous one, the
+// zeros of WhereBackward0) is AUTOGRAD_DETAIL of the node's owner, the
+// module that ran the op, never OTHER without an owner.
+TEST_CASE("an untagged allocation inside a backward is AUTOGRAD_DETAIL of the node's owner") {
+  MetaGpu d;
+  Tensor x = Param(d.ctx, {256}, "w");
+  Tensor y;
+  {
+    ScopedTag tag(Category::kActivation, "transformer.h.3");
+    y = Tensor::Empty(d.ctx, {256});
+    RecordOp("CopyingBackward", {&x}, {&y}, [](Node&, TensorList& g) { return TensorList{ops::Clone(g[0])}; });
+  }
+  Tensor g = Tensor::Empty(d.ctx, {256});
+  REQUIRE(d.session.Start().ok());
+  Backward({y}, {g});
+  REQUIRE(d.session.Finish().ok());
+  const std::vector<Recorded> allocs = Allocs(d.session.timeline());
+  REQUIRE(allocs.size() == 1);  // the clone, stolen by AccumulateGrad as w.grad
+  CHECK(allocs[0].category == Category::kAutogradDetail);
+  CHECK(allocs[0].owner == "transformer.h.3");
+}
