@@ -48,6 +48,19 @@ PhaseRow Row(std::int64_t step, Phase phase, std::uint64_t allocated, std::uint6
   return row;
 }
 
+// A scratch directory, removed when the test ends, passed or not.
+struct ScratchDir {
+  explicit ScratchDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::filesystem::path path;
+};
+
 std::vector<FleetRank> Uniform(int n, std::uint64_t bytes) {
   std::vector<FleetRank> ranks;
   for (int i = 0; i < n; ++i) ranks.push_back(Rank(i, bytes, bytes));
@@ -172,9 +185,8 @@ TEST_CASE("a file's name gives its rank: rank-R, rank_R, rankR, the last one in 
 }
 
 TEST_CASE("LoadFleet reads every file with its workers: the same ranks with 1 and 4 of them - an error names the first bad file") {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("memscope-fleet-load-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const ScratchDir scratch("memscope-fleet-load-");
+  const std::filesystem::path& dir = scratch.path;
   for (int i = 0; i < 24; ++i) {
     RankReport r;
     r.peak_allocated.bytes = (100 + static_cast<std::uint64_t>(i)) * MiB;
@@ -197,7 +209,6 @@ TEST_CASE("LoadFleet reads every file with its workers: the same ranks with 1 an
   std::ofstream(dir / "rank-9.json") << "[";
   absl::StatusOr<FleetInputs> bad = LoadFleet({dir.string()}, options);
   CHECK(bad.status().message() == "'" + (dir / "rank-7.json").string() + "' is not valid JSON");
-  fs::remove_all(dir);
 }
 
 
@@ -227,9 +238,8 @@ void WriteRankSnapshot(const std::string& path, std::uint64_t extra) {
 }
 
 TEST_CASE("LoadFleet replays snapshots on 4 workers as on 1: rank 5 with 2 GiB more of Adam state is the outlier") {
-  namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("memscope-fleet-snap-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const ScratchDir scratch("memscope-fleet-snap-");
+  const std::filesystem::path& dir = scratch.path;
   for (int r = 0; r < 8; ++r) {
     WriteRankSnapshot((dir / ("snapshot-rank-" + std::to_string(r) + ".pickle")).string(), r == 5 ? 2048 * MiB : 0);
   }
@@ -255,7 +265,6 @@ TEST_CASE("LoadFleet replays snapshots on 4 workers as on 1: rank 5 with 2 GiB m
   CHECK(peaks[0] == std::vector<std::uint64_t>{768 * MiB, 768 * MiB, 768 * MiB, 768 * MiB, 768 * MiB,
                                                2816 * MiB, 768 * MiB, 768 * MiB});
   CHECK(peaks[1] == peaks[0]);
-  fs::remove_all(dir);
 }
 
 }  // namespace
