@@ -74,6 +74,8 @@ void RegisterRun(CLI::App& app, int& exit_status);
 void RegisterReport(CLI::App& app, int& exit_status);
 // compare: two runs side by side, rank by rank, with what explains the difference.
 void RegisterCompare(CLI::App& app, int& exit_status);
+// fleet: many ranks at once: the spread, the outliers and what makes them differ.
+void RegisterFleet(CLI::App& app, int& exit_status);
 // plan: the largest batch that fits a GPU, per strategy combination.
 void RegisterPlan(CLI::App& app, int& exit_status);
 

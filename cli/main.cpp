@@ -115,6 +115,7 @@ int Main(int argc, char** argv) {
   RegisterRun(app, exit_status);
   RegisterReport(app, exit_status);
   RegisterCompare(app, exit_status);
+  RegisterFleet(app, exit_status);
   RegisterPlan(app, exit_status);
   // memscope capture ... -- CMD ARGS: the job's words after `--` never reach CLI11.
   std::optional<std::vector<std::string>> job;

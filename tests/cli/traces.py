@@ -53,3 +53,39 @@ def training_trace(path, steps, layers, temporaries=4, seed=1):
         for line in lines:
             f.write(json.dumps(line) + "\n")
     return n
+
+
+def rank_trace(path, steps=4, extra_optimizer=0, leak_per_step=0):
+    """One rank of a data-parallel job, as JSON lines: the same on every rank
+    unless told (no randomness): 256 MiB of parameters, per step a forward
+    keeping 512 MiB of activations (and a 64 MiB temporary), a backward
+    that creates 256 MiB of gradients at step 0 and frees the activations,
+    an optimizer step that creates 512 MiB of Adam state at step 0
+    (`extra_optimizer` bytes more: a rank holding more optimizer state), and
+    with `leak_per_step`, a tensor of that size kept by every forward (a
+    leak growing per step)."""
+    lines = [{"action": "phase_begin", "phase": "model"},
+             {"action": "alloc", "id": "w", "size": 256 * MiB, "category": "PARAMETER", "owner": "model"},
+             {"action": "phase_end", "phase": "model"}]
+    for s in range(steps):
+        lines += [{"action": "phase_begin", "phase": "forward", "step": s},
+                  {"action": "alloc", "id": "act", "size": 512 * MiB, "category": "ACTIVATION", "owner": "encoder"},
+                  {"action": "alloc", "id": "tmp", "size": 64 * MiB, "category": "TEMPORARY", "owner": "encoder.attn"},
+                  {"action": "free", "id": "tmp"}]
+        if leak_per_step:
+            lines.append({"action": "alloc", "id": f"leak{s}", "size": leak_per_step, "category": "ACTIVATION",
+                          "owner": "metrics.history"})
+        lines += [{"action": "phase_end", "phase": "forward", "step": s},
+                  {"action": "phase_begin", "phase": "backward", "step": s}]
+        if s == 0:
+            lines.append({"action": "alloc", "id": "g", "size": 256 * MiB, "category": "GRADIENT", "owner": "model"})
+        lines += [{"action": "free", "id": "act"},
+                  {"action": "phase_end", "phase": "backward", "step": s},
+                  {"action": "phase_begin", "phase": "step", "step": s}]
+        if s == 0:
+            lines.append({"action": "alloc", "id": "adam", "size": 512 * MiB + extra_optimizer,
+                          "category": "OPTIMIZER_STATE", "owner": "adam"})
+        lines.append({"action": "phase_end", "phase": "step", "step": s})
+    with open(path, "w") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")

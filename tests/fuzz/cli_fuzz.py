@@ -270,18 +270,20 @@ def make_case(rng, seeds):
                                                                                "max_split_size_mb:20"])],
                               ["replay", target, "--out", "out"], ["replay", target, "--verify"],
                               ["replay", target, "--json", "--device-memory", rng.choice(["1GiB", "1TiB", "0"])],
-                              ["summary", target]])
+                              ["summary", target], ["fleet", target]])
     elif kind == "report":
         command = rng.choice([["check", target, "--max", "peak_allocated=1GiB"], ["compare", target, target],
                               ["check", target, "--baseline", target, "--tolerance", "10"], ["summary", target],
-                              ["compare", target, target, "--json"]])
+                              ["compare", target, target, "--json"], ["fleet", target, "--max", "peak_reserved=1GiB"],
+                              ["fleet", target, target, "--json"]])
     else:
         command = rng.choice([["summary", target, "--at", at], ["summary", target, "--json"],
                               ["frag", target, "--at", at], ["frag", target, "--json"], ["dump", target],
                               ["trace", target, "-o", "t.json"], ["snapshot", target, "-o", "s.pickle", "--at", at],
                               ["snapshot", target, "-o", "s.json", "--format", "json"], ["report", target, "-o", "r.html"],
                               ["replay", target, "--alloc-conf", "expandable_segments:True"],
-                              ["compare", target, target], ["check", target, "--max", "peak_allocated=1MiB"]])
+                              ["compare", target, target], ["check", target, "--max", "peak_allocated=1MiB"],
+                              ["fleet", target, "--html", "f.html"], ["fleet", target, "--json", "--jobs", "2"]])
     return command, files
 
 
