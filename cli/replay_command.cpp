@@ -276,6 +276,11 @@ int Run(const ReplayArgs& args) {
   if (!memory.ok()) return Fail(memory.status().message());
   const std::uint64_t device_memory = *memory;
   if (!read.ok()) return Fail(read.status().message());
+  if (read->snapshot) {
+    const std::string frees = ResolveMallocFrees(read->trace, read->snapshot->malloc_frees, device_memory,
+                                                 !args.device_memory.empty() || read->snapshot->device_capacity != 0);
+    if (!frees.empty()) PrintNotes({frees});
+  }
   const RequestTrace& trace = read->trace;
   const std::optional<ImportedTrace>& snapshot = read->snapshot;
   absl::StatusOr<std::vector<AllocatorConfig>> settings = Settings(args, *read);

@@ -523,6 +523,9 @@ struct DeviceBuilder {
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
   std::int64_t reserved = 0;  // the trace's own count of segment bytes (for an OOM's capacity)
+  // The empty-cache request of the segment frees just read, while only
+  // more segment frees follow: its line and the reserved bytes before them.
+  std::optional<ImportedTrace::MallocFrees> pending_frees;
   std::uint64_t last_alloc_entry = 0, last_oom_entry = 0;
   std::uint64_t oom_size = 0;
   Unknowns unknown_actions, unknown_fields;
@@ -775,6 +778,9 @@ struct DeviceBuilder {
       // (freed by that release)
     } else if (requests.empty() || requests.back().op != RequestOp::kEmptyCache) {
       Push(Request{.op = RequestOp::kEmptyCache}, time_us);
+      pending_frees = ImportedTrace::MallocFrees{.line = requests.back().line,
+                                                 .reserved_before = static_cast<std::uint64_t>(reserved) + size,
+                                                 .new_segment = 0};
     }
   }
 
@@ -808,6 +814,13 @@ struct DeviceBuilder {
     }
     // (size, stream and frames: read where they are used)
     const auto size_of = [&] { return UIntOr0(PyView(arena, f[Field::kSize])); };
+    if (pending_frees && act != TraceAction::kSegmentFree && act != TraceAction::kSegmentUnmap) {
+      if (act == TraceAction::kSegmentAlloc && (!pool_of().valid() || DefaultPool(pool_of()))) {
+        pending_frees->new_segment = size_of();
+        out.malloc_frees.push_back(*pending_frees);
+      }
+      pending_frees.reset();
+    }
     if (act == TraceAction::kAlloc) {
       AllocEntry(f, arena, addr, time_us);
     } else if (act == TraceAction::kFreeRequested) {
@@ -1250,6 +1263,38 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
         "taking it)"));
   }
   return result;
+}
+
+std::string ResolveMallocFrees(RequestTrace& requests, const std::vector<ImportedTrace::MallocFrees>& runs,
+                               std::uint64_t capacity, bool capacity_known) {
+  if (runs.empty()) return "";
+  const std::string what = absl::StrCat(runs.size(), runs.size() == 1 ? " run" : " runs",
+                                        " of segment frees right before a new segment");
+  const std::string whose =
+      "max_split_size_mb's release of a cached block, or the free-and-retry after a failed cudaMalloc";
+  if (!capacity_known) {
+    return absl::StrCat(what, ": an empty_cache() or PyTorch's frees inside that malloc (", whose,
+                        "); without the device's capacity (an oom entry or --device-memory) they are replayed as "
+                        "empty_cache()");
+  }
+  absl::flat_hash_set<std::uint64_t> inside;  // the lines of the empty-cache requests to drop
+  for (const ImportedTrace::MallocFrees& m : runs) {
+    if (m.reserved_before + m.new_segment > capacity) inside.insert(m.line);
+  }
+  std::vector<Request>& rq = requests.requests;
+  std::size_t kept = 0, dropped_before_plan = 0;
+  for (std::size_t i = 0; i < rq.size(); ++i) {
+    if (rq[i].op == RequestOp::kEmptyCache && inside.contains(rq[i].line)) {
+      if (i < requests.planned_from_request) ++dropped_before_plan;
+      continue;
+    }
+    rq[kept++] = rq[i];
+  }
+  rq.resize(kept);
+  requests.planned_from_request -= dropped_before_plan;
+  return absl::StrCat(what, ": ", inside.size(), " could not have fit on the ", FormatSize(capacity),
+                      " device, so PyTorch freed inside that malloc (", whose, ") and so does the replay; ",
+                      runs.size() - inside.size(), " replayed as empty_cache()");
 }
 
 absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string& path) {

@@ -37,6 +37,19 @@ struct ImportedTrace {
   // device_free), 0 without one: the replay's device size unless the user
   // gives one.
   std::uint64_t device_capacity = 0;
+  // Segment frees right before a new segment (segment_free entries, then a
+  // segment_alloc, nothing between): an empty_cache() and then a malloc, or
+  // PyTorch's frees inside that malloc (release_available_cached_blocks
+  // under max_split_size_mb, or the free-everything-and-retry after a
+  // failed cudaMalloc). The reader replays them as the empty-cache request
+  // of entry `line`; ResolveMallocFrees decides once the device's capacity
+  // is known.
+  struct MallocFrees {
+    std::uint64_t line;             // the empty-cache request's Request::line
+    std::uint64_t reserved_before;  // the trace's reserved bytes before the frees
+    std::uint64_t new_segment;      // the size of the segment_alloc after them
+  };
+  std::vector<MallocFrees> malloc_frees;
   // Things the user should know: a trace that does not start at the
   // beginning of the program, entries skipped, the legacy format.
   std::vector<std::string> notes;
@@ -51,6 +64,17 @@ struct ImportedTrace {
 // entries (the 1.13 format, or history not recorded) is FailedPrecondition:
 // read its state with ReadPytorchSnapshotState instead.
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path);
+
+// Decides each of a trace's malloc_frees on a device of `capacity` bytes:
+// when the new segment could not have fit beside the segments reserved
+// before the frees (reserved_before + new_segment > capacity), cudaMalloc
+// failed and the frees were the malloc's own, so the empty-cache request is
+// dropped from `requests` and the replay's allocator frees what PyTorch's
+// did; otherwise it stays an empty_cache(). `capacity_known` false (no oom
+// entry, no --device-memory): every run stays an empty_cache(). Returns the
+// one-line note to show ("" when there are no such runs).
+std::string ResolveMallocFrees(RequestTrace& requests, const std::vector<ImportedTrace::MallocFrees>& runs,
+                               std::uint64_t capacity, bool capacity_known);
 
 // How the pickle reader goes about it (for tests and benchmarks: the result
 // is the same either way). records: trace entries of known keys handed

@@ -94,6 +94,9 @@ absl::StatusOr<std::vector<Timeline>> SnapshotTimelines(const std::string& path,
   std::vector<Timeline> timelines;
   for (ImportedTrace& trace : *imported) {
     const std::uint64_t memory = SnapshotDeviceMemory(trace, device_memory);
+    const std::string frees = ResolveMallocFrees(trace.requests, trace.malloc_frees, memory,
+                                                 device_memory.has_value() || trace.device_capacity != 0);
+    if (!frees.empty()) trace.notes.push_back(absl::StrCat("device ", trace.device, ": ", frees));
     ReplayResult replayed;
     // The trace is not needed after its replay: its stacks move into the timeline.
     absl::StatusOr<Timeline> t =

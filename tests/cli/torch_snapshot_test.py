@@ -92,6 +92,42 @@ def many_shared_frames():
     return snapshot([segment(BASE, 200 * MiB, blocks, frames=stacks[0])], [tr])
 
 
+SMALL_LARGE = 1048577  # the smallest large-pool request: a 20 MiB segment, 1,049,088 B blocks
+MALLOC_FREES_SPLIT = [{"action": "alloc", "id": "a", "size": 70 * MiB}, {"action": "free", "id": "a"},
+                      {"action": "alloc", "id": "b", "size": SMALL_LARGE}, {"action": "free", "id": "b"},
+                      {"action": "alloc", "id": "c", "size": 45 * MiB},
+                      {"action": "alloc", "id": "d", "size": SMALL_LARGE}]
+MALLOC_FREES_RETRY = [{"action": "alloc", "id": "x", "size": 60 * MiB, "stream": 1}, {"action": "free", "id": "x"},
+                      {"action": "alloc", "id": "y", "size": 50 * MiB}]
+
+
+def malloc_frees_split():
+    # PyTorch's trace of MALLOC_FREES_SPLIT under max_split_size_mb:40 on 100 MiB.
+    s70, s20, s46 = BASE, BASE + 70 * MiB, BASE + 90 * MiB
+    tr = [entry("segment_alloc", s70, 70 * MiB, 1, EMPTY), entry("alloc", s70, 70 * MiB, 1, S1),
+          entry("free_requested", s70, 70 * MiB, 2, S1), entry("free_completed", s70, 70 * MiB, 2, S1),
+          entry("segment_alloc", s20, 20 * MiB, 3, EMPTY), entry("alloc", s20, SMALL_LARGE, 3, S2),
+          entry("free_requested", s20, SMALL_LARGE, 4, S2), entry("free_completed", s20, SMALL_LARGE, 4, S2),
+          entry("segment_free", s70, 70 * MiB, 5, EMPTY), entry("segment_alloc", s46, 46 * MiB, 5, EMPTY),
+          entry("alloc", s46, 45 * MiB, 5, S1), entry("alloc", s20, SMALL_LARGE, 6, S2)]
+    segs = [segment(s20, 20 * MiB, [block(s20, 1049088, SMALL_LARGE, "active_allocated", S2),
+                                    block(s20 + 1049088, 20 * MiB - 1049088, 0, "inactive", EMPTY)]),
+            segment(s46, 46 * MiB, [block(s46, 46 * MiB, 45 * MiB, "active_allocated", S1)])]
+    doc = snapshot(segs, [tr], conf="max_split_size_mb:40")
+    doc["allocator_settings"]["max_split_size"] = 40 * MiB
+    return doc
+
+
+def malloc_frees_retry():
+    # PyTorch's trace of MALLOC_FREES_RETRY with defaults on 100 MiB.
+    s60, s50 = BASE, BASE + 60 * MiB
+    tr = [entry("segment_alloc", s60, 60 * MiB, 1, EMPTY, stream=1), entry("alloc", s60, 60 * MiB, 1, S1, stream=1),
+          entry("free_requested", s60, 60 * MiB, 2, S1, stream=1), entry("free_completed", s60, 60 * MiB, 2, S1, stream=1),
+          entry("segment_free", s60, 60 * MiB, 3, EMPTY, stream=1), entry("segment_alloc", s50, 50 * MiB, 3, EMPTY),
+          entry("alloc", s50, 50 * MiB, 3, S2)]
+    return snapshot([segment(s50, 50 * MiB, [block(s50, 50 * MiB, 50 * MiB, "active_allocated", S2)])], [tr])
+
+
 def empty_cache():
     a, b, c = BASE, BASE + 32 * MiB, BASE + 64 * MiB
     tr = [entry("segment_alloc", a, 30 * MiB, 1, S1), entry("alloc", a, 30 * MiB, 1, S1),
@@ -606,6 +642,45 @@ try:
     frames = [f for fs in got for f in fs]
     check("one dict per distinct frame", len({id(f) for f in frames}) == len({tuple(f.items()) for f in frames}) == 30,
           (len({id(f) for f in frames}), len({tuple(f.items()) for f in frames})))
+
+    # Segment frees inside a malloc (checked cases of issue 33): with
+    # max_split_size_mb:40 on a 100 MiB device, a 45 MiB request frees the
+    # cached 70 MiB segment only (release_available_cached_blocks) and a
+    # later 1 MiB + 1 B request reuses the cached 20 MiB one; with defaults,
+    # a segment cached on stream 1 is freed by the free-and-retry of a
+    # request on stream 0 (num_alloc_retries 1). Each snapshot replays as the
+    # same requests given as JSON lines do.
+    def stats(args):
+        out_dir = os.path.join(tmp, "mf-" + str(abs(hash(tuple(args)))))
+        code, out, err = run("replay", *args, "--device-memory", "100MiB", "--out", out_dir)
+        check(f"replay {args[0]}", code == 0, err)
+        code, out, err = run("summary", out_dir, "--json")
+        m = json.loads(out)["ranks"][0]["memory_stats"]
+        return (m["num_alloc_retries"], m["num_device_alloc"], m["num_device_free"], m["segment.all.current"],
+                m["reserved_bytes.all.current"])
+    for name, doc, requests, conf, want in [
+            ("split", malloc_frees_split(), MALLOC_FREES_SPLIT, ["--alloc-conf", "max_split_size_mb:40"],
+             (0, 3, 1, 2, 66 * MiB)),
+            ("retry", malloc_frees_retry(), MALLOC_FREES_RETRY, [], (1, 2, 1, 1, 50 * MiB))]:
+        path, jsonl = os.path.join(tmp, f"{name}.pickle"), os.path.join(tmp, f"{name}.jsonl")
+        with open(path, "wb") as f:
+            pickle.dump(doc, f, protocol=4)
+        with open(jsonl, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in requests))
+        check(f"{name}: the JSON-lines requests replay as PyTorch does", stats([jsonl, *conf]) == want,
+              stats([jsonl, *conf]))
+        check(f"{name}: the snapshot replays the same", stats([path]) == want, stats([path]))
+        code, out, err = run("replay", path, "--device-memory", "100MiB", "--verify")
+        check(f"{name}: --verify with the device's capacity", code == 0 and
+              "1 run of segment frees right before a new segment: 1 could not have fit on the 100.00 MiB device, "
+              "so PyTorch freed inside that malloc" in err, (code, out, err))
+    code, out, err = run("replay", os.path.join(tmp, "split.pickle"), "--verify")
+    check("split: without the capacity, one line says it is ambiguous and the frees stay an empty_cache()",
+          code == 1 and [x for x in err.splitlines() if "segment frees" in x] ==
+          ["memscope: note: 1 run of segment frees right before a new segment: an empty_cache() or PyTorch's frees "
+           "inside that malloc (max_split_size_mb's release of a cached block, or the free-and-retry after a failed "
+           "cudaMalloc); without the device's capacity (an oom entry or --device-memory) they are replayed as "
+           "empty_cache()"], (code, out, err))
 
     # Protocols 0 and 1 (no PROTO opcode) are recognised as pickles.
     for proto in (0, 1):
