@@ -279,6 +279,18 @@ int Models() {
 
 }  // namespace
 
+namespace {
+// models and gpus: what run's --model and --gpu accept.
+void RegisterZooCommands(CLI::App& app, int& exit_status) {
+  CLI::App* models = app.add_subcommand("models", "List the model zoo with parameter counts.");
+  models->callback([&exit_status] { exit_status = Models(); });
+
+  CLI::App* gpus = app.add_subcommand(
+      "gpus", "List the GPU kinds of memscope run --gpu: memory, CUDA context, cuBLAS workspace (sources: docs/gpus.md).");
+  gpus->callback([&exit_status] { exit_status = Gpus(); });
+}
+}  // namespace
+
 void RegisterRun(CLI::App& app, int& exit_status) {
   auto a = std::make_shared<RunRequest>();
   CLI::App* cmd = app.add_subcommand(
@@ -393,13 +405,7 @@ void RegisterRun(CLI::App& app, int& exit_status) {
     Printer printer;
     exit_status = RunCommand(*a, printer);
   });
-
-  CLI::App* models = app.add_subcommand("models", "List the model zoo with parameter counts.");
-  models->callback([&exit_status] { exit_status = Models(); });
-
-  CLI::App* gpus = app.add_subcommand(
-      "gpus", "List the GPU kinds of memscope run --gpu: memory, CUDA context, cuBLAS workspace (sources: docs/gpus.md).");
-  gpus->callback([&exit_status] { exit_status = Gpus(); });
+  RegisterZooCommands(app, exit_status);
 }
 
 }  // namespace memscope::cli

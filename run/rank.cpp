@@ -39,6 +39,17 @@ std::vector<DdpBucket> BucketRecords(const std::vector<reducer::BucketInfo>& buc
   return out;
 }
 
+// DDP's record of a rank: its buckets at construction and after the
+// rebuild, and ZeroRedundancyOptimizer's shards when --zero is on.
+DdpBuckets DdpRecord(const RankPlan& plan, const TrainResult& result) {
+  std::optional<ZeroShards> zero;
+  if (plan.train.zero) {
+    zero = ZeroShards{plan.train.zero->parameters_as_bucket_view, result.zero_partition, result.zero_buckets};
+  }
+  return DdpBuckets{plan.ddp, BucketRecords(result.initial_buckets), BucketRecords(result.rebuilt_buckets),
+                    std::move(zero)};
+}
+
 // The address a rank's Gloo TCP transport binds to: MEMSCOPE_BIND_ADDR when
 // set; this host's name when MASTER_ADDR names another machine (multi-node
 // under torchrun or Slurm); else the loopback (one machine).
@@ -588,14 +599,7 @@ absl::StatusOr<RankStatus> RunRank(RankPlan plan, int rank, int world_size, cons
   status.losses = result->losses;
   status.device = record;
   if (plan.checkpoint.step >= 0) status.checkpoint = CheckpointRecord(plan, result->checkpoint, *assigned, measured);
-  if (plan.train.ddp) {
-    std::optional<ZeroShards> zero;
-    if (plan.train.zero) {
-      zero = ZeroShards{plan.train.zero->parameters_as_bucket_view, result->zero_partition, result->zero_buckets};
-    }
-    status.ddp = DdpBuckets{plan.ddp, BucketRecords(result->initial_buckets), BucketRecords(result->rebuilt_buckets),
-                            std::move(zero)};
-  }
+  if (plan.train.ddp) status.ddp = DdpRecord(plan, *result);
   if (absl::Status s = status.Write(dir.RankStatus(rank)); !s.ok()) {
     if (status.error.empty()) return s;
     return absl::Status(s.code(), absl::StrCat(s.message(), " (after: ", status.error, ")"));
