@@ -88,6 +88,8 @@ std::optional<std::uint64_t> NvmlUsed(std::string_view text) {
 
 // Live allocations while reading a device timeline.
 struct UsageWalk {
+  explicit UsageWalk(const absl::flat_hash_set<std::uint64_t>& segments) : pytorch_segments(segments) {}
+  const absl::flat_hash_set<std::uint64_t>& pytorch_segments;
   DeviceUsage usage;
   absl::flat_hash_map<std::uint64_t, std::size_t> live;  // addr -> index in usage.ever
   std::array<std::uint64_t, kNumDeviceLibraries> by_library{};
@@ -95,7 +97,8 @@ struct UsageWalk {
 
   void Alloc(const Event& e, const std::string& owner, bool pooled) {
     if (auto old = live.find(e.addr); old != live.end()) Free(e.addr);
-    const DeviceLibrary library = ClassifyLibrary(owner);
+    const DeviceLibrary library =
+        pytorch_segments.contains(e.addr) ? DeviceLibrary::kPytorchAllocator : ClassifyLibrary(owner);
     live[e.addr] = usage.ever.size();
     usage.ever.push_back({e.addr, e.size, owner, library, pooled});
     by_library[static_cast<std::size_t>(library)] += e.size;
@@ -122,8 +125,8 @@ struct UsageWalk {
 
 }  // namespace
 
-DeviceUsage ReadDeviceUsage(const Timeline& timeline) {
-  UsageWalk walk;
+DeviceUsage ReadDeviceUsage(const Timeline& timeline, const absl::flat_hash_set<std::uint64_t>& pytorch_segments) {
+  UsageWalk walk(pytorch_segments);
   walk.usage.device = timeline.device_index;
   for (const Event& e : timeline.events) {
     switch (e.type) {

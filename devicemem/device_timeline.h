@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "devicemem/library.h"
 #include "devicemem/memory_record.h"
 #include "recording/event.h"
@@ -103,8 +104,11 @@ struct DeviceUsage {
   int samples = 0;
 };
 
-// Reads a device timeline's events (ReadTimelineFile's result).
-DeviceUsage ReadDeviceUsage(const Timeline& timeline);
+// Reads a device timeline's events (ReadTimelineFile's result). An
+// allocation at an address of `pytorch_segments` (the caching allocator's
+// segments, from the rank's snapshot) is PYTORCH_ALLOCATOR's whatever its
+// owner.
+DeviceUsage ReadDeviceUsage(const Timeline& timeline, const absl::flat_hash_set<std::uint64_t>& pytorch_segments = {});
 
 }  // namespace memscope
 
