@@ -64,7 +64,7 @@ TEST_CASE("driver allocations become segment events owned by the calling library
   CHECK(t.str(t.events[2].name) == "/venv/torch/lib/libc10_cuda.so");  // the free keeps its allocation's owner
 }
 
-TEST_CASE("an allocation from a stream-ordered pool is a block, freed in two events; pools are marks") {
+TEST_CASE("an allocation from a stream-ordered pool is a block, freed in two events, and pools are marks") {
   Timeline t;
   MemorySink sink(t);
   DeviceTimelineRecorder recorder(sink, kStart);

@@ -29,7 +29,7 @@ TEST_CASE("NCCL, cuBLAS, cuBLASLt and cuDNN are named by their shared objects") 
             .library == DeviceLibrary::kCudnn);
 }
 
-TEST_CASE("a frame dladdr could not place is skipped; any other library is OTHER_LIBRARY") {
+TEST_CASE("a frame dladdr could not place is skipped, and any other library is OTHER_LIBRARY") {
   CHECK(AttributeFrames({"/usr/lib/libcuda.so.1", "", "/venv/cupy/_core/core.cpython-311-x86_64-linux-gnu.so"}) ==
         Attribution{DeviceLibrary::kOtherLibrary, "/venv/cupy/_core/core.cpython-311-x86_64-linux-gnu.so"});
 }

@@ -60,7 +60,7 @@ Timeline Device() {
   return t;
 }
 
-TEST_CASE("segments matched by address are PyTorch's reserved; NCCL and cuBLAS stand apart; NVML gives the context") {
+TEST_CASE("segments matched by address are PyTorch's reserved, NCCL and cuBLAS stand apart, NVML gives the context") {
   const GpuProcess p = MergeDeviceMemory(Device(), Snapshot(), 3);
   CHECK(p.rank == 3);
   CHECK(p.ordinal == 1);
@@ -110,7 +110,7 @@ TEST_CASE("a measured GPU row reads back from report.json as written, and its ta
         std::string::npos);
 }
 
-TEST_CASE("a capture directory's device timelines are found per rank; one that does not read is a note") {
+TEST_CASE("a capture directory's device timelines are found per rank, and one that does not read is a note") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("memscope-device-memory-" + std::to_string(::getpid()));
   fs::create_directories(dir);
