@@ -9,7 +9,7 @@ PyTorch) and a job that writes the device timeline CUPTI would have made
   CUPTI: argument 3 says ON); its output and exit status pass through.
 - A missing library is one note; the job still runs, without the variable.
 - The device timeline becomes RUN/device-rank-0.gpu-0.timeline, and
-  summary (text and --json) shows the measured row: the snapshot's 2
+  summary (text and --json), trace and report show the measured row: the snapshot's 2
   segments (32 MiB) matched by address as PyTorch's reserved, NCCL 64 MiB,
   cuBLAS 8 MiB, context 604 - 104 = 500 MiB.
 """
@@ -89,6 +89,16 @@ if rc == 0:
     check("summary --json: the measured GPU row", gpus == want, gpus)
 rc, out, err = run("trace", run_dir, "-o", os.path.join(work, "t.json"))
 check("trace of the capture: exit 0", rc == 0, err)
+if rc == 0:
+    counters = [e["args"] for e in json.load(open(os.path.join(work, "t.json")))["traceEvents"]
+                if e.get("ph") == "C" and e.get("name") == "GPU 0"]
+    want = {"context": 500 * MiB, "reserved": 32 * MiB, "nccl": 64 * MiB, "cublas": 8 * MiB, "cudnn": 0, "other": 0}
+    check("trace: the GPU's counters, every library apart", counters == [want, want], counters)
+rc, out, err = run("report", run_dir, "-o", os.path.join(work, "r.html"))
+check("report of the capture: exit 0", rc == 0, err)
+if rc == 0:
+    page = open(os.path.join(work, "r.html")).read()
+    check("report: the page holds the measured row", '"source":"measured"' in page and '"cublas_bytes":8388608' in page)
 
 # A missing library: one note, the job runs as it would without the flag.
 rc, out, err = capture(os.path.join(work, "missing"), "--all-device-memory", "--", *job,
