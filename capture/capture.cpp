@@ -310,6 +310,7 @@ absl::StatusOr<std::string> DeviceMemoryLibrary() {
                                             set != nullptr && *set != '\0' ? " ($MEMSCOPE_CUPTI_LIBRARY)"
                                                                             : " (memscope was built without CUPTI)"));
   }
+  path = fs::absolute(path, ec).lexically_normal().string();  // dlopen: this file, not one on the library path
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
@@ -319,7 +320,7 @@ absl::StatusOr<std::string> DeviceMemoryLibrary() {
   const bool has_entry = dlsym(handle, "InitializeInjection") != nullptr;
   dlclose(handle);
   if (!has_entry) return absl::FailedPreconditionError(absl::StrCat("'", path, "' has no InitializeInjection"));
-  return fs::absolute(path, ec).lexically_normal().string();
+  return path;
 }
 
 absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {

@@ -6,7 +6,8 @@ PyTorch) and a job that writes the device timeline CUPTI would have made
 
 - The job's environment gets CUDA_INJECTION64_PATH = the injection library
   next to memscope (build/libmemscope-cupti.so, when memscope was built with
-  CUPTI: argument 3 says ON); its output and exit status pass through.
+  CUPTI and no sanitizer: argument 3 is 1); its output and exit status pass
+  through.
 - A missing library is one note; the job still runs, without the variable.
 - The device timeline becomes RUN/device-rank-0.gpu-0.timeline, and
   summary (text and --json), trace and report show the measured row: the snapshot's 2
@@ -24,7 +25,7 @@ from clitest import MEMSCOPE, MiB, check, finish, run  # noqa: E402
 from clitest import data as relative_data  # noqa: E402
 
 PY = sys.executable
-HAVE_CUPTI = len(sys.argv) > 3 and sys.argv[3] == "ON"
+HAVE_CUPTI = len(sys.argv) > 3 and sys.argv[3] == "1"  # the injection library is built
 LIBRARY = os.path.join(os.path.dirname(MEMSCOPE), "libmemscope-cupti.so")
 work = tempfile.mkdtemp(prefix="memscope-device-capture-")
 
@@ -107,6 +108,16 @@ check("missing library: the job's status and output", (rc, out) == (3, "CUDA_INJ
 check("missing library: one note",
       "memscope: note: --all-device-memory: no CUPTI injection library at '/nonexistent/libmemscope-cupti.so' "
       "($MEMSCOPE_CUPTI_LIBRARY); only PyTorch's allocator was recorded" in err.splitlines(), err)
+
+# A file that is no shared library: one note naming it, the job runs.
+not_library = data("fake_device_job.py")
+rc, out, err = capture(os.path.join(work, "bad"), "--all-device-memory", "--", *job,
+                       env={"MEMSCOPE_CUPTI_LIBRARY": not_library})
+notes = [line for line in err.splitlines() if "--all-device-memory" in line]
+check("not a library: the job's status and output", (rc, out) == (3, "CUDA_INJECTION64_PATH=<unset>\n"), (rc, out))
+check("not a library: one note saying it cannot load",
+      len(notes) == 1 and notes[0].startswith(f"memscope: note: --all-device-memory: cannot load '{not_library}': ")
+      and notes[0].endswith("; only PyTorch's allocator was recorded"), notes)
 
 # Without the flag, memscope sets no injection.
 rc, out, err = capture(os.path.join(work, "plain"), "--", *job)
