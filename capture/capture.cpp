@@ -298,7 +298,8 @@ RunManifest CaptureManifestFor(const RunDirectory& dir, const CaptureOptions& op
 absl::StatusOr<std::string> DeviceMemoryLibrary() {
   std::string path;
   const char* set = std::getenv("MEMSCOPE_CUPTI_LIBRARY");
-  if (set != nullptr && *set != '\0') {
+  const bool named = set != nullptr && *set != '\0';
+  if (named) {
     path = set;
   } else {
     const std::string here = BinaryDirectory();
@@ -306,9 +307,9 @@ absl::StatusOr<std::string> DeviceMemoryLibrary() {
   }
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("no CUPTI injection library at '", path, "'",
-                                            set != nullptr && *set != '\0' ? " ($MEMSCOPE_CUPTI_LIBRARY)"
-                                                                            : " (memscope was built without CUPTI)"));
+    return absl::NotFoundError(
+        absl::StrCat("no CUPTI injection library at '", path, "'",
+                     named ? " ($MEMSCOPE_CUPTI_LIBRARY)" : " (memscope was built without CUPTI, or with a sanitizer)"));
   }
   path = fs::absolute(path, ec).lexically_normal().string();  // dlopen: this file, not one on the library path
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);

@@ -57,7 +57,7 @@ else:
     check("built without CUPTI: the job runs without the variable", out == "CUDA_INJECTION64_PATH=<unset>\n", out)
     check("built without CUPTI: one note",
           f"memscope: note: --all-device-memory: no CUPTI injection library at '{LIBRARY}' (memscope was built "
-          "without CUPTI); only PyTorch's allocator was recorded" in err.splitlines(), err)
+          "without CUPTI, or with a sanitizer); only PyTorch's allocator was recorded" in err.splitlines(), err)
 check("the device timeline is the rank's", os.path.isfile(os.path.join(run_dir, "device-rank-0.gpu-0.timeline")),
       os.listdir(run_dir))
 left = [n for n in os.listdir(os.path.join(run_dir, ".memscope-capture")) if n.startswith("device-pid-")]
