@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,13 +107,13 @@ DeviceFile* DeviceFor(std::uint32_t ordinal, const std::string& pci_bus_id, std:
   return &f;
 }
 
-// NVML samples of every known device (under state().mu).
-void SampleLocked(std::string_view label) {
+// NVML samples of every known device, or only of `only` (under state().mu).
+void SampleLocked(std::string_view label, std::optional<std::uint32_t> only = std::nullopt) {
   State& s = state();
   if (s.nvml == nullptr) return;
   std::vector<SampledDevice> devices;
   for (auto& [ordinal, f] : s.devices) {
-    if (!f.pci_bus_id.empty()) devices.push_back({f.pci_bus_id, f.recorder.get()});
+    if (!f.pci_bus_id.empty() && (!only || *only == ordinal)) devices.push_back({f.pci_bus_id, f.recorder.get()});
   }
   SampleDevices(*s.nvml, static_cast<std::uint32_t>(::getpid()), Now(), label, devices);
 }
@@ -143,17 +144,26 @@ void NoteCurrentDevice() {
   CUdevice device = 0;
   if (driver.ctx_get_device == nullptr || driver.ctx_get_device(&device) != CUDA_SUCCESS) return;
   State& s = state();
+  const auto ordinal = static_cast<std::uint32_t>(device);
+  const auto known = [&] {
+    const auto it = s.devices.find(ordinal);
+    return it != s.devices.end() && !it->second.pci_bus_id.empty();
+  };
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.devices.count(static_cast<std::uint32_t>(device)) != 0) return;
+    if (known()) return;
   }
   char pci[32] = {};
-  if (driver.pci_bus_id == nullptr || driver.pci_bus_id(pci, sizeof(pci), device) != CUDA_SUCCESS) pci[0] = '\0';
+  if (driver.pci_bus_id == nullptr || driver.pci_bus_id(pci, sizeof(pci), device) != CUDA_SUCCESS) return;
   std::size_t capacity = 0;
   if (driver.total_mem == nullptr || driver.total_mem(&capacity, device) != CUDA_SUCCESS) capacity = 0;
   std::lock_guard<std::mutex> lock(s.mu);
-  if (s.devices.count(static_cast<std::uint32_t>(device)) != 0) return;
-  if (DeviceFor(static_cast<std::uint32_t>(device), pci, capacity) != nullptr) SampleLocked("start");
+  if (known()) return;
+  // (Its timeline may exist already, made by a record that came first.)
+  DeviceFile* f = DeviceFor(ordinal, pci, capacity);
+  if (f == nullptr) return;
+  f->pci_bus_id = pci;
+  SampleLocked("start", ordinal);
 }
 
 // The calling library of the allocation being made on this thread.
@@ -207,6 +217,7 @@ void AddRecord(const DeviceMemoryRecord& r) {
 }
 
 void CUPTIAPI OnBufferCompleted(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
+  if (buffer == nullptr) return;
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (const std::optional<DeviceMemoryRecord> r = ParseActivity(record)) AddRecord(*r);
