@@ -1,5 +1,6 @@
 #include "capture/capture.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -71,10 +72,17 @@ class JobSignals {
 
 // The job's environment: memscope's, with the start-up module's directory
 // first on PYTHONPATH and the capture's settings.
+// `device_library`: the CUPTI injection library, as CUDA_INJECTION64_PATH
+// (and MEMSCOPE_DEVICE_LIBRARY, for the start-up module's phase-end
+// samples); "" for none.
 std::vector<std::string> JobEnvironment(const std::string& module_dir, const std::string& run_dir,
-                                        std::uint64_t max_entries) {
+                                        std::uint64_t max_entries, const std::string& device_library) {
   std::map<std::string, std::string> set = {{"MEMSCOPE_CAPTURE_DIR", run_dir},
                                             {"MEMSCOPE_CAPTURE_MAX_ENTRIES", absl::StrCat(max_entries)}};
+  if (!device_library.empty()) {
+    set["CUDA_INJECTION64_PATH"] = device_library;
+    set["MEMSCOPE_DEVICE_LIBRARY"] = device_library;
+  }
   const char* path = std::getenv("PYTHONPATH");
   set["PYTHONPATH"] = path != nullptr && *path != '\0' ? absl::StrCat(module_dir, ":", path) : module_dir;
   std::vector<std::string> env;
@@ -85,6 +93,30 @@ std::vector<std::string> JobEnvironment(const std::string& module_dir, const std
   }
   for (const auto& [name, value] : set) env.push_back(absl::StrCat(name, "=", value));
   return env;
+}
+
+// The directory of the running memscope binary ("" when unknown).
+std::string BinaryDirectory() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? "" : exe.parent_path().string();
+}
+
+// The injection library for an --all-device-memory capture: its path, or ""
+// with a note saying why there is none.
+std::string DeviceLibraryFor(const CaptureOptions& options, std::vector<std::string>& notes) {
+  if (!options.all_device_memory) return "";
+  absl::StatusOr<std::string> library = DeviceMemoryLibrary();
+  if (!library.ok()) {
+    notes.push_back(absl::StrCat("--all-device-memory: ", library.status().message(),
+                                 "; only PyTorch's allocator was recorded"));
+    return "";
+  }
+  if (const char* other = std::getenv("CUDA_INJECTION64_PATH"); other != nullptr && *other != '\0') {
+    notes.push_back(absl::StrCat("--all-device-memory: the job's CUDA_INJECTION64_PATH (", other,
+                                 ") was replaced by memscope's"));
+  }
+  return *library;
 }
 
 // Starts the job (argv[0] looked up on PATH) with memscope's standard
@@ -119,6 +151,7 @@ std::pair<pid_t, int> StartJob(const std::vector<std::string>& command, const st
 struct CapturedRank {
   int rank = 0;
   std::optional<int> pid;  // set for rank-R.pid-P.json
+  std::optional<int> process;  // the process that wrote it ("pid" inside)
   int world_size = 1;
   bool cuda = false;
   std::int64_t steps = 0;
@@ -145,6 +178,7 @@ std::vector<CapturedRank> ReadCapturedRanks(const std::string& capture_dir) {
     r.world_size = j.value("world_size", 1);
     r.cuda = j.value("cuda", false);
     r.steps = j.value("steps", std::int64_t{0});
+    if (j.contains("pid") && j["pid"].is_number_integer()) r.process = j["pid"].get<int>();
     if (j.contains("snapshot") && j["snapshot"].is_string()) r.snapshot = j["snapshot"].get<std::string>();
     if (j.contains("error") && j["error"].is_string()) r.error = j["error"].get<std::string>();
     ranks.push_back(std::move(r));
@@ -171,7 +205,8 @@ absl::Status PrepareRunDirectory(const RunDirectory& dir) {
   std::vector<fs::path> stale;  // the earlier capture's rank statuses and claims
   for (const fs::directory_entry& e : fs::directory_iterator(dir.Capture(), ec)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with("claim-rank-") || (name.starts_with("rank-") && name.ends_with(".json"))) {
+    if (name.starts_with("claim-rank-") || (name.starts_with("rank-") && name.ends_with(".json")) ||
+        (name.starts_with("device-pid-") && name.ends_with(".timeline"))) {
       stale.push_back(e.path());
     }
   }
@@ -192,6 +227,28 @@ std::string DuplicateRankNote(const RunDirectory& dir, const CapturedRank& r) {
                       "'s capture is kept as ", files, ", not read (set RANK, or call init_process_group)");
 }
 
+// The device timelines of rank `r`'s process
+// (.memscope-capture/device-pid-P.gpu-D.timeline, written by the injection
+// library), moved to RUN/device-rank-R.gpu-D.timeline.
+void CollectDeviceTimelines(const RunDirectory& dir, const CapturedRank& r) {
+  if (!r.process) return;
+  std::error_code ec;
+  const std::string prefix = absl::StrCat("device-pid-", *r.process, ".gpu-");
+  std::vector<std::pair<fs::path, int>> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir.Capture(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(prefix) || !name.ends_with(".timeline")) continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 9);
+    if (digits.empty() || digits.size() > 6 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    found.emplace_back(e.path(), std::stoi(digits));
+  }
+  for (const auto& [path, device] : found) {
+    const std::string name = RunDirectory::DeviceTimelineName(r.rank, device);
+    fs::rename(path, dir.Path(name), ec);
+    if (!ec) dir.RecordFile(name);
+  }
+}
+
 // run.json of a capture, from what the ranks wrote.
 RunManifest CaptureManifestFor(const RunDirectory& dir, const CaptureOptions& options, int exit_status,
                                std::optional<int> signal, std::vector<std::string>& notes) {
@@ -209,6 +266,7 @@ RunManifest CaptureManifestFor(const RunDirectory& dir, const CaptureOptions& op
       continue;
     }
     world_size = std::max({world_size, r.world_size, r.rank + 1});
+    CollectDeviceTimelines(dir, r);
     ManifestRank& out = m.ranks.emplace_back();
     out.rank = r.rank;
     out.steps_done = r.steps;
@@ -237,6 +295,35 @@ RunManifest CaptureManifestFor(const RunDirectory& dir, const CaptureOptions& op
 
 }  // namespace
 
+absl::StatusOr<std::string> DeviceMemoryLibrary() {
+  std::string path;
+  const char* set = std::getenv("MEMSCOPE_CUPTI_LIBRARY");
+  const bool named = set != nullptr && *set != '\0';
+  if (named) {
+    path = set;
+  } else {
+    const std::string here = BinaryDirectory();
+    path = here.empty() ? std::string(kDeviceMemoryLibraryName) : (fs::path(here) / kDeviceMemoryLibraryName).string();
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("no CUPTI injection library at '", path, "'",
+                     named ? " ($MEMSCOPE_CUPTI_LIBRARY)" : " (memscope was built without CUPTI, or with a sanitizer)"));
+  }
+  path = fs::absolute(path, ec).lexically_normal().string();  // dlopen: this file, not one on the library path
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot load '", path, "': ", why != nullptr ? why : "dlopen failed"));
+  }
+  const bool has_entry = dlsym(handle, "InitializeInjection") != nullptr;
+  dlclose(handle);
+  if (!has_entry) return absl::FailedPreconditionError(absl::StrCat("'", path, "' has no InitializeInjection"));
+  return path;
+}
+
 absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {
   if (options.command.empty())
     return absl::InvalidArgumentError("no command to run (memscope capture --out RUN -- CMD ARGS...)");
@@ -251,6 +338,7 @@ absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {
   const std::string module_dir = (fs::path(run_dir) / RunDirectory::kCapture).string();
 
   CaptureResult result;
+  const std::string device_library = DeviceLibraryFor(options, result.notes);
   int wait_status = 0;
   {
     JobSignals signals;
@@ -260,7 +348,7 @@ absl::StatusOr<CaptureResult> RunCapture(const CaptureOptions& options) {
     sigaddset(&pass_on, SIGTERM);
     sigaddset(&pass_on, SIGHUP);
     ::sigprocmask(SIG_BLOCK, &pass_on, &before);
-    const auto [pid, error] = StartJob(options.command, JobEnvironment(module_dir, run_dir, options.max_entries));
+    const auto [pid, error] = StartJob(options.command, JobEnvironment(module_dir, run_dir, options.max_entries, device_library));
     g_job = pid > 0 ? pid : 0;
     ::sigprocmask(SIG_SETMASK, &before, nullptr);
     if (pid < 0) {

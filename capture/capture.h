@@ -32,7 +32,21 @@ struct CaptureOptions {
   std::vector<std::string> command;  // the job: argv[0] is looked up on PATH
   std::uint64_t max_entries = kDefaultCaptureMaxEntries;
   bool force = false;  // --force: run_dir may hold files memscope did not write (RunDirectory::Claim)
+  // --all-device-memory: the job runs with CUDA_INJECTION64_PATH naming
+  // memscope's CUPTI injection library (DeviceMemoryLibrary), which writes
+  // each process's device timelines; they become RUN/device-rank-R.gpu-D.timeline.
+  bool all_device_memory = false;
 };
+
+// The CUPTI injection library's name, next to the memscope binary
+// (build/libmemscope-cupti.so); $MEMSCOPE_CUPTI_LIBRARY names another.
+inline constexpr const char* kDeviceMemoryLibraryName = "libmemscope-cupti.so";
+
+// The injection library's path when it is there and loads (its libcupti
+// found; dlopen, then dlclose: no CUDA is touched); else an error saying
+// which, for a one-line note (the job still runs, recording PyTorch's
+// allocator alone).
+absl::StatusOr<std::string> DeviceMemoryLibrary();
 
 struct CaptureResult {
   // The job's exit status as a shell gives it: its exit code, 128 + N for

@@ -16,7 +16,10 @@
 #   the job would not create), and writes RUN/snapshot-rank-R.pickle at exit
 #   and at an OOM;
 # - writes RUN/.memscope-capture/rank-R.json (what this rank captured), which
-#   memscope reads to describe the run in run.json.
+#   memscope reads to describe the run in run.json;
+# - with --all-device-memory, at each phase end asks memscope's CUPTI
+#   injection library ($MEMSCOPE_DEVICE_LIBRARY, loaded by the CUDA driver,
+#   never by this module) for an NVML sample of the process's GPU memory.
 #
 # The rank R: torch.distributed's, once the job's process group exists (its
 # init_process_group is wrapped to learn it; torch.multiprocessing.spawn sets
@@ -212,8 +215,24 @@ def _memscope_capture_main():
             state["open"] = None
             try:
                 close(rf)
+                device_sample(label)
             except Exception as e:
                 failed("closing " + label, e)
+
+    def device_sample(label):
+        # --all-device-memory: NVML's used memory at each phase end, sampled by
+        # the CUPTI injection library that the CUDA driver loaded into this
+        # process (RTLD_NOLOAD: never loaded here; before CUDA starts, nothing).
+        path = os.environ.get("MEMSCOPE_DEVICE_LIBRARY")
+        if not path:
+            return
+        if state.get("device_library") is None:
+            import ctypes
+            try:
+                state["device_library"] = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            except OSError:
+                return  # not loaded yet: CUDA has not started in this process
+        state["device_library"].memscope_device_sample(label.encode("utf-8", "replace"))
 
     def install_phases(torch):
         import functools

@@ -1,4 +1,4 @@
-// memscope capture --out RUN [--max-entries N] -- CMD ARGS...: runs a real
+// memscope capture --out RUN [--max-entries N] [--all-device-memory] -- CMD ARGS...: runs a real
 // PyTorch job under memscope's start-up module (capture/capture.h) and exits
 // with the job's status.
 #include <cstdio>
@@ -18,13 +18,14 @@ struct CaptureArgs {
   std::string out;
   std::uint64_t max_entries = kDefaultCaptureMaxEntries;
   bool force = false;
+  bool all_device_memory = false;
   std::vector<std::string> command;
 };
 
 int Capture(const CaptureArgs& a) {
   if (a.out.empty()) return Fail("capture", "--out RUN must not be empty");
   if (a.command.empty()) return Fail("capture", "no command to run: memscope capture --out RUN -- CMD ARGS...");
-  absl::StatusOr<CaptureResult> r = RunCapture({a.out, a.command, a.max_entries, a.force});
+  absl::StatusOr<CaptureResult> r = RunCapture({a.out, a.command, a.max_entries, a.force, a.all_device_memory});
   if (!r.ok()) return Fail("capture", r.status().message());
   if (!r->start_error.empty()) {
     Fail("capture", r->start_error);
@@ -60,6 +61,9 @@ void RegisterCapture(CLI::App& app, int& exit_status, const std::optional<std::v
       "into a run directory (snapshot-rank-R.pickle per rank); exits with the job's status.");
   capture->add_option("--out", args->out, "run directory to write (run.json, snapshot-rank-R.pickle)")->required();
   capture->add_flag("--force", args->force, "write into an --out that is not empty and was not written by memscope");
+  capture->add_flag("--all-device-memory", args->all_device_memory,
+                    "also record every device allocation of the job's processes (NCCL, cuBLAS, cuDNN, the CUDA "
+                    "context, ...) with CUPTI and NVML: RUN/device-rank-R.gpu-D.timeline (untested on a GPU)");
   capture
       ->add_option("--max-entries", args->max_entries,
                    "entries kept by PyTorch's memory history ring (_record_memory_history max_entries; default "

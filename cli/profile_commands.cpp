@@ -20,6 +20,7 @@
 #include "exporters/snapshot_export.h"
 #include "nlohmann/json.hpp"
 #include "recording/timeline.h"
+#include "run/device_memory.h"
 #include "run/gpu_table.h"
 #include "load/manifest.h"
 #include "load/output_file.h"
@@ -70,6 +71,16 @@ void AddRunArgs(CLI::App* cmd, ReadArgs& a, bool with_at) {
   }
 }
 
+// A capture's measured GPU table (run/device_memory.h), its notes printed.
+std::vector<GpuRow> CaptureGpuTable(const std::string& path, const std::vector<Timeline>& run) {
+  std::vector<const Timeline*> ranks;
+  for (const Timeline& t : run) ranks.push_back(&t);
+  std::vector<std::string> notes;
+  std::vector<GpuRow> rows = MeasuredGpuTable(path, ranks, notes);
+  PrintNotes(notes);
+  return rows;
+}
+
 int Summary(const ReadArgs& a) {
   absl::StatusOr<Moment> moment = ParseMoment(a.at);
   if (!moment.ok()) return Fail("summary", moment.status().message());
@@ -98,6 +109,7 @@ int Summary(const ReadArgs& a) {
     std::vector<std::optional<RankStatus>> statuses;
     for (const Timeline& t : *run) statuses.push_back(RankStatus::Read(RunDirectory(a.path).RankStatus(t.rank)));
     gpus = GpuTable(statuses, reports, run->front().device_capacity);
+    if (gpus.empty()) gpus = CaptureGpuTable(a.path, *run);  // a capture's device timelines, measured
   }
   if (a.json) {
     Report report = MakeReport(run->empty() ? 0 : run->front().world_size, std::move(reports));
@@ -119,7 +131,10 @@ int Trace(const ReadArgs& a) {
   OutputFile out(a.output);  // whole or not at all, never through a symlink
   ChromeTraceOptions options;
   options.max_counter_samples_per_rank = a.max_samples;
-  const std::vector<GpuRow> rows = ReadRunGpuTable(a.path);  // the run's own, as its trace.json has it
+  std::vector<GpuRow> rows = ReadRunGpuTable(a.path);  // the run's own, as its trace.json has it
+  if (std::error_code ec; rows.empty() && std::filesystem::is_directory(a.path, ec)) {
+    rows = CaptureGpuTable(a.path, *run);
+  }
   const nlohmann::json gpus = rows.empty() ? nlohmann::json(nullptr) : GpuTableJson(rows);
   options.gpus = &gpus;
   if (absl::Status s = WriteChromeTrace(ptrs, options, out.stream()); !s.ok() && out.stream()) {

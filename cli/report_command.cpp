@@ -1,6 +1,7 @@
 // memscope report RUN|SNAPSHOT [RUN_B] [-o report.html]: the self-contained
 // HTML report (viewer/html_report.h); two inputs give the comparison page.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "run/device_memory.h"
 #include "run/gpu_table.h"
 #include "load/output_file.h"
 #include "load/recording.h"
@@ -40,7 +42,15 @@ int Report(const ReportArgs& a) {
     HtmlReportRun run;
     run.label = a.inputs[i];
     // The run's GPU table, as its own report.html has it.
-    if (const std::vector<GpuRow> gpus = ReadRunGpuTable(a.inputs[i]); !gpus.empty()) {
+    std::vector<GpuRow> gpus = ReadRunGpuTable(a.inputs[i]);
+    if (std::error_code ec; gpus.empty() && std::filesystem::is_directory(a.inputs[i], ec)) {
+      std::vector<const Timeline*> ranks;  // a capture's measured table (run/device_memory.h)
+      for (const Timeline& t : loaded[i]) ranks.push_back(&t);
+      std::vector<std::string> notes;
+      gpus = MeasuredGpuTable(a.inputs[i], ranks, notes);
+      PrintNotes(notes);
+    }
+    if (!gpus.empty()) {
       run.gpus = GpuTableJson(gpus).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
     for (const Timeline& t : loaded[i]) run.timelines.push_back(&t);

@@ -555,13 +555,18 @@ void ChromeTraceWriter::WriteGpuTable(const nlohmann::json& gpus) {
     const auto physical = gpu.find("physical");
     const std::string name =
         absl::StrCat("GPU ", physical != gpu.end() && physical->is_number_integer() ? physical->get<int>() : 0);
-    std::uint64_t context = 0, reserved = 0, nccl = 0;
+    std::uint64_t context = 0, reserved = 0, nccl = 0, cublas = 0, cudnn = 0, other = 0;
+    bool measured = false;  // a capture's measured rows have every library's column
     if (const auto procs = gpu.find("processes"); procs != gpu.end() && procs->is_array()) {
       for (const nlohmann::json& p : *procs) {
         if (!p.is_object()) continue;
         context += bytes(p, "context_bytes");
         reserved += bytes(p, "reserved_bytes");
         nccl += bytes(p, "nccl_bytes");
+        measured = measured || p.value("source", "") == "measured";
+        cublas += bytes(p, "cublas_bytes");
+        cudnn += bytes(p, "cudnn_bytes");
+        other += bytes(p, "other_bytes");
       }
     }
     for (const std::int64_t ts : {std::int64_t{0}, end_ns}) {
@@ -574,6 +579,14 @@ void ChromeTraceWriter::WriteGpuTable(const nlohmann::json& gpus) {
       w.UInt(reserved);
       w.Key("nccl");
       w.UInt(nccl);
+      if (measured) {
+        w.Key("cublas");
+        w.UInt(cublas);
+        w.Key("cudnn");
+        w.UInt(cudnn);
+        w.Key("other");
+        w.UInt(other);
+      }
       w.EndObject();
       events.End();
     }

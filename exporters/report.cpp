@@ -91,7 +91,50 @@ int GpuRow::ranks_on_it() const {
   return n;
 }
 
+namespace {
+
+bool AnyMeasured(const std::vector<GpuRow>& gpus) {
+  for (const GpuRow& g : gpus) {
+    for (const GpuProcess& p : g.processes) {
+      if (p.measured) return true;
+    }
+  }
+  return false;
+}
+
+// The table of a capture with --all-device-memory: every library's column,
+// and per process whether it was measured.
+std::string MeasuredGpuTableText(const std::vector<GpuRow>& gpus) {
+  std::string out =
+      "GPUs (measured: CUPTI's allocations by calling library, each column its peak; context = NVML's used less "
+      "the allocations)\n";
+  absl::StrAppend(&out, absl::StrFormat("%-5s %-6s %-9s %11s %11s %11s %11s %11s %11s %11s\n", "GPU", "rank", "source",
+                                        "context", "reserved", "NCCL", "cuBLAS", "cuDNN", "other", "used"));
+  for (const GpuRow& g : gpus) {
+    for (const GpuProcess& p : g.processes) {
+      const bool context_known = !p.measured || p.context_measured;
+      absl::StrAppend(&out, absl::StrFormat("%-5d %-6d %-9s %11s %11s %11s %11s %11s %11s %11s\n", g.physical,
+                                            p.rank, p.measured ? "measured" : "modelled",
+                                            context_known ? FormatSize(p.context_bytes) : "no NVML",
+                                            FormatSize(p.reserved_bytes), FormatSize(p.nccl_bytes),
+                                            FormatSize(p.cublas_bytes), FormatSize(p.cudnn_bytes),
+                                            FormatSize(p.other_bytes), FormatSize(p.used_bytes())));
+      if (p.measured && p.segments > 0) {
+        absl::StrAppend(&out, "      rank ", p.rank, ": ", p.segments_matched, " of the snapshot's ", p.segments,
+                        " segments matched to their cudaMalloc by address\n");
+      }
+    }
+    absl::StrAppend(&out, absl::StrFormat("%-5d %-6s %-9s %11s %11s %11s %11s %11s %11s %11s%s\n", g.physical,
+                                          "total", "", "", "", "", "", "", "", FormatSize(g.used_bytes()),
+                                          g.capacity > 0 ? " of " + FormatSize(g.capacity) : ""));
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string GpuTableText(const std::vector<GpuRow>& gpus) {
+  if (AnyMeasured(gpus)) return MeasuredGpuTableText(gpus);
   std::string out = "GPUs (as nvidia-smi lists processes; reserved is each rank's peak)\n";
   absl::StrAppend(&out, absl::StrFormat("%-5s %-6s %-8s %12s %12s %12s %12s\n", "GPU", "rank", "as", "context",
                                         "reserved", "NCCL", "used"));

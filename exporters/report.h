@@ -84,14 +84,27 @@ struct ReportFailure {
 
 // The whole GPU as nvidia-smi lists its processes (run/gpu_table.h makes it
 // from the ranks' rank-R.json): per physical GPU, each rank's CUDA context,
-// peak reserved bytes and NCCL buffers.
+// peak reserved bytes and NCCL buffers. Modelled (memscope run: the
+// context and NCCL sizes it was given) or, for a `memscope capture
+// --all-device-memory`, measured (CUPTI's allocations by calling library,
+// NVML's used memory less them as the context): then cuBLAS, cuDNN and
+// other libraries have their own columns.
 struct GpuProcess {
   int rank = 0;
   int ordinal = -1;  // the rank's cuda:N for this GPU; -1 for a stray context (not its device)
-  std::uint64_t context_bytes = 0;
-  std::uint64_t reserved_bytes = 0;  // the rank's peak reserved (max_memory_reserved)
+  std::uint64_t context_bytes = 0;   // measured: NVML's used less the allocations at that moment (0: no NVML)
+  std::uint64_t reserved_bytes = 0;  // the rank's peak reserved (max_memory_reserved); measured: PyTorch's allocations' peak
   std::uint64_t nccl_bytes = 0;
-  std::uint64_t used_bytes() const { return context_bytes + reserved_bytes + nccl_bytes; }
+  bool measured = false;
+  std::uint64_t cublas_bytes = 0;  // measured only, as the rest
+  std::uint64_t cudnn_bytes = 0;
+  std::uint64_t other_bytes = 0;   // every other library's allocations (and those whose caller was not found)
+  int segments_matched = 0;        // the snapshot's segments found among the device allocations, by address...
+  int segments = 0;                // ...of its segments
+  bool context_measured = false;   // NVML answered (else the context is unknown, shown as 0)
+  std::uint64_t used_bytes() const {
+    return context_bytes + reserved_bytes + nccl_bytes + cublas_bytes + cudnn_bytes + other_bytes;
+  }
   bool operator==(const GpuProcess&) const = default;
 };
 struct GpuRow {
@@ -110,7 +123,10 @@ std::string GpuTableText(const std::vector<GpuRow>& gpus);
 
 // report.json's "gpus": [{"physical", "capacity_bytes", "used_bytes", "shared_by_ranks",
 //   "processes": [{"rank", "cuda", "context_bytes", "reserved_bytes", "nccl_bytes", "used_bytes"}]}]
-// ("cuda": the rank's ordinal for it, null for a stray context).
+// ("cuda": the rank's ordinal for it, null for a stray context). A measured
+// process adds "source": "measured", "context_measured", "cublas_bytes",
+// "cudnn_bytes", "other_bytes", "pytorch_segments" and
+// "pytorch_segments_matched"; a process without "source" is modelled.
 nlohmann::json GpuTableJson(const std::vector<GpuRow>& gpus);
 
 // report.json as a value.

@@ -464,6 +464,21 @@ absl::Status CheckHeader(const json& j) {
   return absl::OkStatus();
 }
 
+// A measured GPU process's own fields ("source": "measured"); none for a modelled one.
+absl::Status ReadMeasured(const Fields& p, GpuProcess& process) {
+  std::string source;
+  MEMSCOPE_RETURN_IF_ERROR(p.String("source", source));
+  if (source.empty()) return absl::OkStatus();
+  if (source != "measured") return p.Bad("\"source\" of \"measured\" or none");
+  process.measured = true;
+  MEMSCOPE_RETURN_IF_ERROR(p.Bool("context_measured", process.context_measured));
+  MEMSCOPE_RETURN_IF_ERROR(p.Bytes("cublas_bytes", process.cublas_bytes));
+  MEMSCOPE_RETURN_IF_ERROR(p.Bytes("cudnn_bytes", process.cudnn_bytes));
+  MEMSCOPE_RETURN_IF_ERROR(p.Bytes("other_bytes", process.other_bytes));
+  MEMSCOPE_RETURN_IF_ERROR(p.Int("pytorch_segments", process.segments));
+  return p.Int("pytorch_segments_matched", process.segments_matched);
+}
+
 // Everything below the header; errors name the field.
 // "gpus": what GpuTableJson writes (the totals and "shared_by_ranks" follow
 // from the processes, so they are not read).
@@ -492,6 +507,7 @@ absl::StatusOr<std::vector<GpuRow>> ReadGpus(const json& j) {
       MEMSCOPE_RETURN_IF_ERROR(p.Bytes("context_bytes", process.context_bytes));
       MEMSCOPE_RETURN_IF_ERROR(p.Bytes("reserved_bytes", process.reserved_bytes));
       MEMSCOPE_RETURN_IF_ERROR(p.Bytes("nccl_bytes", process.nccl_bytes));
+      MEMSCOPE_RETURN_IF_ERROR(ReadMeasured(p, process));
     }
   }
   return rows;
@@ -691,6 +707,16 @@ json GpuTableJson(const std::vector<GpuRow>& gpus) {
                            {"reserved_bytes", p.reserved_bytes},
                            {"nccl_bytes", p.nccl_bytes},
                            {"used_bytes", p.used_bytes()}});
+      if (p.measured) {
+        json& m = processes.back();
+        m["source"] = "measured";
+        m["context_measured"] = p.context_measured;
+        m["cublas_bytes"] = p.cublas_bytes;
+        m["cudnn_bytes"] = p.cudnn_bytes;
+        m["other_bytes"] = p.other_bytes;
+        m["pytorch_segments"] = p.segments;
+        m["pytorch_segments_matched"] = p.segments_matched;
+      }
       if (p.ordinal >= 0) shared_by.push_back(p.rank);
     }
     out.push_back({{"physical", g.physical},

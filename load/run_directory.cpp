@@ -29,6 +29,17 @@ std::string RunDirectory::RankStatusName(int rank) { return absl::StrCat("rank-"
 std::string RunDirectory::RankLogName(int rank) { return absl::StrCat("rank-", rank, ".log"); }
 std::string RunDirectory::SnapshotName(int rank) { return absl::StrCat("snapshot-rank-", rank, ".pickle"); }
 
+std::string RunDirectory::DeviceTimelineName(int rank, int device) {
+  return absl::StrCat("device-rank-", rank, ".gpu-", device, ".timeline");
+}
+
+std::optional<std::pair<int, int>> RunDirectory::DeviceTimelineOf(const std::string& name) {
+  static const std::regex pattern(R"(^device-rank-([0-9]{1,9})\.gpu-([0-9]{1,6})\.timeline$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, pattern)) return std::nullopt;
+  return std::make_pair(std::stoi(m[1].str()), std::stoi(m[2].str()));
+}
+
 std::string RunDirectory::Path(const std::string& name) const { return (fs::path(root_) / name).string(); }
 
 std::optional<int> RunDirectory::TimelineRank(const std::string& name) {
@@ -43,7 +54,7 @@ std::optional<int> RunDirectory::TimelineRank(const std::string& name) {
 }
 
 bool RunDirectory::IsRankFile(const std::string& name) {
-  static const std::regex pattern(R"(^(rank-[0-9]+\.(json|log|timeline|json\.tmp)|snapshot-rank-[0-9]+(\.pid-[0-9]+)?\.pickle)$)");
+  static const std::regex pattern(R"(^(rank-[0-9]+\.(json|log|timeline|json\.tmp)|snapshot-rank-[0-9]+(\.pid-[0-9]+)?\.pickle|device-rank-[0-9]+\.gpu-[0-9]+\.timeline)$)");
   return std::regex_match(name, pattern);
 }
 

@@ -36,6 +36,11 @@ class RunDirectory {
   static std::string RankStatusName(int rank);  // rank-R.json
   static std::string RankLogName(int rank);     // rank-R.log
   static std::string SnapshotName(int rank);    // snapshot-rank-R.pickle
+  // device-rank-R.gpu-D.timeline: a capture's device timeline of rank R on
+  // CUDA device D (`memscope capture --all-device-memory`, devicemem/device_timeline.h).
+  static std::string DeviceTimelineName(int rank, int device);
+  // The rank and device of a device timeline's name; nullopt for any other name.
+  static std::optional<std::pair<int, int>> DeviceTimelineOf(const std::string& name);
   static constexpr const char* kManifest = "run.json";
   static constexpr const char* kReport = "report.json";
   static constexpr const char* kSummary = "summary.txt";
@@ -64,7 +69,8 @@ class RunDirectory {
   static std::optional<int> TimelineRank(const std::string& name);
 
   // The files a run writes per rank (rank-R.json, rank-R.json.tmp, rank-R.log,
-  // rank-R.timeline, snapshot-rank-R.pickle; R a number): only these, and the
+  // rank-R.timeline, snapshot-rank-R.pickle, device-rank-R.gpu-D.timeline;
+  // R and D numbers): only these, and the
   // rendezvous directory, are cleaned before a run.
   static bool IsRankFile(const std::string& name);
 

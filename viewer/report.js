@@ -634,28 +634,41 @@
   // per physical GPU, each process's context + peak reserved + NCCL = used,
   // then the GPU's total against its capacity. Each byte cell carries its
   // exact value in data-bytes.
+  // A capture with --all-device-memory (capture.md) has measured rows
+  // ("source": "measured"): then a source column and cuBLAS, cuDNN and other.
   function GpuTable(gpus) {
     const cell = (b, key) => el('td', { text: fmtSize(b), 'data-bytes': String(b), 'data-key': key });
+    const measured = gpus.some((g) => g.processes.some((p) => p.source === 'measured'));
+    const libraries = (p) => measured ? [cell(p.cublas_bytes || 0, 'cublas'), cell(p.cudnn_bytes || 0, 'cudnn'),
+      cell(p.other_bytes || 0, 'other')] : [];
     const rows = [];
     for (const g of gpus) {
       for (const p of g.processes) {
         rows.push(el('tr', { 'data-gpu': g.physical, 'data-rank': p.rank },
           el('td', { text: String(g.physical) }), el('td', { text: String(p.rank) }),
           el('td', { text: p.cuda === null ? 'stray' : 'cuda:' + p.cuda }),
+          ...(measured ? [el('td', { text: p.source === 'measured' ? 'measured' : 'modelled', 'data-key': 'source' })]
+            : []),
           cell(p.context_bytes, 'context'), cell(p.reserved_bytes, 'reserved'), cell(p.nccl_bytes, 'nccl'),
-          cell(p.used_bytes, 'used'), el('td', { text: '' })));
+          ...libraries(p), cell(p.used_bytes, 'used'), el('td', { text: '' })));
       }
+      const blanks = measured ? 8 : 4;
       rows.push(el('tr', { class: 'total', 'data-gpu': g.physical },
-        el('td', { text: String(g.physical) }), el('td', { text: 'total' }), el('td'), el('td'), el('td'), el('td'),
+        el('td', { text: String(g.physical) }), el('td', { text: 'total' }),
+        ...Array.from({ length: blanks }, () => el('td')),
         cell(g.used_bytes, 'used'), cell(g.capacity_bytes, 'capacity')));
     }
-    const head = el('thead', {}, el('tr', {}, ...['GPU', 'rank', 'as', 'context', 'reserved', 'NCCL', 'used',
-      'capacity'].map((h) => el('th', { text: h }))));
+    const columns = measured
+      ? ['GPU', 'rank', 'as', 'source', 'context', 'reserved', 'NCCL', 'cuBLAS', 'cuDNN', 'other', 'used', 'capacity']
+      : ['GPU', 'rank', 'as', 'context', 'reserved', 'NCCL', 'used', 'capacity'];
+    const head = el('thead', {}, el('tr', {}, ...columns.map((h) => el('th', { text: h }))));
     const notes = gpus.filter((g) => g.shared_by_ranks.length > 1).map((g) => el('p', { class: 'note',
       text: 'GPU ' + g.physical + ' is shared by ranks ' + g.shared_by_ranks.join(', ') +
         ': they share its memory (allowed with Gloo; NCCL refuses two ranks on one GPU)' }));
     return el('div', { class: 'gpus' },
-      el('h3', { text: 'GPUs (as nvidia-smi lists processes; reserved is each rank\'s peak)' }),
+      el('h3', { text: measured ? 'GPUs (measured: CUPTI\'s allocations by calling library, each column its peak; ' +
+        'context = NVML\'s used less the allocations)' : 'GPUs (as nvidia-smi lists processes; reserved is each ' +
+        'rank\'s peak)' }),
       el('div', { class: 'table-wrap' }, el('table', { class: 'gpus' }, head, el('tbody', {}, ...rows))), ...notes);
   }
 
