@@ -36,13 +36,39 @@
     if (b <= 1073741824) return fixed2(b / 1048576) + ' MiB';
     return fixed2(b / 1073741824) + ' GiB';
   }
+  // One unit per column, so a column reads down without mixing "+64.00 KiB"
+  // among MiB: FormatSize's unit for the column's largest value (that value
+  // reads as FormatSize prints it), the others in the same unit; a small
+  // non-zero value keeps two significant digits instead of "0.00".
+  const UNITS = [[1, 'bytes'], [1024, 'KiB'], [1048576, 'MiB'], [1073741824, 'GiB']];
+  function unitOf(values) {
+    let m = 0;
+    for (const v of values) m = Math.max(m, Math.abs(v));
+    return UNITS[m <= 1024 ? 0 : m <= 1048576 ? 1 : m <= 1073741824 ? 2 : 3];
+  }
+  function fmtIn(b, u) {
+    if (u[0] === 1) return b + ' bytes';
+    const x = b / u[0];
+    const text = x !== 0 && Math.abs(x) < 0.005 ? String(Number(x.toPrecision(2))) : fixed2(x);
+    return text + ' ' + u[1];
+  }
+  // A table cell of bytes in its column's unit; the exact bytes on hover.
+  function bytesCell(b, u, attrs) {
+    return el('td', Object.assign({ text: fmtIn(b, u), title: fmtSize(b) + ' (' + b + ' B)' }, attrs || {}));
+  }
   // The phase table's unit, as `memscope summary` prints it: whole MiB, "281M".
   function mib(b) { return Math.floor(b / MiB) + 'M'; }
-  // A change in the table's unit; below 1 MiB in FormatSize's, so no "-0M".
-  function mibDelta(b) { return b >= MiB ? mib(b) : fmtSize(b); }
+  // A change in the same unit: whole MiB when it is, else two decimals
+  // ("+0.06M", never a "-0M" or a KiB among the M).
+  function mibDelta(b) { return b % MiB === 0 ? (b / MiB) + 'M' : fixed2(b / MiB) + 'M'; }
   function signed(d, f) { return d > 0 ? '+' + f(d) : d < 0 ? '-' + f(-d) : '0'; }
   function kindName(k) { return k < CATS.length ? CATS[k] : KIND_NAMES[k - CATS.length]; }
   function kindColor(k) { return k < CATS.length ? CAT_COLORS[CATS[k]] : KIND_COLORS[k - CATS.length]; }
+  // A phase band's name without its iteration: "forward:3" is "forward".
+  function phaseBase(name) { return String(name).split(':')[0]; }
+  // The marker of training iteration n (PyTorch's profiler calls it
+  // ProfilerStep#n): never "step n", which reads as the optimizer's phase.
+  function iterationLabel(n) { return 'iteration ' + n; }
   function phaseColor(name) {
     const base = String(name).split(':')[0];
     return PHASE_COLORS[base] || '#b07aa1';
@@ -159,7 +185,21 @@
 
   // ---------------------------------------------------------------- timeline
 
-  function Timeline(rk, st, yMax) {
+  // A run's time axis, shared by its ranks' timelines: one x range (the
+  // earliest first event to the latest last event of any rank), one view,
+  // so zooming or panning one rank moves them all and a time lines up
+  // across ranks.
+  function TimeAxis(ranks) {
+    let t0 = Infinity, t1 = -Infinity;
+    for (const rk of ranks) { t0 = Math.min(t0, rk.t0); t1 = Math.max(t1, rk.t1); }
+    if (!isFinite(t0)) { t0 = 0; t1 = 1; }
+    if (t1 <= t0) t1 = t0 + 1;
+    const axis = { t0, t1, view: { a: t0, b: t1 }, timelines: [] };
+    axis.redraw = () => axis.timelines.forEach((f) => f());
+    return axis;
+  }
+
+  function Timeline(rk, st, yMax, axis) {
     const S = rk.samples;
     const n = S.t.length;
     const cats = CATS.filter((c) => S.by_category[c]);
@@ -172,12 +212,12 @@
       for (let i = 0; i < n; ++i) a[i] = src[i] + (prev ? prev[i] : 0);
       cum.push(a);
     }
-    const t0 = rk.t0, t1 = rk.t1 > rk.t0 ? rk.t1 : rk.t0 + 1;
-    const view = { a: t0, b: t1 };
+    const t0 = axis.t0, t1 = axis.t1, view = axis.view;
+    const rankEnd = rk.t1;  // this rank's last event: its state is drawn up to there
     const maxDepth = rk.bands.reduce((m, b) => Math.max(m, b.depth), 0);
     const bandRows = Math.min(maxDepth + 1, 3);
     const M = { left: 70, right: 14, top: 8 + bandRows * 14, bottom: 24 };
-    let hoverX = null;
+    let hoverX = null, hoverBand = null;
 
     const canvas = el('canvas', { class: 'timeline-canvas', 'aria-label': 'memory over time, rank ' + rk.rank });
     const info = el('span', { class: 'view-info' });
@@ -195,7 +235,7 @@
     function stepPath(ctx, values, w, h, close) {
       const i0 = Math.max(0, upperBound(S.t, view.a) - 1);
       const i1 = Math.min(n - 1, upperBound(S.t, view.b));
-      const xEnd = Math.min(x(Math.max(view.b, t0), w), w - M.right);
+      const xEnd = Math.max(M.left, Math.min(x(Math.min(view.b, Math.max(rankEnd, S.t[i1] || t0)), w), w - M.right));
       const base = y(0, h);
       ctx.beginPath();
       let started = false, prev = 0, lastPx = -1, lastY = 0;
@@ -255,11 +295,14 @@
       ctx.rect(M.left, 0, w - M.left - M.right, h);
       ctx.clip();
       // Phase bands: tinted plot background (outermost phases) and a strip on top.
+      // Each band is labelled with its phase (the iteration is the marker's):
+      // "forward" where it fits, its first letter where that fits, else it
+      // is at least 2 px wide and named on hover (bandNear).
+      const labelled = [];
       for (const b of rk.bands) {
         if (b.end < view.a || b.begin > view.b) continue;
         const xa = x(b.begin, w), xb = x(b.end, w);
-        if (xb - xa < 0.5) continue;
-        if (b.depth === 0) {
+        if (b.depth === 0 && xb - xa >= 0.5) {
           ctx.globalAlpha = 0.08;
           ctx.fillStyle = phaseColor(b.name);
           ctx.fillRect(xa, plotTop, xb - xa, plotBottom - plotTop);
@@ -268,17 +311,25 @@
           const by = 4 + b.depth * 14;
           ctx.globalAlpha = b.moment >= 0 && rk.moments[st.moment] === rk.moments[b.moment] ? 1 : 0.75;
           ctx.fillStyle = phaseColor(b.name);
-          ctx.fillRect(xa, by, Math.max(1, xb - xa - 1), 12);
+          ctx.fillRect(xa, by, Math.max(2, xb - xa - 1), 12);
           ctx.globalAlpha = 1;
-          const label = b.name;
-          if (xb - xa > ctx.measureText(label).width + 6) {
+          if (b === hoverBand) {
+            ctx.strokeStyle = '#1d2430';
+            ctx.strokeRect(xa - 0.5, by - 0.5, Math.max(2, xb - xa - 1) + 1, 13);
+          }
+          const base = phaseBase(b.name);
+          const label = xb - xa > ctx.measureText(base).width + 6 ? base
+            : xb - xa > ctx.measureText(base[0]).width + 4 ? base[0] : '';
+          if (label) {
             ctx.fillStyle = '#fff';
             ctx.textAlign = 'left';
             ctx.textBaseline = 'middle';
-            ctx.fillText(label, xa + 3, by + 6.5);
+            ctx.fillText(label, xa + (label === base ? 3 : 2), by + 6.5);
+            if (labelled.length < 400) labelled.push([rk.bands.indexOf(b), label]);
           }
         }
       }
+      canvas.dataset.bandLabels = JSON.stringify(labelled);
       ctx.globalAlpha = 1;
       // Stacked categories (the top edge is allocated), then reserved over them.
       for (let k = cats.length - 1; k >= 0; --k) {
@@ -292,22 +343,28 @@
       ctx.stroke();
       ctx.lineWidth = 1;
       // Steps.
+      // Iterations: a dashed line where each training iteration's first phase
+      // begins, "iteration N", named apart from the optimizer's phase "step".
       let lastLabel = -1e9;
+      const stepLabels = [];
       ctx.setLineDash([3, 3]);
       for (const s of rk.steps) {
         if (s.t < view.a || s.t > view.b) continue;
         const px = x(s.t, w);
         ctx.strokeStyle = 'rgba(29,36,48,0.45)';
         ctx.beginPath(); ctx.moveTo(px, plotTop); ctx.lineTo(px, plotBottom); ctx.stroke();
-        if (px - lastLabel > 48) {
+        const label = iterationLabel(s.step);
+        if (px - lastLabel > ctx.measureText(label).width + 10) {
           ctx.fillStyle = '#1d2430';
           ctx.textAlign = 'left';
           ctx.textBaseline = 'top';
-          ctx.fillText('step ' + s.step, px + 3, plotTop + 2);
+          ctx.fillText(label, px + 3, plotTop + 2);
           lastLabel = px;
+          if (stepLabels.length < 200) stepLabels.push(label);
         }
       }
       ctx.setLineDash([]);
+      canvas.dataset.iterationLabels = JSON.stringify(stepLabels);
       // Selected moment.
       const m = rk.moments[st.moment];
       if (m && m.t >= view.a && m.t <= view.b) {
@@ -356,6 +413,8 @@
       ctx.stroke();
       const i0 = Math.max(0, upperBound(S.t, view.a) - 1), i1 = Math.min(n, upperBound(S.t, view.b) + 1);
       canvas.dataset.drawnSamples = String(Math.max(0, i1 - i0));
+      canvas.dataset.axisStart = String(t0);
+      canvas.dataset.axisEnd = String(t1);
       canvas.dataset.viewStart = String(view.a);
       canvas.dataset.viewEnd = String(view.b);
       info.textContent = ' · ' + fmtTime(view.a - t0, span) + ' – ' + fmtTime(view.b - t0, span) + ' · ' +
@@ -363,10 +422,18 @@
           : n + ' samples');
     }
 
-    let frame = 0;
-    function scheduleDraw() {
+    // A redraw on the next frame: this rank's (hover), or every rank's (the
+    // shared view moved).
+    let frame = 0, frameAll = false;
+    function scheduleDraw(all) {
+      frameAll = frameAll || !!all;
       if (frame) return;
-      frame = requestAnimationFrame(() => { frame = 0; draw(); });
+      frame = requestAnimationFrame(() => {
+        frame = 0;
+        const everyRank = frameAll;
+        frameAll = false;
+        if (everyRank) axis.redraw(); else draw();
+      });
     }
 
     function clampView() {
@@ -381,9 +448,40 @@
       view.a = c - (c - view.a) * factor;
       view.b = c + (view.b - c) * factor;
       clampView();
-      draw();
+      axis.redraw();
     }
-    function reset() { view.a = t0; view.b = t1; draw(); }
+    function reset() { view.a = t0; view.b = t1; axis.redraw(); }
+
+    // The phase band under (px, py) of the band strip, or within 4 px of it:
+    // a phase a pixel wide (loss, step) is still hovered and clicked.
+    function bandNear(px, py, w) {
+      const depth = Math.floor((py - 4) / 14);
+      if (py < 2 || depth < 0 || depth >= bandRows || py > M.top) return null;
+      let best = null, bestDist = 4.5;
+      for (const b of rk.bands) {
+        if (b.depth !== depth || b.end < view.a || b.begin > view.b) continue;
+        const xa = x(b.begin, w), xb = Math.max(x(b.end, w), xa + 2);
+        const dist = px < xa ? xa - px : px > xb ? px - xb : 0;
+        if (dist < bestDist) {
+          best = b;
+          bestDist = dist;
+        }
+      }
+      return best;
+    }
+    // A phase band's hover: its name as the phase table has it, which
+    // iteration it belongs to, when and how long.
+    function bandHtml(b) {
+      const row = rk.report.phases[rk.bands.indexOf(b)];
+      const base = phaseBase(b.name);
+      const step = row && row.step !== null && row.step !== undefined ? row.step : null;
+      return '<b>phase ' + escapeHtml(b.name) + '</b>' +
+        (step !== null ? ' · ' + escapeHtml(base) + ' of iteration ' + step : '') +
+        '<br>' + fmtTime(b.begin - t0, view.b - view.a) + ' – ' + fmtTime(b.end - t0, view.b - view.a) +
+        ' (' + fmtTime(b.end - b.begin, b.end - b.begin) + ')' +
+        (row ? '<br>allocated after it ' + fmtSize(row.allocated_bytes) + ', reserved ' +
+          fmtSize(row.reserved_bytes) : '') + '<br><i>click: its segment map</i>';
+    }
 
     // Phases open at t, outermost first.
     function phasesAt(t) {
@@ -397,8 +495,9 @@
       let html = '<b>' + fmtTime(t - t0, view.b - view.a) + '</b>';
       html += phases.length ? ' · ' + escapeHtml(phases.map((b) => b.name).join(' › ')) : '';
       html += '<table>';
+      const unit = unitOf([i >= 0 ? S.reserved[i] : 0, i >= 0 ? S.allocated[i] : 0]);
       const row = (name, v, color) => '<tr><td>' + (color ? '<span class="swatch" style="background:' + color +
-        '"></span> ' : '') + escapeHtml(name) + '</td><td>' + fmtSize(v) + '</td></tr>';
+        '"></span> ' : '') + escapeHtml(name) + '</td><td>' + fmtIn(v, unit) + '</td></tr>';
       html += row('reserved', i >= 0 ? S.reserved[i] : 0, null);
       html += row('allocated', i >= 0 ? S.allocated[i] : 0, null);
       for (let k = cats.length - 1; k >= 0; --k) {
@@ -418,6 +517,8 @@
       drag = null;
       if (!wasClick || e.target !== canvas) return;
       const r = canvas.getBoundingClientRect();
+      const near = bandNear(e.clientX - r.left, e.clientY - r.top, r.width);
+      if (near) return st.selectPhase(rk.bands.indexOf(near));
       const t = tAt(e.clientX - r.left, r.width);
       const open = phasesAt(t);
       if (!open.length) return;
@@ -438,17 +539,20 @@
           clampView();
         }
       }
+      const panned = !!(drag && drag.moved);
       const px = e.clientX - r.left;
       if (px < M.left || px > r.width - M.right) {
         hoverX = null;
         hideTip();
       } else {
         hoverX = px;
-        showTip(hoverHtml(tAt(px, r.width)), e.clientX, e.clientY);
+        const band = bandNear(px, e.clientY - r.top, r.width);
+        hoverBand = band;
+        showTip(band ? bandHtml(band) : hoverHtml(tAt(px, r.width)), e.clientX, e.clientY);
       }
-      scheduleDraw();
+      scheduleDraw(panned);
     });
-    canvas.addEventListener('mouseleave', () => { hoverX = null; hideTip(); draw(); });
+    canvas.addEventListener('mouseleave', () => { hoverX = null; hoverBand = null; hideTip(); draw(); });
     canvas.addEventListener('wheel', (e) => {
       e.preventDefault();
       const r = canvas.getBoundingClientRect();
@@ -494,7 +598,7 @@
       return tr;
     });
     const head = el('thead', {}, el('tr', {},
-      ...['step', 'phase', 'allocated', 'max allocated', 'reserved', 'max reserved', 'peak in phase', 'Δ allocated']
+      ...['iteration', 'phase', 'allocated', 'max allocated', 'reserved', 'max reserved', 'peak in phase', 'Δ allocated']
         .map((h, k) => el('th', { class: k < 2 ? 'name' : null, text: h }))));
     const table = el('table', { class: 'phases' }, head, body);
     const wrap = el('div', { class: 'table-wrap' }, table);
@@ -513,6 +617,39 @@
 
   // ---------------------------------------------------------------- segment map
 
+  // How many rows the segment map shows before it aggregates (its box holds
+  // them without scrolling), and the narrowest bar drawn for one segment.
+  const SEG_MAX_ROWS = 24, SEG_MIN_BAR_PX = 4;
+
+  // The rows of a segment map for `segs` (bars of width barMax at `scale`
+  // bytes): one per segment, in address order, while they fit and none is a
+  // sliver. Otherwise the largest segments (at least SEG_MIN_BAR_PX wide, at
+  // most SEG_MAX_ROWS - 2 of them) keep their rows and the rest are
+  // aggregated, one row per pool: their bytes by kind, a bar that zooms in
+  // (its segments, laid out the same way at their own scale) when clicked.
+  function segmentRows(segs, scale, barMax) {
+    const wide = (s) => s.size / scale * barMax >= SEG_MIN_BAR_PX;
+    const bySize = segs.slice().sort((p, q) => q.size - p.size || p.addr - q.addr);
+    let keep = 0;
+    while (keep < bySize.length && keep < SEG_MAX_ROWS - 2 && wide(bySize[keep])) ++keep;
+    const rest = bySize.slice(keep);
+    if (rest.length < 2 && segs.length <= SEG_MAX_ROWS) return segs.map((s) => ({ seg: s }));
+    const rows = bySize.slice(0, keep).sort((p, q) => p.addr - q.addr).map((s) => ({ seg: s }));
+    const pools = [...new Set(rest.map((s) => s.pool))];
+    const groups = pools.length <= 2 ? pools.map((p) => rest.filter((s) => s.pool === p)) : [rest];
+    for (const g of groups) {
+      const kinds = new Map();
+      let size = 0;
+      for (const s of g) {
+        size += s.size;
+        for (const b of s.blocks) kinds.set(b[2], (kinds.get(b[2]) || 0) + b[1]);
+      }
+      rows.push({ group: g.sort((p, q) => p.addr - q.addr), size, kinds: [...kinds].sort((p, q) => p[0] - q[0]),
+        pool: pools.length <= 2 ? g[0].pool : 'all', largest: g.reduce((a, s) => Math.max(a, s.size), 0) });
+    }
+    return rows;
+  }
+
   function SegmentMap(rk, st) {
     const moments = rk.moments;
     const order = [];
@@ -520,6 +657,7 @@
     moments.forEach((m, i) => { if (m.key !== 'peak' && m.key !== 'oom') order.push(i); });
     const select = el('select', { 'aria-label': 'moment', onchange: () => st.select(Number(select.value)) },
       ...order.map((i) => el('option', { value: i, text: momentLabel(moments[i]) })));
+    // One scale for every moment's map (switching moments compares by eye).
     let maxSize = 1;
     for (const m of moments) for (const s of m.segments) maxSize = Math.max(maxSize, s.size);
     const canvas = el('canvas', { class: 'segmap-canvas' });
@@ -527,36 +665,72 @@
     const frag = el('dl', { class: 'frag' });
     const note = el('p', { class: 'note' });
     const title = el('h3');
+    // Zoom into aggregated rows: the stack of groups opened (empty: the
+    // moment's whole map), cleared when the moment changes.
+    let zoom = [], zoomMoment = -1, rows = [];
+    const back = el('button', { type: 'button', class: 'segback', hidden: true,
+      text: '◂ all segments', title: 'back to the whole segment map',
+      onclick: () => { zoom.pop(); draw(); } });
     const legendKinds = [];
     const present = new Set();
     for (const m of moments) for (const s of m.segments) for (const b of s.blocks) present.add(b[2]);
     for (let k = 0; k < CATS.length + KIND_NAMES.length; ++k) if (present.has(k)) legendKinds.push(k);
     const legend = el('div', { class: 'legend' }, ...legendKinds.map((k) =>
       el('span', {}, el('span', { class: 'swatch', style: 'background:' + kindColor(k) }), kindName(k))));
-    const root = el('div', { class: 'segpanel' }, title, select,
+    const root = el('div', { class: 'segpanel' }, title, el('div', { class: 'segtools' }, select, back),
       el('div', { class: 'segbody' }, scroll, frag), legend, note);
     const ROW = 16, LABEL = 150;
+    const groupLabel = (r, unit) => '▸ ' + r.group.length + ' ' + (r.pool === 'all' ? '' : r.pool + ' ') + '≤ ' +
+      fmtIn(r.largest, unit);
 
     function draw() {
       const m = moments[st.moment];
       if (!m) return;
+      if (zoomMoment !== st.moment) { zoom = []; zoomMoment = st.moment; }
       select.value = String(st.moment);
       root.dataset.moment = m.key;
       root.dataset.segments = String(m.segments.length);
+      root.dataset.zoom = String(zoom.length);
+      back.hidden = zoom.length === 0;
+      const segs = zoom.length ? zoom[zoom.length - 1] : m.segments;
       title.textContent = 'Segment map at ' + momentLabel(m) + ' (' + m.segments.length + ' segment' +
-        (m.segments.length === 1 ? '' : 's') + ')';
-      const { ctx, w, h } = fitCanvas(canvas, Math.max(ROW * m.segments.length + 4, 24));
+        (m.segments.length === 1 ? '' : 's') + (zoom.length ? '; zoomed into ' + segs.length : '') + ')';
+      const w0 = Math.max(200, canvas.clientWidth || scroll.clientWidth || 600);
+      const scale = zoom.length ? segs.reduce((a, s) => Math.max(a, s.size), 1) : maxSize;
+      rows = segmentRows(segs, scale, w0 - LABEL - 6);
+      const { ctx, w, h } = fitCanvas(canvas, Math.max(ROW * rows.length + 4, 24));
       ctx.clearRect(0, 0, w, h);
       ctx.font = '11px system-ui, sans-serif';
       ctx.textBaseline = 'middle';
       const barMax = w - LABEL - 6;
-      m.segments.forEach((s, r) => {
+      // The label column in one unit: that of the largest segment.
+      const unit = unitOf(segs.map((s) => s.size));
+      const drawn = [];
+      rows.forEach((row, r) => {
         const yy = 2 + r * ROW;
         ctx.fillStyle = '#5b6575';
         ctx.textAlign = 'right';
-        ctx.fillText(fmtSize(s.size) + ' ' + s.pool + (s.stream ? ' s' + s.stream : '') +
+        if (row.group) {
+          ctx.fillText(groupLabel(row, unit), LABEL - 6, yy + ROW / 2);
+          // The group's bytes by kind, the whole bar its total.
+          let bx = LABEL;
+          for (const [k, bytes] of row.kinds) {
+            const bw = bytes / row.size * barMax;
+            ctx.fillStyle = kindColor(k);
+            ctx.fillRect(bx, yy + 1, Math.max(0.6, bw), ROW - 3);
+            bx += bw;
+          }
+          ctx.setLineDash([3, 2]);
+          ctx.strokeStyle = '#5b6575';
+          ctx.strokeRect(LABEL + 0.5, yy + 1.5, barMax - 1, ROW - 4);
+          ctx.setLineDash([]);
+          drawn.push({ segments: row.group.length, width: barMax, group: true });
+          return;
+        }
+        const s = row.seg;
+        ctx.fillText(fmtIn(s.size, unit) + ' ' + s.pool + (s.stream ? ' s' + s.stream : '') +
           (s.expandable ? ' exp' : ''), LABEL - 6, yy + ROW / 2);
-        const width = Math.max(2, s.size / maxSize * barMax);
+        const width = Math.max(2, s.size / scale * barMax);
         for (const b of s.blocks) {
           const bx = LABEL + b[0] / s.size * width;
           const bw = Math.max(0.6, b[1] / s.size * width);
@@ -569,17 +743,23 @@
         }
         ctx.strokeStyle = '#9aa3b0';
         ctx.strokeRect(LABEL + 0.5, yy + 1.5, width - 1, ROW - 4);
+        drawn.push({ segments: 1, width, group: false });
       });
+      canvas.dataset.rows = JSON.stringify(drawn);
       const f = m.fragmentation;
       frag.replaceChildren();
-      const item = (k, v, key) => frag.append(el('dt', { text: k }), el('dd', { 'data-key': key, text: v }));
-      item('reserved', fmtSize(f.reserved_bytes), 'reserved_bytes');
-      item('allocated', fmtSize(f.allocated_bytes), 'allocated_bytes');
-      item('reserved − allocated', fmtSize(f.reserved_minus_allocated_bytes), 'reserved_minus_allocated_bytes');
-      item('free in segments', fmtSize(f.free_in_segments_bytes), 'free_in_segments_bytes');
-      item('largest free block', fmtSize(f.largest_free_block_bytes), 'largest_free_block_bytes');
+      const fu = unitOf([f.reserved_bytes, f.allocated_bytes, f.reserved_minus_allocated_bytes,
+        f.free_in_segments_bytes, f.largest_free_block_bytes, f.inactive_split_bytes]);
+      const item = (k, v, key, bytes) => frag.append(el('dt', { text: k }), el('dd', { 'data-key': key, text: v,
+        title: bytes === undefined ? null : fmtSize(bytes) + ' (' + bytes + ' B)' }));
+      const bytesItem = (k, b, key) => item(k, fmtIn(b, fu), key, b);
+      bytesItem('reserved', f.reserved_bytes, 'reserved_bytes');
+      bytesItem('allocated', f.allocated_bytes, 'allocated_bytes');
+      bytesItem('reserved − allocated', f.reserved_minus_allocated_bytes, 'reserved_minus_allocated_bytes');
+      bytesItem('free in segments', f.free_in_segments_bytes, 'free_in_segments_bytes');
+      bytesItem('largest free block', f.largest_free_block_bytes, 'largest_free_block_bytes');
       item('fragmentation', f.fragmentation.toFixed(3), 'fragmentation');
-      item('inactive split', fmtSize(f.inactive_split_bytes), 'inactive_split_bytes');
+      bytesItem('inactive split', f.inactive_split_bytes, 'inactive_split_bytes');
       item('segments', String(f.segments), 'segments');
       item('free blocks', String(f.free_blocks), 'free_blocks');
       const notes = [];
@@ -587,17 +767,34 @@
       if (m.segments_total > m.segments.length) {
         notes.push('the ' + m.segments.length + ' largest of ' + m.segments_total + ' segments are drawn');
       }
+      if (rows.some((r) => r.group)) {
+        notes.push('▸ rows: smaller segments together, their bytes by kind (click: zoom in)');
+      }
       if (m.segments.some((s) => s.merged)) notes.push('segments with many blocks are drawn in slices');
       notes.push('fragmentation = 1 − largest free block / free in segments');
       note.textContent = notes.join('; ');
     }
-    canvas.addEventListener('mousemove', (e) => {
-      const m = moments[st.moment];
+    function rowAt(e) {
       const r = canvas.getBoundingClientRect();
-      const row = Math.floor((e.clientY - r.top - 2) / ROW);
-      const s = m && m.segments[row];
-      if (!s) return hideTip();
-      const width = Math.max(2, s.size / maxSize * (r.width - LABEL - 6));
+      return { row: rows[Math.floor((e.clientY - r.top - 2) / ROW)], r };
+    }
+    canvas.addEventListener('mousemove', (e) => {
+      const { row, r } = rowAt(e);
+      if (!row) return hideTip();
+      canvas.style.cursor = row.group ? 'zoom-in' : '';
+      if (row.group) {
+        let html = '<b>' + row.group.length + ' segments' + (row.pool === 'all' ? '' : ', ' + row.pool + ' pool') +
+          '</b> · ' + fmtSize(row.size) + ' in all, the largest ' + fmtSize(row.largest) + '<table>';
+        for (const [k, bytes] of row.kinds) {
+          html += '<tr><td><span class="swatch" style="background:' + kindColor(k) + '"></span> ' +
+            escapeHtml(kindName(k)) + '</td><td>' + fmtIn(bytes, unitOf([row.size])) + '</td></tr>';
+        }
+        return showTip(html + '</table><i>click: zoom into these segments</i>', e.clientX, e.clientY);
+      }
+      const s = row.seg;
+      const segs = zoom.length ? zoom[zoom.length - 1] : moments[st.moment].segments;
+      const scale = zoom.length ? segs.reduce((a, q) => Math.max(a, q.size), 1) : maxSize;
+      const width = Math.max(2, s.size / scale * (r.width - LABEL - 6));
       const off = (e.clientX - r.left - LABEL) / width * s.size;
       const b = s.blocks.find((bb) => off >= bb[0] && off < bb[0] + bb[1]);
       let html = '<b>segment ' + hex(s.addr) + '</b> · ' + fmtSize(s.size) + ', ' + s.pool + ' pool, stream ' +
@@ -607,6 +804,13 @@
           (b[3] ? ' · ' + escapeHtml(rk.owners[b[3]]) : '');
       }
       showTip(html, e.clientX, e.clientY);
+    });
+    canvas.addEventListener('click', (e) => {
+      const { row } = rowAt(e);
+      if (!row || !row.group) return;
+      zoom.push(row.group);
+      hideTip();
+      draw();
     });
     canvas.addEventListener('mouseleave', hideTip);
     st.listeners.push(draw);
@@ -619,8 +823,9 @@
   // peak and at an OOM. A site is an imported allocation's stack (the user's
   // frames, innermost first) or, for memscope's own runs, category and owner.
   function SitesTable(title, sites, key) {
+    const unit = unitOf(sites.map((s) => s.bytes));
     const body = el('tbody', {}, ...sites.map((s) => el('tr', {},
-      el('td', { text: fmtSize(s.bytes) }), el('td', { text: String(s.allocations) }),
+      bytesCell(s.bytes, unit), el('td', { text: String(s.allocations) }),
       el('td', { class: 'name site', text: s.site, title: s.site.split(' <- ').join('\n') }))));
     const head = el('thead', {}, el('tr', {}, el('th', { text: 'bytes' }), el('th', { text: 'allocations' }),
       el('th', { class: 'name', text: 'site' })));
@@ -637,7 +842,19 @@
   // A capture with --all-device-memory (capture.md) has measured rows
   // ("source": "measured"): then a source column and cuBLAS, cuDNN and other.
   function GpuTable(gpus) {
-    const cell = (b, key) => el('td', { text: fmtSize(b), 'data-bytes': String(b), 'data-key': key });
+    // Each column in one unit: that of its largest value.
+    const units = {};
+    for (const g of gpus) {
+      const col = (key, b) => { (units[key] = units[key] || []).push(b || 0); };
+      for (const p of g.processes) {
+        col('context', p.context_bytes); col('reserved', p.reserved_bytes); col('nccl', p.nccl_bytes);
+        col('cublas', p.cublas_bytes); col('cudnn', p.cudnn_bytes); col('other', p.other_bytes);
+        col('used', p.used_bytes);
+      }
+      col('used', g.used_bytes); col('capacity', g.capacity_bytes);
+    }
+    for (const key of Object.keys(units)) units[key] = unitOf(units[key]);
+    const cell = (b, key) => bytesCell(b, units[key], { 'data-bytes': String(b), 'data-key': key });
     const measured = gpus.some((g) => g.processes.some((p) => p.source === 'measured'));
     const libraries = (p) => measured ? [cell(p.cublas_bytes || 0, 'cublas'), cell(p.cudnn_bytes || 0, 'cudnn'),
       cell(p.other_bytes || 0, 'other')] : [];
@@ -674,7 +891,7 @@
 
   // ---------------------------------------------------------------- one rank
 
-  function RankView(run, ri, rk, yMax) {
+  function RankView(run, ri, rk, yMax, axis) {
     const rep = rk.report;
     const st = RankState(rk);
     const pa = rep.peak.allocated, pr = rep.peak.reserved, fp = rep.fragmentation.peak;
@@ -699,7 +916,8 @@
       sec.append(el('p', { class: 'oom-note', text: 'OOM' + (rep.oom.phase ? ' in ' + rep.oom.phase : '') +
         ': requested ' + fmtSize(rep.oom.requested_bytes) + '; ' + rep.oom.verdict }));
     }
-    const tl = Timeline(rk, st, yMax);
+    const tl = Timeline(rk, st, yMax, axis);
+    axis.timelines.push(tl.draw);
     const table = PhaseTable(rk, st);
     const seg = SegmentMap(rk, st);
     sec.append(tl.root, el('div', { class: 'lower' }, table.root, seg.root));
@@ -737,11 +955,14 @@
         if (va || vb) rows.push([c + ' at peak allocated', va, vb]);
       }
       const body = el('tbody');
+      // A, B and B − A in one unit, so the table reads down and across.
+      const unit = unitOf(rows.flatMap((r) => [r[1], r[2]]));
       for (const [name, va, vb] of rows) {
         const d = vb - va;
         body.append(el('tr', { class: d !== 0 ? 'jump' : null, 'data-metric': name },
-          el('td', { class: 'name', text: name }), el('td', { text: fmtSize(va) }), el('td', { text: fmtSize(vb) }),
-          el('td', { class: 'delta ' + (d > 0 ? 'up' : d < 0 ? 'down' : ''), text: signed(d, fmtSize) }),
+          el('td', { class: 'name', text: name }), bytesCell(va, unit), bytesCell(vb, unit),
+          el('td', { class: 'delta ' + (d > 0 ? 'up' : d < 0 ? 'down' : ''), text: signed(d, (v) => fmtIn(v, unit)),
+            title: signed(d, fmtSize) }),
           el('td', { text: va ? (d >= 0 ? '+' : '') + (100 * d / va).toFixed(1) + '%' : '' })));
       }
       const fa = a.fragmentation.peak.fragmentation, fb = b.fragmentation.peak.fragmentation;
@@ -772,7 +993,7 @@
       }
       if (shown) {
         root.append(el('div', { class: 'table-wrap', style: 'margin-top:8px' }, el('table', { class: 'phase-diff' },
-          el('thead', {}, el('tr', {}, ...['step', 'phase', 'allocated A', 'allocated B', 'Δ', 'max reserved A',
+          el('thead', {}, el('tr', {}, ...['iteration', 'phase', 'allocated A', 'allocated B', 'Δ', 'max reserved A',
             'max reserved B', 'Δ'].map((h, k) => el('th', { class: k < 2 ? 'name' : null, text: h })))), prow)));
       }
     }
@@ -804,8 +1025,9 @@
       const col = el('section', { class: 'run', id: 'run' + ri },
         el('h2', { text: (compare ? 'ABCD'[ri] + ': ' : '') + run.label }));
       if (run.gpus && run.gpus.length) col.append(GpuTable(run.gpus));
+      const axis = TimeAxis(run.ranks);
       for (const rk of run.ranks) {
-        const v = RankView(run, ri, rk, yMax);
+        const v = RankView(run, ri, rk, yMax, axis);
         col.append(v.root);
         views.push(v);
       }

@@ -53,6 +53,47 @@ def mib(b):
     return f"{b // MiB}M"
 
 
+UNITS = [(1, "bytes"), (1024, "KiB"), (MiB, "MiB"), (1 << 30, "GiB")]
+
+
+def column_unit(values):
+    """The unit report.js gives a column: FormatSize's for its largest value."""
+    m = max([abs(v) for v in values] + [0])
+    return UNITS[0 if m <= 1024 else 1 if m <= MiB else 2 if m <= 1 << 30 else 3]
+
+
+def in_unit(b, unit):
+    """A byte value in its column's unit, as report.js writes it."""
+    if unit[0] == 1:
+        return f"{b} bytes"
+    x = b / unit[0]
+    return (repr(float("%.2g" % x)) if x and abs(x) < 0.005 else "%.2f" % x) + " " + unit[1]
+
+
+def unit_word(text):
+    """The unit a cell is written in: bytes, KiB, MiB, GiB, or M (the phase table's whole MiB); None: no size."""
+    parts = text.split()
+    if len(parts) == 2 and parts[1] in ("bytes", "KiB", "MiB", "GiB"):
+        return parts[1]
+    if text.endswith("M") and text.lstrip("+-").rstrip("M").replace(".", "").isdigit():
+        return "M"
+    return None
+
+
+def mixed_columns(d, root):
+    """The columns of the tables under root whose cells are written in more than one unit."""
+    bad = []
+    for table in root.find_elements(By.TAG_NAME, "table"):
+        rows = d.execute_script("""
+          return [...arguments[0].querySelectorAll('tbody tr')].map((tr) => [...tr.cells].map((c) => c.textContent));""",
+                                table)
+        for col in range(max((len(r) for r in rows), default=0)):
+            units = {unit_word(r[col]) for r in rows if col < len(r)} - {None}
+            if len(units) > 1:
+                bad.append((table.get_attribute("class"), col, sorted(units), [r[col] for r in rows if col < len(r)]))
+    return bad
+
+
 def json_of(*args):
     code, out, err = run(*args)
     check(f"{args} exit", code == 0, err)
@@ -118,12 +159,14 @@ def segmap_state(d, panel):
 
 
 def expected_frag(f):
-    return {"reserved_bytes": format_size(f["reserved_bytes"]), "allocated_bytes": format_size(f["allocated_bytes"]),
-            "largest_free_block_bytes": format_size(f["largest_free_block_bytes"]),
-            "free_in_segments_bytes": format_size(f["free_in_segments_bytes"]),
-            "inactive_split_bytes": format_size(f["inactive_split_bytes"]),
-            "fragmentation": "%.3f" % f["fragmentation"], "segments": str(f["segments"]),
-            "free_blocks": str(f["free_blocks"])}
+    """The numbers beside the segment map: the bytes in one unit (the largest's, reserved's)."""
+    keys = ["reserved_bytes", "allocated_bytes", "reserved_minus_allocated_bytes", "free_in_segments_bytes",
+            "largest_free_block_bytes", "inactive_split_bytes"]
+    unit = column_unit([f[k] for k in keys])
+    want = {k: in_unit(f[k], unit) for k in keys}
+    want.update({"fragmentation": "%.3f" % f["fragmentation"], "segments": str(f["segments"]),
+                 "free_blocks": str(f["free_blocks"])})
+    return want
 
 
 def check_frag(name, shown, f):
@@ -269,6 +312,8 @@ try:
     for ri in (0, 1):
         c = d.find_element(By.CSS_SELECTOR, f"#run{ri}-rank0 canvas.timeline-canvas")
         check(f"compare timeline {ri} drawn", pixels(d, c).get("78,121,167", 0) > 50, "")
+    check("compare: one unit per column", mixed_columns(d, d.find_element(By.ID, "app")) == [],
+          mixed_columns(d, d.find_element(By.ID, "app")))
     d.save_screenshot(os.path.join(OUT, "report-compare.png"))
 
     # ---- a long run: thinned timeline, a subset of segment maps
@@ -318,13 +363,17 @@ try:
     gpus = json.load(open(os.path.join(whole, "report.json")))["gpus"]
     open_page(d, os.path.join(whole, "report.html"), "whole GPU")
     expected = []
+    unit = {k: column_unit([p[k + "_bytes"] for g in gpus for p in g["processes"]])
+            for k in ("context", "reserved", "nccl")}
+    unit["used"] = column_unit([p["used_bytes"] for g in gpus for p in g["processes"]] + [g["used_bytes"] for g in gpus])
+    unit["capacity"] = column_unit([g["capacity_bytes"] for g in gpus])
     for g in gpus:
         for p in g["processes"]:
             expected.append([str(g["physical"]), str(p["rank"]), "stray" if p["cuda"] is None else f"cuda:{p['cuda']}",
-                             format_size(p["context_bytes"]), format_size(p["reserved_bytes"]),
-                             format_size(p["nccl_bytes"]), format_size(p["used_bytes"]), ""])
-        expected.append([str(g["physical"]), "total", "", "", "", "", format_size(g["used_bytes"]),
-                         format_size(g["capacity_bytes"])])
+                             in_unit(p["context_bytes"], unit["context"]), in_unit(p["reserved_bytes"], unit["reserved"]),
+                             in_unit(p["nccl_bytes"], unit["nccl"]), in_unit(p["used_bytes"], unit["used"]), ""])
+        expected.append([str(g["physical"]), "total", "", "", "", "", in_unit(g["used_bytes"], unit["used"]),
+                         in_unit(g["capacity_bytes"], unit["capacity"])])
     table = d.find_element(By.CSS_SELECTOR, "#run0 table.gpus")
     shown = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
              for tr in table.find_elements(By.CSS_SELECTOR, "tbody tr")]
@@ -351,6 +400,134 @@ try:
     check("pools at end shown", shown == want, (shown, want))
     check("pools at end: the MemPool's 20 MiB", "private pool (0, 1) reserved 20.00 MiB in 1 segment, allocated "
           "2.00 MiB" in shown, shown)
+
+    # ---- issue 33 item 7: the page as a user reads it (two ranks of a model run)
+    ranks_run = os.path.join(tmp, "ranks")
+    code, out, err = run("run", "--model", "mlp", "--steps", "3", "--world-size", "2", "--out", ranks_run)
+    check("two-rank run", code == 0, err)
+    open_page(d, os.path.join(ranks_run, "report.html"), "two ranks")
+    page_data = d.execute_script("return JSON.parse(document.getElementById('memscope-data').textContent)")
+    rks = page_data["runs"][0]["ranks"]
+    canvases = [d.find_element(By.CSS_SELECTOR, f"#run0-rank{rk['rank']} canvas.timeline-canvas") for rk in rks]
+    # One x axis for all ranks: the same range (the earliest first to the latest last event), the same view.
+    axes = [(float(c.get_attribute("data-axis-start") or "nan"), float(c.get_attribute("data-axis-end") or "nan"))
+            for c in canvases]
+    want_axis = (float(min(rk["t0"] for rk in rks)), float(max(rk["t1"] for rk in rks)))
+    check("ranks share one x axis", len(rks) == 2 and all(a == want_axis for a in axes), (axes, want_axis))
+    views = lambda: [(c.get_attribute("data-view-start"), c.get_attribute("data-view-end")) for c in canvases]
+    check("ranks share one view", len(set(views())) == 1, views())
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvases[0])
+    ActionChains(d).scroll_from_origin(ScrollOrigin.from_element(canvases[0]), 0, -300).perform()
+    zoomed = views()
+    check("zooming rank 0 zooms rank 1", len(set(zoomed)) == 1 and float(zoomed[0][1]) - float(zoomed[0][0]) < 0.9 * (want_axis[1] - want_axis[0]), zoomed)
+    at_canvas(d, canvases[0], 400, 150).double_click().perform()
+    check("double-click resets every rank", len(set(views())) == 1 and float(views()[1][0]) == want_axis[0], views())
+
+    # Every phase band has a label or, narrow, a hover naming it; the phase and the iteration are named apart.
+    narrow_hovered = 0
+    for rk, c in zip(rks, canvases):
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'})", c)
+        labels = {i: text for i, text in json.loads(c.get_attribute("data-band-labels") or "[]")}
+        for i, b in enumerate(rk["bands"]):
+            if b["depth"] >= 3:
+                continue
+            base = b["name"].split(":")[0]
+            if i in labels:
+                check(f"rank {rk['rank']} band {b['name']}: labelled with its phase",
+                      labels[i] in (base, base[0]), labels[i])
+            xa, _ = plot_x(d, c, b["begin"])
+            xb, _ = plot_x(d, c, b["end"])
+            at_canvas(d, c, (xa + xb) / 2, 4 + b["depth"] * 14 + 6).perform()
+            tip = d.find_element(By.ID, "tooltip")
+            check(f"rank {rk['rank']} band {b['name']} ({xb - xa:.1f} px): hover names it",
+                  tip.is_displayed() and tip.text.startswith("phase " + b["name"]), tip.text)
+            if labels.get(i) != base:
+                narrow_hovered += 1
+        iterations = json.loads(c.get_attribute("data-iteration-labels") or "[]")
+        bases = {b["name"].split(":")[0] for b in rk["bands"]}
+        check(f"rank {rk['rank']}: iteration markers", iterations and all(
+            t.startswith("iteration ") and t.split()[0] not in bases for t in iterations) and
+              not set(iterations) & set(labels.values()), (iterations, labels))
+    check("narrow phases (loss, step) were hovered", narrow_hovered > 0, narrow_hovered)
+    headers = [th.text for th in d.find_elements(By.CSS_SELECTOR, "#run0-rank0 table.phases th")]
+    check("phase table: iteration and phase columns", headers[:2] == ["iteration", "phase"], headers)
+    check("two ranks: one unit per column", mixed_columns(d, d.find_element(By.ID, "app")) == [],
+          mixed_columns(d, d.find_element(By.ID, "app")))
+    d.execute_script("window.scrollTo(0, 0)")
+    d.save_screenshot(os.path.join(OUT, "report-two-ranks.png"))
+
+    # ---- a change under 1 MiB in the phase table: "+0.06M" among the M, never "+64.00 KiB"
+    small = os.path.join(tmp, "small-delta.jsonl")
+    with open(small, "w") as f:
+        for line in [{"action": "phase_begin", "phase": "model"},
+                     {"action": "alloc", "id": "w", "size": 10 * MiB, "category": "PARAMETER", "owner": "fc"},
+                     {"action": "phase_end", "phase": "model"},
+                     {"action": "phase_begin", "phase": "forward", "step": 0},
+                     {"action": "alloc", "id": "a", "size": 64 << 10, "category": "ACTIVATION", "owner": "fc"},
+                     {"action": "phase_end", "phase": "forward", "step": 0}]:
+            f.write(json.dumps(line) + "\n")
+    small_run = os.path.join(tmp, "small-delta")
+    check("record small delta", run("replay", small, "--out", small_run)[0] == 0, "")
+    open_page(d, os.path.join(small_run, "report.html"), "small delta")
+    deltas = [td.text for td in d.find_elements(By.CSS_SELECTOR, "table.phases tbody td.delta")]
+    check("phase deltas in one unit", deltas == ["+10M", "+0.06M"], deltas)
+    check("small delta: one unit per column", mixed_columns(d, d.find_element(By.ID, "app")) == [],
+          mixed_columns(d, d.find_element(By.ID, "app")))
+
+    # ---- 200+ segments: the map aggregates the small ones, zooms into them, never scrolls
+    many = os.path.join(tmp, "many-segments.jsonl")
+    with open(many, "w") as f:
+        lines = [{"action": "phase_begin", "phase": "model"}]
+        for i in range(200):  # 4 of 1 GiB, then 196 of 12-40 MiB: each its own segment
+            size = (1 << 30) if i < 4 else (12 + (i * 7) % 29) * MiB
+            lines.append({"action": "alloc", "id": f"w{i}", "size": size, "category": "PARAMETER", "owner": f"l{i}"})
+        for i in range(30):  # small-pool tensors: 2 MiB segments
+            lines.append({"action": "alloc", "id": f"s{i}", "size": 600 << 10, "category": "ACTIVATION",
+                          "owner": f"s{i}"})
+        lines.append({"action": "phase_end", "phase": "model"})
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    many_run = os.path.join(tmp, "many")
+    code, out, err = run("replay", many, "--device-memory", "80GiB", "--out", many_run, "--no-search")
+    check("record 200+ segments", code == 0, err)
+    open_page(d, os.path.join(many_run, "report.html"), "200+ segments")
+    panel = d.find_element(By.CSS_SELECTOR, "#run0-rank0 .segpanel")
+    d.execute_script("arguments[0].scrollIntoView({block: 'center'})", panel)
+    seg_canvas = panel.find_element(By.CSS_SELECTOR, "canvas.segmap-canvas")
+    box = panel.find_element(By.CSS_SELECTOR, ".segscroll")
+    moment, segments, frag = segmap_state(d, panel)
+    f_peak = json_of("frag", many_run, "--at", "peak", "--json")["ranks"][0]
+    check("200+ segments at the peak", moment == "peak" and segments == len(f_peak["segments"]) >= 180,
+          (moment, segments))
+    check_frag("200+ segments", frag, f_peak["fragmentation"])
+
+    def no_scrolling(name):
+        sw, cw, sh, ch = d.execute_script(
+            "const b = arguments[0]; return [b.scrollWidth, b.clientWidth, b.scrollHeight, b.clientHeight]", box)
+        check(f"{name}: the map needs no scrolling", sw <= cw and sh <= ch, (sw, cw, sh, ch))
+
+    def map_rows(name, count):
+        rows = json.loads(seg_canvas.get_attribute("data-rows") or "[]")
+        check(f"{name}: at most 24 rows", 0 < len(rows) <= 24, len(rows))
+        check(f"{name}: every segment in a row", sum(r["segments"] for r in rows) == count, (rows, count))
+        check(f"{name}: no sliver", all(r["width"] >= 4 for r in rows), rows)
+        return rows
+
+    no_scrolling("200+ segments")
+    rows = map_rows("200+ segments", segments)
+    groups = [i for i, r in enumerate(rows) if r["group"]]
+    check("small segments aggregated", groups and rows[groups[0]]["segments"] > 1, rows)
+    at_canvas(d, seg_canvas, 300, 2 + groups[0] * 16 + 8).perform()
+    tip = d.find_element(By.ID, "tooltip").text
+    check("aggregate row hover", f"{rows[groups[0]]['segments']} segments" in tip and "zoom" in tip, tip)
+    at_canvas(d, seg_canvas, 300, 2 + groups[0] * 16 + 8).click().perform()
+    check("click zooms in", panel.get_attribute("data-zoom") == "1", panel.get_attribute("data-zoom"))
+    no_scrolling("zoomed")
+    map_rows("zoomed", rows[groups[0]]["segments"])
+    panel.find_element(By.CSS_SELECTOR, "button.segback").click()
+    check("back to the whole map", panel.get_attribute("data-zoom") == "0" and
+          len(json.loads(seg_canvas.get_attribute("data-rows"))) == len(rows), panel.get_attribute("data-zoom"))
+    d.save_screenshot(os.path.join(OUT, "report-many-segments.png"))
 finally:
     if d is not None:
         d.quit()
