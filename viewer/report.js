@@ -218,6 +218,12 @@
     const bandRows = Math.min(maxDepth + 1, 3);
     const M = { left: 70, right: 14, top: 8 + bandRows * 14, bottom: 24 };
     let hoverX = null, hoverBand = null;
+    // Label widths by text (a long run has thousands of bands, a few names).
+    const widths = new Map();
+    const textWidth = (ctx, text) => {
+      if (!widths.has(text)) widths.set(text, ctx.measureText(text).width);
+      return widths.get(text);
+    };
 
     const canvas = el('canvas', { class: 'timeline-canvas', 'aria-label': 'memory over time, rank ' + rk.rank });
     const info = el('span', { class: 'view-info' });
@@ -297,7 +303,7 @@
       // Phase bands: tinted plot background (outermost phases) and a strip on top.
       // Each band is labelled with its phase (the iteration is the marker's):
       // "forward" where it fits, its first letter where that fits, else it
-      // is at least 2 px wide and named on hover (bandNear).
+      // is at least 2 px wide and named on hover (bandsNear).
       const labelled = [];
       for (const b of rk.bands) {
         if (b.end < view.a || b.begin > view.b) continue;
@@ -318,8 +324,7 @@
             ctx.strokeRect(xa - 0.5, by - 0.5, Math.max(2, xb - xa - 1) + 1, 13);
           }
           const base = phaseBase(b.name);
-          const label = xb - xa > ctx.measureText(base).width + 6 ? base
-            : xb - xa > ctx.measureText(base[0]).width + 4 ? base[0] : '';
+          const label = xb - xa > textWidth(ctx, base) + 6 ? base : xb - xa > textWidth(ctx, base[0]) + 4 ? base[0] : '';
           if (label) {
             ctx.fillStyle = '#fff';
             ctx.textAlign = 'left';
@@ -342,7 +347,6 @@
       ctx.lineWidth = 1.5;
       ctx.stroke();
       ctx.lineWidth = 1;
-      // Steps.
       // Iterations: a dashed line where each training iteration's first phase
       // begins, "iteration N", named apart from the optimizer's phase "step".
       let lastLabel = -1e9;
@@ -452,35 +456,39 @@
     }
     function reset() { view.a = t0; view.b = t1; axis.redraw(); }
 
-    // The phase band under (px, py) of the band strip, or within 4 px of it:
-    // a phase a pixel wide (loss, step) is still hovered and clicked.
-    function bandNear(px, py, w) {
+    // The phase bands of the band strip's row under (px, py) within 4 px,
+    // nearest first: a phase a pixel wide (loss, step) is still hovered and
+    // clicked, and phases crowded into a few pixels are all named.
+    function bandsNear(px, py, w) {
       const depth = Math.floor((py - 4) / 14);
-      if (py < 2 || depth < 0 || depth >= bandRows || py > M.top) return null;
-      let best = null, bestDist = 4.5;
+      if (py < 2 || depth < 0 || depth >= bandRows || py > M.top) return [];
+      const near = [];
       for (const b of rk.bands) {
         if (b.depth !== depth || b.end < view.a || b.begin > view.b) continue;
         const xa = x(b.begin, w), xb = Math.max(x(b.end, w), xa + 2);
         const dist = px < xa ? xa - px : px > xb ? px - xb : 0;
-        if (dist < bestDist) {
-          best = b;
-          bestDist = dist;
-        }
+        if (dist <= 4) near.push([dist, Math.abs(px - (xa + xb) / 2), b]);
       }
-      return best;
+      near.sort((p, q) => p[0] - q[0] || p[1] - q[1]);
+      return near.map((n) => n[2]);
     }
     // A phase band's hover: its name as the phase table has it, which
-    // iteration it belongs to, when and how long.
-    function bandHtml(b) {
+    // iteration it belongs to, when and how long; then the others as close.
+    function bandHtml(near) {
+      const b = near[0];
       const row = rk.report.phases[rk.bands.indexOf(b)];
-      const base = phaseBase(b.name);
       const step = row && row.step !== null && row.step !== undefined ? row.step : null;
-      return '<b>phase ' + escapeHtml(b.name) + '</b>' +
-        (step !== null ? ' · ' + escapeHtml(base) + ' of iteration ' + step : '') +
+      let html = '<b>phase ' + escapeHtml(b.name) + '</b>' +
+        (step !== null ? ' · ' + escapeHtml(phaseBase(b.name)) + ' of iteration ' + step : '') +
         '<br>' + fmtTime(b.begin - t0, view.b - view.a) + ' – ' + fmtTime(b.end - t0, view.b - view.a) +
         ' (' + fmtTime(b.end - b.begin, b.end - b.begin) + ')' +
         (row ? '<br>allocated after it ' + fmtSize(row.allocated_bytes) + ', reserved ' +
-          fmtSize(row.reserved_bytes) : '') + '<br><i>click: its segment map</i>';
+          fmtSize(row.reserved_bytes) : '');
+      if (near.length > 1) {
+        html += '<br>also within 4 px: ' + escapeHtml(near.slice(1, 9).map((o) => o.name).join(', ')) +
+          (near.length > 9 ? ', …' : '') + ' (zoom in to tell them apart)';
+      }
+      return html + '<br><i>click: its segment map</i>';
     }
 
     // Phases open at t, outermost first.
@@ -517,8 +525,8 @@
       drag = null;
       if (!wasClick || e.target !== canvas) return;
       const r = canvas.getBoundingClientRect();
-      const near = bandNear(e.clientX - r.left, e.clientY - r.top, r.width);
-      if (near) return st.selectPhase(rk.bands.indexOf(near));
+      const near = bandsNear(e.clientX - r.left, e.clientY - r.top, r.width);
+      if (near.length) return st.selectPhase(rk.bands.indexOf(near[0]));
       const t = tAt(e.clientX - r.left, r.width);
       const open = phasesAt(t);
       if (!open.length) return;
@@ -546,9 +554,9 @@
         hideTip();
       } else {
         hoverX = px;
-        const band = bandNear(px, e.clientY - r.top, r.width);
-        hoverBand = band;
-        showTip(band ? bandHtml(band) : hoverHtml(tAt(px, r.width)), e.clientX, e.clientY);
+        const near = bandsNear(px, e.clientY - r.top, r.width);
+        hoverBand = near.length ? near[0] : null;
+        showTip(near.length ? bandHtml(near) : hoverHtml(tAt(px, r.width)), e.clientX, e.clientY);
       }
       scheduleDraw(panned);
     });
