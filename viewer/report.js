@@ -46,12 +46,9 @@
     for (const v of values) m = Math.max(m, Math.abs(v));
     return UNITS[m <= 1024 ? 0 : m <= 1048576 ? 1 : m <= 1073741824 ? 2 : 3];
   }
-  function fmtIn(b, u) {
-    if (u[0] === 1) return b + ' bytes';
-    const x = b / u[0];
-    const text = x !== 0 && Math.abs(x) < 0.005 ? String(Number(x.toPrecision(2))) : fixed2(x);
-    return text + ' ' + u[1];
-  }
+  // Two decimals; two significant digits where those would print 0.00.
+  function decimals(x) { return x !== 0 && Math.abs(x) < 0.005 ? String(Number(x.toPrecision(2))) : fixed2(x); }
+  function fmtIn(b, u) { return u[0] === 1 ? b + ' bytes' : decimals(b / u[0]) + ' ' + u[1]; }
   // A table cell of bytes in its column's unit; the exact bytes on hover.
   function bytesCell(b, u, attrs) {
     return el('td', Object.assign({ text: fmtIn(b, u), title: fmtSize(b) + ' (' + b + ' B)' }, attrs || {}));
@@ -60,7 +57,7 @@
   function mib(b) { return Math.floor(b / MiB) + 'M'; }
   // A change in the same unit: whole MiB when it is, else two decimals
   // ("+0.06M", never a "-0M" or a KiB among the M).
-  function mibDelta(b) { return b % MiB === 0 ? (b / MiB) + 'M' : fixed2(b / MiB) + 'M'; }
+  function mibDelta(b) { return b % MiB === 0 ? (b / MiB) + 'M' : decimals(b / MiB) + 'M'; }
   function signed(d, f) { return d > 0 ? '+' + f(d) : d < 0 ? '-' + f(-d) : '0'; }
   function kindName(k) { return k < CATS.length ? CATS[k] : KIND_NAMES[k - CATS.length]; }
   function kindColor(k) { return k < CATS.length ? CAT_COLORS[CATS[k]] : KIND_COLORS[k - CATS.length]; }
