@@ -529,6 +529,51 @@ std::string PoolsText(const std::vector<PoolBytes>& pools) {
   return out;
 }
 
+std::optional<PinnedHostBytes> PinnedHostOf(const Timeline& t) {
+  if (!t.host.present) return std::nullopt;
+  PinnedHostBytes out;
+  for (const HostSegment& s : t.host.segments) {
+    ++out.segments;
+    out.reserved += s.total_size;
+    for (const HostBlock& b : s.blocks) {
+      if (b.state == "active_allocated") {
+        out.allocated += b.size;
+        out.requested += b.requested_size;
+        ++out.allocated_blocks;
+      } else if (b.state == "active_pending_free" || b.state == "active_awaiting_free") {
+        out.pending_free += b.size;
+        ++out.pending_free_blocks;
+      }
+    }
+  }
+  for (const HostTraceEntry& e : t.host.trace) {
+    ++out.trace_entries;
+    auto it = std::find_if(out.trace_actions.begin(), out.trace_actions.end(),
+                           [&](const auto& a) { return a.first == e.action; });
+    if (it == out.trace_actions.end()) it = out.trace_actions.insert(it, {e.action, 0});
+    ++it->second;
+  }
+  return out;
+}
+
+std::string PinnedHostText(const std::optional<PinnedHostBytes>& host) {
+  if (!host) return "";
+  std::string out = absl::StrCat("pinned host memory: reserved ", FormatSize(host->reserved), " in ",
+                                 Counted(host->segments, "segment"), ", allocated ", FormatSize(host->allocated),
+                                 " in ", Counted(host->allocated_blocks, "block"), " (requested ",
+                                 FormatSize(host->requested), ")");
+  if (host->pending_free_blocks > 0) {
+    absl::StrAppend(&out, ", ", FormatSize(host->pending_free), " in ", Counted(host->pending_free_blocks, "block"),
+                    " waiting on stream events");
+  }
+  absl::StrAppend(&out, "\n  host trace: ", host->trace_entries, host->trace_entries == 1 ? " entry" : " entries");
+  for (std::size_t k = 0; k < host->trace_actions.size(); ++k) {
+    absl::StrAppend(&out, k == 0 ? " (" : ", ", host->trace_actions[k].second, " ", host->trace_actions[k].first);
+  }
+  absl::StrAppend(&out, host->trace_actions.empty() ? "" : ")", "\n");
+  return out;
+}
+
 std::string FragmentationText(const FragmentationInfo& f) {
   std::string out = absl::StrFormat(
       "reserved %s, allocated %s, reserved - allocated %s\n"

@@ -130,6 +130,21 @@ struct PoolBytes {
   std::uint64_t segments = 0;   // its segments (an expandable segment's mapped ranges each)
 };
 
+// The pinned host memory of a replayed PyTorch snapshot (Timeline::host,
+// record_pinned_host_memory): its segments' bytes at the snapshot, by the
+// state of their blocks, and its trace's entries by action.
+struct PinnedHostBytes {
+  std::uint64_t segments = 0;
+  std::uint64_t reserved = 0;          // the segments' total_size
+  std::uint64_t allocated = 0;         // active_allocated blocks' size
+  std::uint64_t allocated_blocks = 0;
+  std::uint64_t requested = 0;         // their requested_size
+  std::uint64_t pending_free = 0;      // blocks freed, waiting on stream events (active_pending_free / awaiting)
+  std::uint64_t pending_free_blocks = 0;
+  std::uint64_t trace_entries = 0;
+  std::vector<std::pair<std::string, std::uint64_t>> trace_actions;  // entries by action, in order of first use
+};
+
 // Everything report.json says about one rank (exporters/report.h has the
 // schema): the recording's header and its analyses, which AnalyzeRank fills,
 // and what only `memscope run` knows (ddp, status, losses), which it adds.
@@ -329,6 +344,11 @@ std::vector<PoolBytes> BytesByPool(const TraceModel& model, const Timeline& t);
 std::string PoolIdText(PoolId pool);
 // "by pool:" and a line per pool ("" for none).
 std::string PoolsText(const std::vector<PoolBytes>& pools);
+
+// The timeline's pinned host memory (nullopt when its snapshot had none).
+std::optional<PinnedHostBytes> PinnedHostOf(const Timeline& t);
+// "pinned host memory: ..." and its trace's line ("" for none).
+std::string PinnedHostText(const std::optional<PinnedHostBytes>& host);
 
 }  // namespace memscope
 

@@ -17,6 +17,7 @@ std::string_view TraceActionName(TraceAction action) {
     case TraceAction::kSyncAllStreams: return "sync_all_streams";
     case TraceAction::kSnapshot: return "snapshot";
     case TraceAction::kUserDefined: return "user_defined";
+    case TraceAction::kAnnotate: return "annotate";
   }
   return "unknown";
 }
@@ -31,7 +32,9 @@ std::optional<TraceAction> ParseTraceAction(std::string_view a) {
   switch (a.size()) {
     case 3: return is("oom", TraceAction::kOom);
     case 5: return is("alloc", TraceAction::kAlloc);
-    case 8: return is("snapshot", TraceAction::kSnapshot);
+    case 8:
+      if (a[0] == 'a') return is("annotate", TraceAction::kAnnotate);
+      return is("snapshot", TraceAction::kSnapshot);
     case 11:
       if (a[0] == 'e') return is("empty_cache", TraceAction::kEmptyCache);
       if (a[0] == 'a') return is("alloc_retry", TraceAction::kAllocRetry);

@@ -35,10 +35,11 @@ enum class TraceAction : std::uint8_t {
   // never reports them and the recording never stores them.
   kSnapshot,     // a snapshot was taken here
   kUserDefined,  // PyTorch 2.1-2.3: a record_function annotation (name, stage)
+  kAnnotate,     // PyTorch 2.11+: _annotate_memory's point annotation (user_metadata)
 };
 
 // The name in PyTorch's trace ("alloc", "segment_map", "oom", "snapshot",
-// "user_defined"; memscope's own "empty_cache", "alloc_retry",
+// "user_defined", "annotate"; memscope's own "empty_cache", "alloc_retry",
 // "sync_all_streams"); "unknown" for a value outside the enum.
 std::string_view TraceActionName(TraceAction action);
 

@@ -94,13 +94,16 @@ int Summary(const ReadArgs& a) {
     if (!r.ok()) return Fail("summary", r.status().message());
     absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, *moment, &*r);
     if (!at.ok()) return Fail("summary", at.status().message());
-    absl::StrAppend(&text, text.empty() ? "" : "\n", SummaryText(t, *r, at->first, moment->text, a.by_category));
+    const std::optional<PinnedHostBytes> host = PinnedHostOf(t);
+    absl::StrAppend(&text, text.empty() ? "" : "\n", SummaryText(t, *r, at->first, moment->text, a.by_category),
+                    PinnedHostText(host));
     at_moment.push_back({.rank = t.rank,
                          .moment = moment->text,
                          .events = at->second,
                          .stats = at->first.stats(),
                          .fragmentation = at->first.Fragmentation(),
-                         .pools = BytesByPool(at->first, t)});
+                         .pools = BytesByPool(at->first, t),
+                         .pinned_host = host});
     reports.push_back(std::move(*r));
   }
   // A run directory's whole-GPU table (run/gpu_table.h), from its ranks' rank-R.json.

@@ -153,10 +153,12 @@ struct MomentState {
   DeviceStats stats;
   FragmentationInfo fragmentation;
   std::vector<PoolBytes> pools;  // bytes by pool (only with private pools)
+  std::optional<PinnedHostBytes> pinned_host;  // a snapshot's pinned host memory (PinnedHostOf)
 };
 
 // `memscope summary --json`: the report's document plus "at", one entry per
-// rank: {"rank", "moment", "events", "memory_stats", "fragmentation"[, "pools"]}.
+// rank: {"rank", "moment", "events", "memory_stats", "fragmentation"[, "pools"][, "pinned_host_memory"]}
+// (pinned_host_memory: the snapshot's, at the snapshot whatever the moment).
 nlohmann::json SummaryJson(const Report& report, const std::vector<MomentState>& at);
 
 // The report of `ranks` (AnalyzeRank's, amended or not) of a run of
@@ -198,6 +200,9 @@ absl::StatusOr<DdpBuckets> DdpFromJson(const nlohmann::json& json);
 nlohmann::json FragmentationJson(const FragmentationInfo& f);
 // [{"pool_id": [a, b], "reserved", "allocated", "segments"}, ...] (BytesByPool).
 nlohmann::json PoolsJson(const std::vector<PoolBytes>& pools);
+// {"segments", "reserved_bytes", "allocated_bytes", "allocated_blocks", "requested_bytes",
+//  "pending_free_bytes", "pending_free_blocks", "trace_entries", "trace_actions": {action: n}}
+nlohmann::json PinnedHostJson(const PinnedHostBytes& host);
 void WriteFragmentationJson(JsonWriter& w, const FragmentationInfo& f);
 
 // {CATEGORY: bytes} for every category, as report.json's "by_category".

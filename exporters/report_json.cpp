@@ -574,6 +574,21 @@ json PoolsJson(const std::vector<PoolBytes>& pools) {
   return out;
 }
 
+// PinnedHostBytes, for `summary --json`.
+json PinnedHostJson(const PinnedHostBytes& h) {
+  json actions = json::object();
+  for (const auto& [action, n] : h.trace_actions) actions[action] = n;
+  return {{"segments", h.segments},
+          {"reserved_bytes", h.reserved},
+          {"allocated_bytes", h.allocated},
+          {"allocated_blocks", h.allocated_blocks},
+          {"requested_bytes", h.requested},
+          {"pending_free_bytes", h.pending_free},
+          {"pending_free_blocks", h.pending_free_blocks},
+          {"trace_entries", h.trace_entries},
+          {"trace_actions", actions}};
+}
+
 json FragmentationJson(const FragmentationInfo& f) {
   return {{"reserved_bytes", f.reserved},
           {"allocated_bytes", f.allocated},
@@ -740,6 +755,7 @@ json SummaryJson(const Report& report, const std::vector<MomentState>& at) {
                        {"memory_stats", stats},
                        {"fragmentation", FragmentationJson(m.fragmentation)}});
     if (!m.pools.empty()) moments.back()["pools"] = PoolsJson(m.pools);
+    if (m.pinned_host) moments.back()["pinned_host_memory"] = PinnedHostJson(*m.pinned_host);
   }
   j["at"] = std::move(moments);
   return j;

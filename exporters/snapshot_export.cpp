@@ -26,6 +26,12 @@ std::int64_t TimeUs(const Timeline& timeline, const Event& e) { return timeline.
 // Whether an event is one of the actions of PyTorch's device traces.
 bool IsPytorchTraceAction(EventType t) { return ChangesMemory(t) || t == EventType::kOom; }
 
+// A mark read from a PyTorch snapshot's `annotate` trace entry: written back as one.
+bool IsTraceAnnotation(const Event& e) {
+  return e.type == EventType::kMark && (e.flags & kEventTraceAnnotation) != 0;
+}
+bool IsTraceEntry(const Event& e) { return IsPytorchTraceAction(e.type) || IsTraceAnnotation(e); }
+
 // "forward:3", "model" (before the first step), a user phase by its label;
 // torch.profiler's step scope as PyTorch names it, "ProfilerStep#3".
 std::string AnnotationName(const Timeline& timeline, const Event& e) {
@@ -96,18 +102,20 @@ class SnapshotWriter {
     std::size_t skip = 0;
     if (max_entries != 0) {
       std::size_t n = 0;
-      for (std::size_t i = 0; i < events_until; ++i) n += IsPytorchTraceAction(timeline_.events[i].type) ? 1 : 0;
+      for (std::size_t i = 0; i < events_until; ++i) n += IsTraceEntry(timeline_.events[i]) ? 1 : 0;
       skip = n > max_entries ? n - max_entries : 0;
     }
     for (std::size_t i = 0; i < events_until; ++i) {
       const Event& e = timeline_.events[i];
-      if (!IsPytorchTraceAction(e.type)) continue;
+      if (!IsTraceEntry(e)) continue;
       // The tag (category, owner, stack) of each live allocation, for its
       // alloc and free entries: a free event carries none of its own.
       if (e.type == EventType::kAlloc) trace_tags_[e.addr] = Tag{e.category, e.name, timeline_.stack_of(i)};
       if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentMap) TrackSegment(e);
       if (skip > 0) {
         --skip;
+      } else if (IsTraceAnnotation(e)) {
+        WriteAnnotateEntry(e);
       } else {
         WriteTraceEntry(e);
       }
@@ -127,11 +135,14 @@ class SnapshotWriter {
       switch (e.type) {
         case EventType::kPhaseBegin: WriteAnnotation(AnnotationName(timeline_, e), "START", e); break;
         case EventType::kPhaseEnd: WriteAnnotation(AnnotationName(timeline_, e), "END", e); break;
-        case EventType::kMark: WriteAnnotation(timeline_.str(e.name), "START", e); break;
+        case EventType::kMark:
+          if (!IsTraceAnnotation(e)) WriteAnnotation(timeline_.str(e.name), "START", e);
+          break;
         default: break;
       }
     }
     w_.EndList();
+    if (timeline_.host.present) WriteHostMemory(timeline_.host);
     w_.EndDict();
   }
 
@@ -222,10 +233,24 @@ class SnapshotWriter {
       }
       w_.BeginDict();
       frame_memo_[id] = w_.MemoizeOpen();
-      WriteFrameItems(f.filename, f.line, f.name);
-      w_.EndDict();
     } else {
-      WriteFrame(f.filename, f.line, f.name);
+      w_.BeginDict();
+    }
+    WriteFrameItems(f.filename, f.line, f.name);
+    if (f.has_fx()) WriteFxItems(f);
+    w_.EndDict();
+  }
+
+  // The fx_ fields of a frame of torch.compile's code, those it had.
+  void WriteFxItems(const StackFrame& f) {
+    const std::pair<std::string_view, const std::string*> fields[] = {{"fx_node_op", &f.fx_node_op},
+                                                                      {"fx_node_name", &f.fx_node_name},
+                                                                      {"fx_node_target", &f.fx_node_target},
+                                                                      {"fx_original_trace", &f.fx_original_trace}};
+    for (const auto& [key, value] : fields) {
+      if (value->empty()) continue;
+      Key(key);
+      w_.String(*value);
     }
   }
 
@@ -404,6 +429,93 @@ class SnapshotWriter {
     }
     w_.EndDict();
     w_.EndDict();
+  }
+
+  // PyTorch 2.11+'s point annotation (_annotate_memory), its text as user_metadata.
+  void WriteAnnotateEntry(const Event& e) {
+    w_.BeginDict();
+    Key("action");
+    Name("annotate");
+    Key("addr");
+    w_.UInt(0);
+    Key("size");
+    w_.UInt(0);
+    Key("stream");
+    w_.UInt(0);
+    Key("time_us");
+    w_.Int(TimeUs(timeline_, e));
+    Key("user_metadata");
+    w_.String(timeline_.str(e.name));
+    EmptyFrames();
+    w_.EndDict();
+  }
+
+  // A host segment's, block's or entry's frames: its stack's, or none.
+  void HostFrames(std::uint32_t stack) {
+    if (stack != 0 && stack < timeline_.stacks.size()) {
+      TagFrames(Category::kOther, 0, stack);
+    } else {
+      EmptyFrames();
+    }
+  }
+
+  // The snapshot's pinned host memory as it was read (record_pinned_host_memory).
+  void WriteHostMemory(const PinnedHostMemory& host) {
+    Key("host_segments");
+    w_.BeginList();
+    for (const HostSegment& s : host.segments) {
+      w_.BeginDict();
+      if (s.device >= 0) {
+        Key("device");
+        w_.Int(s.device);
+      }
+      const std::pair<std::string_view, std::uint64_t> sizes[] = {{"address", s.address},
+                                                                  {"total_size", s.total_size},
+                                                                  {"allocated_size", s.allocated_size},
+                                                                  {"active_size", s.active_size},
+                                                                  {"requested_size", s.requested_size}};
+      for (const auto& [key, value] : sizes) {
+        Key(key);
+        w_.UInt(value);
+      }
+      HostFrames(s.stack);
+      Key("blocks");
+      w_.BeginList();
+      for (const HostBlock& b : s.blocks) {
+        w_.BeginDict();
+        Key("address");
+        w_.UInt(b.address);
+        Key("size");
+        w_.UInt(b.size);
+        Key("requested_size");
+        w_.UInt(b.requested_size);
+        Key("state");
+        Name(b.state);
+        HostFrames(b.stack);
+        w_.EndDict();
+      }
+      w_.EndList();
+      w_.EndDict();
+    }
+    w_.EndList();
+    Key("host_traces");
+    w_.BeginList();
+    for (const HostTraceEntry& e : host.trace) {
+      w_.BeginDict();
+      Key("action");
+      Name(e.action);
+      Key("addr");
+      w_.UInt(e.addr);
+      Key("size");
+      w_.UInt(e.size);
+      Key("stream");
+      w_.UInt(e.stream);
+      Key("time_us");
+      w_.Int(e.time_us);
+      HostFrames(e.stack);
+      w_.EndDict();
+    }
+    w_.EndList();
   }
 
   void WriteAnnotation(std::string_view name, std::string_view stage, const Event& e) {

@@ -31,8 +31,14 @@
 //   scopes would appear: a START and an END entry per phase named
 //   "forward:3" ("<phase>:<step>"), or "model" before the first step; a user
 //   phase is named by its label. A mark ("checkpoint saved") becomes a single
-//   START entry named by its text, with no END: PyTorch has no point
-//   annotations, and a viewer that pairs START with END ignores it.
+//   START entry named by its text, with no END: PyTorch's record_function
+//   scopes have no points, and a viewer that pairs START with END ignores
+//   it. A mark read from a snapshot's `annotate` trace entry (PyTorch
+//   2.11+'s point annotation, kEventTraceAnnotation) goes back into the
+//   trace as that entry instead.
+// - "host_segments" and "host_traces": a replayed snapshot's pinned host
+//   memory (Timeline::host) as it was read, when it had any.
+// A stack's frames carry their fx_ fields (torch.compile) when they had them.
 //
 // Both formats stream: memory does not grow with the length of the trace.
 #ifndef MEMSCOPE_EXPORTERS_SNAPSHOT_EXPORT_H_

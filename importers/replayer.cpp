@@ -229,6 +229,9 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
       case RequestOp::kMark:
         if (recorder != nullptr) recorder->Mark(trace.strings[r.text]);
         break;
+      case RequestOp::kAnnotate:
+        if (recorder != nullptr) recorder->Annotate(trace.strings[r.text]);
+        break;
     }
     if (result.oom.has_value()) break;
     result.requests_done = i + 1;
@@ -266,19 +269,43 @@ bool EventStacks(const RequestTrace& trace, const ReplayResult& result, const Ti
   return k == result.alloc_stacks.size();
 }
 
+// Whether the pinned host memory's entries name stacks (they need the table
+// even when the device's allocations have none).
+bool HostStacks(const PinnedHostMemory& host) {
+  for (const HostSegment& s : host.segments) {
+    if (s.stack != 0) return true;
+    for (const HostBlock& b : s.blocks) {
+      if (b.stack != 0) return true;
+    }
+  }
+  for (const HostTraceEntry& e : host.trace) {
+    if (e.stack != 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
+  timeline.host = trace.host;
   std::vector<std::uint32_t> stacks;
-  if (!EventStacks(trace, result, timeline, stacks)) return;
+  if (!EventStacks(trace, result, timeline, stacks)) {
+    stacks.clear();  // (the host's stacks only)
+    if (!HostStacks(trace.host)) return;
+  }
   timeline.stacks = trace.stacks;
   timeline.stack_frames = trace.stack_frames;
   timeline.event_stacks = std::move(stacks);
 }
 
 void AttachStacksMoving(RequestTrace& trace, const ReplayResult& result, Timeline& timeline) {
+  timeline.host = std::move(trace.host);
+  trace.host = PinnedHostMemory{};
   std::vector<std::uint32_t> stacks;
-  if (!EventStacks(trace, result, timeline, stacks)) return;
+  if (!EventStacks(trace, result, timeline, stacks)) {
+    stacks.clear();  // (the host's stacks only)
+    if (!HostStacks(timeline.host)) return;
+  }
   timeline.stacks = std::move(trace.stacks);
   timeline.stack_frames = std::move(trace.stack_frames);
   trace.stacks.clear();

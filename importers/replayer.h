@@ -52,8 +52,10 @@ struct ReplayResult {
 };
 
 // Gives `timeline` (the recording of the replay that produced `result`) the
-// trace's stacks: each alloc event the stack of its request. Leaves the
-// timeline without stacks when its alloc events do not follow the replay's.
+// trace's stacks: each alloc event the stack of its request, and the trace's
+// pinned host memory (RequestTrace::host). Leaves the alloc events without
+// stacks when they do not follow the replay's (the table stays when the host
+// memory's entries name stacks).
 void AttachStacks(const RequestTrace& trace, const ReplayResult& result, Timeline& timeline);
 // The same, moving the trace's stacks into the timeline instead of copying
 // them (`trace.stacks` is left empty), for callers done with them.

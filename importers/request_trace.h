@@ -48,7 +48,10 @@ enum class RequestOp : std::uint8_t {
   kPhaseBegin,
   kPhaseEnd,
   kMark,
-  kReleasePool
+  kReleasePool,
+  // A PyTorch snapshot's `annotate` trace entry: a mark (text) that is
+  // written back as that entry (Recorder::Annotate).
+  kAnnotate
 };
 
 // Request::stream of a sync that completes every stream.
@@ -91,6 +94,9 @@ struct RequestTrace {
   // The allocations' stacks (a PyTorch snapshot's frames); 0 is none.
   std::vector<AllocStack> stacks{AllocStack{}};
   std::vector<StackFrame> stack_frames;  // the frames the stacks' indices name, each distinct frame once
+  // A PyTorch snapshot's pinned host memory (host_segments, host_traces; on
+  // its first device's trace), its frames in `stacks`: handed to the replay's timeline.
+  PinnedHostMemory host;
   // The addresses the source's device gave, in order (a PyTorch snapshot's
   // segment_alloc entries; the first segment_map of each expandable
   // segment): a replay places its segments there while its calls follow the

@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
+#include "base/status.h"
 #include "base/trace_action.h"
 #include "importers/pickle_reader.h"
 #include "importers/prefault.h"
@@ -200,6 +201,13 @@ bool IsDefaultPool(const PyView& pool) {
 // ---- Attribution from stacks (docs/snapshot-format.md, "Categories and
 // owners"). PyTorch's frames are innermost first.
 
+// A block freed by the program that waits on stream events: PyTorch's C++
+// names the state active_pending_free, its documentation (memory.py's
+// _snapshot) active_awaiting_free.
+bool IsPendingFreeState(std::string_view state) {
+  return state == "active_pending_free" || state == "active_awaiting_free";
+}
+
 bool Contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 
 // A frame PyTorch's own viewer leaves out (torch/cuda/_memory_viz.py,
@@ -351,6 +359,7 @@ struct StackTags {
     std::uint32_t owner;
   };
   std::vector<StackTag> stack_tags{StackTag{Category::kOther, 0}};  // by stack index (0: none)
+  std::string bad_value;  // the first value of a wrong type in the frames read ("" if none): an error
   std::string ids_key;             // reused: one list's key
   std::vector<std::uint32_t> ids;  // reused: one list's frame ids
 
@@ -364,20 +373,47 @@ struct StackTags {
     frame.filename = std::string(f.Get("filename").AsString().value_or(""));
     frame.line = f.Get("line").AsInt().value_or(0);
     frame.name = std::string(f.Get("name").AsString().value_or(""));
+    std::string key = absl::StrCat(frame.filename.size(), ":", frame.filename, ":", frame.line, ":", frame.name);
+    if (f.size() > 3) ReadFxFields(f, frame, key);
     // (the file name's length first: no two frames have the same key)
-    auto [it, added] = frame_by_content.try_emplace(
-        absl::StrCat(frame.filename.size(), ":", frame.filename, ":", frame.line, ":", frame.name),
-        static_cast<std::uint32_t>(frame_infos.size()));
+    auto [it, added] = frame_by_content.try_emplace(std::move(key), static_cast<std::uint32_t>(frame_infos.size()));
     if (added) {
       FrameInfo& info = frame_infos.emplace_back();
       info.text = FrameText(frame.filename, frame.line, frame.name);
       info.rules = FrameRules(frame.filename, frame.name);
       info.library = LibraryFrame(frame.filename, frame.name);
       info.omitted = OmittedFrame(frame.filename, frame.name);
+      if (!frame.fx_node_name.empty()) {
+        // torch.compile's generated code, which stands for the user's
+        // frames it was traced from: the graph node is the owner.
+        info.text = absl::StrCat("fx: ", frame.fx_node_name,
+                                 frame.fx_node_op.empty() ? "" : absl::StrCat(" (", frame.fx_node_op, ")"));
+        info.library = false;
+        info.omitted = false;
+      }
       trace.stack_frames.push_back(std::move(frame));
     }
     if (shared) frame_by_node.emplace(node, it->second);
     return it->second;
+  }
+
+  // The fx_ fields of a frame (augment_with_fx_traces, PyTorch 2.11+), added
+  // to its content key; a value that is not a str is the first bad value.
+  void ReadFxFields(const PyView& f, StackFrame& frame, std::string& key) {
+    const std::pair<const char*, std::string*> fields[] = {{"fx_node_op", &frame.fx_node_op},
+                                                           {"fx_node_name", &frame.fx_node_name},
+                                                           {"fx_node_target", &frame.fx_node_target},
+                                                           {"fx_original_trace", &frame.fx_original_trace}};
+    for (const auto& [name, value] : fields) {
+      const PyView v = f.Get(name);
+      if (!v.valid()) continue;
+      if (const std::optional<std::string_view> text = v.AsString()) {
+        *value = std::string(*text);
+      } else if (bad_value.empty()) {
+        bad_value = absl::StrCat("a frame's ", name, " is not a str");
+      }
+      absl::StrAppend(&key, "\x1f", name, ":", value->size(), ":", *value);
+    }
   }
 
   // A new stack of the frames `ids`: its category (the first rule any frame
@@ -522,6 +558,7 @@ struct DeviceBuilder {
   StackTags tags;
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
+  std::uint64_t annotations = 0;  // annotate entries read
   std::int64_t reserved = 0;  // the trace's own count of segment bytes (for an OOM's capacity)
   // The empty-cache request of the segment frees just read, while only
   // more segment frees follow: its line and the reserved bytes before them.
@@ -798,7 +835,8 @@ struct DeviceBuilder {
     const Action act = action_names.Of(action_v.ref(), *action, ParseTraceAction);
     // The entry's pool (newer PyTorch writes pool_id on every entry), read where it is used.
     const auto pool_of = [&] { return PyView(arena, f[Field::kPoolId]); };
-    CountExtras(context_v, metadata_v, unknown_keys, e);
+    // (an annotate entry's user_metadata is its text, not an extra)
+    CountExtras(context_v, act == TraceAction::kAnnotate ? PyView() : metadata_v, unknown_keys, e);
     const std::uint64_t addr = UIntOr0(PyView(arena, f[Field::kAddr]));
     const std::optional<double> time = time_v.AsNumber();
     const double time_us = time.value_or(last_time);
@@ -882,9 +920,28 @@ struct DeviceBuilder {
         }
         Push(r, time_us);
       }
+    } else if (act == TraceAction::kAnnotate) {
+      AnnotateEntry(PyView(arena, f[Field::kUserMetadata]), PyView(arena, f[Field::kName]), time_us);
     } else if (act != TraceAction::kSnapshot) {
       unknown_actions.Add(*action);
     }
+  }
+
+  // PyTorch 2.11+'s `annotate` entry (_annotate_memory): a point in the
+  // trace named by its user_metadata (else its name), replayed as a mark
+  // that is written back as the same entry. Without a text it is counted
+  // as an entry memscope could not read.
+  void AnnotateEntry(const PyView& metadata_v, const PyView& name_v, double time_us) {
+    std::optional<std::string_view> text = metadata_v.AsString();
+    if (!text || text->empty()) text = name_v.AsString();
+    if (!text) {
+      unknown_actions.Add("annotate (without user_metadata)");
+      return;
+    }
+    out.requests.strings.push_back(std::string(*text));
+    ++annotations;
+    Push(Request{.op = RequestOp::kAnnotate, .text = static_cast<std::uint32_t>(out.requests.strings.size() - 1)},
+         time_us);
   }
 };
 
@@ -977,6 +1034,134 @@ SnapshotSegments ReadSegments(const PyView& root) {
   }
   return out;
 }
+
+// ---- Pinned host memory (record_pinned_host_memory, PyTorch 2.11+).
+
+// Reads `host_segments` and `host_traces` into trace.host, their frames into
+// trace's stacks (through `tags`, not counted as allocations' stacks). A
+// value of the wrong type is an error naming where it is.
+class HostMemoryReader {
+ public:
+  HostMemoryReader(const std::string& path, StackTags& tags, RequestTrace& trace)
+      : path_(path), tags_(tags), trace_(trace) {}
+
+  absl::Status Read(const PyView& root) {
+    const PyView segments = root.Get("host_segments"), traces = root.Get("host_traces");
+    PinnedHostMemory& host = trace_.host;
+    host.present = segments.valid() || traces.valid();
+    if (segments.valid() && !segments.is_list()) {
+      Bad("host_segments", "a list");
+      return error_;
+    }
+    for (std::size_t s = 0; s < segments.size() && error_.ok(); ++s) ReadSegment(segments[s], s);
+    if (traces.valid() && !traces.is_list()) {
+      Bad("host_traces", "a list");
+      return error_;
+    }
+    // (one list of entries; a list of lists, one per device, is read in order)
+    for (std::size_t k = 0; k < traces.size() && error_.ok(); ++k) {
+      const PyView item = traces[k];
+      if (!item.is_list()) {
+        ReadEntry(item, absl::StrCat("host_traces[", k, "]"));
+        continue;
+      }
+      for (std::size_t j = 0; j < item.size() && error_.ok(); ++j) {
+        ReadEntry(item[j], absl::StrCat("host_traces[", k, "][", j, "]"));
+      }
+    }
+    return error_;
+  }
+
+ private:
+  // The first value of a wrong type: `where` is not `expected`.
+  void Bad(const std::string& where, const char* expected) {
+    if (error_.ok()) error_ = absl::InvalidArgumentError(absl::StrCat(path_, ": ", where, " is not ", expected));
+  }
+  std::uint64_t UInt(const PyView& d, const std::string& where, const char* key) {
+    const PyView v = d.Get(key);
+    if (!v.valid()) return 0;
+    if (const std::optional<std::uint64_t> u = v.AsUInt()) return *u;
+    Bad(where + "." + key, "a non-negative int");
+    return 0;
+  }
+  std::string Str(const PyView& d, const std::string& where, const char* key) {
+    const PyView v = d.Get(key);
+    if (!v.valid()) return "";
+    if (const std::optional<std::string_view> text = v.AsString()) return std::string(*text);
+    Bad(where + "." + key, "a str");
+    return "";
+  }
+  std::uint32_t Stack(const PyView& d, const std::string& where) {
+    const PyView frames = d.Get("frames");
+    if (!frames.valid()) return 0;
+    if (!frames.is_list()) {
+      Bad(where + ".frames", "a list");
+      return 0;
+    }
+    // (host frames are no allocation's: the device's counts stay)
+    const std::uint64_t attributed = tags_.attributed, from_frames = tags_.from_frames;
+    Request r{.op = RequestOp::kAlloc};
+    tags_.Tag(frames, r, trace_);
+    tags_.attributed = attributed;
+    tags_.from_frames = from_frames;
+    return r.stack;
+  }
+  void ReadSegment(const PyView& seg, std::size_t s) {
+    const std::string where = absl::StrCat("host_segments[", s, "]");
+    if (!seg.is_dict()) {
+      Bad(where, "a dict");
+      return;
+    }
+    HostSegment& out = trace_.host.segments.emplace_back();
+    out.address = UInt(seg, where, "address");
+    out.total_size = UInt(seg, where, "total_size");
+    out.allocated_size = UInt(seg, where, "allocated_size");
+    out.active_size = UInt(seg, where, "active_size");
+    out.requested_size = UInt(seg, where, "requested_size");
+    if (const PyView d = seg.Get("device"); d.valid()) {
+      if (!d.AsInt()) Bad(where + ".device", "an int");
+      out.device = d.AsInt().value_or(-1);
+    }
+    out.stack = Stack(seg, where);
+    const PyView blocks = seg.Get("blocks");
+    if (blocks.valid() && !blocks.is_list()) Bad(where + ".blocks", "a list");
+    for (std::size_t k = 0; k < blocks.size() && error_.ok(); ++k) {
+      const std::string at = absl::StrCat(where, ".blocks[", k, "]");
+      const PyView b = blocks[k];
+      if (!b.is_dict()) {
+        Bad(at, "a dict");
+        return;
+      }
+      HostBlock& block = out.blocks.emplace_back();
+      block.address = UInt(b, at, "address");
+      block.size = UInt(b, at, "size");
+      block.requested_size = UInt(b, at, "requested_size");
+      block.state = Str(b, at, "state");
+      block.stack = Stack(b, at);
+    }
+  }
+  void ReadEntry(const PyView& e, const std::string& where) {
+    if (!e.is_dict()) {
+      Bad(where, "a dict");
+      return;
+    }
+    HostTraceEntry& out = trace_.host.trace.emplace_back();
+    out.action = Str(e, where, "action");
+    out.addr = UInt(e, where, "addr");
+    out.size = UInt(e, where, "size");
+    out.stream = UInt(e, where, "stream");
+    if (const PyView t = e.Get("time_us"); t.valid()) {
+      if (!t.AsNumber()) Bad(where + ".time_us", "a number");
+      out.time_us = static_cast<std::int64_t>(t.AsNumber().value_or(0));
+    }
+    out.stack = Stack(e, where);
+  }
+
+  const std::string& path_;
+  StackTags& tags_;
+  RequestTrace& trace_;
+  absl::Status error_;
+};
 
 // The allocs of the blocks alive at the snapshot that the trace never
 // allocated, in address order; `head_private`: how many are in private pools.
@@ -1138,6 +1323,11 @@ void AddReadNotes(const DeviceBuilder& b, int device, std::uint64_t head_private
     t.notes.push_back(absl::StrCat(b.compile_contexts, " trace entries carry a compile_context and ", b.user_metadata,
                                    " a user_metadata (kept in the file, not shown)"));
   }
+  if (b.annotations > 0) {
+    t.notes.push_back(absl::StrCat("device ", device, ": ", b.annotations,
+                                   b.annotations == 1 ? " annotate entry" : " annotate entries",
+                                   " (_annotate_memory) read as marks"));
+  }
   if (b.delayed_frees > 0) {
     t.notes.push_back(absl::StrCat(b.delayed_frees, " frees of device ", device,
                                    " completed later than requested "
@@ -1228,8 +1418,13 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
   const AllocatorConfig settings = SnapshotSettings(root.Get("allocator_settings"));
   SnapshotSegments segments = ReadSegments(root);
 
+  if (!devices.empty()) {  // the host allocator is the process's: on the first device's trace
+    DeviceBuilder& first = devices.begin()->second;
+    MEMSCOPE_RETURN_IF_ERROR(HostMemoryReader(path, first.tags, first.out.requests).Read(root));
+  }
   std::vector<ImportedTrace> result;
   for (auto& [device, b] : devices) {
+    if (!b.tags.bad_value.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", b.tags.bad_value));
     b.Release(/*completed_at_once=*/false);  // the trace ended before its free completed
     ImportedTrace& t = b.out;
     t.settings = settings;
@@ -1377,7 +1572,9 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
         a.requested_size = requested != 0 ? requested : size;
         a.stream = e.stream;
         t.events.push_back(a);
-        if (*state == "active_pending_free") {
+        // (PyTorch's C++ writes active_pending_free; its documentation, and
+        // so some tools, active_awaiting_free: the same state)
+        if (IsPendingFreeState(*state)) {
           a.type = EventType::kFreeRequested;
           t.events.push_back(a);
         }
@@ -1397,6 +1594,16 @@ absl::StatusOr<std::vector<Timeline>> ReadPytorchSnapshotState(const std::string
     timelines.push_back(std::move(t));
   }
   if (timelines.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": the snapshot has no segments"));
+  if (root.is_dict()) {  // pinned host memory, on the first device's timeline with its frames
+    StackTags tags;
+    RequestTrace host;
+    MEMSCOPE_RETURN_IF_ERROR(HostMemoryReader(path, tags, host).Read(root));
+    if (!tags.bad_value.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", tags.bad_value));
+    Timeline& first = timelines.front();
+    first.host = std::move(host.host);
+    first.stacks = std::move(host.stacks);
+    first.stack_frames = std::move(host.stack_frames);
+  }
   return timelines;
 }
 

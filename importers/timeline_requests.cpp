@@ -57,7 +57,7 @@ TimelineRequests RequestsFromTimeline(const Timeline& t, const std::string& sour
         r.text = intern(t.str(e.name));
         break;
       case EventType::kMark:
-        r.op = RequestOp::kMark;
+        r.op = (e.flags & kEventTraceAnnotation) != 0 ? RequestOp::kAnnotate : RequestOp::kMark;
         r.text = intern(t.str(e.name));
         break;
       default: continue;  // the allocator's own decisions (segments, retries, syncs)

@@ -70,6 +70,10 @@ inline constexpr std::uint8_t kEventSmallPool = 1;  // the block or segment is i
 // once with the same fields (no stream waited). The reader turns it back
 // into the two events, so an Event in memory never carries it.
 inline constexpr std::uint8_t kEventCompletedAtOnce = 2;
+// Only in memory, on a mark: the mark is a PyTorch snapshot's `annotate`
+// trace entry (_annotate_memory, PyTorch 2.11+), written back as one.
+// Timeline files do not store it (their reader keeps kEventSmallPool only).
+inline constexpr std::uint8_t kEventTraceAnnotation = 2;
 // Bits 2 to 7, only in memory (a replay's recording): the pool of an
 // allocator event, 0 for the default pool, else the index of a private pool
 // in Timeline::pools. Timeline files do not store it.
@@ -139,12 +143,52 @@ inline bool ClosesPhase(const Event& end, Phase phase, std::int64_t step, std::u
 }
 
 // One frame of an allocation's stack, as PyTorch records it
-// (torch.cuda.memory._snapshot() "frames" entries, innermost first).
+// (torch.cuda.memory._snapshot() "frames" entries, innermost first). The fx_
+// fields are set on the frames of torch.compile's generated code when the
+// snapshot was taken with augment_with_fx_traces (PyTorch 2.11+): the FX
+// graph node that allocated (op "call_function", name "addmm", target
+// "aten.addmm.default") and the user's code it was traced from; empty when
+// the frame has none.
 struct StackFrame {
   std::string filename;
   std::int64_t line = 0;
   std::string name;
+  std::string fx_node_op;
+  std::string fx_node_name;
+  std::string fx_node_target;
+  std::string fx_original_trace;
+  bool has_fx() const {
+    return !fx_node_op.empty() || !fx_node_name.empty() || !fx_node_target.empty() || !fx_original_trace.empty();
+  }
   bool operator==(const StackFrame&) const = default;
+};
+
+// Pinned host memory, as a PyTorch snapshot with record_pinned_host_memory
+// (PyTorch 2.11+) has it: the host caching allocator's segments
+// (`host_segments`) and its trace (`host_traces`), kept to be shown and
+// written back; memscope does not replay them. `stack`: index into the
+// timeline's stacks (0: no frames).
+struct HostBlock {
+  std::uint64_t address = 0, size = 0, requested_size = 0;
+  std::string state;  // active_allocated, active_pending_free / active_awaiting_free, inactive
+  std::uint32_t stack = 0;
+};
+struct HostSegment {
+  std::uint64_t address = 0, total_size = 0, allocated_size = 0, active_size = 0, requested_size = 0;
+  std::int64_t device = -1;  // -1: the snapshot gave none
+  std::uint32_t stack = 0;
+  std::vector<HostBlock> blocks;
+};
+struct HostTraceEntry {
+  std::string action;  // alloc, free_requested, free_completed, segment_alloc, segment_free, ...
+  std::uint64_t addr = 0, size = 0, stream = 0;
+  std::int64_t time_us = 0;
+  std::uint32_t stack = 0;
+};
+struct PinnedHostMemory {
+  bool present = false;  // the snapshot had host_segments or host_traces
+  std::vector<HostSegment> segments;
+  std::vector<HostTraceEntry> trace;
 };
 
 // The stack of an allocation read from a PyTorch snapshot, and its site: the
@@ -195,6 +239,9 @@ struct Timeline {
   // replayed snapshot. Not stored in timeline files.
   std::vector<PoolId> pools{PoolId{}};
   bool has_private_pools() const { return pools.size() > 1; }
+  // A replayed PyTorch snapshot's pinned host memory (on its first device's
+  // timeline only: the host allocator is the process's). Not stored in timeline files.
+  PinnedHostMemory host;
 
   const std::string& str(std::uint32_t id) const { return id < strings.size() ? strings[id] : strings[0]; }
 };

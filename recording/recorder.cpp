@@ -231,10 +231,11 @@ void Recorder::OnEvent(const TraceEvent& e) {
 }
 
 void Recorder::AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
-                          std::int64_t micro_batch) {
+                          std::int64_t micro_batch, std::uint8_t flags) {
   Sync sync(*this);
   Event e;
   e.type = type;
+  e.flags = flags;
   e.phase = phase;
   e.set_step(step);
   e.set_micro_batch(micro_batch);
@@ -272,5 +273,9 @@ void Recorder::CollectiveEnd(std::string_view kind, std::uint64_t bytes) {
 }
 
 void Recorder::Mark(std::string_view text) { AppendMark(EventType::kMark, Phase::kUser, kNoStep, text); }
+
+void Recorder::Annotate(std::string_view text) {
+  AppendMark(EventType::kMark, Phase::kUser, kNoStep, text, kNoMicroBatch, kEventTraceAnnotation);
+}
 
 }  // namespace memscope

@@ -77,6 +77,9 @@ class Recorder final : public AllocatorObserver {
                 std::int64_t micro_batch = kNoMicroBatch);
   // A free-form mark ("checkpoint saved").
   void Mark(std::string_view text);
+  // A mark that was a PyTorch snapshot's `annotate` trace entry
+  // (kEventTraceAnnotation: written back as one).
+  void Annotate(std::string_view text);
 
   // The first error a phase end's flush met (a full disk: the timeline can
   // no longer be written whole), OK until then. The training loop stops at
@@ -150,7 +153,7 @@ class Recorder final : public AllocatorObserver {
   std::int64_t ClockNs();  // the clock mode's clock (recorder.cpp)
   std::uint32_t OwnerId(const AllocTag& tag);  // the string id of the tag's owner
   void AppendMark(EventType type, Phase phase, std::int64_t step, std::string_view label,
-                  std::int64_t micro_batch = kNoMicroBatch);
+                  std::int64_t micro_batch = kNoMicroBatch, std::uint8_t flags = 0);
   void AppendCollective(EventType type, std::string_view kind, std::uint64_t bytes);
 
   EventSink& sink_;

@@ -22,6 +22,7 @@ TEST_CASE("trace actions carry PyTorch's names and every name reads back as its 
       {TraceAction::kSyncAllStreams, "sync_all_streams"},
       {TraceAction::kSnapshot, "snapshot"},
       {TraceAction::kUserDefined, "user_defined"},
+      {TraceAction::kAnnotate, "annotate"},
   };
   for (const auto& [action, name] : names) {
     INFO(name);

@@ -672,11 +672,11 @@ TEST_CASE("the pickled snapshot's fast path writes the bytes of the ordinary cal
   // (under a 64 KiB frame).
   for (int f = 0; f < 1100; ++f) {
     deep.frames.push_back(static_cast<std::uint32_t>(tl.stack_frames.size()));
-    tl.stack_frames.push_back({absl::StrCat("m", f), f, "fw"});
+    tl.stack_frames.push_back({absl::StrCat("m", f), f, "fw", {}, {}, {}, {}});
   }
   tl.stacks.push_back(deep);
-  tl.stack_frames.push_back({"caf\xc3\xa9.py", 7, "bad \xfe name"});
-  tl.stack_frames.push_back({std::string(260, 'f'), -3, "step"});
+  tl.stack_frames.push_back({"caf\xc3\xa9.py", 7, "bad \xfe name", {}, {}, {}, {}});
+  tl.stack_frames.push_back({std::string(260, 'f'), -3, "step", {}, {}, {}, {}});
   tl.stacks.push_back({{1100, 1101}, "site"});
   tl.event_stacks.assign(tl.events.size(), 0);
   std::size_t allocs = 0;

@@ -101,10 +101,10 @@ TEST_CASE("snapshot import: one frame table, one stack per distinct list of fram
     const RequestTrace& t = imported->front().requests;
     // Three distinct frames, the first met first (f0's copy in D is f0).
     REQUIRE(t.stack_frames.size() == 3);
-    CHECK(t.stack_frames[0] == StackFrame{"/src/model.py", 10, "forward"});
+    CHECK(t.stack_frames[0] == StackFrame{"/src/model.py", 10, "forward", {}, {}, {}, {}});
     CHECK(t.stack_frames[1] ==
-          StackFrame{"/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1500, "_call_impl"});
-    CHECK(t.stack_frames[2] == StackFrame{"/src/train.py", 7, "main"});
+          StackFrame{"/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1500, "_call_impl", {}, {}, {}, {}});
+    CHECK(t.stack_frames[2] == StackFrame{"/src/train.py", 7, "main", {}, {}, {}, {}});
     // Stacks: 0 is none, then [f0, f1] (A, B and D) and [f2, f1] (C).
     REQUIRE(t.stacks.size() == 3);
     CHECK(t.stacks[0].frames.empty());
