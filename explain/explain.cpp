@@ -243,6 +243,7 @@ absl::StatusOr<MomentMemory> MemoryAt(const Timeline& t, const RankReport& repor
 }
 
 std::string Signed(std::int64_t bytes) {
+  if (bytes == 0) return "0 bytes";
   return bytes >= 0 ? absl::StrCat(FormatSize(static_cast<std::uint64_t>(bytes)), " less")
                     : absl::StrCat(FormatSize(static_cast<std::uint64_t>(-bytes)), " more");
 }
@@ -287,7 +288,7 @@ std::string RemedyLine(const MemoryExplanation& e) {
     if (e.oom && w.oom) continue;
     if (!e.oom && w.saved_bytes.value_or(0) <= 0) continue;
     std::string part = absl::StrCat(w.change, " (needs ", MinText(w.min_device_memory));
-    if (w.saved_bytes) absl::StrAppend(&part, ", ", Signed(*w.saved_bytes));
+    if (w.saved_bytes.value_or(0) != 0) absl::StrAppend(&part, ", ", Signed(*w.saved_bytes));
     parts.push_back(absl::StrCat(part, ")"));
   }
   if (e.oom) {
