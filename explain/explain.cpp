@@ -20,14 +20,10 @@ namespace memscope {
 
 std::string_view OomCauseName(OomCause cause) {
   switch (cause) {
-    case OomCause::kMemoryFraction:
-      return "memory_fraction";
-    case OomCause::kOtherProcess:
-      return "other_process";
-    case OomCause::kFragmentation:
-      return "fragmentation";
-    case OomCause::kCapacity:
-      return "capacity";
+    case OomCause::kMemoryFraction: return "memory_fraction";
+    case OomCause::kOtherProcess: return "other_process";
+    case OomCause::kFragmentation: return "fragmentation";
+    case OomCause::kCapacity: return "capacity";
   }
   return "capacity";
 }
@@ -61,7 +57,8 @@ absl::StatusOr<AllocatorConfig> BaselineConfig(const ReplaySource& source, const
   if (!config.ok()) return config.status();
   if (options.memory_fraction) {
     const double f = *options.memory_fraction;
-    if (!(f >= 0.0 && f <= 1.0)) return absl::InvalidArgumentError(absl::StrCat("--memory-fraction ", f, ": use 0 to 1"));
+    if (!(f >= 0.0 && f <= 1.0))
+      return absl::InvalidArgumentError(absl::StrCat("--memory-fraction ", f, ": use 0 to 1"));
     config->per_process_memory_fraction = f;
   }
   return config;
@@ -153,8 +150,7 @@ std::vector<Variant> Variants(const Input& in) {
     out.push_back({"no memory fraction", whole, false, in.device_memory});
   }
   if (in.gpu_memory > in.device_memory) {
-    out.push_back({absl::StrCat("the whole GPU (", FormatSize(in.gpu_memory), ")"), base, false,
-                   in.gpu_memory});
+    out.push_back({absl::StrCat("the whole GPU (", FormatSize(in.gpu_memory), ")"), base, false, in.gpu_memory});
   }
   return out;
 }
@@ -223,7 +219,8 @@ OomCause CauseOf(const OutOfMemoryInfo& info, double fraction, std::uint64_t out
 absl::StatusOr<MomentMemory> MemoryAt(const Timeline& t, const RankReport& report) {
   MomentMemory m;
   if (report.oom) {
-    absl::StatusOr<std::pair<TraceModel, std::size_t>> at = ModelAt(t, Moment{.kind = Moment::Kind::kOom, .text = "oom"}, &report);
+    absl::StatusOr<std::pair<TraceModel, std::size_t>> at =
+        ModelAt(t, Moment{.kind = Moment::Kind::kOom, .text = "oom"}, &report);
     if (!at.ok()) return at.status();
     m.name = "oom";
     m.phase = report.oom->phase;
@@ -254,16 +251,16 @@ std::string CauseLine(const MemoryExplanation& e) {
   const OutOfMemoryInfo& i = e.oom->info;
   switch (*e.cause) {
     case OomCause::kMemoryFraction:
-      return absl::StrCat("Cause: the memory fraction. set_per_process_memory_fraction(", e.memory_fraction,
-                          ") allows this process ",
-                          FormatSize(static_cast<std::uint64_t>(e.memory_fraction * static_cast<double>(e.device_memory))),
-                          " of the GPU's ", FormatSize(e.device_memory), "; with ", FormatSize(i.reserved),
-                          " reserved, a new segment of ", FormatSize(i.alloc_size), " would pass it, though the device had ",
-                          FormatSize(i.device_free), " free.");
+      return absl::StrCat(
+          "Cause: the memory fraction. set_per_process_memory_fraction(", e.memory_fraction, ") allows this process ",
+          FormatSize(static_cast<std::uint64_t>(e.memory_fraction * static_cast<double>(e.device_memory))),
+          " of the GPU's ", FormatSize(e.device_memory), "; with ", FormatSize(i.reserved),
+          " reserved, a new segment of ", FormatSize(i.alloc_size), " would pass it, though the device had ",
+          FormatSize(i.device_free), " free.");
     case OomCause::kOtherProcess:
-      return absl::StrCat("Cause: another process (or rank) on the GPU. Of its ", FormatSize(e.gpu_memory), ", this process had reserved ",
-                          FormatSize(i.reserved), " and ", FormatSize(i.device_free), " was free: ",
-                          FormatSize(e.outside_bytes), " was held outside it, without which the ",
+      return absl::StrCat("Cause: another process (or rank) on the GPU. Of its ", FormatSize(e.gpu_memory),
+                          ", this process had reserved ", FormatSize(i.reserved), " and ", FormatSize(i.device_free),
+                          " was free: ", FormatSize(e.outside_bytes), " was held outside it, without which the ",
                           FormatSize(i.alloc_size), " segment would have fit.");
     case OomCause::kFragmentation:
       return absl::StrCat("Cause: fragmentation. ", FormatSize(i.allocated), " allocated plus the ",
@@ -272,8 +269,7 @@ std::string CauseLine(const MemoryExplanation& e) {
                           FormatSize(i.largest_free_block), ") with ", FormatSize(i.device_free),
                           " free on the device, but no free block and no new segment of ", FormatSize(i.alloc_size),
                           " fit.");
-    case OomCause::kCapacity:
-      break;
+    case OomCause::kCapacity: break;
   }
   return absl::StrCat("Cause: capacity. ", FormatSize(i.allocated), " allocated plus the ", FormatSize(i.rounded),
                       " asked is more than this process's ", FormatSize(i.device_total),
@@ -293,7 +289,8 @@ std::string RemedyLine(const MemoryExplanation& e) {
   }
   if (e.oom) {
     if (parts.empty()) return "None of the changes tried runs on this memory (the what-if table below).";
-    return absl::StrCat("Would have avoided it (each a replay of the same requests): ", absl::StrJoin(parts, "; "), ".");
+    return absl::StrCat("Would have avoided it (each a replay of the same requests): ", absl::StrJoin(parts, "; "),
+                        ".");
   }
   if (parts.empty()) return "None of the changes tried needs less memory (the what-if table below).";
   return absl::StrCat("Would need less memory (each a replay of the same requests): ", absl::StrJoin(parts, "; "), ".");
@@ -310,12 +307,11 @@ std::vector<std::string> Diagnose(const MemoryExplanation& e) {
                                  FormatSize(e.gpu_memory), "."));
     lines.push_back(CauseLine(e));
   } else {
-    lines.push_back(absl::StrCat("No OOM. Peak reserved ", FormatSize(e.peak_reserved), " (peak allocated ",
-                                 FormatSize(e.moment.allocated), e.moment.phase.empty() ? "" : " in ", e.moment.phase,
-                                 "); headroom ",
-                                 FormatSize(e.device_memory > e.peak_reserved ? e.device_memory - e.peak_reserved : 0),
-                                 " of the ", FormatSize(e.device_memory), " GPU; the smallest GPU that runs it is ",
-                                 MinText(e.min_device_memory), "."));
+    lines.push_back(absl::StrCat(
+        "No OOM. Peak reserved ", FormatSize(e.peak_reserved), " (peak allocated ", FormatSize(e.moment.allocated),
+        e.moment.phase.empty() ? "" : " in ", e.moment.phase, "); headroom ",
+        FormatSize(e.device_memory > e.peak_reserved ? e.device_memory - e.peak_reserved : 0), " of the ",
+        FormatSize(e.device_memory), " GPU; the smallest GPU that runs it is ", MinText(e.min_device_memory), "."));
     const std::string made = CategoryBreakdown(e.moment.by_category, e.moment.allocated, 3);
     if (!made.empty()) lines.push_back(absl::StrCat("The peak was made of ", made, "."));
   }
@@ -330,14 +326,14 @@ absl::StatusOr<MemoryExplanation> Explain(const std::string& path, const Explain
   if (!in.ok()) return in.status();
   const RequestTrace& trace = in->source.trace;
   MemoryExplanation e{.source = trace.source,
-                .rank = options.rank,
-                .requests = trace.requests.size(),
-                .alloc_conf = in->config.text,
-                .memory_fraction = in->config.per_process_memory_fraction,
-                .gpu_memory = in->gpu_memory,
-                .device_memory = in->device_memory,
-                .outside_bytes = in->gpu_memory - in->device_memory,
-                .lower_bound = PeakLiveBytes(trace)};
+                      .rank = options.rank,
+                      .requests = trace.requests.size(),
+                      .alloc_conf = in->config.text,
+                      .memory_fraction = in->config.per_process_memory_fraction,
+                      .gpu_memory = in->gpu_memory,
+                      .device_memory = in->device_memory,
+                      .outside_bytes = in->gpu_memory - in->device_memory,
+                      .lower_bound = PeakLiveBytes(trace)};
   e.notes = in->source.notes;
   ReplayResult baseline;
   absl::StatusOr<Timeline> t = RecordReplay(trace, in->config, in->device_memory, options.rank, &baseline);
@@ -372,8 +368,8 @@ std::string Outcome(const std::optional<ReplayOom>& oom) {
 std::string WhatIfTable(const MemoryExplanation& e) {
   const char* kRow = "%-40s %-18s %13s %12s  %s\n";
   std::string out = absl::StrFormat(kRow, "change", "result", "peak reserved", "min memory", "saved");
-  out += absl::StrFormat(kRow, absl::StrCat(EscapeForTerminal(Settings(e.alloc_conf)), " as recorded"),
-                         Outcome(e.oom), FormatSize(e.peak_reserved), MinText(e.min_device_memory), "-");
+  out += absl::StrFormat(kRow, absl::StrCat(EscapeForTerminal(Settings(e.alloc_conf)), " as recorded"), Outcome(e.oom),
+                         FormatSize(e.peak_reserved), MinText(e.min_device_memory), "-");
   for (const WhatIf& w : e.what_ifs) {
     out += absl::StrFormat(kRow, EscapeForTerminal(w.change), Outcome(w.oom), FormatSize(w.peak_reserved),
                            MinText(w.min_device_memory), w.saved_bytes ? Signed(*w.saved_bytes) : std::string("-"));
@@ -384,8 +380,8 @@ std::string WhatIfTable(const MemoryExplanation& e) {
 }  // namespace
 
 std::string ExplanationText(const MemoryExplanation& e) {
-  std::string out = absl::StrCat("memscope explain: ", EscapeForTerminal(e.source), ", rank ", e.rank, ": ",
-                                 e.requests, " requests, alloc_conf ", EscapeForTerminal(Settings(e.alloc_conf)));
+  std::string out = absl::StrCat("memscope explain: ", EscapeForTerminal(e.source), ", rank ", e.rank, ": ", e.requests,
+                                 " requests, alloc_conf ", EscapeForTerminal(Settings(e.alloc_conf)));
   if (e.memory_fraction < 1.0) absl::StrAppend(&out, ", memory fraction ", e.memory_fraction);
   absl::StrAppend(&out, ", simulated GPU of ", FormatSize(e.device_memory));
   if (e.outside_bytes > 0) {
@@ -400,12 +396,12 @@ std::string ExplanationText(const MemoryExplanation& e) {
   const std::string categories = CategoryBreakdown(m.by_category, m.allocated);
   if (!categories.empty()) absl::StrAppend(&out, ": ", categories);
   absl::StrAppend(&out, "\n");
-  absl::StrAppend(&out, SitesText(m.name == "oom" ? "top allocation sites at the OOM" : "top allocation sites at the peak",
-                                  m.top_sites));
+  absl::StrAppend(
+      &out,
+      SitesText(m.name == "oom" ? "top allocation sites at the OOM" : "top allocation sites at the peak", m.top_sites));
   absl::StrAppend(&out, "lower bound (peak live requested bytes) ", FormatSize(e.lower_bound), "\n");
   absl::StrAppend(&out, "\nwhat-if: the same ", e.requests, " requests replayed with one change on the same ",
-                  FormatSize(e.device_memory), " (min memory: the smallest GPU that runs them all):\n",
-                  WhatIfTable(e));
+                  FormatSize(e.device_memory), " (min memory: the smallest GPU that runs them all):\n", WhatIfTable(e));
   return out;
 }
 
@@ -415,7 +411,8 @@ nlohmann::json Optional(std::optional<std::uint64_t> v) { return v ? nlohmann::j
 
 nlohmann::json SitesJson(const std::vector<SiteBytes>& sites) {
   nlohmann::json out = nlohmann::json::array();
-  for (const SiteBytes& s : sites) out.push_back({{"site", s.site}, {"bytes", s.bytes}, {"allocations", s.allocations}});
+  for (const SiteBytes& s : sites)
+    out.push_back({{"site", s.site}, {"bytes", s.bytes}, {"allocations", s.allocations}});
   return out;
 }
 

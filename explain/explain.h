@@ -60,12 +60,12 @@ std::string_view OomCauseName(OomCause cause);  // "memory_fraction", "other_pro
 
 // One change replayed on the same requests and memory.
 struct WhatIf {
-  std::string change{};             // "expandable_segments:True", "empty_cache() after every phase end", ...
-  std::string alloc_conf{};         // the settings replayed (PYTORCH_CUDA_ALLOC_CONF text)
-  double memory_fraction = 1.0;   // the fraction replayed (1: none)
+  std::string change{};          // "expandable_segments:True", "empty_cache() after every phase", ...
+  std::string alloc_conf{};      // the settings replayed (PYTORCH_CUDA_ALLOC_CONF text)
+  double memory_fraction = 1.0;  // the fraction replayed (1: none)
   bool empty_cache_at_phase_ends = false;
   std::uint64_t device_memory = 0;  // the simulated GPU replayed on
-  std::optional<ReplayOom> oom{};     // where it ran out on that GPU; none: it ran
+  std::optional<ReplayOom> oom{};   // where it ran out on that GPU; none: it ran
   std::uint64_t peak_reserved = 0;
   std::optional<std::uint64_t> min_device_memory{};  // MinDeviceMemory; none: over 1 TiB
   // The baseline's min_device_memory less this one's (negative: it needs
@@ -87,18 +87,18 @@ struct MemoryExplanation {
   std::string source{};
   int rank = 0;
   std::size_t requests = 0;
-  std::string alloc_conf{};          // the baseline's settings
-  double memory_fraction = 1.0;    // the baseline's fraction (1: none)
-  std::uint64_t gpu_memory = 0;     // the GPU's whole memory
-  std::uint64_t device_memory = 0;  // what this process had: the baseline's simulated GPU
-  std::uint64_t outside_bytes = 0;  // gpu_memory - device_memory: held by other processes
-  std::uint64_t lower_bound = 0;    // peak live requested bytes
+  std::string alloc_conf{};                          // the baseline's settings
+  double memory_fraction = 1.0;                      // the baseline's fraction (1: none)
+  std::uint64_t gpu_memory = 0;                      // the GPU's whole memory
+  std::uint64_t device_memory = 0;                   // what this process had: the baseline's simulated GPU
+  std::uint64_t outside_bytes = 0;                   // gpu_memory - device_memory: held by other processes
+  std::uint64_t lower_bound = 0;                     // peak live requested bytes
   std::optional<std::uint64_t> min_device_memory{};  // the baseline's (MinDeviceMemory)
   std::optional<ReplayOom> oom{};                    // the baseline's OOM
   std::optional<OomCause> cause{};                   // with `oom`
-  std::uint64_t peak_reserved = 0;                 // the baseline's (up to its OOM)
+  std::uint64_t peak_reserved = 0;                   // the baseline's (up to its OOM)
   MomentMemory moment{};
-  std::vector<WhatIf> what_ifs{};  // ranked: those that run on this memory first, then by bytes saved
+  std::vector<WhatIf> what_ifs{};        // ranked: those that run on this memory first, then by bytes saved
   std::vector<std::string> diagnosis{};  // the few lines a person reads first
   std::vector<std::string> notes{};      // the reader's notes (a snapshot replayed, ...)
 };

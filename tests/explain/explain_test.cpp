@@ -29,8 +29,9 @@ const WhatIf* Find(const MemoryExplanation& e, const std::string& change) {
 
 }  // namespace
 
-TEST_CASE("explain: 60 MiB freed, split by 4 MiB, then 60 MiB on a 100 MiB GPU is fragmentation that "
-          "expandable segments cure by 40 MiB") {
+TEST_CASE(
+    "explain: 60 MiB freed, split by 4 MiB, then 60 MiB on a 100 MiB GPU is fragmentation that "
+    "expandable segments cure by 40 MiB") {
   const std::string path = TraceFile("explain-split-test.jsonl", R"({"action":"alloc","id":"w","size":62914560}
 {"action":"free","id":"w"}
 {"action":"alloc","id":"g","size":4194304}
@@ -49,7 +50,7 @@ TEST_CASE("explain: 60 MiB freed, split by 4 MiB, then 60 MiB on a 100 MiB GPU i
   CHECK(e->diagnosis.size() == 3);
 }
 
-TEST_CASE("explain: 110 MiB live on a 100 MiB GPU is capacity; under a fraction of 0.5 of 200 MiB, the fraction") {
+TEST_CASE("explain: 110 MiB live on a 100 MiB GPU is capacity and under a fraction of 0.5 of 200 MiB the fraction") {
   const std::string path = TraceFile("explain-capacity-test.jsonl", R"({"action":"alloc","id":"w","size":62914560}
 {"action":"alloc","id":"a","size":52428800}
 )");
