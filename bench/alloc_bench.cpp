@@ -818,7 +818,7 @@ int RunRecord(const Options& o, const Trace& t) {
     return memscope::WriteChromeTrace({&*timeline}, memscope::ChromeTraceOptions{}, out);
   });
   const double html_s = timed("report.html (viewer)", dir / "report.html", [&](std::ostream& out) {
-    auto html = memscope::HtmlReport({{"bench", {&*timeline}, {}, {}}});
+    auto html = memscope::HtmlReport({{"bench", {&*timeline}, {}, {}, {}}});
     if (!html.ok()) return html.status();
     out << *html;
     return absl::OkStatus();

@@ -76,6 +76,8 @@ void RegisterReport(CLI::App& app, int& exit_status);
 void RegisterCompare(CLI::App& app, int& exit_status);
 // fleet: many ranks at once: the spread, the outliers and what makes them differ.
 void RegisterFleet(CLI::App& app, int& exit_status);
+// explain: why it ran out of memory, and what would have saved it.
+void RegisterExplain(CLI::App& app, int& exit_status);
 // plan: the largest batch that fits a GPU, per strategy combination.
 void RegisterPlan(CLI::App& app, int& exit_status);
 

@@ -117,6 +117,7 @@ int Main(int argc, char** argv) {
   RegisterCompare(app, exit_status);
   RegisterFleet(app, exit_status);
   RegisterPlan(app, exit_status);
+  RegisterExplain(app, exit_status);
   // memscope capture ... -- CMD ARGS: the job's words after `--` never reach CLI11.
   std::optional<std::vector<std::string>> job;
   if (argc > 1 && std::string_view(argv[1]) == "capture") {

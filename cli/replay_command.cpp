@@ -75,7 +75,7 @@ struct SettingResult {
   ReplayResult replay;
   double fragmentation_at_peak = 0;
   // The smallest simulated GPU that runs the trace without OOM (0: none up
-  // to --device-memory), found by bisection on whole MiB.
+  // to 1 TiB, or not searched), MinDeviceMemory's.
   std::uint64_t min_device_memory = 0;
 };
 
@@ -88,26 +88,9 @@ absl::StatusOr<SettingResult> RunSetting(const RequestTrace& trace, const Alloca
   if (!report.ok()) return report.status();
   out.fragmentation_at_peak = report->fragmentation_at_peak.fragmentation;
   if (search_min_memory && !out.replay.oom) {
-    // Bisection on whole MiB between two sizes that do not depend on
-    // --device-memory: one MiB below the peak live bytes, rounded up, never
-    // works (it is smaller than the live bytes), and a GPU as large as the
-    // peak reserved on an unbounded device always does (no device
-    // allocation fails there). A GPU of exactly the peak live bytes may work.
-    constexpr std::uint64_t kStep = kMiB;
-    constexpr std::uint64_t kUnbounded = std::uint64_t{1} << 50;  // 1 PiB
-    absl::StatusOr<ReplayResult> unbounded = Replay(trace, config, kUnbounded);
-    if (!unbounded.ok()) return unbounded.status();
-    const auto reserved = static_cast<std::uint64_t>(All(unbounded->stats.reserved_bytes).peak);
-    std::uint64_t hi = (reserved + kStep - 1) / kStep;
-    const std::uint64_t live = (out.replay.peak_live_bytes + kStep - 1) / kStep;
-    std::uint64_t lo = live == 0 ? 0 : live - 1;  // in MiB; fails (or is 0)
-    while (hi > lo + 1) {
-      const std::uint64_t mid = lo + (hi - lo) / 2;
-      absl::StatusOr<ReplayResult> probe = Replay(trace, config, mid * kStep);
-      if (!probe.ok()) return probe.status();
-      (probe->oom ? lo : hi) = mid;
-    }
-    out.min_device_memory = hi * kStep;
+    absl::StatusOr<std::optional<std::uint64_t>> min = MinDeviceMemory(trace, config);
+    if (!min.ok()) return min.status();
+    out.min_device_memory = min->value_or(0);
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "explain/explain.h"
 #include "run/device_memory.h"
 #include "run/gpu_table.h"
 #include "load/output_file.h"
@@ -25,6 +26,7 @@ struct ReportArgs {
   std::vector<std::string> inputs;
   std::string output = "report.html";
   std::size_t max_samples = HtmlReportOptions{}.max_timeline_samples;
+  bool no_explain = false;  // --no-explain: no explain section (it replays the requests again)
 };
 
 int Report(const ReportArgs& a) {
@@ -52,6 +54,12 @@ int Report(const ReportArgs& a) {
     }
     if (!gpus.empty()) {
       run.gpus = GpuTableJson(gpus).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    if (loaded.size() == 1 && !a.no_explain) {
+      // The explain section at the top (docs/explain.md), when the input's
+      // requests can be replayed (not a report.json or a capture's state).
+      absl::StatusOr<MemoryExplanation> e = Explain(a.inputs[i]);
+      if (e.ok()) run.explain = ExplanationJson(*e).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
     for (const Timeline& t : loaded[i]) run.timelines.push_back(&t);
     runs.push_back(std::move(run));
@@ -82,6 +90,8 @@ void RegisterReport(CLI::App& app, int& exit_status) {
       ->required()
       ->expected(1, 2);
   report->add_option("-o,--output", args->output, "output file (default report.html)");
+  report->add_flag("--no-explain", args->no_explain,
+                   "one run: leave out the explain section at the top (memscope explain; it replays the requests)");
   report->add_option("--max-samples", args->max_samples, "timeline samples drawn per rank (peaks always kept)")
       ->check(InRange(std::size_t{10}, std::size_t{10000000}));
   report->callback([args, &exit_status] { exit_status = Report(*args); });

@@ -259,7 +259,7 @@ absl::StatusOr<std::string> FleetRankHtml(const FleetRank& rank, const FleetLoad
   }
   auto t = MostEvents(rec->timelines);
   t->rank = rank.report.rank;
-  return HtmlReport({{rank.source, {&*t}, {}, ""}});
+  return HtmlReport({{rank.source, {&*t}, {}, "", ""}});
 }
 
 }  // namespace memscope

@@ -1,5 +1,7 @@
 #include "importers/replayer.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -20,6 +22,43 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
   absl::StatusOr<ReplayResult> result = ReplayOn(trace, allocator, device, recorder);
   allocator.SetObserver(nullptr);
   return result;
+}
+
+absl::StatusOr<std::optional<std::uint64_t>> MinDeviceMemory(const RequestTrace& trace,
+                                                             const AllocatorConfig& config) {
+  constexpr std::uint64_t kStep = kMiB;
+  constexpr std::uint64_t kMaxSteps = kMaxSearchedDeviceMemory / kStep;
+  absl::StatusOr<ReplayResult> largest = Replay(trace, config, kMaxSearchedDeviceMemory);
+  if (!largest.ok()) return largest.status();
+  if (largest->oom) return std::optional<std::uint64_t>();
+  auto fails = [&](std::uint64_t steps) -> absl::StatusOr<bool> {
+    absl::StatusOr<ReplayResult> probe = Replay(trace, config, steps * kStep);
+    if (!probe.ok()) return probe.status();
+    return probe->oom.has_value();
+  };
+  // The peak reserved of the large replay fits on a GPU whose allowed share
+  // (the memory fraction of it) holds it: that GPU works, but for the
+  // fraction's rounding down, which the doublings below make up.
+  const auto reserved = static_cast<double>(All(largest->stats.reserved_bytes).peak);
+  const double fraction = config.per_process_memory_fraction < 1.0 ? config.per_process_memory_fraction : 1.0;
+  const double needed = std::ceil(reserved / fraction / static_cast<double>(kStep));
+  std::uint64_t hi = needed >= static_cast<double>(kMaxSteps) ? kMaxSteps : static_cast<std::uint64_t>(needed);
+  for (;;) {
+    absl::StatusOr<bool> failed = fails(hi);
+    if (!failed.ok()) return failed.status();
+    if (!*failed) break;
+    if (hi == kMaxSteps) return std::optional<std::uint64_t>();  // (not seen: the largest replay worked)
+    hi = std::min(kMaxSteps, std::max<std::uint64_t>(1, hi * 2));
+  }
+  const std::uint64_t live = (largest->peak_live_bytes + kStep - 1) / kStep;
+  std::uint64_t lo = live == 0 ? 0 : live - 1;  // in MiB; fails (or is 0)
+  while (hi > lo + 1) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    absl::StatusOr<bool> failed = fails(mid);
+    if (!failed.ok()) return failed.status();
+    (*failed ? lo : hi) = mid;
+  }
+  return std::optional<std::uint64_t>(hi * kStep);
 }
 
 namespace {

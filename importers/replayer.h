@@ -83,6 +83,22 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
                                       Recorder* recorder = nullptr, const std::vector<Event>* recorded = nullptr);
 
+// The largest simulated GPU MinDeviceMemory tries: a trace that needs more
+// has no answer.
+inline constexpr std::uint64_t kMaxSearchedDeviceMemory = std::uint64_t{1} << 40;  // 1 TiB
+
+// The smallest simulated GPU, in whole MiB, on which `trace` replays under
+// `config` without an OOM (`memscope replay`'s "min memory", `memscope
+// explain`'s what-ifs); nullopt when even kMaxSearchedDeviceMemory is not
+// enough (or a memory fraction of 0 lets nothing in). Bisection between two
+// sizes that do not depend on any given device: one MiB below the peak live
+// bytes, rounded up, never works, and a GPU on which the peak reserved of a
+// 1 TiB replay fits under the memory fraction (reserved / fraction) does,
+// else the next doubling that does. Errors: the replay's.
+//
+//   absl::StatusOr<std::optional<std::uint64_t>> min = MinDeviceMemory(trace, config);
+absl::StatusOr<std::optional<std::uint64_t>> MinDeviceMemory(const RequestTrace& trace, const AllocatorConfig& config);
+
 }  // namespace memscope
 
 #endif  // MEMSCOPE_IMPORTERS_REPLAYER_H_

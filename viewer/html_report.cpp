@@ -494,6 +494,7 @@ absl::StatusOr<std::string> HtmlReport(const std::vector<HtmlReportRun>& runs, c
     HtmlPageRun& page = pages.emplace_back();
     page.label = run.label;
     page.gpus = run.gpus;
+    page.explain = run.explain;
     for (std::size_t i = 0; i < run.timelines.size(); ++i) {
       const Timeline& t = *run.timelines[i];
       page.world_size = std::max(page.world_size, t.world_size);
@@ -539,6 +540,10 @@ void WritePageData(const std::vector<HtmlPageRun>& runs, JsonWriter& w) {
   w.BeginArray();
   for (const HtmlPageRun& run : runs) {
     w.BeginObject();
+    if (!run.explain.empty()) {
+      w.Key("explain");
+      w.Raw(run.explain);
+    }
     if (!run.gpus.empty()) {
       w.Key("gpus");
       w.Raw(run.gpus);

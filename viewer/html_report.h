@@ -8,7 +8,9 @@
 // The data (a <script type="application/json" id="memscope-data"> element,
 // schema memscope.viewer/1) holds, per run, "label", "world_size", "gpus"
 // (report.json's GPU table, only in a run that has one; drawn as a table
-// under the run's heading) and per rank:
+// under the run's heading), "explain" (`memscope explain --json`, only when
+// the caller gave one: the diagnosis and the what-if table, drawn first)
+// and per rank:
 //   "report": that rank's object of report.json (memscope.report/1): the
 //             phase table (its rows without "by_category"), peaks,
 //             fragmentation, OOM, memory_stats: the same numbers
@@ -82,6 +84,9 @@ struct HtmlReportRun {
   std::vector<const RankReport*> reports;
   // The run's GPU table as JSON text (report.json's "gpus"); empty: none.
   std::string gpus;
+  // `memscope explain --json` of the run (explain/explain.h) as JSON text,
+  // drawn at the top of the run's column; empty: none.
+  std::string explain;
 };
 
 // The viewer's data for one rank (see above), as JSON text (written as it
@@ -131,6 +136,8 @@ struct HtmlPageRun {
   // The run's GPU table, report.json's "gpus" (run/gpu_table.h) as JSON text;
   // empty: the run has none (and the page's run has no "gpus" key).
   std::string gpus;
+  // The run's explanation (HtmlReportRun::explain); empty: none (no "explain" key).
+  std::string explain;
 };
 
 // HtmlReport from assembled data: what HtmlReport does after walking. The

@@ -838,6 +838,30 @@
       el('div', { class: 'table-wrap' }, el('table', { class: 'sites' }, head, body)));
   }
 
+  // ---------------------------------------------------------------- explain
+
+  // `memscope explain` of the run: the diagnosis lines, then each what-if (a
+  // replay of the same requests with one change) with its result, its peak
+  // reserved, the smallest GPU that runs it and the bytes it saves.
+  function ExplainView(x) {
+    const head = el('tr', {}, ...['change', 'result', 'peak reserved', 'min memory', 'saved']
+      .map((t) => el('th', { text: t })));
+    const size = (b) => (b === null ? 'over 1 TiB' : fmtSize(b));
+    const saved = (b) => (b === null ? '-' : (b >= 0 ? fmtSize(b) + ' less' : fmtSize(-b) + ' more'));
+    const row = (change, oom, reserved, min, s) => el('tr', {},
+      el('td', { text: change }), el('td', { text: oom === null ? 'ok' : 'OOM at request ' + (oom + 1) }),
+      el('td', { text: fmtSize(reserved) }), el('td', { text: size(min) }), el('td', { text: s }));
+    const rows = [row((x.alloc_conf || '(defaults)') + ' as recorded', x.oom ? x.oom.request_index : null,
+      x.peak_reserved_bytes, x.min_device_memory, '-')];
+    for (const w of x.what_ifs) {
+      rows.push(row(w.change, w.oom_request_index, w.peak_reserved_bytes, w.min_device_memory, saved(w.saved_bytes)));
+    }
+    return el('div', { class: 'explain' },
+      el('h3', { text: x.oom ? 'Why it ran out of memory' : 'Peak and headroom' }),
+      ...x.diagnosis.map((line) => el('p', { class: 'diagnosis', text: line })),
+      el('div', { class: 'table-wrap' }, el('table', { class: 'explain' }, head, el('tbody', {}, ...rows))));
+  }
+
   // ---------------------------------------------------------------- the whole GPU
 
   // The run's GPU table (report.json "gpus"), as nvidia-smi lists processes:
@@ -1029,6 +1053,7 @@
     runs.forEach((run, ri) => {
       const col = el('section', { class: 'run', id: 'run' + ri },
         el('h2', { text: (compare ? 'ABCD'[ri] + ': ' : '') + run.label }));
+      if (run.explain) col.append(ExplainView(run.explain));
       if (run.gpus && run.gpus.length) col.append(GpuTable(run.gpus));
       const axis = TimeAxis(run.ranks);
       for (const rk of run.ranks) {

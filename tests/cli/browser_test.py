@@ -295,6 +295,21 @@ try:
     check_frag("oom", frag, f_oom["fragmentation"])
     check("oom: no phase table", "no phase marks" in rank.text, "")
 
+    # ---- memscope report: the explain section at the top, `memscope explain --json`'s lines and what-ifs
+    explained = os.path.join(tmp, "explained.html")
+    check("report oom run", run("report", oom_run, "-o", explained)[0] == 0, "")
+    open_page(d, explained, "explained")
+    x = json_of("explain", oom_run, "--json")
+    section = d.find_element(By.CSS_SELECTOR, "#run0 .explain")
+    check("explain above the rank", section.rect["y"] < d.find_element(By.ID, "run0-rank0").rect["y"], "")
+    lines = [p.text for p in section.find_elements(By.CSS_SELECTOR, "p.diagnosis")]
+    check("explain diagnosis", lines == x["diagnosis"], (lines, x["diagnosis"]))
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in section.find_elements(By.CSS_SELECTOR, "table.explain tbody tr")]
+    check("explain what-ifs", [r[0] for r in rows[1:]] == [w["change"] for w in x["what_ifs"]], rows)
+    check("explain min memory", [r[3] for r in rows[1:]] ==
+          [format_size(w["min_device_memory"]) for w in x["what_ifs"]], rows)
+
     # ---- two runs side by side, with the differences
     cmp_page = os.path.join(tmp, "compare.html")
     check("report compare", run("report", run_a, run_b, "-o", cmp_page)[0] == 0, "")

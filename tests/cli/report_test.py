@@ -87,8 +87,16 @@ try:
     check("end segment map", kinds == [(30, [(30, 0)]), (50, [(30, 4), (20, 10)])], kinds)
     check("owners", "fc" in rk["owners"], rk["owners"])
 
-    # report.html in the run directory is the same page.
-    check("run dir page", open(os.path.join(run_dir, "report.html")).read() == html.replace(page, run_dir), "")
+    # `memscope report` of one run starts with memscope explain's section (its --json); report.html in the
+    # run directory is the same page without it (--no-explain).
+    x = d["runs"][0].get("explain")
+    code, out, err = run("explain", run_dir, "--json")
+    check("explain section", x is not None and code == 0 and x == json.loads(out), (x, err))
+    plain = os.path.join(tmp, "plain.html")
+    code, out, err = run("report", run_dir, "-o", plain, "--no-explain")
+    check("report --no-explain", code == 0 and "explain" not in page_data(plain)[1]["runs"][0], err)
+    check("run dir page", open(os.path.join(run_dir, "report.html")).read() ==
+          open(plain).read().replace(plain, run_dir), "")
 
     # A timeline file and a PyTorch snapshot are inputs too.
     code, out, err = run("report", os.path.join(run_dir, "rank-0.timeline"), "-o", os.path.join(tmp, "t.html"))

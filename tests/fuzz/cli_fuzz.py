@@ -270,7 +270,9 @@ def make_case(rng, seeds):
                                                                                "max_split_size_mb:20"])],
                               ["replay", target, "--out", "out"], ["replay", target, "--verify"],
                               ["replay", target, "--json", "--device-memory", rng.choice(["1GiB", "1TiB", "0"])],
-                              ["summary", target], ["fleet", target]])
+                              ["summary", target], ["fleet", target],
+                              ["explain", target, "--device-memory", rng.choice(["100MiB", "1TiB", "0"])],
+                              ["explain", target, "--json", "--memory-fraction", rng.choice(["0", "0.5", "1"])]])
     elif kind == "report":
         command = rng.choice([["check", target, "--max", "peak_allocated=1GiB"], ["compare", target, target],
                               ["check", target, "--baseline", target, "--tolerance", "10"], ["summary", target],
@@ -283,7 +285,8 @@ def make_case(rng, seeds):
                               ["snapshot", target, "-o", "s.json", "--format", "json"], ["report", target, "-o", "r.html"],
                               ["replay", target, "--alloc-conf", "expandable_segments:True"],
                               ["compare", target, target], ["check", target, "--max", "peak_allocated=1MiB"],
-                              ["fleet", target, "--html", "f.html"], ["fleet", target, "--json", "--jobs", "2"]])
+                              ["fleet", target, "--html", "f.html"], ["fleet", target, "--json", "--jobs", "2"],
+                              ["explain", target], ["explain", target, "--json", "--device-memory", "1GiB"]])
     return command, files
 
 

@@ -4,11 +4,13 @@
 #include "importers/replayer.h"
 
 #include <catch2/catch.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "allocator/config.h"
+#include "allocator/sizes.h"
 #include "importers/request_trace.h"
 #include "recording/recorder.h"
 #include "recording/timeline.h"
@@ -84,4 +86,51 @@ TEST_CASE("replayer: a trace without times puts request i at i microseconds, the
       {EventType::kAlloc, 4000}};
   CHECK(runs[0] == expected);
   CHECK(runs[1] == expected);
+}
+
+namespace {
+
+RequestTrace SixtyThenFifty() {
+  std::istringstream in(R"({"action":"alloc","id":"weights","size":62914560}
+{"action":"alloc","id":"act","size":52428800}
+)");
+  absl::StatusOr<RequestTrace> trace = ReadJsonlTrace(in, "t.jsonl");
+  REQUIRE(trace.ok());
+  return *trace;
+}
+
+}  // namespace
+
+TEST_CASE("replayer: the smallest GPU for 60 MiB then 50 MiB is 110 MiB, each its own segment") {
+  const RequestTrace trace = SixtyThenFifty();
+  absl::StatusOr<std::optional<std::uint64_t>> min = MinDeviceMemory(trace, *AllocatorConfig::Parse(""));
+  REQUIRE(min.ok());
+  CHECK(*min == std::optional<std::uint64_t>(110 * kMiB));
+}
+
+TEST_CASE("replayer: under a memory fraction of 0.5 the smallest GPU is twice as large (220 MiB, not 110)") {
+  const RequestTrace trace = SixtyThenFifty();
+  AllocatorConfig half = *AllocatorConfig::Parse("");
+  half.per_process_memory_fraction = 0.5;
+  absl::StatusOr<std::optional<std::uint64_t>> min = MinDeviceMemory(trace, half);
+  REQUIRE(min.ok());
+  CHECK(*min == std::optional<std::uint64_t>(220 * kMiB));
+  // The answer is exact: 220 MiB runs the trace, 219 MiB does not.
+  CHECK(!Replay(trace, half, 220 * kMiB)->oom);
+  CHECK(Replay(trace, half, 219 * kMiB)->oom);
+}
+
+TEST_CASE("replayer: a request over 1 TiB, or a memory fraction of 0, has no smallest GPU") {
+  std::istringstream in(R"({"action":"alloc","id":"a","size":1099511627777}
+)");
+  absl::StatusOr<RequestTrace> huge = ReadJsonlTrace(in, "t.jsonl");
+  REQUIRE(huge.ok());
+  absl::StatusOr<std::optional<std::uint64_t>> min = MinDeviceMemory(*huge, *AllocatorConfig::Parse(""));
+  REQUIRE(min.ok());
+  CHECK(!min->has_value());
+  AllocatorConfig none = *AllocatorConfig::Parse("");
+  none.per_process_memory_fraction = 0.0;
+  min = MinDeviceMemory(SixtyThenFifty(), none);
+  REQUIRE(min.ok());
+  CHECK(!min->has_value());
 }

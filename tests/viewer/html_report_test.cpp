@@ -82,7 +82,7 @@ TEST_CASE("html report: one page, data inlined, nothing fetched, '<' escaped") {
   for (Event& e : t.events) {
     if (e.type == EventType::kAlloc) e.name = static_cast<std::uint32_t>(t.strings.size() - 1);  // an owner
   }
-  absl::StatusOr<std::string> html = HtmlReport({{"run", {&t}, {}, {}}});
+  absl::StatusOr<std::string> html = HtmlReport({{"run", {&t}, {}, {}, {}}});
   REQUIRE(html.ok());
   CHECK(html->find("</script><script src") == std::string::npos);
   CHECK(html->find("\\u003c/script>\\u003cscript src") != std::string::npos);
@@ -101,7 +101,7 @@ TEST_CASE("html report: every rank of a run, and two runs") {
   Timeline r1 = Checkerboard();
   r1.rank = 1;
   r1.world_size = r0.world_size = 2;
-  absl::StatusOr<std::string> html = HtmlReport({{"a", {&r0, &r1}, {}, {}}, {"b", {&r0}, {}, {}}});
+  absl::StatusOr<std::string> html = HtmlReport({{"a", {&r0, &r1}, {}, {}, {}}, {"b", {&r0}, {}, {}, {}}});
   REQUIRE(html.ok());
   const std::size_t start = html->find("id=\"memscope-data\">") + 19;
   const json d = json::parse(html->substr(start, html->find("</script>", start) - start));
@@ -148,7 +148,7 @@ TEST_CASE("html report: analysed in two walks, the page is the one of AnalyzeRan
   page.ranks.push_back(*data);
   absl::StatusOr<std::string> expected = HtmlPage({page});
   REQUIRE(expected.ok());
-  absl::StatusOr<std::string> html = HtmlReport({{"run", {&*t}, {}, {}}});
+  absl::StatusOr<std::string> html = HtmlReport({{"run", {&*t}, {}, {}, {}}});
   REQUIRE(html.ok());
   CHECK(*html == *expected);
   const std::size_t start = html->find("id=\"memscope-data\">") + 19;
