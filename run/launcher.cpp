@@ -263,10 +263,13 @@ absl::Status Supervise(const LaunchOptions& options, std::chrono::steady_clock::
         e.stopped_by_launcher = e.stopped_by_launcher && e.exit_code == 128 + SIGTERM;  // it stopped as asked
       }
       if (!e.ok() && result.first_failure < 0 && !e.stopped_by_launcher) fail_first(r);
-      // A rank that could not run is the cause of what a peer that failed
-      // just before it saw ("rank 1 exited or was killed"): it comes first.
-      if (const int f = result.first_failure; f >= 0 && static_cast<std::size_t>(f) != r && !e.ok() && e.cannot_run &&
-                                              !result.ranks[static_cast<std::size_t>(f)].cannot_run &&
+      // A rank that could not run, or that a signal killed, is the cause of
+      // what a peer that failed just before it saw ("rank 1 closed its
+      // connection (exited or was killed)"): it comes first. waitpid may
+      // return the peer first when both exited between two polls.
+      auto is_cause = [](const RankExit& x) { return x.cannot_run || (x.signal != 0 && !x.stopped_by_launcher); };
+      if (const int f = result.first_failure; f >= 0 && static_cast<std::size_t>(f) != r && !e.ok() && is_cause(e) &&
+                                              !is_cause(result.ranks[static_cast<std::size_t>(f)]) &&
                                               e.seconds - result.ranks[static_cast<std::size_t>(f)].seconds < 1.0) {
         result.first_failure = static_cast<int>(r);
       }
