@@ -377,7 +377,51 @@ std::string WhatIfTable(const MemoryExplanation& e) {
   return out;
 }
 
+std::string TrainingText(const MemoryExplanation& e) {
+  if (!e.training) {
+    return e.training_note.empty() ? std::string()
+                                   : absl::StrCat("\ntraining-side changes: ", EscapeForTerminal(e.training_note), "\n");
+  }
+  const TrainingChanges& t = *e.training;
+  std::string out = absl::StrCat("\ntraining-side changes: the memscope plan strategies at the run's batch of ",
+                                 t.batch_size, " per rank on its ", FormatSize(t.device_memory), " (",
+                                 EscapeForTerminal(t.command), "):\n");
+  const char* kRow = "%-24s %-12s %13s  %s\n";
+  absl::StrAppend(&out, absl::StrFormat(kRow, "strategy", "batch", "peak reserved", "saved"));
+  for (const TrainingChange& c : t.rows) {
+    const std::string name = absl::StrCat(c.strategy, c.own ? " (the run's)" : "");
+    if (!c.error.empty()) {
+      absl::StrAppend(&out, absl::StrFormat(kRow, name, "error", "-", EscapeForTerminal(c.error)));
+      continue;
+    }
+    const std::string batch = c.fits              ? absl::StrCat(c.max_batch, " fits")
+                              : c.max_batch > 0 ? absl::StrCat("only ", c.max_batch)
+                                                : std::string("OOM");
+    absl::StrAppend(&out, absl::StrFormat(kRow, name, batch, c.max_batch > 0 ? FormatSize(c.peak_reserved) : "-",
+                                          c.saved_bytes ? Signed(*c.saved_bytes) : std::string("-")));
+  }
+  return out;
+}
+
 }  // namespace
+
+void RankTrainingChanges(std::vector<TrainingChange>& rows) {
+  const auto own = std::find_if(rows.begin(), rows.end(), [](const TrainingChange& c) { return c.own; });
+  const std::optional<std::uint64_t> base =
+      own != rows.end() && own->fits && own->error.empty() ? std::optional<std::uint64_t>(own->peak_reserved)
+                                                           : std::nullopt;
+  for (TrainingChange& c : rows) {
+    if (base && c.fits && c.error.empty()) {
+      c.saved_bytes = static_cast<std::int64_t>(*base) - static_cast<std::int64_t>(c.peak_reserved);
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const TrainingChange& a, const TrainingChange& b) {
+    const bool fa = a.fits && a.error.empty(), fb = b.fits && b.error.empty();
+    if (fa != fb) return fa;
+    if (fa) return a.peak_reserved < b.peak_reserved;
+    return a.max_batch > b.max_batch;
+  });
+}
 
 std::string ExplanationText(const MemoryExplanation& e) {
   std::string out = absl::StrCat("memscope explain: ", EscapeForTerminal(e.source), ", rank ", e.rank, ": ", e.requests,
@@ -402,6 +446,7 @@ std::string ExplanationText(const MemoryExplanation& e) {
   absl::StrAppend(&out, "lower bound (peak live requested bytes) ", FormatSize(e.lower_bound), "\n");
   absl::StrAppend(&out, "\nwhat-if: the same ", e.requests, " requests replayed with one change on the same ",
                   FormatSize(e.device_memory), " (min memory: the smallest GPU that runs them all):\n", WhatIfTable(e));
+  absl::StrAppend(&out, TrainingText(e));
   return out;
 }
 
@@ -444,6 +489,22 @@ nlohmann::json WhatIfJson(const WhatIf& w) {
           {"saved_bytes", w.saved_bytes ? nlohmann::json(*w.saved_bytes) : nlohmann::json(nullptr)}};
 }
 
+nlohmann::json TrainingJson(const MemoryExplanation& e) {
+  if (!e.training) return nullptr;
+  const TrainingChanges& t = *e.training;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const TrainingChange& c : t.rows) {
+    rows.push_back({{"strategy", c.strategy},
+                    {"own", c.own},
+                    {"max_batch", c.max_batch},
+                    {"fits", c.fits},
+                    {"peak_reserved_bytes", c.max_batch > 0 ? nlohmann::json(c.peak_reserved) : nlohmann::json()},
+                    {"saved_bytes", c.saved_bytes ? nlohmann::json(*c.saved_bytes) : nlohmann::json()},
+                    {"error", c.error.empty() ? nlohmann::json() : nlohmann::json(c.error)}});
+  }
+  return {{"command", t.command}, {"batch_size", t.batch_size}, {"device_memory", t.device_memory}, {"rows", rows}};
+}
+
 }  // namespace
 
 nlohmann::json ExplanationJson(const MemoryExplanation& e) {
@@ -470,7 +531,9 @@ nlohmann::json ExplanationJson(const MemoryExplanation& e) {
             {"by_category", ByCategoryJson(m.by_category)},
             {"top_sites", SitesJson(m.top_sites)}}},
           {"diagnosis", e.diagnosis},
-          {"what_ifs", what_ifs}};
+          {"what_ifs", what_ifs},
+          {"training", TrainingJson(e)},
+          {"training_note", e.training_note.empty() ? nlohmann::json() : nlohmann::json(e.training_note)}};
 }
 
 }  // namespace memscope

@@ -83,6 +83,27 @@ struct MomentMemory {
   std::vector<SiteBytes> top_sites{};
 };
 
+// A training-side change for a run memscope simulated: one `memscope plan`
+// strategy at the run's per-rank batch on the run's device memory. Filled
+// by the caller (cli/, which may use run/'s plan search); explain/ prints it.
+struct TrainingChange {
+  std::string strategy{};  // StrategyName: "bf16 ckpt exp", "defaults"
+  bool own = false;        // the run's own strategy
+  std::int64_t max_batch = 0;  // the largest per-rank batch that fits, up to the run's (0: not even 1)
+  bool fits = false;           // max_batch reached the run's batch
+  std::uint64_t peak_reserved = 0;  // at max_batch (0 when it is 0)
+  // The own strategy's peak_reserved less this one's, when both fit.
+  std::optional<std::int64_t> saved_bytes{};
+  std::string error{};  // the strategy failed for another reason than memory
+};
+
+struct TrainingChanges {
+  std::string command{};  // the `memscope plan` command line that prints the same figures
+  std::int64_t batch_size = 0;      // per rank
+  std::uint64_t device_memory = 0;  // the run's
+  std::vector<TrainingChange> rows{};  // ranked: those that fit first, by bytes saved; then by max_batch
+};
+
 struct MemoryExplanation {
   std::string source{};
   int rank = 0;
@@ -101,7 +122,13 @@ struct MemoryExplanation {
   std::vector<WhatIf> what_ifs{};        // ranked: those that run on this memory first, then by bytes saved
   std::vector<std::string> diagnosis{};  // the few lines a person reads first
   std::vector<std::string> notes{};      // the reader's notes (a snapshot replayed, ...)
+  std::optional<TrainingChanges> training{};  // a run memscope simulated (AddTrainingChanges in cli/)
+  std::string training_note{};                // why a run's training-side changes are not listed
 };
+
+// Ranks `rows` (those that fit first, by bytes saved; then by max_batch) and
+// fills saved_bytes from the own row.
+void RankTrainingChanges(std::vector<TrainingChange>& rows);
 
 // Explains PATH (what `memscope replay` reads: a JSON-lines or RMM trace, a
 // PyTorch snapshot, a run directory or timeline). Errors: the input's (one

@@ -177,6 +177,56 @@ with tempfile.TemporaryDirectory() as tmp:
     if d:
         check("run: fragmentation OOM", d["oom"] is not None and d["oom"]["cause"] == "fragmentation", d["oom"])
         check("run: its GPU", d["device_memory"] == 100 * MiB, d["device_memory"])
+        # A replay's run.json has no training options: the training-side changes are refused in one note.
+        check("replay dir: training note", (d["training"], d["training_note"]) ==
+              (None, "not listed: a replay directory has no training options to plan with (only memscope run's have)"),
+              (d["training"], d["training_note"]))
+
+# A run memscope simulated (mlp, batch 64, adam, on 30 MiB: an OOM): the memscope plan strategies at its batch on its
+# memory, each figure `memscope plan`'s with the same options, capped at the run's batch.
+with tempfile.TemporaryDirectory() as tmp:
+    out_dir = os.path.join(tmp, "mlp")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--device-memory", "30MiB", "--out", out_dir)
+    check("mlp run: the OOM's exit 3", code == 3, (code, err))
+    d = explain(out_dir)
+    if d:
+        t = d["training"]
+        check("training: command", t and t["command"] == "memscope plan --model mlp --device-memory 31457280 "
+              "--batch-size 64 --max-batch 64", t)
+        code, out, err = run("plan", "--model", "mlp", "--device-memory", "31457280", "--batch-size", "64",
+                             "--max-batch", "64", "--json")
+        check("plan: exit 0", code == 0, err)
+        plan_rows = {r["strategy"]: r for r in json.loads(out)["rows"]} if code == 0 else {}
+        rows = {r["strategy"]: r for r in t["rows"]} if t else {}
+        check("training: every plan row", sorted(rows) == sorted(plan_rows), (sorted(rows), sorted(plan_rows)))
+        for name, r in rows.items():
+            p = plan_rows.get(name, {})
+            check(f"training {name}: plan's max batch", r["max_batch"] == p.get("max_batch"), (r, p))
+            check(f"training {name}: plan's peak reserved", r["peak_reserved_bytes"] == p.get("peak_reserved_bytes"),
+                  (r, p))
+        check("training: the run's own is defaults, OOM", [(r["strategy"], r["fits"], r["max_batch"]) for r in
+              t["rows"] if r["own"]] == [("defaults", False, 0)], t["rows"])
+        check("training: checkpointing fits in 26 MiB, first",
+              [(r["strategy"], r["fits"], r["peak_reserved_bytes"]) for r in t["rows"][:2]] ==
+              [("ckpt", True, 26 * MiB), ("ckpt exp", True, 26 * MiB)], t["rows"][:2])
+        check("training: the fitting rows first", [r["fits"] for r in t["rows"]] == [True] * 6 + [False] * 6,
+              t["rows"])
+    # Without the OOM (64 MiB): saved is the own row's peak reserved less each row's.
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--device-memory", "64MiB", "--out", out_dir + "64")
+    d = explain(out_dir + "64")
+    if d:
+        own = [r for r in d["training"]["rows"] if r["own"]]
+        check("training 64 MiB: own defaults fits at 36 MiB, the explain baseline's peak",
+              [(r["strategy"], r["peak_reserved_bytes"]) for r in own] == [("defaults", 36 * MiB)] and
+              d["peak_reserved_bytes"] == 36 * MiB, (own, d["peak_reserved_bytes"]))
+        check("training 64 MiB: ckpt saves 10 MiB", d["training"]["rows"][0]["saved_bytes"] == 10 * MiB,
+              d["training"]["rows"][0])
+    # A run whose option plan cannot reproduce: one note.
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--grad-accum", "2", "--out", out_dir + "ga")
+    d = explain(out_dir + "ga")
+    if d:
+        check("grad accum: note", (d["training"], d["training_note"]) ==
+              (None, "not listed: the run used --grad-accum, which memscope plan cannot reproduce"), d["training_note"])
 
 # Bad input: one line, exit 2.
 for args, expect in [(["/nonexistent.jsonl"], "memscope explain: "),
