@@ -228,6 +228,54 @@ with tempfile.TemporaryDirectory() as tmp:
         check("grad accum: note", (d["training"], d["training_note"]) ==
               (None, "not listed: the run used --grad-accum, which memscope plan cannot reproduce"), d["training_note"])
 
+# A private pool: the default pool's segments (a 20 MiB one holding a live 4 MiB block, a 56 MiB one freed) keep
+# 72 MiB cached when a 40 MiB request in private pool (1, 2) runs out: its OOM releases only its own pool's cache
+# (as PyTorch's release_cached_blocks with a mempool id), and 4 MiB is free on the 80 MiB the snapshot implies.
+pool_snap = data("explain-pool.pickle")
+with tempfile.TemporaryDirectory() as tmp:
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        MiB = 1 << 20
+        A = 0x7F0000000000
+        fr = [{"filename": "train.py", "line": 20, "name": "main"}]
+        seg = {"device": 0, "address": A, "total_size": 60 * MiB, "allocated_size": 4 * MiB, "active_size": 4 * MiB,
+               "requested_size": 4 * MiB, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+               "is_expandable": False, "frames": fr,
+               "blocks": [{"address": A, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated", "frames": fr},
+                          {"address": A + 4 * MiB, "size": 56 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]}
+        trace = [{"action": "segment_alloc", "addr": A, "size": 60 * MiB, "stream": 0, "time_us": 1, "frames": fr},
+                 {"action": "alloc", "addr": A, "size": 4 * MiB, "stream": 0, "time_us": 2, "frames": fr},
+                 {"action": "alloc", "addr": A + 4 * MiB, "size": 56 * MiB, "stream": 0, "time_us": 3, "frames": fr},
+                 {"action": "free_requested", "addr": A + 4 * MiB, "size": 56 * MiB, "stream": 0, "time_us": 4, "frames": fr},
+                 {"action": "free_completed", "addr": A + 4 * MiB, "size": 56 * MiB, "stream": 0, "time_us": 4, "frames": fr},
+                 {"action": "oom", "device_free": 20 * MiB, "size": 40 * MiB, "stream": 0, "time_us": 5, "frames": fr,
+                  "pool_id": (1, 2)}]
+        with open("pool.pickle", "wb") as f:
+            pickle.dump({"segments": [seg], "device_traces": [trace], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": None}},
+                        f, protocol=4)
+        with open("pool.pickle", "rb") as a, open(pool_snap, "rb") as b:
+            check("private pool: explain-pool.pickle is this snapshot", a.read() == b.read())
+    finally:
+        os.chdir(cwd)
+d = explain(pool_snap)
+if d:
+    o = d["oom"]
+    check("private pool: cause and pool", (o["cause"], o["pool"], o["requested_bytes"], o["device_free"]) ==
+          ("private_pool", [1, 2], 40 * MiB, 4 * MiB), o)
+    check("private pool: the default pool's cache", o["cached_by_pool"] ==
+          [{"pool": [0, 0], "cached_free_bytes": 72 * MiB, "largest_free_block": 56 * MiB}], o["cached_by_pool"])
+    check("private pool: cause line", d["diagnosis"][1] ==
+          "Cause: a private pool. The request was in private pool (1, 2) (a CUDA graph or torch.cuda.MemPool), which "
+          "only its own cached blocks (0 bytes free) and new segments serve, and whose OOM releases only its own "
+          "cache: 72.00 MiB was free in the other pools' cached blocks (the largest 56.00 MiB), which it cannot use, "
+          "and the device had 4.00 MiB free, too little for a new segment of 40.00 MiB.", d["diagnosis"])
+code, out, err = run("replay", pool_snap, "--json")
+check("private pool: replay's OOM", code == 0 and json.loads(out)["runs"][0]["oom"]["request_index"] == 3, out + err)
+code, out, err = run("replay", pool_snap)
+check("private pool: replay says 72 MiB reserved but unallocated", "72.00 MiB is reserved by PyTorch but unallocated"
+      in out, out)
+
 # Bad input: one line, exit 2.
 for args, expect in [(["/nonexistent.jsonl"], "memscope explain: "),
                      ([data("bad_json.jsonl")], "bad_json.jsonl:3: not valid JSON"),
