@@ -45,7 +45,8 @@ std::optional<DType> AmpOf(const std::string& amp) {
 // The `memscope plan` command line that prints the same figures.
 std::string PlanCommand(const TrainingManifest& t, const RunManifest& m, std::int64_t batch) {
   std::vector<std::string> v = {"memscope plan"};
-  v.push_back(absl::StrCat(t.model.rfind("file:", 0) == 0 ? "--model-file " + t.model.substr(5) : "--model " + t.model));
+  v.push_back(
+      absl::StrCat(t.model.rfind("file:", 0) == 0 ? "--model-file " + t.model.substr(5) : "--model " + t.model));
   v.push_back(absl::StrCat("--device-memory ", m.device_memory));
   if (m.world_size > 1) v.push_back(absl::StrCat("--world-size ", m.world_size));
   v.push_back(absl::StrCat("--batch-size ", batch, " --max-batch ", batch));
@@ -111,9 +112,8 @@ void AddTrainingChanges(const std::string& path, MemoryExplanation& e) {
   }
   const std::optional<DType> amp = AmpOf(t.amp);
   const bool expandable = o->config.expandable_segments;
-  TrainingChanges changes{.command = PlanCommand(t, *m, o->batch_size),
-                          .batch_size = o->batch_size,
-                          .device_memory = o->device_memory};
+  TrainingChanges changes{
+      .command = PlanCommand(t, *m, o->batch_size), .batch_size = o->batch_size, .device_memory = o->device_memory};
   for (const PlanRow& row : plan->rows) {
     const PlanStrategy& s = row.strategy;
     changes.rows.push_back(TrainingChange{

@@ -305,8 +305,8 @@ std::string CauseLine(const MemoryExplanation& e) {
       std::uint64_t own = 0;
       for (const PoolCache& c : e.moment.cached_by_pool) own += c.pool == p ? c.free_bytes : 0;
       return absl::StrCat("Cause: a private pool. The request was in private pool (", p.first, ", ", p.second,
-                          ") (a CUDA graph or torch.cuda.MemPool), which only its own cached blocks (",
-                          FormatSize(own), " free) and new segments serve, and whose OOM releases only its own cache: ",
+                          ") (a CUDA graph or torch.cuda.MemPool), which only its own cached blocks (", FormatSize(own),
+                          " free) and new segments serve, and whose OOM releases only its own cache: ",
                           FormatSize(outside), " was free in the other pools' cached blocks (the largest ",
                           FormatSize(largest), "), which it cannot use, and the device had ", FormatSize(i.device_free),
                           " free, too little for a new segment of ", FormatSize(i.alloc_size), ".");
@@ -432,13 +432,14 @@ std::string WhatIfTable(const MemoryExplanation& e) {
 
 std::string TrainingText(const MemoryExplanation& e) {
   if (!e.training) {
-    return e.training_note.empty() ? std::string()
-                                   : absl::StrCat("\ntraining-side changes: ", EscapeForTerminal(e.training_note), "\n");
+    return e.training_note.empty()
+               ? std::string()
+               : absl::StrCat("\ntraining-side changes: ", EscapeForTerminal(e.training_note), "\n");
   }
   const TrainingChanges& t = *e.training;
-  std::string out = absl::StrCat("\ntraining-side changes: the memscope plan strategies at the run's batch of ",
-                                 t.batch_size, " per rank on its ", FormatSize(t.device_memory), " (",
-                                 EscapeForTerminal(t.command), "):\n");
+  std::string out =
+      absl::StrCat("\ntraining-side changes: the memscope plan strategies at the run's batch of ", t.batch_size,
+                   " per rank on its ", FormatSize(t.device_memory), " (", EscapeForTerminal(t.command), "):\n");
   const char* kRow = "%-24s %-12s %13s  %s\n";
   absl::StrAppend(&out, absl::StrFormat(kRow, "strategy", "batch", "peak reserved", "saved"));
   for (const TrainingChange& c : t.rows) {
@@ -447,7 +448,7 @@ std::string TrainingText(const MemoryExplanation& e) {
       absl::StrAppend(&out, absl::StrFormat(kRow, name, "error", "-", EscapeForTerminal(c.error)));
       continue;
     }
-    const std::string batch = c.fits              ? absl::StrCat(c.max_batch, " fits")
+    const std::string batch = c.fits            ? absl::StrCat(c.max_batch, " fits")
                               : c.max_batch > 0 ? absl::StrCat("only ", c.max_batch)
                                                 : std::string("OOM");
     absl::StrAppend(&out, absl::StrFormat(kRow, name, batch, c.max_batch > 0 ? FormatSize(c.peak_reserved) : "-",
@@ -460,9 +461,9 @@ std::string TrainingText(const MemoryExplanation& e) {
 
 void RankTrainingChanges(std::vector<TrainingChange>& rows) {
   const auto own = std::find_if(rows.begin(), rows.end(), [](const TrainingChange& c) { return c.own; });
-  const std::optional<std::uint64_t> base =
-      own != rows.end() && own->fits && own->error.empty() ? std::optional<std::uint64_t>(own->peak_reserved)
-                                                           : std::nullopt;
+  const std::optional<std::uint64_t> base = own != rows.end() && own->fits && own->error.empty()
+                                                ? std::optional<std::uint64_t>(own->peak_reserved)
+                                                : std::nullopt;
   for (TrainingChange& c : rows) {
     if (base && c.fits && c.error.empty()) {
       c.saved_bytes = static_cast<std::int64_t>(*base) - static_cast<std::int64_t>(c.peak_reserved);

@@ -64,9 +64,9 @@ std::string_view OomCauseName(OomCause cause);
 
 // The free cached bytes of one pool at the OOM.
 struct PoolCache {
-  PoolId pool{};                      // (0, 0): the default pool
-  std::uint64_t free_bytes = 0;       // in free cached blocks
-  std::uint64_t largest_free = 0;     // the largest of them
+  PoolId pool{};                   // (0, 0): the default pool
+  std::uint64_t free_bytes = 0;    // in free cached blocks
+  std::uint64_t largest_free = 0;  // the largest of them
 };
 
 // One change replayed on the same requests and memory.
@@ -99,10 +99,10 @@ struct MomentMemory {
 // strategy at the run's per-rank batch on the run's device memory. Filled
 // by the caller (cli/, which may use run/'s plan search); explain/ prints it.
 struct TrainingChange {
-  std::string strategy{};  // StrategyName: "bf16 ckpt exp", "defaults"
-  bool own = false;        // the run's own strategy
-  std::int64_t max_batch = 0;  // the largest per-rank batch that fits, up to the run's (0: not even 1)
-  bool fits = false;           // max_batch reached the run's batch
+  std::string strategy{};           // StrategyName: "bf16 ckpt exp", "defaults"
+  bool own = false;                 // the run's own strategy
+  std::int64_t max_batch = 0;       // the largest per-rank batch that fits, up to the run's (0: not even 1)
+  bool fits = false;                // max_batch reached the run's batch
   std::uint64_t peak_reserved = 0;  // at max_batch (0 when it is 0)
   // The own strategy's peak_reserved less this one's, when both fit.
   std::optional<std::int64_t> saved_bytes{};
@@ -110,9 +110,9 @@ struct TrainingChange {
 };
 
 struct TrainingChanges {
-  std::string command{};  // the `memscope plan` command line that prints the same figures
-  std::int64_t batch_size = 0;      // per rank
-  std::uint64_t device_memory = 0;  // the run's
+  std::string command{};               // the `memscope plan` command line that prints the same figures
+  std::int64_t batch_size = 0;         // per rank
+  std::uint64_t device_memory = 0;     // the run's
   std::vector<TrainingChange> rows{};  // ranked: those that fit first, by bytes saved; then by max_batch
 };
 
@@ -132,9 +132,9 @@ struct MemoryExplanation {
   std::optional<PoolId> oom_pool{};                  // the OOM's request's pool, when a private one
   std::uint64_t peak_reserved = 0;                   // the baseline's (up to its OOM)
   MomentMemory moment{};
-  std::vector<WhatIf> what_ifs{};        // ranked: those that run on this memory first, then by bytes saved
-  std::vector<std::string> diagnosis{};  // the few lines a person reads first
-  std::vector<std::string> notes{};      // the reader's notes (a snapshot replayed, ...)
+  std::vector<WhatIf> what_ifs{};             // ranked: those that run on this memory first, then by bytes saved
+  std::vector<std::string> diagnosis{};       // the few lines a person reads first
+  std::vector<std::string> notes{};           // the reader's notes (a snapshot replayed, ...)
   std::optional<TrainingChanges> training{};  // a run memscope simulated (AddTrainingChanges in cli/)
   std::string training_note{};                // why a run's training-side changes are not listed
 };
