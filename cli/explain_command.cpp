@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/sizes.h"
 #include "cli/commands.h"
+#include "cli/explain_training.h"
 #include "explain/explain.h"
 
 namespace memscope::cli {
@@ -31,6 +32,7 @@ int Run(const ExplainArgs& args) {
   }
   absl::StatusOr<MemoryExplanation> e = Explain(args.path, options);
   if (!e.ok()) return Fail("explain", e.status().message());
+  AddTrainingChanges(args.path, *e);
   if (args.json) {
     std::cout << ExplanationJson(*e).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {

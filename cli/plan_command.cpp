@@ -38,6 +38,7 @@ struct PlanArgs {
   std::string alloc_conf;
   bool alloc_conf_given = false;
   std::int64_t steps = 2;
+  std::int64_t max_batch = 1 << 16;
   bool json = false;
 };
 
@@ -188,6 +189,10 @@ int Plan(const PlanArgs& given) {
       ChooseBlasWorkspaceSizes(BlasWorkspaceEnv::FromEnvironment(), gpu.has_value() && gpu->hopper, nullptr);
   if (a.steps < 1) return Fail("--steps must be at least 1");
   o.steps = a.steps;
+  if (a.max_batch < 1 || a.max_batch > kMaxPlanBatch) {
+    return Fail(absl::StrCat("--max-batch must be 1 to ", kMaxPlanBatch));
+  }
+  o.max_batch = a.max_batch;
   absl::StatusOr<PlanResult> r = MakePlan(o);
   if (!r.ok()) return Fail(r.status().message());
   if (a.json) {
@@ -230,6 +235,8 @@ void RegisterPlan(CLI::App& app, int& exit_status) {
       ->each([a](const std::string&) { a->alloc_conf_given = true; });
   cmd->add_option("--steps", a->steps, "training steps per simulated run (default 2)")
       ->check(InRange(std::int64_t{1}, kMaxPlanSteps));
+  cmd->add_option("--max-batch", a->max_batch,
+                  "the search stops at this per-rank batch (default 65536; a row that reaches it reads N+)");
   cmd->add_flag("--json", a->json, "print the plan as JSON (schema memscope.plan/1)");
   cmd->callback([a, &exit_status] { exit_status = Plan(*a); });
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/commands.h"
+#include "cli/explain_training.h"
 #include "explain/explain.h"
 #include "run/device_memory.h"
 #include "run/gpu_table.h"
@@ -59,6 +60,7 @@ int Report(const ReportArgs& a) {
       // The explain section at the top (docs/explain.md), when the input's
       // requests can be replayed (not a report.json or a capture's state).
       absl::StatusOr<MemoryExplanation> e = Explain(a.inputs[i]);
+      if (e.ok()) AddTrainingChanges(a.inputs[i], *e);
       if (e.ok()) run.explain = ExplanationJson(*e).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     }
     for (const Timeline& t : loaded[i]) run.timelines.push_back(&t);

@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
+#include "allocator/snapshot.h"
+#include "analysis/trace_model.h"
 #include "base/terminal_text.h"
 #include "exporters/report.h"
 #include "importers/snapshot_import.h"
@@ -22,6 +24,7 @@ std::string_view OomCauseName(OomCause cause) {
   switch (cause) {
     case OomCause::kMemoryFraction: return "memory_fraction";
     case OomCause::kOtherProcess: return "other_process";
+    case OomCause::kPrivatePool: return "private_pool";
     case OomCause::kFragmentation: return "fragmentation";
     case OomCause::kCapacity: return "capacity";
   }
@@ -205,13 +208,46 @@ void RankWhatIfs(std::vector<WhatIf>& what_ifs) {
   });
 }
 
-OomCause CauseOf(const OutOfMemoryInfo& info, double fraction, std::uint64_t outside) {
+// Free cached bytes in the pools other than `pool`, and the largest such block.
+std::pair<std::uint64_t, std::uint64_t> CachedOutside(const std::vector<PoolCache>& pools, const PoolId& pool) {
+  std::uint64_t bytes = 0, largest = 0;
+  for (const PoolCache& c : pools) {
+    if (c.pool == pool) continue;
+    bytes += c.free_bytes;
+    largest = std::max(largest, c.largest_free);
+  }
+  return {bytes, largest};
+}
+
+OomCause CauseOf(const MemoryExplanation& e) {
+  const OutOfMemoryInfo& info = e.oom->info;
+  const double fraction = e.memory_fraction;
   if (fraction < 1.0 && info.device_free >= info.alloc_size) return OomCause::kMemoryFraction;
-  if (outside > 0 && info.device_free + outside >= info.alloc_size) return OomCause::kOtherProcess;
+  if (e.outside_bytes > 0 && info.device_free + e.outside_bytes >= info.alloc_size) return OomCause::kOtherProcess;
+  // A request in a private pool is served by its pool's blocks and new
+  // segments only, and its OOM releases only its pool's cache: the other
+  // pools' free blocks could have held it.
+  if (e.oom_pool && CachedOutside(e.moment.cached_by_pool, *e.oom_pool).first >= info.rounded) {
+    return OomCause::kPrivatePool;
+  }
   const auto allowed = fraction < 1.0 ? static_cast<std::uint64_t>(fraction * static_cast<double>(info.device_total))
                                       : static_cast<std::uint64_t>(info.device_total);
   if (info.allocated + info.rounded <= allowed) return OomCause::kFragmentation;
   return OomCause::kCapacity;
+}
+
+std::vector<PoolCache> CachedByPool(const TraceModel& model, const std::vector<PoolId>& pools) {
+  std::vector<PoolCache> out;
+  for (const SegmentInfo& seg : model.Snapshot(0, pools)) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const PoolCache& c) { return c.pool == seg.pool_id; });
+    if (it == out.end()) it = out.insert(out.end(), PoolCache{.pool = seg.pool_id});
+    for (const BlockInfo& b : seg.blocks) {
+      if (b.state != BlockState::kInactive) continue;
+      it->free_bytes += b.size;
+      it->largest_free = std::max<std::uint64_t>(it->largest_free, b.size);
+    }
+  }
+  return out;
 }
 
 // What filled the device at the OOM (or at the peak of allocated), from the
@@ -228,6 +264,7 @@ absl::StatusOr<MomentMemory> MemoryAt(const Timeline& t, const RankReport& repor
     m.reserved = report.oom->fragmentation.reserved;
     m.by_category = at->first.allocated_by_category();
     m.top_sites = report.oom->top_sites;
+    m.cached_by_pool = CachedByPool(at->first, t.pools);
     return m;
   }
   m.name = "peak";
@@ -262,6 +299,18 @@ std::string CauseLine(const MemoryExplanation& e) {
                           ", this process had reserved ", FormatSize(i.reserved), " and ", FormatSize(i.device_free),
                           " was free: ", FormatSize(e.outside_bytes), " was held outside it, without which the ",
                           FormatSize(i.alloc_size), " segment would have fit.");
+    case OomCause::kPrivatePool: {
+      const PoolId& p = *e.oom_pool;
+      const auto [outside, largest] = CachedOutside(e.moment.cached_by_pool, p);
+      std::uint64_t own = 0;
+      for (const PoolCache& c : e.moment.cached_by_pool) own += c.pool == p ? c.free_bytes : 0;
+      return absl::StrCat("Cause: a private pool. The request was in private pool (", p.first, ", ", p.second,
+                          ") (a CUDA graph or torch.cuda.MemPool), which only its own cached blocks (", FormatSize(own),
+                          " free) and new segments serve, and whose OOM releases only its own cache: ",
+                          FormatSize(outside), " was free in the other pools' cached blocks (the largest ",
+                          FormatSize(largest), "), which it cannot use, and the device had ", FormatSize(i.device_free),
+                          " free, too little for a new segment of ", FormatSize(i.alloc_size), ".");
+    }
     case OomCause::kFragmentation:
       return absl::StrCat("Cause: fragmentation. ", FormatSize(i.allocated), " allocated plus the ",
                           FormatSize(i.rounded), " asked fit in this process's ", FormatSize(i.device_total), ", and ",
@@ -348,7 +397,11 @@ absl::StatusOr<MemoryExplanation> Explain(const std::string& path, const Explain
   absl::StatusOr<std::optional<std::uint64_t>> min = MinDeviceMemory(trace, in->config);
   if (!min.ok()) return min.status();
   e.min_device_memory = *min;
-  if (e.oom) e.cause = CauseOf(e.oom->info, e.memory_fraction, e.outside_bytes);
+  if (e.oom) {
+    const Request& r = trace.requests[e.oom->request_index];
+    if (r.pool != 0 && r.pool < trace.pools.size()) e.oom_pool = trace.pools[r.pool];
+    e.cause = CauseOf(e);
+  }
   for (const Variant& v : Variants(*in)) {
     absl::StatusOr<WhatIf> w = RunVariant(trace, v, e.min_device_memory);
     if (!w.ok()) return w.status();
@@ -377,7 +430,52 @@ std::string WhatIfTable(const MemoryExplanation& e) {
   return out;
 }
 
+std::string TrainingText(const MemoryExplanation& e) {
+  if (!e.training) {
+    return e.training_note.empty()
+               ? std::string()
+               : absl::StrCat("\ntraining-side changes: ", EscapeForTerminal(e.training_note), "\n");
+  }
+  const TrainingChanges& t = *e.training;
+  std::string out =
+      absl::StrCat("\ntraining-side changes: the memscope plan strategies at the run's batch of ", t.batch_size,
+                   " per rank on its ", FormatSize(t.device_memory), " (", EscapeForTerminal(t.command), "):\n");
+  const char* kRow = "%-24s %-12s %13s  %s\n";
+  absl::StrAppend(&out, absl::StrFormat(kRow, "strategy", "batch", "peak reserved", "saved"));
+  for (const TrainingChange& c : t.rows) {
+    const std::string name = absl::StrCat(c.strategy, c.own ? " (the run's)" : "");
+    if (!c.error.empty()) {
+      absl::StrAppend(&out, absl::StrFormat(kRow, name, "error", "-", EscapeForTerminal(c.error)));
+      continue;
+    }
+    const std::string batch = c.fits            ? absl::StrCat(c.max_batch, " fits")
+                              : c.max_batch > 0 ? absl::StrCat("only ", c.max_batch)
+                                                : std::string("OOM");
+    absl::StrAppend(&out, absl::StrFormat(kRow, name, batch, c.max_batch > 0 ? FormatSize(c.peak_reserved) : "-",
+                                          c.saved_bytes ? Signed(*c.saved_bytes) : std::string("-")));
+  }
+  return out;
+}
+
 }  // namespace
+
+void RankTrainingChanges(std::vector<TrainingChange>& rows) {
+  const auto own = std::find_if(rows.begin(), rows.end(), [](const TrainingChange& c) { return c.own; });
+  const std::optional<std::uint64_t> base = own != rows.end() && own->fits && own->error.empty()
+                                                ? std::optional<std::uint64_t>(own->peak_reserved)
+                                                : std::nullopt;
+  for (TrainingChange& c : rows) {
+    if (base && c.fits && c.error.empty()) {
+      c.saved_bytes = static_cast<std::int64_t>(*base) - static_cast<std::int64_t>(c.peak_reserved);
+    }
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const TrainingChange& a, const TrainingChange& b) {
+    const bool fa = a.fits && a.error.empty(), fb = b.fits && b.error.empty();
+    if (fa != fb) return fa;
+    if (fa) return a.peak_reserved < b.peak_reserved;
+    return a.max_batch > b.max_batch;
+  });
+}
 
 std::string ExplanationText(const MemoryExplanation& e) {
   std::string out = absl::StrCat("memscope explain: ", EscapeForTerminal(e.source), ", rank ", e.rank, ": ", e.requests,
@@ -402,6 +500,7 @@ std::string ExplanationText(const MemoryExplanation& e) {
   absl::StrAppend(&out, "lower bound (peak live requested bytes) ", FormatSize(e.lower_bound), "\n");
   absl::StrAppend(&out, "\nwhat-if: the same ", e.requests, " requests replayed with one change on the same ",
                   FormatSize(e.device_memory), " (min memory: the smallest GPU that runs them all):\n", WhatIfTable(e));
+  absl::StrAppend(&out, TrainingText(e));
   return out;
 }
 
@@ -416,8 +515,18 @@ nlohmann::json SitesJson(const std::vector<SiteBytes>& sites) {
   return out;
 }
 
-nlohmann::json OomJson(const ReplayOom& o, OomCause cause) {
+nlohmann::json OomJson(const MemoryExplanation& e) {
+  const ReplayOom& o = *e.oom;
+  const OomCause cause = *e.cause;
+  nlohmann::json pools = nlohmann::json::array();
+  for (const PoolCache& c : e.moment.cached_by_pool) {
+    pools.push_back({{"pool", {c.pool.first, c.pool.second}},
+                     {"cached_free_bytes", c.free_bytes},
+                     {"largest_free_block", c.largest_free}});
+  }
   return {{"request_index", o.request_index},
+          {"pool", e.oom_pool ? nlohmann::json({e.oom_pool->first, e.oom_pool->second}) : nlohmann::json()},
+          {"cached_by_pool", pools},
           {"line", o.line},
           {"id", o.id},
           {"requested_bytes", o.info.requested},
@@ -444,6 +553,22 @@ nlohmann::json WhatIfJson(const WhatIf& w) {
           {"saved_bytes", w.saved_bytes ? nlohmann::json(*w.saved_bytes) : nlohmann::json(nullptr)}};
 }
 
+nlohmann::json TrainingJson(const MemoryExplanation& e) {
+  if (!e.training) return nullptr;
+  const TrainingChanges& t = *e.training;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const TrainingChange& c : t.rows) {
+    rows.push_back({{"strategy", c.strategy},
+                    {"own", c.own},
+                    {"max_batch", c.max_batch},
+                    {"fits", c.fits},
+                    {"peak_reserved_bytes", c.max_batch > 0 ? nlohmann::json(c.peak_reserved) : nlohmann::json()},
+                    {"saved_bytes", c.saved_bytes ? nlohmann::json(*c.saved_bytes) : nlohmann::json()},
+                    {"error", c.error.empty() ? nlohmann::json() : nlohmann::json(c.error)}});
+  }
+  return {{"command", t.command}, {"batch_size", t.batch_size}, {"device_memory", t.device_memory}, {"rows", rows}};
+}
+
 }  // namespace
 
 nlohmann::json ExplanationJson(const MemoryExplanation& e) {
@@ -461,7 +586,7 @@ nlohmann::json ExplanationJson(const MemoryExplanation& e) {
           {"lower_bound_bytes", e.lower_bound},
           {"min_device_memory", Optional(e.min_device_memory)},
           {"peak_reserved_bytes", e.peak_reserved},
-          {"oom", e.oom ? OomJson(*e.oom, *e.cause) : nlohmann::json(nullptr)},
+          {"oom", e.oom ? OomJson(e) : nlohmann::json(nullptr)},
           {"moment",
            {{"name", m.name},
             {"phase", m.phase},
@@ -470,7 +595,9 @@ nlohmann::json ExplanationJson(const MemoryExplanation& e) {
             {"by_category", ByCategoryJson(m.by_category)},
             {"top_sites", SitesJson(m.top_sites)}}},
           {"diagnosis", e.diagnosis},
-          {"what_ifs", what_ifs}};
+          {"what_ifs", what_ifs},
+          {"training", TrainingJson(e)},
+          {"training_note", e.training_note.empty() ? nlohmann::json() : nlohmann::json(e.training_note)}};
 }
 
 }  // namespace memscope

@@ -5,13 +5,16 @@
 // memory this process had (the baseline), and recorded, so that the OOM (or
 // the peak) is analysed like any recording: what was asked, what was free,
 // what filled the device by category and by allocation site. The cause of an
-// OOM is one of four, checked in this order:
+// OOM is one of five, checked in this order:
 //   memory fraction  the device had the segment free, but
 //                    set_per_process_memory_fraction's cap did not;
 //   another process  the GPU's memory (--device-memory, for a PyTorch OOM
 //                    snapshot, whose own capacity is reserved + free) less
 //                    what this process had was held outside it, and the
 //                    segment would have fit in it;
+//   private pool     the request was in a private pool (CUDA graph,
+//                    MemPool), and the other pools' free cached blocks,
+//                    which it cannot use, held at least the request;
 //   fragmentation    the live bytes plus the request fit in this process's
 //                    memory, but no free block or new segment did;
 //   capacity         they did not.
@@ -55,8 +58,16 @@ struct ExplainOptions {
   std::optional<double> memory_fraction{};
 };
 
-enum class OomCause { kMemoryFraction, kOtherProcess, kFragmentation, kCapacity };
-std::string_view OomCauseName(OomCause cause);  // "memory_fraction", "other_process", "fragmentation", "capacity"
+enum class OomCause { kMemoryFraction, kOtherProcess, kPrivatePool, kFragmentation, kCapacity };
+// "memory_fraction", "other_process", "private_pool", "fragmentation", "capacity"
+std::string_view OomCauseName(OomCause cause);
+
+// The free cached bytes of one pool at the OOM.
+struct PoolCache {
+  PoolId pool{};                   // (0, 0): the default pool
+  std::uint64_t free_bytes = 0;    // in free cached blocks
+  std::uint64_t largest_free = 0;  // the largest of them
+};
 
 // One change replayed on the same requests and memory.
 struct WhatIf {
@@ -81,6 +92,28 @@ struct MomentMemory {
   std::uint64_t reserved = 0;
   std::array<std::int64_t, kNumCategories> by_category{};
   std::vector<SiteBytes> top_sites{};
+  std::vector<PoolCache> cached_by_pool{};  // at an OOM: each pool that holds segments
+};
+
+// A training-side change for a run memscope simulated: one `memscope plan`
+// strategy at the run's per-rank batch on the run's device memory. Filled
+// by the caller (cli/, which may use run/'s plan search); explain/ prints it.
+struct TrainingChange {
+  std::string strategy{};           // StrategyName: "bf16 ckpt exp", "defaults"
+  bool own = false;                 // the run's own strategy
+  std::int64_t max_batch = 0;       // the largest per-rank batch that fits, up to the run's (0: not even 1)
+  bool fits = false;                // max_batch reached the run's batch
+  std::uint64_t peak_reserved = 0;  // at max_batch (0 when it is 0)
+  // The own strategy's peak_reserved less this one's, when both fit.
+  std::optional<std::int64_t> saved_bytes{};
+  std::string error{};  // the strategy failed for another reason than memory
+};
+
+struct TrainingChanges {
+  std::string command{};               // the `memscope plan` command line that prints the same figures
+  std::int64_t batch_size = 0;         // per rank
+  std::uint64_t device_memory = 0;     // the run's
+  std::vector<TrainingChange> rows{};  // ranked: those that fit first, by bytes saved; then by max_batch
 };
 
 struct MemoryExplanation {
@@ -96,12 +129,19 @@ struct MemoryExplanation {
   std::optional<std::uint64_t> min_device_memory{};  // the baseline's (MinDeviceMemory)
   std::optional<ReplayOom> oom{};                    // the baseline's OOM
   std::optional<OomCause> cause{};                   // with `oom`
+  std::optional<PoolId> oom_pool{};                  // the OOM's request's pool, when a private one
   std::uint64_t peak_reserved = 0;                   // the baseline's (up to its OOM)
   MomentMemory moment{};
-  std::vector<WhatIf> what_ifs{};        // ranked: those that run on this memory first, then by bytes saved
-  std::vector<std::string> diagnosis{};  // the few lines a person reads first
-  std::vector<std::string> notes{};      // the reader's notes (a snapshot replayed, ...)
+  std::vector<WhatIf> what_ifs{};             // ranked: those that run on this memory first, then by bytes saved
+  std::vector<std::string> diagnosis{};       // the few lines a person reads first
+  std::vector<std::string> notes{};           // the reader's notes (a snapshot replayed, ...)
+  std::optional<TrainingChanges> training{};  // a run memscope simulated (AddTrainingChanges in cli/)
+  std::string training_note{};                // why a run's training-side changes are not listed
 };
+
+// Ranks `rows` (those that fit first, by bytes saved; then by max_batch) and
+// fills saved_bytes from the own row.
+void RankTrainingChanges(std::vector<TrainingChange>& rows);
 
 // Explains PATH (what `memscope replay` reads: a JSON-lines or RMM trace, a
 // PyTorch snapshot, a run directory or timeline). Errors: the input's (one

@@ -23,6 +23,10 @@ template <typename T>
 void GetOptional(const json& j, const char* key, std::optional<T>& v) {
   if (j.contains(key)) v = j.at(key).get<T>();
 }
+template <typename T>
+void GetIfPresent(const json& j, const char* key, T& v) {
+  if (j.contains(key)) v = j.at(key).get<T>();
+}
 
 // Losses per step: a loss that diverged (inf, nan) is null, as JSON has no
 // such numbers; null reads back as nan.
@@ -93,6 +97,12 @@ void PutTraining(json& j, const TrainingManifest& t) {
             {"losses", LossesJson(t.losses)}});
   if (!t.torch_version.empty()) j["torch_version"] = t.torch_version;
   if (!t.zero.empty()) j["zero"] = t.zero;
+  if (t.seq_len != 0) j["seq_len"] = t.seq_len;
+  if (t.width != 0) j["width"] = t.width;
+  if (t.depth != 0) j["depth"] = t.depth;
+  if (!t.dtype.empty()) j["dtype"] = t.dtype;
+  if (!t.lora.empty()) j["lora"] = t.lora;
+  if (!t.gpu.empty()) j["gpu"] = t.gpu;
   if (t.ddp_options) {
     const TrainingManifest::Ddp& d = *t.ddp_options;
     j["bucket_cap_mb"] = d.bucket_cap_mb ? json(*d.bucket_cap_mb) : json(nullptr);
@@ -128,6 +138,12 @@ TrainingManifest TrainingFromJson(const json& j) {
   t.ddp = j.at("ddp").get<std::string>();
   t.seconds = j.at("seconds").get<double>();
   t.losses = LossesFromJson(j.at("losses"));
+  GetIfPresent(j, "seq_len", t.seq_len);
+  GetIfPresent(j, "width", t.width);
+  GetIfPresent(j, "depth", t.depth);
+  GetIfPresent(j, "dtype", t.dtype);
+  GetIfPresent(j, "lora", t.lora);
+  GetIfPresent(j, "gpu", t.gpu);
   if (j.contains("torch_version")) t.torch_version = j.at("torch_version").get<std::string>();
   if (j.contains("zero")) t.zero = j.at("zero").get<std::string>();
   if (j.contains("comm_hook")) {

@@ -116,6 +116,10 @@ struct TrainingManifest {
   std::string attention, exec;
   std::string ddp;  // "off", "copy" or "view"
   std::string zero;  // --zero "on" or "bucket-view"; "" when off (run.json has no "zero" then)
+  // The model's options when given (run.json has each only then): --seq-len,
+  // --width, --depth, --dtype, --lora, --gpu.
+  std::int64_t seq_len = 0, width = 0, depth = 0;
+  std::string dtype, lora, gpu;
   double seconds = 0;
   std::vector<float> losses;
   // The DDP options (present unless ddp is "off").

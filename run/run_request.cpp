@@ -460,6 +460,12 @@ RunRecord MakeRecord(const RunRequest& a, const RankPlan& plan, int world_size, 
   t.exec = a.exec;
   t.ddp = plan.ddp;
   if (plan.train.zero) t.zero = a.zero;
+  t.seq_len = a.seq_len;
+  t.width = a.width;
+  t.depth = a.depth;
+  t.dtype = a.dtype;
+  t.lora = a.lora;
+  if (a.gpu_given) t.gpu = a.gpu;
   if (plan.train.ddp) {
     t.ddp_options = TrainingManifest::Ddp{a.bucket_cap_given ? std::optional<double>(a.bucket_cap_mb) : std::nullopt,
                                           a.find_unused, a.static_graph, a.comm_hook, !a.no_broadcast_buffers};

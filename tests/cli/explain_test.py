@@ -177,6 +177,104 @@ with tempfile.TemporaryDirectory() as tmp:
     if d:
         check("run: fragmentation OOM", d["oom"] is not None and d["oom"]["cause"] == "fragmentation", d["oom"])
         check("run: its GPU", d["device_memory"] == 100 * MiB, d["device_memory"])
+        # A replay's run.json has no training options: the training-side changes are refused in one note.
+        check("replay dir: training note", (d["training"], d["training_note"]) ==
+              (None, "not listed: a replay directory has no training options to plan with (only memscope run's have)"),
+              (d["training"], d["training_note"]))
+
+# A run memscope simulated (mlp, batch 64, adam, on 30 MiB: an OOM): the memscope plan strategies at its batch on its
+# memory, each figure `memscope plan`'s with the same options, capped at the run's batch.
+with tempfile.TemporaryDirectory() as tmp:
+    out_dir = os.path.join(tmp, "mlp")
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--device-memory", "30MiB", "--out", out_dir)
+    check("mlp run: the OOM's exit 3", code == 3, (code, err))
+    d = explain(out_dir)
+    if d:
+        t = d["training"]
+        check("training: command", t and t["command"] == "memscope plan --model mlp --device-memory 31457280 "
+              "--batch-size 64 --max-batch 64", t)
+        code, out, err = run("plan", "--model", "mlp", "--device-memory", "31457280", "--batch-size", "64",
+                             "--max-batch", "64", "--json")
+        check("plan: exit 0", code == 0, err)
+        plan_rows = {r["strategy"]: r for r in json.loads(out)["rows"]} if code == 0 else {}
+        rows = {r["strategy"]: r for r in t["rows"]} if t else {}
+        check("training: every plan row", sorted(rows) == sorted(plan_rows), (sorted(rows), sorted(plan_rows)))
+        for name, r in rows.items():
+            p = plan_rows.get(name, {})
+            check(f"training {name}: plan's max batch", r["max_batch"] == p.get("max_batch"), (r, p))
+            check(f"training {name}: plan's peak reserved", r["peak_reserved_bytes"] == p.get("peak_reserved_bytes"),
+                  (r, p))
+        check("training: the run's own is defaults, OOM", [(r["strategy"], r["fits"], r["max_batch"]) for r in
+              t["rows"] if r["own"]] == [("defaults", False, 0)], t["rows"])
+        check("training: checkpointing fits in 26 MiB, first",
+              [(r["strategy"], r["fits"], r["peak_reserved_bytes"]) for r in t["rows"][:2]] ==
+              [("ckpt", True, 26 * MiB), ("ckpt exp", True, 26 * MiB)], t["rows"][:2])
+        check("training: the fitting rows first", [r["fits"] for r in t["rows"]] == [True] * 6 + [False] * 6,
+              t["rows"])
+    # Without the OOM (64 MiB): saved is the own row's peak reserved less each row's.
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--device-memory", "64MiB", "--out", out_dir + "64")
+    d = explain(out_dir + "64")
+    if d:
+        own = [r for r in d["training"]["rows"] if r["own"]]
+        check("training 64 MiB: own defaults fits at 36 MiB, the explain baseline's peak",
+              [(r["strategy"], r["peak_reserved_bytes"]) for r in own] == [("defaults", 36 * MiB)] and
+              d["peak_reserved_bytes"] == 36 * MiB, (own, d["peak_reserved_bytes"]))
+        check("training 64 MiB: ckpt saves 10 MiB", d["training"]["rows"][0]["saved_bytes"] == 10 * MiB,
+              d["training"]["rows"][0])
+    # A run whose option plan cannot reproduce: one note.
+    code, out, err = run("run", "--model", "mlp", "--steps", "2", "--grad-accum", "2", "--out", out_dir + "ga")
+    d = explain(out_dir + "ga")
+    if d:
+        check("grad accum: note", (d["training"], d["training_note"]) ==
+              (None, "not listed: the run used --grad-accum, which memscope plan cannot reproduce"), d["training_note"])
+
+# A private pool: the default pool's segments (a 20 MiB one holding a live 4 MiB block, a 56 MiB one freed) keep
+# 72 MiB cached when a 40 MiB request in private pool (1, 2) runs out: its OOM releases only its own pool's cache
+# (as PyTorch's release_cached_blocks with a mempool id), and 4 MiB is free on the 80 MiB the snapshot implies.
+pool_snap = data("explain-pool.pickle")
+with tempfile.TemporaryDirectory() as tmp:
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        MiB = 1 << 20
+        A = 0x7F0000000000
+        fr = [{"filename": "train.py", "line": 20, "name": "main"}]
+        seg = {"device": 0, "address": A, "total_size": 60 * MiB, "allocated_size": 4 * MiB, "active_size": 4 * MiB,
+               "requested_size": 4 * MiB, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
+               "is_expandable": False, "frames": fr,
+               "blocks": [{"address": A, "size": 4 * MiB, "requested_size": 4 * MiB, "state": "active_allocated", "frames": fr},
+                          {"address": A + 4 * MiB, "size": 56 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]}
+        trace = [{"action": "segment_alloc", "addr": A, "size": 60 * MiB, "stream": 0, "time_us": 1, "frames": fr},
+                 {"action": "alloc", "addr": A, "size": 4 * MiB, "stream": 0, "time_us": 2, "frames": fr},
+                 {"action": "alloc", "addr": A + 4 * MiB, "size": 56 * MiB, "stream": 0, "time_us": 3, "frames": fr},
+                 {"action": "free_requested", "addr": A + 4 * MiB, "size": 56 * MiB, "stream": 0, "time_us": 4, "frames": fr},
+                 {"action": "free_completed", "addr": A + 4 * MiB, "size": 56 * MiB, "stream": 0, "time_us": 4, "frames": fr},
+                 {"action": "oom", "device_free": 20 * MiB, "size": 40 * MiB, "stream": 0, "time_us": 5, "frames": fr,
+                  "pool_id": (1, 2)}]
+        with open("pool.pickle", "wb") as f:
+            pickle.dump({"segments": [seg], "device_traces": [trace], "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": None}},
+                        f, protocol=4)
+        with open("pool.pickle", "rb") as a, open(pool_snap, "rb") as b:
+            check("private pool: explain-pool.pickle is this snapshot", a.read() == b.read())
+    finally:
+        os.chdir(cwd)
+d = explain(pool_snap)
+if d:
+    o = d["oom"]
+    check("private pool: cause and pool", (o["cause"], o["pool"], o["requested_bytes"], o["device_free"]) ==
+          ("private_pool", [1, 2], 40 * MiB, 4 * MiB), o)
+    check("private pool: the default pool's cache", o["cached_by_pool"] ==
+          [{"pool": [0, 0], "cached_free_bytes": 72 * MiB, "largest_free_block": 56 * MiB}], o["cached_by_pool"])
+    check("private pool: cause line", d["diagnosis"][1] ==
+          "Cause: a private pool. The request was in private pool (1, 2) (a CUDA graph or torch.cuda.MemPool), which "
+          "only its own cached blocks (0 bytes free) and new segments serve, and whose OOM releases only its own "
+          "cache: 72.00 MiB was free in the other pools' cached blocks (the largest 56.00 MiB), which it cannot use, "
+          "and the device had 4.00 MiB free, too little for a new segment of 40.00 MiB.", d["diagnosis"])
+code, out, err = run("replay", pool_snap, "--json")
+check("private pool: replay's OOM", code == 0 and json.loads(out)["runs"][0]["oom"]["request_index"] == 3, out + err)
+code, out, err = run("replay", pool_snap)
+check("private pool: replay says 72 MiB reserved but unallocated", "72.00 MiB is reserved by PyTorch but unallocated"
+      in out, out)
 
 # Bad input: one line, exit 2.
 for args, expect in [(["/nonexistent.jsonl"], "memscope explain: "),
