@@ -859,7 +859,29 @@
     return el('div', { class: 'explain' },
       el('h3', { text: x.oom ? 'Why it ran out of memory' : 'Peak and headroom' }),
       ...x.diagnosis.map((line) => el('p', { class: 'diagnosis', text: line })),
-      el('div', { class: 'table-wrap' }, el('table', { class: 'explain' }, head, el('tbody', {}, ...rows))));
+      el('div', { class: 'table-wrap' }, el('table', { class: 'explain' }, head, el('tbody', {}, ...rows))),
+      ...TrainingView(x));
+  }
+
+  // The training-side changes of a run memscope simulated (`memscope plan`'s
+  // strategies at the run's batch), as `memscope explain` prints them; for
+  // other recordings the one line that says why there are none.
+  function TrainingView(x) {
+    if (!x.training) return x.training_note ? [el('p', { class: 'training-note', text: 'training-side changes: ' + x.training_note })] : [];
+    const t = x.training;
+    const head = el('tr', {}, ...['strategy', 'batch', 'peak reserved', 'saved'].map((h) => el('th', { text: h })));
+    const rows = t.rows.map((c) => {
+      const batch = c.error ? 'error' : (c.fits ? c.max_batch + ' fits' : (c.max_batch > 0 ? 'only ' + c.max_batch : 'OOM'));
+      const saved = c.error ? c.error : (c.saved_bytes === null ? '-'
+        : (c.saved_bytes >= 0 ? fmtSize(c.saved_bytes) + ' less' : fmtSize(-c.saved_bytes) + ' more'));
+      return el('tr', { class: c.own ? 'own' : '' }, el('td', { text: c.strategy + (c.own ? " (the run's)" : '') }),
+        el('td', { text: batch }), el('td', { text: c.peak_reserved_bytes === null ? '-' : fmtSize(c.peak_reserved_bytes) }),
+        el('td', { text: saved }));
+    });
+    return [el('h3', { text: 'Training-side changes' }),
+      el('p', { class: 'training-plan', text: 'The memscope plan strategies at the run\'s batch of ' + t.batch_size +
+        ' per rank on its ' + fmtSize(t.device_memory) + ' (' + t.command + ')' }),
+      el('div', { class: 'table-wrap' }, el('table', { class: 'training' }, head, el('tbody', {}, ...rows)))];
   }
 
   // ---------------------------------------------------------------- the whole GPU

@@ -309,6 +309,28 @@ try:
     check("explain what-ifs", [r[0] for r in rows[1:]] == [w["change"] for w in x["what_ifs"]], rows)
     check("explain min memory", [r[3] for r in rows[1:]] ==
           [format_size(w["min_device_memory"]) for w in x["what_ifs"]], rows)
+    notes = [p.text for p in section.find_elements(By.CSS_SELECTOR, "p.training-note")]
+    check("explain: a replay's training-side note", notes == ["training-side changes: " + x["training_note"]], notes)
+
+    # ---- the training-side changes of a run memscope simulated, as `memscope explain --json` lists them
+    trained = os.path.join(tmp, "trained")
+    check("record mlp run", run("run", "--model", "mlp", "--steps", "2", "--device-memory", "64MiB",
+                                "--out", trained)[0] == 0, "")
+    trained_page = os.path.join(tmp, "trained.html")
+    check("report mlp run", run("report", trained, "-o", trained_page)[0] == 0, "")
+    open_page(d, trained_page, "trained")
+    t = json_of("explain", trained, "--json")["training"]
+    section = d.find_element(By.CSS_SELECTOR, "#run0 .explain")
+    got = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+           for tr in section.find_elements(By.CSS_SELECTOR, "table.training tbody tr")]
+    want = [[c["strategy"] + (" (the run's)" if c["own"] else ""),
+             f"{c['max_batch']} fits" if c["fits"] else (f"only {c['max_batch']}" if c["max_batch"] > 0 else "OOM"),
+             "-" if c["peak_reserved_bytes"] is None else format_size(c["peak_reserved_bytes"]),
+             "-" if c["saved_bytes"] is None else
+             (format_size(c["saved_bytes"]) + " less" if c["saved_bytes"] >= 0 else format_size(-c["saved_bytes"]) + " more")]
+            for c in t["rows"]]
+    check("explain: the training-side table is explain's", len(want) > 1 and got == want, (got, want))
+    check("explain: the run's own strategy marked once", sum(r[0].endswith("(the run's)") for r in got) == 1, got)
 
     # ---- two runs side by side, with the differences
     cmp_page = os.path.join(tmp, "compare.html")
