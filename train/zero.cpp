@@ -46,7 +46,8 @@ void ZeroRedundancy::BuildBuckets() {
     const std::vector<Tensor*>& params = owned_[rank];
     std::int64_t total = 0;
     for (const Tensor* p : params) total += p->numel();
-    ScopedTag tag(Category::kParameter, absl::StrCat("zero.bucket.", rank));
+    const std::string owner = absl::StrCat("zero.bucket.", rank);  // the tag holds a view of it
+    ScopedTag tag(Category::kParameter, owner);
     if (total == 0) {  // torch.zeros(1, device=device): a dummy float32 bucket
       buckets_.push_back(Tensor::Zeros(*ctx_, {1}));
       continue;
