@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <compare>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <utility>
 
@@ -19,6 +18,7 @@
 #include "allocator/expandable_segment.h"
 #include "allocator/free_block_set.h"
 #include "allocator/record_sink.h"
+#include "allocator/ska_map.h"
 #include "base/clock.h"
 
 namespace memscope {
@@ -248,7 +248,9 @@ struct CachingAllocator::Impl {
   PoolId IdOf(const BlockPool& pool) const { return pool.index == 0 ? PoolId{} : private_pools[pool.index - 1]->id; }
   AddressMap<Block> allocated_blocks;
   absl::flat_hash_set<Block*> pending_free;  // freed, waiting on stream events
-  std::map<StreamId, std::deque<std::pair<EventId, Block*>>> events;
+  // PyTorch's cuda_events: pending events by stream, walked in its
+  // ska::flat_hash_map's slot order (allocator/ska_map.h).
+  SkaMap<std::deque<std::pair<EventId, Block*>>> events{CudaStreamHash{static_cast<std::uint64_t>(device.index())}};
   absl::flat_hash_map<DevicePtr, std::size_t> segments;  // cudaMalloc'd: base -> size
   std::vector<std::unique_ptr<ExpandableSegment>> expandable_segments;
   std::size_t total_allocated_memory = 0;  // device memory held
@@ -375,8 +377,8 @@ struct CachingAllocator::Impl {
 };
 
 CachingAllocator::Impl::~Impl() {
-  for (auto& [stream, queue] : events) {
-    for (auto& [event, block] : queue) device.ReleaseEvent(event);
+  for (std::size_t i = events.Begin(); i != events.End(); i = events.Next(i)) {
+    for (auto& [event, block] : events.Value(i)) device.ReleaseEvent(event);
   }
   for (const auto& [ptr, size] : segments) (void)device.Free(ptr);
   expandable_segments.clear();  // unmaps pages and releases reservations
@@ -796,9 +798,19 @@ std::size_t CachingAllocator::Impl::MergeBlocks(Block* dst, Block* src) {
 }
 
 void CachingAllocator::Impl::InsertEvents(Block* block) {
-  for (StreamId stream : block->stream_uses) {
+  // In the order of PyTorch's stream_uses (a ska::flat_hash_set, filled in
+  // record_stream order): it decides which stream's queue each event joins
+  // first, and so the slots of cuda_events.
+  const auto insert = [&](StreamId stream) {
     events[stream].emplace_back(device.RecordEvent(stream), block);
     ++block->event_count;
+  };
+  if (block->stream_uses.size() == 1) {
+    insert(block->stream_uses[0]);
+  } else {
+    SkaMap<char> uses(CudaStreamHash{static_cast<std::uint64_t>(device.index())});
+    for (StreamId stream : block->stream_uses) uses[stream] = 1;
+    for (std::size_t i = uses.Begin(); i != uses.End(); i = uses.Next(i)) insert(uses.Key(i));
   }
   block->stream_uses.clear();
   pending_free.insert(block);
@@ -806,8 +818,8 @@ void CachingAllocator::Impl::InsertEvents(Block* block) {
 
 void CachingAllocator::Impl::ProcessEvents() {
   if (events.empty()) return;
-  for (auto it = events.begin(); it != events.end();) {
-    auto& queue = it->second;
+  for (std::size_t it = events.Begin(); it != events.End();) {
+    auto& queue = events.Value(it);
     while (!queue.empty()) {
       auto [event, block] = queue.front();
       if (!device.QueryEvent(event)) break;
@@ -815,15 +827,15 @@ void CachingAllocator::Impl::ProcessEvents() {
       queue.pop_front();
       if (--block->event_count == 0) FreeBlock(block);
     }
-    it = queue.empty() ? events.erase(it) : std::next(it);
+    it = queue.empty() ? events.Erase(it) : events.Next(it);
   }
 }
 
 void CachingAllocator::Impl::SynchronizeAndFreeEvents() {
   ++stats.num_sync_all_streams;
   Trace(TraceAction::kSyncAllStreams, large_blocks, 0, 0, 0, 0);
-  for (auto& [stream, queue] : events) {
-    for (auto& [event, block] : queue) {
+  for (std::size_t i = events.Begin(); i != events.End(); i = events.Next(i)) {
+    for (auto& [event, block] : events.Value(i)) {
       device.SynchronizeEvent(event);
       device.ReleaseEvent(event);
       if (--block->event_count == 0) FreeBlock(block);
@@ -1275,6 +1287,12 @@ void CachingAllocator::EmptyCache() {
   impl_->call_time = 0;
   impl_->Trace(TraceAction::kEmptyCache, impl_->large_blocks, 0, 0, 0, 0);
   impl_->ReleaseCachedBlocks();
+}
+
+void CachingAllocator::ProcessEvents() {
+  std::lock_guard<FastMutex> lock(mutex_);
+  impl_->call_time = 0;
+  impl_->ProcessEvents();
 }
 
 absl::Status CachingAllocator::SetMemoryFraction(double fraction) {

@@ -126,6 +126,12 @@ class CachingAllocator {
   // waiting for pending stream events (torch.cuda.empty_cache()).
   void EmptyCache();
 
+  // PyTorch's process_events, which every Malloc in the default pool runs
+  // first: frees the blocks whose stream events have all completed, walking
+  // the streams in the order of PyTorch's map of them (allocator/ska_map.h).
+  // A replay calls it where a snapshot's free_completed says a block was freed.
+  void ProcessEvents();
+
   // Caps this process at `fraction` of the device's total memory
   // (torch.cuda.set_per_process_memory_fraction). Fraction in [0, 1]; 1.0
   // removes the cap, as in PyTorch 2.9+. The config's

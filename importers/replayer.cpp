@@ -24,8 +24,7 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
   return result;
 }
 
-absl::StatusOr<std::optional<std::uint64_t>> MinDeviceMemory(const RequestTrace& trace,
-                                                             const AllocatorConfig& config) {
+absl::StatusOr<std::optional<std::uint64_t>> MinDeviceMemory(const RequestTrace& trace, const AllocatorConfig& config) {
   constexpr std::uint64_t kStep = kMiB;
   constexpr std::uint64_t kMaxSteps = kMaxSearchedDeviceMemory / kStep;
   absl::StatusOr<ReplayResult> largest = Replay(trace, config, kMaxSearchedDeviceMemory);
@@ -258,6 +257,10 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
         } else {
           device.CompleteStream(r.stream);
         }
+        break;
+      case RequestOp::kFreeCompleted:
+        device.CompleteStream(r.stream);
+        allocator.ProcessEvents();
         break;
       case RequestOp::kPhaseBegin:
         if (recorder != nullptr) recorder->PhaseBegin(r.phase, r.step, trace.strings[r.text]);

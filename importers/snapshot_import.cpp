@@ -876,7 +876,7 @@ struct DeviceBuilder {
     } else if (act == TraceAction::kFreeCompleted) {
       if (waiting != 0) {
         if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
-          Push(Request{.op = RequestOp::kSync, .stream = WaitStream(w->second.wait_slot)}, time_us);
+          Push(Request{.op = RequestOp::kFreeCompleted, .stream = WaitStream(w->second.wait_slot)}, time_us);
           w->second.waiting = false;
           --waiting;
           if (!w->second.live) addrs.erase(w);
