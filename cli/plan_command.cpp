@@ -39,6 +39,7 @@ struct PlanArgs {
   bool alloc_conf_given = false;
   std::int64_t steps = 2;
   std::int64_t max_batch = 1 << 16;
+  std::string zero = "off";
   bool json = false;
 };
 
@@ -85,6 +86,9 @@ nlohmann::json ToJson(const PlanArgs& a, const PlanOptions& o, const PlanResult&
           {"optimizer", a.optimizer},
           {"steps", o.steps},
           {"model_state_bytes", r.model_state_bytes},
+          {"zero", a.zero},
+          {"zero_rank", r.zero_rank >= 0 ? nlohmann::json(r.zero_rank) : nlohmann::json()},
+          {"zero_rank_parameters", r.zero_rank >= 0 ? nlohmann::json(r.zero_rank_elements) : nlohmann::json()},
           {"rows", rows},
           {"seconds", r.seconds}};
 }
@@ -98,17 +102,23 @@ void PrintTable(const PlanArgs& a, const PlanOptions& o, const PlanResult& r) {
             << " state, the usual estimate): " << FormatSize(r.model_state_bytes) << "\n";
   std::cout << "target batch: " << r.target_batch << " per rank"
             << (a.global_batch > 0 ? absl::StrCat(" (global ", a.global_batch, ")") : "")
-            << "; micro x accum reaches it on this GPU, min GPU runs it in one step\n\n";
+            << "; micro x accum reaches it on this GPU, min GPU runs it in one step\n";
+  if (r.zero_rank >= 0) {
+    std::cout << "ZeroRedundancyOptimizer" << (a.zero == "bucket-view" ? " (parameters_as_bucket_view)" : "")
+              << " in every row: rank " << r.zero_rank << " of " << o.world_size
+              << " planned, the one stepping the most (" << Grouped(r.zero_rank_elements) << " of "
+              << Grouped(r.trainable_parameters) << " trainable parameters), alone, its collectives simulated\n";
+  }
+  std::cout << "\n";
   std::cout << absl::StrFormat("%-20s %9s %12s %13s %12s %9s %14s %12s\n", "strategy", "max batch", "peak alloc",
                                "peak reserved", "lower bound", "frag@peak", "micro x accum", "min GPU");
   std::vector<std::string> errors;
   for (const PlanRow& row : r.rows) {
     if (!row.error.empty()) {  // the same error is said once
-      const auto it = std::find(errors.begin(), errors.end(), row.error);
-      if (it == errors.end()) errors.push_back(row.error);
-      std::cout << absl::StrFormat(
-          "%-20s %9s  (error %d below)\n", StrategyName(row.strategy), "-",
-          (it == errors.end() ? errors.size() : static_cast<std::size_t>(it - errors.begin()) + 1));
+      // (the error's number, taken before push_back can invalidate an iterator)
+      const auto index = static_cast<std::size_t>(std::find(errors.begin(), errors.end(), row.error) - errors.begin());
+      if (index == errors.size()) errors.push_back(row.error);
+      std::cout << absl::StrFormat("%-20s %9s  (error %d below)\n", StrategyName(row.strategy), "-", index + 1);
       continue;
     }
     const bool any = row.max_batch > 0;
@@ -193,6 +203,11 @@ int Plan(const PlanArgs& given) {
     return Fail(absl::StrCat("--max-batch must be 1 to ", kMaxPlanBatch));
   }
   o.max_batch = a.max_batch;
+  if (a.zero == "on" || a.zero == "bucket-view") {
+    o.zero = ZeroOptions{.parameters_as_bucket_view = a.zero == "bucket-view"};
+  } else if (a.zero != "off") {
+    return Fail(absl::StrCat("--zero '", a.zero, "': use off, on or bucket-view"));
+  }
   absl::StatusOr<PlanResult> r = MakePlan(o);
   if (!r.ok()) return Fail(r.status().message());
   if (a.json) {
@@ -237,6 +252,9 @@ void RegisterPlan(CLI::App& app, int& exit_status) {
       ->check(InRange(std::int64_t{1}, kMaxPlanSteps));
   cmd->add_option("--max-batch", a->max_batch,
                   "the search stops at this per-rank batch (default 65536; a row that reaches it reads N+)");
+  cmd->add_option("--zero", a->zero,
+                  "off (default), on or bucket-view: ZeroRedundancyOptimizer (parameters_as_bucket_view) in every DDP "
+                  "row, planned for the rank that steps the most parameters (needs --world-size > 1)");
   cmd->add_flag("--json", a->json, "print the plan as JSON (schema memscope.plan/1)");
   cmd->callback([a, &exit_status] { exit_status = Plan(*a); });
 }

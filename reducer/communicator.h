@@ -58,6 +58,13 @@ class Communicator {
 // World size 1: every collective is a no-op (allgather copies in to out).
 std::unique_ptr<Communicator> CreateLocalCommunicator();
 
+// Rank `rank` of a `world_size`-rank job, alone in this process, for meta
+// execution (shapes, no bytes): every collective is a no-op, so what a rank
+// allocates for it is modelled and nothing is exchanged; a collective with
+// data throws CommError (there is no peer to move it to). For planning one
+// rank of a large job without its peers (memscope plan --zero).
+std::unique_ptr<Communicator> CreateSimulatedCommunicator(int rank, int world_size);
+
 struct GlooOptions {
   int rank = 0;
   int world_size = 1;

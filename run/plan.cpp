@@ -28,7 +28,7 @@ struct Probe {
 
 class Planner {
  public:
-  explicit Planner(const PlanOptions& o) : o_(o) {}
+  Planner(const PlanOptions& o, int zero_rank) : o_(o), zero_rank_(zero_rank) {}
 
   // Trains `micro` x `accum` under strategy `s` on a GPU of `device` bytes;
   // records and analyses the run when `record`.
@@ -49,7 +49,11 @@ class Planner {
       reducer::DdpOptions d;
       d.gradient_as_bucket_view = s.ddp == "view";
       t.ddp = d;
-      comm = reducer::CreateLocalCommunicator();
+      // Under ZeRO a rank's memory depends on its share of the partition:
+      // the planned rank, alone, its collectives no-ops (meta execution).
+      t.zero = o_.zero;
+      comm = o_.zero ? reducer::CreateSimulatedCommunicator(zero_rank_, o_.world_size)
+                     : reducer::CreateLocalCommunicator();
     }
     RankSessionOptions so;
     so.device_memory = device;
@@ -161,6 +165,7 @@ class Planner {
 
  private:
   const PlanOptions& o_;
+  int zero_rank_ = 0;  // the rank planned under ZeRO
   std::int64_t probes_ = 0;
 };
 
@@ -244,6 +249,20 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& o) {
   const int states = o.optimizer.kind == OptimizerKind::kSgd ? (o.optimizer.momentum > 0 ? 1 : 0) : 2;
   result.model_state_bytes = static_cast<std::uint64_t>(result.parameters) * 4 +
                              static_cast<std::uint64_t>(result.trainable_parameters) * 4 * (1 + states);
+  if (o.zero) {
+    if (o.world_size < 2)
+      return absl::InvalidArgumentError("--zero needs --world-size > 1 (it shards over DDP's ranks)");
+    // ZeroRedundancyOptimizer's partition: every rank's elements; the first
+    // rank with the most holds the most optimizer state.
+    const std::vector<std::int64_t> numels = (*model)->TrainableNumels();
+    if (numels.empty()) return absl::InvalidArgumentError("--zero: the model has no trainable parameters");
+    std::vector<std::int64_t> held(static_cast<std::size_t>(o.world_size), 0);
+    const std::vector<int> rank_of = ZeroPartition(numels, o.world_size);
+    for (std::size_t i = 0; i < numels.size(); ++i) held[static_cast<std::size_t>(rank_of[i])] += numels[i];
+    const auto most = std::max_element(held.begin(), held.end());
+    result.zero_rank = static_cast<int>(most - held.begin());
+    result.zero_rank_elements = *most;
+  }
   probe_options.checkpoint_activations = true;
   const bool can_checkpoint = CreateModel(o.model, probe_options).ok();
 
@@ -272,7 +291,7 @@ absl::StatusOr<PlanResult> MakePlan(const PlanOptions& o) {
   std::condition_variable finished;
   std::atomic<std::size_t> next{0};
   auto worker = [&] {
-    Planner planner(o);
+    Planner planner(o, result.zero_rank);
     for (std::size_t i = next++; i < strategies.size(); i = next++) {
       std::size_t seed = 0;
       while (strategies[seed].checkpoint != strategies[i].checkpoint) ++seed;

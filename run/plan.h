@@ -48,6 +48,9 @@ struct PlanOptions {
   std::int64_t steps = 2;
   std::int64_t max_batch = 1 << 16;  // the search stops here
   int threads = 2;                   // rows searched at once
+  // ZeroRedundancyOptimizer around the optimizer in every DDP row (needs
+  // world_size > 1): plan runs the rank with the most optimizer state.
+  std::optional<ZeroOptions> zero;
 };
 
 struct PlanStrategy {
@@ -86,6 +89,11 @@ struct PlanResult {
   std::uint64_t model_state_bytes = 0;
   std::vector<PlanRow> rows;
   double seconds = 0;
+  // With PlanOptions::zero: the rank planned (the first of those holding
+  // the most trainable elements in ZeroRedundancyOptimizer's partition) and
+  // its elements; -1 without.
+  int zero_rank = -1;
+  std::int64_t zero_rank_elements = 0;
 };
 
 // Runs the search for every strategy combination the model offers

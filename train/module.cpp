@@ -107,6 +107,17 @@ std::int64_t Module::NumTrainableParameters() const {
   return n;
 }
 
+std::vector<std::int64_t> Module::TrainableNumels() const {
+  std::vector<std::int64_t> out;
+  for (const auto& slot : slots_) {
+    if (slot->parameter && slot->requires_grad) out.push_back(NumElements(slot->shape));
+  }
+  for (const auto& child : children_) {
+    for (std::int64_t n : child->TrainableNumels()) out.push_back(n);
+  }
+  return out;
+}
+
 void Module::SetRequiresGrad(bool requires_grad) {
   for (auto& slot : slots_) slot->requires_grad = requires_grad;
   for (auto& child : children_) child->SetRequiresGrad(requires_grad);

@@ -44,6 +44,9 @@ class Module {
   std::int64_t NumParameters() const;
   std::int64_t NumParameterTensors() const;
   std::int64_t NumTrainableParameters() const;
+  // The element count of each trainable parameter, in Parameters() order
+  // (known before Materialize).
+  std::vector<std::int64_t> TrainableNumels() const;
   // Before Materialize: requires_grad of every parameter of this subtree
   // (false: frozen, as in fine-tuning), and the dtype of its parameters.
   void SetRequiresGrad(bool requires_grad);

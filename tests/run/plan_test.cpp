@@ -96,5 +96,56 @@ TEST_CASE("plan: world size > 1 adds the DDP modes, a global batch not divisible
   CHECK(MakePlan(o).status().message() == "unknown model 'nope' (memscope models lists them)");
 }
 
+// --zero: mlp's trainable parameters by size are 262,144 (layers.1 and .2
+// weights), 131,072 (layers.0.weight), 5,120 (head.weight), 512 x 3 (the
+// hidden biases), 10 (head.bias). ZeroRedundancyOptimizer's greedy partition
+// over 2 ranks: 262,144 to rank 0, 262,144 to rank 1, 131,072 to rank 0
+// (both hold 262,144: the first), then the rest to rank 1 (268,810 in all):
+// rank 0 steps the most, 393,216. Its rows are rank 0 alone with its
+// collectives simulated: each row's batch fits such a run, one more does not.
+TEST_CASE("plan --zero: the rank that steps the most parameters is planned, and each row's batch fits it") {
+  PlanOptions o;
+  o.model = "mlp";
+  o.device_memory = 64ULL << 20;
+  o.world_size = 2;
+  o.global_batch = 128;
+  o.zero = ZeroOptions{};
+  absl::StatusOr<PlanResult> plan = MakePlan(o);
+  REQUIRE(plan.ok());
+  CHECK(plan->zero_rank == 0);
+  CHECK(plan->zero_rank_elements == 393'216);
+  const auto fits = [&](const PlanStrategy& s, std::int64_t batch) {
+    TrainOptions t;
+    t.model = o.model;
+    t.model_options.batch_size = batch;
+    t.amp = s.amp;
+    t.steps = o.steps;
+    t.ddp = reducer::DdpOptions{};
+    t.ddp->gradient_as_bucket_view = s.ddp == "view";
+    t.zero = o.zero;
+    RankSessionOptions so;
+    so.device_memory = o.device_memory;
+    so.config = *AllocatorConfig::Parse(s.expandable ? "expandable_segments:True" : "");
+    RankSession session(so);
+    std::unique_ptr<reducer::Communicator> comm = reducer::CreateSimulatedCommunicator(0, 2);
+    absl::StatusOr<TrainResult> r = Train(t, session.context(), nullptr, comm.get());
+    REQUIRE(r.ok());
+    return !r->oom;
+  };
+  std::int64_t planned = 0;
+  for (const PlanRow& row : plan->rows) {
+    if (row.strategy.checkpoint) continue;  // mlp's reentrant checkpointing stops DDP (the test above)
+    INFO(StrategyName(row.strategy));
+    REQUIRE(row.max_batch > 0);
+    CHECK(fits(row.strategy, row.max_batch));
+    CHECK_FALSE(fits(row.strategy, row.max_batch + 1));
+    ++planned;
+  }
+  CHECK(planned == 12);
+  o.world_size = 1;
+  o.global_batch = 0;
+  CHECK(MakePlan(o).status().message() == "--zero needs --world-size > 1 (it shards over DDP's ranks)");
+}
+
 }  // namespace
 }  // namespace memscope

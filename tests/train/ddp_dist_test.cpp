@@ -46,11 +46,13 @@ TrainResult TrainOn(const TrainOptions& o, reducer::Communicator* comm) {
   return *r;
 }
 
-std::vector<TrainResult> TrainRanks(const TrainOptions& o, int world_size) {
+// Each rank of `world_size` over Gloo, as a thread: train(o, comm).
+template <class Result, class TrainFn>
+std::vector<Result> RanksOverGloo(const TrainOptions& o, int world_size, TrainFn train) {
   static std::atomic<int> run{0};
   const std::filesystem::path store = std::filesystem::temp_directory_path() /
                                       ("memscope-ddp-test-" + std::to_string(::getpid()) + "-" + std::to_string(run++));
-  std::vector<TrainResult> results(static_cast<std::size_t>(world_size));
+  std::vector<Result> results(static_cast<std::size_t>(world_size));
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
@@ -61,7 +63,7 @@ std::vector<TrainResult> TrainRanks(const TrainOptions& o, int world_size) {
         g.store_dir = store.string();
         g.timeout = std::chrono::milliseconds(30000);
         std::unique_ptr<reducer::Communicator> comm = reducer::CreateGlooCommunicator(g);
-        results[static_cast<std::size_t>(r)] = TrainOn(o, comm.get());
+        results[static_cast<std::size_t>(r)] = train(o, comm.get());
       } catch (const std::exception& e) {
         results[static_cast<std::size_t>(r)].error = e.what();
       }
@@ -70,6 +72,23 @@ std::vector<TrainResult> TrainRanks(const TrainOptions& o, int world_size) {
   for (std::thread& t : threads) t.join();
   std::filesystem::remove_all(store);
   return results;
+}
+
+std::vector<TrainResult> TrainRanks(const TrainOptions& o, int world_size) {
+  return RanksOverGloo<TrainResult>(o, world_size, TrainOn);
+}
+
+// A meta-mode run (shapes, no bytes) and its allocator's statistics at the end.
+struct MetaRun {
+  std::string error;
+  DeviceStats stats;
+};
+MetaRun TrainMeta(const TrainOptions& o, reducer::Communicator* comm) {
+  SimDevice gpu({.capacity = 4 * kGiB64, .index = comm ? comm->rank() : 0});
+  CachingAllocator allocator(gpu);
+  DeviceContext ctx(allocator, ExecMode::kMeta, &gpu);
+  absl::StatusOr<TrainResult> r = Train(o, ctx, nullptr, comm);
+  return {r.ok() ? r->error : std::string(r.status().message()), allocator.GetStats()};
 }
 
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -176,6 +195,38 @@ TEST_CASE("DDP world size 2, --exec cpu: each rank's loss is its shard's, and th
   for (std::size_t step = 0; step < 3; ++step) {
     const double mean = (static_cast<double>(ranks[0].losses[step]) + ranks[1].losses[step]) / 2;
     CHECK(mean == Approx(single.losses[step]).epsilon(0).margin(1e-6));
+  }
+}
+
+// Item 5 of issue 32: one rank of a job, alone (its collectives simulated,
+// reducer::CreateSimulatedCommunicator), allocates exactly what it does among
+// its peers over Gloo: DDP with ZeroRedundancyOptimizer (each rank a
+// different share of the optimizer state) on 3 ranks, in meta mode.
+TEST_CASE("a rank simulated alone allocates what it allocates among real peers: DDP + ZeRO on 3 ranks, meta") {
+  TrainOptions o;
+  o.model = "mlp";
+  o.steps = 2;
+  o.model_options.batch_size = 8;
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.ddp = reducer::DdpOptions{};
+  for (const bool bucket_view : {false, true}) {
+    o.zero = ZeroOptions{bucket_view};
+    const std::vector<MetaRun> real = RanksOverGloo<MetaRun>(o, 3, TrainMeta);
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r << (bucket_view ? ", bucket view" : ""));
+      const MetaRun& peer = real[static_cast<std::size_t>(r)];
+      REQUIRE(peer.error.empty());
+      std::unique_ptr<reducer::Communicator> alone = reducer::CreateSimulatedCommunicator(r, 3);
+      const MetaRun sim = TrainMeta(o, alone.get());
+      REQUIRE(sim.error.empty());
+      CHECK(sim.stats.allocated_bytes[0].peak == peer.stats.allocated_bytes[0].peak);
+      CHECK(sim.stats.allocated_bytes[0].allocated == peer.stats.allocated_bytes[0].allocated);
+      CHECK(sim.stats.reserved_bytes[0].peak == peer.stats.reserved_bytes[0].peak);
+      CHECK(sim.stats.allocation[0].allocated == peer.stats.allocation[0].allocated);
+      CHECK(sim.stats.num_device_alloc == peer.stats.num_device_alloc);
+    }
+    // The ranks differ (their shares of Adam's state): the test tells them apart.
+    CHECK(real[0].stats.allocated_bytes[0].allocated != real[2].stats.allocated_bytes[0].allocated);
   }
 }
 
