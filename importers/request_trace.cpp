@@ -206,7 +206,11 @@ std::string RequestTrace::IdOf(std::uint32_t slot) const {
 std::uint64_t PeakLiveBytes(const RequestTrace& trace) {
   std::vector<std::uint64_t> size(trace.slot_count(), 0);
   std::uint64_t live = 0;
-  std::uint64_t peak = 0;
+  for (const RequestTrace::StartBlock& b : trace.start_blocks) {  // alive when the trace starts
+    size[b.alloc.slot] = b.alloc.size;
+    live += b.alloc.size;
+  }
+  std::uint64_t peak = live;
   for (const Request& r : trace.requests) {
     if (r.op == RequestOp::kAlloc) {
       size[r.slot] = r.size;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "allocator/snapshot.h"
 #include "importers/request_trace.h"
 #include "recording/event.h"
 
@@ -50,6 +51,10 @@ struct ImportedTrace {
     std::uint64_t new_segment;      // the size of the segment_alloc after them
   };
   std::vector<MallocFrees> malloc_frees;
+  // The file's segments (address order), when the state at the trace's
+  // start was rebuilt from them (RequestTrace::start_segments): --verify
+  // checks that the replay ends with exactly these.
+  std::vector<SegmentInfo> final_segments;
   // Things the user should know: a trace that does not start at the
   // beginning of the program, entries skipped, the legacy format.
   std::vector<std::string> notes;
