@@ -1385,13 +1385,15 @@ absl::StatusOr<DevicePtr> CachingAllocator::AdoptSegment(std::size_t size, Strea
   if (config_.expandable_segments) {
     return absl::FailedPreconditionError("expandable segments are not adopted: their pages are mapped on demand");
   }
-  if (pool > im.private_pools.size()) return absl::InvalidArgumentError(absl::StrCat("no memory pool with index ", pool));
+  if (pool > im.private_pools.size())
+    return absl::InvalidArgumentError(absl::StrCat("no memory pool with index ", pool));
   if (size == 0 || size % kMinBlockSize != 0) {
     return absl::InvalidArgumentError(absl::StrCat("a segment of ", size, " B (not a positive multiple of 512 B)"));
   }
   im.call_time = 0;
-  BlockPool& bp = pool == 0 ? (small ? im.small_blocks : im.large_blocks)
-                            : (small ? im.private_pools[pool - 1]->small_blocks : im.private_pools[pool - 1]->large_blocks);
+  BlockPool& bp = pool == 0
+                      ? (small ? im.small_blocks : im.large_blocks)
+                      : (small ? im.private_pools[pool - 1]->small_blocks : im.private_pools[pool - 1]->large_blocks);
   Impl::AllocParams p{stream, size, &bp, size, nullptr, nullptr, {}, absl::OkStatus()};
   if (!im.AllocBlock(p, /*is_retry=*/false)) {
     return p.err.ok() ? absl::ResourceExhaustedError("the device refused the segment") : p.err;

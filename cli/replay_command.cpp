@@ -24,11 +24,11 @@
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
 #include "importers/snapshot_import.h"
-#include "recording/timeline.h"
 #include "load/record_replay.h"
 #include "load/recording.h"
-#include "run/run.h"
 #include "load/run_directory.h"
+#include "recording/timeline.h"
+#include "run/run.h"
 
 namespace memscope::cli {
 namespace {
@@ -49,7 +49,9 @@ struct ReplayArgs {
 
 int Fail(absl::string_view message) { return cli::Fail("replay", message); }
 
-std::string Quoted(const std::string& s) { return s.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(s), "\""); }
+std::string Quoted(const std::string& s) {
+  return s.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(s), "\"");
+}
 
 nlohmann::json OomJson(const ReplayOom& oom) {
   return {{"request_index", oom.request_index},
@@ -280,8 +282,8 @@ void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& resu
 void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::vector<SettingResult>& results) {
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
-    std::cout << "== " << EscapeForTerminal(trace.source) << ": " << r.requests_total << " requests, alloc_conf " << Quoted(r.alloc_conf)
-              << ", simulated GPU of " << FormatSize(r.device_memory) << "\n";
+    std::cout << "== " << EscapeForTerminal(trace.source) << ": " << r.requests_total << " requests, alloc_conf "
+              << Quoted(r.alloc_conf) << ", simulated GPU of " << FormatSize(r.device_memory) << "\n";
     if (r.oom) {
       std::cout << "OOM at request " << r.oom->request_index + 1 << " (line " << r.oom->line << ", alloc \""
                 << EscapeForTerminal(r.oom->id) << "\" of " << r.oom->info.requested << " B); replay stopped:\n"
@@ -376,10 +378,11 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
       "Replay a request trace (JSON lines, a PyTorch memory snapshot pickle, or RMM's CSV log) through the "
       "PyTorch-faithful caching allocator under one or more settings: memory_summary() and a what-if table. "
       "Without FILE, replays an embedded demo trace.");
-  cmd->add_option("file", args->file,
-                  "request trace: JSON lines (docs/replay.md, Request trace format), a torch.cuda.memory._snapshot() pickle, "
-                  "an RMM logging_resource_adaptor CSV, or a memscope recording (run directory or rank-R.timeline: "
-                  "its whole request stream, under its own settings and device size unless told otherwise)");
+  cmd->add_option(
+      "file", args->file,
+      "request trace: JSON lines (docs/replay.md, Request trace format), a torch.cuda.memory._snapshot() pickle, "
+      "an RMM logging_resource_adaptor CSV, or a memscope recording (run directory or rank-R.timeline: "
+      "its whole request stream, under its own settings and device size unless told otherwise)");
   cmd->add_option("--alloc-conf", args->alloc_confs,
                   "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; repeat to compare settings "
                   "(default: $PYTORCH_CUDA_ALLOC_CONF or $PYTORCH_ALLOC_CONF)")
@@ -392,7 +395,8 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
   cmd->add_option("--out", args->out,
                   "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
                   "snapshot at the peak); one setting only");
-  cmd->add_flag("--force", args->force, "with --out: write into a directory that is not empty and was not written by memscope");
+  cmd->add_flag("--force", args->force,
+                "with --out: write into a directory that is not empty and was not written by memscope");
   cmd->add_option("--rank", args->rank, "of a run directory: the rank whose requests to replay (default 0)");
   cmd->add_flag("--json", args->json, "print the results as JSON");
   cmd->add_flag("--verify", args->verify,

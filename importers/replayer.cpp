@@ -24,8 +24,7 @@ absl::StatusOr<ReplayResult> Replay(const RequestTrace& trace, const AllocatorCo
   return result;
 }
 
-absl::StatusOr<std::optional<std::uint64_t>> MinDeviceMemory(const RequestTrace& trace,
-                                                             const AllocatorConfig& config) {
+absl::StatusOr<std::optional<std::uint64_t>> MinDeviceMemory(const RequestTrace& trace, const AllocatorConfig& config) {
   constexpr std::uint64_t kStep = kMiB;
   constexpr std::uint64_t kMaxSteps = kMaxSearchedDeviceMemory / kStep;
   absl::StatusOr<ReplayResult> largest = Replay(trace, config, kMaxSearchedDeviceMemory);

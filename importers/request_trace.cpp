@@ -177,8 +177,8 @@ absl::StatusOr<RequestTrace> ReadJsonlTrace(std::istream& in, const std::string&
 
 absl::Status CheckTraceLine(const std::string& source, std::uint64_t line, LineRead read, std::uint64_t bytes) {
   if (read == LineRead::kTooLong) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": a line of more than ", kMaxTraceLineBytes >> 20,
-                                                   " MiB (the request trace line limit)"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": a line of more than ",
+                                                   kMaxTraceLineBytes >> 20, " MiB (the request trace line limit)"));
   }
   if (bytes > kMaxTraceFileBytes) return InputTooLarge(source, "request trace", 0, kMaxTraceFileBytes);
   return absl::OkStatus();

@@ -77,7 +77,7 @@ static_assert(sizeof(Request) == 56, "Request: keep the small fields together");
 
 struct RequestTrace {
   std::vector<Request> requests;
-  std::vector<std::string> ids;          // slot -> the id as written
+  std::vector<std::string> ids;  // slot -> the id as written
   // Or, for a source whose ids are addresses (a PyTorch snapshot), slot ->
   // address, the id "0x" and its hex digits (IdOf); a trace has one or the other.
   std::vector<std::uint64_t> address_ids;
@@ -86,7 +86,7 @@ struct RequestTrace {
   // private pools (a PyTorch snapshot's pool_id / segment_pool_id), at most
   // kMaxEventPool of them.
   std::vector<PoolId> pools{PoolId{}};
-  std::string source;                    // file name, or "<embedded>"
+  std::string source;  // file name, or "<embedded>"
   // Unix microseconds of the source's first request when it has times (a
   // PyTorch snapshot's time_us); -1 otherwise. A replay recorded with a
   // recorder then keeps the source's times (relative to this origin).

@@ -132,7 +132,7 @@ static_assert(static_cast<std::size_t>(Field::kStage) == 11 && static_cast<std::
 // absent), by Field (kOtherKnown's slot takes the keys memscope ignores).
 struct EntryFields {
   static constexpr std::uint32_t kNone = ~std::uint32_t{0};
-  const PyRef* pairs = nullptr;  // the entry's pairs: key, value, key, value...
+  const PyRef* pairs = nullptr;               // the entry's pairs: key, value, key, value...
   std::array<std::uint32_t, kEntrySlots> at;  // by Field: the pair that holds it, kNone when absent
   bool unknown_keys = false;
   explicit EntryFields(const PyRef* p) : pairs(p) { at.fill(kNone); }
@@ -342,7 +342,7 @@ struct StackTags {
   // their stored identity, the others (and the first of each shared one) by content.
   static constexpr std::uint32_t kNoOwner = ~std::uint32_t{0};
   struct FrameInfo {
-    std::string text;  // FrameText
+    std::string text;                // FrameText
     std::uint32_t owner = kNoOwner;  // text's index in trace.strings, once it was an owner
     std::uint8_t rules = 0;
     bool library = false;
@@ -359,7 +359,7 @@ struct StackTags {
     std::uint32_t owner;
   };
   std::vector<StackTag> stack_tags{StackTag{Category::kOther, 0}};  // by stack index (0: none)
-  std::string bad_value;  // the first value of a wrong type in the frames read ("" if none): an error
+  std::string bad_value;           // the first value of a wrong type in the frames read ("" if none): an error
   std::string ids_key;             // reused: one list's key
   std::vector<std::uint32_t> ids;  // reused: one list's frame ids
 
@@ -559,7 +559,7 @@ struct DeviceBuilder {
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
   std::uint64_t annotations = 0;  // annotate entries read
-  std::int64_t reserved = 0;  // the trace's own count of segment bytes (for an OOM's capacity)
+  std::int64_t reserved = 0;      // the trace's own count of segment bytes (for an OOM's capacity)
   // The empty-cache request of the segment frees just read, while only
   // more segment frees follow: its line and the reserved bytes before them.
   std::optional<ImportedTrace::MallocFrees> pending_frees;
@@ -589,7 +589,7 @@ struct DeviceBuilder {
   };
   std::optional<Held> held;
   PrefaultAhead requests_ahead;  // out.requests.requests' pages, populated ahead of its end
-  std::uint64_t waiting = 0;  // addresses with a delayed free waiting (AddrState::waiting)
+  std::uint64_t waiting = 0;     // addresses with a delayed free waiting (AddrState::waiting)
   std::uint64_t delayed_frees = 0;
   // Expandable segments seen so far: base and the end of the furthest range mapped in them.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations;
@@ -612,7 +612,7 @@ struct DeviceBuilder {
   };
   std::vector<StartSegmentFree> start_segment_frees;
   absl::flat_hash_set<std::uint64_t> live_segments;
-  bool maps_seen = false;  // segment_map / segment_unmap entries (expandable segments)
+  bool maps_seen = false;         // segment_map / segment_unmap entries (expandable segments)
   std::int64_t oom_reserved = 0;  // `reserved` at the first oom entry, and its device_free
   std::uint64_t oom_device_free = 0;
 
@@ -950,8 +950,8 @@ struct DeviceBuilder {
     } else if (act == TraceAction::kSegmentFree || act == TraceAction::kSegmentUnmap) {
       maps_seen |= act == TraceAction::kSegmentUnmap;
       if (act == TraceAction::kSegmentFree && live_segments.erase(addr) == 0) {
-        start_segment_frees.push_back({addr, size_of(), UIntOr0(PyView(arena, f[Field::kStream])),
-                                       PoolIndexOf(pool_of())});
+        start_segment_frees.push_back(
+            {addr, size_of(), UIntOr0(PyView(arena, f[Field::kStream])), PoolIndexOf(pool_of())});
       }
       SegmentFreeEntry(pool_of(), addr, size_of(), act == TraceAction::kSegmentUnmap, time_us);
     } else if (act == TraceAction::kOom) {
@@ -1276,7 +1276,7 @@ std::string StartFromFinal(DeviceBuilder& b, const std::vector<PyView>& views, S
                                   .stream = UIntOr0(v.Get("stream")),
                                   .pool = b.PoolIndexOf(v.Get("segment_pool_id")),
                                   .small = type && *type == "small"},
-                           .blocks = {}};
+                          .blocks = {}};
     const PyView blocks = v.Get("blocks");
     for (std::size_t k = 0; k < blocks.size(); ++k) {
       const PyView block = blocks[k];
@@ -1300,12 +1300,9 @@ std::string StartFromFinal(DeviceBuilder& b, const std::vector<PyView>& views, S
 // Adds the segments and blocks the trace freed but never allocated.
 std::string StartFromFrees(const DeviceBuilder& b, const AllocatorConfig& settings, StartMap& out) {
   for (const DeviceBuilder::StartSegmentFree& f : b.start_segment_frees) {
-    StartSegmentBuild seg{.seg = {.address = f.addr,
-                                  .size = f.size,
-                                  .stream = f.stream,
-                                  .pool = f.pool,
-                                  .small = f.size == kSmallBuffer},
-                           .blocks = {}};
+    StartSegmentBuild seg{
+        .seg = {.address = f.addr, .size = f.size, .stream = f.stream, .pool = f.pool, .small = f.size == kSmallBuffer},
+        .blocks = {}};
     if (!out.emplace(f.addr, std::move(seg)).second) {
       return absl::StrCat("the segment at ", Hex(f.addr), " is freed by the trace and alive at its end");
     }
@@ -1334,7 +1331,8 @@ std::string StartBlockSizes(const AllocatorConfig& settings, StartMap& segs) {
     for (std::size_t k = 0; k < blocks.size(); ++k) {
       auto& block = blocks[k];
       const std::uint64_t next = k + 1 < blocks.size() ? blocks[k + 1].addr : end;
-      if (block.addr < addr || block.size == 0 || block.addr + block.size > next || block.addr + block.size < block.addr) {
+      if (block.addr < addr || block.size == 0 || block.addr + block.size > next ||
+          block.addr + block.size < block.addr) {
         return absl::StrCat("the block at ", Hex(block.addr), " overlaps another or its segment's end");
       }
       const std::uint64_t gap = next - (block.addr + block.size);
@@ -1414,8 +1412,8 @@ std::vector<Request> UseStart(DeviceBuilder& b, StartState& start, const std::ve
   for (Request& r : head) r.time_us = t.requests.time_origin_us;
   for (ImportedTrace::MallocFrees& m : t.malloc_frees) m.reserved_before += start_reserved;
   if (b.ooms > 0 && b.oom_reserved + static_cast<std::int64_t>(start_reserved) >= 0) {
-    t.device_capacity = static_cast<std::uint64_t>(b.oom_reserved + static_cast<std::int64_t>(start_reserved)) +
-                        b.oom_device_free;
+    t.device_capacity =
+        static_cast<std::uint64_t>(b.oom_reserved + static_cast<std::int64_t>(start_reserved)) + b.oom_device_free;
   }
   t.notes.push_back(absl::StrCat(
       "the trace of device ", t.device,
@@ -1728,8 +1726,10 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     const std::vector<std::pair<double, Request>> marks = AnnotationMarks(root, device, b);
     std::vector<Request> merged = MergedRequests(b, head, marks);
     ProfilerSteps(merged, t.requests);
-    if (b.ooms > 0) AddOom(b, device, rebuilt ? std::vector<std::pair<std::uint64_t, std::uint64_t>>{}
-                                              : segments.segments_at_end[device], merged);
+    if (b.ooms > 0)
+      AddOom(b, device,
+             rebuilt ? std::vector<std::pair<std::uint64_t, std::uint64_t>>{} : segments.segments_at_end[device],
+             merged);
     t.requests.requests = std::move(merged);
     AddReadNotes(b, device, head_private, segments.private_pools[device], t);
     result.push_back(std::move(t));
@@ -1746,8 +1746,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
 std::string ResolveMallocFrees(RequestTrace& requests, const std::vector<ImportedTrace::MallocFrees>& runs,
                                std::uint64_t capacity, bool capacity_known) {
   if (runs.empty()) return "";
-  const std::string what = absl::StrCat(runs.size(), runs.size() == 1 ? " run" : " runs",
-                                        " of segment frees right before a new segment");
+  const std::string what =
+      absl::StrCat(runs.size(), runs.size() == 1 ? " run" : " runs", " of segment frees right before a new segment");
   const std::string whose =
       "max_split_size_mb's release of a cached block, or the free-and-retry after a failed cudaMalloc";
   if (!capacity_known) {

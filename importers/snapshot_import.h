@@ -25,7 +25,7 @@ namespace memscope {
 struct ImportedTrace {
   RequestTrace requests;
   int device = 0;
-  std::string alloc_conf;  // the snapshot's allocator settings, as PYTORCH_CUDA_ALLOC_CONF text
+  std::string alloc_conf;    // the snapshot's allocator settings, as PYTORCH_CUDA_ALLOC_CONF text
   AllocatorConfig settings;  // the same, parsed (once, by the reader)
   // The trace's segment_alloc / segment_free / segment_map / segment_unmap
   // entries, in order (for --verify): type and size.

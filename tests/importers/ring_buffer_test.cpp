@@ -18,20 +18,22 @@ using namespace memscope;
 
 namespace {
 
-constexpr std::size_t kMiB = 1 << 20;
 constexpr DevicePtr kA = 0x7f0000000000, kB = kA + 32 * kMiB, kS = kA + 64 * kMiB, kF = kA + 96 * kMiB;
 
 // full.pickle holds the program's whole trace; ring.pickle the same file
 // with only the entries from the free of a1 on (the head a ring buffer
 // drops), both with the segments at the end:
-//   head: segment A (20 MiB): a1 6 MiB, a2 4 MiB; segment B (20 MiB): b1
-//         8 MiB, freed (B wholly free, cached); small segment S: s1 1000 B.
+//   head: segment A (20 MiB): a1 6 MiB, a2 8 MiB (6 MiB left); segment B
+//         (20 MiB: b1 8 MiB does not fit A's 6 MiB): b1, freed (B wholly
+//         free, cached); small segment S: s1 1000 B.
 //   kept: free a1; c 12 MiB takes B's 20 MiB (split, 8 MiB left); d 5 MiB
-//         takes a1's 6 MiB whole (1 MiB left: not split in the large
-//         pool); e 1 MiB + 1 B (1,049,088 B) takes B's 8 MiB (split,
-//         7,339,520 B left); free s1; f 30 MiB in a new segment F, freed;
-//         empty_cache frees F and S (large pool first); g 2 MiB takes B's
-//         7,339,520 B (split, 5,242,368 B left).
+//         takes a1's 6 MiB whole (the lower of A's two 6 MiB blocks; 1 MiB
+//         left: not split in the large pool); e 1 MiB + 1 B (1,049,088 B)
+//         takes A's other 6 MiB (split, 5,242,368 B left); free s1; f 30 MiB
+//         in a new segment F, freed; empty_cache frees F and S (large pool
+//         first); g 2 MiB takes e's 5,242,368 B rest (split, 3,145,216 B
+//         left). In the file: A with d, a2, e, g and 3,145,216 B free; B
+//         with c and 8 MiB free (2 segments; today's guess made other ones).
 constexpr const char* kGenerator = R"PY(
 import pickle, sys, os
 out = sys.argv[1]
@@ -48,17 +50,17 @@ def free(addr, size):
 fwd = [{'filename': 'train.py', 'line': 55, 'name': 'forward'}]
 # The program's whole trace (default settings, stream 0). The ring buffer
 # keeps its last entries, from the free of a1 on.
-head = [e('segment_alloc', A0, 20 * MiB), e('alloc', A0, 6 * MiB, fwd), e('alloc', A0 + 6 * MiB, 4 * MiB, fwd),
+head = [e('segment_alloc', A0, 20 * MiB), e('alloc', A0, 6 * MiB, fwd), e('alloc', A0 + 6 * MiB, 8 * MiB, fwd),
         e('segment_alloc', B0, 20 * MiB), e('alloc', B0, 8 * MiB)] + free(B0, 8 * MiB) + [
         e('segment_alloc', S0, 2 * MiB), e('alloc', S0, 1000)]
 tail = free(A0, 6 * MiB) + [
     e('alloc', B0, 12 * MiB, fwd),             # c: B's cached 20 MiB, split
     e('alloc', A0, 5 * MiB, fwd),              # d: a1's 6 MiB, not split (1 MiB left)
-    e('alloc', B0 + 12 * MiB, MiB + 1)] + (   # e: B's 8 MiB rest, split
+    e('alloc', A0 + 14 * MiB, MiB + 1)] + (   # e: A's 6 MiB rest, split
     free(S0, 1000)) + [
     e('segment_alloc', F0, 30 * MiB), e('alloc', F0, 30 * MiB)] + free(F0, 30 * MiB) + [
     e('segment_free', F0, 30 * MiB), e('segment_free', S0, 2 * MiB),   # empty_cache: large pool first
-    e('alloc', B0 + 12 * MiB + 1049088, 2 * MiB)]                      # g: B's 7,339,520 B rest, split
+    e('alloc', A0 + 14 * MiB + 1049088, 2 * MiB)]                      # g: e's 5,242,368 B rest, split
 def block(addr, size, req, frames=()):
     return {'address': addr, 'size': size, 'requested_size': req,
             'state': 'active_allocated' if req else 'inactive', 'frames': list(frames)}
@@ -67,11 +69,11 @@ def segment(addr, size, blocks):
     return {'device': 0, 'address': addr, 'total_size': size, 'allocated_size': alloc, 'active_size': alloc,
             'requested_size': sum(b['requested_size'] for b in blocks), 'stream': 0, 'segment_type': 'large',
             'segment_pool_id': (0, 0), 'is_expandable': False, 'frames': [], 'blocks': blocks}
-segments = [segment(A0, 20 * MiB, [block(A0, 6 * MiB, 5 * MiB, fwd), block(A0 + 6 * MiB, 4 * MiB, 4 * MiB, fwd),
-                                   block(A0 + 10 * MiB, 10 * MiB, 0)]),
-            segment(B0, 20 * MiB, [block(B0, 12 * MiB, 12 * MiB, fwd), block(B0 + 12 * MiB, 1049088, MiB + 1),
-                                   block(B0 + 12 * MiB + 1049088, 2 * MiB, 2 * MiB),
-                                   block(B0 + 14 * MiB + 1049088, 5242368, 0)])]
+segments = [segment(A0, 20 * MiB, [block(A0, 6 * MiB, 5 * MiB, fwd), block(A0 + 6 * MiB, 8 * MiB, 8 * MiB, fwd),
+                                   block(A0 + 14 * MiB, 1049088, MiB + 1),
+                                   block(A0 + 14 * MiB + 1049088, 2 * MiB, 2 * MiB),
+                                   block(A0 + 16 * MiB + 1049088, 3145216, 0)]),
+            segment(B0, 20 * MiB, [block(B0, 12 * MiB, 12 * MiB, fwd), block(B0 + 12 * MiB, 8 * MiB, 0)])]
 settings = {'PYTORCH_CUDA_ALLOC_CONF': '', 'max_split_size': -1, 'expandable_segments': False}
 for name, trace in (('full', head + tail), ('ring', tail)):
     snap = {'segments': segments, 'device_traces': [trace], 'allocator_settings': settings,
@@ -123,8 +125,8 @@ Replayed ReplayOf(const ImportedTrace& t) {
 }
 
 const std::string kFileLayout =
-    "0x7f0000000000 20971520: 0+6291456 6291456+4194304 10485760+10485760 free\n"
-    "0x7f0002000000 20971520: 0+12582912 12582912+1049088 13632000+2097152 15729152+5242368 free\n";
+    "0x7f0000000000 20971520: 0+6291456 6291456+8388608 14680064+1049088 15729152+2097152 17826304+3145216 free\n"
+    "0x7f0002000000 20971520: 0+12582912 12582912+8388608 free\n";
 
 }  // namespace
 
@@ -138,13 +140,13 @@ TEST_CASE("ring buffer: the state at the trace's start is rebuilt from the file'
   CHECK((segs[1].address == kB && segs[1].size == 20 * kMiB && !segs[1].small));
   CHECK((segs[2].address == kS && segs[2].size == 2 * kMiB && segs[2].small));
   // a1 (freed by the trace: its request rounded, 6 MiB, up to a2), a2 (alive
-  // at the end, never allocated by the trace: the file's 4 MiB), s1 (1000 B
+  // at the end, never allocated by the trace: the file's 8 MiB), s1 (1000 B
   // rounded to 1024 B).
   std::vector<std::string> blocks;
   for (const RequestTrace::StartBlock& b : t.requests.start_blocks) {
     blocks.push_back(absl::StrCat(t.requests.IdOf(b.alloc.slot), " ", b.block_size, " ", b.alloc.size));
   }
-  CHECK(blocks == std::vector<std::string>{"0x7f0000000000 6291456 6291456", "0x7f0000600000 4194304 4194304",
+  CHECK(blocks == std::vector<std::string>{"0x7f0000000000 6291456 6291456", "0x7f0000600000 8388608 8388608",
                                            "0x7f0004000000 1024 1000"});
   // The segments lead the planned addresses, before the trace's own F.
   REQUIRE(t.requests.planned_mallocs.size() == 4);
@@ -152,8 +154,9 @@ TEST_CASE("ring buffer: the state at the trace's start is rebuilt from the file'
   CHECK(t.final_segments.size() == 2);
   bool said = false;
   for (const std::string& n : t.notes) {
-    said |= n.find("the state at its start was rebuilt from the snapshot's 2 segments (3 segments and 3 blocks "
-                   "alive then)") != std::string::npos;
+    said |= n.find(
+                "the state at its start was rebuilt from the snapshot's 2 segments (3 segments and 3 blocks "
+                "alive then)") != std::string::npos;
   }
   CHECK(said);
 }
@@ -168,14 +171,14 @@ TEST_CASE("ring buffer: the replay from the rebuilt state ends with exactly the 
   CHECK(All(s.reserved_bytes).peak == 75497472);
   CHECK(All(s.segment).current == 2);
   CHECK(All(s.segment).allocated == 4);  // A, B, S adopted; F
-  // d 6 MiB + a2 4 MiB + c 12 MiB + e 1,049,088 + g 2 MiB; the peak with f
-  // (a2 + s1 + c + d + e + f: 4,195,328 + 12 MiB + 6 MiB + 1,049,088 + 30 MiB - 1024).
-  CHECK(All(s.allocated_bytes).current == 26214912);
-  CHECK(All(s.allocated_bytes).peak == 55575040);
-  CHECK(All(s.requested_bytes).current == 25165825);
-  // A's free 10 MiB and B's free 5,242,368 B sit beside live blocks.
+  // d 6 MiB + a2 8 MiB + e 1,049,088 + g 2 MiB + c 12 MiB; the peak with f
+  // live (a2 + c + d + e + f: 8 + 12 + 6 + 30 MiB + 1,049,088 B; s1 freed).
+  CHECK(All(s.allocated_bytes).current == 30409216);
+  CHECK(All(s.allocated_bytes).peak == 59769344);
+  CHECK(All(s.requested_bytes).current == 29360129);  // 5 MiB + 8 MiB + (1 MiB + 1) + 2 MiB + 12 MiB
+  // A's free 3,145,216 B and B's free 8 MiB sit beside live blocks.
   CHECK(All(s.inactive_split).current == 2);
-  CHECK(All(s.inactive_split_bytes).current == 15728128);
+  CHECK(All(s.inactive_split_bytes).current == 11533824);
 }
 
 TEST_CASE("ring buffer: the whole trace and its tail end the same, the tail without guessing") {
