@@ -862,6 +862,24 @@ struct DeviceBuilder {
     }
   }
 
+  // A free_completed: the end of a delayed free's wait, or of one requested
+  // before the trace began.
+  void FreeCompletedEntry(const EntryFields& f, const PickleArena* arena, std::uint64_t addr, double time_us) {
+    auto w = addrs.find(addr);
+    if (w != addrs.end() && w->second.waiting) {
+      Push(Request{.op = RequestOp::kSync, .stream = WaitStream(w->second.wait_slot)}, time_us);
+      w->second.waiting = false;
+      --waiting;
+      if (!w->second.live) addrs.erase(w);
+    } else if (w == addrs.end() && addr != 0) {
+      // Its free was requested before the trace began: the block waited
+      // on stream events then, and waits in the replay too (the head's
+      // record_stream and free, RebuildStart) until here.
+      const std::uint32_t slot = StartBlockFreed(f, arena, addr, /*pending=*/true);
+      Push(Request{.op = RequestOp::kSync, .stream = WaitStream(slot)}, time_us);
+    }
+  }
+
   // `e`: the entry as a dict, for the names of unknown keys (records have none).
   void Apply(const EntryFields& f, const PickleArena* arena, const PyView* e) {
     ++entries;
@@ -919,19 +937,7 @@ struct DeviceBuilder {
         addrs.erase(it);  // Release puts it back if its free waits
       }
     } else if (act == TraceAction::kFreeCompleted) {
-      auto w = addrs.find(addr);
-      if (w != addrs.end() && w->second.waiting) {
-        Push(Request{.op = RequestOp::kSync, .stream = WaitStream(w->second.wait_slot)}, time_us);
-        w->second.waiting = false;
-        --waiting;
-        if (!w->second.live) addrs.erase(w);
-      } else if (w == addrs.end() && addr != 0) {
-        // Its free was requested before the trace began: the block waited
-        // on stream events then, and waits in the replay too (the head's
-        // record_stream and free, RebuildStart) until here.
-        const std::uint32_t slot = StartBlockFreed(f, arena, addr, /*pending=*/true);
-        Push(Request{.op = RequestOp::kSync, .stream = WaitStream(slot)}, time_us);
-      }
+      FreeCompletedEntry(f, arena, addr, time_us);
     } else if (act == TraceAction::kSegmentAlloc || act == TraceAction::kSegmentMap) {
       const std::uint64_t size = size_of();
       out.segment_actions.push_back(
@@ -1601,6 +1607,39 @@ void AddReadNotes(const DeviceBuilder& b, int device, std::uint64_t head_private
   }
 }
 
+// The requests that start the replay: the state at the trace's start,
+// rebuilt from the file's segments (`rebuilt`); or, where they disagree with
+// the trace, the blocks alive at the end that it never allocated, allocated
+// first in address order (`head_private`: how many in private pools).
+std::vector<Request> StartOfTrace(DeviceBuilder& b, SnapshotSegments& segments, const AllocatorConfig& settings,
+                                  std::uint64_t& head_private, bool& rebuilt) {
+  ImportedTrace& t = b.out;
+  const std::size_t slots = t.requests.address_ids.size();
+  const std::uint64_t attributed = b.tags.attributed, from_frames = b.tags.from_frames;
+  StartState start = RebuildStart(b, segments.views[t.device], settings);
+  rebuilt = start.failure.empty() && !start.segments.empty();
+  std::vector<Request> head;
+  if (rebuilt) {
+    head = UseStart(b, start, segments.views[t.device]);
+  } else {
+    t.requests.address_ids.resize(slots);
+    b.tags.attributed = attributed;
+    b.tags.from_frames = from_frames;
+    head = HeadRequests(b, segments.preexisting[t.device], head_private);
+    t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
+  }
+  if (!rebuilt && (!head.empty() || b.unknown_frees > 0)) {
+    t.notes.push_back(absl::StrCat(
+        "the trace of device ", t.device,
+        " does not start at the beginning of the program (PyTorch's ring buffer dropped its head): ", head.size(),
+        " blocks alive at the snapshot but allocated before the trace start the replay; ", b.unknown_frees,
+        " frees of earlier blocks were ignored",
+        start.failure.empty() ? std::string()
+                              : absl::StrCat(" (the state at its start is not rebuilt: ", start.failure, ")")));
+  }
+  return head;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path) {
@@ -1696,40 +1735,17 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.settings = settings;
     t.alloc_conf = settings.text;
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
-    // The state at the trace's start, rebuilt from the file's segments; or,
-    // where they disagree with the trace, the blocks alive at the end that
-    // it never allocated, allocated first in address order.
-    std::uint64_t head_private = 0;  // of them, blocks in private pools
-    const std::size_t slots = t.requests.address_ids.size();
-    const std::uint64_t attributed = b.tags.attributed, from_frames = b.tags.from_frames;
-    StartState start = RebuildStart(b, segments.views[device], settings);
-    const bool rebuilt = start.failure.empty() && !start.segments.empty();
-    std::vector<Request> head;
-    if (rebuilt) {
-      head = UseStart(b, start, segments.views[device]);
-    } else {
-      t.requests.address_ids.resize(slots);
-      b.tags.attributed = attributed;
-      b.tags.from_frames = from_frames;
-      head = HeadRequests(b, segments.preexisting[device], head_private);
-      t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
-    }
-    if (!rebuilt && (!head.empty() || b.unknown_frees > 0)) {
-      t.notes.push_back(absl::StrCat(
-          "the trace of device ", device,
-          " does not start at the beginning of the program (PyTorch's ring buffer dropped its head): ", head.size(),
-          " blocks alive at the snapshot but allocated before the trace start the replay; ", b.unknown_frees,
-          " frees of earlier blocks were ignored",
-          start.failure.empty() ? std::string()
-                                : absl::StrCat(" (the state at its start is not rebuilt: ", start.failure, ")")));
-    }
+    std::uint64_t head_private = 0;  // blocks of the head in private pools
+    bool rebuilt = false;
+    const std::vector<Request> head = StartOfTrace(b, segments, settings, head_private, rebuilt);
     const std::vector<std::pair<double, Request>> marks = AnnotationMarks(root, device, b);
     std::vector<Request> merged = MergedRequests(b, head, marks);
     ProfilerSteps(merged, t.requests);
-    if (b.ooms > 0)
-      AddOom(b, device,
-             rebuilt ? std::vector<std::pair<std::uint64_t, std::uint64_t>>{} : segments.segments_at_end[device],
-             merged);
+    if (b.ooms > 0) {
+      // (a rebuilt start holds the segments from before the trace already)
+      if (rebuilt) segments.segments_at_end[device].clear();
+      AddOom(b, device, segments.segments_at_end[device], merged);
+    }
     t.requests.requests = std::move(merged);
     AddReadNotes(b, device, head_private, segments.private_pools[device], t);
     result.push_back(std::move(t));
