@@ -1394,4 +1394,92 @@ absl::Status CachingAllocator::CheckInvariants() const {
   return impl_->CheckInvariants();
 }
 
+// ---- Adopting a state (a rebuilt snapshot's start): additive, beside the allocator's own paths.
+
+absl::StatusOr<DevicePtr> CachingAllocator::AdoptSegment(std::size_t size, StreamId stream, std::uint16_t pool,
+                                                         bool small) {
+  std::lock_guard<FastMutex> lock(mutex_);
+  Impl& im = *impl_;
+  if (config_.expandable_segments) {
+    return absl::FailedPreconditionError("expandable segments are not adopted: their pages are mapped on demand");
+  }
+  if (pool > im.private_pools.size())
+    return absl::InvalidArgumentError(absl::StrCat("no memory pool with index ", pool));
+  if (size == 0 || size % kMinBlockSize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a segment of ", size, " B (not a positive multiple of 512 B)"));
+  }
+  im.call_time = 0;
+  BlockPool& bp = pool == 0
+                      ? (small ? im.small_blocks : im.large_blocks)
+                      : (small ? im.private_pools[pool - 1]->small_blocks : im.private_pools[pool - 1]->large_blocks);
+  Impl::AllocParams p{stream, size, &bp, size, nullptr, nullptr, {}, absl::OkStatus()};
+  if (!im.AllocBlock(p, /*is_retry=*/false)) {
+    return p.err.ok() ? absl::ResourceExhaustedError("the device refused the segment") : p.err;
+  }
+  bp.Insert(p.block);  // cached whole: not split, so no inactive split
+  return p.block->ptr;
+}
+
+absl::Status CachingAllocator::AdoptBlock(DevicePtr ptr, std::size_t size, std::size_t requested_size) {
+  std::lock_guard<FastMutex> lock(mutex_);
+  Impl& im = *impl_;
+  if (size == 0 || size % kMinBlockSize != 0 || ptr > ~DevicePtr{0} - size) {
+    return absl::InvalidArgumentError(absl::StrCat("a block of ", size, " B at ", ptr));
+  }
+  Block* f = nullptr;  // the cached free block holding [ptr, ptr + size)
+  im.ForEachPool([&](const BlockPool& pool) {
+    pool.ForEach([&](Block* b) {
+      if (f == nullptr && b->expandable == nullptr && b->ptr <= ptr && ptr + size <= b->ptr + b->size) f = b;
+    });
+  });
+  if (f == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("no cached free block holds ", size, " B at ", ptr));
+  }
+  im.call_time = 0;
+  BlockPool& pool = *f->pool;
+  pool.Erase(f);
+  if (f->is_split()) {
+    Impl::Decrease(im.stats.inactive_split_bytes, pool, static_cast<std::int64_t>(f->size));
+    Impl::Decrease(im.stats.inactive_split, pool, 1);
+  }
+  // A free piece of f beside the allocation: cached, an inactive split.
+  const auto piece = [&](DevicePtr at, std::size_t bytes, Block* before, Block* after) {
+    Block* b = im.arena.New();
+    b->ptr = at;
+    b->size = bytes;
+    b->stream = f->stream;
+    b->pool = &pool;
+    Splice(b, before, after);
+    pool.Insert(b);
+    Impl::Increase(im.stats.inactive_split_bytes, pool, static_cast<std::int64_t>(bytes));
+    Impl::Increase(im.stats.inactive_split, pool, 1);
+  };
+  if (ptr > f->ptr) {
+    const std::size_t left = ptr - f->ptr;
+    f->ptr = ptr;
+    f->size -= left;
+    piece(ptr - left, left, f->prev, f);
+  }
+  if (f->size > size) {
+    const std::size_t right = f->size - size;
+    f->size = size;
+    piece(ptr + size, right, f, f->next);
+  }
+  f->allocated = true;
+  f->requested_size = requested_size;
+  im.allocated_blocks.Insert(f->ptr, f);
+  if (im.observer != nullptr) {
+    im.TraceAllocSlow(f, pool);
+  } else {
+    f->record_id = 0;
+  }
+  Impl::Increase(im.stats.allocation, pool, 1);
+  Impl::Increase(im.stats.allocated_bytes, pool, static_cast<std::int64_t>(f->size));
+  Impl::Increase(im.stats.active, pool, 1);
+  Impl::Increase(im.stats.active_bytes, pool, static_cast<std::int64_t>(f->size));
+  Impl::Increase(im.stats.requested_bytes, pool, static_cast<std::int64_t>(requested_size));
+  if (im.large_split_limit(f->size)) im.stats.oversize_allocations.Increase(1);
+  return absl::OkStatus();
+}
+
 }  // namespace memscope

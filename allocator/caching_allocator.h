@@ -114,6 +114,26 @@ class CachingAllocator {
   // The id of each pool index: [0] is the default pool (0, 0).
   std::vector<PoolId> pool_ids() const;
 
+  // Adopting a state the allocator did not make itself: the state at the
+  // start of a PyTorch snapshot's trace when the trace begins after the
+  // program did (a ring buffer that dropped its head), rebuilt from the
+  // file. AdoptSegment asks the device for a segment of `size` bytes as a
+  // new segment is asked for (the same stats, a segment_alloc event) and
+  // caches it whole, one free block of `stream` in private pool `pool`'s (0:
+  // the default pool's) small or large side. AdoptBlock then makes [ptr, ptr
+  // + size) of a cached free block an allocation of `requested_size` bytes,
+  // as if Malloc had given it out: the free block is split around it, the
+  // free pieces left beside it count as inactive splits, and allocated /
+  // active / requested bytes grow as on Malloc (an alloc event). Errors:
+  // InvalidArgument for a pool index that does not exist or a range no one
+  // free block holds; FailedPrecondition under expandable_segments (its
+  // segments are not adopted); the device's error for a segment it refuses.
+  //
+  //   DevicePtr base = *allocator.AdoptSegment(20 << 20, /*stream=*/0, 0, /*small=*/false);
+  //   CHECK_OK(allocator.AdoptBlock(base + (6 << 20), 4 << 20, 4000000));
+  absl::StatusOr<DevicePtr> AdoptSegment(std::size_t size, StreamId stream, std::uint16_t pool, bool small);
+  absl::Status AdoptBlock(DevicePtr ptr, std::size_t size, std::size_t requested_size);
+
   // Frees an address returned by Malloc (0 is ignored). InvalidArgument for
   // an address that is not allocated.
   absl::Status Free(DevicePtr ptr);

@@ -19,15 +19,16 @@
 #include "nlohmann/json.hpp"
 
 #include "analysis/analysis.h"
+#include "analysis/trace_model.h"
 #include "exporters/report.h"
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
 #include "importers/snapshot_import.h"
-#include "recording/timeline.h"
 #include "load/record_replay.h"
 #include "load/recording.h"
-#include "run/run.h"
 #include "load/run_directory.h"
+#include "recording/timeline.h"
+#include "run/run.h"
 
 namespace memscope::cli {
 namespace {
@@ -48,7 +49,9 @@ struct ReplayArgs {
 
 int Fail(absl::string_view message) { return cli::Fail("replay", message); }
 
-std::string Quoted(const std::string& s) { return s.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(s), "\""); }
+std::string Quoted(const std::string& s) {
+  return s.empty() ? "(defaults)" : absl::StrCat("\"", EscapeForTerminal(s), "\"");
+}
 
 nlohmann::json OomJson(const ReplayOom& oom) {
   return {{"request_index", oom.request_index},
@@ -152,6 +155,55 @@ absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args, co
   return configs;
 }
 
+// The first difference between the replay's end state and the file's
+// segments (address, size, and each block's address, size and whether it
+// is free), "" when they are the same.
+std::string EndStateDifference(const std::vector<SegmentInfo>& theirs, std::vector<SegmentInfo> mine) {
+  std::sort(mine.begin(), mine.end(), [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
+  auto segment = [](const SegmentInfo& s) { return absl::StrCat(s.total_size, " B at 0x", absl::Hex(s.address)); };
+  for (std::size_t i = 0; i < std::max(theirs.size(), mine.size()); ++i) {
+    if (i >= theirs.size() || i >= mine.size() || theirs[i].address != mine[i].address ||
+        theirs[i].total_size != mine[i].total_size) {
+      return absl::StrCat("segment #", i + 1, ": PyTorch ", i < theirs.size() ? segment(theirs[i]) : "none",
+                          ", memscope ", i < mine.size() ? segment(mine[i]) : "none", " (", theirs.size(),
+                          " in the file, ", mine.size(), " in the replay)");
+    }
+    const std::vector<BlockInfo>& a = theirs[i].blocks;
+    const std::vector<BlockInfo>& b = mine[i].blocks;
+    for (std::size_t k = 0; k < std::max(a.size(), b.size()); ++k) {
+      auto block = [](const BlockInfo& x) {
+        return absl::StrCat(std::string(BlockStateName(x.state)), " ", x.size, " B at 0x", absl::Hex(x.address));
+      };
+      if (k >= a.size() || k >= b.size() || a[k].address != b[k].address || a[k].size != b[k].size ||
+          (a[k].state == BlockState::kInactive) != (b[k].state == BlockState::kInactive)) {
+        return absl::StrCat("segment at 0x", absl::Hex(theirs[i].address), ", block #", k + 1, ": PyTorch ",
+                            k < a.size() ? block(a[k]) : "none", ", memscope ", k < b.size() ? block(b[k]) : "none");
+      }
+    }
+  }
+  return "";
+}
+
+// --verify of a trace that starts from a rebuilt state: the replay must end
+// with exactly the file's segments. Prints the line; false when they differ.
+bool VerifyEndState(const Timeline& t, const ImportedTrace& snapshot) {
+  TraceModel model(snapshot.settings);
+  for (const Event& e : t.events) {
+    if (absl::Status s = model.Apply(e); !s.ok()) {
+      std::cout << "verify: the replay's recording does not read back: " << s.message() << "\n";
+      return false;
+    }
+  }
+  const std::string diff = EndStateDifference(snapshot.final_segments, model.Snapshot(snapshot.device, {}));
+  if (!diff.empty()) {
+    std::cout << "verify: the end state differs: " << diff << "\n";
+    return false;
+  }
+  std::cout << "verify: the replay ends with the snapshot's " << snapshot.final_segments.size()
+            << " segments exactly (addresses, sizes, blocks)\n";
+  return true;
+}
+
 // --verify. Faithfulness: under the trace's own settings, memscope's
 // allocator must do to the device what PyTorch did: the same segment_alloc,
 // segment_free, segment_map and segment_unmap, with the same sizes, in order.
@@ -159,10 +211,21 @@ int Verify(const RequestTrace& trace, const std::optional<ImportedTrace>& snapsh
   if (!snapshot) return Fail("--verify needs a PyTorch snapshot (it compares against the trace's segment actions)");
   absl::StatusOr<Timeline> t = RecordReplay(trace, snapshot->settings, device_memory, snapshot->device);
   if (!t.ok()) return Fail(std::string(t.status().message()));
+  // A rebuilt start state's segments are the replay's first segment_allocs:
+  // they are not the trace's, so only what follows them is compared.
+  const std::size_t adopted = trace.start_segments.size();
+  if (adopted > 0) {
+    std::cout << "verify: the trace starts after the program did; the state at its start (" << adopted
+              << (adopted == 1 ? " segment" : " segments") << ") was rebuilt from the snapshot's "
+              << snapshot->final_segments.size() << " segments, and only what the trace covers is checked\n";
+  }
   std::vector<ImportedTrace::SegmentAction> mine;
+  std::size_t skipped = 0;
   for (const Event& e : t->events) {
-    if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree || e.type == EventType::kSegmentMap ||
-        e.type == EventType::kSegmentUnmap) {
+    if (e.type == EventType::kSegmentAlloc && skipped < adopted) {
+      ++skipped;
+    } else if (e.type == EventType::kSegmentAlloc || e.type == EventType::kSegmentFree ||
+               e.type == EventType::kSegmentMap || e.type == EventType::kSegmentUnmap) {
       mine.push_back({e.type, e.size});
     }
   }
@@ -182,12 +245,13 @@ int Verify(const RequestTrace& trace, const std::optional<ImportedTrace>& snapsh
   }
   if (theirs.empty()) {
     std::cout << "verify: the trace has no segment actions to check (0 checked)\n";
-    return kExitOk;
+  } else {
+    std::vector<std::string> parts;
+    for (const auto& [type, n] : counts) parts.push_back(absl::StrCat(n, " ", std::string(EventTypeName(type))));
+    std::cout << "verify: all " << theirs.size() << " segment actions match, in order (" << absl::StrJoin(parts, ", ")
+              << ")\n";
   }
-  std::vector<std::string> parts;
-  for (const auto& [type, n] : counts) parts.push_back(absl::StrCat(n, " ", std::string(EventTypeName(type))));
-  std::cout << "verify: all " << theirs.size() << " segment actions match, in order (" << absl::StrJoin(parts, ", ")
-            << ")\n";
+  if (adopted > 0 && !VerifyEndState(*t, *snapshot)) return kExitFailed;
   return kExitOk;
 }
 
@@ -218,8 +282,8 @@ void PrintJson(const RequestTrace& trace, const std::vector<SettingResult>& resu
 void PrintTables(const ReplayArgs& args, const RequestTrace& trace, const std::vector<SettingResult>& results) {
   for (const SettingResult& sr : results) {
     const ReplayResult& r = sr.replay;
-    std::cout << "== " << EscapeForTerminal(trace.source) << ": " << r.requests_total << " requests, alloc_conf " << Quoted(r.alloc_conf)
-              << ", simulated GPU of " << FormatSize(r.device_memory) << "\n";
+    std::cout << "== " << EscapeForTerminal(trace.source) << ": " << r.requests_total << " requests, alloc_conf "
+              << Quoted(r.alloc_conf) << ", simulated GPU of " << FormatSize(r.device_memory) << "\n";
     if (r.oom) {
       std::cout << "OOM at request " << r.oom->request_index + 1 << " (line " << r.oom->line << ", alloc \""
                 << EscapeForTerminal(r.oom->id) << "\" of " << r.oom->info.requested << " B); replay stopped:\n"
@@ -314,10 +378,11 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
       "Replay a request trace (JSON lines, a PyTorch memory snapshot pickle, or RMM's CSV log) through the "
       "PyTorch-faithful caching allocator under one or more settings: memory_summary() and a what-if table. "
       "Without FILE, replays an embedded demo trace.");
-  cmd->add_option("file", args->file,
-                  "request trace: JSON lines (docs/replay.md, Request trace format), a torch.cuda.memory._snapshot() pickle, "
-                  "an RMM logging_resource_adaptor CSV, or a memscope recording (run directory or rank-R.timeline: "
-                  "its whole request stream, under its own settings and device size unless told otherwise)");
+  cmd->add_option(
+      "file", args->file,
+      "request trace: JSON lines (docs/replay.md, Request trace format), a torch.cuda.memory._snapshot() pickle, "
+      "an RMM logging_resource_adaptor CSV, or a memscope recording (run directory or rank-R.timeline: "
+      "its whole request stream, under its own settings and device size unless told otherwise)");
   cmd->add_option("--alloc-conf", args->alloc_confs,
                   "allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax; repeat to compare settings "
                   "(default: $PYTORCH_CUDA_ALLOC_CONF or $PYTORCH_ALLOC_CONF)")
@@ -330,7 +395,8 @@ void RegisterReplay(CLI::App& app, int& exit_status) {
   cmd->add_option("--out", args->out,
                   "record the replay into this run directory (timeline, report.json, summary.txt, trace.json, "
                   "snapshot at the peak); one setting only");
-  cmd->add_flag("--force", args->force, "with --out: write into a directory that is not empty and was not written by memscope");
+  cmd->add_flag("--force", args->force,
+                "with --out: write into a directory that is not empty and was not written by memscope");
   cmd->add_option("--rank", args->rank, "of a run directory: the rank whose requests to replay (default 0)");
   cmd->add_flag("--json", args->json, "print the results as JSON");
   cmd->add_flag("--verify", args->verify,

@@ -149,6 +149,43 @@ ReplayOom OomOf(const RequestTrace& trace, std::size_t i, const Request& r, cons
   }
 }
 
+// Adopts the state the trace starts from (RequestTrace::start_segments and
+// start_blocks): each segment where the device puts it (the plan gives it
+// the source's address), each block at its offset in its segment, tagged
+// and with its stack like an alloc of the trace.
+absl::Status AdoptStart(const RequestTrace& trace, CachingAllocator& allocator,
+                        const std::vector<std::uint16_t>& pool_index, ReplayTag& tag, ReplayResult& result,
+                        const std::vector<Event>* recorded, std::vector<DevicePtr>& ptrs,
+                        std::vector<std::size_t>& sizes, std::size_t& live) {
+  const std::string where = absl::StrCat(trace.source, ": the state at the trace's start: ");
+  std::vector<std::pair<DevicePtr, DevicePtr>> bases;  // (the source's address, the replay's), by the source's
+  for (const RequestTrace::StartSegment& seg : trace.start_segments) {
+    const std::uint16_t pool = seg.pool < pool_index.size() ? pool_index[seg.pool] : 0;
+    absl::StatusOr<DevicePtr> base = allocator.AdoptSegment(seg.size, seg.stream, pool, seg.small);
+    if (!base.ok()) return absl::Status(base.status().code(), absl::StrCat(where, base.status().message()));
+    bases.emplace_back(seg.address, *base);
+  }
+  std::sort(bases.begin(), bases.end());
+  const bool with_stacks = trace.stacks.size() > 1;
+  for (const RequestTrace::StartBlock& b : trace.start_blocks) {
+    const Request& r = b.alloc;
+    const DevicePtr addr = r.slot < trace.address_ids.size() ? trace.address_ids[r.slot] : 0;
+    auto seg = std::upper_bound(bases.begin(), bases.end(), std::make_pair(addr, ~DevicePtr{0}));
+    if (seg == bases.begin()) return absl::InvalidArgumentError(absl::StrCat(where, "a block outside every segment"));
+    const DevicePtr ptr = addr - std::prev(seg)->first + std::prev(seg)->second;
+    tag.Set(r.category, r.text, trace.strings);
+    if (absl::Status s = allocator.AdoptBlock(ptr, b.block_size, r.size); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(where, s.message()));
+    }
+    if (with_stacks) KeepAllocStack(result, ptr, r.stack, recorded);
+    ptrs[r.slot] = ptr;
+    sizes[r.slot] = r.size;
+    live += r.size;
+  }
+  result.peak_live_bytes = live;
+  return absl::OkStatus();
+}
+
 // The end of a replay: the plan's counts, the allocator's stats, summary and pools.
 void FinishReplay(CachingAllocator& allocator, SimDevice& device, bool planned, ReplayResult& result) {
   if (planned) {
@@ -196,6 +233,12 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
   if (planned) {
     device.PlanAddresses(trace.planned_mallocs, trace.planned_reservations);
     device.PausePlan(trace.planned_from_request > 0);
+  }
+  if (!trace.start_segments.empty()) {
+    if (recorder != nullptr) recorder->SetTraceTime(0);
+    if (absl::Status s = AdoptStart(trace, allocator, pool_index, tag, result, recorded, ptrs, sizes, live); !s.ok()) {
+      return s;
+    }
   }
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     const Request& r = trace.requests[i];

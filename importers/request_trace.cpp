@@ -177,8 +177,8 @@ absl::StatusOr<RequestTrace> ReadJsonlTrace(std::istream& in, const std::string&
 
 absl::Status CheckTraceLine(const std::string& source, std::uint64_t line, LineRead read, std::uint64_t bytes) {
   if (read == LineRead::kTooLong) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": a line of more than ", kMaxTraceLineBytes >> 20,
-                                                   " MiB (the request trace line limit)"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ":", line, ": a line of more than ",
+                                                   kMaxTraceLineBytes >> 20, " MiB (the request trace line limit)"));
   }
   if (bytes > kMaxTraceFileBytes) return InputTooLarge(source, "request trace", 0, kMaxTraceFileBytes);
   return absl::OkStatus();
@@ -206,7 +206,11 @@ std::string RequestTrace::IdOf(std::uint32_t slot) const {
 std::uint64_t PeakLiveBytes(const RequestTrace& trace) {
   std::vector<std::uint64_t> size(trace.slot_count(), 0);
   std::uint64_t live = 0;
-  std::uint64_t peak = 0;
+  for (const RequestTrace::StartBlock& b : trace.start_blocks) {  // alive when the trace starts
+    size[b.alloc.slot] = b.alloc.size;
+    live += b.alloc.size;
+  }
+  std::uint64_t peak = live;
   for (const Request& r : trace.requests) {
     if (r.op == RequestOp::kAlloc) {
       size[r.slot] = r.size;

@@ -114,6 +114,28 @@ struct RequestTrace {
   // blocks the trace never allocated: their segments are not in the plan).
   std::size_t planned_from_request = 0;
 
+  // The allocator's state when the trace starts, when the source rebuilt it
+  // (a PyTorch snapshot whose trace begins after the program did: its ring
+  // buffer dropped the head, or recording began late): segments at the
+  // source's addresses, then the blocks allocated in them, each an alloc
+  // request (slot, requested size, tags; its address is the slot's
+  // address_ids entry) and the block's size. The replay adopts them
+  // (CachingAllocator::AdoptSegment / AdoptBlock) before the first request;
+  // their segments lead planned_mallocs.
+  struct StartSegment {
+    DevicePtr address = 0;
+    std::size_t size = 0;
+    StreamId stream = 0;
+    std::uint8_t pool = 0;  // index into pools
+    bool small = false;
+  };
+  struct StartBlock {
+    Request alloc;
+    std::size_t block_size = 0;
+  };
+  std::vector<StartSegment> start_segments;
+  std::vector<StartBlock> start_blocks;
+
   // How many slots there are, and the id of one as written.
   std::size_t slot_count() const { return address_ids.empty() ? ids.size() : address_ids.size(); }
   std::string IdOf(std::uint32_t slot) const;

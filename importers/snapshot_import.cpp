@@ -132,7 +132,7 @@ static_assert(static_cast<std::size_t>(Field::kStage) == 11 && static_cast<std::
 // absent), by Field (kOtherKnown's slot takes the keys memscope ignores).
 struct EntryFields {
   static constexpr std::uint32_t kNone = ~std::uint32_t{0};
-  const PyRef* pairs = nullptr;  // the entry's pairs: key, value, key, value...
+  const PyRef* pairs = nullptr;               // the entry's pairs: key, value, key, value...
   std::array<std::uint32_t, kEntrySlots> at;  // by Field: the pair that holds it, kNone when absent
   bool unknown_keys = false;
   explicit EntryFields(const PyRef* p) : pairs(p) { at.fill(kNone); }
@@ -342,7 +342,7 @@ struct StackTags {
   // their stored identity, the others (and the first of each shared one) by content.
   static constexpr std::uint32_t kNoOwner = ~std::uint32_t{0};
   struct FrameInfo {
-    std::string text;  // FrameText
+    std::string text;                // FrameText
     std::uint32_t owner = kNoOwner;  // text's index in trace.strings, once it was an owner
     std::uint8_t rules = 0;
     bool library = false;
@@ -359,7 +359,7 @@ struct StackTags {
     std::uint32_t owner;
   };
   std::vector<StackTag> stack_tags{StackTag{Category::kOther, 0}};  // by stack index (0: none)
-  std::string bad_value;  // the first value of a wrong type in the frames read ("" if none): an error
+  std::string bad_value;           // the first value of a wrong type in the frames read ("" if none): an error
   std::string ids_key;             // reused: one list's key
   std::vector<std::uint32_t> ids;  // reused: one list's frame ids
 
@@ -559,7 +559,7 @@ struct DeviceBuilder {
   std::uint64_t compile_contexts = 0;
   std::uint64_t user_metadata = 0;
   std::uint64_t annotations = 0;  // annotate entries read
-  std::int64_t reserved = 0;  // the trace's own count of segment bytes (for an OOM's capacity)
+  std::int64_t reserved = 0;      // the trace's own count of segment bytes (for an OOM's capacity)
   // The empty-cache request of the segment frees just read, while only
   // more segment frees follow: its line and the reserved bytes before them.
   std::optional<ImportedTrace::MallocFrees> pending_frees;
@@ -589,10 +589,32 @@ struct DeviceBuilder {
   };
   std::optional<Held> held;
   PrefaultAhead requests_ahead;  // out.requests.requests' pages, populated ahead of its end
-  std::uint64_t waiting = 0;  // addresses with a delayed free waiting (AddrState::waiting)
+  std::uint64_t waiting = 0;     // addresses with a delayed free waiting (AddrState::waiting)
   std::uint64_t delayed_frees = 0;
   // Expandable segments seen so far: base and the end of the furthest range mapped in them.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> reservations;
+
+  // For rebuilding the state at the trace's start (RebuildStart): the blocks
+  // the trace frees but never allocated (an alloc request of the slot their
+  // free took, tagged from the free's frames; `pending`: only their
+  // free_completed is in the trace, so their free was requested before it
+  // began), the segments it frees but never allocated, and the segments it
+  // allocated and has not freed.
+  struct StartFree {
+    std::uint64_t addr;
+    Request alloc;
+    bool pending;
+  };
+  std::vector<StartFree> start_frees;
+  struct StartSegmentFree {
+    std::uint64_t addr, size, stream;
+    std::uint8_t pool;
+  };
+  std::vector<StartSegmentFree> start_segment_frees;
+  absl::flat_hash_set<std::uint64_t> live_segments;
+  bool maps_seen = false;         // segment_map / segment_unmap entries (expandable segments)
+  std::int64_t oom_reserved = 0;  // `reserved` at the first oom entry, and its device_free
+  std::uint64_t oom_device_free = 0;
 
   // The file's addresses for the replay: every segment_alloc, and the first
   // segment_map of each expandable segment (one that starts outside every
@@ -757,6 +779,25 @@ struct DeviceBuilder {
     }
   }
 
+  // A free of a block the trace never allocated: it was alive when the
+  // trace began (RebuildStart places it). Returns its new slot; unless
+  // `pending`, the slot is live at `addr` and the free goes on as any other.
+  std::uint32_t StartBlockFreed(const EntryFields& f, const PickleArena* arena, std::uint64_t addr, bool pending) {
+    ++unknown_frees;
+    Request r{.op = RequestOp::kAlloc,
+              .slot = Slot(addr),
+              .size = UIntOr0(PyView(arena, f[Field::kSize])),
+              .stream = UIntOr0(PyView(arena, f[Field::kStream]))};
+    tags.Tag(PyView(arena, f[Field::kFrames]), r, out.requests);
+    start_frees.push_back({addr, r, pending});
+    if (!pending) {
+      AddrState& a = addrs[addr];
+      a.slot = r.slot;
+      a.live = true;
+    }
+    return r.slot;
+  }
+
   // An alloc entry: a request of a new slot (after a free the trace lost, when
   // its address is still live), in its pool, tagged from its frames.
   [[gnu::always_inline]] void AllocEntry(const EntryFields& f, const PickleArena* arena, std::uint64_t addr,
@@ -821,6 +862,24 @@ struct DeviceBuilder {
     }
   }
 
+  // A free_completed: the end of a delayed free's wait, or of one requested
+  // before the trace began.
+  void FreeCompletedEntry(const EntryFields& f, const PickleArena* arena, std::uint64_t addr, double time_us) {
+    auto w = addrs.find(addr);
+    if (w != addrs.end() && w->second.waiting) {
+      Push(Request{.op = RequestOp::kFreeCompleted, .stream = WaitStream(w->second.wait_slot)}, time_us);
+      w->second.waiting = false;
+      --waiting;
+      if (!w->second.live) addrs.erase(w);
+    } else if (w == addrs.end() && addr != 0) {
+      // Its free was requested before the trace began: the block waited
+      // on stream events then, and waits in the replay too (the head's
+      // record_stream and free, RebuildStart) until here.
+      const std::uint32_t slot = StartBlockFreed(f, arena, addr, /*pending=*/true);
+      Push(Request{.op = RequestOp::kFreeCompleted, .stream = WaitStream(slot)}, time_us);
+    }
+  }
+
   // `e`: the entry as a dict, for the names of unknown keys (records have none).
   void Apply(const EntryFields& f, const PickleArena* arena, const PyView* e) {
     ++entries;
@@ -863,6 +922,10 @@ struct DeviceBuilder {
       AllocEntry(f, arena, addr, time_us);
     } else if (act == TraceAction::kFreeRequested) {
       auto it = addrs.find(addr);
+      if (it == addrs.end() && addr != 0) {
+        StartBlockFreed(f, arena, addr, /*pending=*/false);
+        it = addrs.find(addr);
+      }
       if (it == addrs.end() || !it->second.live) {
         ++unknown_frees;
         return;
@@ -874,20 +937,15 @@ struct DeviceBuilder {
         addrs.erase(it);  // Release puts it back if its free waits
       }
     } else if (act == TraceAction::kFreeCompleted) {
-      if (waiting != 0) {
-        if (auto w = addrs.find(addr); w != addrs.end() && w->second.waiting) {
-          Push(Request{.op = RequestOp::kFreeCompleted, .stream = WaitStream(w->second.wait_slot)}, time_us);
-          w->second.waiting = false;
-          --waiting;
-          if (!w->second.live) addrs.erase(w);
-        }
-      }
+      FreeCompletedEntry(f, arena, addr, time_us);
     } else if (act == TraceAction::kSegmentAlloc || act == TraceAction::kSegmentMap) {
       const std::uint64_t size = size_of();
       out.segment_actions.push_back(
           {act == TraceAction::kSegmentAlloc ? EventType::kSegmentAlloc : EventType::kSegmentMap, size});
       reserved += static_cast<std::int64_t>(size);
       trace_segments.insert(addr);
+      if (act == TraceAction::kSegmentAlloc) live_segments.insert(addr);
+      maps_seen |= act == TraceAction::kSegmentMap;
       if (const PyView pool_v = pool_of(); pool_v.valid() && !DefaultPool(pool_v)) [[unlikely]] {
         if (const std::uint8_t pool = PoolIndexOf(pool_v); pool != 0) {
           private_segments[addr] = pool;
@@ -896,6 +954,11 @@ struct DeviceBuilder {
       }
       if (addr != 0 && addr <= ~std::uint64_t{0} - size) PlanSegment(act == TraceAction::kSegmentMap, addr, size);
     } else if (act == TraceAction::kSegmentFree || act == TraceAction::kSegmentUnmap) {
+      maps_seen |= act == TraceAction::kSegmentUnmap;
+      if (act == TraceAction::kSegmentFree && live_segments.erase(addr) == 0) {
+        start_segment_frees.push_back(
+            {addr, size_of(), UIntOr0(PyView(arena, f[Field::kStream])), PoolIndexOf(pool_of())});
+      }
       SegmentFreeEntry(pool_of(), addr, size_of(), act == TraceAction::kSegmentUnmap, time_us);
     } else if (act == TraceAction::kOom) {
       ++ooms;
@@ -903,6 +966,10 @@ struct DeviceBuilder {
       oom_size = size_of();
       oom_pool = PoolIndexOf(pool_of());
       const std::uint64_t device_free = UIntOr0(PyView(arena, f[Field::kDeviceFree]));
+      if (ooms == 1) {
+        oom_reserved = reserved;
+        oom_device_free = device_free;
+      }
       if (out.device_capacity == 0 && reserved >= 0) {
         out.device_capacity = static_cast<std::uint64_t>(reserved) + device_free;
       }
@@ -1005,6 +1072,7 @@ struct SnapshotSegments {
   std::map<int, std::vector<Preexisting>> preexisting;
   std::map<int, std::vector<std::pair<std::uint64_t, std::uint64_t>>> segments_at_end;  // device -> (addr, size)
   std::map<int, std::map<std::string, std::uint64_t>> private_pools;                    // device -> pool -> segments
+  std::map<int, std::vector<PyView>> views;  // device -> its segments as the file has them
 };
 
 // Reads the snapshot's segments: their blocks alive at the end, addresses and private pools.
@@ -1014,6 +1082,7 @@ SnapshotSegments ReadSegments(const PyView& root) {
   for (std::size_t s = 0; s < segments.size(); ++s) {
     const PyView seg = segments[s];
     const int device = DeviceOf(seg);
+    out.views[device].push_back(seg);
     out.segments_at_end[device].emplace_back(UIntOr0(seg.Get("address")), UIntOr0(seg.Get("total_size")));
     const PyView seg_pool = seg.Get("segment_pool_id");
     PoolId pool_id;
@@ -1162,6 +1231,209 @@ class HostMemoryReader {
   RequestTrace& trace_;
   absl::Status error_;
 };
+
+// ---- The state at the trace's start, rebuilt from the file's segments.
+//
+// A trace that begins after the program did (PyTorch's ring buffer of
+// max_entries dropped its head, or recording began late) is undone from
+// the segments at its end, as MemoryViz does: a segment the trace
+// allocated (and did not free) was not there at its start; one it freed
+// but never allocated was (its size, stream and pool from the
+// segment_free); a block the trace allocated (and did not free) was not
+// there; one it freed but never allocated was allocated. Between the blocks
+// the gaps of a segment were free, one free block each (PyTorch merges
+// free neighbours). A block the trace only frees has its requested size
+// there, rounded as the settings round it; in the large pool it also holds
+// the gap after it when PyTorch would not have split that off (up to 1
+// MiB; an oversize block, under max_non_split_rounding).
+
+std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
+
+struct StartSegmentBuild {
+  RequestTrace::StartSegment seg;
+  struct Block {
+    std::uint64_t addr = 0, size = 0;
+    Request alloc;
+    bool exact = true;  // its size is the file's (else RoundSize of the freed request)
+    bool pending = false;
+  };
+  std::vector<Block> blocks;
+};
+using StartMap = std::map<std::uint64_t, StartSegmentBuild>;
+
+// The rebuilt state, or why the file's segments and its trace disagree.
+struct StartState {
+  std::vector<RequestTrace::StartSegment> segments;
+  std::vector<RequestTrace::StartBlock> blocks;
+  std::vector<std::uint32_t> pending;  // slots of blocks whose free was requested before the trace
+  std::string failure;
+};
+
+// The file's segments the trace did not allocate, with their blocks alive at
+// the end that it did not allocate either.
+std::string StartFromFinal(DeviceBuilder& b, const std::vector<PyView>& views, StartMap& out) {
+  for (const PyView& v : views) {
+    const std::uint64_t addr = UIntOr0(v.Get("address"));
+    if (b.live_segments.contains(addr)) continue;
+    if (v.Get("is_expandable").bool_value()) return "its expandable segments are not rebuilt";
+    const std::optional<std::string_view> type = v.Get("segment_type").AsString();
+    StartSegmentBuild seg{.seg = {.address = addr,
+                                  .size = UIntOr0(v.Get("total_size")),
+                                  .stream = UIntOr0(v.Get("stream")),
+                                  .pool = b.PoolIndexOf(v.Get("segment_pool_id")),
+                                  .small = type && *type == "small"},
+                          .blocks = {}};
+    const PyView blocks = v.Get("blocks");
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      const PyView block = blocks[k];
+      const std::optional<std::string_view> state = block.Get("state").AsString();
+      if (!state || *state == "inactive") continue;
+      const std::uint64_t at = UIntOr0(block.Get("address"));
+      if (b.addrs.contains(at)) continue;  // the trace's own (live, or its free waiting)
+      StartSegmentBuild::Block sb{.addr = at, .size = UIntOr0(block.Get("size")), .alloc = {}};
+      sb.pending = IsPendingFreeState(*state);
+      sb.alloc = Request{.op = RequestOp::kAlloc, .slot = b.Slot(at), .stream = seg.seg.stream};
+      sb.alloc.size = UIntOr0(block.Get("requested_size"));
+      if (sb.alloc.size == 0) sb.alloc.size = sb.size;
+      b.tags.Tag(block.Get("frames"), sb.alloc, b.out.requests);
+      seg.blocks.push_back(sb);
+    }
+    if (!out.emplace(addr, std::move(seg)).second) return absl::StrCat("two segments at ", Hex(addr));
+  }
+  return "";
+}
+
+// Adds the segments and blocks the trace freed but never allocated.
+std::string StartFromFrees(const DeviceBuilder& b, const AllocatorConfig& settings, StartMap& out) {
+  for (const DeviceBuilder::StartSegmentFree& f : b.start_segment_frees) {
+    StartSegmentBuild seg{
+        .seg = {.address = f.addr, .size = f.size, .stream = f.stream, .pool = f.pool, .small = f.size == kSmallBuffer},
+        .blocks = {}};
+    if (!out.emplace(f.addr, std::move(seg)).second) {
+      return absl::StrCat("the segment at ", Hex(f.addr), " is freed by the trace and alive at its end");
+    }
+  }
+  for (const DeviceBuilder::StartFree& f : b.start_frees) {
+    auto it = out.upper_bound(f.addr);
+    if (it == out.begin() || f.addr >= std::prev(it)->first + std::prev(it)->second.seg.size) {
+      return absl::StrCat("the trace frees a block at ", Hex(f.addr), " outside every segment it starts with");
+    }
+    StartSegmentBuild::Block sb{.addr = f.addr, .size = settings.RoundSize(f.alloc.size), .alloc = f.alloc};
+    sb.exact = false;
+    sb.pending = f.pending;
+    std::prev(it)->second.blocks.push_back(sb);
+  }
+  return "";
+}
+
+// Orders each segment's blocks, checks that they tile it without overlap,
+// and gives a block the trace only freed the gap PyTorch would not have
+// split off after it.
+std::string StartBlockSizes(const AllocatorConfig& settings, StartMap& segs) {
+  for (auto& [addr, seg] : segs) {
+    auto& blocks = seg.blocks;
+    std::sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.addr < y.addr; });
+    const std::uint64_t end = addr + seg.seg.size;
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      auto& block = blocks[k];
+      const std::uint64_t next = k + 1 < blocks.size() ? blocks[k + 1].addr : end;
+      if (block.addr < addr || block.size == 0 || block.addr + block.size > next ||
+          block.addr + block.size < block.addr) {
+        return absl::StrCat("the block at ", Hex(block.addr), " overlaps another or its segment's end");
+      }
+      const std::uint64_t gap = next - (block.addr + block.size);
+      if (block.exact || gap == 0 || seg.seg.small) continue;
+      const bool oversize = block.size >= settings.max_split_size;
+      if (oversize ? gap < settings.max_non_split_rounding_size : gap <= kSmallSize) block.size += gap;
+    }
+  }
+  return "";
+}
+
+StartState RebuildStart(DeviceBuilder& b, const std::vector<PyView>& views, const AllocatorConfig& settings) {
+  StartState state;
+  if (b.maps_seen) {
+    if (!b.start_frees.empty()) state.failure = "its expandable segments are not rebuilt";
+    return state;
+  }
+  StartMap segs;
+  state.failure = StartFromFinal(b, views, segs);
+  if (state.failure.empty()) state.failure = StartFromFrees(b, settings, segs);
+  if (state.failure.empty()) state.failure = StartBlockSizes(settings, segs);
+  if (!state.failure.empty()) return state;
+  for (auto& [addr, seg] : segs) {
+    state.segments.push_back(seg.seg);
+    for (const StartSegmentBuild::Block& block : seg.blocks) {
+      state.blocks.push_back({block.alloc, block.size});
+      state.blocks.back().alloc.stream = seg.seg.stream;
+      state.blocks.back().alloc.pool = seg.seg.pool;
+      if (block.pending) state.pending.push_back(block.alloc.slot);
+    }
+  }
+  return state;
+}
+
+// The file's segments as --verify compares them with the replay's end.
+std::vector<SegmentInfo> FinalSegments(const std::vector<PyView>& views) {
+  std::vector<SegmentInfo> out;
+  for (const PyView& v : views) {
+    SegmentInfo& seg = out.emplace_back();
+    seg.address = UIntOr0(v.Get("address"));
+    seg.total_size = UIntOr0(v.Get("total_size"));
+    const PyView blocks = v.Get("blocks");
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      const std::optional<std::string_view> state = blocks[k].Get("state").AsString();
+      BlockInfo& block = seg.blocks.emplace_back();
+      block.address = UIntOr0(blocks[k].Get("address"));
+      block.size = UIntOr0(blocks[k].Get("size"));
+      block.state = !state || *state == "inactive" ? BlockState::kInactive
+                    : IsPendingFreeState(*state)   ? BlockState::kActivePendingFree
+                                                   : BlockState::kActiveAllocated;
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
+  return out;
+}
+
+// Starts the replay from the rebuilt state: its segments lead the planned
+// addresses, and a block whose free was requested before the trace is
+// freed at once onto a wait of its own (completed at its free_completed).
+// Returns the head requests; fixes the reserved bytes the trace counted
+// from 0 (an OOM's capacity, the malloc-frees' reserved bytes).
+std::vector<Request> UseStart(DeviceBuilder& b, StartState& start, const std::vector<PyView>& views) {
+  ImportedTrace& t = b.out;
+  std::uint64_t start_reserved = 0;
+  std::vector<PlannedAddress> planned;
+  for (const RequestTrace::StartSegment& seg : start.segments) {
+    start_reserved += seg.size;
+    planned.push_back({seg.size, seg.address});
+  }
+  planned.insert(planned.end(), t.requests.planned_mallocs.begin(), t.requests.planned_mallocs.end());
+  t.requests.planned_mallocs = std::move(planned);
+  std::vector<Request> head;
+  for (const std::uint32_t slot : start.pending) {
+    head.push_back(Request{.op = RequestOp::kRecordStream, .slot = slot, .stream = DeviceBuilder::WaitStream(slot)});
+    head.push_back(Request{.op = RequestOp::kFree, .slot = slot});
+  }
+  for (Request& r : head) r.time_us = t.requests.time_origin_us;
+  for (ImportedTrace::MallocFrees& m : t.malloc_frees) m.reserved_before += start_reserved;
+  if (b.ooms > 0 && b.oom_reserved + static_cast<std::int64_t>(start_reserved) >= 0) {
+    t.device_capacity =
+        static_cast<std::uint64_t>(b.oom_reserved + static_cast<std::int64_t>(start_reserved)) + b.oom_device_free;
+  }
+  t.notes.push_back(absl::StrCat(
+      "the trace of device ", t.device,
+      " does not start at the beginning of the program (PyTorch's ring buffer dropped its head, or recording began "
+      "later): the state at its start was rebuilt from the snapshot's ",
+      views.size(), views.size() == 1 ? " segment" : " segments", " (", start.segments.size(),
+      start.segments.size() == 1 ? " segment" : " segments", " and ", start.blocks.size(),
+      start.blocks.size() == 1 ? " block" : " blocks",
+      " alive then); the replay starts from it, and --verify checks what the trace covers"));
+  t.requests.start_segments = std::move(start.segments);
+  t.requests.start_blocks = std::move(start.blocks);
+  t.final_segments = FinalSegments(views);
+  return head;
+}
 
 // The allocs of the blocks alive at the snapshot that the trace never
 // allocated, in address order; `head_private`: how many are in private pools.
@@ -1335,6 +1607,39 @@ void AddReadNotes(const DeviceBuilder& b, int device, std::uint64_t head_private
   }
 }
 
+// The requests that start the replay: the state at the trace's start,
+// rebuilt from the file's segments (`rebuilt`); or, where they disagree with
+// the trace, the blocks alive at the end that it never allocated, allocated
+// first in address order (`head_private`: how many in private pools).
+std::vector<Request> StartOfTrace(DeviceBuilder& b, SnapshotSegments& segments, const AllocatorConfig& settings,
+                                  std::uint64_t& head_private, bool& rebuilt) {
+  ImportedTrace& t = b.out;
+  const std::size_t slots = t.requests.address_ids.size();
+  const std::uint64_t attributed = b.tags.attributed, from_frames = b.tags.from_frames;
+  StartState start = RebuildStart(b, segments.views[t.device], settings);
+  rebuilt = start.failure.empty() && !start.segments.empty();
+  std::vector<Request> head;
+  if (rebuilt) {
+    head = UseStart(b, start, segments.views[t.device]);
+  } else {
+    t.requests.address_ids.resize(slots);
+    b.tags.attributed = attributed;
+    b.tags.from_frames = from_frames;
+    head = HeadRequests(b, segments.preexisting[t.device], head_private);
+    t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
+  }
+  if (!rebuilt && (!head.empty() || b.unknown_frees > 0)) {
+    t.notes.push_back(absl::StrCat(
+        "the trace of device ", t.device,
+        " does not start at the beginning of the program (PyTorch's ring buffer dropped its head): ", head.size(),
+        " blocks alive at the snapshot but allocated before the trace start the replay; ", b.unknown_frees,
+        " frees of earlier blocks were ignored",
+        start.failure.empty() ? std::string()
+                              : absl::StrCat(" (the state at its start is not rebuilt: ", start.failure, ")")));
+  }
+  return head;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string& path) {
@@ -1430,23 +1735,17 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
     t.settings = settings;
     t.alloc_conf = settings.text;
     t.requests.source = absl::StrCat(path, " (device ", device, ")");
-    // Preexisting blocks first, in address order.
-    std::uint64_t head_private = 0;  // of them, blocks in private pools
-    const std::vector<Request> head = HeadRequests(b, segments.preexisting[device], head_private);
-    if (!head.empty() || b.unknown_frees > 0) {
-      t.notes.push_back(absl::StrCat("the trace of device ", device,
-                                     " does not start at the beginning of the program (PyTorch's ring buffer "
-                                     "dropped its head): ",
-                                     head.size(),
-                                     " blocks alive at the snapshot but allocated before the trace start "
-                                     "the replay; ",
-                                     b.unknown_frees, " frees of earlier blocks were ignored"));
-    }
+    std::uint64_t head_private = 0;  // blocks of the head in private pools
+    bool rebuilt = false;
+    const std::vector<Request> head = StartOfTrace(b, segments, settings, head_private, rebuilt);
     const std::vector<std::pair<double, Request>> marks = AnnotationMarks(root, device, b);
-    t.requests.planned_from_request = head.size();  // the head's segments are not in the trace
     std::vector<Request> merged = MergedRequests(b, head, marks);
     ProfilerSteps(merged, t.requests);
-    if (b.ooms > 0) AddOom(b, device, segments.segments_at_end[device], merged);
+    if (b.ooms > 0) {
+      // (a rebuilt start holds the segments from before the trace already)
+      if (rebuilt) segments.segments_at_end[device].clear();
+      AddOom(b, device, segments.segments_at_end[device], merged);
+    }
     t.requests.requests = std::move(merged);
     AddReadNotes(b, device, head_private, segments.private_pools[device], t);
     result.push_back(std::move(t));
@@ -1463,8 +1762,8 @@ absl::StatusOr<std::vector<ImportedTrace>> ReadPytorchSnapshot(const std::string
 std::string ResolveMallocFrees(RequestTrace& requests, const std::vector<ImportedTrace::MallocFrees>& runs,
                                std::uint64_t capacity, bool capacity_known) {
   if (runs.empty()) return "";
-  const std::string what = absl::StrCat(runs.size(), runs.size() == 1 ? " run" : " runs",
-                                        " of segment frees right before a new segment");
+  const std::string what =
+      absl::StrCat(runs.size(), runs.size() == 1 ? " run" : " runs", " of segment frees right before a new segment");
   const std::string whose =
       "max_split_size_mb's release of a cached block, or the free-and-retry after a failed cudaMalloc";
   if (!capacity_known) {

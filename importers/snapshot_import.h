@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "allocator/snapshot.h"
 #include "importers/request_trace.h"
 #include "recording/event.h"
 
@@ -24,7 +25,7 @@ namespace memscope {
 struct ImportedTrace {
   RequestTrace requests;
   int device = 0;
-  std::string alloc_conf;  // the snapshot's allocator settings, as PYTORCH_CUDA_ALLOC_CONF text
+  std::string alloc_conf;    // the snapshot's allocator settings, as PYTORCH_CUDA_ALLOC_CONF text
   AllocatorConfig settings;  // the same, parsed (once, by the reader)
   // The trace's segment_alloc / segment_free / segment_map / segment_unmap
   // entries, in order (for --verify): type and size.
@@ -50,6 +51,10 @@ struct ImportedTrace {
     std::uint64_t new_segment;      // the size of the segment_alloc after them
   };
   std::vector<MallocFrees> malloc_frees;
+  // The file's segments (address order), when the state at the trace's
+  // start was rebuilt from them (RequestTrace::start_segments): --verify
+  // checks that the replay ends with exactly these.
+  std::vector<SegmentInfo> final_segments;
   // Things the user should know: a trace that does not start at the
   // beginning of the program, entries skipped, the legacy format.
   std::vector<std::string> notes;
