@@ -198,6 +198,44 @@ void FinishReplay(CachingAllocator& allocator, SimDevice& device, bool planned, 
   result.pools = allocator.pool_ids();
 }
 
+// A request that neither allocates nor frees nor marks a stream use:
+// empty_cache, a pool released, stream work completing, phase marks and marks.
+void ApplyOther(const RequestTrace& trace, const Request& r, CachingAllocator& allocator, SimDevice& device,
+                Recorder* recorder) {
+  switch (r.op) {
+    case RequestOp::kEmptyCache: allocator.EmptyCache(); break;
+    case RequestOp::kReleasePool:
+      if (r.pool != 0 && r.pool < trace.pools.size()) allocator.ReleasePool(trace.pools[r.pool]);
+      break;
+    case RequestOp::kSync:
+      if (r.stream == kAllStreams) {
+        device.CompleteAll();
+      } else {
+        device.CompleteStream(r.stream);
+      }
+      break;
+    case RequestOp::kFreeCompleted:
+      device.CompleteStream(r.stream);
+      allocator.ProcessEvents();
+      break;
+    case RequestOp::kPhaseBegin:
+      if (recorder != nullptr) recorder->PhaseBegin(r.phase, r.step, trace.strings[r.text]);
+      break;
+    case RequestOp::kPhaseEnd:
+      if (recorder != nullptr) recorder->PhaseEnd(r.phase, r.step, trace.strings[r.text]);
+      break;
+    case RequestOp::kMark:
+      if (recorder != nullptr) recorder->Mark(trace.strings[r.text]);
+      break;
+    case RequestOp::kAnnotate:
+      if (recorder != nullptr) recorder->Annotate(trace.strings[r.text]);
+      break;
+    case RequestOp::kAlloc:
+    case RequestOp::kFree:
+    case RequestOp::kRecordStream: break;  // ReplayOn's own
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocator& allocator, SimDevice& device,
@@ -290,33 +328,7 @@ absl::StatusOr<ReplayResult> ReplayOn(const RequestTrace& trace, CachingAllocato
           }
         }
         break;
-      case RequestOp::kEmptyCache: allocator.EmptyCache(); break;
-      case RequestOp::kReleasePool:
-        if (r.pool != 0 && r.pool < trace.pools.size()) allocator.ReleasePool(trace.pools[r.pool]);
-        break;
-      case RequestOp::kSync:
-        if (r.stream == kAllStreams) {
-          device.CompleteAll();
-        } else {
-          device.CompleteStream(r.stream);
-        }
-        break;
-      case RequestOp::kFreeCompleted:
-        device.CompleteStream(r.stream);
-        allocator.ProcessEvents();
-        break;
-      case RequestOp::kPhaseBegin:
-        if (recorder != nullptr) recorder->PhaseBegin(r.phase, r.step, trace.strings[r.text]);
-        break;
-      case RequestOp::kPhaseEnd:
-        if (recorder != nullptr) recorder->PhaseEnd(r.phase, r.step, trace.strings[r.text]);
-        break;
-      case RequestOp::kMark:
-        if (recorder != nullptr) recorder->Mark(trace.strings[r.text]);
-        break;
-      case RequestOp::kAnnotate:
-        if (recorder != nullptr) recorder->Annotate(trace.strings[r.text]);
-        break;
+      default: ApplyOther(trace, r, allocator, device, recorder); break;
     }
     if (result.oom.has_value()) break;
     result.requests_done = i + 1;
