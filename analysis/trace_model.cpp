@@ -4,11 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/sizes.h"
+#include "base/hex_address.h"
 
 namespace memscope {
 namespace {
-
-std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
 
 // 1 TiB: larger than any GPU, small enough that millions of events cannot
 // overflow a 64-bit running total.
@@ -96,17 +95,17 @@ absl::Status TraceModel::ApplyAlloc(const Event& e, std::uint32_t stack) {
   const SegmentRanges::Range* seg = seg_ranges_.Find(e.addr, e.size);
   if (seg == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("alloc of ", e.size, " B at ", Hex(e.addr), " is outside every segment"));
+        absl::StrCat("alloc of ", e.size, " B at ", HexAddress(e.addr), " is outside every segment"));
   }
   auto next = blocks_.lower_bound(e.addr);
   if (next != blocks_.end() && next->first < e.addr + e.size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(next->first)));
+        absl::StrCat("alloc at ", HexAddress(e.addr), " overlaps the block at ", HexAddress(next->first)));
   }
   const BlockMap::value_type* prev = next != blocks_.begin() ? &*std::prev(next) : nullptr;
   if (prev != nullptr && prev->first + prev->second.size > e.addr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("alloc at ", Hex(e.addr), " overlaps the block at ", Hex(prev->first)));
+        absl::StrCat("alloc at ", HexAddress(e.addr), " overlaps the block at ", HexAddress(prev->first)));
   }
   // `next` (the first block after the new one) serves both the gap and the insertion.
   const auto [split_delta, split_bytes_delta] = InactiveDelta(*seg, e.addr, e.size, prev, next);
@@ -139,7 +138,8 @@ absl::Status TraceModel::ApplyFreeRequested(const Event& e) {
   const bool small = e.small_pool();
   auto it = blocks_.find(e.addr);
   if (it == blocks_.end() || it->second.pending_free) {
-    return absl::InvalidArgumentError(absl::StrCat("free_requested of ", Hex(e.addr), ", which is not allocated"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("free_requested of ", HexAddress(e.addr), ", which is not allocated"));
   }
   Block& b = it->second;
   b.pending_free = true;
@@ -159,7 +159,7 @@ absl::Status TraceModel::ApplyFreeCompleted(const Event& e) {
   const bool small = e.small_pool();
   auto it = pending_hint_.valid && pending_hint_.addr == e.addr ? pending_hint_.it : blocks_.find(e.addr);
   if (it == blocks_.end() || !it->second.pending_free) {
-    return absl::InvalidArgumentError(absl::StrCat("free_completed of ", Hex(e.addr), ", which was not freed"));
+    return absl::InvalidArgumentError(absl::StrCat("free_completed of ", HexAddress(e.addr), ", which was not freed"));
   }
   const Block b = it->second;
   const SegmentRanges::Range* seg = seg_ranges_.Find(e.addr, b.size);
@@ -184,7 +184,7 @@ absl::Status TraceModel::ApplySegmentAlloc(const Event& e) {
   auto next = segments_.lower_bound(e.addr);
   if ((next != segments_.end() && next->first < e.addr + e.size) ||
       (next != segments_.begin() && std::prev(next)->first + std::prev(next)->second.size > e.addr)) {
-    return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", Hex(e.addr), " overlaps a segment"));
+    return absl::InvalidArgumentError(absl::StrCat("segment_alloc at ", HexAddress(e.addr), " overlaps a segment"));
   }
   PutSegment(e.addr, Segment{e.size, e.stream, small, false, e.pool()});
   Change(stats_.segment, small, 1);
@@ -199,11 +199,11 @@ absl::Status TraceModel::ApplySegmentFree(const Event& e) {
   const auto size = static_cast<std::int64_t>(e.size);
   auto it = segments_.find(e.addr);
   if (it == segments_.end() || it->second.size != e.size || it->second.expandable) {
-    return absl::InvalidArgumentError(absl::StrCat("segment_free of ", Hex(e.addr), ", which is not a segment"));
+    return absl::InvalidArgumentError(absl::StrCat("segment_free of ", HexAddress(e.addr), ", which is not a segment"));
   }
   auto b = blocks_.lower_bound(e.addr);
   if (b != blocks_.end() && b->first < e.addr + e.size) {
-    return absl::InvalidArgumentError(absl::StrCat("segment_free of ", Hex(e.addr), " while it holds blocks"));
+    return absl::InvalidArgumentError(absl::StrCat("segment_free of ", HexAddress(e.addr), " while it holds blocks"));
   }
   Change(stats_.segment, small, -1);
   Change(stats_.reserved_bytes, small, -size);
@@ -221,12 +221,12 @@ absl::Status TraceModel::ApplySegmentMap(const Event& e) {
   std::uint64_t length = e.size;
   auto next = segments_.lower_bound(e.addr);
   if (next != segments_.end() && next->first < e.addr + e.size) {
-    return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
+    return absl::InvalidArgumentError(absl::StrCat("segment_map at ", HexAddress(e.addr), " overlaps a segment"));
   }
   if (next != segments_.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second.size > e.addr) {
-      return absl::InvalidArgumentError(absl::StrCat("segment_map at ", Hex(e.addr), " overlaps a segment"));
+      return absl::InvalidArgumentError(absl::StrCat("segment_map at ", HexAddress(e.addr), " overlaps a segment"));
     }
     if (prev->second.expandable && prev->first + prev->second.size == e.addr && prev->second.stream == e.stream &&
         prev->second.small == small && prev->second.pool == e.pool()) {
@@ -252,11 +252,11 @@ absl::Status TraceModel::ApplySegmentUnmap(const Event& e) {
   const auto size = static_cast<std::int64_t>(e.size);
   auto seg = FindSegment(e.addr, e.size);
   if (seg == segments_.end() || !seg->second.expandable) {
-    return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", Hex(e.addr), ", which is not mapped"));
+    return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", HexAddress(e.addr), ", which is not mapped"));
   }
   auto b = blocks_.lower_bound(e.addr);
   if (b != blocks_.end() && b->first < e.addr + e.size) {
-    return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", Hex(e.addr), " while it holds blocks"));
+    return absl::InvalidArgumentError(absl::StrCat("segment_unmap of ", HexAddress(e.addr), " while it holds blocks"));
   }
   const std::uint64_t start = seg->first;
   const Segment s = seg->second;
@@ -278,7 +278,7 @@ absl::Status TraceModel::Apply(const Event& e, std::uint32_t stack) {
   if (ChangesMemory(e.type) &&
       (e.size > kMaxEventSize || e.requested_size > kMaxEventSize || e.addr > UINT64_MAX - e.size)) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(EventTypeName(e.type)), " of ", e.size, " B at ",
-                                                   Hex(e.addr), " is not a plausible device allocation"));
+                                                   HexAddress(e.addr), " is not a plausible device allocation"));
   }
   switch (e.type) {
     case EventType::kAlloc: return ApplyAlloc(e, stack);

@@ -20,6 +20,7 @@
 
 #include "analysis/analysis.h"
 #include "analysis/trace_model.h"
+#include "base/hex_address.h"
 #include "exporters/report.h"
 #include "importers/replayer.h"
 #include "importers/request_trace.h"
@@ -160,7 +161,7 @@ absl::StatusOr<std::vector<AllocatorConfig>> Settings(const ReplayArgs& args, co
 // is free), "" when they are the same.
 std::string EndStateDifference(const std::vector<SegmentInfo>& theirs, std::vector<SegmentInfo> mine) {
   std::sort(mine.begin(), mine.end(), [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
-  auto segment = [](const SegmentInfo& s) { return absl::StrCat(s.total_size, " B at 0x", absl::Hex(s.address)); };
+  auto segment = [](const SegmentInfo& s) { return absl::StrCat(s.total_size, " B at ", HexAddress(s.address)); };
   for (std::size_t i = 0; i < std::max(theirs.size(), mine.size()); ++i) {
     if (i >= theirs.size() || i >= mine.size() || theirs[i].address != mine[i].address ||
         theirs[i].total_size != mine[i].total_size) {
@@ -172,11 +173,11 @@ std::string EndStateDifference(const std::vector<SegmentInfo>& theirs, std::vect
     const std::vector<BlockInfo>& b = mine[i].blocks;
     for (std::size_t k = 0; k < std::max(a.size(), b.size()); ++k) {
       auto block = [](const BlockInfo& x) {
-        return absl::StrCat(std::string(BlockStateName(x.state)), " ", x.size, " B at 0x", absl::Hex(x.address));
+        return absl::StrCat(std::string(BlockStateName(x.state)), " ", x.size, " B at ", HexAddress(x.address));
       };
       if (k >= a.size() || k >= b.size() || a[k].address != b[k].address || a[k].size != b[k].size ||
           (a[k].state == BlockState::kInactive) != (b[k].state == BlockState::kInactive)) {
-        return absl::StrCat("segment at 0x", absl::Hex(theirs[i].address), ", block #", k + 1, ": PyTorch ",
+        return absl::StrCat("segment at ", HexAddress(theirs[i].address), ", block #", k + 1, ": PyTorch ",
                             k < a.size() ? block(a[k]) : "none", ", memscope ", k < b.size() ? block(b[k]) : "none");
       }
     }

@@ -19,6 +19,7 @@
 #include "absl/strings/strip.h"
 #include "allocator/config.h"
 #include "allocator/sizes.h"
+#include "base/hex_address.h"
 #include "base/status.h"
 #include "base/trace_action.h"
 #include "importers/pickle_reader.h"
@@ -1247,8 +1248,6 @@ class HostMemoryReader {
 // the gap after it when PyTorch would not have split that off (up to 1
 // MiB; an oversize block, under max_non_split_rounding).
 
-std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
-
 struct StartSegmentBuild {
   RequestTrace::StartSegment seg;
   struct Block {
@@ -1298,7 +1297,7 @@ std::string StartFromFinal(DeviceBuilder& b, const std::vector<PyView>& views, S
       b.tags.Tag(block.Get("frames"), sb.alloc, b.out.requests);
       seg.blocks.push_back(sb);
     }
-    if (!out.emplace(addr, std::move(seg)).second) return absl::StrCat("two segments at ", Hex(addr));
+    if (!out.emplace(addr, std::move(seg)).second) return absl::StrCat("two segments at ", HexAddress(addr));
   }
   return "";
 }
@@ -1310,13 +1309,13 @@ std::string StartFromFrees(const DeviceBuilder& b, const AllocatorConfig& settin
         .seg = {.address = f.addr, .size = f.size, .stream = f.stream, .pool = f.pool, .small = f.size == kSmallBuffer},
         .blocks = {}};
     if (!out.emplace(f.addr, std::move(seg)).second) {
-      return absl::StrCat("the segment at ", Hex(f.addr), " is freed by the trace and alive at its end");
+      return absl::StrCat("the segment at ", HexAddress(f.addr), " is freed by the trace and alive at its end");
     }
   }
   for (const DeviceBuilder::StartFree& f : b.start_frees) {
     auto it = out.upper_bound(f.addr);
     if (it == out.begin() || f.addr >= std::prev(it)->first + std::prev(it)->second.seg.size) {
-      return absl::StrCat("the trace frees a block at ", Hex(f.addr), " outside every segment it starts with");
+      return absl::StrCat("the trace frees a block at ", HexAddress(f.addr), " outside every segment it starts with");
     }
     StartSegmentBuild::Block sb{.addr = f.addr, .size = settings.RoundSize(f.alloc.size), .alloc = f.alloc};
     sb.exact = false;
@@ -1339,7 +1338,7 @@ std::string StartBlockSizes(const AllocatorConfig& settings, StartMap& segs) {
       const std::uint64_t next = k + 1 < blocks.size() ? blocks[k + 1].addr : end;
       if (block.addr < addr || block.size == 0 || block.addr + block.size > next ||
           block.addr + block.size < block.addr) {
-        return absl::StrCat("the block at ", Hex(block.addr), " overlaps another or its segment's end");
+        return absl::StrCat("the block at ", HexAddress(block.addr), " overlaps another or its segment's end");
       }
       const std::uint64_t gap = next - (block.addr + block.size);
       if (block.exact || gap == 0 || seg.seg.small) continue;

@@ -1,6 +1,7 @@
 // memscope plan (run/plan.h): each row's batch fits and the next one does
 // not; a batch that fits with the defaults fits with checkpointing.
 #include <catch2/catch.hpp>
+#include <memory>
 
 #include "reducer/communicator.h"
 #include "run/plan.h"
@@ -10,7 +11,9 @@ namespace memscope {
 namespace {
 
 // One simulated run of `micro` x `accum` under `s` on a GPU of `device` bytes: did it fit?
-bool Fits(const PlanOptions& o, const PlanStrategy& s, std::int64_t micro, std::int64_t accum, std::uint64_t device) {
+// Under a DDP mode the run is DDP's on `comm` (with o.zero, ZeroRedundancyOptimizer).
+bool Fits(const PlanOptions& o, const PlanStrategy& s, std::int64_t micro, std::int64_t accum, std::uint64_t device,
+          reducer::Communicator* comm = nullptr) {
   TrainOptions t;
   t.model = o.model;
   t.model_options = o.model_options;
@@ -19,11 +22,16 @@ bool Fits(const PlanOptions& o, const PlanStrategy& s, std::int64_t micro, std::
   t.amp = s.amp;
   t.steps = o.steps;
   t.grad_accum = accum;
+  if (s.ddp != "off") {
+    t.ddp = reducer::DdpOptions{};
+    t.ddp->gradient_as_bucket_view = s.ddp == "view";
+    t.zero = o.zero;
+  }
   RankSessionOptions so;
   so.device_memory = device;
   so.config = *AllocatorConfig::Parse(s.expandable ? "expandable_segments:True" : "");
   RankSession session(so);
-  absl::StatusOr<TrainResult> r = Train(t, session.context(), nullptr);
+  absl::StatusOr<TrainResult> r = Train(t, session.context(), nullptr, comm);
   REQUIRE(r.ok());
   return !r->oom;
 }
@@ -114,23 +122,9 @@ TEST_CASE("plan --zero: the rank that steps the most parameters is planned, and 
   REQUIRE(plan.ok());
   CHECK(plan->zero_rank == 0);
   CHECK(plan->zero_rank_elements == 393'216);
+  std::unique_ptr<reducer::Communicator> rank0 = reducer::CreateSimulatedCommunicator(0, 2);
   const auto fits = [&](const PlanStrategy& s, std::int64_t batch) {
-    TrainOptions t;
-    t.model = o.model;
-    t.model_options.batch_size = batch;
-    t.amp = s.amp;
-    t.steps = o.steps;
-    t.ddp = reducer::DdpOptions{};
-    t.ddp->gradient_as_bucket_view = s.ddp == "view";
-    t.zero = o.zero;
-    RankSessionOptions so;
-    so.device_memory = o.device_memory;
-    so.config = *AllocatorConfig::Parse(s.expandable ? "expandable_segments:True" : "");
-    RankSession session(so);
-    std::unique_ptr<reducer::Communicator> comm = reducer::CreateSimulatedCommunicator(0, 2);
-    absl::StatusOr<TrainResult> r = Train(t, session.context(), nullptr, comm.get());
-    REQUIRE(r.ok());
-    return !r->oom;
+    return Fits(o, s, batch, 1, o.device_memory, rank0.get());
   };
   std::int64_t planned = 0;
   for (const PlanRow& row : plan->rows) {
