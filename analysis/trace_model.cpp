@@ -345,14 +345,17 @@ FragmentationInfo TraceModel::Fragmentation() const {
     const std::uint64_t page = seg.small ? kSmallBuffer : kLargeBuffer;
     std::uint64_t cursor = addr, free = 0, releasable = 0;
     bool live = false;
+    // (copies: clang 14, scripts/fuzz's compiler, cannot capture structured bindings)
+    const std::uint64_t base = addr;
+    const bool expandable = seg.expandable;
     auto gap = [&](std::uint64_t from, std::uint64_t to) {
       if (to <= from) return;
       free += to - from;
       f.largest_free_block = std::max(f.largest_free_block, to - from);
       ++f.free_blocks;
-      if (!seg.expandable) return;
-      const std::uint64_t first = addr + (from - addr + page - 1) / page * page;
-      const std::uint64_t last = addr + (to - addr) / page * page;
+      if (!expandable) return;
+      const std::uint64_t first = base + (from - base + page - 1) / page * page;
+      const std::uint64_t last = base + (to - base) / page * page;
       if (last > first) releasable += last - first;
     };
     for (auto it = blocks_.lower_bound(addr); it != blocks_.end() && it->first < end; ++it) {
